@@ -1,0 +1,59 @@
+"""Shared fixtures: the embedded model (materialised once per machine) and tiny random models."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def embedded_model_dir():
+    """The embedded SmolLM2-135M-Instruct as a plain HF folder (default memalpha cache)."""
+    from memalpha.models import materialise_embedded_model
+
+    return materialise_embedded_model()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(embedded_model_dir):
+    """The embedded model's tokenizer (vocab 49152, ChatML template), left padding."""
+    from memalpha.models import load_tokenizer
+
+    return load_tokenizer(str(embedded_model_dir))
+
+
+def build_tiny_model_dir(path, tokenizer, *, hidden: int = 32, layers: int = 2, seed: int = 0) -> str:
+    """A random Llama with the embedded tokenizer, small enough for fast CPU tests."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer):
+    """Folder of a tiny random causal LM sharing the embedded tokenizer."""
+    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny-model"), tokenizer)
