@@ -1,0 +1,203 @@
+"""RolloutDataModule: instances in, freshly generated GRPO mini-batches out.
+
+The train stream is an endless iterable. Whenever its buffer is empty it takes the
+next ``instances_per_step`` instances of this rank's shard, asks the LightningModule
+(``build_experience``) to roll them out with the *current* policy, and serves the
+resulting mini-batches one per optimiser step. Its position (epoch, cursor, round)
+and any unserved mini-batches are saved in the checkpoint, so a resumed run
+continues on exactly the instances and samples it would have seen.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, IterableDataset
+
+from memalpha.data import Instance, load_instances
+from memalpha.data.synthetic import generate_synthetic
+
+SYNTHETIC_FAMILIES = ("synth_personal", "synth_timeline", "synth_icl", "synth_summary")
+
+
+def _as_list(batch: list[Instance]) -> list[Instance]:
+    return batch
+
+
+class _RolloutStream(IterableDataset):
+    def __init__(self, datamodule: RolloutDataModule) -> None:
+        self.datamodule = datamodule
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self.datamodule.iterate_minibatches()
+
+
+class RolloutDataModule(LightningDataModule):
+    """Train/validation instances and the on-policy rollout stream.
+
+    Args:
+        train_path: Training data: our JSONL/JSON, an official Mem-alpha parquet, a MemoryAgentBench file,
+            a ``load_from_disk`` folder or a hub dataset name. ``None`` generates synthetic memory tasks.
+        val_path: Validation data, same kinds; ``None`` generates a synthetic validation split (disjoint entities).
+        layout: ``auto``, ``jsonl``, ``memalpha`` or ``memoryagentbench``.
+        chunk_tokens: Chunk size in policy tokens for layouts that hold one long context (MemoryAgentBench).
+        wrap: Wrap chunks as dated ``dialogue`` turns or dated ``reading`` events (``None`` keeps them as is).
+        skip_bad: Skip (and report) malformed records instead of refusing the whole file.
+        train_limit: Use at most this many training instances.
+        val_limit: Use at most this many validation instances.
+        synthetic_train: Synthetic training instances when ``train_path`` is ``None``.
+        synthetic_val: Synthetic validation instances when ``val_path`` is ``None``.
+        synthetic_chunks: Chunks per synthetic instance.
+        synthetic_facts_per_chunk: Facts per synthetic chunk.
+        synthetic_distractors_per_chunk: Distractor facts per synthetic chunk.
+        synthetic_questions: Questions per synthetic instance.
+        synthetic_chunk_words: Approximate words per synthetic chunk.
+        synthetic_families: Synthetic task families to mix.
+        instances_per_step: Instances rolled out per round on each rank (each gives ``group_size`` rollouts).
+        val_batch_size: Validation instances rolled out together.
+        shuffle: Reshuffle the training instances every pass.
+        seed: Seed of the synthetic data and of the shuffling.
+    """
+
+    def __init__(
+        self,
+        train_path: str | None = None,
+        val_path: str | None = None,
+        layout: Literal["auto", "jsonl", "memalpha", "memoryagentbench"] = "auto",
+        chunk_tokens: int = 2048,
+        wrap: Literal["dialogue", "reading"] | None = None,
+        skip_bad: bool = False,
+        train_limit: int | None = None,
+        val_limit: int | None = None,
+        synthetic_train: int = 64,
+        synthetic_val: int = 16,
+        synthetic_chunks: int = 3,
+        synthetic_facts_per_chunk: int = 3,
+        synthetic_distractors_per_chunk: int = 1,
+        synthetic_questions: int = 4,
+        synthetic_chunk_words: int = 100,
+        synthetic_families: list[str] = list(SYNTHETIC_FAMILIES),
+        instances_per_step: int = 2,
+        val_batch_size: int = 4,
+        shuffle: bool = True,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if instances_per_step < 1:
+            raise ValueError("instances_per_step must be >= 1")
+        self.save_hyperparameters()
+        self.train_instances: list[Instance] = []
+        self.val_instances: list[Instance] = []
+        self._epoch = 0
+        self._cursor = 0
+        self._round = 0
+        self._buffer: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ data
+    def _tokenizer(self):
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        tokenizer = getattr(module, "tokenizer", None)
+        if tokenizer is None and module is not None and hasattr(module, "hparams") and "model" in module.hparams:
+            from memalpha.models import load_tokenizer
+
+            tokenizer = load_tokenizer(module.hparams.model)
+        return tokenizer
+
+    def _load(self, path: str, limit: int | None) -> list[Instance]:
+        hp = self.hparams
+        return load_instances(
+            path,
+            layout=hp.layout,
+            tokenizer=self._tokenizer() if hp.layout in ("auto", "memoryagentbench") else None,
+            chunk_tokens=hp.chunk_tokens,
+            wrap=hp.wrap,
+            skip_bad=hp.skip_bad,
+            limit=limit,
+        )
+
+    def _synthetic(self, split: str, count: int) -> list[Instance]:
+        hp = self.hparams
+        return generate_synthetic(
+            count,
+            split=split,
+            seed=hp.seed,
+            num_chunks=hp.synthetic_chunks,
+            facts_per_chunk=hp.synthetic_facts_per_chunk,
+            distractors_per_chunk=hp.synthetic_distractors_per_chunk,
+            questions_per_instance=hp.synthetic_questions,
+            chunk_words=hp.synthetic_chunk_words,
+            families=tuple(hp.synthetic_families),
+        )
+
+    def setup(self, stage: str) -> None:
+        hp = self.hparams
+        if stage == "fit" and not self.train_instances:
+            self.train_instances = (
+                self._load(hp.train_path, hp.train_limit)
+                if hp.train_path
+                else self._synthetic("train", hp.synthetic_train)
+            )
+            if not self.train_instances:
+                raise ValueError(f"no training instances in {hp.train_path or 'the synthetic generator'}")
+        if stage in ("fit", "validate") and not self.val_instances:
+            self.val_instances = (
+                self._load(hp.val_path, hp.val_limit) if hp.val_path else self._synthetic("val", hp.synthetic_val)
+            )
+
+    # ---------------------------------------------------------------- stream
+    def _rank_and_world(self) -> tuple[int, int]:
+        if self.trainer is None:
+            return 0, 1
+        return self.trainer.global_rank, self.trainer.world_size
+
+    def shard_order(self, epoch: int) -> list[int]:
+        """This rank's instance indices for one pass: a seeded shuffle shared by all ranks, then strided."""
+        order = list(range(len(self.train_instances)))
+        if self.hparams.shuffle:
+            random.Random(self.hparams.seed * 1_000_003 + epoch).shuffle(order)
+        rank, world = self._rank_and_world()
+        usable = len(order) - len(order) % world if len(order) >= world else len(order)
+        shard = order[:usable][rank::world]
+        if not shard:
+            raise ValueError(f"{len(order)} training instances cannot be shared by {world} ranks")
+        return shard
+
+    def next_instances(self) -> list[Instance]:
+        """The next ``instances_per_step`` instances of this rank's shard, wrapping into a new pass."""
+        picked: list[Instance] = []
+        while len(picked) < self.hparams.instances_per_step:
+            shard = self.shard_order(self._epoch)
+            if self._cursor >= len(shard):
+                self._epoch, self._cursor = self._epoch + 1, 0
+                continue
+            picked.append(self.train_instances[shard[self._cursor]])
+            self._cursor += 1
+        return picked
+
+    def iterate_minibatches(self) -> Iterator[dict[str, Any]]:
+        module = self.trainer.lightning_module
+        while True:
+            if not self._buffer:
+                instances = self.next_instances()
+                self._buffer = module.build_experience(instances, self._round)
+                self._round += 1
+            yield self._buffer.pop(0)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(_RolloutStream(self), batch_size=None, num_workers=0)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_instances, batch_size=self.hparams.val_batch_size, collate_fn=_as_list, num_workers=0)
+
+    # ----------------------------------------------------------- checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self._epoch, "cursor": self._cursor, "round": self._round, "buffer": list(self._buffer)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._epoch = state_dict["epoch"]
+        self._cursor = state_dict["cursor"]
+        self._round = state_dict["round"]
+        self._buffer = list(state_dict["buffer"])

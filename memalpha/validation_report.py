@@ -1,0 +1,76 @@
+"""Per-source validation tables from rollout records, printed and written as JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+COLUMNS = ("source", "instances", "questions", "accuracy", "memory_tokens", "compression", "tool_success")
+
+
+def _summarise(records: Sequence[Any]) -> dict[str, float]:
+    scores = [q["score"] for r in records for q in r.questions]
+    results = [res for r in records for turn in r.turns for res in turn["results"]]
+    ok = sum(res["status"] in ("ok", "skipped") for res in results)
+    return {
+        "instances": len({r.instance_id for r in records}),
+        "questions": len(scores),
+        "accuracy": sum(scores) / len(scores) if scores else 0.0,
+        "memory_tokens": sum(r.memory_tokens for r in records) / len(records) if records else 0.0,
+        "compression": sum(r.r3 for r in records) / len(records) if records else 0.0,
+        "tool_success": ok / len(results) if results else 0.0,
+        "tool_calls": len(results),
+    }
+
+
+def summarise_records(records: Sequence[Any]) -> dict[str, Any]:
+    """Overall and per-``data_source`` accuracy, memory size, compression (r3) and tool success."""
+    by_source: dict[str, list[Any]] = defaultdict(list)
+    for record in records:
+        by_source[record.data_source].append(record)
+    return {
+        "overall": _summarise(records),
+        "per_source": {source: _summarise(rs) for source, rs in sorted(by_source.items())},
+    }
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    rows = [(src, s) for src, s in summary["per_source"].items()] + [("ALL", summary["overall"])]
+    cells = [COLUMNS] + [
+        (
+            src,
+            str(s["instances"]),
+            str(s["questions"]),
+            f"{s['accuracy']:.3f}",
+            f"{s['memory_tokens']:.0f}",
+            f"{s['compression']:.3f}",
+            f"{s['tool_success']:.3f}",
+        )
+        for src, s in rows
+    ]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def write_validation_report(summary: dict[str, Any], records: Sequence[Any], path: str | Path) -> str:
+    """Write the summary plus every question's prediction and score to ``path`` (atomically); return the table."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"summary": summary, "records": [asdict(r) for r in records]}
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle, ensure_ascii=False, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return format_table(summary) + f"\n(written to {path})"
