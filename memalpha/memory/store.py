@@ -1,0 +1,306 @@
+"""The agent's memory: a core paragraph and two ordered lists of entries (SPEC §1).
+
+* ``core`` – one paragraph, capped at ``core_token_limit`` tokens; longer text is
+  cut and ends with :data:`CORE_TRUNCATION_MARKER` so the agent can see it was cut.
+* ``semantic`` / ``episodic`` – ordered lists of :class:`MemoryEntry` (insertion order).
+
+Token counting is injected (in training: the policy tokenizer's length) and cached
+by content, so the memory size of thousands of entries costs dictionary look-ups.
+The methods here are the only operations the tools use; they assume validated
+input and raise ``KeyError``/``ValueError`` on misuse. Validation and the
+agent-facing error messages live in :mod:`memalpha.tools.executor`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from memalpha.memory.ids import IdAllocator
+
+TokenCounter = Callable[[str], int]
+
+SEMANTIC = "semantic_memory"
+EPISODIC = "episodic_memory"
+CORE = "core_memory"
+LIST_TYPES: tuple[str, str] = (SEMANTIC, EPISODIC)
+ALL_TYPES: tuple[str, str, str] = (CORE, SEMANTIC, EPISODIC)
+
+CORE_TRUNCATION_MARKER = " [truncated: core memory is limited to {limit} tokens]"
+DICT_FORMAT = "memalpha.memory/1"
+_SHORT_NAMES = {"semantic": SEMANTIC, "episodic": EPISODIC, SEMANTIC: SEMANTIC, EPISODIC: EPISODIC}
+
+
+def whitespace_token_count(text: str) -> int:
+    """Cheap default token counter: the number of whitespace-separated words."""
+    return len(text.split())
+
+
+def list_type(memory_type: str) -> str:
+    """Normalise ``semantic``/``episodic`` (with or without ``_memory``) or raise ``ValueError``."""
+    try:
+        return _SHORT_NAMES[memory_type]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"memory_type must be one of {list(LIST_TYPES)}, got {memory_type!r}"
+        ) from None
+
+
+@dataclass
+class MemoryEntry:
+    """One semantic or episodic memory item."""
+
+    id: str
+    content: str
+
+
+class MemoryFormatError(ValueError):
+    """A saved memory (``to_dict`` output) is malformed; the message names the field."""
+
+
+class MemoryBudgetError(ValueError):
+    """The memorising view does not fit the token budget even with no entries shown."""
+
+
+class Memory:
+    """Core paragraph + semantic and episodic entry lists, with seeded ids.
+
+    Args:
+        token_counter: ``text -> number of tokens``; ``None`` uses
+            :func:`whitespace_token_count`. Counts are cached per distinct content.
+        core_token_limit: the core is cut to at most this many tokens (marker included).
+        seed: seed of the id sequence; the same seed and operations give the same ids.
+    """
+
+    def __init__(
+        self,
+        token_counter: TokenCounter | None = None,
+        core_token_limit: int = 512,
+        seed: int = 0,
+    ) -> None:
+        self.token_counter: TokenCounter = token_counter or whitespace_token_count
+        self.core_token_limit = int(core_token_limit)
+        marker_tokens = self.token_counter(self.core_marker)
+        if self.core_token_limit < marker_tokens + 1:
+            raise ValueError(
+                f"core_token_limit={core_token_limit} is too small: the truncation marker alone "
+                f"takes {marker_tokens} tokens"
+            )
+        self.seed = int(seed)
+        self._ids = IdAllocator(self.seed)
+        self._core = ""
+        self.semantic: list[MemoryEntry] = []
+        self.episodic: list[MemoryEntry] = []
+        self._token_cache: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ tokens
+    @property
+    def core_marker(self) -> str:
+        """The text appended to a core that was cut at the token limit."""
+        return CORE_TRUNCATION_MARKER.format(limit=self.core_token_limit)
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` under this memory's counter, cached by content."""
+        cached = self._token_cache.get(text)
+        if cached is None:
+            if len(self._token_cache) > 4 * (len(self.semantic) + len(self.episodic)) + 1024:
+                self._token_cache.clear()  # drop counts of contents that were replaced
+            cached = int(self.token_counter(text))
+            self._token_cache[text] = cached
+        return cached
+
+    def total_tokens(self) -> int:
+        """Memory size (SPEC §1): tokens(core) + tokens of every entry's content."""
+        total = self.count_tokens(self._core) if self._core else 0
+        for entries in (self.semantic, self.episodic):
+            for entry in entries:
+                total += self.count_tokens(entry.content)
+        return total
+
+    # -------------------------------------------------------------------- core
+    @property
+    def core(self) -> str:
+        """The core paragraph. Assigning to it applies the token cap (see :meth:`set_core`)."""
+        return self._core
+
+    @core.setter
+    def core(self, text: str) -> None:
+        self.set_core(text)
+
+    def set_core(self, text: str) -> bool:
+        """Replace the core; returns ``True`` when it had to be cut to ``core_token_limit``."""
+        if not isinstance(text, str):
+            raise TypeError(f"core must be a str, got {type(text).__name__}")
+        if self.count_tokens(text) <= self.core_token_limit:
+            self._core = text
+            return False
+        self._core = self._cut_core(text)
+        return True
+
+    def _fits(self, prefix: str) -> bool:
+        return self.token_counter(prefix + self.core_marker) <= self.core_token_limit
+
+    def _cut_core(self, text: str) -> str:
+        """Longest prefix (preferably ending at a word boundary) that fits with the marker."""
+        lo, hi = 0, len(text)  # invariant: text[:lo] fits (checked in the constructor for lo=0)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._fits(text[:mid].rstrip()):
+                lo = mid
+            else:
+                hi = mid - 1
+        prefix = text[:lo]
+        boundary = max(prefix.rfind(" "), prefix.rfind("\n"))
+        if 0 < boundary < len(prefix) and not text[lo : lo + 1].isspace():
+            prefix = prefix[:boundary]  # do not end in the middle of a word
+        prefix = prefix.rstrip()
+        while prefix and not self._fits(prefix):  # counters that are not monotone in length
+            prefix = prefix[:-1].rstrip()
+        return prefix + self.core_marker
+
+    def clear_core(self) -> None:
+        """Empty the core."""
+        self._core = ""
+
+    # ----------------------------------------------------------------- entries
+    def entries(self, memory_type: str) -> list[MemoryEntry]:
+        """The live list for ``semantic_memory`` or ``episodic_memory`` (short names accepted)."""
+        return self.semantic if list_type(memory_type) == SEMANTIC else self.episodic
+
+    def _all_ids(self) -> set[str]:
+        return {entry.id for entries in (self.semantic, self.episodic) for entry in entries}
+
+    def find(self, memory_type: str, memory_id: str) -> MemoryEntry | None:
+        """The entry with ``memory_id`` in that list, or ``None``."""
+        for entry in self.entries(memory_type):
+            if entry.id == memory_id:
+                return entry
+        return None
+
+    def find_content(self, memory_type: str, content: str) -> MemoryEntry | None:
+        """The first entry of that list whose content equals ``content`` exactly, or ``None``."""
+        for entry in self.entries(memory_type):
+            if entry.content == content:
+                return entry
+        return None
+
+    def insert(self, memory_type: str, content: str) -> MemoryEntry | None:
+        """Append a new entry; returns ``None`` (nothing inserted) if identical content exists."""
+        if not isinstance(content, str):
+            raise TypeError(f"content must be a str, got {type(content).__name__}")
+        entries = self.entries(memory_type)
+        if self.find_content(memory_type, content) is not None:
+            return None
+        entry = MemoryEntry(id=self._ids.next_id(self._all_ids()), content=content)
+        entries.append(entry)
+        return entry
+
+    def update(self, memory_type: str, memory_id: str, content: str) -> MemoryEntry:
+        """Replace the content of entry ``memory_id`` in place (``KeyError`` if unknown)."""
+        if not isinstance(content, str):
+            raise TypeError(f"content must be a str, got {type(content).__name__}")
+        entry = self.find(memory_type, memory_id)
+        if entry is None:
+            raise KeyError(f"no entry {memory_id!r} in {list_type(memory_type)}")
+        entry.content = content
+        return entry
+
+    def delete(self, memory_type: str, memory_id: str) -> MemoryEntry:
+        """Remove entry ``memory_id`` and return it (``KeyError`` if unknown)."""
+        entries = self.entries(memory_type)
+        for index, entry in enumerate(entries):
+            if entry.id == memory_id:
+                return entries.pop(index)
+        raise KeyError(f"no entry {memory_id!r} in {list_type(memory_type)}")
+
+    # --------------------------------------------------------------- rendering
+    def render_memorise(self, k: int = 5) -> str:
+        """The memorising view (SPEC §1): core, then the ``k`` most recent entries of each list."""
+        from memalpha.memory.render import render_memorise
+
+        return render_memorise(self, k)
+
+    def render_memorise_within(
+        self, budget_tokens: int, k: int = 5, overhead_tokens: int = 0
+    ) -> tuple[str, int]:
+        """Memorising view whose tokens + ``overhead_tokens`` fit ``budget_tokens``; halves ``k``.
+
+        Returns ``(text, k_used)``; raises :class:`MemoryBudgetError` if even ``k = 0`` is too big.
+        """
+        from memalpha.memory.render import render_memorise_within
+
+        return render_memorise_within(self, budget_tokens, k, overhead_tokens)
+
+    def render_answer(self, semantic: list[MemoryEntry], episodic: list[MemoryEntry]) -> str:
+        """The question-answering view (SPEC §1): core if non-empty, given entries numbered, no ids."""
+        from memalpha.memory.render import render_answer
+
+        return render_answer(self._core, semantic, episodic)
+
+    # ----------------------------------------------------------- serialisation
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe state; :meth:`from_dict` restores it exactly, id counter included."""
+        return {
+            "format": DICT_FORMAT,
+            "core": self._core,
+            "core_token_limit": self.core_token_limit,
+            "seed": self.seed,
+            "id_counter": self._ids.counter,
+            "semantic": [{"id": e.id, "content": e.content} for e in self.semantic],
+            "episodic": [{"id": e.id, "content": e.content} for e in self.episodic],
+        }
+
+    @classmethod
+    def from_dict(
+        cls, d: dict[str, Any], token_counter: TokenCounter | None = None, source: str = "memory dict"
+    ) -> Memory:
+        """Rebuild a memory saved by :meth:`to_dict`. The core is restored verbatim (not re-cut).
+
+        ``source`` names where ``d`` came from (e.g. a file path) in error messages.
+        """
+        if not isinstance(d, dict):
+            raise MemoryFormatError(f"{source}: expected a JSON object, got {type(d).__name__}")
+        if d.get("format", DICT_FORMAT) != DICT_FORMAT:
+            raise MemoryFormatError(f"{source}: field 'format' is {d.get('format')!r}, expected {DICT_FORMAT!r}")
+        for name, kind in (("core", str), ("core_token_limit", int), ("seed", int), ("id_counter", int)):
+            if not isinstance(d.get(name), kind) or isinstance(d.get(name), bool):
+                raise MemoryFormatError(f"{source}: field {name!r} must be {kind.__name__}, got {d.get(name)!r}")
+        memory = cls(token_counter=token_counter, core_token_limit=d["core_token_limit"], seed=d["seed"])
+        memory._core = d["core"]
+        memory._ids = IdAllocator(d["seed"], d["id_counter"])
+        seen: set[str] = set()
+        for field_name in ("semantic", "episodic"):
+            target = memory.semantic if field_name == "semantic" else memory.episodic
+            items = d.get(field_name)
+            if not isinstance(items, list):
+                raise MemoryFormatError(f"{source}: field {field_name!r} must be a list, got {type(items).__name__}")
+            for index, item in enumerate(items):
+                if not (isinstance(item, dict) and isinstance(item.get("id"), str)
+                        and isinstance(item.get("content"), str)):
+                    raise MemoryFormatError(
+                        f"{source}: {field_name}[{index}] must be {{'id': str, 'content': str}}, got {item!r:.200}"
+                    )
+                if item["id"] in seen:
+                    raise MemoryFormatError(f"{source}: {field_name}[{index}] repeats id {item['id']!r}")
+                seen.add(item["id"])
+                target.append(MemoryEntry(id=item["id"], content=item["content"]))
+        return memory
+
+    def to_json(self) -> str:
+        """:meth:`to_dict` as a JSON string."""
+        return json.dumps(self.to_dict())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Memory):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"Memory(core={len(self._core)} chars, semantic={len(self.semantic)}, "
+            f"episodic={len(self.episodic)}, seed={self.seed})"
+        )

@@ -1,0 +1,249 @@
+"""Memory store: ids, token cache, core cap, rendering, JSON round trip."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from memalpha.memory import (
+    CORE_TRUNCATION_MARKER,
+    IdAllocator,
+    Memory,
+    MemoryBudgetError,
+    MemoryEntry,
+    id_for_counter,
+    whitespace_token_count,
+)
+
+
+class CountingCounter:
+    """Whitespace counter that records how often it is called."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, text: str) -> int:
+        self.calls += 1
+        return len(text.split())
+
+
+# ---------------------------------------------------------------------------- ids
+def test_ids_are_short_hex_and_deterministic_per_seed():
+    first = [id_for_counter(7, i) for i in range(50)]
+    assert first == [id_for_counter(7, i) for i in range(50)]
+    assert all(len(x) == 4 and int(x, 16) >= 0 for x in first)
+    assert first != [id_for_counter(8, i) for i in range(50)]
+
+
+def test_ids_never_collide_across_the_whole_4_digit_block_and_into_5_digits():
+    ids = [id_for_counter(3, i) for i in range(16**4 + 100)]
+    assert len(set(ids)) == len(ids)
+    assert {len(x) for x in ids[: 16**4]} == {4} and {len(x) for x in ids[16**4 :]} == {5}
+
+
+def test_allocator_skips_ids_already_taken():
+    plain = IdAllocator(seed=1)
+    expected = [plain.next_id() for _ in range(3)]
+    skipping = IdAllocator(seed=1)
+    assert skipping.next_id(taken={expected[0]}) == expected[1]
+    assert skipping.counter == 2
+
+
+def test_memory_ids_unique_across_lists_and_not_reused_after_delete():
+    memory = Memory(seed=5)
+    a = memory.insert("semantic_memory", "a")
+    b = memory.insert("episodic_memory", "b")
+    memory.delete("semantic_memory", a.id)
+    c = memory.insert("semantic_memory", "a")
+    assert len({a.id, b.id, c.id}) == 3
+
+
+def test_loaded_foreign_ids_are_never_reissued():
+    seed0_first = id_for_counter(0, 0)
+    memory = Memory.from_dict({"core": "", "core_token_limit": 512, "seed": 0, "id_counter": 0,
+                               "semantic": [{"id": seed0_first, "content": "x"}], "episodic": []})
+    assert memory.insert("episodic_memory", "y").id == id_for_counter(0, 1)
+
+
+# -------------------------------------------------------------------- operations
+def test_insert_update_delete_and_duplicate_skip():
+    memory = Memory()
+    entry = memory.insert("semantic", "Paris is in France")
+    assert isinstance(entry, MemoryEntry) and memory.semantic == [entry]
+    assert memory.insert("semantic_memory", "Paris is in France") is None
+    assert memory.insert("episodic_memory", "Paris is in France") is not None  # lists are separate
+    memory.update("semantic_memory", entry.id, "Paris is the capital of France")
+    assert memory.find("semantic_memory", entry.id).content == "Paris is the capital of France"
+    assert memory.delete("semantic_memory", entry.id).id == entry.id
+    assert memory.semantic == []
+    with pytest.raises(KeyError):
+        memory.delete("semantic_memory", entry.id)
+    with pytest.raises(KeyError):
+        memory.update("episodic_memory", "zzzz", "x")
+    with pytest.raises(ValueError, match="memory_type"):
+        memory.entries("core_memory")
+
+
+def test_token_counts_are_cached_per_content():
+    counter = CountingCounter()
+    memory = Memory(token_counter=counter)
+    base = counter.calls
+    for i in range(300):
+        memory.insert("semantic_memory", f"fact number {i}")
+    memory.set_core("one two three")
+    assert memory.total_tokens() == 3 + 300 * 3
+    after_first = counter.calls
+    assert after_first - base == 301  # 300 entries + the core once (set_core counted it; total reuses it)
+    assert memory.total_tokens() == 903
+    assert counter.calls == after_first
+    memory.update("semantic_memory", memory.semantic[0].id, "changed")
+    assert memory.total_tokens() == 903 - 3 + 1
+
+
+# ---------------------------------------------------------------------- core cap
+def test_core_under_limit_is_kept_verbatim():
+    memory = Memory(core_token_limit=50)
+    assert memory.set_core("short core text") is False
+    assert memory.core == "short core text"
+
+
+def test_core_over_limit_is_cut_at_a_word_with_visible_marker():
+    memory = Memory(core_token_limit=40)
+    text = " ".join(f"word{i}" for i in range(100))
+    memory.core = text
+    marker = CORE_TRUNCATION_MARKER.format(limit=40)
+    assert memory.core.endswith(marker)
+    kept = memory.core[: -len(marker)]
+    assert text.startswith(kept) and text[len(kept)] == " "  # ends on a word boundary
+    assert whitespace_token_count(memory.core) <= 40
+    assert whitespace_token_count(memory.core) == 40  # longest prefix that fits
+
+
+def test_core_limit_smaller_than_marker_is_refused():
+    with pytest.raises(ValueError, match="too small"):
+        Memory(core_token_limit=3)
+
+
+@pytest.mark.embedded
+def test_core_cap_with_real_tokenizer(tokenizer):
+    def count(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    memory = Memory(token_counter=count, core_token_limit=64)
+    text = "The patient cohort (n=173) received 4 mg/day of dorzolamide-timolol. " * 20
+    assert memory.set_core(text) is True
+    assert count(memory.core) <= 64
+    assert count(memory.core) > 50  # not cut far more than needed
+    assert text.startswith(memory.core[: -len(memory.core_marker)])
+
+
+# --------------------------------------------------------------------- rendering
+def _small_memory() -> Memory:
+    memory = Memory(seed=0)
+    memory.core = "User studies medicine."
+    for i in range(3):
+        memory.insert("semantic_memory", f"fact {i}")
+    return memory
+
+
+def test_render_memorise_exact_layout():
+    memory = _small_memory()
+    ids = [e.id for e in memory.semantic]
+    assert memory.render_memorise(k=2) == (
+        "<core_memory>\nUser studies medicine.\n</core_memory>\n\n"
+        "<semantic_memory> (showing the most recent 2 of 3 entries)\n"
+        f"[{ids[1]}] fact 1\n[{ids[2]}] fact 2\n</semantic_memory>\n\n"
+        "<episodic_memory> (showing the most recent 0 of 0 entries)\n(empty)\n</episodic_memory>"
+    )
+
+
+def test_render_memorise_empty_memory_and_k_zero():
+    assert Memory().render_memorise().startswith("<core_memory>\n(empty)\n</core_memory>")
+    view = _small_memory().render_memorise(k=0)
+    assert "(showing the most recent 0 of 3 entries)" in view and "fact" not in view
+
+
+def test_render_memorise_within_halves_k_until_it_fits():
+    memory = Memory()
+    for i in range(10):
+        memory.insert("semantic_memory", f"entry {i} " + "word " * 20)
+    sizes = {k: whitespace_token_count(memory.render_memorise(k)) for k in (5, 2, 1, 0)}
+    text, k_used = memory.render_memorise_within(sizes[2] + 7, k=5, overhead_tokens=7)
+    assert (k_used, text) == (2, memory.render_memorise(2))
+    assert memory.render_memorise_within(sizes[5], k=5)[1] == 5
+    assert memory.render_memorise_within(sizes[0], k=5)[1] == 0
+    with pytest.raises(MemoryBudgetError):
+        memory.render_memorise_within(sizes[0] - 1, k=5)
+
+
+def test_render_answer_numbers_entries_without_ids():
+    memory = _small_memory()
+    event = memory.insert("episodic_memory", "At 2024-01-01, user read a paper.")
+    text = memory.render_answer(memory.semantic[1:], [event])
+    assert text == (
+        "<core_memory>\nUser studies medicine.\n</core_memory>\n\n"
+        "<semantic_memory>\n1. fact 1\n2. fact 2\n</semantic_memory>\n\n"
+        "<episodic_memory>\n1. At 2024-01-01, user read a paper.\n</episodic_memory>"
+    )
+    assert event.id not in text
+    memory.clear_core()
+    assert memory.render_answer([], []).startswith("<semantic_memory>\n(no entries)")
+
+
+# ----------------------------------------------------------------- serialisation
+def _random_operations(memory: Memory, rng: random.Random, steps: int) -> None:
+    for _ in range(steps):
+        kind = rng.choice(["semantic_memory", "episodic_memory"])
+        entries = memory.entries(kind)
+        op = rng.random()
+        if op < 0.5 or not entries:
+            memory.insert(kind, f"text {rng.randrange(40)} ünïcødé ✿ \"quoted\"\n")
+        elif op < 0.7:
+            memory.update(kind, rng.choice(entries).id, f"updated {rng.randrange(1000)}")
+        elif op < 0.9:
+            memory.delete(kind, rng.choice(entries).id)
+        else:
+            memory.core = " ".join(str(rng.random()) for _ in range(rng.randrange(1, 20)))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_round_trip_after_random_operations_continues_identically(seed):
+    rng = random.Random(seed)
+    memory = Memory(core_token_limit=16, seed=seed)
+    _random_operations(memory, rng, 200)
+    loaded = Memory.from_dict(json.loads(json.dumps(memory.to_dict())))
+    assert loaded == memory
+    assert loaded.to_dict() == memory.to_dict()
+    assert loaded.insert("semantic_memory", "brand new").id == memory.insert("semantic_memory", "brand new").id
+    _random_operations(memory, random.Random(99), 50)
+    _random_operations(loaded, random.Random(99), 50)
+    assert loaded == memory
+
+
+def test_from_dict_errors_name_the_field():
+    good = Memory().to_dict()
+    with pytest.raises(ValueError, match="state.json: field 'seed'"):
+        Memory.from_dict({**good, "seed": "x"}, source="state.json")
+    with pytest.raises(ValueError, match=r"semantic\[0\]"):
+        Memory.from_dict({**good, "semantic": [{"id": 3, "content": "x"}]})
+    with pytest.raises(ValueError, match="repeats id"):
+        Memory.from_dict({**good, "episodic": [{"id": "a", "content": "x"}, {"id": "a", "content": "y"}]})
+    with pytest.raises(ValueError, match="field 'format'"):
+        Memory.from_dict({**good, "format": "other"})
+
+
+def test_ten_thousand_entries_total_tokens_counts_each_content_once():
+    counter = CountingCounter()
+    memory = Memory(token_counter=counter)
+    for i in range(10_000):
+        memory.insert("semantic_memory" if i % 2 else "episodic_memory", f"entry {i} about something")
+    calls = counter.calls
+    assert memory.total_tokens() == 40_000
+    assert counter.calls - calls == 10_000
+    assert memory.total_tokens() == 40_000
+    assert counter.calls - calls == 10_000  # second size computation: cache only
+    view = memory.render_memorise(5)
+    assert "(showing the most recent 5 of 5000 entries)" in view
+    assert memory.render_answer(memory.semantic, memory.episodic).count("\n") > 10_000
