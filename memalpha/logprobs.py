@@ -1,0 +1,229 @@
+"""Per-token log-probabilities of responses, with logits computed only where they are needed.
+
+For each micro-batch the decoder runs once over prompt+response (layout of
+:mod:`memalpha.generation`); the hidden states that predict response tokens are gathered
+(padding dropped) and pushed through the output head ``token_chunk`` rows at a time,
+optionally ``vocab_chunk`` vocabulary columns at a time with a running log-sum-exp. The
+log-prob of token ``y`` is ``z_y - logsumexp(z)`` with ``z = head(h) / temperature`` in
+float32 -- the same scaling ``transformers`` applies before sampling (top-k/top-p truncation
+is not part of the scored distribution). A full-vocabulary log-softmax is never built.
+
+Without grad the head chunk is transformed in place, so the extra memory is one chunk of
+logits plus row vectors. With grad each chunk runs under activation checkpointing: only its
+hidden rows are kept and its logits are recomputed during backward, one chunk at a time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from memalpha.generation import pad_prompt_response
+
+DEFAULT_TOKEN_CHUNK = 512
+
+
+def split_decoder_and_head(model) -> tuple[torch.nn.Module, torch.nn.Module, object]:
+    """The decoder stack, the output head and the config of a (PEFT-wrapped) causal LM.
+
+    With PEFT the adapters are injected into the base model's layers, so calling these
+    modules honours ``disable_adapter()`` exactly like calling the wrapper does.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = base.get_decoder()
+    head = base.get_output_embeddings()
+    if decoder is base or head is None:
+        raise ValueError(f"{type(base).__name__} does not expose a separate decoder and output head")
+    return decoder, head, base.config
+
+
+def _finalise_logits(logits: torch.Tensor, config) -> torch.Tensor:
+    """Architecture-specific logit transforms that ``*ForCausalLM.forward`` applies after the head."""
+    scale = getattr(config, "logit_scale", None)
+    if scale is not None:
+        logits = logits * scale
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+def _head_logits(head, hidden: torch.Tensor, config, columns: slice | None) -> torch.Tensor:
+    if columns is None:
+        logits = head(hidden)
+    else:
+        if type(head) is not torch.nn.Linear:
+            raise ValueError(
+                f"vocab_chunk needs a plain torch.nn.Linear output head, this model has {type(head).__name__}; "
+                "use vocab_chunk=None"
+            )
+        bias = head.bias[columns] if head.bias is not None else None
+        logits = torch.nn.functional.linear(hidden, head.weight[columns], bias)
+    return _finalise_logits(logits.float(), config)
+
+
+def _vocab_slices(vocab: int, vocab_chunk: int | None) -> list[slice | None]:
+    if vocab_chunk is None or vocab_chunk >= vocab:
+        return [None]
+    return [slice(start, min(start + vocab_chunk, vocab)) for start in range(0, vocab, vocab_chunk)]
+
+
+def _rows_logprob_nograd(
+    hidden: torch.Tensor, targets: torch.Tensor, head, config, temperature: float, vocab_chunk, want_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob (and entropy) of ``targets`` for rows of ``hidden``; in-place, no autograd."""
+    rows = hidden.shape[0]
+    vocab = head.out_features if hasattr(head, "out_features") else None
+    slices = _vocab_slices(vocab, vocab_chunk) if vocab is not None else [None]
+    running_max = torch.full((rows,), -math.inf, device=hidden.device)
+    running_sum = torch.zeros(rows, device=hidden.device)
+    running_dot = torch.zeros(rows, device=hidden.device) if want_entropy else None
+    target_logit = torch.zeros(rows, device=hidden.device)
+    for columns in slices:
+        logits = _head_logits(head, hidden, config, columns)
+        if temperature != 1.0:
+            logits.div_(temperature)
+        start = 0 if columns is None else columns.start
+        width = logits.shape[1]
+        local = targets - start
+        inside = (local >= 0) & (local < width)
+        picked = logits.gather(1, local.clamp(0, width - 1).unsqueeze(1)).squeeze(1)
+        target_logit = torch.where(inside, picked, target_logit)
+        block_max = logits.amax(dim=1)
+        new_max = torch.maximum(running_max, block_max)
+        rescale = torch.exp(running_max - new_max)
+        logits.sub_(new_max.unsqueeze(1))  # logits now hold z - m
+        if want_entropy:
+            # sum exp(z - m) * z, accumulated in row blocks so the temporary stays small
+            block_dot = torch.empty(rows, device=hidden.device)
+            block_sum = torch.empty(rows, device=hidden.device)
+            step = max(1, rows // 4)
+            for r0 in range(0, rows, step):
+                shifted = logits[r0 : r0 + step]
+                weights = shifted.exp()
+                block_sum[r0 : r0 + step] = weights.sum(dim=1)
+                block_dot[r0 : r0 + step] = weights.mul_(shifted).sum(dim=1)
+            # block_dot holds sum e^(z-m)(z-m); convert to sum e^(z-m) z
+            block_dot = block_dot + new_max * block_sum
+            running_dot = running_dot * rescale + block_dot
+        else:
+            block_sum = logits.exp_().sum(dim=1)
+        running_sum = running_sum * rescale + block_sum
+        running_max = new_max
+        del logits
+    log_norm = running_max + running_sum.log()
+    logprob = target_logit - log_norm
+    entropy = log_norm - running_dot / running_sum if want_entropy else None
+    return logprob, entropy
+
+
+def _rows_logprob_grad(
+    hidden: torch.Tensor, targets: torch.Tensor, head, config, temperature: float, vocab_chunk
+) -> torch.Tensor:
+    """Differentiable log-prob of ``targets`` for rows of ``hidden`` (run under checkpointing)."""
+    vocab = head.out_features if hasattr(head, "out_features") else None
+    slices = _vocab_slices(vocab, vocab_chunk) if vocab is not None else [None]
+    if slices == [None]:
+        logits = _head_logits(head, hidden, config, None) / temperature
+        return logits.gather(1, targets.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=1)
+    norms = []
+    target_logit = hidden.new_zeros(hidden.shape[0], dtype=torch.float32)
+    for columns in slices:
+        logits = _head_logits(head, hidden, config, columns) / temperature
+        local = targets - columns.start
+        inside = (local >= 0) & (local < logits.shape[1])
+        picked = logits.gather(1, local.clamp(0, logits.shape[1] - 1).unsqueeze(1)).squeeze(1)
+        target_logit = torch.where(inside, picked, target_logit)
+        norms.append(torch.logsumexp(logits, dim=1))
+    return target_logit - torch.logsumexp(torch.stack(norms, dim=1), dim=1)
+
+
+def token_logprobs(
+    model,
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    *,
+    temperature: float = 1.0,
+    micro_batch_size: int = 4,
+    vocab_chunk: int | None = None,
+    pad_id: int = 0,
+    with_entropy: bool = False,
+    token_chunk: int = DEFAULT_TOKEN_CHUNK,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of every response token given its prompt and the preceding response tokens.
+
+    Returns a float32 tensor ``[B, R]`` (``R`` = longest response; column ``j`` is response
+    token ``j``; 0 where a response is shorter). With ``with_entropy=True`` returns
+    ``(logprobs, entropy)``, both ``[B, R]``; the entropy of the temperature-scaled
+    next-token distribution is computed without grad.
+
+    Gradients flow into the result when grad mode is on (the policy); call it under
+    ``torch.no_grad()`` for old/reference log-probs, and inside ``model.disable_adapter()``
+    for the reference policy. ``micro_batch_size`` sequences go through the decoder at a
+    time; ``token_chunk`` response rows (times ``vocab_chunk`` vocabulary columns, when set)
+    bound the logits held at once. Padding uses ``pad_id`` and is masked out of attention.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if micro_batch_size < 1 or token_chunk < 1:
+        raise ValueError(f"micro_batch_size and token_chunk must be >= 1, got {micro_batch_size}, {token_chunk}")
+    if vocab_chunk is not None and vocab_chunk < 1:
+        raise ValueError(f"vocab_chunk must be >= 1 or None, got {vocab_chunk}")
+    decoder, head, config = split_decoder_and_head(model)
+    device = next(model.parameters()).device
+    width = max((len(r) for r in response_ids), default=0)
+    grad = torch.is_grad_enabled()
+    rows_out: list[torch.Tensor] = []
+    entropy_out: list[torch.Tensor] = []
+    for start in range(0, len(prompt_ids), micro_batch_size):
+        prompts = prompt_ids[start : start + micro_batch_size]
+        responses = response_ids[start : start + micro_batch_size]
+        batch = pad_prompt_response(prompts, responses, pad_id, device)
+        local_width = batch.response_mask.shape[1]
+        logprob = torch.zeros(len(prompts), local_width, device=device)
+        entropy = torch.zeros(len(prompts), local_width, device=device)
+        if local_width > 0:
+            hidden = decoder(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids,
+                use_cache=False,
+            ).last_hidden_state
+            prompt_width = batch.prompt_width
+            # hidden at column t predicts the token at column t + 1
+            predicting = hidden[:, prompt_width - 1 : prompt_width - 1 + local_width]
+            mask = batch.response_mask.bool()
+            rows = predicting[mask]
+            targets = batch.input_ids[:, prompt_width:][mask]
+            values, entropies = [], []
+            for r0 in range(0, rows.shape[0], token_chunk):
+                h, y = rows[r0 : r0 + token_chunk], targets[r0 : r0 + token_chunk]
+                if grad:
+                    values.append(
+                        checkpoint(
+                            _rows_logprob_grad, h, y, head, config, temperature, vocab_chunk, use_reentrant=False
+                        )
+                    )
+                    if with_entropy:
+                        with torch.no_grad():
+                            entropies.append(
+                                _rows_logprob_nograd(h.detach(), y, head, config, temperature, vocab_chunk, True)[1]
+                            )
+                else:
+                    value, ent = _rows_logprob_nograd(h, y, head, config, temperature, vocab_chunk, with_entropy)
+                    values.append(value)
+                    if with_entropy:
+                        entropies.append(ent)
+            logprob = logprob.masked_scatter(mask, torch.cat(values))
+            if with_entropy:
+                entropy = entropy.masked_scatter(mask, torch.cat(entropies))
+            del hidden, predicting, rows
+        rows_out.append(torch.nn.functional.pad(logprob, (0, width - local_width)))
+        entropy_out.append(torch.nn.functional.pad(entropy, (0, width - local_width)))
+    if not rows_out:
+        empty = torch.zeros(0, width, device=device)
+        return (empty, empty.clone()) if with_entropy else empty
+    logprobs = torch.cat(rows_out)
+    return (logprobs, torch.cat(entropy_out)) if with_entropy else logprobs

@@ -1,0 +1,176 @@
+"""The policy: one causal LM (fp32, bf16 or 4-bit NF4) with a LoRA adapter.
+
+The reference policy and the local reader are the same weights with the adapter switched
+off (``with model.disable_adapter(): ...``); no second copy of the base model is ever
+loaded. Sampling lives in :mod:`memalpha.generation` and per-token log-probs in
+:mod:`memalpha.logprobs`; both are re-exported here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from memalpha.generation import Generation, PaddedBatch, generate, pad_prompt_response
+from memalpha.logprobs import token_logprobs
+from memalpha.models import load_tokenizer, resolve_model_path
+
+__all__ = [
+    "DEFAULT_LORA",
+    "PRECISIONS",
+    "Generation",
+    "LoraSettings",
+    "PaddedBatch",
+    "generate",
+    "load_policy",
+    "pad_prompt_response",
+    "token_logprobs",
+    "trainable_parameters",
+]
+
+PRECISIONS = ("fp32", "bf16", "nf4")
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass
+class LoraSettings:
+    """LoRA adapter shape.
+
+    Args:
+        r: rank of the update matrices.
+        alpha: scaling numerator (the update is scaled by ``alpha / r``).
+        dropout: dropout on the adapter input.
+        target_modules: module names to adapt, or ``"all-linear"`` for every linear layer
+            except the output head.
+    """
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: str | list[str] = field(default="all-linear")
+
+    def to_peft(self):
+        from peft import LoraConfig
+
+        if self.r < 1:
+            raise ValueError(f"LoraSettings.r must be >= 1, got {self.r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LoraSettings.dropout must be in [0, 1), got {self.dropout}")
+        return LoraConfig(
+            r=self.r,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=self.target_modules,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+
+
+DEFAULT_LORA = LoraSettings()
+
+
+def _dtype(name: str, what: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"{what} must be one of {sorted(_DTYPES)}, got {name!r}") from None
+
+
+def _enable_checkpointing(model) -> None:
+    """Activation checkpointing that still yields adapter gradients under PEFT.
+
+    The base weights are frozen, so the embedding output does not require grad; a
+    checkpointed block whose inputs need no grad would hand back no gradients at all (the
+    classic PEFT pitfall). ``enable_input_require_grads`` marks the embedding output as
+    requiring grad, which fixes it for both checkpoint implementations.
+    """
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:  # transformers < 5
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if not getattr(model, "_require_grads_hooks", None) and getattr(model, "_require_grads_hook", None) is None:
+        model.enable_input_require_grads()
+    model.config.use_cache = False
+
+
+def load_policy(
+    model: str,
+    precision: str = "fp32",
+    lora: LoraSettings | None = DEFAULT_LORA,
+    compute_dtype: str = "bfloat16",
+    double_quant: bool = True,
+    gradient_checkpointing: bool = False,
+    adapter_path: str | None = None,
+    device: str | torch.device = "cpu",
+):
+    """Load a causal LM and wrap it with a trainable LoRA adapter.
+
+    Args:
+        model: embedded name (``smollm2-135m-instruct``), local folder or hub id.
+        precision: ``fp32``, ``bf16`` or ``nf4`` (bitsandbytes 4-bit NormalFloat; the model is then
+            prepared with ``prepare_model_for_kbit_training``: norms and head in fp32, base frozen).
+        lora: adapter shape for a fresh adapter; None with no ``adapter_path`` returns the bare
+            model in eval mode (an inference-only reader).
+        compute_dtype: matmul dtype of the 4-bit layers (``nf4`` only).
+        double_quant: also quantise the 4-bit quantisation constants (``nf4`` only).
+        gradient_checkpointing: recompute activations in backward (works with the frozen base).
+        adapter_path: folder written by ``save_pretrained`` of a previous adapter; it is loaded
+            trainable and ``lora`` is ignored.
+        device: where the model lives.
+
+    Returns:
+        ``(model, tokenizer)``; the model is a ``peft.PeftModel`` in train mode whose only
+        trainable parameters are the adapter's, and the tokenizer pads on the left.
+    """
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    path = resolve_model_path(model)
+    tokenizer = load_tokenizer(path)
+    device = torch.device(device)
+    if precision == "nf4":
+        quantization = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=double_quant,
+            bnb_4bit_compute_dtype=_dtype(compute_dtype, "compute_dtype"),
+        )
+        base = AutoModelForCausalLM.from_pretrained(
+            path, quantization_config=quantization, dtype=_dtype(compute_dtype, "compute_dtype"),
+            device_map={"": device},
+        )
+    else:
+        base = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(precision, "precision")).to(device)
+    if base.generation_config.pad_token_id is None and tokenizer.pad_token_id is not None:
+        base.generation_config.pad_token_id = tokenizer.pad_token_id
+    if base.generation_config.eos_token_id is None and tokenizer.eos_token_id is not None:
+        base.generation_config.eos_token_id = tokenizer.eos_token_id
+
+    for parameter in base.parameters():
+        parameter.requires_grad_(False)
+    if lora is None and adapter_path is None:
+        return base.eval(), tokenizer
+    if precision == "nf4":
+        from peft import prepare_model_for_kbit_training
+
+        base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
+    if gradient_checkpointing:
+        _enable_checkpointing(base)
+
+    from peft import PeftModel, get_peft_model
+
+    if adapter_path is not None:
+        policy = PeftModel.from_pretrained(base, adapter_path, is_trainable=True)
+    else:
+        policy = get_peft_model(base, lora.to_peft())
+    policy.train()
+    return policy, tokenizer
+
+
+def trainable_parameters(model) -> dict[str, torch.nn.Parameter]:
+    """Name → parameter for everything the optimiser should update (the adapter weights)."""
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
