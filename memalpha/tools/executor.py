@@ -1,0 +1,225 @@
+"""Apply one parsed tool call to a :class:`~memalpha.memory.Memory`.
+
+:func:`execute_call` validates the call against :data:`TOOL_SCHEMAS` and then uses
+only the memory's own methods: a tool can change nothing but the memory object it
+is given (no globals, no I/O, the call's ``arguments`` are not modified).
+It never raises on bad calls; it returns a :class:`ToolResult` whose ``status`` is
+
+* ``"ok"`` – the memory changed,
+* ``"skipped"`` – nothing to do: the identical content is already there (insert of
+  an existing text, update to the same text, delete of an already empty core),
+* ``"error"`` – with a ``reason`` and a ``code``: ``unknown_tool``, ``not_object``,
+  ``missing_argument``, ``extra_argument``, ``wrong_type``, ``bad_memory_type``,
+  ``insert_into_core``, ``unknown_id``, ``empty_content``, ``invalid_text``.
+
+**Counting successful calls (reward r2).** A rollout turn's calls are the parsed
+calls plus the parse errors of its response. Successful calls are the executed
+calls with status in :data:`SUCCESS_STATUSES` (``ok`` or ``skipped``); every
+:class:`~memalpha.tools.formats.ParseError` counts as one failed call. So
+``r2 = successes / (len(calls) + len(errors))``, and 0 when that is 0 – see
+:func:`turn_call_counts` and :class:`TurnOutcome`.
+
+**Differences from the official executor, on purpose:**
+
+* Deleting or updating an unknown id is an ``error``. The official code silently
+  accepts it (and reports success), which teaches the agent nothing about ids.
+* Truncated arguments – a response cut off by the length limit inside an
+  argument string, ``arguments_complete_json: false`` in the recorded official
+  run – are refused: the parser reports them as a ``ParseError`` with
+  ``code="truncated"``, so they count as failed calls. The official code
+  "repaired" them with a JSON-repair library and stored whatever prefix that
+  library kept, reporting success. We refuse instead because (1) r2 should teach
+  the agent to finish its calls within the response budget – keep entries short,
+  write fewer and smaller calls – and rewarding a cut-off call as a success
+  teaches the opposite; (2) the stored prefix ends mid-sentence, often between a
+  sample and its label, which puts wrong or half facts into memory; (3) which
+  prefix survives is an accident of the repair library, not the agent's choice.
+  Only repairs that keep the content whole (a missing closing brace after a
+  complete string, trailing commas, single quotes) are accepted, flagged with
+  ``ToolCall.repaired``.
+* ``memory_update`` of a list item to a text that another item of the same list
+  already holds is ``skipped`` (the list never holds the same text twice).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from memalpha.memory.store import CORE, LIST_TYPES, Memory
+from memalpha.tools.formats import CallFormat, ParseResult, ToolCall
+from memalpha.tools.schemas import DELETE, INSERT, TOOL_NAMES, UPDATE, tool_parameters
+
+if TYPE_CHECKING:
+    from memalpha.tools.formats import ParseError
+
+SUCCESS_STATUSES = frozenset({"ok", "skipped"})
+
+
+@dataclass
+class ToolResult:
+    """Outcome of one call: ``status`` is ``ok``, ``skipped`` or ``error``."""
+
+    status: str
+    reason: str
+    call: ToolCall | None
+    code: str = ""
+    memory_id: str | None = None
+
+    @property
+    def success(self) -> bool:
+        """True for ``ok`` and ``skipped`` (what r2 counts as a successful call)."""
+        return self.status in SUCCESS_STATUSES
+
+
+def _error(call: ToolCall | None, code: str, reason: str) -> ToolResult:
+    return ToolResult(status="error", reason=reason, call=call, code=code)
+
+
+def _check_arguments(call: ToolCall) -> ToolResult | None:
+    """Schema checks: known tool, object, no extra or missing keys, string types, enums."""
+    if call.name not in TOOL_NAMES:
+        return _error(call, "unknown_tool", f"unknown tool {call.name!r}; tools are {list(TOOL_NAMES)}")
+    if not isinstance(call.arguments, dict):
+        return _error(call, "not_object", f"{call.name}: arguments must be a JSON object")
+    params = tool_parameters(call.name)
+    properties = params["properties"]
+    extra = sorted(set(call.arguments) - set(properties))
+    if extra:
+        return _error(call, "extra_argument",
+                      f"{call.name}: unexpected argument(s) {extra}; allowed are {sorted(properties)}")
+    memory_type = call.arguments.get("memory_type")
+    if call.name == INSERT and memory_type == CORE:
+        return _error(call, "insert_into_core",
+                      f"{INSERT} cannot write core_memory; use {UPDATE} to rewrite the core")
+    missing = [key for key in params["required"] if key not in call.arguments]
+    if missing:
+        return _error(call, "missing_argument", f"{call.name}: missing argument(s) {missing}")
+    for key, value in call.arguments.items():
+        if not isinstance(value, str):
+            return _error(call, "wrong_type",
+                          f"{call.name}: argument {key!r} must be a string, got {type(value).__name__}")
+    allowed = properties["memory_type"]["enum"]
+    if memory_type not in allowed:
+        return _error(call, "bad_memory_type",
+                      f"{call.name}: memory_type must be one of {allowed}, got {memory_type!r:.80}")
+    return None
+
+
+def _check_text(call: ToolCall, text: str) -> ToolResult | None:
+    if not text.strip():
+        return _error(call, "empty_content", f"{call.name}: content is empty")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _error(call, "invalid_text", f"{call.name}: content is not valid Unicode text")
+    return None
+
+
+def _id_or_error(call: ToolCall, memory: Memory, memory_type: str) -> tuple[str, ToolResult | None]:
+    memory_id = call.arguments.get("memory_id")
+    if memory_id is None:
+        return "", _error(call, "missing_argument", f"{call.name}: memory_id is required for {memory_type}")
+    if memory.find(memory_type, memory_id) is None:
+        other = next(t for t in LIST_TYPES if t != memory_type)
+        hint = f" (it is in {other})" if memory.find(other, memory_id) is not None else ""
+        return "", _error(call, "unknown_id", f"{call.name}: no {memory_type} item with id {memory_id!r:.40}{hint}")
+    return memory_id, None
+
+
+def _insert(memory: Memory, call: ToolCall) -> ToolResult:
+    memory_type, content = call.arguments["memory_type"], call.arguments["content"]
+    problem = _check_text(call, content)
+    if problem:
+        return problem
+    entry = memory.insert(memory_type, content)
+    if entry is None:
+        existing = memory.find_content(memory_type, content)
+        return ToolResult("skipped", f"identical content already in {memory_type}", call,
+                          memory_id=existing.id if existing else None)
+    return ToolResult("ok", f"inserted into {memory_type} as [{entry.id}]", call, memory_id=entry.id)
+
+
+def _update(memory: Memory, call: ToolCall) -> ToolResult:
+    memory_type, content = call.arguments["memory_type"], call.arguments["new_content"]
+    problem = _check_text(call, content)
+    if problem:
+        return problem
+    if memory_type == CORE:
+        if memory.core == content:
+            return ToolResult("skipped", "core_memory already holds this text", call)
+        truncated = memory.set_core(content)
+        note = f" (cut to {memory.core_token_limit} tokens)" if truncated else ""
+        return ToolResult("ok", f"core_memory replaced{note}", call)
+    memory_id, problem = _id_or_error(call, memory, memory_type)
+    if problem:
+        return problem
+    same = memory.find_content(memory_type, content)
+    if same is not None:
+        where = "this item" if same.id == memory_id else f"item [{same.id}]"
+        return ToolResult("skipped", f"identical content already in {where} of {memory_type}", call,
+                          memory_id=memory_id)
+    memory.update(memory_type, memory_id, content)
+    return ToolResult("ok", f"updated [{memory_id}] in {memory_type}", call, memory_id=memory_id)
+
+
+def _delete(memory: Memory, call: ToolCall) -> ToolResult:
+    memory_type = call.arguments["memory_type"]
+    if memory_type == CORE:
+        if not memory.core:
+            return ToolResult("skipped", "core_memory is already empty", call)
+        memory.clear_core()
+        return ToolResult("ok", "core_memory emptied", call)
+    memory_id, problem = _id_or_error(call, memory, memory_type)
+    if problem:
+        return problem
+    memory.delete(memory_type, memory_id)
+    return ToolResult("ok", f"deleted [{memory_id}] from {memory_type}", call, memory_id=memory_id)
+
+
+_HANDLERS = {INSERT: _insert, UPDATE: _update, DELETE: _delete}
+
+
+def execute_call(memory: Memory, call: ToolCall) -> ToolResult:
+    """Validate ``call`` and apply it to ``memory``; never raises on a bad call."""
+    if not isinstance(call, ToolCall):
+        return _error(None, "not_object", f"not a ToolCall: {type(call).__name__}")
+    problem = _check_arguments(call)
+    if problem:
+        return problem
+    return _HANDLERS[call.name](memory, call)
+
+
+def turn_call_counts(parsed: ParseResult, results: list[ToolResult]) -> tuple[int, int]:
+    """``(successful calls, attempted calls)`` of one turn; parse errors count as failed calls."""
+    successes = sum(1 for result in results if result.success)
+    return successes, len(results) + len(parsed.errors)
+
+
+@dataclass
+class TurnOutcome:
+    """One response's parse and the result of each of its calls, in order."""
+
+    parsed: ParseResult
+    results: list[ToolResult] = field(default_factory=list)
+
+    @property
+    def successes(self) -> int:
+        """Calls with status ``ok`` or ``skipped``."""
+        return turn_call_counts(self.parsed, self.results)[0]
+
+    @property
+    def attempts(self) -> int:
+        """Parsed calls plus parse errors."""
+        return turn_call_counts(self.parsed, self.results)[1]
+
+    @property
+    def errors(self) -> list[ParseError]:
+        """The parse errors of the response."""
+        return self.parsed.errors
+
+
+def execute_response(memory: Memory, response: str, call_format: CallFormat) -> TurnOutcome:
+    """Parse ``response`` and execute its calls on ``memory`` in order."""
+    parsed = call_format.parse(response)
+    return TurnOutcome(parsed=parsed, results=[execute_call(memory, call) for call in parsed.calls])

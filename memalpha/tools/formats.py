@@ -1,0 +1,319 @@
+"""Tool-call formats: the instructions each puts in the system prompt, and its parser.
+
+Two formats (SPEC §2), chosen by name with :func:`get_call_format`:
+
+``qwen``
+    Qwen-Agent's function-call text, which the official Mem-α-4B model emits::
+
+        ✿FUNCTION✿: new_memory_insert
+        ✿ARGS✿: {"memory_type": "semantic_memory", "content": "..."}
+
+    Several pairs may follow each other. Everything from the first ``✿RESULT✿``
+    (or ``✿RETURN✿``) on is cut: that is where tool results or the final reply
+    would start. Each ``✿FUNCTION✿`` marker yields exactly one call or one error.
+
+``hermes``
+    The native format of the Qwen2.5/Qwen3 chat templates::
+
+        <tool_call>
+        {"name": "new_memory_insert", "arguments": {"memory_type": "...", "content": "..."}}
+        </tool_call>
+
+    A block runs from ``<tool_call>`` to the next ``</tool_call>``, or to the next
+    ``<tool_call>`` / the end of the text when the closing tag is missing. Each
+    opening tag yields exactly one call or one error; a closing tag with no opening
+    tag is reported as an error too.
+
+Both parsers drop reasoning first: a complete ``<think>…</think>`` block, text
+before a lone ``</think>`` (the template opened the block in the prompt), and
+everything after an unclosed ``<think>``.
+
+:meth:`CallFormat.parse` never raises. Arguments are read by
+:func:`memalpha.tools.jsonfix.read_json_object`; a call whose JSON needed a repair
+is returned with ``repaired=True`` and the list of repairs. Arguments cut off
+inside a string (the response hit its length limit) are *not* repaired: they
+become a :class:`ParseError` with ``code="truncated"`` – see
+:mod:`memalpha.tools.executor` for why.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from memalpha.tools.jsonfix import read_json_object
+from memalpha.tools.schemas import TOOL_NAMES, TOOL_SCHEMAS
+
+FN_MARK = "✿FUNCTION✿"
+ARGS_MARK = "✿ARGS✿"
+RESULT_MARK = "✿RESULT✿"
+RETURN_MARK = "✿RETURN✿"
+CALL_OPEN = "<tool_call>"
+CALL_CLOSE = "</tool_call>"
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+_RAW_LIMIT = 2000  # characters of raw text kept on an error
+
+
+@dataclass
+class ToolCall:
+    """One parsed call. ``raw`` is the response text it came from."""
+
+    name: str
+    arguments: dict[str, Any]
+    raw: str
+    repaired: bool = False
+    repairs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ParseError:
+    """A part of the response that looked like a call but could not be read as one."""
+
+    reason: str
+    raw: str
+    code: str = "invalid"
+
+
+@dataclass
+class ParseResult:
+    """All calls of one response, in order, and one error per malformed part."""
+
+    calls: list[ToolCall] = field(default_factory=list)
+    errors: list[ParseError] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        """Number of attempted calls: parsed calls plus malformed ones."""
+        return len(self.calls) + len(self.errors)
+
+
+def strip_thinking(text: str) -> str:
+    """Remove reasoning: ``<think>…</think>`` blocks, text before a lone ``</think>``, an open ``<think>``."""
+    out: list[str] = []
+    pos = 0
+    while True:
+        opening = text.find(THINK_OPEN, pos)
+        closing = text.find(THINK_CLOSE, pos)
+        if closing >= 0 and (opening < 0 or closing < opening):
+            out.clear()  # everything so far was reasoning whose opening tag was in the prompt
+            pos = closing + len(THINK_CLOSE)
+            continue
+        if opening < 0:
+            out.append(text[pos:])
+            return "".join(out)
+        out.append(text[pos:opening])
+        closing = text.find(THINK_CLOSE, opening + len(THINK_OPEN))
+        if closing < 0:
+            return "".join(out)
+        pos = closing + len(THINK_CLOSE)
+
+
+def _clip(raw: str) -> str:
+    return raw if len(raw) <= _RAW_LIMIT else raw[:_RAW_LIMIT] + f"... [{len(raw) - _RAW_LIMIT} more chars]"
+
+
+def _arguments_call(name: str, args_text: str, raw: str) -> ToolCall | ParseError:
+    """Build a call from a name and its argument text, or the error explaining why not."""
+    read = read_json_object(args_text)
+    if read.value is None:
+        return ParseError(reason=f"{name}: {read.error}", raw=_clip(raw), code=read.code)
+    return ToolCall(name=name, arguments=read.value, raw=raw, repaired=bool(read.repairs),
+                    repairs=read.repairs)
+
+
+class CallFormat(ABC):
+    """A way of writing tool calls: prompt instructions, rendering and parsing."""
+
+    name: str = ""
+    stop_strings: tuple[str, ...] = ()
+
+    @abstractmethod
+    def instructions(self) -> str:
+        """The tool block for the system prompt, generated from :data:`TOOL_SCHEMAS`."""
+
+    @abstractmethod
+    def render_call(self, name: str, arguments: dict[str, Any]) -> str:
+        """One call written in this format."""
+
+    @abstractmethod
+    def parse(self, text: str) -> ParseResult:
+        """All calls in ``text`` and an error for each malformed one. Never raises."""
+
+    def render_calls(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
+        """Several calls, one after another."""
+        return "\n".join(self.render_call(name, arguments) for name, arguments in calls)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+def _tools_json_lines() -> str:
+    return "\n".join(json.dumps(schema, ensure_ascii=False) for schema in TOOL_SCHEMAS)
+
+
+class QwenFormat(CallFormat):
+    """``✿FUNCTION✿: name`` / ``✿ARGS✿: {json}`` pairs (Qwen-Agent; the official Mem-α-4B)."""
+
+    name = "qwen"
+    stop_strings = (RESULT_MARK,)
+
+    def instructions(self) -> str:
+        names = ", ".join(TOOL_NAMES)
+        return (
+            "# Tools\n\n"
+            "These tools change your memory:\n\n"
+            f"{_tools_json_lines()}\n\n"
+            "## Calling a tool\n\n"
+            "Write each call as two lines:\n\n"
+            f"{FN_MARK}: the tool's name, one of [{names}]\n"
+            f"{ARGS_MARK}: the tool's arguments as one JSON object\n\n"
+            f"For several calls, write one {FN_MARK}/{ARGS_MARK} pair after the other in the same reply. "
+            f"Do not write {RESULT_MARK}: tool results are not shown to you."
+        )
+
+    def render_call(self, name: str, arguments: dict[str, Any]) -> str:
+        return f"{FN_MARK}: {name}\n{ARGS_MARK}: {json.dumps(arguments, ensure_ascii=False)}"
+
+    def parse(self, text: str) -> ParseResult:
+        result = ParseResult()
+        if not isinstance(text, str):
+            result.errors.append(ParseError(reason="response is not text", raw=_clip(repr(text)),
+                                            code="not_text"))
+            return result
+        text = strip_thinking(text)
+        for mark in (RESULT_MARK, RETURN_MARK):
+            cut = text.find(mark)
+            if cut >= 0:
+                text = text[:cut]
+        starts: list[int] = []
+        pos = text.find(FN_MARK)
+        while pos >= 0:
+            starts.append(pos)
+            pos = text.find(FN_MARK, pos + len(FN_MARK))
+        preamble = text[: starts[0]] if starts else text
+        stray = preamble.find(ARGS_MARK)
+        if stray >= 0:
+            result.errors.append(ParseError(reason=f"{ARGS_MARK} without a {FN_MARK} line before it",
+                                            raw=_clip(preamble[stray:]), code="missing_name"))
+        for index, start in enumerate(starts):
+            end = starts[index + 1] if index + 1 < len(starts) else len(text)
+            outcome = self._parse_segment(text[start:end])
+            (result.calls if isinstance(outcome, ToolCall) else result.errors).append(outcome)
+        return result
+
+    @staticmethod
+    def _parse_segment(segment: str) -> ToolCall | ParseError:
+        body = segment[len(FN_MARK):]
+        split = body.find(ARGS_MARK)
+        head = body if split < 0 else body[:split]
+        name = head.strip().removeprefix(":").strip()
+        if not name:
+            return ParseError(reason=f"{FN_MARK} without a tool name", raw=_clip(segment),
+                              code="missing_name")
+        if any(ch.isspace() for ch in name):
+            return ParseError(reason=f"tool name must be one word, got {name[:80]!r}", raw=_clip(segment),
+                              code="bad_name")
+        if split < 0:
+            return ParseError(reason=f"{name}: no {ARGS_MARK} line after the tool name (cut off?)",
+                              raw=_clip(segment), code="missing_args")
+        args_text = body[split + len(ARGS_MARK):]
+        if ARGS_MARK in args_text:
+            return ParseError(reason=f"{name}: several {ARGS_MARK} lines for one {FN_MARK}",
+                              raw=_clip(segment), code="duplicate_args")
+        args_text = args_text.strip().removeprefix(":")
+        if not args_text.strip():
+            return ParseError(reason=f"{name}: {ARGS_MARK} is empty (the response may have been cut off)",
+                              raw=_clip(segment), code="missing_args")
+        return _arguments_call(name, args_text, segment)
+
+
+class HermesFormat(CallFormat):
+    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Qwen2.5/Qwen3 native)."""
+
+    name = "hermes"
+    stop_strings = ()
+
+    def instructions(self) -> str:
+        return (
+            "# Tools\n\n"
+            "These tools change your memory. Their signatures are listed inside <tools></tools>:\n"
+            f"<tools>\n{_tools_json_lines()}\n</tools>\n\n"
+            f"To call a tool, write a JSON object with its name and arguments inside {CALL_OPEN}"
+            f"{CALL_CLOSE} tags:\n"
+            f'{CALL_OPEN}\n{{"name": <tool name>, "arguments": <arguments as a JSON object>}}\n{CALL_CLOSE}\n\n'
+            "For several calls, write one such block after the other in the same reply."
+        )
+
+    def render_call(self, name: str, arguments: dict[str, Any]) -> str:
+        payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+        return f"{CALL_OPEN}\n{payload}\n{CALL_CLOSE}"
+
+    def parse(self, text: str) -> ParseResult:
+        result = ParseResult()
+        if not isinstance(text, str):
+            result.errors.append(ParseError(reason="response is not text", raw=_clip(repr(text)),
+                                            code="not_text"))
+            return result
+        text = strip_thinking(text)
+        pos = 0
+        while True:
+            opening = text.find(CALL_OPEN, pos)
+            closing = text.find(CALL_CLOSE, pos)
+            if closing >= 0 and (opening < 0 or closing < opening):
+                result.errors.append(ParseError(reason=f"{CALL_CLOSE} without an opening {CALL_OPEN}",
+                                                raw=_clip(text[pos : closing + len(CALL_CLOSE)]),
+                                                code="unbalanced_tags"))
+                pos = closing + len(CALL_CLOSE)
+                continue
+            if opening < 0:
+                return result
+            start = opening + len(CALL_OPEN)
+            next_open = text.find(CALL_OPEN, start)
+            next_close = text.find(CALL_CLOSE, start)
+            if next_close >= 0 and (next_open < 0 or next_close < next_open):
+                body, pos = text[start:next_close], next_close + len(CALL_CLOSE)
+            else:
+                pos = next_open if next_open >= 0 else len(text)
+                body = text[start:pos]
+            outcome = self._parse_block(body, text[opening:pos])
+            (result.calls if isinstance(outcome, ToolCall) else result.errors).append(outcome)
+
+    @staticmethod
+    def _parse_block(body: str, raw: str) -> ToolCall | ParseError:
+        read = read_json_object(body)
+        if read.value is None:
+            return ParseError(reason=f"tool call: {read.error}", raw=_clip(raw), code=read.code)
+        payload = read.value
+        name = payload.get("name")
+        if not isinstance(name, str) or not name.strip():
+            return ParseError(reason='tool call has no "name" string', raw=_clip(raw), code="missing_name")
+        name = name.strip()
+        if "arguments" not in payload:
+            return ParseError(reason=f'{name}: tool call has no "arguments"', raw=_clip(raw),
+                              code="missing_args")
+        arguments = payload["arguments"]
+        repairs = list(read.repairs)
+        if isinstance(arguments, str):  # arguments sent as a JSON string
+            inner = read_json_object(arguments)
+            if inner.value is None:
+                return ParseError(reason=f"{name}: {inner.error}", raw=_clip(raw), code=inner.code)
+            arguments = inner.value
+            repairs += ["decoded arguments given as a JSON string"] + inner.repairs
+        if not isinstance(arguments, dict):
+            return ParseError(reason=f'{name}: "arguments" must be a JSON object, got {type(arguments).__name__}',
+                              raw=_clip(raw), code="not_object")
+        return ToolCall(name=name, arguments=arguments, raw=raw, repaired=bool(repairs), repairs=repairs)
+
+
+CALL_FORMATS: dict[str, CallFormat] = {"qwen": QwenFormat(), "hermes": HermesFormat()}
+
+
+def get_call_format(name: str) -> CallFormat:
+    """The call format called ``name`` (``"qwen"`` or ``"hermes"``)."""
+    try:
+        return CALL_FORMATS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown call format {name!r}; choose one of {sorted(CALL_FORMATS)}") from None

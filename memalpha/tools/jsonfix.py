@@ -1,0 +1,162 @@
+"""Tolerant reading of one JSON object from model text, with light, reported repairs.
+
+:func:`read_json_object` first tries the standard decoder. If that fails it runs one
+linear, string-aware pass that fixes only these slips and lists every fix it made:
+
+* single-quoted strings (``{'a': 'b'}``) become double-quoted,
+* raw control characters (e.g. a literal newline) inside strings are escaped,
+* ``\\'`` (not a JSON escape) becomes a plain apostrophe,
+* trailing commas before ``}`` / ``]`` are dropped,
+* closing brackets missing at the end of the text are added.
+
+Text that ends *inside a string* is never repaired: the content was cut off
+mid-sentence (the model hit its length limit), and any "repair" would store a
+silently shortened value. Such text yields ``error`` with the code
+``"truncated"``. Nothing is ever evaluated as code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+_DECODER = json.JSONDecoder()
+_CLOSERS = {"{": "}", "[": "]"}
+_CONTROL_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
+
+
+@dataclass
+class JsonRead:
+    """Outcome of :func:`read_json_object`: ``value`` or an ``error`` (with a short ``code``)."""
+
+    value: dict[str, Any] | None = None
+    repairs: list[str] = field(default_factory=list)
+    error: str = ""
+    code: str = ""
+
+
+def strip_code_fence(text: str) -> str:
+    """Remove a surrounding Markdown code fence (```json ... ```) if there is one."""
+    stripped = text.strip()
+    if not stripped.startswith("```"):
+        return stripped
+    newline = stripped.find("\n")
+    body = stripped[newline + 1 :] if newline >= 0 else ""
+    if body.rstrip().endswith("```"):
+        body = body.rstrip()[:-3]
+    return body.strip()
+
+
+def read_json_object(text: str) -> JsonRead:
+    """Read the JSON object at the start of ``text`` (surrounding whitespace and fences allowed).
+
+    Text after the object's closing brace is ignored. Never raises.
+    """
+    body = strip_code_fence(text)
+    if not body:
+        return JsonRead(error="no arguments given", code="empty")
+    if body[0] != "{":
+        return JsonRead(error=f"arguments must be a JSON object starting with '{{', got {body[:40]!r}",
+                        code="not_object")
+    try:
+        value, _ = _DECODER.raw_decode(body)
+    except (ValueError, RecursionError) as exc:
+        first_error = str(exc)[:200] if not isinstance(exc, RecursionError) else "nesting too deep"
+    else:
+        return JsonRead(value=value) if isinstance(value, dict) else JsonRead(
+            error="arguments are not a JSON object", code="not_object")
+    fixed, repairs, problem, code = _repair(body)
+    if problem:
+        return JsonRead(error=problem, code=code)
+    try:
+        value = json.loads(fixed)
+    except (ValueError, RecursionError):
+        return JsonRead(error=f"invalid JSON: {first_error}", code="invalid_json")
+    if not isinstance(value, dict):
+        return JsonRead(error="arguments are not a JSON object", code="not_object")
+    return JsonRead(value=value, repairs=repairs)
+
+
+def _repair(body: str) -> tuple[str, list[str], str, str]:
+    """One pass over ``body``; returns (fixed text, repairs, problem, problem code)."""
+    out: list[str] = []
+    repairs: list[str] = []
+    stack: list[str] = []
+    quote = ""  # the open string's quote character, "" outside strings
+    i = 0
+    n = len(body)
+    while i < n:
+        ch = body[i]
+        if quote:
+            if ch == "\\":
+                if i + 1 >= n:
+                    break  # ends in an escape: inside a string, handled below
+                nxt = body[i + 1]
+                if nxt == "'":  # \' is not a JSON escape
+                    out.append("'")
+                    if quote == '"':
+                        _note(repairs, "removed invalid escapes")
+                else:
+                    out.append(ch + nxt)
+                i += 2
+                continue
+            if ch == quote:
+                out.append('"')
+                quote = ""
+            elif ch == '"':  # a double quote inside a single-quoted string
+                out.append('\\"')
+            elif ch in _CONTROL_ESCAPES or ord(ch) < 0x20:
+                out.append(_CONTROL_ESCAPES.get(ch, f"\\u{ord(ch):04x}"))
+                _note(repairs, "escaped control characters inside strings")
+            else:
+                out.append(ch)
+            i += 1
+            continue
+        if ch in "\"'":
+            if ch == "'":
+                _note(repairs, "replaced single quotes with double quotes")
+            quote = ch
+            out.append('"')
+        elif ch in _CLOSERS:
+            stack.append(_CLOSERS[ch])
+            out.append(ch)
+        elif ch in "}]":
+            if not stack or stack[-1] != ch:
+                return "", repairs, f"unbalanced {ch!r} at character {i}", "invalid_json"
+            _drop_trailing_comma(out, repairs)
+            stack.pop()
+            out.append(ch)
+            if not stack:
+                return "".join(out), repairs, "", ""  # object complete; ignore what follows
+        else:
+            out.append(ch)
+        i += 1
+    if quote:
+        return "", repairs, (
+            "arguments end inside a string: the call was cut off (truncated) before its JSON closed"
+        ), "truncated"
+    _drop_trailing_comma(out, repairs)
+    tail = "".join(out).rstrip()
+    if tail.endswith(":"):
+        return "", repairs, "arguments end after a key with no value: the call was cut off (truncated)", \
+            "truncated"
+    out = [tail]
+    out.append("".join(reversed(stack)))
+    _note(repairs, f"added {len(stack)} missing closing bracket(s) at the end")
+    return "".join(out), repairs, "", ""
+
+
+def _drop_trailing_comma(out: list[str], repairs: list[str]) -> None:
+    """Remove a ',' (and the whitespace after it) from the end of ``out``."""
+    j = len(out) - 1
+    while j >= 0 and out[j].isspace():
+        j -= 1
+    if j >= 0 and out[j] == ",":
+        del out[j:]
+        _note(repairs, "removed trailing commas")
+
+
+def _note(repairs: list[str], message: str) -> None:
+    if message not in repairs:
+        repairs.append(message)
