@@ -1,0 +1,176 @@
+"""Reader backend running a causal LM in this process.
+
+In training this is the policy's own base model: when ``model`` is a PEFT model and
+``disable_adapters`` is set, every generation runs inside ``model.disable_adapter()``, so
+the frozen base weights answer and no second copy of the model is loaded.
+
+Prompts are chat-formatted with the tokenizer's template (thinking disabled where the
+template supports the switch), sorted by length, left-padded into batches of
+``batch_size`` and decoded greedily (``temperature == 0``) or by sampling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from memalpha.reader.base import Conversation, Reader, ReaderAnswer
+from memalpha.retrieval import DEFAULT_TOP_K
+
+logger = logging.getLogger(__name__)
+
+
+def chat_prompt_text(tokenizer: Any, conversation: Conversation, enable_thinking: bool = False) -> str:
+    """The conversation rendered by the tokenizer's chat template, ready for the reply.
+
+    ``enable_thinking`` reaches templates that know it (Qwen3); others ignore it.
+    """
+    return tokenizer.apply_chat_template(
+        list(conversation), tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking
+    )
+
+
+@dataclass
+class LocalGeneration:
+    """One local reply with its token counts (used by the HTTP server for ``usage``)."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    truncated: bool
+    error: str | None = None
+
+
+@contextlib.contextmanager
+def base_weights(model: Any, disable_adapters: bool = True) -> Iterator[None]:
+    """Run with LoRA adapters switched off (PEFT models), in eval mode, without gradients."""
+    import torch
+
+    adapter_off = contextlib.nullcontext()
+    if disable_adapters and callable(getattr(model, "disable_adapter", None)):
+        try:
+            from peft import PeftModel
+        except ImportError:  # peft is a dependency; a model with the method but no peft is not PEFT
+            PeftModel = ()
+        if isinstance(model, PeftModel):
+            adapter_off = model.disable_adapter()
+    was_training = model.training
+    model.eval()
+    try:
+        with adapter_off, torch.no_grad():
+            yield
+    finally:
+        if was_training:
+            model.train()
+
+
+class LocalReader(Reader):
+    """Reader backed by an in-process HF causal LM.
+
+    Args:
+        model: a ``transformers`` causal LM, or a ``peft.PeftModel`` around one.
+        tokenizer: its tokenizer (a chat template is required).
+        max_new_tokens: reply length limit (answers are short).
+        temperature: 0 decodes greedily; > 0 samples.
+        top_p: nucleus sampling when sampling.
+        top_k_entries, prompt_budget_tokens: see :class:`~memalpha.reader.base.Reader`.
+        batch_size: prompts per forward batch.
+        disable_adapters: answer with the base weights of a PEFT model.
+        enable_thinking: passed to the chat template (Qwen3's thinking switch).
+        seed: base seed for sampling (each batch gets ``seed + batch index``).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k_entries: int = DEFAULT_TOP_K,
+        prompt_budget_tokens: int = 4096,
+        batch_size: int = 8,
+        disable_adapters: bool = True,
+        enable_thinking: bool = False,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(top_k_entries=top_k_entries, prompt_budget_tokens=prompt_budget_tokens)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("LocalReader needs a tokenizer with a chat template")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.batch_size = batch_size
+        self.disable_adapters = disable_adapters
+        self.enable_thinking = enable_thinking
+        self.seed = seed
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def conversation_tokens(self, conversation: Conversation) -> int:
+        return self.count_tokens(chat_prompt_text(self.tokenizer, conversation, self.enable_thinking))
+
+    def generate(
+        self,
+        conversations: Sequence[Conversation],
+        *,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        enable_thinking: bool | None = None,
+    ) -> list[LocalGeneration]:
+        """Generate one reply per conversation; a failing batch yields failed items, not an exception."""
+        from memalpha.policy import generate
+
+        max_new_tokens = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        temperature = self.temperature if temperature is None else temperature
+        top_p = self.top_p if top_p is None else top_p
+        seed = self.seed if seed is None else seed
+        thinking = self.enable_thinking if enable_thinking is None else enable_thinking
+        prompts = [
+            self.tokenizer(chat_prompt_text(self.tokenizer, c, thinking), add_special_tokens=False)["input_ids"]
+            for c in conversations
+        ]
+        # longest first: batches hold similar lengths (little padding), and an OOM shows up at once
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        results: list[LocalGeneration | None] = [None] * len(prompts)
+        with base_weights(self.model, self.disable_adapters):
+            for b, start in enumerate(range(0, len(order), self.batch_size)):
+                batch = order[start : start + self.batch_size]
+                try:
+                    out = generate(
+                        self.model,
+                        self.tokenizer,
+                        [prompts[i] for i in batch],
+                        max_new_tokens=max_new_tokens,
+                        temperature=temperature if temperature > 0 else 1.0,
+                        top_p=top_p,
+                        top_k=0,
+                        do_sample=temperature > 0,
+                        seed=None if seed is None else seed + b,
+                        batch_size=len(batch),
+                    )
+                except Exception as exc:  # e.g. out of memory: fail these items, keep going
+                    logger.exception("local reader generation failed for a batch of %d", len(batch))
+                    for i in batch:
+                        results[i] = LocalGeneration("", len(prompts[i]), 0, False, f"{type(exc).__name__}: {exc}")
+                    continue
+                for j, i in enumerate(batch):
+                    response = list(out.response_ids[j])
+                    text = self.tokenizer.decode(response, skip_special_tokens=True).strip()
+                    results[i] = LocalGeneration(text, len(prompts[i]), len(response), bool(out.truncated[j]))
+        return [r for r in results if r is not None]
+
+    def chat(self, conversations: Sequence[Conversation]) -> list[ReaderAnswer]:
+        return [ReaderAnswer(g.text, g.error is None, g.error) for g in self.generate(conversations)]

@@ -1,0 +1,182 @@
+"""Reader backend for any OpenAI-compatible chat-completions endpoint (vLLM, SGLang, OpenAI, ...).
+
+Requests go out concurrently (``max_concurrency`` threads, stdlib HTTP only). A request
+that times out, gets a 5xx/429 reply, or returns a malformed body is retried up to
+``max_retries`` times with exponential backoff (``backoff_s * 2**attempt``); other 4xx
+replies are not retried. What still fails becomes a failed :class:`ReaderAnswer`.
+
+The API key is read from the environment variable ``api_key_env`` at request time (never
+stored in configs); without it no ``Authorization`` header is sent, which local vLLM
+servers accept.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import math
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from memalpha.reader.base import Conversation, Reader, ReaderAnswer
+from memalpha.retrieval import DEFAULT_TOP_K
+
+logger = logging.getLogger(__name__)
+
+CHARS_PER_TOKEN_ESTIMATE = 3.0
+"""Without a tokenizer, prompt length is estimated as characters / 3 (an overestimate for
+English under GPT/Qwen tokenizers, so budgets err on the safe side)."""
+
+
+class _Retryable(Exception):
+    pass
+
+
+class OpenAIReader(Reader):
+    """Reader served over HTTP by an OpenAI-compatible ``/chat/completions`` endpoint.
+
+    Args:
+        base_url: endpoint root, e.g. ``http://localhost:8000/v1`` (``/chat/completions`` is appended).
+        model: the model name the server expects.
+        api_key_env: environment variable holding the API key.
+        max_concurrency: simultaneous requests.
+        timeout_s: per-request socket timeout.
+        max_retries: retries after the first attempt for timeouts, 5xx/429 and malformed replies.
+        backoff_s: first backoff; doubles with every retry.
+        temperature, max_tokens, top_p: sampling settings sent with each request
+            (paper: temperature 0.7, thinking off).
+        enable_thinking: sent as ``chat_template_kwargs`` (vLLM); ``None`` sends nothing.
+        tokenizer: a tokenizer name/path for exact prompt budgets; ``None`` estimates.
+        extra_body: more JSON fields merged into every request.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str = "OPENAI_API_KEY",
+        max_concurrency: int = 8,
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 1.0,
+        temperature: float = 0.7,
+        max_tokens: int = 256,
+        top_p: float = 1.0,
+        top_k_entries: int = DEFAULT_TOP_K,
+        prompt_budget_tokens: int = 30_000,
+        enable_thinking: bool | None = False,
+        tokenizer: str | None = None,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(top_k_entries=top_k_entries, prompt_budget_tokens=prompt_budget_tokens)
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.api_key_env = api_key_env
+        self.max_concurrency = max_concurrency
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.top_p = top_p
+        self.enable_thinking = enable_thinking
+        self.extra_body = dict(extra_body or {})
+        self._tokenizer = None
+        if tokenizer is not None:
+            from memalpha.models import load_tokenizer
+
+            self._tokenizer = load_tokenizer(tokenizer)
+
+    # -- token counting -------------------------------------------------------------------
+    def count_tokens(self, text: str) -> int:
+        if self._tokenizer is not None:
+            return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+        return math.ceil(len(text) / CHARS_PER_TOKEN_ESTIMATE)
+
+    def conversation_tokens(self, conversation: Conversation) -> int:
+        if self._tokenizer is not None and getattr(self._tokenizer, "chat_template", None):
+            from memalpha.reader.local import chat_prompt_text
+
+            thinking = bool(self.enable_thinking)
+            return self.count_tokens(chat_prompt_text(self._tokenizer, conversation, thinking))
+        return super().conversation_tokens(conversation)
+
+    # -- HTTP -----------------------------------------------------------------------------
+    def request_body(self, conversation: Conversation) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": conversation,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+        }
+        if self.enable_thinking is not None:
+            body["chat_template_kwargs"] = {"enable_thinking": self.enable_thinking}
+        body.update(self.extra_body)
+        return body
+
+    def _post_once(self, payload: bytes) -> str:
+        headers = {"Content-Type": "application/json"}
+        key = os.environ.get(self.api_key_env)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        request = urllib.request.Request(self.url, data=payload, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:300].decode("utf-8", "replace")
+            message = f"HTTP {exc.code} from {self.url}: {detail}"
+            if exc.code >= 500 or exc.code == 429:
+                raise _Retryable(message) from exc
+            raise RuntimeError(message) from exc
+        except TimeoutError as exc:
+            raise _Retryable(f"timed out after {self.timeout_s}s waiting for {self.url}") from exc
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, TimeoutError):
+                raise _Retryable(f"timed out after {self.timeout_s}s connecting to {self.url}") from exc
+            raise _Retryable(f"cannot reach {self.url}: {exc.reason}") from exc
+        except (OSError, http.client.HTTPException) as exc:
+            raise _Retryable(f"connection to {self.url} failed: {exc}") from exc
+        try:
+            data = json.loads(raw)
+            content = data["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise _Retryable(f"malformed reply from {self.url}: {raw[:200]!r}") from exc
+        if not isinstance(content, str):
+            raise _Retryable(f"malformed reply from {self.url}: message content is {type(content).__name__}")
+        return content
+
+    def _ask(self, conversation: Conversation) -> ReaderAnswer:
+        payload = json.dumps(self.request_body(conversation)).encode("utf-8")
+        last_error = ""
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                return ReaderAnswer(text=self._post_once(payload), ok=True, error=None)
+            except _Retryable as exc:
+                last_error = str(exc)
+                logger.info("reader request attempt %d/%d failed: %s", attempt + 1, self.max_retries + 1, exc)
+            except RuntimeError as exc:  # not worth retrying (4xx: a bad request stays bad)
+                return ReaderAnswer(text="", ok=False, error=str(exc))
+            except Exception as exc:  # anything unforeseen fails this item only
+                logger.exception("reader request to %s failed unexpectedly", self.url)
+                return ReaderAnswer(text="", ok=False, error=f"{type(exc).__name__}: {exc}")
+        return ReaderAnswer(text="", ok=False, error=f"gave up after {self.max_retries + 1} attempts: {last_error}")
+
+    def chat(self, conversations: Sequence[Conversation]) -> list[ReaderAnswer]:
+        if len(conversations) == 1 or self.max_concurrency == 1:
+            return [self._ask(c) for c in conversations]
+        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(conversations))) as pool:
+            return list(pool.map(self._ask, conversations))

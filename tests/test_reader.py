@@ -1,0 +1,198 @@
+"""The reader: prompt budgeting, the local backend (tiny model, PEFT base weights, embedded
+model) and the OpenAI-compatible backend against the real loopback server."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from memalpha.memory import EPISODIC, SEMANTIC, Memory
+from memalpha.metrics import score_answer
+from memalpha.prompts import answer_messages
+from memalpha.reader import LocalReader, OpenAIReader, ReaderAnswer
+from memalpha.retrieval import retrieve_for_questions
+
+
+def load_model(path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_model_dir):
+    return load_model(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def embedded_model(embedded_model_dir):
+    return load_model(embedded_model_dir)
+
+
+def fact_memory(n: int = 10) -> Memory:
+    memory = Memory()
+    memory.core = "The user is a teacher from Oslo."
+    for i in range(n):
+        memory.insert(SEMANTIC, f"Fact {i}: the locker number {i} belongs to student number {100 + i}.")
+        memory.insert(EPISODIC, f"At 2024-03-{i + 1:02d} 10:00, student number {100 + i} opened locker {i}.")
+    return memory
+
+
+def capital_memory() -> Memory:
+    memory = Memory()
+    memory.core = "The user is studying geography."
+    memory.insert(SEMANTIC, "Canberra is the capital city of Australia.")
+    memory.insert(SEMANTIC, "The Nile is the longest river in Africa.")
+    memory.insert(EPISODIC, "At 2024-05-02 09:00, the user read a book about Australia.")
+    return memory
+
+
+def numbered_lines(conversation) -> int:
+    return len(re.findall(r"^\d+\. ", conversation[0]["content"], flags=re.MULTILINE))
+
+
+def test_local_reader_batches_and_respects_the_prompt_budget(tiny_model, tokenizer):
+    memory = fact_memory(10)
+    question = "Who opened locker number 3?"
+    reader = LocalReader(tiny_model, tokenizer, max_new_tokens=4, batch_size=2, top_k_entries=10)
+    base = reader.conversation_tokens(answer_messages(memory.render_answer([], []), question))
+    reader.prompt_budget_tokens = base + 150
+    conversation = reader.answer_conversations([(memory, question)])[0]
+    assert reader.conversation_tokens(conversation) <= reader.prompt_budget_tokens
+    k = numbered_lines(conversation) // 2
+    assert 0 < k < 10
+    semantic, episodic = retrieve_for_questions(memory, [question], top_k=10)[0]
+    bigger = answer_messages(memory.render_answer(semantic[: k + 1], episodic[: k + 1]), question)
+    assert reader.conversation_tokens(bigger) > reader.prompt_budget_tokens
+    assert "the locker number 3 belongs" in conversation[0]["content"]  # the best match is kept
+    assert conversation[1] == {"role": "user", "content": question}
+
+    # five items from two memories, batch size 2: one reply per item, in order
+    other = capital_memory()
+    items = [(memory, question), (other, "Capital of Australia?"), (memory, "Locker 7?"),
+             (other, "Longest river?"), (memory, "Who is the user?")]
+    answers = reader.answer(items)
+    assert len(answers) == 5 and all(isinstance(a, ReaderAnswer) and a.ok for a in answers)
+    # greedy decoding is deterministic and independent of batching
+    single = LocalReader(tiny_model, tokenizer, max_new_tokens=4, batch_size=1, top_k_entries=10,
+                         prompt_budget_tokens=reader.prompt_budget_tokens)
+    assert [a.text for a in single.answer(items)] == [a.text for a in answers]
+
+    # core + question alone over budget: answered anyway, counted
+    reader.prompt_budget_tokens = 5
+    assert reader.answer([(memory, question)])[0].ok
+    assert reader.over_budget == 1
+
+
+def test_local_reader_answers_with_peft_base_weights(tiny_model_dir, tokenizer):
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    base = load_model(tiny_model_dir)
+    items = [(capital_memory(), "What is the capital of Australia?"), (fact_memory(3), "Locker 1?")]
+    expected = [a.text for a in LocalReader(base, tokenizer, max_new_tokens=8).answer(items)]
+    torch.manual_seed(0)
+    peft_model = get_peft_model(
+        load_model(tiny_model_dir),
+        LoraConfig(r=8, lora_alpha=64, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False),
+    )
+    peft_model.train()
+    with_adapters = LocalReader(peft_model, tokenizer, max_new_tokens=8, disable_adapters=False).answer(items)
+    without = LocalReader(peft_model, tokenizer, max_new_tokens=8).answer(items)
+    assert [a.text for a in without] == expected  # the frozen base answered
+    assert [a.text for a in with_adapters] != expected  # (the adapters do change the model)
+    assert peft_model.training  # the caller's mode is restored
+
+
+@pytest.mark.embedded
+def test_embedded_local_reader_answers_from_memory(embedded_model, tokenizer):
+    reader = LocalReader(embedded_model, tokenizer, max_new_tokens=32, batch_size=2)
+    questions = ["What is the capital city of Australia?", "Which is the longest river in Africa?"]
+    golds = ["Canberra", "Nile"]
+    memory = capital_memory()
+    answers = reader.answer([(memory, q) for q in questions])
+    assert all(a.ok and a.text.strip() for a in answers)
+    scores = [score_answer("squad", a.text, g, q) for a, g, q in zip(answers, golds, questions)]
+    print(f"\nembedded reader answers: {[a.text for a in answers]}; substring scores {scores}")
+
+
+@pytest.fixture(scope="module")
+def server(embedded_model, tokenizer):
+    from memalpha.openai_server import ChatCompletionServer
+
+    reader = LocalReader(embedded_model, tokenizer, max_new_tokens=16, batch_size=4)
+    with ChatCompletionServer(reader, model_name="smollm2", port=0, max_batch=4) as srv:
+        yield srv
+
+
+def make_client(server, **kwargs) -> OpenAIReader:
+    options = {"base_url": server.base_url, "model": "smollm2", "timeout_s": 30, "max_retries": 0,
+               "backoff_s": 0.01, "temperature": 0.0, "max_tokens": 16, "max_concurrency": 4,
+               "api_key_env": "MEMALPHA_TEST_KEY"}
+    options.update(kwargs)
+    return OpenAIReader(**options)
+
+
+@pytest.mark.embedded
+def test_openai_reader_round_trip_through_loopback_server(server, monkeypatch):
+    monkeypatch.setenv("MEMALPHA_TEST_KEY", "secret")
+    assert server.base_url.startswith("http://127.0.0.1:")
+    client = make_client(server)
+    memory = capital_memory()
+    questions = ["What is the capital city of Australia?", "Which is the longest river in Africa?",
+                 "What did the user read?", "Who is the user?"]
+    answers = client.answer([(memory, q) for q in questions])
+    assert len(answers) == 4 and all(a.ok and a.text.strip() for a in answers)
+    assert client.failures == 0
+    # the server used the same template and greedy decoding as the local reader
+    local = LocalReader(server.reader.model, server.reader.tokenizer, max_new_tokens=16)
+    assert answers[0].text == local.answer([(memory, questions[0])])[0].text
+    judged = client.complete(["Is Canberra the capital of Australia? Answer yes or no."])
+    assert judged[0].ok and judged[0].text
+
+
+@pytest.mark.embedded
+def test_openai_reader_timeout_and_server_errors(server):
+    memory = capital_memory()
+    item = [(memory, "What is the capital city of Australia?")]
+
+    # a reply slower than the timeout, no retries: a failed answer, counted, not an exception
+    # (the timeout leaves room for a real 2-token generation on a busy CPU)
+    server.inject_fault(delay_s=6.0, status=503, count=1)
+    client = make_client(server, timeout_s=2.0, max_tokens=2)
+    start = time.monotonic()
+    answer = client.answer(item)[0]
+    assert not answer.ok and answer.text == "" and "timed out" in answer.error
+    assert time.monotonic() - start < 5.0
+    assert client.failures == 1
+
+    # the same timeout once, then a retry that succeeds
+    server.inject_fault(delay_s=6.0, status=503, count=1)
+    answer = make_client(server, timeout_s=2.0, max_tokens=2, max_retries=1).answer(item)[0]
+    assert answer.ok and answer.text
+
+    # HTTP 500 on every attempt: 1 + max_retries requests, then a failed answer
+    server.inject_fault(status=500, count=10)
+    seen = server.requests_seen
+    client = make_client(server, max_retries=2, max_tokens=2)
+    answer = client.answer(item)[0]
+    assert not answer.ok and "HTTP 500" in answer.error and "3 attempts" in answer.error
+    assert server.requests_seen - seen == 3
+    server.inject_fault(count=0)
+
+    # one 500, then success on the retry
+    server.inject_fault(status=500, count=1)
+    assert make_client(server, max_retries=1, max_tokens=2).answer(item)[0].ok
+
+    # a 4xx is the client's fault: not retried
+    seen = server.requests_seen
+    answer = make_client(server, max_retries=3, extra_body={"n": 2}).answer(item)[0]
+    assert not answer.ok and "HTTP 400" in answer.error and "n = 1" in answer.error
+    assert server.requests_seen - seen == 1
+
+    # nobody listening: connection refused, retried, failed
+    dead = OpenAIReader("http://127.0.0.1:9/v1", "m", max_retries=1, backoff_s=0.01, timeout_s=2)
+    assert not dead.answer(item)[0].ok and dead.failures == 1
