@@ -1,0 +1,293 @@
+"""The Mem-α reward (paper Eq. 1, SPEC §4) and its content-validity judges.
+
+For chunk turn ``t`` of one rollout::
+
+    R_t = r1 + r2_t + beta * r3 + gamma * r4_t
+
+* ``r1``   mean question score of the reader over the final memory (per rollout);
+* ``r2_t`` successful calls / calls in turn ``t`` (a call succeeds when its result status is
+  ``ok`` or ``skipped``; every parse error of the turn is one failed call); 0 without calls;
+* ``r3``   ``1 - memory_tokens / chunk_tokens`` (per rollout; negative when memory outgrows
+  the input);
+* ``r4_t`` mean content validity of turn ``t``'s parsed calls, 0 without parsed calls.
+
+Content validity is judged per call by a pluggable judge:
+
+* :class:`RuleContentJudge` (default, free): core must be a real paragraph (not empty, not a
+  stand-in such as "summary goes here", never mentioning "core memory"); an episodic entry
+  must carry a time expression; a semantic entry must be a non-empty statement.
+* :class:`LLMContentJudge`: the paper's judgement through a reader, which answers with a
+  JSON object ``{"VALID": bool, "ISSUES": [...], "EXPLANATION": str}``; a malformed
+  judgement, or a failed reader call, scores 0.
+
+As in the official code, deletions carry no content and score 0 (``delete_score``), and
+calls are judged by their arguments whether or not they executed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from memalpha.tools.executor import SUCCESS_STATUSES
+from memalpha.tools.schemas import DELETE, INSERT, UPDATE
+
+if TYPE_CHECKING:
+    from memalpha.reader import Reader
+    from memalpha.tools import ParseError, ToolCall, ToolResult
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RewardWeights:
+    """Weights of the compression (``beta``) and content (``gamma``) terms; paper: 0.05 and 0.1."""
+
+    beta: float = 0.05
+    gamma: float = 0.1
+
+
+@dataclass
+class TurnCalls:
+    """What one chunk turn's response did: executed calls and the calls that did not parse."""
+
+    results: list[ToolResult] = field(default_factory=list)
+    parse_errors: list[ParseError] = field(default_factory=list)
+
+
+@dataclass
+class RolloutReward:
+    """Every reward component of one rollout; ``total[t]`` is ``R_t``."""
+
+    r1: float
+    r3: float
+    r2: list[float]
+    r4: list[float]
+    total: list[float]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"r1": self.r1, "r3": self.r3, "r2": list(self.r2), "r4": list(self.r4), "total": list(self.total)}
+
+
+class ContentJudge(Protocol):
+    """Scores the content of parsed tool calls, one float in [0, 1] per call."""
+
+    def judge(self, calls: Sequence[ToolCall]) -> list[float]: ...
+
+
+# ---------------------------------------------------------------------------
+# pure reward math
+# ---------------------------------------------------------------------------
+
+
+def accuracy_reward(question_scores: Sequence[float]) -> float:
+    """r1: the mean question score (0 for an instance without questions)."""
+    return float(sum(question_scores) / len(question_scores)) if question_scores else 0.0
+
+
+def tool_success_reward(turn: TurnCalls) -> float:
+    """r2_t: successful calls over all calls of the turn (parse errors are failed calls)."""
+    total = len(turn.results) + len(turn.parse_errors)
+    if total == 0:
+        return 0.0
+    return sum(r.status in SUCCESS_STATUSES for r in turn.results) / total
+
+
+def compression_reward(memory_tokens: int, chunk_tokens: int) -> float:
+    """r3: ``1 - memory_tokens / chunk_tokens``."""
+    if chunk_tokens <= 0:
+        raise ValueError(f"chunk_tokens must be > 0 to compute the compression reward, got {chunk_tokens}")
+    return 1.0 - memory_tokens / chunk_tokens
+
+
+def rollout_rewards(
+    question_scores: Sequence[float],
+    turns: Sequence[TurnCalls],
+    memory_tokens: int,
+    chunk_tokens: int,
+    weights: RewardWeights,
+    content_judge: ContentJudge | None,
+) -> RolloutReward:
+    """All components and ``R_t`` for one rollout (see the module docstring).
+
+    The content judge sees every parsed call of the rollout in one batch. With
+    ``weights.gamma == 0`` or no judge, r4 is reported as 0 without judging.
+    """
+    r1 = accuracy_reward(question_scores)
+    r3 = compression_reward(memory_tokens, chunk_tokens)
+    r2 = [tool_success_reward(t) for t in turns]
+    calls = [res.call for t in turns for res in t.results if res.call is not None]
+    if content_judge is not None and weights.gamma != 0 and calls:
+        verdicts = list(content_judge.judge(calls))
+        if len(verdicts) != len(calls):
+            raise RuntimeError(f"content judge returned {len(verdicts)} scores for {len(calls)} calls")
+    else:
+        verdicts = [0.0] * len(calls)
+    judged = iter(verdicts)
+    r4: list[float] = []
+    for t in turns:
+        # a result without a call (nothing to judge) scores 0 but still counts in the mean
+        turn_scores = [next(judged) if res.call is not None else 0.0 for res in t.results]
+        r4.append(sum(turn_scores) / len(turn_scores) if turn_scores else 0.0)
+    total = [r1 + a + weights.beta * r3 + weights.gamma * b for a, b in zip(r2, r4)]
+    return RolloutReward(r1=r1, r3=r3, r2=r2, r4=r4, total=total)
+
+
+# ---------------------------------------------------------------------------
+# content judges
+# ---------------------------------------------------------------------------
+
+
+def call_content(call: ToolCall) -> tuple[str, str] | None:
+    """``(memory kind, content)`` of an insert/update call — kind in core/semantic/episodic —
+    or None for a deletion, an unknown tool, or a call without a known memory type."""
+    args = call.arguments if isinstance(call.arguments, dict) else {}
+    kind = str(args.get("memory_type", "")).strip().lower().removesuffix("_memory")
+    if kind not in ("core", "semantic", "episodic"):
+        return None
+    if call.name == INSERT:
+        content = args.get("content")
+    elif call.name == UPDATE:
+        content = args.get("new_content")
+    else:
+        return None
+    return kind, content if isinstance(content, str) else ""
+
+
+_WORDS = re.compile(r"[A-Za-z0-9]+")
+_MONTHS = (
+    "january|february|march|april|may|june|july|august|september|october|november|december|"
+    "jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec"
+)
+_TIME_EXPRESSION = re.compile(
+    r"\b\d{4}-\d{1,2}(-\d{1,2})?\b"  # 2024-01-05, 2024-01
+    r"|\b\d{1,2}[/.]\d{1,2}[/.]\d{2,4}\b"  # 05/01/2024
+    r"|\b\d{1,2}:\d{2}\b"  # 10:30
+    r"|\b\d{1,2}\s*(am|pm|a\.m\.|p\.m\.)"  # 5 pm
+    r"|\b(1[5-9]|20)\d{2}s?\b"  # a year
+    rf"|\b({_MONTHS})\b"
+    r"|\b(monday|tuesday|wednesday|thursday|friday|saturday|sunday|weekend|weekday)s?\b"
+    r"|\b(today|yesterday|tomorrow|tonight|morning|afternoon|evening|night|noon|midnight)\b"
+    r"|\b(day|week|month|year|hour|minute|decade|century)s?\s+(ago|later|before|after|earlier)\b"
+    r"|\b(last|next|this|previous|following|every)\s+(day|week|month|year|time|weekend|night|morning|"
+    r"evening|spring|summer|autumn|fall|winter|season)\b"
+    r"|\b(spring|summer|autumn|winter)\b"
+    r"|\b(when|after|before|during|since|until)\b"
+    r"|\b(day|week|chapter|session|step|turn|time|t)\s*[=#]?\s*\d+\b",
+    re.IGNORECASE,
+)
+_STAND_IN = re.compile(
+    r"place[\s-]?holder|to be (filled|added|updated|determined)|\btbd\b|\bn/a\b|lorem ipsum|"
+    r"goes here|(will be|to be) (saved|stored|summari[sz]ed|recorded)|here (we|i) (save|store|keep)|"
+    r"\[(insert|add|summary|content)[^\]]*\]|<(summary|content|insert)[^>]*>|^(none|empty|nothing|\.\.\.)\.?$",
+    re.IGNORECASE,
+)
+MIN_STATEMENT_WORDS = 3
+
+
+def has_time_expression(text: str) -> bool:
+    """True when ``text`` mentions a date, clock time, weekday/month, or a relative time."""
+    return bool(_TIME_EXPRESSION.search(text))
+
+
+def rule_validity(kind: str, content: str) -> tuple[bool, str]:
+    """The rule judge's verdict on one content string, with the reason when it is invalid."""
+    text = content.strip()
+    if not text:
+        return False, "empty content"
+    if _STAND_IN.search(text):
+        return False, "content is a stand-in, not information"
+    if len(_WORDS.findall(text)) < MIN_STATEMENT_WORDS:
+        return False, f"fewer than {MIN_STATEMENT_WORDS} words"
+    if kind == "core" and "core memory" in text.lower():
+        return False, "core talks about 'core memory' instead of holding content"
+    if kind == "episodic" and not has_time_expression(text):
+        return False, "episodic entry without a time expression"
+    return True, ""
+
+
+class RuleContentJudge:
+    """Content validity by rules (see the module docstring); ``delete_score`` scores deletions."""
+
+    def __init__(self, delete_score: float = 0.0) -> None:
+        self.delete_score = float(delete_score)
+
+    def judge(self, calls: Sequence[ToolCall]) -> list[float]:
+        scores = []
+        for call in calls:
+            target = call_content(call)
+            if target is None:
+                scores.append(self.delete_score if call.name == DELETE else 0.0)
+                continue
+            valid, _reason = rule_validity(*target)
+            scores.append(1.0 if valid else 0.0)
+        return scores
+
+
+_JSON_BLOCK = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.DOTALL)
+_JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
+
+
+def parse_validity_judgement(reply: str) -> bool | None:
+    """``VALID`` of a judge reply (JSON in a code fence or bare), or None when malformed.
+
+    Well-formed means a JSON object with a boolean ``VALID``, a list ``ISSUES`` and a string
+    ``EXPLANATION``.
+    """
+    from memalpha.metrics import strip_thinking
+
+    text = strip_thinking(reply)
+    match = _JSON_BLOCK.search(text) or _JSON_OBJECT.search(text)
+    if not match:
+        return None
+    try:
+        data = json.loads(match.group(1) if match.re is _JSON_BLOCK else match.group(0))
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    valid, issues, explanation = data.get("VALID"), data.get("ISSUES"), data.get("EXPLANATION")
+    if not isinstance(valid, bool) or not isinstance(issues, list) or not isinstance(explanation, str):
+        return None
+    return valid
+
+
+class LLMContentJudge:
+    """Content validity judged by a reader model (the paper's judge), one batched call.
+
+    Calls without content (deletions) get ``delete_score`` without asking; a malformed
+    judgement or a failed reader call scores 0. ``malformed`` counts those.
+    """
+
+    def __init__(self, reader: Reader, delete_score: float = 0.0) -> None:
+        self.reader = reader
+        self.delete_score = float(delete_score)
+        self.malformed = 0
+
+    def judge(self, calls: Sequence[ToolCall]) -> list[float]:
+        from memalpha.prompts import content_judge_prompt
+
+        scores = [0.0] * len(calls)
+        asked: list[int] = []
+        prompts: list[str] = []
+        for i, call in enumerate(calls):
+            target = call_content(call)
+            if target is None:
+                scores[i] = self.delete_score if call.name == DELETE else 0.0
+            elif not target[1].strip():
+                scores[i] = 0.0
+            else:
+                asked.append(i)
+                prompts.append(content_judge_prompt(*target))
+        if prompts:
+            replies = self.reader.complete(prompts)
+            for i, reply in zip(asked, replies):
+                verdict = parse_validity_judgement(reply.text) if reply.ok else None
+                if verdict is None:
+                    self.malformed += 1
+                scores[i] = 1.0 if verdict else 0.0
+        return scores

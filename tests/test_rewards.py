@@ -1,0 +1,198 @@
+"""The Mem-alpha reward: a hand-computed two-turn, two-question rollout, and the content judges."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from memalpha.memory import Memory
+from memalpha.reader import Reader, ReaderAnswer
+from memalpha.rewards import (
+    LLMContentJudge,
+    RewardWeights,
+    RuleContentJudge,
+    TurnCalls,
+    has_time_expression,
+    parse_validity_judgement,
+    rollout_rewards,
+    rule_validity,
+)
+from memalpha.tools import ParseError, ToolCall, ToolResult, execute_response, get_call_format
+
+
+def call(name: str, **arguments) -> ToolCall:
+    return ToolCall(name=name, arguments=arguments, raw="")
+
+
+SISTER = call("new_memory_insert", memory_type="semantic_memory", content="Anna is the user's younger sister.")
+HIKE = call("new_memory_insert", memory_type="episodic_memory", content="The user went hiking with Anna.")
+CORE_SELF = call("memory_update", memory_type="core_memory", new_content="The core memory has been updated.")
+DELETE = call("memory_delete", memory_type="semantic_memory", memory_id="zz99")
+CAT = call(
+    "new_memory_insert", memory_type="episodic_memory", content="At 2024-01-05 10:00, the user adopted a cat."
+)
+
+
+def two_turns() -> list[TurnCalls]:
+    turn1 = TurnCalls(
+        results=[ToolResult("ok", "", SISTER), ToolResult("ok", "", HIKE)],
+        parse_errors=[ParseError(reason="arguments are not JSON", raw="✿ARGS✿: {oops")],
+    )
+    turn2 = TurnCalls(
+        results=[
+            ToolResult("ok", "", CORE_SELF),
+            ToolResult("error", "no entry zz99", DELETE),
+            ToolResult("skipped", "identical content exists", CAT),
+        ]
+    )
+    return [turn1, turn2]
+
+
+def test_hand_computed_two_turn_two_question_rollout():
+    reward = rollout_rewards(
+        question_scores=[1.0, 0.5],
+        turns=two_turns(),
+        memory_tokens=200,
+        chunk_tokens=1000,
+        weights=RewardWeights(beta=0.05, gamma=0.1),
+        content_judge=RuleContentJudge(),
+    )
+    # r1 = (1 + 0.5) / 2; r3 = 1 - 200/1000
+    assert reward.r1 == pytest.approx(0.75)
+    assert reward.r3 == pytest.approx(0.8)
+    # turn 1: 2 ok of 3 calls (1 parse error); content: sister fact valid, hike has no time -> 1/2
+    # turn 2: ok + skipped of 3; content: core about itself 0, delete 0, dated cat event 1 -> 1/3
+    assert reward.r2 == pytest.approx([2 / 3, 2 / 3])
+    assert reward.r4 == pytest.approx([1 / 2, 1 / 3])
+    # R_t = r1 + r2_t + 0.05 r3 + 0.1 r4_t
+    assert reward.total == pytest.approx([0.75 + 2 / 3 + 0.04 + 0.05, 0.75 + 2 / 3 + 0.04 + 0.1 / 3])
+    assert reward.as_dict()["total"] == reward.total
+
+
+def test_weights_turns_without_calls_and_compression_sign():
+    empty = TurnCalls()
+    reward = rollout_rewards([0.0, 1.0], [empty], memory_tokens=1500, chunk_tokens=1000,
+                             weights=RewardWeights(beta=0.2, gamma=1.0), content_judge=RuleContentJudge())
+    assert reward.r2 == [0.0] and reward.r4 == [0.0]
+    assert reward.r3 == pytest.approx(-0.5)  # memory larger than the input: negative
+    assert reward.total == pytest.approx([0.5 - 0.1])
+    # gamma = 0 or no judge: r4 reported as 0 without judging
+    no_judge = rollout_rewards([1.0], two_turns(), 0, 10, RewardWeights(gamma=0.0), RuleContentJudge())
+    assert no_judge.r4 == [0.0, 0.0]
+    assert rollout_rewards([], two_turns(), 0, 10, RewardWeights(), None).r1 == 0.0
+    # a result without a call counts in r2's and r4's denominators with score 0
+    odd = rollout_rewards([1.0], [TurnCalls(results=[ToolResult("error", "not an object", None),
+                                                      ToolResult("ok", "", SISTER)])],
+                          0, 10, RewardWeights(), RuleContentJudge())
+    assert odd.r2 == [0.5] and odd.r4 == [0.5]
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        rollout_rewards([1.0], [], 10, 0, RewardWeights(), None)
+
+
+def test_rewards_from_real_parsed_turns():
+    """The reward consumes what the parser and executor produce."""
+    fmt = get_call_format("qwen")
+    memory = Memory()
+    response = fmt.render_calls([
+        ("new_memory_insert", {"memory_type": "semantic_memory", "content": "Paris is the capital of France."}),
+        ("new_memory_insert", {"memory_type": "semantic_memory", "content": "Paris is the capital of France."}),
+        ("memory_delete", {"memory_type": "episodic_memory", "memory_id": "nope"}),
+    ]) + "\n✿FUNCTION✿: new_memory_insert\n✿ARGS✿:"
+    outcome = execute_response(memory, response, fmt)
+    turn = TurnCalls(results=outcome.results, parse_errors=outcome.errors)
+    assert [r.status for r in outcome.results] == ["ok", "skipped", "error"]
+    assert len(outcome.errors) == 1
+    reward = rollout_rewards([1.0], [turn], memory.total_tokens(), 100, RewardWeights(), RuleContentJudge())
+    assert reward.r2 == pytest.approx([2 / 4])
+    assert reward.r4 == pytest.approx([2 / 3])
+
+
+@pytest.mark.parametrize(
+    ("kind", "content", "valid"),
+    [
+        ("core", "The user is a nurse in Porto who loves sailing.", True),
+        ("core", "", False),
+        ("core", "This is the core memory of the user.", False),
+        ("core", "Summary goes here.", False),
+        ("core", "[insert summary]", False),
+        ("semantic", "Water boils at 100 degrees Celsius.", True),
+        ("semantic", "TBD", False),
+        ("semantic", "   ", False),
+        ("semantic", "ok", False),
+        ("episodic", "On Monday the user visited the dentist.", True),
+        ("episodic", "At 14:30 the user called the bank.", True),
+        ("episodic", "Two weeks ago the user moved to Berlin.", True),
+        ("episodic", "The user likes cats a lot.", False),
+    ],
+)
+def test_rule_validity(kind, content, valid):
+    assert rule_validity(kind, content)[0] is valid
+
+
+def test_time_expressions():
+    assert has_time_expression("[Dialogue on 2024-01-05 00:00] user said hi")
+    assert has_time_expression("In March the user got married")
+    assert not has_time_expression("The user has a brother named Tom")
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        ('```json\n{"VALID": true, "ISSUES": [], "EXPLANATION": "a fact"}\n```', True),
+        ('{"VALID": false, "ISSUES": ["no time"], "EXPLANATION": "no time"}', False),
+        ('```json\n{"VALID": "yes", "ISSUES": [], "EXPLANATION": "x"}\n```', None),  # not a bool
+        ('```json\n{"VALID": true}\n```', None),  # missing keys
+        ("VALID: true", None),
+        ('```json\n{"VALID": true, "ISSUES": [], \n```', None),  # broken JSON
+        ("", None),
+    ],
+)
+def test_parse_validity_judgement(reply, expected):
+    assert parse_validity_judgement(reply) is expected
+
+
+class ScriptedJudge(Reader):
+    """A deterministic reader backend: judges an entry valid when it contains a digit."""
+
+    def __init__(self):
+        super().__init__(top_k_entries=5, prompt_budget_tokens=10_000)
+        self.prompts: list[str] = []
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    def chat(self, conversations):
+        out = []
+        for conv in conversations:
+            prompt = conv[-1]["content"]
+            self.prompts.append(prompt)
+            entry = prompt.split("Entry:\n", 1)[1].split("\n\nReply", 1)[0]
+            if "MALFORMED" in entry:
+                out.append(ReaderAnswer("I think it is fine.", True, None))
+            elif "DOWN" in entry:
+                out.append(ReaderAnswer("", False, "HTTP 500"))
+            else:
+                verdict = {"VALID": any(c.isdigit() for c in entry), "ISSUES": [], "EXPLANATION": "checked"}
+                out.append(ReaderAnswer("```json\n" + json.dumps(verdict) + "\n```", True, None))
+        return out
+
+
+def test_llm_content_judge_batches_and_scores_malformed_as_zero():
+    reader = ScriptedJudge()
+    judge = LLMContentJudge(reader)
+    calls = [
+        CAT,  # has digits -> valid
+        SISTER,  # no digit -> invalid
+        DELETE,  # not asked: deletions score delete_score
+        call("new_memory_insert", memory_type="semantic_memory", content="MALFORMED 1"),
+        call("new_memory_insert", memory_type="semantic_memory", content="DOWN 1"),
+        call("new_memory_insert", memory_type="semantic_memory", content=""),  # not asked
+    ]
+    assert judge.judge(calls) == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert len(reader.prompts) == 4 and reader.requests == 4  # one batch, four prompts
+    assert "episodic memory" in reader.prompts[0] and "semantic memory" in reader.prompts[1]
+    assert judge.malformed == 2
+    reward = rollout_rewards([1.0], two_turns(), 0, 10, RewardWeights(), judge)
+    # turn 1: sister 0, hike 0 ; turn 2: core 0, delete 0, cat 1
+    assert reward.r4 == pytest.approx([0.0, 1 / 3])
