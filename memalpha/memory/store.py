@@ -169,8 +169,6 @@ class Memory:
         """The live list for ``semantic_memory`` or ``episodic_memory`` (short names accepted)."""
         return self.semantic if list_type(memory_type) == SEMANTIC else self.episodic
 
-    def _all_ids(self) -> set[str]:
-        return {entry.id for entries in (self.semantic, self.episodic) for entry in entries}
 
     def find(self, memory_type: str, memory_id: str) -> MemoryEntry | None:
         """The entry with ``memory_id`` in that list, or ``None``."""
@@ -193,7 +191,7 @@ class Memory:
         entries = self.entries(memory_type)
         if self.find_content(memory_type, content) is not None:
             return None
-        entry = MemoryEntry(id=self._ids.next_id(self._all_ids()), content=content)
+        entry = MemoryEntry(id=self._ids.next_id(_IdsOf(self)), content=content)
         entries.append(entry)
         return entry
 
@@ -304,3 +302,17 @@ class Memory:
             f"Memory(core={len(self._core)} chars, semantic={len(self.semantic)}, "
             f"episodic={len(self.episodic)}, seed={self.seed})"
         )
+
+
+class _IdsOf:
+    """``id in _IdsOf(memory)``: whether any entry of ``memory`` has that id (scan, no copy)."""
+
+    def __init__(self, memory: Memory) -> None:
+        self._lists = (memory.semantic, memory.episodic)
+
+    def __contains__(self, memory_id: object) -> bool:
+        for entries in self._lists:
+            for entry in entries:
+                if entry.id == memory_id:
+                    return True
+        return False
