@@ -51,16 +51,19 @@ def chunk_by_tokens(text: str, tokenizer: Any, chunk_tokens: int = DEFAULT_CHUNK
     if len(offsets) <= chunk_tokens:
         return [text]
     cuts = [0]
+
+    def clean(k: int) -> bool:  # token k starts where the previous one ended (or later), after the last cut
+        return offsets[k][0] >= offsets[k - 1][1] and offsets[k][0] > cuts[-1]
+
     last_token = 0
     target = chunk_tokens
     while target < len(offsets):
         k = target
-        # step back to a clean boundary: this token starts where the previous one ended (or later)
-        while k > last_token + 1 and offsets[k][0] < offsets[k - 1][1]:
+        while k > last_token + 1 and not clean(k):  # step back to a clean boundary inside the window
             k -= 1
-        if k <= last_token or offsets[k][0] <= cuts[-1]:  # no clean boundary in this window: look forward
-            k = target
-            while k < len(offsets) and (offsets[k][0] < offsets[k - 1][1] or offsets[k][0] <= cuts[-1]):
+        if not clean(k):  # none in the window (one long multi-token character): take the next clean one
+            k = target + 1
+            while k < len(offsets) and not clean(k):
                 k += 1
             if k >= len(offsets):
                 break

@@ -1,0 +1,457 @@
+"""Synthetic memory tasks: the embedded default data (deterministic from a seed, no network).
+
+Each instance spreads facts over several chunks and asks questions that only those facts
+answer. Four families match the real metrics (``memalpha.metrics`` picks them by ``data_source``):
+
+``synth_personal``  personal facts told in dated dialogue ("Which city did Adela Szabo move to?"
+                    -> ``Lisbon``); short answers, substring metric.
+``synth_timeline``  dated diary turns of who did what ("What did Bruno Eklund do on 2024-03-05?"
+                    -> ``repaired a bicycle chain``); the date is only in the chunk header, so the
+                    event must be stored with its time (episodic); substring metric.
+``synth_icl``       labelled examples for in-context classification; an instance maps random
+                    topics to labels, a question shows a new sentence and expects ``\\boxed{label}``;
+                    the gold is the bare label (``"2"``), as in the real PubMed-RCT data; boxed metric.
+``synth_summary``   a story read over several days (dated reading events); the question asks for a
+                    summary of a date range, the gold is a comma-separated keyword list; keyword metric.
+
+Knobs: chunks per instance, facts per chunk, distractor facts per chunk (about entities no
+question asks about), questions per instance and chunk length in words (filler sentences, or
+for ``synth_icl`` more labelled examples, top a chunk up to it). Entities come from per-split
+pools (:mod:`memalpha.data.synthetic_vocab`), so train, validation and test never share one.
+Instance ``i`` of a split is built from its own RNG seeded by ``(seed, split, i)``: the same
+arguments give identical instances on every machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import date, timedelta
+from functools import cache
+
+from memalpha.data import synthetic_vocab as vocab
+from memalpha.data.schema import QA, Instance
+from memalpha.data.wrapping import wrap_chunk
+
+FAMILIES = ("synth_personal", "synth_timeline", "synth_icl", "synth_summary")
+GENERATOR_VERSION = "memalpha.synthetic/1"
+ICL_NUM_LABELS = 4
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """The size knobs of one synthetic instance."""
+
+    num_chunks: int = 4
+    facts_per_chunk: int = 3
+    distractors_per_chunk: int = 1
+    questions_per_instance: int = 4
+    chunk_words: int = 120
+
+    def validate(self) -> None:
+        for name in ("num_chunks", "facts_per_chunk", "questions_per_instance"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("distractors_per_chunk", "chunk_words"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class SplitPools:
+    """One split's share of every entity pool."""
+
+    first_names: list[str]
+    last_names: list[str]
+    attribute_values: dict[str, list[str]]
+    activities: list[str]
+    towns: list[str]
+    key_objects: list[str]
+    icl_topics: list[tuple[str, ...]]
+
+
+@cache
+def split_pools(split: str) -> SplitPools:
+    """The entity pools of ``split`` (``train``, ``validation``/``val``, ``test``)."""
+    def part(pool: Sequence[str]) -> list[str]:
+        return vocab.pool_for_split(pool, split)
+
+    return SplitPools(
+        first_names=part(vocab.FIRST_NAMES),
+        last_names=part(vocab.LAST_NAMES),
+        attribute_values={attr.name: part(attr.pool) for attr in PERSONAL_ATTRIBUTES},
+        activities=part(vocab.ACTIVITIES),
+        towns=part(vocab.TOWNS),
+        key_objects=part(vocab.KEY_OBJECTS),
+        icl_topics=list(vocab.ICL_TOPICS[vocab.SPLITS.index(vocab.canonical_split(split)) :: len(vocab.SPLITS)]),
+    )
+
+
+def generate_synthetic(
+    num_instances: int,
+    split: str = "train",
+    seed: int = 0,
+    num_chunks: int = 4,
+    facts_per_chunk: int = 3,
+    distractors_per_chunk: int = 1,
+    questions_per_instance: int = 4,
+    chunk_words: int = 120,
+    families: tuple[str, ...] = FAMILIES,
+) -> list[Instance]:
+    """``num_instances`` synthetic instances of ``split``, cycling through ``families`` in order.
+
+    Instance ids are ``{family}-{split}-s{seed}-{index:05d}``. ``questions_per_instance`` is an
+    upper bound: a family asks at most as many questions as it has distinct facts.
+    """
+    if num_instances < 0:
+        raise ValueError(f"num_instances must be >= 0, got {num_instances}")
+    families = tuple(families)
+    if not families:
+        raise ValueError("families must name at least one family")
+    unknown = [f for f in families if f not in _BUILDERS]
+    if unknown:
+        raise ValueError(f"unknown synthetic families {unknown}; expected some of {FAMILIES}")
+    config = SynthConfig(num_chunks, facts_per_chunk, distractors_per_chunk, questions_per_instance, chunk_words)
+    config.validate()
+    split = vocab.canonical_split(split)
+    pools = split_pools(split)
+    instances = []
+    for index in range(num_instances):
+        family = families[index % len(families)]
+        rng = random.Random(f"memalpha-synthetic|{seed}|{split}|{index}")
+        instance_id = f"{family}-{split}-s{seed}-{index:05d}"
+        chunks, questions, evidence, entities, extra = _BUILDERS[family](rng, pools, config)
+        metadata = {
+            "generator": GENERATOR_VERSION,
+            "split": split,
+            "seed": seed,
+            "index": index,
+            "evidence_chunks": evidence,
+            "entities": sorted(entities),
+            **extra,
+        }
+        instances.append(Instance(instance_id, family, chunks, questions, metadata))
+    return instances
+
+
+# ---------------------------------------------------------------------------
+# shared helpers
+# ---------------------------------------------------------------------------
+
+_Built = tuple[list[str], list[QA], list[list[int]], set[str], dict]
+
+
+def _article(phrase: str) -> str:
+    return "an" if phrase[:1].lower() in "aeiou" else "a"
+
+
+def _take(rng: random.Random, pool: Sequence[str], k: int) -> list[str]:
+    """``k`` items of ``pool``: all distinct when the pool is big enough, else repeating it in shuffled rounds."""
+    out: list[str] = []
+    while len(out) < k:
+        batch = list(pool)
+        rng.shuffle(batch)
+        out.extend(batch[: k - len(out)])
+    return out
+
+
+def _people(rng: random.Random, pools: SplitPools, k: int) -> list[str]:
+    """``k`` distinct full names from the split's name pools."""
+    if k <= min(len(pools.first_names), len(pools.last_names)):
+        return [f"{a} {b}" for a, b in zip(rng.sample(pools.first_names, k), rng.sample(pools.last_names, k))]
+    combos = [f"{a} {b}" for a, b in itertools.product(pools.first_names, pools.last_names)]
+    if k > len(combos):
+        raise ValueError(f"{k} people needed but the split's name pool has only {len(combos)}")
+    return rng.sample(combos, k)
+
+
+def _dates(rng: random.Random, n: int) -> list[date]:
+    """``n`` increasing days: a random start in 2024, then gaps of 1-3 days."""
+    day = date(2024, 1, 1) + timedelta(days=rng.randrange(0, 300))
+    days = []
+    for _ in range(n):
+        days.append(day)
+        day += timedelta(days=rng.randint(1, 3))
+    return days
+
+
+def _compose(rng: random.Random, required: list[str], filler: Sequence[str], min_words: int, sep: str = " ") -> str:
+    """The ``required`` sentences mixed at random places into filler sentences, up to ``min_words`` words."""
+    sentences = list(required)
+    words = sum(len(s.split()) for s in sentences)
+    spare: list[str] = []
+    while words < min_words:
+        if not spare:
+            spare = list(filler)
+            rng.shuffle(spare)
+        sentence = spare.pop()
+        sentences.insert(rng.randint(0, len(sentences)), sentence)
+        words += len(sentence.split())
+    return sep.join(sentences)
+
+
+def _spread_questions(rng: random.Random, per_chunk: list[list[int]], k: int) -> list[int]:
+    """Pick ``k`` fact ids round-robin over the chunks (so questions need many chunks), in random order."""
+    queues = [list(ids) for ids in per_chunk]
+    for queue in queues:
+        rng.shuffle(queue)
+    order = list(range(len(queues)))
+    rng.shuffle(order)
+    picked: list[int] = []
+    while len(picked) < k and any(queues):
+        for c in order:
+            if queues[c] and len(picked) < k:
+                picked.append(queues[c].pop())
+    rng.shuffle(picked)
+    return picked
+
+
+# ---------------------------------------------------------------------------
+# synth_personal
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PersonalAttribute:
+    """A kind of personal fact: its value pool, how it is told and how it is asked."""
+
+    name: str
+    pool: tuple[str, ...]
+    statement: str
+    question: str
+
+
+PERSONAL_ATTRIBUTES = (
+    PersonalAttribute("city", vocab.CITIES, "{p} told me they moved to {v} a few weeks ago.", "Which city did {p} move to?"),
+    PersonalAttribute("pet", vocab.PET_NAMES, "{p} adopted a puppy and called it {v}.", "What is the name of {p}'s puppy?"),
+    PersonalAttribute("dish", vocab.DISHES, "{p} says their favourite dish is {v}.", "What is {p}'s favourite dish?"),
+    PersonalAttribute("job", vocab.PROFESSIONS, "{p} now works as {a} {v}.", "What does {p} work as?"),
+    PersonalAttribute(
+        "instrument", vocab.INSTRUMENTS, "{p} has started taking {v} lessons.", "Which instrument is {p} learning?"
+    ),
+    PersonalAttribute("hobby", vocab.HOBBIES, "{p} has taken up {v} as a hobby.", "Which hobby has {p} taken up?"),
+    PersonalAttribute("street", vocab.STREETS, "{p} rented a flat on {v}.", "On which street did {p} rent a flat?"),
+    PersonalAttribute(
+        "language",
+        vocab.LANGUAGES,
+        "{p} signed up for evening classes in {v}.",
+        "Which language is {p} studying in evening classes?",
+    ),
+)
+
+
+def _personal_facts(rng: random.Random, pools: SplitPools, count: int, people: list[str]) -> list[tuple[str, PersonalAttribute, str]]:
+    pairs = rng.sample(list(itertools.product(people, PERSONAL_ATTRIBUTES)), count)
+    values: dict[str, list[str]] = {}
+    for attr in PERSONAL_ATTRIBUTES:
+        needed = sum(1 for _, a in pairs if a is attr)
+        values[attr.name] = _take(rng, pools.attribute_values[attr.name], needed)
+    return [(person, attr, values[attr.name].pop()) for person, attr in pairs]
+
+
+def _say(fact: tuple[str, PersonalAttribute, str]) -> str:
+    person, attr, value = fact
+    return attr.statement.format(p=person, v=value, a=_article(value))
+
+
+def _build_personal(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> _Built:
+    n_facts = cfg.num_chunks * cfg.facts_per_chunk
+    n_distractors = cfg.num_chunks * cfg.distractors_per_chunk
+    n_people = max(2, math.ceil(n_facts / 3))
+    n_others = math.ceil(n_distractors / 2)
+    everyone = _people(rng, pools, n_people + n_others)
+    people, others = everyone[:n_people], everyone[n_people:]
+    facts = _personal_facts(rng, pools, n_facts, people)
+    distractors = _personal_facts(rng, pools, n_distractors, others) if n_distractors else []
+    days = _dates(rng, cfg.num_chunks)
+    chunks, per_chunk = [], []
+    for c in range(cfg.num_chunks):
+        ids = list(range(c * cfg.facts_per_chunk, (c + 1) * cfg.facts_per_chunk))
+        told = [_say(facts[i]) for i in ids]
+        told += [_say(d) for d in distractors[c * cfg.distractors_per_chunk : (c + 1) * cfg.distractors_per_chunk]]
+        body = _compose(rng, told, vocab.DIALOGUE_FILLER, cfg.chunk_words)
+        chunks.append(wrap_chunk(body, "dialogue", days[c], variant=rng.randrange(1 << 16)))
+        per_chunk.append(ids)
+    picked = _spread_questions(rng, per_chunk, cfg.questions_per_instance)
+    questions = [QA(facts[i][1].question.format(p=facts[i][0]), facts[i][2]) for i in picked]
+    evidence = [[i // cfg.facts_per_chunk] for i in picked]
+    entities = set(everyone) | {v for _, _, v in facts + distractors}
+    return chunks, questions, evidence, entities, {"people": people, "distractor_people": others}
+
+
+# ---------------------------------------------------------------------------
+# synth_timeline
+# ---------------------------------------------------------------------------
+
+TIMES_OF_DAY = ("Early this morning", "Later in the morning", "Around noon today", "This afternoon", "This evening",
+                "Late tonight")
+
+
+def _build_timeline(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> _Built:
+    per_day = cfg.facts_per_chunk
+    n_people = per_day + 1
+    n_others = math.ceil(cfg.num_chunks * cfg.distractors_per_chunk / 2) if cfg.distractors_per_chunk else 0
+    everyone = _people(rng, pools, n_people + n_others)
+    people, others = everyone[:n_people], everyone[n_people:]
+    n_events = cfg.num_chunks * (per_day + cfg.distractors_per_chunk)
+    activities = _take(rng, pools.activities, n_events)
+    days = _dates(rng, cfg.num_chunks)
+    chunks, per_chunk, events = [], [], []
+    for c, day in enumerate(days):
+        actors = [(p, True) for p in rng.sample(people, per_day)]
+        actors += [(p, False) for p in _take(rng, others, cfg.distractors_per_chunk)] if others else []
+        rng.shuffle(actors)
+        slots = sorted(rng.sample(range(len(TIMES_OF_DAY)), len(actors))) if len(actors) <= len(TIMES_OF_DAY) else None
+        told, ids = [], []
+        for j, (person, asked) in enumerate(actors):
+            activity = activities.pop()
+            when = TIMES_OF_DAY[slots[j]] if slots is not None else TIMES_OF_DAY[j % len(TIMES_OF_DAY)]
+            told.append(f"{when}, {person} {activity}.")
+            if asked:
+                ids.append(len(events))
+                events.append((person, day, activity, c))
+        body = _compose(rng, told, vocab.DIALOGUE_FILLER, cfg.chunk_words)
+        chunks.append(wrap_chunk(body, "dialogue", day, variant=rng.randrange(1 << 16)))
+        per_chunk.append(ids)
+    picked = _spread_questions(rng, per_chunk, cfg.questions_per_instance)
+    questions = [QA(f"What did {events[i][0]} do on {events[i][1]:%Y-%m-%d}?", events[i][2]) for i in picked]
+    evidence = [[events[i][3]] for i in picked]
+    entities = set(everyone) | {e[2] for e in events}
+    return chunks, questions, evidence, entities, {"people": people, "distractor_people": others}
+
+
+# ---------------------------------------------------------------------------
+# synth_icl
+# ---------------------------------------------------------------------------
+
+ICL_QUESTION = "Sentence: {s}\n\nWhat is the label of the sentence above? Give the label inside \\boxed{{}}."
+
+
+def _icl_sentence(rng: random.Random, topic: Sequence[str]) -> str:
+    a, b = rng.sample(list(topic), 2)
+    return rng.choice(vocab.ICL_TEMPLATES).format(a=a, b=b)
+
+
+def _example(sentence: str, label: int) -> str:
+    return f"Sample: {sentence}\nLabel: {label}"
+
+
+def _build_icl(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> _Built:
+    topics = list(pools.icl_topics)
+    rng.shuffle(topics)
+    use_distractors = cfg.distractors_per_chunk > 0 and len(topics) > 2
+    n_labels = min(ICL_NUM_LABELS, len(topics) - (1 if use_distractors else 0))
+    label_topics = topics[:n_labels]
+    distractor_topic = topics[n_labels] if use_distractors else None
+    days = _dates(rng, cfg.num_chunks)
+    seen: set[str] = set()
+    chunks: list[str] = []
+    label_chunks: dict[int, set[int]] = {label: set() for label in range(n_labels)}
+    label_cycle = itertools.cycle(rng.sample(range(n_labels), n_labels))
+    for c, day in enumerate(days):
+        examples: list[str] = []
+        words = 0
+        while len(examples) < cfg.facts_per_chunk or words < cfg.chunk_words:
+            label = next(label_cycle) if len(examples) < cfg.facts_per_chunk else rng.randrange(n_labels)
+            sentence = _icl_sentence(rng, label_topics[label])
+            seen.add(sentence)
+            examples.append(_example(sentence, label))
+            label_chunks[label].add(c)
+            words += len(examples[-1].split())
+        if distractor_topic is not None:
+            for _ in range(cfg.distractors_per_chunk):
+                sentence = _icl_sentence(rng, distractor_topic)
+                seen.add(sentence)
+                examples.append(_example(sentence, n_labels))
+        rng.shuffle(examples)
+        body = "Here are labelled examples to learn from:\n\n" + "\n\n".join(examples)
+        chunks.append(wrap_chunk(body, "dialogue", day, variant=rng.randrange(1 << 16)))
+    questions, evidence = [], []
+    for _ in range(cfg.questions_per_instance):
+        label = next(label_cycle)
+        sentence = _icl_sentence(rng, label_topics[label])
+        for _ in range(100):  # a sentence never shown as an example (almost always the first try)
+            if sentence not in seen:
+                break
+            sentence = _icl_sentence(rng, label_topics[label])
+        seen.add(sentence)
+        questions.append(QA(ICL_QUESTION.format(s=sentence), str(label)))
+        evidence.append(sorted(label_chunks[label]))
+    entities = {w for t in label_topics for w in t} | (set(distractor_topic) if distractor_topic else set())
+    extra = {"num_labels": n_labels, "label_topics": {str(i): t[0] for i, t in enumerate(label_topics)}}
+    return chunks, questions, evidence, entities, extra
+
+
+# ---------------------------------------------------------------------------
+# synth_summary
+# ---------------------------------------------------------------------------
+
+STORY_FACTS = (
+    "{p} found {a} {k} hidden under the floorboards of an empty house in {t}.",
+    "At the Saturday market in {t}, {p} bargained for {a} {k}.",
+    "{p} learned that the {k} had once belonged to a ferryman.",
+    "That night {p} hid the {k} inside a coat pocket.",
+    "A stranger offered {p} a purse of coins for the {k}, and {p} refused.",
+    "{p} carried the {k} up the hill above {t}.",
+    "The {k} was the last thing {p} looked at before falling asleep.",
+    "At dawn {p} handed the {k} to an old friend for safekeeping.",
+    "{p} noticed strange markings scratched into the {k}.",
+    "Back in {t}, {p} showed the {k} to the schoolteacher.",
+)
+STORY_DISTRACTORS = (
+    "{A} {k} lay on a shelf in the inn, but nobody paid it any attention.",
+    "Someone had left {a} {k} by the well; it was gone by evening.",
+    "The shopkeeper dusted {a} {k} that had not sold in years.",
+)
+SUMMARY_QUESTION_RANGE = "Summarise the part of the book I read from {a} to {b}."
+SUMMARY_QUESTION_DAY = "Summarise the part of the book I read on {a}."
+
+
+def _build_summary(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> _Built:
+    hero = _people(rng, pools, 1)[0]
+    town = rng.choice(pools.towns)
+    n_facts = cfg.num_chunks * cfg.facts_per_chunk
+    n_distractors = cfg.num_chunks * cfg.distractors_per_chunk
+    keys = _take(rng, pools.key_objects, n_facts)
+    unused = [k for k in pools.key_objects if k not in keys]  # distractors never reuse a keyword
+    spare = _take(rng, unused, n_distractors) if unused else []
+    objects = keys + spare
+    days = _dates(rng, cfg.num_chunks)
+    chunks, chunk_keys = [], []
+    for c, day in enumerate(days):
+        own = keys[c * cfg.facts_per_chunk : (c + 1) * cfg.facts_per_chunk]
+        story = [rng.choice(STORY_FACTS).format(p=hero, k=k, t=town, a=_article(k)) for k in own]
+        noise = [
+            rng.choice(STORY_DISTRACTORS).format(k=k, a=_article(k), A=_article(k).capitalize())
+            for k in spare[c * cfg.distractors_per_chunk : (c + 1) * cfg.distractors_per_chunk]
+        ]
+        mixed = list(story)
+        for sentence in noise:
+            mixed.insert(rng.randint(0, len(mixed)), sentence)
+        body = _compose(rng, mixed, vocab.STORY_FILLER, cfg.chunk_words)
+        chunks.append(wrap_chunk(body, "reading", day))
+        chunk_keys.append(own)
+    n = cfg.num_chunks
+    ranges = [(a, b) for a in range(n) for b in range(a, n) if (a, b) != (0, n - 1)]
+    rng.shuffle(ranges)
+    ranges = [(0, n - 1)] + ranges[: cfg.questions_per_instance - 1]
+    questions, evidence = [], []
+    for a, b in ranges:
+        words = [hero, town] + [k for c in range(a, b + 1) for k in chunk_keys[c]]
+        gold = ", ".join(dict.fromkeys(words))
+        template = SUMMARY_QUESTION_DAY if a == b else SUMMARY_QUESTION_RANGE
+        questions.append(QA(template.format(a=f"{days[a]:%Y-%m-%d}", b=f"{days[b]:%Y-%m-%d}"), gold))
+        evidence.append(list(range(a, b + 1)))
+    entities = {hero, town, *objects}
+    return chunks, questions, evidence, entities, {"protagonist": hero, "town": town}
+
+
+_BUILDERS: dict[str, Callable[[random.Random, SplitPools, SynthConfig], _Built]] = {
+    "synth_personal": _build_personal,
+    "synth_timeline": _build_timeline,
+    "synth_icl": _build_icl,
+    "synth_summary": _build_summary,
+}

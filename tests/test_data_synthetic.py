@@ -1,0 +1,151 @@
+"""Synthetic memory tasks: deterministic, grounded in the chunks, and disjoint across splits."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memalpha.data import Instance, load_instances, save_jsonl, unwrap_chunk
+from memalpha.data.synthetic import FAMILIES, generate_synthetic
+from memalpha.data.wrapping import parse_wrapped_chunk
+
+KNOBS = {"num_chunks": 5, "facts_per_chunk": 4, "distractors_per_chunk": 2, "questions_per_instance": 6}
+
+
+def _texts(instance: Instance) -> str:
+    parts = list(instance.chunks)
+    for qa in instance.questions:
+        parts.append(qa.question)
+        parts.extend(qa.answers)
+    return "\n".join(parts)
+
+
+def test_same_seed_gives_byte_identical_files_across_processes(tmp_path):
+    save_jsonl(generate_synthetic(12, split="train", seed=5), tmp_path / "a.jsonl")
+    save_jsonl(generate_synthetic(12, split="train", seed=5), tmp_path / "b.jsonl")
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+    # another interpreter with another hash seed writes the same bytes
+    code = (
+        "import sys; from memalpha.data import save_jsonl; from memalpha.data.synthetic import generate_synthetic;"
+        "save_jsonl(generate_synthetic(12, split='train', seed=5), sys.argv[1])"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "c.jsonl")], check=True, env=env)
+    assert (tmp_path / "c.jsonl").read_bytes() == (tmp_path / "a.jsonl").read_bytes()
+    save_jsonl(generate_synthetic(12, split="train", seed=6), tmp_path / "d.jsonl")
+    assert (tmp_path / "d.jsonl").read_bytes() != (tmp_path / "a.jsonl").read_bytes()
+
+
+def test_splits_never_share_an_entity():
+    sets = {split: generate_synthetic(24, split=split, seed=1, **KNOBS) for split in ("train", "validation", "test")}
+    entities = {split: set().union(*(set(i.metadata["entities"]) for i in insts)) for split, insts in sets.items()}
+    for a in sets:
+        for b, other in sets.items():
+            if a == b:
+                continue
+            assert not entities[a] & entities[b]
+            # and no entity of one split occurs anywhere in the other split's text
+            pattern = re.compile(r"\b(?:" + "|".join(map(re.escape, entities[a])) + r")\b", re.IGNORECASE)
+            clash = pattern.search("\n".join(_texts(i) for i in other))
+            assert clash is None, (a, b, clash and clash.group(0))
+
+
+def test_val_alias_and_split_names():
+    val = generate_synthetic(2, split="val")
+    assert val == generate_synthetic(2, split="validation")
+    assert val[0].instance_id == "synth_personal-validation-s0-00000"
+    with pytest.raises(ValueError, match="unknown split 'holdout'"):
+        generate_synthetic(1, split="holdout")
+
+
+def test_families_cycle_and_instances_are_valid():
+    instances = generate_synthetic(8, seed=2)
+    assert [i.data_source for i in instances] == list(FAMILIES) * 2
+    assert len({i.instance_id for i in instances}) == 8
+    for instance in instances:
+        assert Instance.from_dict(instance.to_dict()) == instance
+        assert len(instance.chunks) == 4 and len(instance.questions) == 4
+        assert len(instance.metadata["evidence_chunks"]) == len(instance.questions)
+
+
+def test_default_chunks_are_short():
+    for instance in generate_synthetic(8):
+        for chunk in instance.chunks:
+            words = len(unwrap_chunk(chunk).split())
+            assert 100 <= words <= 175, (instance.instance_id, words)
+
+
+def test_knobs_are_respected():
+    instances = generate_synthetic(
+        8, num_chunks=6, facts_per_chunk=2, distractors_per_chunk=0, questions_per_instance=3, chunk_words=60
+    )
+    for instance in instances:
+        assert len(instance.chunks) == 6 and len(instance.questions) == 3
+        assert all(len(unwrap_chunk(c).split()) >= 60 for c in instance.chunks)
+        assert not instance.metadata.get("distractor_people")
+    few = generate_synthetic(4, num_chunks=1, facts_per_chunk=1, questions_per_instance=9, chunk_words=0)
+    assert [len(i.questions) for i in few] == [1, 1, 9, 1]  # at most one question per fact (icl makes new sentences)
+    for bad in ({"num_chunks": 0}, {"chunk_words": -1}, {"families": ("synth_poetry",)}, {"families": ()}):
+        with pytest.raises(ValueError):
+            generate_synthetic(1, **bad)
+
+
+def _sentences(chunk: str) -> list[str]:
+    return re.split(r"(?<=[.!?])\s+", unwrap_chunk(chunk))
+
+
+def test_personal_and_timeline_answers_sit_in_the_evidence_chunk():
+    instances = generate_synthetic(16, seed=3, families=("synth_personal", "synth_timeline"), **KNOBS)
+    for instance in instances:
+        for qa, evidence in zip(instance.questions, instance.metadata["evidence_chunks"]):
+            assert qa.answer.lower() not in qa.question.lower()
+            chunk = instance.chunks[evidence[0]]
+            if instance.data_source == "synth_personal":
+                person = re.search(r"(?:did|is|has|does) ([A-Z]\w+ [A-Z]\w+)|([A-Z]\w+ [A-Z]\w+)'s", qa.question)
+                name = person.group(1) or person.group(2)
+                assert any(name in s and qa.answer in s for s in _sentences(chunk))
+                others = [c for k, c in enumerate(instance.chunks) if k != evidence[0]]
+                assert not any(name in s and qa.answer in s for c in others for s in _sentences(c))
+            else:
+                name, day = re.fullmatch(r"What did (.+) do on (\d{4}-\d\d-\d\d)\?", qa.question).groups()
+                assert str(parse_wrapped_chunk(chunk).day) == day
+                assert f"{name} {qa.answer}." in chunk
+
+
+def test_icl_gold_is_a_bare_label_backed_by_examples():
+    for instance in generate_synthetic(6, seed=4, families=("synth_icl",), **KNOBS):
+        labels = set(re.findall(r"^Label: (\d+)$", "\n".join(map(unwrap_chunk, instance.chunks)), re.MULTILINE))
+        n_labels = instance.metadata["num_labels"]
+        assert labels == {str(k) for k in range(n_labels + 1)}  # the asked labels plus the distractor label
+        for qa in instance.questions:
+            assert qa.answer in {str(k) for k in range(n_labels)}
+            assert qa.question.startswith("Sentence: ") and "\\boxed{}" in qa.question
+            sentence = qa.question.split("\n")[0].removeprefix("Sentence: ")
+            assert f"Sample: {sentence}\n" not in "\n".join(instance.chunks)  # a new sentence, not a copy
+
+
+def test_summary_keywords_come_from_the_asked_range():
+    for instance in generate_synthetic(6, seed=5, families=("synth_summary",), **KNOBS):
+        days = [str(parse_wrapped_chunk(c).day) for c in instance.chunks]
+        assert all(parse_wrapped_chunk(c).style == "reading" for c in instance.chunks)
+        assert f"from {days[0]} to {days[-1]}" in instance.questions[0].question  # the first asks for everything
+        for qa, evidence in zip(instance.questions, instance.metadata["evidence_chunks"]):
+            assert days[evidence[0]] in qa.question and days[evidence[-1]] in qa.question
+            keywords = qa.answer.split(", ")
+            assert keywords[:2] == [instance.metadata["protagonist"], instance.metadata["town"]]
+            inside = "\n".join(instance.chunks[k] for k in evidence)
+            outside = "\n".join(c for k, c in enumerate(instance.chunks) if k not in evidence)
+            for keyword in keywords[2:]:
+                assert keyword in inside and keyword not in outside
+
+
+def test_synthetic_files_load_back(tmp_path):
+    instances = generate_synthetic(4, split="validation", seed=9)
+    save_jsonl(instances, tmp_path / "validation.jsonl")
+    assert load_instances(tmp_path, split="validation") == instances
+    assert Path(tmp_path / "validation.jsonl").read_text(encoding="utf-8").count("\n") == 4
