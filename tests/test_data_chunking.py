@@ -55,6 +55,8 @@ def test_edge_cases(tokenizer):
     with pytest.raises(ValueError, match="chunk_tokens must be >= 1"):
         chunk_by_tokens("text", tokenizer, 0)
     assert count_tokens("three white words", None) == 3
+    with pytest.raises(TypeError, match="needs a fast tokenizer"):
+        chunk_by_tokens("some text", object(), 4)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
