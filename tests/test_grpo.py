@@ -1,0 +1,242 @@
+"""GRPO math against hand-computed numbers, and the end-to-end sign test on a tiny policy."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from memalpha.grpo import LossOutput, group_advantages, k3_kl, policy_loss
+
+# ---------------------------------------------------------------- group_advantages
+# rewards of three groups: a = (1, 0, 0.5), b = (2, 2) (no spread), c = (7) (single member)
+REWARDS = torch.tensor([1.0, 0.0, 0.5, 2.0, 2.0, 7.0])
+GROUPS = ["a", "a", "a", "b", "b", "c"]
+
+
+def test_group_scale_by_hand():
+    # group a: mean 0.5, deviations (0.5, -0.5, 0), population variance (0.25 + 0.25) / 3 = 1/6
+    std_a = math.sqrt(1 / 6)
+    expected = torch.tensor([0.5 / std_a, -0.5 / std_a, 0.0, 0.0, 0.0, 0.0])
+    got = group_advantages(REWARDS, GROUPS, scale="group")
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert got[3:].eq(0).all()  # zero spread and single member: exactly 0
+
+
+def test_batch_scale_by_hand():
+    # batch mean 12.5 / 6; squared deviations sum to 32.208333..., population std sqrt(32.208333 / 6)
+    mean = 12.5 / 6
+    var = sum((r - mean) ** 2 for r in [1.0, 0.0, 0.5, 2.0, 2.0, 7.0]) / 6
+    assert var == pytest.approx(5.3680556, abs=1e-6)
+    std = math.sqrt(var)
+    expected = torch.tensor([0.5 / std, -0.5 / std, 0.0, 0.0, 0.0, 0.0])
+    assert torch.allclose(group_advantages(REWARDS, GROUPS, scale="batch"), expected, atol=1e-6)
+
+
+def test_none_scale_is_mean_centred_only():
+    expected = torch.tensor([0.5, -0.5, 0.0, 0.0, 0.0, 0.0])
+    assert torch.equal(group_advantages(REWARDS, GROUPS, scale="none"), expected)
+
+
+def test_group_ids_as_tensor_and_interleaved():
+    rewards = torch.tensor([3.0, 10.0, 1.0, 10.0])
+    ids = torch.tensor([7, 9, 7, 9])  # group 7: (3, 1) -> mean 2, std 1; group 9 flat
+    got = group_advantages(rewards, ids, eps=0.0)
+    assert torch.equal(got, torch.tensor([1.0, 0.0, -1.0, 0.0]))
+
+
+def test_group_advantages_rejects_bad_input():
+    with pytest.raises(ValueError, match="group_ids has 2 entries"):
+        group_advantages(torch.tensor([1.0, 2.0, 3.0]), [0, 1])
+    with pytest.raises(ValueError, match="not finite"):
+        group_advantages(torch.tensor([1.0, float("nan")]), [0, 0])
+    with pytest.raises(ValueError, match="scale"):
+        group_advantages(REWARDS, GROUPS, scale="std")
+
+
+# ---------------------------------------------------------------- policy_loss
+# two sequences, three columns; row 1's last column is padding (its ratio 2.0 must be ignored)
+OLD = torch.tensor([[-1.0, -1.0, -1.0], [-2.0, -2.0, -2.0]])
+RATIOS = torch.tensor([[1.5, 0.7, 1.0], [1.1, 0.5, 2.0]])
+MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
+ADV = torch.tensor([1.0, -2.0])
+# by hand, clip 0.2:
+#   row 0 (A=+1): r=1.5 -> min(1.5, 1.2) = 1.2 (clipped high) -> -1.2; r=0.7 -> min(0.7, 0.8) = 0.7 -> -0.7; r=1 -> -1
+#   row 1 (A=-2): r=1.1 -> min(-2.2, -2.2) -> 2.2; r=0.5 -> min(-1.0, -1.6) = -1.6 (clipped low) -> 1.6
+#   sum = -2.9 + 3.8 = 0.9 over 5 tokens
+PG_SUM, TOKENS = 0.9, 5
+
+
+def _logps():
+    return (OLD + RATIOS.log()).clone().requires_grad_(True)
+
+
+def test_token_mean_with_clipping_both_sides():
+    logps = _logps()
+    out = policy_loss(logps, OLD, None, ADV, MASK)
+    assert isinstance(out, LossOutput) and out.finite
+    assert out.loss.item() == pytest.approx(PG_SUM / TOKENS, abs=1e-6)
+    assert out.metrics["clip_ratio/high"] == pytest.approx(1 / 5)
+    assert out.metrics["clip_ratio/low"] == pytest.approx(1 / 5)
+    assert out.metrics["clip_ratio"] == pytest.approx(2 / 5)
+    assert out.metrics["ratio_mean"] == pytest.approx((1.5 + 0.7 + 1.0 + 1.1 + 0.5) / 5, abs=1e-6)
+    assert out.metrics["tokens"] == 5
+    out.loss.backward()
+    # d/dlogp = -A * ratio / N where unclipped, 0 where the clip is active, 0 on padding
+    expected = torch.tensor([[0.0, -0.7 / 5, -1.0 / 5], [2.0 * 1.1 / 5, 0.0, 0.0]])
+    assert torch.allclose(logps.grad, expected, atol=1e-6)
+
+
+def test_asymmetric_clip_high():
+    # clip_high 0.6: row 0 token 0 (ratio 1.5) is no longer clipped: -1.5 instead of -1.2
+    out = policy_loss(_logps(), OLD, None, ADV, MASK, clip_low=0.2, clip_high=0.6)
+    assert out.loss.item() == pytest.approx((PG_SUM - 0.3) / TOKENS, abs=1e-6)
+    assert out.metrics["clip_ratio/high"] == 0.0
+
+
+def test_seq_mean_token_mean():
+    out = policy_loss(_logps(), OLD, None, ADV, MASK, agg="seq-mean-token-mean")
+    assert out.loss.item() == pytest.approx(((-2.9 / 3) + (3.8 / 2)) / 2, abs=1e-6)
+
+
+def test_seq_mean_token_sum_norm():
+    out = policy_loss(_logps(), OLD, None, ADV, MASK, agg="seq-mean-token-sum-norm", max_len=4)
+    assert out.loss.item() == pytest.approx(((-2.9 / 4) + (3.8 / 4)) / 2, abs=1e-6)
+    with pytest.raises(ValueError, match="max_len"):
+        policy_loss(_logps(), OLD, None, ADV, MASK, agg="seq-mean-token-sum-norm")
+
+
+def test_k3_kl_by_hand_with_clamps():
+    # d = ref - logp: 0 -> 0; ln2 -> 2 - ln2 - 1; -ln2 -> 0.5 + ln2 - 1; ln3 -> 3 - ln3 - 1; 25 -> clamp 20 -> cap 10
+    logps = _logps()
+    d = torch.tensor([[0.0, math.log(2), -math.log(2)], [math.log(3), 25.0, 123.0]])
+    ref = logps.detach() + d
+    per_token = torch.tensor([[0.0, 1 - math.log(2), math.log(2) - 0.5], [2 - math.log(3), 10.0, 10.0]])
+    assert torch.allclose(k3_kl(logps.detach(), ref), per_token, atol=1e-6)
+    kl_sum = float(per_token[0].sum() + per_token[1, :2].sum())
+    out = policy_loss(logps, OLD, ref, ADV, MASK, kl_coef=0.1)
+    assert out.metrics["kl"] == pytest.approx(kl_sum / 5, abs=1e-5)
+    assert out.loss.item() == pytest.approx((PG_SUM + 0.1 * kl_sum) / 5, abs=1e-5)
+    out.loss.backward()
+    # KL gradient 1 - e^d per token (0 where clamped), times 0.1 / 5, on top of the policy-gradient part
+    kl_grad = torch.tensor([[0.0, 1 - 2.0, 1 - 0.5], [1 - 3.0, 0.0, 0.0]]) * 0.1 / 5
+    pg_grad = torch.tensor([[0.0, -0.7 / 5, -1.0 / 5], [2.0 * 1.1 / 5, 0.0, 0.0]])
+    assert torch.allclose(logps.grad, pg_grad + kl_grad, atol=1e-6)
+
+
+def test_kl_needs_reference():
+    with pytest.raises(ValueError, match="ref_logps"):
+        policy_loss(_logps(), OLD, None, ADV, MASK, kl_coef=0.1)
+
+
+def test_global_normaliser_makes_micro_batches_add_up():
+    for agg, normaliser in (("token-mean", 5.0), ("seq-mean-token-mean", 2.0), ("seq-mean-token-sum-norm", 2.0)):
+        full = policy_loss(_logps(), OLD, None, ADV, MASK, agg=agg, max_len=4).loss
+        parts = sum(
+            policy_loss(_logps()[i : i + 1], OLD[i : i + 1], None, ADV[i : i + 1], MASK[i : i + 1], agg=agg,
+                        max_len=4, token_normaliser=normaliser).loss
+            for i in range(2)
+        )
+        assert parts.item() == pytest.approx(full.item(), abs=1e-6), agg
+    # without the global count, per-micro-batch means do not add up to the batch mean
+    local = sum(policy_loss(_logps()[i : i + 1], OLD[i : i + 1], None, ADV[i : i + 1], MASK[i : i + 1]).loss
+                for i in range(2))
+    assert local.item() != pytest.approx(PG_SUM / TOKENS, abs=1e-3)
+
+
+def test_one_epoch_without_old_logps_is_the_policy_gradient():
+    logps = _logps()
+    out = policy_loss(logps, None, None, ADV, MASK)
+    assert out.metrics["ratio_mean"] == 1.0
+    assert out.loss.item() == pytest.approx(-(3 * 1.0 + 2 * -2.0) / 5, abs=1e-6)
+    out.loss.backward()
+    assert torch.allclose(logps.grad, torch.tensor([[-0.2, -0.2, -0.2], [0.4, 0.4, 0.0]]), atol=1e-6)
+
+
+def test_padding_values_never_leak_and_nan_is_flagged():
+    logps = _logps().detach()
+    logps[1, 2] = float("nan")  # padding column: ignored
+    out = policy_loss(logps.requires_grad_(True), OLD, OLD, ADV, MASK, kl_coef=0.1)
+    assert out.finite
+    out.loss.backward()
+    assert torch.isfinite(logps.grad).all()
+    poisoned = _logps().detach()
+    poisoned[0, 1] = float("nan")  # a real token: the loss is NaN and flagged, not zeroed
+    bad = policy_loss(poisoned, OLD, None, ADV, MASK)
+    assert not bad.finite and math.isnan(bad.loss.item())
+    huge = _logps().detach()
+    huge[1, 0] = 200.0  # ratio overflows to inf with a negative advantage -> infinite loss
+    assert not policy_loss(huge, OLD, None, ADV, MASK).finite
+
+
+def test_entropy_metric_is_a_masked_mean():
+    entropy = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 100.0]])
+    out = policy_loss(_logps(), OLD, None, ADV, MASK, entropy=entropy)
+    assert out.metrics["entropy"] == pytest.approx(3.0)
+
+
+# ---------------------------------------------------------------- the sign test
+VOCAB, CHOSEN = 8, 5
+
+
+@pytest.fixture(scope="module")
+def small_vocab_model_dir(tmp_path_factory, tokenizer):
+    """A random 2-layer Llama with an 8-token vocabulary, so the chosen token is sampled from the start."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True, eos_token_id=2,
+        pad_token_id=0, initializer_range=0.2,  # wide enough logits that one token can approach probability 1
+    )
+    path = tmp_path_factory.mktemp("vocab8")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)  # only its eos/pad ids (2, 0) are used; prompts are raw ids < 8
+    return str(path)
+
+
+def _first_token_probability(model, prompts) -> float:
+    with torch.no_grad():
+        logp = torch.stack([
+            torch.log_softmax(model(input_ids=torch.tensor([p])).logits[0, -1].float(), -1)[CHOSEN] for p in prompts
+        ])
+    return float(logp.exp().mean())
+
+
+def _grpo_run(model_dir, tokenizer, reward_sign: int, steps: int = 5) -> tuple[float, float]:
+    from memalpha.policy import LoraSettings, generate, load_policy, token_logprobs
+
+    torch.manual_seed(0)
+    model, _ = load_policy(model_dir, lora=LoraSettings(r=4, alpha=8))
+    optimiser = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=0.01)
+    prompts = [[1, 3, 4], [6, 7]]
+    group = 16
+    before = _first_token_probability(model, prompts)
+    for step in range(steps):
+        batch_prompts = [p for p in prompts for _ in range(group)]
+        out = generate(model, tokenizer, batch_prompts, max_new_tokens=2, seed=100 + step)
+        hits = torch.tensor([float(r[0] == CHOSEN) for r in out.response_ids])
+        rewards = hits if reward_sign > 0 else 1.0 - hits
+        advantages = group_advantages(rewards, [i // group for i in range(len(batch_prompts))])
+        with torch.no_grad():
+            old = token_logprobs(model, out.prompt_ids, out.response_ids, micro_batch_size=16)
+        for _epoch in range(2):  # a second epoch makes the ratio differ from 1
+            logps = token_logprobs(model, out.prompt_ids, out.response_ids, micro_batch_size=16)
+            loss = policy_loss(logps, old, None, advantages, out.response_mask())
+            assert loss.finite
+            optimiser.zero_grad()
+            loss.loss.backward()
+            optimiser.step()
+    return before, _first_token_probability(model, prompts)
+
+
+def test_sign_rewarded_token_becomes_more_likely(small_vocab_model_dir, tokenizer):
+    before, after = _grpo_run(small_vocab_model_dir, tokenizer, reward_sign=+1)
+    assert after > 2 * before and after > 0.5, (before, after)
+
+
+def test_sign_penalised_token_becomes_less_likely(small_vocab_model_dir, tokenizer):
+    before, after = _grpo_run(small_vocab_model_dir, tokenizer, reward_sign=-1)
+    assert after < 0.5 * before, (before, after)
