@@ -84,10 +84,10 @@ class GRPOModule(LightningModule):
         model: str = "smollm2-135m-instruct",
         load_precision: Literal["fp32", "bf16", "nf4"] = "fp32",
         compute_dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16",
-        lora: LoraSettings = LoraSettings(),
+        lora: LoraSettings = LoraSettings(),  # noqa: B008 - a value object; jsonargparse shows its fields
         gradient_checkpointing: bool = False,
         adapter_path: str | None = None,
-        rollout: RolloutSettings = RolloutSettings(),
+        rollout: RolloutSettings = RolloutSettings(),  # noqa: B008 - a value object, never mutated
         reader: Literal["local", "openai"] = "local",
         reader_max_new_tokens: int = 64,
         reader_temperature: float = 0.0,

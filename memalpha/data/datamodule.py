@@ -79,7 +79,7 @@ class RolloutDataModule(LightningDataModule):
         synthetic_distractors_per_chunk: int = 1,
         synthetic_questions: int = 4,
         synthetic_chunk_words: int = 100,
-        synthetic_families: list[str] = list(SYNTHETIC_FAMILIES),
+        synthetic_families: tuple[str, ...] = SYNTHETIC_FAMILIES,
         instances_per_step: int = 2,
         val_batch_size: int = 4,
         shuffle: bool = True,
@@ -95,6 +95,7 @@ class RolloutDataModule(LightningDataModule):
         self._cursor = 0
         self._round = 0
         self._buffer: list[dict[str, Any]] = []
+        self.seen_instance_ids: list[str] = []  # this process's rollout instances, in order (for audits)
 
     # ------------------------------------------------------------------ data
     def _tokenizer(self):
@@ -175,6 +176,7 @@ class RolloutDataModule(LightningDataModule):
                 continue
             picked.append(self.train_instances[shard[self._cursor]])
             self._cursor += 1
+        self.seen_instance_ids.extend(inst.instance_id for inst in picked)
         return picked
 
     def iterate_minibatches(self) -> Iterator[dict[str, Any]]:

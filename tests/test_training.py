@@ -1,0 +1,207 @@
+"""End-to-end `memalpha fit` / `memalpha validate` runs on a tiny random model (and one on the embedded model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from memalpha.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+REQUIRED_SCALARS = [
+    "train/reward",
+    "train/reward_std",
+    "train/frac_reward_zero_std",
+    "train/kl",
+    "train/loss",
+    "train/clip_ratio/low",
+    "train/clip_ratio/high",
+    "train/entropy",
+    "train/response_length",
+    "train/truncated_ratio",
+    "train/tool_calls_per_turn",
+    "train/tool_success",
+    "rewards/r1_accuracy",
+    "rewards/r2_tool",
+    "rewards/r3_compression",
+    "rewards/r4_content",
+    "memory/tokens",
+    "perf/rollout_s",
+    "perf/reader_s",
+    "perf/train_s",
+    "perf/gen_tokens_per_s",
+    "lr",
+]
+
+
+def write_config(tmp_path: Path, model_dir: str, *, max_steps: int = 2, **data_overrides) -> Path:
+    """tiny_cpu.yaml, shrunk for tests and pointed at a temporary run folder."""
+    config = yaml.safe_load((REPO / "configs" / "tiny_cpu.yaml").read_text())
+    run = tmp_path / "run"
+    config["trainer"].update(max_steps=max_steps, val_check_interval=max_steps, limit_val_batches=1)
+    config["trainer"]["logger"]["init_args"].update(save_dir=str(run), name="tb", version=None)
+    config["trainer"]["callbacks"][0]["init_args"].update(dirpath=str(run / "checkpoints"), every_n_train_steps=1)
+    config["model"].update(model=model_dir, reader_max_new_tokens=6, micro_batch_size=3, log_text_every_n_steps=1)
+    config["model"]["rollout"].update(group_size=2, max_new_tokens=12, max_prompt_tokens=1024)
+    config["data"].update(
+        synthetic_train=8,
+        synthetic_val=2,
+        synthetic_chunks=2,
+        synthetic_questions=2,
+        synthetic_chunk_words=30,
+        instances_per_step=2,
+        val_batch_size=2,
+    )
+    config["data"].update(data_overrides)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def scalars(log_dir: Path) -> dict[str, dict[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+
+
+def version_dirs(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "run" / "tb").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory, tiny_model_dir):
+    """One short fit on the tiny model, shared by the checks below."""
+    tmp_path = tmp_path_factory.mktemp("fit")
+    config = write_config(tmp_path, tiny_model_dir, max_steps=2)
+    main(["fit", "--config", str(config)])
+    return tmp_path, config
+
+
+def test_fit_logs_every_metric_and_sample_text(fitted):
+    tmp_path, _ = fitted
+    log_dir = version_dirs(tmp_path)[0]
+    values = scalars(log_dir)
+    missing = [tag for tag in REQUIRED_SCALARS if tag not in values]
+    assert not missing, f"metrics not logged: {missing}"
+    assert set(values["train/loss"]) == {0, 1}
+    assert all(v == v for tag in REQUIRED_SCALARS for v in values[tag].values()), "NaN metric"
+    assert "val/accuracy" in values
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    text_tags = [t for t in acc.Tags()["tensors"] if t.startswith("rollout/sample")]
+    assert text_tags, acc.Tags()
+    text = acc.Tensors(text_tags[0])[0].tensor_proto.string_val[0].decode()
+    assert "final memory" in text and "chunk 0" in text
+
+
+def test_checkpoint_holds_adapter_optimizer_and_stream_state(fitted):
+    tmp_path, _ = fitted
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
+    keys = list(ckpt["state_dict"])
+    assert keys and all("lora_" in k for k in keys), keys[:5]
+    assert ckpt["global_step"] == 2
+    assert ckpt["optimizer_states"] and ckpt["lr_schedulers"]
+    stream = ckpt["RolloutDataModule"]
+    assert stream["round"] == 2 and stream["cursor"] == 4
+
+
+def test_exported_adapter_loads_with_plain_peft(fitted, tiny_model_dir):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    tmp_path, _ = fitted
+    adapter = version_dirs(tmp_path)[0] / "adapter"
+    assert (adapter / "adapter_config.json").is_file()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model = PeftModel.from_pretrained(base, str(adapter))
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
+    name, trained = next(iter(ckpt["state_dict"].items()))
+    loaded = dict(model.named_parameters())[name.removeprefix("policy.")]
+    assert torch.allclose(loaded, trained)
+
+
+def test_validate_prints_table_and_writes_json(fitted, capsys):
+    tmp_path, config = fitted
+    main(["validate", "--config", str(config), "--ckpt_path", str(tmp_path / "run" / "checkpoints" / "last.ckpt")])
+    out = capsys.readouterr().out
+    assert "source" in out and "accuracy" in out and "ALL" in out
+    report = json.loads((version_dirs(tmp_path)[-1] / "validation.json").read_text())
+    assert report["summary"]["overall"]["questions"] > 0
+    question = report["records"][0]["questions"][0]
+    assert {"question", "gold", "prediction", "score"} <= set(question)
+
+
+def test_resume_equals_uninterrupted_run(tmp_path, tiny_model_dir):
+    straight = tmp_path / "straight"
+    resumed = tmp_path / "resumed"
+    main(["fit", "--config", str(write_config(straight, tiny_model_dir, max_steps=4))])
+    config = write_config(resumed, tiny_model_dir, max_steps=2)
+    main(["fit", "--config", str(config)])
+    ckpt = resumed / "run" / "checkpoints" / "last.ckpt"
+    main(["fit", "--config", str(config), "--trainer.max_steps", "4", "--ckpt_path", str(ckpt)])
+
+    a = scalars(version_dirs(straight)[0])
+    b = {}
+    for log_dir in version_dirs(resumed):
+        for tag, points in scalars(log_dir).items():
+            b.setdefault(tag, {}).update(points)
+    for tag in ("train/reward", "train/loss", "train/kl", "rewards/r1_accuracy", "memory/tokens", "lr"):
+        assert set(a[tag]) == set(b[tag]) == {0, 1, 2, 3}, tag
+        for step in (2, 3):
+            assert a[tag][step] == pytest.approx(b[tag][step], rel=1e-4, abs=1e-6), (tag, step)
+
+
+def test_corrupt_data_fails_before_training(tmp_path, tiny_model_dir):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"instance_id": "a", "data_source": "squad", "chunks": [], "questions": []}) + "\n")
+    config = write_config(tmp_path, tiny_model_dir, max_steps=2, train_path=str(bad))
+    with pytest.raises(Exception) as info:
+        main(["fit", "--config", str(config)])
+    message = str(info.value)
+    assert str(bad) in message and "chunks" in message
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_ddp_two_ranks_train_different_instances_with_identical_adapters(tmp_path, tiny_model_dir):
+    config = write_config(tmp_path, tiny_model_dir, max_steps=2, instances_per_step=1)
+    probe_dir = tmp_path / "probe"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "tests"), HF_HUB_OFFLINE="1")
+    cmd = [
+        sys.executable,
+        "-m",
+        "memalpha.cli",
+        "fit",
+        "--config",
+        str(config),
+        "--trainer.devices",
+        "2",
+        "--trainer.strategy",
+        "ddp",
+        "--trainer.callbacks+=ddp_probe.RankProbe",
+        f"--trainer.callbacks.out_dir={probe_dir}",
+    ]
+    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rank0 = torch.load(probe_dir / "rank0.pt", weights_only=False)
+    rank1 = torch.load(probe_dir / "rank1.pt", weights_only=False)
+    assert rank0["world"] == rank1["world"] == 2
+    assert rank0["instances"] and rank1["instances"]
+    assert not set(rank0["instances"]) & set(rank1["instances"])
+    assert rank0["lora"].keys() == rank1["lora"].keys()
+    initial_b = [v for k, v in rank0["lora"].items() if "lora_B" in k]
+    assert any(v.abs().sum() > 0 for v in initial_b), "adapters did not train"
+    for name, value in rank0["lora"].items():
+        assert torch.equal(value, rank1["lora"][name]), name
