@@ -4,8 +4,9 @@ Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench_logprob_memory.py [--s
 
 Memory is the peak of bytes held by PyTorch's CPU allocator during the call, read from the
 profiler's allocation events (``profile_memory=True``), so kernel temporaries count too.
-Throughput is wall-clock generated tokens per second of the embedded model on this CPU; the
-machine may be shared with other processes, so treat the numbers as indicative.
+Throughput is wall-clock generated tokens per second of the embedded model on this CPU at
+1 and 2 torch threads; the machine may be shared with other processes (with busy cores,
+2 threads can be much slower than 1), so treat the numbers as indicative.
 """
 
 from __future__ import annotations
@@ -98,41 +99,49 @@ def memory_table(batch: int = 2, prompt_len: int = 16, response_len: int = 1024,
     print(f"| with grad, forward+backward: naive | {naive_grad_peak / 2**20:.1f} | {naive_grad_peak / chunk_bytes:.2f} | |")
 
 
-def throughput_table(batches=(1, 4, 16), new_tokens: int = 64, repeats: int = 2) -> None:
+def throughput_table(batches=(1, 4, 16), threads=(1, 2), new_tokens: int = 64, repeats: int = 1) -> None:
+    """Generated tokens/s of the embedded model; every row runs to ``new_tokens`` (eos disabled)."""
+    from transformers.utils import logging as hf_logging
+
     from memalpha.generation import generate
     from memalpha.policy import load_policy
 
+    hf_logging.set_verbosity_error()  # eos_token_id=-1 (never sampled) would warn on every call
     model, tokenizer = load_policy("smollm2-135m-instruct", lora=None)
     messages = [{"role": "user", "content": "Write a short story about a lighthouse keeper and a storm."}]
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    prompt = prompt["input_ids"] if isinstance(prompt, dict) or hasattr(prompt, "keys") else prompt
-    print(f"\nembedded model, fp32, torch threads {torch.get_num_threads()}, prompt {len(prompt)} tokens, "
-          f"max_new_tokens {new_tokens}, sampling T=1.0 (eos disabled so every row runs to max_new_tokens)\n")
-    print("| batch | generated tokens | seconds | tokens/s |")
-    print("|---|---|---|---|")
-    generate(model, tokenizer, [prompt], max_new_tokens=4, seed=0)  # warm-up
-    for batch in batches:
-        best = None
-        for repeat in range(repeats):
-            start = time.perf_counter()
-            out = generate(model, tokenizer, [prompt] * batch, max_new_tokens=new_tokens, seed=repeat,
-                           eos_token_id=-1)
-            seconds = time.perf_counter() - start
-            rate = out.num_generated_tokens / seconds
-            if best is None or rate > best[2]:
-                best = (out.num_generated_tokens, seconds, rate)
-        print(f"| {batch} | {best[0]} | {best[1]:.2f} | {best[2]:.1f} |")
+    prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                return_dict=True)["input_ids"])
+    print(f"\nembedded model (SmolLM2-135M-Instruct), fp32, prompt {len(prompt)} tokens, max_new_tokens "
+          f"{new_tokens}, sampling T=1.0, eos disabled so every row generates {new_tokens} tokens; "
+          f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
+    print("| torch threads | batch | generated tokens | seconds | tokens/s |")
+    print("|---|---|---|---|---|")
+    for count in threads:
+        torch.set_num_threads(count)
+        generate(model, tokenizer, [prompt], max_new_tokens=4, seed=0)  # warm-up
+        for batch in batches:
+            best = None
+            for repeat in range(repeats):
+                start = time.perf_counter()
+                out = generate(model, tokenizer, [prompt] * batch, max_new_tokens=new_tokens, seed=repeat,
+                               eos_token_id=-1)
+                seconds = time.perf_counter() - start
+                rate = out.num_generated_tokens / seconds
+                if best is None or rate > best[2]:
+                    best = (out.num_generated_tokens, seconds, rate)
+            print(f"| {count} | {batch} | {best[0]} | {best[1]:.2f} | {best[2]:.1f} |", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-generate", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch thread counts to time")
     args = parser.parse_args()
     if not args.skip_memory:
         memory_table()
     if not args.skip_generate:
-        throughput_table()
+        throughput_table(threads=tuple(args.threads))
 
 
 if __name__ == "__main__":
