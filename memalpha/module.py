@@ -127,7 +127,9 @@ class GRPOModule(LightningModule):
         self.save_hyperparameters()
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold the adapter only, never the frozen base
-        self.rollout_settings = rollout
+        # Lightning's CLI stores the raw config as hparams (dicts), so keep the typed settings here.
+        self.lora_settings = LoraSettings(**lora) if isinstance(lora, dict) else lora
+        self.rollout_settings = RolloutSettings(**rollout) if isinstance(rollout, dict) else rollout
         self.weights = RewardWeights(beta=beta, gamma=gamma)
         self.policy = None
         self.tokenizer = None
@@ -144,7 +146,7 @@ class GRPOModule(LightningModule):
         self.policy, self.tokenizer = load_policy(
             hp.model,
             precision=hp.load_precision,
-            lora=hp.lora,
+            lora=self.lora_settings,
             compute_dtype=hp.compute_dtype,
             gradient_checkpointing=hp.gradient_checkpointing,
             adapter_path=hp.adapter_path,
@@ -468,7 +470,7 @@ class GRPOModule(LightningModule):
             log_dir = Path(self.trainer.log_dir or ".")
             name = "validation.json" if self.trainer.state.fn == "validate" else f"validation_step{self.global_step}.json"
             table = write_validation_report(summary, records, log_dir / name)
-            rank_zero_info(table)
+            print(table, flush=True)
 
 
 def _response_mask(responses: list[list[int]], width: int, device) -> torch.Tensor:

@@ -131,7 +131,9 @@ def build_turn_prompt(
     """Token ids of one turn's prompt; halves the visible memory until the budget holds."""
     k = settings.memory_view_k
     while True:
-        messages = memorise_messages(memory.render_memorise(k), chunk, call_format)
+        messages = memorise_messages(
+            memory.render_memorise(k), chunk, call_format, response_token_limit=settings.max_new_tokens
+        )
         ids = tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True, **settings.chat_template_kwargs
         )

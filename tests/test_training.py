@@ -50,7 +50,7 @@ def write_config(tmp_path: Path, model_dir: str, *, max_steps: int = 2, **data_o
     config["trainer"]["logger"]["init_args"].update(save_dir=str(run), name="tb", version=None)
     config["trainer"]["callbacks"][0]["init_args"].update(dirpath=str(run / "checkpoints"), every_n_train_steps=1)
     config["model"].update(model=model_dir, reader_max_new_tokens=6, micro_batch_size=3, log_text_every_n_steps=1)
-    config["model"]["rollout"].update(group_size=2, max_new_tokens=12, max_prompt_tokens=1024)
+    config["model"]["rollout"].update(group_size=2, max_new_tokens=12, max_prompt_tokens=2048)
     config["data"].update(
         synthetic_train=8,
         synthetic_val=2,
@@ -61,6 +61,7 @@ def write_config(tmp_path: Path, model_dir: str, *, max_steps: int = 2, **data_o
         val_batch_size=2,
     )
     config["data"].update(data_overrides)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
