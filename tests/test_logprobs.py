@@ -114,7 +114,8 @@ def _peak_allocated(fn) -> int:
 
 
 def test_peak_memory_is_one_logit_chunk_with_32k_vocab():
-    """Measured: ~1.02x the chunk (naive full log_softmax: ~8x it on this input)."""
+    """Measured here: 15.8 MiB = 1.01x the 15.6 MiB chunk (vocab_chunk=4000: 1.08x its 2 MiB chunk);
+    the naive full log_softmax on the same input peaks at 252 MiB = 16x the chunk."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
