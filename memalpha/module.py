@@ -466,8 +466,8 @@ class GRPOModule(LightningModule):
             rank_zero_only=True,
             batch_size=max(1, overall["questions"]),
         )
+        log_dir = Path(self.trainer.log_dir or ".")  # a collective under DDP: every rank must ask
         if self.global_rank == 0 and not self.trainer.sanity_checking:
-            log_dir = Path(self.trainer.log_dir or ".")
             name = "validation.json" if self.trainer.state.fn == "validate" else f"validation_step{self.global_step}.json"
             table = write_validation_report(summary, records, log_dir / name)
             print(table, flush=True)

@@ -57,3 +57,4 @@ def build_tiny_model_dir(path, tokenizer, *, hidden: int = 32, layers: int = 2, 
 def tiny_model_dir(tmp_path_factory, tokenizer):
     """Folder of a tiny random causal LM sharing the embedded tokenizer."""
     return build_tiny_model_dir(tmp_path_factory.mktemp("tiny-model"), tokenizer)
+
