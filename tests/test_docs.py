@@ -1,0 +1,94 @@
+"""The user docs stay true: the generated configuration reference is current, and no relative link is dead."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from memalpha.config_reference import OUTPUT, REPO_ROOT, docstring_args, main, render_reference
+
+DOC_FILES = sorted([REPO_ROOT / "README.md", *(REPO_ROOT / "docs").glob("*.md")])
+_FENCE = re.compile(r"^(```|~~~).*?^\1", re.DOTALL | re.MULTILINE)
+_INLINE_CODE = re.compile(r"`[^`\n]*`")
+_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+
+
+def relative_links(markdown: str) -> list[str]:
+    """Targets of the markdown links in ``markdown`` that point into the repository (no URLs, no bare anchors)."""
+    text = _INLINE_CODE.sub("", _FENCE.sub("", markdown))
+    targets = []
+    for target in _LINK.findall(text):
+        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target) or target.startswith("#"):
+            continue
+        targets.append(target.split("#", 1)[0])
+    return targets
+
+
+def test_configuration_reference_is_current():
+    expected = render_reference()
+    current = (REPO_ROOT / OUTPUT).read_text(encoding="utf-8")
+    assert current == expected, f"{OUTPUT} is stale; regenerate it with `python -m memalpha.config_reference`"
+
+
+def test_check_mode_exit_status_and_message(tmp_path, capsys, monkeypatch):
+    import memalpha.config_reference as reference
+
+    monkeypatch.setattr(reference, "render_reference", lambda: "# the page\n")  # the comparison, not the rendering
+    page = tmp_path / "configuration.md"
+    assert main(["--check", "--output", str(page)]) == 1
+    assert "missing" in capsys.readouterr().err
+    page.write_text("# an old page\n", encoding="utf-8")
+    assert main(["--check", "--output", str(page)]) == 1
+    err = capsys.readouterr().err
+    assert "out of date" in err and "python -m memalpha.config_reference" in err
+    assert page.read_text(encoding="utf-8") == "# an old page\n"  # --check writes nothing
+    assert main(["--output", str(page)]) == 0
+    assert main(["--check", "--output", str(page)]) == 0
+
+
+def test_reference_documents_every_knob():
+    page = (REPO_ROOT / OUTPUT).read_text(encoding="utf-8")
+    for option in ("`model.kl_coef`", "`model.rollout.group_size`", "`model.lora.r`", "`data.instances_per_step`"):
+        assert option in page
+    assert "kl_coef: 0.001" in page  # the resolved --print_config block is embedded
+
+
+def test_docstring_args_joins_continuation_lines():
+    class Example:
+        """Something.
+
+        Args:
+            first: one line.
+            second: starts here
+                and goes on here.
+            third: last: with a colon.
+
+        Returns:
+            nothing: not an argument.
+        """
+
+    assert docstring_args(Example) == {
+        "first": "one line.",
+        "second": "starts here and goes on here.",
+        "third": "last: with a colon.",
+    }
+
+
+def test_relative_links_are_found_and_urls_skipped():
+    text = "[a](docs/x.md) [b](https://e.org) [c](#top) [d](../y.py#L3) `[e](no.md)`\n```\n[f](no.md)\n```\n"
+    assert relative_links(text) == ["docs/x.md", "../y.py"]
+
+
+@pytest.mark.parametrize("page", DOC_FILES, ids=lambda p: str(p.relative_to(REPO_ROOT)))
+def test_every_relative_link_exists(page: Path):
+    missing = [t for t in relative_links(page.read_text(encoding="utf-8")) if not (page.parent / t).exists()]
+    assert not missing, f"{page.relative_to(REPO_ROOT)} links to missing files: {missing}"
+
+
+def test_docs_pages_exist():
+    names = {p.name for p in DOC_FILES}
+    for page in ("quickstart.md", "real_model.md", "data.md", "metrics_and_rewards.md", "configuration.md",
+                 "multi_gpu.md", "results.md"):
+        assert page in names, f"docs/{page} is missing"
