@@ -38,7 +38,9 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning checkpoint IO whose saves are atomic on the local filesystem."""
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
         atomic_torch_save(checkpoint, path)

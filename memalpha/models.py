@@ -58,7 +58,9 @@ def embedded_gguf_path() -> Path:
         candidate = Path(folder) / EMBEDDED_GGUF_FILE
         if candidate.is_file():
             return candidate
-    raise EmbeddedModelError(f"{EMBEDDED_GGUF_FILE} not found in {list(spec.submodule_search_locations)}; " + install_hint)
+    raise EmbeddedModelError(
+        f"{EMBEDDED_GGUF_FILE} not found in {list(spec.submodule_search_locations)}; " + install_hint
+    )
 
 
 def sha256_of(path: Path, block: int = 1 << 20) -> str:
@@ -132,7 +134,9 @@ def _write_plain_hf_folder(gguf_file: Path, out_dir: Path) -> None:
     missing, unexpected = plain.load_state_dict(gguf_model.state_dict(), strict=False)
     missing = [k for k in missing if k != "lm_head.weight" or not config.tie_word_embeddings]
     if missing or unexpected:
-        raise EmbeddedModelError(f"GGUF weights do not fit the model: missing={missing} unexpected={unexpected}")
+        raise EmbeddedModelError(
+            f"GGUF weights do not fit the model: missing={missing} unexpected={unexpected}"
+        )
     plain.tie_weights()
     plain.generation_config.eos_token_id = eos_id
     plain.generation_config.pad_token_id = pad_id

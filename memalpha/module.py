@@ -12,10 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 import time
-from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -24,9 +21,11 @@ import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_info
 
+from memalpha.adapters import export_adapter
 from memalpha.data import Instance
-from memalpha.grpo import group_advantages, policy_loss
-from memalpha.policy import LoraSettings, load_policy, token_logprobs
+from memalpha.grpo import group_advantages
+from memalpha.grpo_step import LossSettings, accumulate_grpo_gradients, response_logprobs
+from memalpha.policy import LoraSettings, load_policy
 from memalpha.reader import LocalReader, OpenAIReader, Reader
 from memalpha.rewards import LLMContentJudge, RewardWeights, RuleContentJudge
 from memalpha.rollout import RolloutOutput, RolloutRecord, RolloutSettings, rollout_seed, run_rollouts
@@ -130,6 +129,15 @@ class GRPOModule(LightningModule):
         # Lightning's CLI stores the raw config as hparams (dicts), so keep the typed settings here.
         self.lora_settings = LoraSettings(**lora) if isinstance(lora, dict) else lora
         self.rollout_settings = RolloutSettings(**rollout) if isinstance(rollout, dict) else rollout
+        self.loss_settings = LossSettings(
+            clip_low=clip_low,
+            clip_high=clip_high,
+            kl_coef=kl_coef,
+            loss_agg=loss_agg,
+            micro_batch_size=micro_batch_size,
+            temperature=self.rollout_settings.temperature,
+            max_len=self.rollout_settings.max_new_tokens,
+        )
         self.weights = RewardWeights(beta=beta, gamma=gamma)
         self.policy = None
         self.tokenizer = None
@@ -175,7 +183,9 @@ class GRPOModule(LightningModule):
                 top_k_entries=hp.reader_top_k_entries,
                 prompt_budget_tokens=hp.reader_prompt_tokens,
             )
-        self.content_judge = RuleContentJudge() if hp.content_judge == "rule" else LLMContentJudge(self.reader)
+        self.content_judge = (
+            RuleContentJudge() if hp.content_judge == "rule" else LLMContentJudge(self.reader)
+        )
 
     def configure_optimizers(self):
         hp = self.hparams
@@ -188,7 +198,9 @@ class GRPOModule(LightningModule):
             optimizer = torch.optim.AdamW(params, lr=hp.learning_rate, weight_decay=hp.weight_decay)
         max_steps = self.trainer.max_steps if self.trainer is not None and self.trainer.max_steps > 0 else 0
         warmup = max(1, math.ceil(hp.warmup_ratio * max_steps)) if hp.warmup_ratio > 0 and max_steps else 0
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1))
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ---------------------------------------------------- checkpoint content
@@ -221,7 +233,9 @@ class GRPOModule(LightningModule):
         out = self._rollouts(instances, seed=seed, greedy=False)
         samples = out.samples
         if not samples:
-            raise RuntimeError(f"rollout round {round_index} produced no samples from {len(instances)} instances")
+            raise RuntimeError(
+                f"rollout round {round_index} produced no samples from {len(instances)} instances"
+            )
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         group_ids = torch.tensor([s.group_id for s in samples])
         advantages = group_advantages(rewards, group_ids, scale=hp.advantage_scale)
@@ -229,12 +243,17 @@ class GRPOModule(LightningModule):
         responses = [s.response_ids for s in samples]
 
         start = time.perf_counter()
+        logprob_kwargs = {
+            "temperature": self.rollout_settings.temperature,
+            "micro_batch_size": hp.micro_batch_size,
+            "pad_id": self.tokenizer.pad_token_id,
+        }
         ref_logps = old_logps = None
         if hp.kl_coef > 0:
             with self.policy.disable_adapter():
-                ref_logps = self._logps_unpadded(prompts, responses)
+                ref_logps = response_logprobs(self.policy, prompts, responses, **logprob_kwargs)
         if hp.ppo_epochs * hp.num_mini_batches > 1:
-            old_logps = self._logps_unpadded(prompts, responses)
+            old_logps = response_logprobs(self.policy, prompts, responses, **logprob_kwargs)
         logprob_s = time.perf_counter() - start
 
         metrics = self._rollout_metrics(out, rewards, group_ids)
@@ -262,32 +281,13 @@ class GRPOModule(LightningModule):
                 )
         return batches
 
-    def _logps_unpadded(self, prompts: list[list[int]], responses: list[list[int]]) -> list[torch.Tensor]:
-        """Per-sample response log-probs (no grad), micro-batched, as CPU tensors of each response's length."""
-        result: list[torch.Tensor] = []
-        mbs = self.hparams.micro_batch_size
-        was_training = self.policy.training
-        self.policy.eval()
-        try:
-            for lo in range(0, len(prompts), mbs):
-                logps = token_logprobs(
-                    self.policy,
-                    prompts[lo : lo + mbs],
-                    responses[lo : lo + mbs],
-                    temperature=self.rollout_settings.temperature,
-                    micro_batch_size=mbs,
-                    pad_id=self.tokenizer.pad_token_id,
-                )
-                result.extend(logps[i, : len(r)].float().cpu() for i, r in enumerate(responses[lo : lo + mbs]))
-        finally:
-            self.policy.train(was_training)
-        return result
-
     def _should_log_text(self) -> bool:
         every = self.hparams.log_text_every_n_steps
         return every > 0 and self.global_rank == 0 and self.global_step % every == 0
 
-    def _rollout_metrics(self, out: RolloutOutput, rewards: torch.Tensor, group_ids: torch.Tensor) -> dict[str, float]:
+    def _rollout_metrics(
+        self, out: RolloutOutput, rewards: torch.Tensor, group_ids: torch.Tensor
+    ) -> dict[str, float]:
         samples, records = out.samples, out.records
         zero_std = []
         for g in group_ids.unique():
@@ -318,7 +318,10 @@ class GRPOModule(LightningModule):
 
     @staticmethod
     def _rollout_text(record: RolloutRecord) -> str:
-        lines = [f"### instance `{record.instance_id}` ({record.data_source}), rollout {record.rollout_index}", ""]
+        lines = [
+            f"### instance `{record.instance_id}` ({record.data_source}), rollout {record.rollout_index}",
+            "",
+        ]
         for turn in record.turns:
             lines.append(f"**chunk {turn['chunk_index']}** reward {turn.get('reward', 0):.3f}")
             lines.append("```\n" + turn["response"] + "\n```")
@@ -341,53 +344,26 @@ class GRPOModule(LightningModule):
         device = self.device
         resp_lens = [len(r) for r in batch["response_ids"]]
         tokens = torch.tensor(float(sum(resp_lens)), device=device)
-        if self.trainer.world_size > 1:  # token-mean over all ranks: DDP averages gradients, so scale by world
+        if (
+            self.trainer.world_size > 1
+        ):  # token-mean over all ranks: DDP averages gradients, so scale by world
             tokens = self.trainer.strategy.reduce(tokens, reduce_op="mean")
         normaliser = max(tokens.item(), 1.0)
         seq_normaliser = float(n)
         if self.trainer.world_size > 1:
-            seq_normaliser = self.trainer.strategy.reduce(torch.tensor(seq_normaliser, device=device), reduce_op="mean").item()
-        max_len = self.rollout_settings.max_new_tokens
-
+            seq_normaliser = self.trainer.strategy.reduce(
+                torch.tensor(seq_normaliser, device=device), reduce_op="mean"
+            ).item()
         optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = defaultdict(float)
-        finite = True
-        for lo in range(0, n, hp.micro_batch_size):
-            sl = slice(lo, lo + hp.micro_batch_size)
-            prompts, responses = batch["prompt_ids"][sl], batch["response_ids"][sl]
-            logps, entropy = token_logprobs(
-                self.policy,
-                prompts,
-                responses,
-                temperature=self.rollout_settings.temperature,
-                micro_batch_size=hp.micro_batch_size,
-                pad_id=self.tokenizer.pad_token_id,
-                with_entropy=True,
-            )
-            mask = _response_mask(responses, logps.shape[1], device)
-            old = logps.detach() if batch["old_logps"] is None else _pad(batch["old_logps"][sl], logps.shape[1], device)
-            ref = logps.detach() if batch["ref_logps"] is None else _pad(batch["ref_logps"][sl], logps.shape[1], device)
-            out = policy_loss(
-                logps,
-                old,
-                ref,
-                batch["advantages"][sl].to(device),
-                mask,
-                clip_low=hp.clip_low,
-                clip_high=hp.clip_high,
-                kl_coef=hp.kl_coef,
-                agg=hp.loss_agg,
-                token_normaliser=normaliser if hp.loss_agg == "token-mean" else seq_normaliser,
-                max_len=max_len,
-            )
-            finite = finite and out.finite
-            self.manual_backward(out.loss)
-            weight = float(mask.sum().item())
-            sums["loss"] += out.loss.detach().float().item()
-            sums["tokens"] += weight
-            for key in ("kl", "clip_ratio/low", "clip_ratio/high", "ratio_mean"):
-                sums[key] += out.metrics[key] * weight
-            sums["entropy"] += float((entropy * mask).sum().item())
+        metrics, finite = accumulate_grpo_gradients(
+            self.policy,
+            batch,
+            self.loss_settings,
+            pad_id=self.tokenizer.pad_token_id,
+            token_normaliser=normaliser,
+            seq_normaliser=seq_normaliser,
+            backward=self.manual_backward,
+        )
 
         if self.trainer.world_size > 1:  # every rank must agree to skip, or DDP ranks diverge
             flag = torch.tensor(float(finite), device=device)
@@ -403,26 +379,29 @@ class GRPOModule(LightningModule):
             optimizer.zero_grad(set_to_none=True)
         train_s = time.perf_counter() - start
 
-        weight = max(sums["tokens"], 1.0)
-        logged = {
-            "train/loss": sums["loss"],
-            "train/kl": sums["kl"] / weight,
-            "train/clip_ratio/low": sums["clip_ratio/low"] / weight,
-            "train/clip_ratio/high": sums["clip_ratio/high"] / weight,
-            "train/ratio_mean": sums["ratio_mean"] / weight,
-            "train/entropy": sums["entropy"] / weight,
-            "train/grad_norm": float(grad_norm),
-            "train/skipped_nonfinite": float(not finite),
-            "perf/train_s": train_s,
-            "lr": optimizer.param_groups[0]["lr"],
-        }
+        logged = {f"train/{key}": value for key, value in metrics.items() if key != "tokens"}
+        logged.update(
+            {
+                "train/grad_norm": float(grad_norm),
+                "train/skipped_nonfinite": float(not finite),
+                "perf/train_s": train_s,
+                "lr": optimizer.param_groups[0]["lr"],
+            }
+        )
         logged.update(batch["metrics"])
         self.log_dict(logged, on_step=True, on_epoch=False, batch_size=n)
         now = time.perf_counter()
         self.log("step_s", now - self._step_start, prog_bar=True, on_step=True, batch_size=n)
         self._step_start = now
         if "train/reward" in batch["metrics"]:
-            self.log("reward", batch["metrics"]["train/reward"], prog_bar=True, on_step=True, batch_size=n, logger=False)
+            self.log(
+                "reward",
+                batch["metrics"]["train/reward"],
+                prog_bar=True,
+                on_step=True,
+                batch_size=n,
+                logger=False,
+            )
         if batch["text"] is not None:
             self._log_text("rollout/sample", batch["text"])
 
@@ -468,41 +447,10 @@ class GRPOModule(LightningModule):
         )
         log_dir = Path(self.trainer.log_dir or ".")  # a collective under DDP: every rank must ask
         if self.global_rank == 0 and not self.trainer.sanity_checking:
-            name = "validation.json" if self.trainer.state.fn == "validate" else f"validation_step{self.global_step}.json"
+            name = (
+                "validation.json"
+                if self.trainer.state.fn == "validate"
+                else f"validation_step{self.global_step}.json"
+            )
             table = write_validation_report(summary, records, log_dir / name)
             print(table, flush=True)
-
-
-def _response_mask(responses: list[list[int]], width: int, device) -> torch.Tensor:
-    lengths = torch.tensor([len(r) for r in responses], device=device)
-    return (torch.arange(width, device=device)[None, :] < lengths[:, None]).float()
-
-
-def _pad(rows: list[torch.Tensor], width: int, device) -> torch.Tensor:
-    out = torch.zeros(len(rows), width, device=device)
-    for i, row in enumerate(rows):
-        out[i, : row.numel()] = row.to(device)
-    return out
-
-
-def export_adapter(policy, tokenizer, target: str | os.PathLike) -> Path:
-    """Save the adapter as a standard PEFT folder, atomically (written aside, then renamed into place)."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        policy.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        if target.exists():
-            backup = target.with_name(f".{target.name}.old")
-            shutil.rmtree(backup, ignore_errors=True)
-            os.replace(target, backup)
-            os.replace(staging, target)
-            shutil.rmtree(backup, ignore_errors=True)
-        else:
-            os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return target
-

@@ -18,7 +18,7 @@ from typing import Any
 
 from memalpha.data import Instance
 from memalpha.memory import Memory
-from memalpha.metrics import score_answer
+from memalpha.metrics import score_answers
 from memalpha.policy import generate
 from memalpha.prompts import memorise_messages
 from memalpha.reader import Reader
@@ -260,26 +260,39 @@ def run_rollouts(
             items.append((memory, qa.question))
             owners.append((i, q_index))
     answers = reader.answer(items) if items else []
+    # Score per data source in one call each, so LLM-judge sources send their judgements as one batch.
+    by_source: dict[str, list[int]] = {}
+    for k, (i, _) in enumerate(owners):
+        by_source.setdefault(rollouts[i][2].data_source, []).append(k)
+    item_scores = [0.0] * len(items)
+    for source, ks in by_source.items():
+        qas = [rollouts[owners[k][0]][2].questions[owners[k][1]] for k in ks]
+        scored = score_answers(
+            source,
+            [answers[k].text for k in ks],
+            [qa.answer for qa in qas],
+            questions=[qa.question for qa in qas],
+            judge=judge_reader or reader,
+            overrides=metric_overrides,
+            ok=[answers[k].ok for k in ks],
+        )
+        for k, value in zip(ks, scored):
+            item_scores[k] = value
     scores: list[list[float]] = [[] for _ in rollouts]
     questions: list[list[dict[str, Any]]] = [[] for _ in rollouts]
     failures = [0] * len(rollouts)
-    for (i, q_index), answer in zip(owners, answers):
-        instance = rollouts[i][2]
-        qa = instance.questions[q_index]
-        if answer.ok:
-            score = score_answer(
-                instance.data_source,
-                answer.text,
-                qa.answer,
-                question=qa.question,
-                judge=judge_reader or reader,
-                overrides=metric_overrides,
-            )
-        else:
-            score, failures[i] = 0.0, failures[i] + 1
+    for (i, q_index), answer, score in zip(owners, answers, item_scores):
+        qa = rollouts[i][2].questions[q_index]
+        failures[i] += not answer.ok
         scores[i].append(score)
         questions[i].append(
-            {"question": qa.question, "gold": qa.answer, "prediction": answer.text, "score": score, "error": answer.error}
+            {
+                "question": qa.question,
+                "gold": qa.answer,
+                "prediction": answer.text,
+                "score": score,
+                "error": answer.error,
+            }
         )
     reader_s = time.perf_counter() - start
 
@@ -291,7 +304,9 @@ def run_rollouts(
             chunk_tokens_of[instance.instance_id] = sum(count_tokens(c) for c in instance.chunks)
         chunk_tokens = chunk_tokens_of[instance.instance_id]
         memory_tokens = memory.total_tokens()
-        reward = rollout_rewards(scores[i], turn_calls[i], memory_tokens, chunk_tokens, weights, content_judge)
+        reward = rollout_rewards(
+            scores[i], turn_calls[i], memory_tokens, chunk_tokens, weights, content_judge
+        )
         for t, sample in enumerate(samples_of[i]):
             sample.r2, sample.r4, sample.reward = reward.r2[t], reward.r4[t], reward.total[t]
             turns[i][t].update(r2=reward.r2[t], r4=reward.r4[t], reward=reward.total[t])
@@ -312,5 +327,9 @@ def run_rollouts(
             )
         )
     return RolloutOutput(
-        samples=samples, records=records, rollout_s=rollout_s, reader_s=reader_s, generated_tokens=generated_tokens
+        samples=samples,
+        records=records,
+        rollout_s=rollout_s,
+        reader_s=reader_s,
+        generated_tokens=generated_tokens,
     )

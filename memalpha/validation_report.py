@@ -55,7 +55,10 @@ def format_table(summary: dict[str, Any]) -> str:
         for src, s in rows
     ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in cells]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        for row in cells
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

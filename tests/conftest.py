@@ -7,7 +7,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(scope="session")
@@ -26,8 +26,14 @@ def tokenizer(embedded_model_dir):
     return load_tokenizer(str(embedded_model_dir))
 
 
-def build_tiny_model_dir(path, tokenizer, *, hidden: int = 32, layers: int = 2, seed: int = 0) -> str:
-    """A random Llama with the embedded tokenizer, small enough for fast CPU tests."""
+def build_tiny_model_dir(
+    path, tokenizer, *, hidden: int = 32, layers: int = 2, seed: int = 0, initializer_range: float = 0.02
+) -> str:
+    """A random Llama with the embedded tokenizer, small enough for fast CPU tests.
+
+    A larger ``initializer_range`` gives peaked (non-uniform) next-token distributions that a
+    few optimiser steps can visibly move; the default gives near-uniform ones.
+    """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -41,6 +47,7 @@ def build_tiny_model_dir(path, tokenizer, *, hidden: int = 32, layers: int = 2, 
         num_key_value_heads=2,
         max_position_embeddings=4096,
         tie_word_embeddings=True,
+        initializer_range=initializer_range,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -58,3 +65,31 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
     """Folder of a tiny random causal LM sharing the embedded tokenizer."""
     return build_tiny_model_dir(tmp_path_factory.mktemp("tiny-model"), tokenizer)
 
+
+SMALL_VOCAB, SMALL_VOCAB_CHOSEN = 8, 5  # the sign tests reward sampling token 5 of 8
+
+
+@pytest.fixture(scope="session")
+def small_vocab_model_dir(tmp_path_factory, tokenizer):
+    """A random 2-layer Llama with an 8-token vocabulary, so the chosen token is sampled from the start."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=SMALL_VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        eos_token_id=2,
+        pad_token_id=0,
+        initializer_range=0.2,  # wide enough logits that one token can approach probability 1
+    )
+    path = tmp_path_factory.mktemp("vocab8")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)  # only its eos/pad ids (2, 0) are used; prompts are raw ids < 8
+    return str(path)

@@ -24,7 +24,9 @@ def test_exception_mid_write_keeps_previous_checkpoint(tmp_path):
     path = tmp_path / "last.ckpt"
     AtomicCheckpointIO().save_checkpoint({"step": 1, "w": torch.ones(3)}, path)
     with pytest.raises(RuntimeError, match="disk on fire"):
-        AtomicCheckpointIO().save_checkpoint({"step": 2, "w": torch.zeros(1000), "bad": _ExplodesWhenPickled()}, path)
+        AtomicCheckpointIO().save_checkpoint(
+            {"step": 2, "w": torch.zeros(1000), "bad": _ExplodesWhenPickled()}, path
+        )
     loaded = torch.load(path, weights_only=False)
     assert loaded["step"] == 1 and torch.equal(loaded["w"], torch.ones(3))
     assert os.listdir(tmp_path) == ["last.ckpt"], "temporary file left behind"

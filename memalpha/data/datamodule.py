@@ -101,7 +101,12 @@ class RolloutDataModule(LightningDataModule):
     def _tokenizer(self):
         module = self.trainer.lightning_module if self.trainer is not None else None
         tokenizer = getattr(module, "tokenizer", None)
-        if tokenizer is None and module is not None and hasattr(module, "hparams") and "model" in module.hparams:
+        if (
+            tokenizer is None
+            and module is not None
+            and hasattr(module, "hparams")
+            and "model" in module.hparams
+        ):
             from memalpha.models import load_tokenizer
 
             tokenizer = load_tokenizer(module.hparams.model)
@@ -145,7 +150,9 @@ class RolloutDataModule(LightningDataModule):
                 raise ValueError(f"no training instances in {hp.train_path or 'the synthetic generator'}")
         if stage in ("fit", "validate") and not self.val_instances:
             self.val_instances = (
-                self._load(hp.val_path, hp.val_limit) if hp.val_path else self._synthetic("val", hp.synthetic_val)
+                self._load(hp.val_path, hp.val_limit)
+                if hp.val_path
+                else self._synthetic("val", hp.synthetic_val)
             )
 
     # ---------------------------------------------------------------- stream
@@ -192,11 +199,18 @@ class RolloutDataModule(LightningDataModule):
         return DataLoader(_RolloutStream(self), batch_size=None, num_workers=0)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_instances, batch_size=self.hparams.val_batch_size, collate_fn=_as_list, num_workers=0)
+        return DataLoader(
+            self.val_instances, batch_size=self.hparams.val_batch_size, collate_fn=_as_list, num_workers=0
+        )
 
     # ----------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self._epoch, "cursor": self._cursor, "round": self._round, "buffer": list(self._buffer)}
+        return {
+            "epoch": self._epoch,
+            "cursor": self._cursor,
+            "round": self._round,
+            "buffer": list(self._buffer),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._epoch = state_dict["epoch"]
