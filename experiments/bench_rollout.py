@@ -1,0 +1,331 @@
+"""Memory-agent rollout throughput and where a GRPO step's time goes, on the embedded model.
+
+Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench_rollout.py
+      [--groups 1,4,8] [--instances 1,2,4] [--max-new-tokens 48] [--chunks 1] [--out PATH]
+
+For every (group size n, instances per step) pair one GRPO step runs on synthetic training
+instances, driving the real code: :class:`memalpha.module.GRPOModule` loads the policy (LoRA
+on the embedded SmolLM2-135M-Instruct, fp32) and its local reader, :func:`memalpha.rollout.run_rollouts`
+plays the memory agent chunk by chunk and lets the reader answer every question (it reports
+both times), and the update is the module's: reference log-probs with the adapter off, then
+per micro-batch policy log-probs, the clipped GRPO loss with the k3 KL term, backward, and an
+AdamW step. Reported per pair: generated tokens/s and turns/s of the agent's generation,
+reader questions/s, and the share of the step in rollout (agent generation, parsing and tool
+execution), reader (answers and scoring) and training (reference pass and update).
+
+The configurations run in one process one after another, each starting from the adapter the
+previous one left (the learning rate is small, so the policy barely moves); a short warm-up
+step comes first and is not reported. The development machines have 2 shared CPU cores, so
+the load average is recorded in the JSON; compare runs only at similar load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+from _common import RESULTS_DIR, Stopwatch, command_line, machine_info, print_table, write_json
+
+from memalpha.data.synthetic import generate_synthetic
+from memalpha.grpo import group_advantages, policy_loss
+from memalpha.module import GRPOModule
+from memalpha.policy import LoraSettings, token_logprobs
+from memalpha.rollout import RolloutSettings, TurnSample, run_rollouts
+
+DEFAULT_OUT = RESULTS_DIR / "bench_rollout.json"
+HEADERS = (
+    "n", "inst", "turns", "gen tok", "tok/s", "turns/s", "questions", "q/s",
+    "rollout s", "reader s", "train s", "rollout %", "reader %", "train %",
+)
+
+
+def build_module(
+    model: str,
+    *,
+    max_new_tokens: int,
+    max_prompt_tokens: int,
+    reader_max_new_tokens: int,
+    micro_batch_size: int,
+    learning_rate: float,
+    seed: int,
+) -> GRPOModule:
+    """A GRPOModule with the tiny-CPU recipe's shapes (hermes calls, LoRA r 8), policy loaded."""
+    module = GRPOModule(
+        model=model,
+        load_precision="fp32",
+        lora=LoraSettings(r=8, alpha=16, dropout=0.0, target_modules="all-linear"),
+        rollout=RolloutSettings(
+            group_size=1,
+            max_new_tokens=max_new_tokens,
+            max_prompt_tokens=max_prompt_tokens,
+            temperature=1.0,
+            call_format="hermes",
+            memory_view_k=5,
+            core_token_limit=128,
+        ),
+        reader="local",
+        reader_max_new_tokens=reader_max_new_tokens,
+        reader_prompt_tokens=1024,
+        reader_batch_size=16,
+        kl_coef=0.001,
+        micro_batch_size=micro_batch_size,
+        learning_rate=learning_rate,
+        seed=seed,
+    )
+    module.configure_model()
+    return module
+
+
+def grpo_update(module: GRPOModule, samples: Sequence[TurnSample], optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    """One GRPO optimiser step on ``samples`` (a single mini-batch, as with the official settings).
+
+    Returns ``ref_s`` (reference log-probs, adapter off), ``update_s`` (policy log-probs, loss,
+    backward, clipping and the optimiser step), ``loss`` and ``tokens``.
+    """
+    hp = module.hparams
+    policy, pad_id = module.policy, module.tokenizer.pad_token_id
+    temperature = module.rollout_settings.temperature
+    mbs = hp.micro_batch_size
+    prompts = [s.prompt_ids for s in samples]
+    responses = [s.response_ids for s in samples]
+    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+    advantages = group_advantages(rewards, [s.group_id for s in samples], scale=hp.advantage_scale)
+    tokens = max(float(sum(len(r) for r in responses)), 1.0)
+
+    with Stopwatch() as ref_watch, torch.no_grad(), policy.disable_adapter():
+        policy.eval()
+        ref = token_logprobs(policy, prompts, responses, temperature=temperature, micro_batch_size=mbs, pad_id=pad_id)
+    policy.train()
+
+    total_loss = 0.0
+    with Stopwatch() as update_watch:
+        optimizer.zero_grad(set_to_none=True)
+        for lo in range(0, len(samples), mbs):
+            part = slice(lo, lo + mbs)
+            logps = token_logprobs(
+                policy, prompts[part], responses[part], temperature=temperature, micro_batch_size=mbs, pad_id=pad_id
+            )
+            width = logps.shape[1]
+            lengths = torch.tensor([len(r) for r in responses[part]])
+            mask = (torch.arange(width)[None, :] < lengths[:, None]).float()
+            out = policy_loss(
+                logps,
+                logps.detach(),
+                ref[part, :width],
+                advantages[part],
+                mask,
+                clip_low=hp.clip_low,
+                clip_high=hp.clip_high,
+                kl_coef=hp.kl_coef,
+                agg="token-mean",
+                token_normaliser=tokens,
+            )
+            out.loss.backward()
+            total_loss += float(out.loss.detach())
+        params = [p for p in policy.parameters() if p.requires_grad]
+        torch.nn.utils.clip_grad_norm_(params, hp.grad_clip)
+        optimizer.step()
+    return {"ref_s": ref_watch.seconds, "update_s": update_watch.seconds, "loss": total_loss, "tokens": tokens}
+
+
+def bench_step(module: GRPOModule, instances, group_size: int, optimizer, seed: int) -> dict[str, Any]:
+    """Rollouts (agent + reader) and one GRPO update for ``instances`` at ``group_size``; timings and counts."""
+    out = run_rollouts(
+        instances,
+        module.policy,
+        module.tokenizer,
+        module.reader,
+        module.rollout_settings,
+        module.weights,
+        module.content_judge,
+        seed=seed,
+        group_size=group_size,
+    )
+    update = grpo_update(module, out.samples, optimizer)
+    train_s = update["ref_s"] + update["update_s"]
+    step_s = out.rollout_s + out.reader_s + train_s
+    questions = sum(len(r.questions) for r in out.records)
+    turns = len(out.samples)
+    return {
+        "group_size": group_size,
+        "instances": len(instances),
+        "rollouts": len(out.records),
+        "turns": turns,
+        "generated_tokens": out.generated_tokens,
+        "mean_prompt_tokens": sum(len(s.prompt_ids) for s in out.samples) / max(turns, 1),
+        "mean_response_tokens": out.generated_tokens / max(turns, 1),
+        "truncated_ratio": sum(s.truncated for s in out.samples) / max(turns, 1),
+        "questions": questions,
+        "rollout_s": out.rollout_s,
+        "reader_s": out.reader_s,
+        "ref_logprob_s": update["ref_s"],
+        "update_s": update["update_s"],
+        "train_s": train_s,
+        "step_s": step_s,
+        "tokens_per_s": out.generated_tokens / out.rollout_s if out.rollout_s > 0 else 0.0,
+        "turns_per_s": turns / out.rollout_s if out.rollout_s > 0 else 0.0,
+        "questions_per_s": questions / out.reader_s if out.reader_s > 0 else 0.0,
+        "share": {
+            "rollout": out.rollout_s / step_s,
+            "reader": out.reader_s / step_s,
+            "training": train_s / step_s,
+        },
+        "mean_reward": sum(s.reward for s in out.samples) / max(turns, 1),
+        "loss": update["loss"],
+    }
+
+
+def table_row(r: dict[str, Any]) -> list[Any]:
+    return [
+        r["group_size"], r["instances"], r["turns"], r["generated_tokens"], r["tokens_per_s"], r["turns_per_s"],
+        r["questions"], r["questions_per_s"], r["rollout_s"], r["reader_s"], r["train_s"],
+        100 * r["share"]["rollout"], 100 * r["share"]["reader"], 100 * r["share"]["training"],
+    ]
+
+
+def run_benchmark(
+    model: str = "smollm2-135m-instruct",
+    groups: Sequence[int] = (1, 4, 8),
+    instances: Sequence[int] = (1, 2, 4),
+    *,
+    max_new_tokens: int = 48,
+    chunks: int = 1,
+    chunk_words: int = 60,
+    questions: int = 2,
+    max_prompt_tokens: int = 1536,
+    reader_max_new_tokens: int = 24,
+    micro_batch_size: int = 8,
+    learning_rate: float = 1e-5,
+    warmup: bool = True,
+    seed: int = 0,
+    out: str | os.PathLike | None = DEFAULT_OUT,
+    verbose: bool = True,
+) -> dict[str, Any]:
+    """Run every (group size, instances) pair; print the table; write the JSON to ``out`` (None: don't)."""
+    if not groups or not instances or min(groups) < 1 or min(instances) < 1:
+        raise ValueError(f"groups and instances must be non-empty lists of positive ints, got {groups}, {instances}")
+    machine = machine_info()
+    module = build_module(
+        model,
+        max_new_tokens=max_new_tokens,
+        max_prompt_tokens=max_prompt_tokens,
+        reader_max_new_tokens=reader_max_new_tokens,
+        micro_batch_size=micro_batch_size,
+        learning_rate=learning_rate,
+        seed=seed,
+    )
+    optimizer = torch.optim.AdamW(
+        [p for p in module.policy.parameters() if p.requires_grad], lr=learning_rate, weight_decay=0.01
+    )
+    pool = generate_synthetic(
+        max(instances), split="train", seed=seed, num_chunks=chunks, facts_per_chunk=2,
+        questions_per_instance=questions, chunk_words=chunk_words,
+    )
+    if warmup:
+        bench_step(module, pool[:1], 1, optimizer, seed=seed + 10_000)
+    results: list[dict[str, Any]] = []
+    report = {
+        "benchmark": "bench_rollout",
+        "command": command_line(),
+        "model": f"{model} (fp32, LoRA r 8 all-linear, hermes calls)",
+        "settings": {
+            "groups": list(groups),
+            "instances": list(instances),
+            "max_new_tokens": max_new_tokens,
+            "max_prompt_tokens": max_prompt_tokens,
+            "synthetic": {"chunks": chunks, "chunk_words": chunk_words, "facts_per_chunk": 2, "questions": questions},
+            "reader_max_new_tokens": reader_max_new_tokens,
+            "micro_batch_size": micro_batch_size,
+            "learning_rate": learning_rate,
+            "temperature": 1.0,
+            "kl_coef": 0.001,
+            "seed": seed,
+        },
+        "columns": {
+            "tokens_per_s": "agent tokens generated / rollout_s",
+            "turns_per_s": "chunk turns (GRPO samples) / rollout_s",
+            "questions_per_s": "reader answers (all rollouts' questions) / reader_s",
+            "rollout_s": "agent generation, parsing and tool execution over all chunks",
+            "reader_s": "reader answers and scoring",
+            "train_s": "reference log-probs + policy log-probs, loss, backward, optimiser step",
+        },
+        "results": results,
+        "complete": False,
+    }
+    planned = [(k, g) for k in range(len(instances)) for g in range(len(groups))]
+    for k, g in planned:
+        n_instances, group_size = instances[k], groups[g]
+        result = bench_step(module, pool[:n_instances], group_size, optimizer, seed=seed + 100 * k + g)
+        results.append(result)
+        report["complete"] = len(results) == len(planned)
+        if out is not None:  # after every pair, so a long run interrupted still leaves its finished rows
+            write_json(report, out, machine=machine)
+        if verbose:
+            print(f"n={group_size} instances={n_instances}: step {result['step_s']:.1f} s "
+                  f"({result['turns']} turns, {result['generated_tokens']} tokens)", flush=True)
+    if verbose:
+        print()
+        print_table(HEADERS, [table_row(r) for r in results])
+        if out is not None:
+            print(f"wrote {out}")
+    report["machine"] = machine
+    return report
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="embedded name or a local HF folder")
+    parser.add_argument("--groups", type=_int_list, default=[1, 4, 8], help="group sizes n, e.g. 1,4,8")
+    parser.add_argument("--instances", type=_int_list, default=[1, 2, 4], help="instances per step, e.g. 1,2,4")
+    parser.add_argument("--max-new-tokens", type=int, default=48, help="agent response cap per chunk turn")
+    parser.add_argument("--chunks", type=int, default=1, help="synthetic chunks per instance")
+    parser.add_argument("--chunk-words", type=int, default=60, help="synthetic chunk length in words")
+    parser.add_argument("--questions", type=int, default=2, help="synthetic questions per instance")
+    parser.add_argument("--reader-max-new-tokens", type=int, default=24)
+    parser.add_argument("--micro-batch-size", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-warmup", action="store_true", help="skip the unreported warm-up step")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny run for tests: n 2, 1 instance, 1 chunk, 4 new tokens (with --model a tiny folder)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON file to write")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.groups, args.instances, args.max_new_tokens, args.chunks = [2], [1], 4, 1
+        args.chunk_words, args.questions, args.reader_max_new_tokens, args.no_warmup = 20, 1, 4, True
+    return run_benchmark(
+        args.model,
+        args.groups,
+        args.instances,
+        max_new_tokens=args.max_new_tokens,
+        chunks=args.chunks,
+        chunk_words=args.chunk_words,
+        questions=args.questions,
+        reader_max_new_tokens=args.reader_max_new_tokens,
+        micro_batch_size=args.micro_batch_size,
+        warmup=not args.no_warmup,
+        seed=args.seed,
+        out=args.out,
+    )
+
+
+if __name__ == "__main__":
+    main()

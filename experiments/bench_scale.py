@@ -1,0 +1,433 @@
+"""Scale check without downloads: one full GRPO step of a random-weight Qwen3-4B as NF4 QLoRA.
+
+Run (GPU, the real shape, capped to 24 GiB):
+      HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench_scale.py
+Run (CPU, a scaled-down shape of the same structure):
+      HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench_scale.py --scale 0.125 \
+          --prompt-tokens 256 --response-tokens 32 --group-size 8
+
+Memory and time of a step depend only on the model's shapes, so the architecture is built
+from Qwen3-4B's published config values (hidden 2560, 36 layers, 32 attention heads, 8 KV
+heads, head dim 128, intermediate 9728, vocabulary 151,936, tied embeddings) with random
+weights, saved to a temporary folder, and loaded through :func:`memalpha.policy.load_policy`
+exactly as ``configs/qlora_4090.yaml`` does: NF4 base (double quantisation), LoRA r 32 / alpha
+64 on all linear layers, gradient checkpointing. One GRPO step at that config's lengths follows:
+
+1. ``generate``   ``group_size`` rollouts of a ``prompt_tokens``-long random prompt, forced to
+                  exactly ``response_tokens`` new tokens (the end-of-sequence id handed to
+                  :func:`memalpha.generation.generate` is one past the vocabulary, so it can never
+                  be sampled), ``generation_batch_size`` prompts per call;
+2. ``reference``  reference log-probs (adapter off, no grad), ``micro_batch_size`` at a time;
+3. ``policy``     per micro-batch: policy log-probs with grad and the clipped GRPO loss with the
+                  k3 KL term (``forward``), then ``backward``;
+4. ``optimizer``  gradient clipping and the optimiser step (bitsandbytes paged 8-bit AdamW on a
+                  GPU, as the config says; torch AdamW on a CPU).
+
+On a GPU the process is capped to 24 GiB with ``torch.cuda.set_per_process_memory_fraction``
+and the peak allocated/reserved memory of every phase is reported (the paged optimiser's
+state lives in CUDA unified memory, outside PyTorch's allocator, and is not in those peaks).
+On a CPU the peak resident set size of every phase is reported instead. With ``--scale s``
+layers, hidden size, intermediate size and head counts are multiplied by ``s`` (head dim,
+vocabulary, GQA ratio and tying stay); ``--vocab-size`` shrinks the vocabulary for smoke tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+import yaml
+from _common import (
+    RESULTS_DIR,
+    RssSampler,
+    Stopwatch,
+    command_line,
+    gib,
+    machine_info,
+    print_table,
+    write_json,
+)
+
+from memalpha.grpo import group_advantages, policy_loss
+from memalpha.models import load_tokenizer, resolve_model_path
+from memalpha.policy import LoraSettings, generate, load_policy, token_logprobs
+
+DEFAULT_OUT = RESULTS_DIR / "bench_scale.json"
+CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "qlora_4090.yaml"
+GPU_CAP_BYTES = 24 * 2**30
+
+# Qwen3-4B's published configuration (the values that set memory and time).
+QWEN3_4B = {
+    "vocab_size": 151936,
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "hidden_act": "silu",
+}
+CPU_DEFAULTS = {"scale": 0.125, "prompt_tokens": 256, "response_tokens": 32}
+
+
+def read_recipe(path: Path = CONFIG_PATH) -> dict[str, Any]:
+    """The step-shaping values of ``configs/qlora_4090.yaml``."""
+    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    model = config["model"]
+    rollout, lora = model["rollout"], model["lora"]
+    return {
+        "group_size": int(rollout["group_size"]),
+        "prompt_tokens": int(rollout["max_prompt_tokens"]),
+        "response_tokens": int(rollout["max_new_tokens"]),
+        "generation_batch_size": int(rollout.get("generation_batch_size") or rollout["group_size"]),
+        "temperature": float(rollout["temperature"]),
+        "micro_batch_size": int(model["micro_batch_size"]),
+        "lora": LoraSettings(r=int(lora["r"]), alpha=int(lora["alpha"]), dropout=float(lora["dropout"]),
+                             target_modules=lora["target_modules"]),
+        "compute_dtype": model["compute_dtype"],
+        "gradient_checkpointing": bool(model["gradient_checkpointing"]),
+        "optimizer": model["optimizer"],
+        "learning_rate": float(model["learning_rate"]),
+        "weight_decay": float(model["weight_decay"]),
+        "grad_clip": float(model["grad_clip"]),
+        "kl_coef": float(model["kl_coef"]),
+        "clip_low": float(model["clip_low"]),
+        "clip_high": float(model["clip_high"]),
+    }
+
+
+def scaled_shape(scale: float, vocab_size: int | None = None) -> dict[str, Any]:
+    """Qwen3-4B's config values with layers, widths and head counts times ``scale`` (GQA ratio kept)."""
+    if not 0 < scale <= 1:
+        raise ValueError(f"scale must be in (0, 1], got {scale}")
+    shape = dict(QWEN3_4B)
+    ratio = QWEN3_4B["num_attention_heads"] // QWEN3_4B["num_key_value_heads"]
+    kv_heads = max(1, round(QWEN3_4B["num_key_value_heads"] * scale))
+    shape.update(
+        num_hidden_layers=max(1, round(QWEN3_4B["num_hidden_layers"] * scale)),
+        hidden_size=64 * max(1, round(QWEN3_4B["hidden_size"] * scale / 64)),
+        intermediate_size=64 * max(1, round(QWEN3_4B["intermediate_size"] * scale / 64)),
+        num_key_value_heads=kv_heads,
+        num_attention_heads=kv_heads * ratio,
+    )
+    if vocab_size is not None:
+        shape["vocab_size"] = vocab_size
+    return shape
+
+
+def build_random_model_dir(path: str | os.PathLike, shape: dict[str, Any], tokenizer, seed: int = 0) -> int:
+    """Save a random-weight Qwen3 of ``shape`` (bf16) with ``tokenizer`` into ``path``; returns its parameter count."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        **shape,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        model = Qwen3ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    count = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    del model
+    return count
+
+
+class Phase:
+    """Time and peak memory of one phase (CUDA allocator peaks on a GPU, sampled RSS on a CPU)."""
+
+    def __init__(self, name: str, cuda: bool) -> None:
+        self.name, self.cuda = name, cuda
+        self.seconds = 0.0
+        self.peak_allocated = 0
+        self.peak_reserved = 0
+        self.peak_rss = 0
+        self.error: str | None = None
+
+    def run(self, fn):
+        sync = torch.cuda.synchronize if self.cuda else None
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        sampler = RssSampler() if not self.cuda else nullcontext()
+        watch = Stopwatch(sync)
+        try:
+            with sampler, watch:
+                return fn()
+        except BaseException as exc:
+            self.error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+            raise
+        finally:
+            self.seconds += watch.seconds if watch.seconds else 0.0
+            if self.cuda:
+                self.peak_allocated = max(self.peak_allocated, torch.cuda.max_memory_allocated())
+                self.peak_reserved = max(self.peak_reserved, torch.cuda.max_memory_reserved())
+            else:
+                self.peak_rss = max(self.peak_rss, sampler.peak_bytes)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"phase": self.name, "seconds": self.seconds}
+        if self.cuda:
+            out.update(peak_allocated_gib=gib(self.peak_allocated), peak_reserved_gib=gib(self.peak_reserved))
+        else:
+            out["peak_rss_gib"] = gib(self.peak_rss)
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+def make_optimizer(params, name: str, cuda: bool, lr: float, weight_decay: float):
+    """Paged 8-bit AdamW (bitsandbytes) on a GPU when the recipe asks for it, else torch AdamW."""
+    if cuda and name == "paged_adamw_8bit":
+        import bitsandbytes as bnb
+
+        return bnb.optim.PagedAdamW8bit(params, lr=lr, weight_decay=weight_decay), "paged_adamw_8bit"
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay), "adamw"
+
+
+def grpo_step(policy, tokenizer, recipe: dict[str, Any], phases: dict[str, Phase], *, vocab_size: int,
+              prompt_tokens: int, response_tokens: int, group_size: int, cuda: bool, seed: int) -> dict[str, Any]:
+    """Generation, reference log-probs, policy forward/backward per micro-batch, optimiser step."""
+    mbs = recipe["micro_batch_size"]
+    temperature = recipe["temperature"]
+    pad_id = tokenizer.pad_token_id
+    generator = torch.Generator().manual_seed(seed)
+    low = min(1000, vocab_size // 2)  # keep clear of the special tokens at the start of the vocabulary
+    prompt = torch.randint(low, vocab_size, (prompt_tokens,), generator=generator).tolist()
+    prompts = [list(prompt) for _ in range(group_size)]  # a GRPO group shares its prompt
+
+    generation = phases["generate"].run(
+        lambda: generate(
+            policy, tokenizer, prompts, max_new_tokens=response_tokens, temperature=temperature,
+            do_sample=True, seed=seed, batch_size=recipe["generation_batch_size"],
+            eos_token_id=vocab_size,  # one past the vocabulary: never sampled, so no early stop
+        )
+    )
+    lengths = generation.response_lengths
+    if any(n != response_tokens for n in lengths):
+        raise RuntimeError(f"generation was meant to be forced to {response_tokens} tokens, got lengths {lengths}")
+    responses = generation.response_ids
+
+    def reference():
+        with torch.no_grad(), policy.disable_adapter():
+            policy.eval()
+            try:
+                return token_logprobs(policy, prompts, responses, temperature=temperature,
+                                      micro_batch_size=mbs, pad_id=pad_id)
+            finally:
+                policy.train()
+
+    ref = phases["reference"].run(reference)
+    rewards = torch.rand(group_size, generator=generator)
+    advantages = group_advantages(rewards, [0] * group_size)
+    tokens = float(sum(lengths))
+    params = [p for p in policy.parameters() if p.requires_grad]
+    optimizer, optimizer_name = make_optimizer(params, recipe["optimizer"], cuda, recipe["learning_rate"],
+                                               recipe["weight_decay"])
+    optimizer.zero_grad(set_to_none=True)
+    policy.train()
+    losses = []
+    for lo in range(0, group_size, mbs):
+        part = slice(lo, lo + mbs)
+        device = ref.device
+
+        def forward(part=part, device=device):
+            logps = token_logprobs(policy, prompts[part], responses[part], temperature=temperature,
+                                   micro_batch_size=mbs, pad_id=pad_id)
+            mask = torch.ones_like(logps)
+            return policy_loss(
+                logps, logps.detach(), ref[part].to(logps.device), advantages[part].to(logps.device), mask,
+                clip_low=recipe["clip_low"], clip_high=recipe["clip_high"], kl_coef=recipe["kl_coef"],
+                agg="token-mean", token_normaliser=tokens,
+            )
+
+        out = phases["policy_forward"].run(forward)
+        phases["backward"].run(out.loss.backward)
+        losses.append(float(out.loss.detach()))
+        del out
+
+    def step():
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, recipe["grad_clip"])
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm)
+
+    grad_norm = phases["optimizer"].run(step)
+    return {"loss": sum(losses), "grad_norm": grad_norm, "optimizer": optimizer_name,
+            "trainable_parameters": sum(p.numel() for p in params), "generated_tokens": sum(lengths)}
+
+
+def run_benchmark(
+    *,
+    scale: float | None = None,
+    prompt_tokens: int | None = None,
+    response_tokens: int | None = None,
+    group_size: int | None = None,
+    micro_batch_size: int | None = None,
+    vocab_size: int | None = None,
+    compute_dtype: str | None = None,
+    device: str | None = None,
+    seed: int = 0,
+    out: str | os.PathLike | None = DEFAULT_OUT,
+    verbose: bool = True,
+) -> dict[str, Any]:
+    """Build, quantise and step once; print the phase table; write the JSON to ``out`` (None: don't).
+
+    Unset sizes take the recipe's values on a GPU and :data:`CPU_DEFAULTS` on a CPU.
+    """
+    cuda = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        raise RuntimeError("device cuda asked for but torch sees no GPU")
+    recipe = read_recipe()
+    if micro_batch_size is not None:
+        recipe["micro_batch_size"] = micro_batch_size
+    if group_size is not None:
+        recipe["group_size"] = group_size
+    scale = scale if scale is not None else (1.0 if cuda else CPU_DEFAULTS["scale"])
+    prompt_tokens = prompt_tokens or (recipe["prompt_tokens"] if cuda else CPU_DEFAULTS["prompt_tokens"])
+    response_tokens = response_tokens or (recipe["response_tokens"] if cuda else CPU_DEFAULTS["response_tokens"])
+    compute_dtype = compute_dtype or (recipe["compute_dtype"] if cuda else "float32")
+    shape = scaled_shape(scale, vocab_size)
+    machine = machine_info()
+    cap_fraction = None
+    if cuda:
+        total = torch.cuda.get_device_properties(0).total_memory
+        cap_fraction = min(1.0, GPU_CAP_BYTES / total)
+        torch.cuda.set_per_process_memory_fraction(cap_fraction, 0)
+
+    names = ("load", "generate", "reference", "policy_forward", "backward", "optimizer")
+    phases = {name: Phase(name, cuda) for name in names}
+    report: dict[str, Any] = {
+        "benchmark": "bench_scale",
+        "command": command_line(),
+        "device": "cuda" if cuda else "cpu",
+        "gpu_cap_gib": gib(GPU_CAP_BYTES) if cuda else None,
+        "gpu_cap_fraction": cap_fraction,
+        "scale": scale,
+        "shape": shape,
+        "full_qwen3_4b_shape": scale == 1.0 and vocab_size in (None, QWEN3_4B["vocab_size"]),
+        "prompt_tokens": prompt_tokens,
+        "response_tokens": response_tokens,
+        "group_size": recipe["group_size"],
+        "micro_batch_size": recipe["micro_batch_size"],
+        "generation_batch_size": recipe["generation_batch_size"],
+        "compute_dtype": compute_dtype,
+        "lora": {"r": recipe["lora"].r, "alpha": recipe["lora"].alpha, "target_modules": recipe["lora"].target_modules},
+        "gradient_checkpointing": recipe["gradient_checkpointing"],
+        "recipe": str(CONFIG_PATH.relative_to(CONFIG_PATH.parent.parent)),
+    }
+    tokenizer = load_tokenizer(str(resolve_model_path("smollm2-135m-instruct")))
+    status = "ok"
+    with tempfile.TemporaryDirectory(prefix="memalpha-scale-") as folder:
+        report["base_parameters"] = build_random_model_dir(folder, shape, tokenizer, seed=seed)
+        try:
+            policy, policy_tokenizer = phases["load"].run(
+                lambda: load_policy(
+                    folder, precision="nf4", lora=recipe["lora"], compute_dtype=compute_dtype,
+                    gradient_checkpointing=recipe["gradient_checkpointing"], device="cuda" if cuda else "cpu",
+                )
+            )
+            report["step"] = grpo_step(
+                policy, policy_tokenizer, recipe, phases, vocab_size=shape["vocab_size"],
+                prompt_tokens=prompt_tokens, response_tokens=response_tokens, group_size=recipe["group_size"],
+                cuda=cuda, seed=seed,
+            )
+        except torch.cuda.OutOfMemoryError:
+            status = "out_of_memory"  # the phase that ran out carries the error in its row
+    report["status"] = status
+    report["phases"] = [p.as_dict() for p in phases.values()]
+    step_phases = [p for name, p in phases.items() if name != "load"]
+    report["step_seconds"] = sum(p.seconds for p in step_phases)
+    report["time_share"] = {
+        p.name: p.seconds / report["step_seconds"] if report["step_seconds"] > 0 else 0.0 for p in step_phases
+    }
+    if cuda:
+        report["peak_allocated_gib"] = max(gib(p.peak_allocated) for p in phases.values())
+        report["peak_reserved_gib"] = max(gib(p.peak_reserved) for p in phases.values())
+        report["fits_24gib"] = status == "ok" and report["peak_reserved_gib"] <= gib(GPU_CAP_BYTES)
+    else:
+        report["peak_rss_gib"] = max(gib(p.peak_rss) for p in phases.values())
+
+    if verbose:
+        what = "Qwen3-4B" if report["full_qwen3_4b_shape"] else f"Qwen3-4B structure at scale {scale}"
+        print(f"\n{what}: {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}, "
+              f"heads {shape['num_attention_heads']}/{shape['num_key_value_heads']}, vocab {shape['vocab_size']}, "
+              f"{report['base_parameters'] / 1e6:.0f}M params; n={recipe['group_size']}, prompt {prompt_tokens}, "
+              f"response {response_tokens}, micro-batch {recipe['micro_batch_size']}, {report['device']}")
+        mem_header = ("peak alloc GiB", "peak reserved GiB") if cuda else ("peak RSS GiB",)
+        rows = []
+        for p in phases.values():
+            d = p.as_dict()
+            share = None if p.name == "load" else 100 * report["time_share"][p.name]
+            mem = (d["peak_allocated_gib"], d["peak_reserved_gib"]) if cuda else (d["peak_rss_gib"],)
+            rows.append([p.name, p.seconds, share, *mem])
+        rows.append(["step (no load)", report["step_seconds"], 100.0,
+                     *((report["peak_allocated_gib"], report["peak_reserved_gib"]) if cuda
+                       else (report["peak_rss_gib"],))])
+        print_table(("phase", "seconds", "% of step", *mem_header), rows)
+        print(f"status: {status}")
+    if out is not None:
+        path = write_json(report, out, machine=machine)
+        if verbose:
+            print(f"wrote {path}")
+    report["machine"] = machine
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--scale", type=float, default=None,
+                        help=f"shrink layers/widths/heads (default 1 on GPU, {CPU_DEFAULTS['scale']} on CPU)")
+    parser.add_argument("--prompt-tokens", type=int, default=None, help="prompt length (default: the recipe's 6144 on GPU)")
+    parser.add_argument("--response-tokens", type=int, default=None,
+                        help="forced response length (default: the recipe's 2048 on GPU)")
+    parser.add_argument("--group-size", type=int, default=None, help="rollouts in the step (default: the recipe's 8)")
+    parser.add_argument("--micro-batch-size", type=int, default=None, help="default: the recipe's")
+    parser.add_argument("--vocab-size", type=int, default=None, help="shrink the vocabulary (smoke tests)")
+    parser.add_argument("--compute-dtype", choices=("bfloat16", "float32", "float16"), default=None,
+                        help="NF4 compute dtype (default: the recipe's bfloat16 on GPU, float32 on CPU)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny run for tests: scale 0.03, vocab 2048, prompt 16, response 4, n 2, micro-batch 1")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON file to write")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.scale, args.vocab_size = args.scale or 0.03, args.vocab_size or 2048
+        args.prompt_tokens, args.response_tokens = args.prompt_tokens or 16, args.response_tokens or 4
+        args.group_size, args.micro_batch_size = args.group_size or 2, args.micro_batch_size or 1
+        args.device = args.device or "cpu"
+    for name in ("prompt_tokens", "response_tokens", "group_size", "micro_batch_size", "vocab_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    return run_benchmark(
+        scale=args.scale, prompt_tokens=args.prompt_tokens, response_tokens=args.response_tokens,
+        group_size=args.group_size, micro_batch_size=args.micro_batch_size, vocab_size=args.vocab_size,
+        compute_dtype=args.compute_dtype, device=args.device, seed=args.seed, out=args.out,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Smoke tests of the benchmarks in ``experiments/``: each runs end to end in a tiny configuration.
+
+They check the plumbing (real rollouts, a real GRPO update, NF4 loading, the forced-length
+generation, the report files), not the numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import build_tiny_model_dir
+
+EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+sys.path.insert(0, str(EXPERIMENTS))
+
+import _common
+import bench_rollout
+import bench_scale
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from more threads, and on a shared, busy machine they lose a lot."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def test_format_table_aligns_numbers_right_and_text_left():
+    table = _common.format_table(("name", "value"), [["a", 1.5], ["longer", 12.25]])
+    lines = table.splitlines()
+    assert lines == ["name    value", "------  -----", "a        1.50", "longer  12.25"]
+
+
+def test_write_json_is_atomic_and_records_the_machine(tmp_path):
+    target = tmp_path / "results" / "x.json"
+    _common.write_json({"a": 1}, target)
+    data = json.loads(target.read_text())
+    assert data["a"] == 1
+    machine = data["machine"]
+    for key in ("torch", "torch_threads", "cpu_count", "load_average", "load_average_end", "commit"):
+        assert key in machine
+    assert list(target.parent.iterdir()) == [target]  # no temporary file left behind
+
+    class Unserialisable:
+        pass
+
+    with pytest.raises(TypeError):
+        _common.write_json({"a": Unserialisable()}, target)
+    assert json.loads(target.read_text())["a"] == 1  # the old report survives a failed write
+    assert list(target.parent.iterdir()) == [target]
+
+
+def test_bench_rollout_smoke(tmp_path, tokenizer, one_thread):
+    model_dir = build_tiny_model_dir(tmp_path / "tiny", tokenizer, hidden=32, layers=2, seed=1)
+    out = tmp_path / "bench_rollout.json"
+    report = bench_rollout.main(["--smoke", "--model", model_dir, "--out", str(out)])
+    written = json.loads(out.read_text())
+    assert written["complete"] is True
+    rows = written["results"]
+    assert [(r["group_size"], r["instances"]) for r in rows] == [(2, 1)]
+    for row in rows:
+        assert row["rollouts"] == row["group_size"] * row["instances"]
+        assert row["turns"] == row["rollouts"]  # one chunk per instance in the smoke configuration
+        assert 0 < row["generated_tokens"] <= 4 * row["turns"]
+        assert row["questions"] == row["rollouts"]  # one question per instance
+        assert row["tokens_per_s"] > 0 and row["questions_per_s"] > 0
+        assert sum(row["share"].values()) == pytest.approx(1.0)
+        assert row["step_s"] == pytest.approx(row["rollout_s"] + row["reader_s"] + row["train_s"])
+    assert report["machine"]["load_average"] is not None
+
+
+def test_bench_scale_smoke_forces_full_length_and_steps(tmp_path, one_thread):
+    out = tmp_path / "bench_scale.json"
+    report = bench_scale.main(["--smoke", "--out", str(out)])
+    written = json.loads(out.read_text())
+    assert written["status"] == "ok"
+    assert written["device"] == "cpu"
+    assert written["shape"]["num_attention_heads"] == 4 * written["shape"]["num_key_value_heads"]
+    assert written["shape"]["head_dim"] == 128 and written["shape"]["tie_word_embeddings"] is True
+    step = written["step"]
+    assert step["generated_tokens"] == written["group_size"] * written["response_tokens"]  # no early stop
+    assert step["optimizer"] == "adamw"
+    assert step["trainable_parameters"] > 0 and torch.isfinite(torch.tensor(step["grad_norm"]))
+    phases = {p["phase"]: p for p in written["phases"]}
+    assert set(phases) == {"load", "generate", "reference", "policy_forward", "backward", "optimizer"}
+    assert all(p["seconds"] > 0 and p["peak_rss_gib"] > 0 for p in phases.values())
+    assert sum(written["time_share"].values()) == pytest.approx(1.0)
+    assert report["recipe"] == "configs/qlora_4090.yaml"
+
+
+def test_scaled_shape_keeps_the_structure():
+    full = bench_scale.scaled_shape(1.0)
+    assert full == bench_scale.QWEN3_4B
+    eighth = bench_scale.scaled_shape(0.125)
+    assert eighth["num_hidden_layers"] == 4 and eighth["hidden_size"] == 320
+    assert eighth["num_attention_heads"] == 4 and eighth["num_key_value_heads"] == 1
+    assert eighth["vocab_size"] == 151936 and eighth["head_dim"] == 128
+    with pytest.raises(ValueError):
+        bench_scale.scaled_shape(0.0)
+
+
+def test_recipe_values_come_from_the_qlora_config():
+    recipe = bench_scale.read_recipe()
+    assert (recipe["group_size"], recipe["prompt_tokens"], recipe["response_tokens"]) == (8, 6144, 2048)
+    assert recipe["lora"].r == 32 and recipe["lora"].alpha == 64 and recipe["lora"].target_modules == "all-linear"
+    assert recipe["optimizer"] == "paged_adamw_8bit" and recipe["gradient_checkpointing"] is True
