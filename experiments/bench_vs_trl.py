@@ -1,0 +1,537 @@
+"""The same single-turn GRPO job run by memalpha's plain loop and by TRL's ``GRPOTrainer``, side by side.
+
+Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench_vs_trl.py
+      (needs the ``bench`` extra: ``pip install -e '.[bench]' -c constraints.txt``)
+
+The job: the embedded SmolLM2-135M-Instruct (``--model`` to change) with a fresh LoRA adapter
+(r 16, alpha 32, dropout 0, all linear layers) learns to write valid memory tool calls. Each
+prompt is one memorising turn: one synthetic chunk (``memalpha.data.synthetic``, train split)
+wrapped in :func:`memalpha.prompts.memorise_messages` with an empty memory and the ``hermes``
+call format. The reward, shared by both sides, is tool-call validity: the share of a reply's
+calls (parse errors count as failed calls) that execute on a fresh :class:`memalpha.memory.Memory`,
+0 for a reply without calls.
+
+Both sides get the same settings: fp32 on CPU, no gradient checkpointing, ``group_size``
+samples for each of ``prompts_per_step`` prompts per optimiser step (one generation round
+over all of them, then forward/backward in micro-batches of ``micro_batch_size`` sequences
+whose gradients add up to one optimiser step), the same completion cap, temperature
+(top-p 1, top-k off), AdamW with a constant learning rate, weight decay 0 and gradient norm
+clip 1, PPO clip 0.2 both ways, group-normalised advantages, the k3 KL to the base model
+(adapter disabled) weighted by ``--kl-coef`` (TRL ``beta``, with its importance-sampling
+correction of the KL term switched off because memalpha has none), and token-mean loss
+aggregation over the whole step (TRL ``loss_type="dapo"``: sum over every completion token
+of the generation batch / their count, as memalpha's ``token-mean`` with its global
+normaliser; ``bnpo`` would divide by each micro-batch's own count). TRL runs without vLLM, logs nowhere (``report_to="none"``) and saves nothing.
+
+Measurement: the runs alternate memalpha, TRL, memalpha, TRL, ... (``--repeats`` pairs) so
+drift of the shared machine hits both sides alike. Every run is a fresh Python subprocess
+so its peak RSS (``getrusage``, imports and model included) is its own. Per-step wall time
+counts generation, reward, reference and policy passes, backward and the optimiser step;
+step 0 of every run is dropped as warm-up when a run has more than one step. Generated
+tokens/s is completion tokens (up to and including the end-of-turn token) per second of
+step time; "gen tok/s" divides by generation time only. Sampling differs between the two
+implementations, so the completion lengths differ too: compare tokens/s, not only step time.
+The table goes to stdout and the JSON report to ``experiments/results/bench_vs_trl.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (
+    RESULTS_DIR,
+    command_line,
+    current_rss_bytes,
+    lifetime_peak_rss_bytes,
+    load_average,
+    machine_info,
+    print_table,
+    write_json,
+)
+
+SIDES = ("memalpha", "trl")
+RESULT_MARKER = "BENCH_VS_TRL_RESULT "
+DEFAULT_OUT = RESULTS_DIR / "bench_vs_trl.json"
+MIB = 2**20
+
+
+@dataclass
+class BenchSettings:
+    """One benchmark job; every field is shared by both sides.
+
+    Args:
+        model: embedded model name or a local HF folder.
+        prompts_per_step: distinct prompts per optimiser step.
+        group_size: samples per prompt (TRL ``num_generations``).
+        max_new_tokens: completion length cap (TRL ``max_completion_length``).
+        steps: optimiser steps per run.
+        micro_batch_size: sequences per forward/backward (memalpha ``micro_batch_size``, TRL
+            ``per_device_train_batch_size`` with ``gradient_accumulation_steps`` making up the step);
+            gradients of the step's micro-batches are accumulated before the one optimiser step.
+        num_prompts: size of the prompt pool (0: ``prompts_per_step * steps``, so each run
+            sees every prompt once).
+        temperature: sampling temperature (also scales the scored distribution).
+        learning_rate: AdamW learning rate (constant).
+        kl_coef: k3 KL weight (memalpha ``kl_coef``, TRL ``beta``); 0 skips the reference pass.
+        lora_r: LoRA rank.
+        lora_alpha: LoRA alpha.
+        seed: seed of prompts, sampling and adapter init.
+        threads: torch intra-op threads in each run (0: torch's default).
+    """
+
+    model: str = "smollm2-135m-instruct"
+    prompts_per_step: int = 2
+    group_size: int = 4
+    max_new_tokens: int = 48
+    steps: int = 4
+    micro_batch_size: int = 2
+    num_prompts: int = 0
+    temperature: float = 1.0
+    learning_rate: float = 1e-5
+    kl_coef: float = 0.04
+    lora_r: int = 16
+    lora_alpha: int = 32
+    seed: int = 0
+    threads: int = 0
+
+    def batch_size(self) -> int:
+        """Completions per optimiser step."""
+        return self.prompts_per_step * self.group_size
+
+    def pool_size(self) -> int:
+        return self.num_prompts or self.prompts_per_step * self.steps
+
+    def validate(self) -> None:
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2 (TRL refuses smaller groups), got {self.group_size}")
+        for name in ("prompts_per_step", "max_new_tokens", "steps", "micro_batch_size", "lora_r", "lora_alpha"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.batch_size() % self.micro_batch_size:
+            raise ValueError(
+                f"micro_batch_size ({self.micro_batch_size}) must divide prompts_per_step * group_size ({self.batch_size()})"
+            )
+        if self.num_prompts < 0 or self.threads < 0:
+            raise ValueError("num_prompts and threads must be >= 0")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+
+
+# ----------------------------------------------------------------------------- the job
+
+
+def build_prompts(count: int, seed: int, response_token_limit: int | None = None) -> list[list[dict[str, str]]]:
+    """``count`` memorising prompts (``[system, user]`` messages), one synthetic chunk each, empty memory."""
+    from memalpha.data.synthetic import generate_synthetic
+    from memalpha.memory import Memory
+    from memalpha.prompts import memorise_messages
+    from memalpha.tools import get_call_format
+
+    call_format = get_call_format("hermes")
+    view = Memory().render_memorise()
+    instances = generate_synthetic(count, split="train", seed=seed)
+    return [memorise_messages(view, inst.chunks[0], call_format, response_token_limit) for inst in instances]
+
+
+def tool_call_validity(completions: Sequence[str]) -> list[float]:
+    """Per completion: calls that execute ok on a fresh memory / calls attempted (parse errors included); 0 if none."""
+    from memalpha.memory import Memory
+    from memalpha.tools import execute_response, get_call_format
+
+    call_format = get_call_format("hermes")
+    rewards = []
+    for text in completions:
+        outcome = execute_response(Memory(), text, call_format)
+        rewards.append(outcome.successes / outcome.attempts if outcome.attempts else 0.0)
+    return rewards
+
+
+def _lora(settings: BenchSettings):
+    from memalpha.policy import LoraSettings
+
+    return LoraSettings(r=settings.lora_r, alpha=settings.lora_alpha, dropout=0.0, target_modules="all-linear")
+
+
+def run_memalpha(settings: BenchSettings) -> dict[str, Any]:
+    """Train with :func:`memalpha.grpo_loop.train_grpo`; per-step records and setup time."""
+    from memalpha.grpo_loop import GRPOLoopSettings, train_grpo
+
+    start = time.perf_counter()
+    prompts = build_prompts(settings.pool_size(), settings.seed, settings.max_new_tokens)
+    loop = GRPOLoopSettings(
+        steps=settings.steps,
+        prompts_per_step=settings.prompts_per_step,
+        group_size=settings.group_size,
+        max_new_tokens=settings.max_new_tokens,
+        temperature=settings.temperature,
+        top_p=1.0,
+        learning_rate=settings.learning_rate,
+        weight_decay=0.0,
+        grad_clip=1.0,
+        kl_coef=settings.kl_coef,
+        clip_low=0.2,
+        clip_high=0.2,
+        loss_agg="token-mean",
+        advantage_scale="group",
+        micro_batch_size=settings.micro_batch_size,
+        precision="fp32",
+        lora=_lora(settings),
+        seed=settings.seed,
+    )
+    first_step_end: list[float] = []
+
+    def on_step(record: dict[str, float]) -> None:
+        if not first_step_end:
+            first_step_end.append(time.perf_counter())
+
+    result = train_grpo(
+        settings.model, prompts, lambda _prompts, completions: tool_call_validity(completions), loop, on_step=on_step
+    )
+    steps = [
+        {
+            "step_s": r["step_s"],
+            "gen_s": r["gen_s"],
+            "generated_tokens": int(r["generated_tokens"]),
+            "reward": r["reward"],
+            "kl": r["kl"],
+        }
+        for r in result.history
+    ]
+    setup_s = first_step_end[0] - start - steps[0]["step_s"] if steps else time.perf_counter() - start
+    return {"steps": steps, "setup_s": setup_s}
+
+
+def run_trl(settings: BenchSettings) -> dict[str, Any]:
+    """Train with ``trl.GRPOTrainer`` on the same job; per-step records and setup time."""
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from memalpha.models import load_tokenizer, resolve_model_path
+
+    start = time.perf_counter()
+    path = str(resolve_model_path(settings.model))
+    tokenizer = load_tokenizer(path)
+    prompts = build_prompts(settings.pool_size(), settings.seed, settings.max_new_tokens)
+    dataset = Dataset.from_list([{"prompt": p} for p in prompts])
+    generations: list[tuple[float, int]] = []
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        """Records the wall time and token count of every generation round."""
+
+        def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+            begin = time.perf_counter()
+            completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+            generations.append((time.perf_counter() - begin, sum(len(c) for c in completion_ids)))
+            return completion_ids, logprobs
+
+    if not hasattr(GRPOTrainer, "_generate_single_turn"):
+        raise RuntimeError("this TRL has no GRPOTrainer._generate_single_turn; install the version in constraints.txt")
+
+    def reward(prompts, completions, **kwargs) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return tool_call_validity(texts)
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.began = 0.0
+            self.train_began: float | None = None
+            self.step_s: list[float] = []
+            self.logs: list[dict[str, float]] = []
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.train_began = time.perf_counter()
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.began = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.step_s.append(time.perf_counter() - self.began)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "reward" in logs:
+                self.logs.append(dict(logs))
+
+    timer = StepTimer()
+    with tempfile.TemporaryDirectory(prefix="bench_vs_trl_") as output_dir:
+        config = GRPOConfig(
+            output_dir=output_dir,
+            max_steps=settings.steps,
+            per_device_train_batch_size=settings.micro_batch_size,
+            gradient_accumulation_steps=settings.batch_size() // settings.micro_batch_size,
+            num_generations=settings.group_size,
+            max_completion_length=settings.max_new_tokens,
+            temperature=settings.temperature,
+            top_p=1.0,
+            top_k=0,
+            learning_rate=settings.learning_rate,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            optim="adamw_torch",
+            beta=settings.kl_coef,
+            use_bias_correction_kl=False,
+            epsilon=0.2,
+            epsilon_high=0.2,
+            num_iterations=1,
+            loss_type="dapo",
+            scale_rewards="group",
+            use_vllm=False,
+            use_cpu=True,
+            bf16=False,
+            fp16=False,
+            gradient_checkpointing=False,
+            model_init_kwargs={"dtype": "float32"},
+            report_to="none",
+            save_strategy="no",
+            logging_steps=1,
+            disable_tqdm=True,
+            log_completions=False,
+            dataloader_num_workers=0,
+            push_to_hub=False,
+            seed=settings.seed,
+            data_seed=settings.seed,
+        )
+        trainer = TimedGRPOTrainer(
+            model=path,
+            reward_funcs=reward,
+            args=config,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            peft_config=_lora(settings).to_peft(),
+            callbacks=[timer],
+        )
+        trainer.train()
+    if len(timer.step_s) != settings.steps or len(generations) != settings.steps:
+        raise RuntimeError(
+            f"TRL ran {len(timer.step_s)} steps and {len(generations)} generation rounds, expected {settings.steps} of each"
+        )
+    steps = []
+    for index, step_s in enumerate(timer.step_s):
+        log = timer.logs[index] if index < len(timer.logs) else {}
+        steps.append(
+            {
+                "step_s": step_s,
+                "gen_s": generations[index][0],
+                "generated_tokens": generations[index][1],
+                "reward": float(log.get("reward", float("nan"))),
+                "kl": float(log.get("kl", float("nan"))),
+            }
+        )
+    setup_s = (timer.train_began or start) - start
+    return {"steps": steps, "setup_s": setup_s}
+
+
+RUNNERS = {"memalpha": run_memalpha, "trl": run_trl}
+
+
+def child_main(side: str, settings: BenchSettings) -> None:
+    """Run one side in this process and print its result as one marked JSON line on stdout."""
+    import torch
+
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    rss_after_import = current_rss_bytes()
+    load_before = load_average()
+    began = time.perf_counter()
+    result = RUNNERS[side](settings)
+    result.update(
+        side=side,
+        wall_s=time.perf_counter() - began,
+        rss_after_import_mib=rss_after_import / MIB,
+        peak_rss_mib=lifetime_peak_rss_bytes() / MIB,
+        torch_threads=torch.get_num_threads(),
+        load_before=load_before,
+        load_after=load_average(),
+    )
+    print(RESULT_MARKER + json.dumps(result), flush=True)
+
+
+# ----------------------------------------------------------------------------- the driver
+
+
+def run_child(side: str, settings: BenchSettings, timeout_s: float) -> dict[str, Any]:
+    """One run of ``side`` in a fresh interpreter; returns its parsed result."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--settings", json.dumps(asdict(settings))]
+    began = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_MARKER)]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout)[-4000:]
+        raise RuntimeError(f"{side} run failed (exit {proc.returncode}):\n{tail}")
+    result = json.loads(lines[-1][len(RESULT_MARKER) :])
+    result["process_s"] = time.perf_counter() - began
+    return result
+
+
+def kept_steps(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The steps of a run that count: all but step 0 (warm-up) when the run has more than one."""
+    steps = run["steps"]
+    return steps[1:] if len(steps) > 1 else steps
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Pooled statistics over the kept steps of one side's runs."""
+    steps = [s for run in runs for s in kept_steps(run)]
+    step_s = [s["step_s"] for s in steps]
+    gen_s = [s["gen_s"] for s in steps]
+    tokens = sum(s["generated_tokens"] for s in steps)
+    return {
+        "runs": len(runs),
+        "steps_kept": len(steps),
+        "step_s_median": statistics.median(step_s),
+        "step_s_min": min(step_s),
+        "step_s_max": max(step_s),
+        "gen_s_median": statistics.median(gen_s),
+        "train_s_median": statistics.median(s["step_s"] - s["gen_s"] for s in steps),
+        "tokens_per_step_mean": tokens / len(steps),
+        "tokens_per_s": tokens / sum(step_s),
+        "gen_tokens_per_s": tokens / sum(gen_s),
+        "peak_rss_mib": max(run["peak_rss_mib"] for run in runs),
+        "rss_after_import_mib": max(run["rss_after_import_mib"] for run in runs),
+        "setup_s_median": statistics.median(run["setup_s"] for run in runs),
+        "reward_mean": statistics.fmean(s["reward"] for s in steps),
+    }
+
+
+def ratios(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float]:
+    """memalpha / TRL for the headline figures (below 1 is better for times and memory, above 1 for tokens/s)."""
+    keys = ("step_s_median", "gen_s_median", "train_s_median", "tokens_per_s", "gen_tokens_per_s", "peak_rss_mib")
+    return {key: ours[key] / theirs[key] if theirs[key] else float("nan") for key in keys}
+
+
+TABLE_HEADERS = (
+    "side", "runs", "steps", "step s med", "min", "max", "gen s", "train s", "tok/step",
+    "tok/s", "gen tok/s", "peak RSS MiB", "reward",
+)
+
+
+def table_rows(summary: dict[str, dict[str, Any]], ratio: dict[str, float] | None) -> list[list[Any]]:
+    rows = []
+    for side, s in summary.items():
+        rows.append([
+            side, s["runs"], s["steps_kept"], s["step_s_median"], s["step_s_min"], s["step_s_max"],
+            s["gen_s_median"], s["train_s_median"], s["tokens_per_step_mean"], s["tokens_per_s"],
+            s["gen_tokens_per_s"], s["peak_rss_mib"], s["reward_mean"],
+        ])
+    if ratio is not None:
+        rows.append([
+            "memalpha/trl", None, None, ratio["step_s_median"], None, None, ratio["gen_s_median"],
+            ratio["train_s_median"], None, ratio["tokens_per_s"], ratio["gen_tokens_per_s"], ratio["peak_rss_mib"], None,
+        ])
+    return rows
+
+
+def benchmark(settings: BenchSettings, repeats: int, sides: Sequence[str], timeout_s: float) -> dict[str, Any]:
+    """Alternate the sides ``repeats`` times (A B A B ...) and summarise; returns the report."""
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+    order = []
+    for repeat in range(repeats):
+        for side in sides:
+            print(f"[bench_vs_trl] repeat {repeat + 1}/{repeats}: {side} ...", file=sys.stderr, flush=True)
+            result = run_child(side, settings, timeout_s)
+            result["repeat"] = repeat
+            runs[side].append(result)
+            order.append(side)
+            steps = ", ".join(f"{s['step_s']:.1f}" for s in result["steps"])
+            print(f"[bench_vs_trl]   steps (s): {steps}; peak RSS {result['peak_rss_mib']:.0f} MiB",
+                  file=sys.stderr, flush=True)
+    summary = {side: summarise(runs[side]) for side in sides}
+    ratio = ratios(summary["memalpha"], summary["trl"]) if set(SIDES) <= set(sides) else None
+    return {"settings": asdict(settings), "repeats": repeats, "order": order, "summary": summary,
+            "ratio_memalpha_over_trl": ratio, "runs": runs}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    defaults = BenchSettings()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=defaults.model, help="embedded model name or local HF folder")
+    parser.add_argument("--prompts-per-step", type=int, default=defaults.prompts_per_step)
+    parser.add_argument("--group-size", type=int, default=defaults.group_size)
+    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
+    parser.add_argument("--steps", type=int, default=defaults.steps, help="optimiser steps per run")
+    parser.add_argument("--micro-batch-size", type=int, default=defaults.micro_batch_size,
+                        help="sequences per forward/backward; must divide prompts-per-step * group-size")
+    parser.add_argument("--num-prompts", type=int, default=defaults.num_prompts,
+                        help="prompt pool size (0: prompts-per-step * steps)")
+    parser.add_argument("--temperature", type=float, default=defaults.temperature)
+    parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
+    parser.add_argument("--kl-coef", type=float, default=defaults.kl_coef)
+    parser.add_argument("--lora-r", type=int, default=defaults.lora_r)
+    parser.add_argument("--lora-alpha", type=int, default=defaults.lora_alpha)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--threads", type=int, default=defaults.threads, help="torch threads per run (0: default)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each side, alternating")
+    parser.add_argument("--sides", default="memalpha,trl", help="comma-separated subset of memalpha,trl")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per run")
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help="JSON report path")
+    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--settings", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def settings_from_args(args: argparse.Namespace) -> BenchSettings:
+    names = {f.name for f in fields(BenchSettings)}
+    settings = BenchSettings(**{name: getattr(args, name) for name in names})
+    settings.validate()
+    return settings
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
+    args = parse_args(argv)
+    if args.child:
+        child_main(args.child, BenchSettings(**json.loads(args.settings)))
+        return None
+    settings = settings_from_args(args)
+    sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    unknown = sorted(set(sides) - set(SIDES))
+    if unknown or not sides:
+        raise SystemExit(f"--sides must name some of {SIDES}, got {args.sides!r}")
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
+    if "trl" in sides:
+        import importlib.util
+
+        if importlib.util.find_spec("trl") is None:
+            raise SystemExit("TRL is not installed: pip install -e '.[bench]' -c constraints.txt (or --sides memalpha)")
+    machine = machine_info()
+    report = benchmark(settings, args.repeats, sides, args.timeout)
+    report["command"] = command_line()
+    report["notes"] = (
+        "step 0 of each run dropped as warm-up when a run has more than one step; "
+        "runs alternate the sides, each in a fresh subprocess; peak RSS is the run's lifetime peak "
+        "(imports and model included); the machine is shared, see machine.load_average and runs[*].load_*"
+    )
+    try:
+        import trl
+
+        report["trl_version"] = trl.__version__
+    except ImportError:
+        report["trl_version"] = None
+    print_table(TABLE_HEADERS, table_rows(report["summary"], report["ratio_memalpha_over_trl"]))
+    path = write_json(report, args.out, machine=machine)
+    print(f"wrote {path}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

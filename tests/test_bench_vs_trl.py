@@ -1,0 +1,81 @@
+"""Smoke test of experiments/bench_vs_trl.py: one step of each side on a tiny random model.
+
+The TRL side needs the ``bench`` extra. With TRL installed one invocation runs both sides;
+without it that test skips (saying so) and a memalpha-only run is checked instead, so exactly
+one benchmark invocation runs either way (each side is a subprocess that loads torch, which
+dominates the test's time).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+sys.path.insert(0, str(EXPERIMENTS))
+
+import bench_vs_trl
+
+HAS_TRL = importlib.util.find_spec("trl") is not None
+TINY = [
+    "--prompts-per-step", "1", "--group-size", "2", "--micro-batch-size", "1",
+    "--max-new-tokens", "6", "--steps", "1", "--repeats", "1",
+]
+
+
+def test_tool_call_validity_counts_failed_and_parse_errors():
+    ok = '<tool_call>\n{"name": "new_memory_insert", "arguments": {"memory_type": "semantic_memory", "content": "x"}}\n</tool_call>'
+    bad_type = '<tool_call>{"name": "new_memory_insert", "arguments": {"memory_type": "nope", "content": "x"}}</tool_call>'
+    broken = '<tool_call>{"name": "new_memory_insert", "arguments": {"content": "cut'
+    rewards = bench_vs_trl.tool_call_validity([ok, ok + bad_type, "no call here", ok + broken, broken])
+    assert rewards == [1.0, 0.5, 0.0, 0.5, 0.0]
+
+
+def test_prompts_are_one_chunk_memorise_turns():
+    prompts = bench_vs_trl.build_prompts(3, seed=0, response_token_limit=48)
+    assert len(prompts) == 3
+    assert [m["role"] for m in prompts[0]] == ["system", "user"]
+    assert "<tool_call>" in prompts[0][0]["content"]
+    assert len({p[1]["content"] for p in prompts}) == 3
+
+
+def test_settings_are_validated():
+    with pytest.raises(ValueError, match="group_size"):
+        bench_vs_trl.BenchSettings(group_size=1).validate()
+
+
+def _check_side(summary: dict, run: dict) -> None:
+    assert summary["runs"] == 1 and summary["steps_kept"] == 1  # one step: nothing dropped
+    (step,) = run["steps"]
+    assert 0 < step["gen_s"] <= step["step_s"]
+    assert 2 <= step["generated_tokens"] <= 2 * 6
+    assert summary["peak_rss_mib"] >= summary["rss_after_import_mib"] > 0
+
+
+@pytest.mark.skipif(HAS_TRL, reason="TRL is installed: test_both_sides_one_step runs this side too")
+def test_memalpha_side_one_step(tiny_model_dir, tmp_path):
+    out = tmp_path / "bench.json"
+    report = bench_vs_trl.main(["--model", tiny_model_dir, *TINY, "--sides", "memalpha", "--out", str(out)])
+    assert report["ratio_memalpha_over_trl"] is None
+    _check_side(report["summary"]["memalpha"], report["runs"]["memalpha"][0])
+    saved = json.loads(out.read_text())
+    assert saved["machine"]["load_average"] is not None and saved["order"] == ["memalpha"]
+
+
+@pytest.mark.skipif(not HAS_TRL, reason="TRL is not installed (it is the optional 'bench' extra)")
+def test_both_sides_one_step(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    report = bench_vs_trl.main(["--model", tiny_model_dir, *TINY, "--out", str(out)])
+    assert report["order"] == ["memalpha", "trl"]
+    for side in ("memalpha", "trl"):
+        _check_side(report["summary"][side], report["runs"][side][0])
+    ratio = report["ratio_memalpha_over_trl"]
+    assert ratio["step_s_median"] == pytest.approx(
+        report["summary"]["memalpha"]["step_s_median"] / report["summary"]["trl"]["step_s_median"]
+    )
+    table = capsys.readouterr().out
+    assert "memalpha/trl" in table and "trl" in json.loads(out.read_text())["runs"]
