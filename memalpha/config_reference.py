@@ -207,8 +207,8 @@ def render_reference(config_text: str | None = None) -> str:
         "arguments. memalpha drives its own optimisation (Lightning's manual optimisation), so leave "
         "`trainer.accumulate_grad_batches` at 1 and `trainer.gradient_clip_val` unset (Lightning refuses them "
         "in that mode): use `model.num_mini_batches`, `model.micro_batch_size` and `model.grad_clip` instead. "
-        "`trainer.max_steps` counts optimiser steps. `ckpt_path` resumes a run from a checkpoint file "
-        "(`last` picks the newest one the checkpoint callback wrote)."),
+        "`trainer.max_steps` counts optimiser steps. `ckpt_path` resumes a run from a checkpoint file, "
+        "e.g. `runs/tiny_cpu/checkpoints/last.ckpt`."),
         "",
         f"## Everything, resolved: `memalpha fit --config {CONFIG.as_posix()} --print_config`",
         "",
