@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/memalpha fit --config configs/tiny_cpu.yaml
-	HF_HUB_OFFLINE=1 $(VENV)/bin/memalpha validate --config configs/tiny_cpu.yaml --ckpt_path last
+	HF_HUB_OFFLINE=1 $(VENV)/bin/memalpha validate --config configs/tiny_cpu.yaml --ckpt_path runs/tiny_cpu/checkpoints/last.ckpt
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q

@@ -255,3 +255,15 @@ def test_ddp_two_ranks_train_different_instances_with_identical_adapters(tmp_pat
 def _peft_key(parameter_name: str) -> str:
     """PEFT's saved key for a live parameter name (the adapter name is dropped)."""
     return parameter_name.replace(".default", "")
+
+
+@pytest.mark.embedded
+def test_embedded_model_fit_one_step_then_validate(tmp_path, embedded_model_dir, capsys):
+    """The real default model through the whole CLI: one GRPO step, then validation from the checkpoint."""
+    config = write_config(tmp_path, "smollm2-135m-instruct", max_steps=1, instances_per_step=1)
+    main(["fit", "--config", str(config), "--model.rollout.max_new_tokens", "24"])
+    values = scalars(version_dirs(tmp_path)[0])
+    assert values["train/response_length"][0] > 0
+    assert math.isfinite(values["train/loss"][0]) and values["train/skipped_nonfinite"][0] == 0.0
+    main(["validate", "--config", str(config), "--ckpt_path", str(tmp_path / "run" / "checkpoints" / "last.ckpt")])
+    assert "ALL" in capsys.readouterr().out

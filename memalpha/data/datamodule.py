@@ -95,6 +95,7 @@ class RolloutDataModule(LightningDataModule):
         self._cursor = 0
         self._round = 0
         self._buffer: list[dict[str, Any]] = []
+        self._round_start = (0, 0, 0)
         self.seen_instance_ids: list[str] = []  # this process's rollout instances, in order (for audits)
 
     # ------------------------------------------------------------------ data
@@ -190,6 +191,7 @@ class RolloutDataModule(LightningDataModule):
         module = self.trainer.lightning_module
         while True:
             if not self._buffer:
+                self._round_start = (self._epoch, self._cursor, self._round)
                 instances = self.next_instances()
                 self._buffer = module.build_experience(instances, self._round)
                 self._round += 1
@@ -205,12 +207,20 @@ class RolloutDataModule(LightningDataModule):
 
     # ----------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "epoch": self._epoch,
             "cursor": self._cursor,
             "round": self._round,
             "buffer": list(self._buffer),
         }
+        _, world = self._rank_and_world()
+        if self._buffer and world > 1:
+            # Only rank 0's state reaches the checkpoint, and unserved mini-batches are per rank: save the
+            # position where this round started instead, so a resumed run rolls the round out again on
+            # every rank (with the weights it resumes with) rather than sharing rank 0's leftovers.
+            epoch, cursor, round_index = self._round_start
+            state.update(epoch=epoch, cursor=cursor, round=round_index, buffer=[])
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._epoch = state_dict["epoch"]
