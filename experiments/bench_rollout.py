@@ -33,7 +33,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from _common import RESULTS_DIR, Stopwatch, command_line, machine_info, print_table, write_json
+from _common import (
+    RESULTS_DIR,
+    Stopwatch,
+    command_line,
+    gib,
+    lifetime_peak_rss_bytes,
+    machine_info,
+    print_table,
+    write_json,
+)
 
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.grpo import group_advantages, policy_loss
@@ -180,6 +189,7 @@ def bench_step(module: GRPOModule, instances, group_size: int, optimizer, seed: 
             "training": train_s / step_s,
         },
         "mean_reward": sum(s.reward for s in out.samples) / max(turns, 1),
+        "peak_rss_gib_so_far": gib(lifetime_peak_rss_bytes()),
         "loss": update["loss"],
     }
 
@@ -203,7 +213,7 @@ def run_benchmark(
     questions: int = 2,
     max_prompt_tokens: int = 1536,
     reader_max_new_tokens: int = 24,
-    micro_batch_size: int = 8,
+    micro_batch_size: int = 2,
     learning_rate: float = 1e-5,
     warmup: bool = True,
     seed: int = 0,
@@ -301,7 +311,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--chunk-words", type=int, default=60, help="synthetic chunk length in words")
     parser.add_argument("--questions", type=int, default=2, help="synthetic questions per instance")
     parser.add_argument("--reader-max-new-tokens", type=int, default=24)
-    parser.add_argument("--micro-batch-size", type=int, default=8)
+    parser.add_argument("--micro-batch-size", type=int, default=2,
+                        help="samples per forward/backward (8 x 1.2k-token turns needed > 12 GB RSS)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-warmup", action="store_true", help="skip the unreported warm-up step")
     parser.add_argument("--smoke", action="store_true",
