@@ -45,9 +45,10 @@ from _common import (
 )
 
 from memalpha.data.synthetic import generate_synthetic
-from memalpha.grpo import group_advantages, policy_loss
+from memalpha.grpo import group_advantages
+from memalpha.grpo_step import accumulate_grpo_gradients, response_logprobs
 from memalpha.module import GRPOModule
-from memalpha.policy import LoraSettings, token_logprobs
+from memalpha.policy import LoraSettings
 from memalpha.rollout import RolloutSettings, TurnSample, run_rollouts
 
 DEFAULT_OUT = RESULTS_DIR / "bench_rollout.json"
@@ -102,47 +103,42 @@ def grpo_update(module: GRPOModule, samples: Sequence[TurnSample], optimizer: to
     """
     hp = module.hparams
     policy, pad_id = module.policy, module.tokenizer.pad_token_id
-    temperature = module.rollout_settings.temperature
-    mbs = hp.micro_batch_size
     prompts = [s.prompt_ids for s in samples]
     responses = [s.response_ids for s in samples]
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-    advantages = group_advantages(rewards, [s.group_id for s in samples], scale=hp.advantage_scale)
     tokens = max(float(sum(len(r) for r in responses)), 1.0)
+    batch = {
+        "prompt_ids": prompts,
+        "response_ids": responses,
+        "advantages": group_advantages(rewards, [s.group_id for s in samples], scale=hp.advantage_scale),
+        "old_logps": None,
+        "ref_logps": None,
+    }
+    with Stopwatch() as ref_watch, policy.disable_adapter():
+        batch["ref_logps"] = response_logprobs(
+            policy,
+            prompts,
+            responses,
+            temperature=module.rollout_settings.temperature,
+            micro_batch_size=hp.micro_batch_size,
+            pad_id=pad_id,
+        )
 
-    with Stopwatch() as ref_watch, torch.no_grad(), policy.disable_adapter():
-        policy.eval()
-        ref = token_logprobs(policy, prompts, responses, temperature=temperature, micro_batch_size=mbs, pad_id=pad_id)
-    policy.train()
-
-    total_loss = 0.0
-    with Stopwatch() as update_watch:
+    with Stopwatch() as update_watch:  # the same update GRPOModule.training_step runs
         optimizer.zero_grad(set_to_none=True)
-        for lo in range(0, len(samples), mbs):
-            part = slice(lo, lo + mbs)
-            logps = token_logprobs(
-                policy, prompts[part], responses[part], temperature=temperature, micro_batch_size=mbs, pad_id=pad_id
-            )
-            width = logps.shape[1]
-            lengths = torch.tensor([len(r) for r in responses[part]])
-            mask = (torch.arange(width)[None, :] < lengths[:, None]).float()
-            out = policy_loss(
-                logps,
-                logps.detach(),
-                ref[part, :width],
-                advantages[part],
-                mask,
-                clip_low=hp.clip_low,
-                clip_high=hp.clip_high,
-                kl_coef=hp.kl_coef,
-                agg="token-mean",
-                token_normaliser=tokens,
-            )
-            out.loss.backward()
-            total_loss += float(out.loss.detach())
+        metrics, _ = accumulate_grpo_gradients(
+            policy,
+            batch,
+            module.loss_settings,
+            pad_id=pad_id,
+            token_normaliser=tokens,
+            seq_normaliser=float(len(samples)),
+            backward=lambda loss: loss.backward(),
+        )
         params = [p for p in policy.parameters() if p.requires_grad]
         torch.nn.utils.clip_grad_norm_(params, hp.grad_clip)
         optimizer.step()
+    total_loss = metrics["loss"]
     return {"ref_s": ref_watch.seconds, "update_s": update_watch.seconds, "loss": total_loss, "tokens": tokens}
 
 
