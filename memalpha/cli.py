@@ -11,7 +11,8 @@ from __future__ import annotations
 import sys
 
 
-def main(argv: list[str] | None = None):
+def run(argv: list[str] | None = None):
+    """Run the command and return the ``MemAlphaCLI`` (``None`` for ``memalpha data``); for Python callers."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "data":
         from memalpha.data.cli import main as data_main
@@ -28,6 +29,11 @@ def main(argv: list[str] | None = None):
         save_config_kwargs={"overwrite": True},
         args=argv,
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: returns nothing, so the process exits 0 on success."""
+    run(argv)
 
 
 if __name__ == "__main__":
