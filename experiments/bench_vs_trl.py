@@ -44,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -441,10 +441,29 @@ def table_rows(summary: dict[str, dict[str, Any]], ratio: dict[str, float] | Non
     return rows
 
 
-def benchmark(settings: BenchSettings, repeats: int, sides: Sequence[str], timeout_s: float) -> dict[str, Any]:
-    """Alternate the sides ``repeats`` times (A B A B ...) and summarise; returns the report."""
+def build_report(settings: BenchSettings, repeats: int, sides: Sequence[str], runs: dict[str, list[dict[str, Any]]],
+                 order: list[str]) -> dict[str, Any]:
+    """The report over the runs so far; ``complete`` is False until every planned run is in."""
+    summary = {side: summarise(done) for side, done in runs.items() if done}
+    ratio = ratios(summary["memalpha"], summary["trl"]) if set(SIDES) <= set(summary) else None
+    return {"settings": asdict(settings), "repeats": repeats, "complete": len(order) == repeats * len(sides),
+            "order": order, "summary": summary, "ratio_memalpha_over_trl": ratio, "runs": runs}
+
+
+def benchmark(
+    settings: BenchSettings,
+    repeats: int,
+    sides: Sequence[str],
+    timeout_s: float,
+    on_run: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Alternate the sides ``repeats`` times (A B A B ...) and summarise; returns the report.
+
+    ``on_run`` gets the report so far after every run (the driver writes it, so a run killed
+    from outside still leaves the finished runs on disk).
+    """
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
-    order = []
+    order: list[str] = []
     for repeat in range(repeats):
         for side in sides:
             print(f"[bench_vs_trl] repeat {repeat + 1}/{repeats}: {side} ...", file=sys.stderr, flush=True)
@@ -455,10 +474,9 @@ def benchmark(settings: BenchSettings, repeats: int, sides: Sequence[str], timeo
             steps = ", ".join(f"{s['step_s']:.1f}" for s in result["steps"])
             print(f"[bench_vs_trl]   steps (s): {steps}; peak RSS {result['peak_rss_mib']:.0f} MiB",
                   file=sys.stderr, flush=True)
-    summary = {side: summarise(runs[side]) for side in sides}
-    ratio = ratios(summary["memalpha"], summary["trl"]) if set(SIDES) <= set(sides) else None
-    return {"settings": asdict(settings), "repeats": repeats, "order": order, "summary": summary,
-            "ratio_memalpha_over_trl": ratio, "runs": runs}
+            if on_run is not None:
+                on_run(build_report(settings, repeats, sides, runs, order))
+    return build_report(settings, repeats, sides, runs, order)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -514,19 +532,26 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         if importlib.util.find_spec("trl") is None:
             raise SystemExit("TRL is not installed: pip install -e '.[bench]' -c constraints.txt (or --sides memalpha)")
     machine = machine_info()
-    report = benchmark(settings, args.repeats, sides, args.timeout)
-    report["command"] = command_line()
-    report["notes"] = (
-        "step 0 of each run dropped as warm-up when a run has more than one step; "
-        "runs alternate the sides, each in a fresh subprocess; peak RSS is the run's lifetime peak "
-        "(imports and model included); the machine is shared, see machine.load_average and runs[*].load_*"
-    )
     try:
         import trl
 
-        report["trl_version"] = trl.__version__
+        trl_version = trl.__version__
     except ImportError:
-        report["trl_version"] = None
+        trl_version = None
+    extra = {
+        "command": command_line(),
+        "trl_version": trl_version,
+        "notes": (
+            "step 0 of each run dropped as warm-up when a run has more than one step; "
+            "runs alternate the sides, each in a fresh subprocess; peak RSS is the run's lifetime peak "
+            "(imports and model included); the machine is shared, see machine.load_average and runs[*].load_*"
+        ),
+    }
+    report = benchmark(
+        settings, args.repeats, sides, args.timeout,
+        on_run=lambda partial: write_json({**partial, **extra}, args.out, machine=machine),
+    )
+    report.update(extra)
     print_table(TABLE_HEADERS, table_rows(report["summary"], report["ratio_memalpha_over_trl"]))
     path = write_json(report, args.out, machine=machine)
     print(f"wrote {path}")

@@ -70,7 +70,7 @@ def test_memalpha_side_one_step(tiny_model_dir, tmp_path):
 def test_both_sides_one_step(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "bench.json"
     report = bench_vs_trl.main(["--model", tiny_model_dir, *TINY, "--out", str(out)])
-    assert report["order"] == ["memalpha", "trl"]
+    assert report["order"] == ["memalpha", "trl"] and report["complete"]
     for side in ("memalpha", "trl"):
         _check_side(report["summary"][side], report["runs"][side][0])
     ratio = report["ratio_memalpha_over_trl"]
