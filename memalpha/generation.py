@@ -10,6 +10,11 @@ Layout used everywhere in memalpha for a batch of (prompt, response) pairs::
 longest response (responses are right-padded), so every response starts at column ``P``.
 Position ids are ``cumsum(attention_mask) - 1``, exactly as ``transformers`` derives them
 during generation, so a left-padded row is scored as if it had no padding at all.
+
+With ``shared_prefix=L`` the first ``L`` tokens, identical in every prompt, stay in columns
+``[0, L)`` and only the rest of each prompt is left-padded after them; the padding hole is
+masked and skipped by the position ids, so each row still reads as unpadded. That layout
+lets :mod:`memalpha.prefix_cache` compute the shared tokens once for the whole batch.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+
+from memalpha.prefix_cache import prompt_cache, shared_prefix_length, split_decoder_and_head
 
 
 class PaddedBatch(NamedTuple):
@@ -59,9 +66,24 @@ def pad_prompt_response(
     response_ids: list[list[int]],
     pad_id: int,
     device: str | torch.device = "cpu",
+    *,
+    shared_prefix: int = 0,
 ) -> PaddedBatch:
-    """Build the padded layout (see module docstring) for lists of token ids."""
+    """Build the padded layout (see module docstring) for lists of token ids.
+
+    ``shared_prefix`` is the number of leading tokens every prompt has in common (they must
+    be identical and every prompt must be longer); 0 gives plain left padding.
+    """
     _check_pairs(prompt_ids, response_ids)
+    if shared_prefix < 0:
+        raise ValueError(f"shared_prefix must be >= 0, got {shared_prefix}")
+    if shared_prefix > 0:
+        head = list(prompt_ids[0][:shared_prefix])
+        for index, prompt in enumerate(prompt_ids):
+            if len(prompt) <= shared_prefix or list(prompt[:shared_prefix]) != head:
+                raise ValueError(
+                    f"prompt_ids[{index}] does not extend the {shared_prefix}-token prefix shared by the batch"
+                )
     batch = len(prompt_ids)
     prompt_width = max((len(p) for p in prompt_ids), default=0)
     response_width = max((len(r) for r in response_ids), default=0)
@@ -70,6 +92,11 @@ def pad_prompt_response(
     response_mask = torch.zeros((batch, response_width), dtype=torch.long)
     for row, (prompt, response) in enumerate(zip(prompt_ids, response_ids)):
         start = prompt_width - len(prompt)
+        if shared_prefix:
+            input_ids[row, :shared_prefix] = torch.as_tensor(prompt[:shared_prefix], dtype=torch.long)
+            attention_mask[row, :shared_prefix] = 1
+            start += shared_prefix
+            prompt = prompt[shared_prefix:]
         input_ids[row, start:prompt_width] = torch.as_tensor(prompt, dtype=torch.long)
         attention_mask[row, start : prompt_width + len(response)] = 1
         if response:
@@ -155,6 +182,7 @@ def generate(
     seed: int | None = None,
     batch_size: int | None = None,
     eos_token_id: int | list[int] | None = None,
+    share_prefix: bool = True,
 ) -> Generation:
     """Sample responses for token-id prompts, batched and left-padded, with the KV cache.
 
@@ -165,6 +193,11 @@ def generate(
     greedy. Generation stops at the end-of-sequence token(s): ``eos_token_id`` if given, else the
     model's generation config, else the tokenizer's. With ``seed`` the global RNG is forked and
     seeded, so the same call returns the same samples and the caller's RNG is left untouched.
+
+    With ``share_prefix`` (the default) the tokens that the prompts of a batch share -- their
+    common prefix, and whole prompts repeated by a group -- are pre-filled once and their
+    key/value cache is repeated to every row (:mod:`memalpha.prefix_cache`); the samples are
+    those of the plain batch up to float rounding.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -203,10 +236,16 @@ def generate(
                 torch.manual_seed(seed)
             for start in range(0, len(prompt_ids), step):
                 chunk = prompt_ids[start : start + step]
-                padded = pad_prompt_response(chunk, [[] for _ in chunk], pad_id, device)
+                prefix_len = shared_prefix_length(chunk) if share_prefix else 0
+                padded = pad_prompt_response(chunk, [[] for _ in chunk], pad_id, device, shared_prefix=prefix_len)
+                cache = None
+                if share_prefix:
+                    decoder = split_decoder_and_head(model)[0]
+                    cache = prompt_cache(decoder, padded, chunk, prefix_len)
                 sequences = model.generate(
                     input_ids=padded.input_ids,
                     attention_mask=padded.attention_mask,
+                    past_key_values=cache,
                     generation_config=config,
                 )
                 new_tokens = sequences[:, padded.input_ids.shape[1] :].tolist()

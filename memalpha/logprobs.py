@@ -15,28 +15,23 @@ hidden rows are kept and its logits are recomputed during backward, one chunk at
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from memalpha.generation import pad_prompt_response
+from memalpha.prefix_cache import (
+    cache_is_kept,
+    extend_cache,
+    prefix_cache,
+    repeat_rows,
+    shared_prefix_length,
+    split_decoder_and_head,
+)
 
 DEFAULT_TOKEN_CHUNK = 512
-
-
-def split_decoder_and_head(model) -> tuple[torch.nn.Module, torch.nn.Module, object]:
-    """The decoder stack, the output head and the config of a (PEFT-wrapped) causal LM.
-
-    With PEFT the adapters are injected into the base model's layers, so calling these
-    modules honours ``disable_adapter()`` exactly like calling the wrapper does.
-    """
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    decoder = base.get_decoder()
-    head = base.get_output_embeddings()
-    if decoder is base or head is None:
-        raise ValueError(f"{type(base).__name__} does not expose a separate decoder and output head")
-    return decoder, head, base.config
 
 
 def _finalise_logits(logits: torch.Tensor, config) -> torch.Tensor:
@@ -120,14 +115,24 @@ def _rows_logprob_nograd(
 
 
 def _rows_logprob_grad(
-    hidden: torch.Tensor, targets: torch.Tensor, head, config, temperature: float, vocab_chunk
-) -> torch.Tensor:
-    """Differentiable log-prob of ``targets`` for rows of ``hidden`` (run under checkpointing)."""
+    hidden: torch.Tensor, targets: torch.Tensor, head, config, temperature: float, vocab_chunk, want_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Differentiable log-prob of ``targets`` for rows of ``hidden`` (run under checkpointing).
+
+    The entropy (no grad) comes from the same logits when the vocabulary is not chunked;
+    otherwise it is None and the caller computes it separately.
+    """
     vocab = head.out_features if hasattr(head, "out_features") else None
     slices = _vocab_slices(vocab, vocab_chunk) if vocab is not None else [None]
     if slices == [None]:
         logits = _head_logits(head, hidden, config, None) / temperature
-        return logits.gather(1, targets.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=1)
+        log_norm = torch.logsumexp(logits, dim=1)
+        entropy = None
+        if want_entropy:
+            with torch.no_grad():
+                z = logits.detach()
+                entropy = log_norm.detach() - (torch.softmax(z, dim=1) * z).sum(dim=1)
+        return logits.gather(1, targets.unsqueeze(1)).squeeze(1) - log_norm, entropy
     norms = []
     target_logit = hidden.new_zeros(hidden.shape[0], dtype=torch.float32)
     for columns in slices:
@@ -137,7 +142,7 @@ def _rows_logprob_grad(
         picked = logits.gather(1, local.clamp(0, logits.shape[1] - 1).unsqueeze(1)).squeeze(1)
         target_logit = torch.where(inside, picked, target_logit)
         norms.append(torch.logsumexp(logits, dim=1))
-    return target_logit - torch.logsumexp(torch.stack(norms, dim=1), dim=1)
+    return target_logit - torch.logsumexp(torch.stack(norms, dim=1), dim=1), None
 
 
 def token_logprobs(
@@ -151,6 +156,7 @@ def token_logprobs(
     pad_id: int = 0,
     with_entropy: bool = False,
     token_chunk: int = DEFAULT_TOKEN_CHUNK,
+    share_prefix: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of every response token given its prompt and the preceding response tokens.
 
@@ -164,6 +170,11 @@ def token_logprobs(
     for the reference policy. ``micro_batch_size`` sequences go through the decoder at a
     time; ``token_chunk`` response rows (times ``vocab_chunk`` vocabulary columns, when set)
     bound the logits held at once. Padding uses ``pad_id`` and is masked out of attention.
+
+    With ``share_prefix`` the prompt prefix common to all rows (the system prompt of every
+    memorising turn) goes through the decoder once -- once per call without grad, once per
+    micro-batch with grad -- and its key/value cache serves every row
+    (:mod:`memalpha.prefix_cache`); the values equal the plain path up to float rounding.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -175,38 +186,52 @@ def token_logprobs(
     device = next(model.parameters()).device
     width = max((len(r) for r in response_ids), default=0)
     grad = torch.is_grad_enabled()
+    # The prefix cache is computed once per call without grad (reference / old policy), once
+    # per micro-batch with grad (its backward must reach the adapters). HF gradient
+    # checkpointing drops caches, so a checkpointed model takes the plain path when training.
+    prefix_len = shared_prefix_length(prompt_ids) if share_prefix and cache_is_kept(decoder) else 0
+    shared = None
     rows_out: list[torch.Tensor] = []
     entropy_out: list[torch.Tensor] = []
     for start in range(0, len(prompt_ids), micro_batch_size):
         prompts = prompt_ids[start : start + micro_batch_size]
         responses = response_ids[start : start + micro_batch_size]
-        batch = pad_prompt_response(prompts, responses, pad_id, device)
+        batch = pad_prompt_response(prompts, responses, pad_id, device, shared_prefix=prefix_len)
         local_width = batch.response_mask.shape[1]
         logprob = torch.zeros(len(prompts), local_width, device=device)
         entropy = torch.zeros(len(prompts), local_width, device=device)
         if local_width > 0:
-            hidden = decoder(
-                input_ids=batch.input_ids,
-                attention_mask=batch.attention_mask,
-                position_ids=batch.position_ids,
-                use_cache=False,
-            ).last_hidden_state
-            prompt_width = batch.prompt_width
-            # hidden at column t predicts the token at column t + 1
-            predicting = hidden[:, prompt_width - 1 : prompt_width - 1 + local_width]
+            if prefix_len:
+                if grad or shared is None:
+                    shared = prefix_cache(decoder, batch, prefix_len)
+                cache = repeat_rows(shared if grad else copy.deepcopy(shared), [0] * len(prompts))
+                hidden = extend_cache(decoder, cache, batch, prefix_len, batch.input_ids.shape[1])
+                del cache
+            else:
+                hidden = decoder(
+                    input_ids=batch.input_ids,
+                    attention_mask=batch.attention_mask,
+                    position_ids=batch.position_ids,
+                    use_cache=False,
+                ).last_hidden_state
+            # hidden at column t predicts the token at column t + 1 (hidden starts at column prefix_len)
+            first = batch.prompt_width - 1 - prefix_len
+            predicting = hidden[:, first : first + local_width]
             mask = batch.response_mask.bool()
             rows = predicting[mask]
-            targets = batch.input_ids[:, prompt_width:][mask]
+            targets = batch.input_ids[:, batch.prompt_width :][mask]
             values, entropies = [], []
             for r0 in range(0, rows.shape[0], token_chunk):
                 h, y = rows[r0 : r0 + token_chunk], targets[r0 : r0 + token_chunk]
                 if grad:
-                    values.append(
-                        checkpoint(
-                            _rows_logprob_grad, h, y, head, config, temperature, vocab_chunk, use_reentrant=False
-                        )
+                    value, ent = checkpoint(
+                        _rows_logprob_grad, h, y, head, config, temperature, vocab_chunk, with_entropy,
+                        use_reentrant=False,
                     )
-                    if with_entropy:
+                    values.append(value)
+                    if ent is not None:
+                        entropies.append(ent)
+                    elif with_entropy:
                         with torch.no_grad():
                             entropies.append(
                                 _rows_logprob_nograd(h.detach(), y, head, config, temperature, vocab_chunk, True)[1]

@@ -1,0 +1,137 @@
+"""Shared-prefix caching: the layout by hand, and equality with the plain padded paths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import build_tiny_model_dir
+
+from memalpha.generation import generate, pad_prompt_response
+from memalpha.logprobs import token_logprobs
+from memalpha.policy import LoraSettings, load_policy
+from memalpha.prefix_cache import cache_is_kept, shared_prefix_length, split_decoder_and_head, unique_rows
+
+SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]
+# Two groups of two identical prompts after a shared "system prompt", plus one shorter prompt.
+PROMPTS = [SYSTEM + [20, 21, 22], SYSTEM + [20, 21, 22], SYSTEM + [30], SYSTEM + [30], SYSTEM + [40, 41]]
+RESPONSES = [[100, 200, 2], [101], [300, 301, 302, 303], [], [400, 401]]
+
+
+def test_shared_prefix_length_leaves_the_last_token_of_every_row():
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5]]) == 3
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2]]) == 1
+    assert shared_prefix_length([[1], [1, 2]]) == 0
+    assert shared_prefix_length([[7, 2], [8, 2]]) == 0
+    assert shared_prefix_length([[1, 2, 3]]) == 0  # nothing to share with a single row
+    assert shared_prefix_length([]) == 0
+    assert shared_prefix_length(PROMPTS) == len(SYSTEM)
+
+
+def test_unique_rows():
+    assert unique_rows([[1], [2], [1], [2, 3], [2]]) == ([0, 1, 3], [0, 1, 0, 2, 1])
+
+
+def test_layout_with_a_shared_prefix():
+    batch = pad_prompt_response([[1, 2, 3, 4], [1, 2, 5]], [[7], [8, 9]], pad_id=0, shared_prefix=2)
+    assert batch.input_ids.tolist() == [[1, 2, 3, 4, 7, 0], [1, 2, 0, 5, 8, 9]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1, 0], [1, 1, 0, 1, 1, 1]]
+    assert batch.response_mask.tolist() == [[1, 0], [1, 1]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3, 4, 0], [0, 1, 0, 2, 3, 4]]
+    assert batch.prompt_width == 4
+
+
+def test_layout_refuses_a_prefix_that_is_not_shared():
+    with pytest.raises(ValueError, match=r"prompt_ids\[1\] does not extend the 2-token prefix"):
+        pad_prompt_response([[1, 2, 3], [1, 9, 3]], [[], []], pad_id=0, shared_prefix=2)
+    with pytest.raises(ValueError, match=r"prompt_ids\[1\]"):
+        pad_prompt_response([[1, 2, 3], [1, 2]], [[], []], pad_id=0, shared_prefix=2)
+
+
+@pytest.fixture(scope="module")
+def peaked_model_dir(tmp_path_factory, tokenizer):
+    """Peaked logits, so greedy tokens depend on the context and a wrong cache row shows."""
+    return build_tiny_model_dir(tmp_path_factory.mktemp("peaked"), tokenizer, initializer_range=0.3)
+
+
+@pytest.fixture(scope="module")
+def policy(peaked_model_dir):
+    torch.manual_seed(0)
+    model, tokenizer = load_policy(peaked_model_dir, lora=LoraSettings(r=4, alpha=8))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, 0.2)
+    return model, tokenizer
+
+
+@pytest.mark.parametrize("micro_batch_size", [1, 2, 5])
+def test_logprobs_with_shared_prefix_equal_the_plain_path(policy, micro_batch_size):
+    model, _ = policy
+    model.eval()
+    with torch.no_grad():
+        plain, plain_entropy = token_logprobs(
+            model, PROMPTS, RESPONSES, micro_batch_size=micro_batch_size, with_entropy=True, share_prefix=False
+        )
+        shared, shared_entropy = token_logprobs(
+            model, PROMPTS, RESPONSES, micro_batch_size=micro_batch_size, with_entropy=True
+        )
+        with model.disable_adapter():
+            reference = token_logprobs(model, PROMPTS, RESPONSES, micro_batch_size=micro_batch_size)
+            reference_plain = token_logprobs(
+                model, PROMPTS, RESPONSES, micro_batch_size=micro_batch_size, share_prefix=False
+            )
+    assert torch.allclose(shared, plain, atol=1e-5, rtol=0)
+    assert torch.allclose(shared_entropy, plain_entropy, atol=1e-4, rtol=0)
+    assert torch.allclose(reference, reference_plain, atol=1e-5, rtol=0)
+    assert not torch.allclose(reference, plain, atol=1e-3)  # the adapter matters, so the test can fail
+
+
+def _adapter_gradients(model, share_prefix: bool) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    weights = torch.linspace(-1.0, 1.0, 4)
+    logps = token_logprobs(model, PROMPTS, RESPONSES, micro_batch_size=2, share_prefix=share_prefix)
+    (logps * weights).sum().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_gradients_through_the_shared_prefix_equal_the_plain_path(policy):
+    model, _ = policy
+    model.train()
+    try:
+        plain = _adapter_gradients(model, share_prefix=False)
+        shared = _adapter_gradients(model, share_prefix=True)
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.eval()
+    assert plain.keys() == shared.keys() and len(plain) > 0
+    for name, grad in plain.items():
+        assert torch.allclose(shared[name], grad, atol=1e-5, rtol=1e-4), name
+    assert any(g.abs().sum() > 0 for n, g in plain.items() if "q_proj" in n)  # the prefix's keys carry gradient
+
+
+def test_gradient_checkpointing_takes_the_plain_path(tiny_model_dir):
+    torch.manual_seed(0)
+    model, _ = load_policy(tiny_model_dir, lora=LoraSettings(r=4, alpha=8), gradient_checkpointing=True)
+    decoder = split_decoder_and_head(model)[0]
+    model.train()
+    assert not cache_is_kept(decoder)  # a checkpointed layer would silently drop the cache
+    model.eval()
+    assert cache_is_kept(decoder)
+    model.train()
+    checkpointed = _adapter_gradients(model, share_prefix=True)
+    assert len(checkpointed) > 0 and all(torch.isfinite(g).all() for g in checkpointed.values())
+
+
+def test_generation_with_shared_prefix_equals_the_plain_batch(policy):
+    model, tokenizer = policy
+    kwargs = {"max_new_tokens": 8, "do_sample": False, "eos_token_id": 10_000}
+    plain = generate(model, tokenizer, PROMPTS, share_prefix=False, **kwargs)
+    shared = generate(model, tokenizer, PROMPTS, **kwargs)
+    chunked = generate(model, tokenizer, PROMPTS, batch_size=2, **kwargs)
+    assert shared.response_ids == plain.response_ids == chunked.response_ids
+    assert shared.prompt_ids == [list(p) for p in PROMPTS]
+    sampled = generate(model, tokenizer, PROMPTS, max_new_tokens=6, seed=3, eos_token_id=10_000)
+    again = generate(model, tokenizer, PROMPTS, max_new_tokens=6, seed=3, eos_token_id=10_000)
+    assert sampled.response_ids == again.response_ids
+    assert sampled.response_ids[0] != sampled.response_ids[1] or sampled.response_ids[2] != sampled.response_ids[3]
