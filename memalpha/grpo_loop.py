@@ -54,6 +54,9 @@ class GRPOLoopSettings:
         advantage_scale: ``group``, ``batch`` or ``none``.
         micro_batch_size: Sequences per forward/backward.
         precision: ``fp32``, ``bf16`` or ``nf4``.
+        gradient_checkpointing: Recompute decoder activations in backward: far less activation
+            memory for long prompts, about one more forward pass of time, and the policy pass
+            then reruns the shared prompt prefix for every sequence instead of once per micro-batch.
         lora: LoRA adapter shape.
         seed: Seed of prompt order, sampling and LoRA init.
         chat_template_kwargs: Extra chat-template arguments (e.g. ``{"enable_thinking": False}``).
@@ -75,6 +78,7 @@ class GRPOLoopSettings:
     advantage_scale: str = "group"
     micro_batch_size: int = 8
     precision: str = "fp32"
+    gradient_checkpointing: bool = False
     lora: LoraSettings = field(default_factory=LoraSettings)
     seed: int = 0
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -106,7 +110,9 @@ def train_grpo(
     if not prompts:
         raise ValueError("train_grpo needs at least one prompt")
     torch.manual_seed(s.seed)
-    policy, tokenizer = load_policy(model, precision=s.precision, lora=s.lora)
+    policy, tokenizer = load_policy(
+        model, precision=s.precision, lora=s.lora, gradient_checkpointing=s.gradient_checkpointing
+    )
     encoded = [_prompt_ids(tokenizer, p, s.chat_template_kwargs) for p in prompts]
     texts = [p if isinstance(p, str) else p[-1]["content"] for p in prompts]
     params = [p for p in policy.parameters() if p.requires_grad]

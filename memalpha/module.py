@@ -40,7 +40,9 @@ class GRPOModule(LightningModule):
         load_precision: Base weights as ``fp32``, ``bf16`` or 4-bit ``nf4`` (QLoRA through bitsandbytes).
         compute_dtype: Compute dtype of the NF4 layers (``bfloat16`` on GPUs, ``float32`` on CPU).
         lora: LoRA adapter shape (rank, alpha, dropout, target modules; ``all-linear`` for every linear layer).
-        gradient_checkpointing: Recompute activations in backward to save memory.
+        gradient_checkpointing: Recompute activations in backward to save memory (about one more
+            forward pass of time). Without it the policy pass computes the prompt prefix that a
+            micro-batch shares (the system prompt) once; with it, once per sequence.
         adapter_path: A PEFT adapter folder to start from instead of a fresh adapter.
         rollout: How the agent generates (group size, lengths, sampling, call format, memory view).
         reader: ``local`` (the policy's base weights, adapters off) or ``openai`` (an OpenAI-compatible endpoint).

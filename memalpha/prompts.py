@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from memalpha.memory import Memory
     from memalpha.tools.formats import CallFormat
 
 MEMORISE_SYSTEM_TEMPLATE = """\
@@ -72,28 +71,6 @@ def memorise_messages(
     limit_note = RESPONSE_LIMIT_NOTE.format(limit=response_token_limit) if response_token_limit else ""
     user = MEMORISE_USER_TEMPLATE.format(chunk=chunk, limit_note=limit_note)
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
-
-
-def memorise_messages_within(
-    memory: Memory,
-    chunk: str,
-    call_format: CallFormat,
-    budget_tokens: int,
-    k: int = 5,
-    response_token_limit: int | None = None,
-    template_overhead_tokens: int = 0,
-) -> tuple[list[dict[str, str]], int]:
-    """:func:`memorise_messages` with the memory view shrunk (``k`` halved) to fit ``budget_tokens``.
-
-    The prompt's text outside the memory view is counted with the memory's token
-    counter; ``template_overhead_tokens`` adds what the chat template puts around the
-    messages (role markers etc.). Returns ``(messages, k_used)``; raises
-    :class:`memalpha.memory.MemoryBudgetError` when even ``k = 0`` does not fit.
-    """
-    frame = memorise_messages("", chunk, call_format, response_token_limit)
-    overhead = sum(memory.token_counter(message["content"]) for message in frame) + template_overhead_tokens
-    view, k_used = memory.render_memorise_within(budget_tokens, k=k, overhead_tokens=overhead)
-    return memorise_messages(view, chunk, call_format, response_token_limit), k_used
 
 
 # ---------------------------------------------------------------------------------------

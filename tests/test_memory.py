@@ -11,7 +11,6 @@ from memalpha.memory import (
     CORE_TRUNCATION_MARKER,
     IdAllocator,
     Memory,
-    MemoryBudgetError,
     MemoryEntry,
     id_for_counter,
     whitespace_token_count,
@@ -163,19 +162,6 @@ def test_render_memorise_empty_memory_and_k_zero():
     assert Memory().render_memorise().startswith("<core_memory>\n(empty)\n</core_memory>")
     view = _small_memory().render_memorise(k=0)
     assert "(showing the most recent 0 of 3 entries)" in view and "fact" not in view
-
-
-def test_render_memorise_within_halves_k_until_it_fits():
-    memory = Memory()
-    for i in range(10):
-        memory.insert("semantic_memory", f"entry {i} " + "word " * 20)
-    sizes = {k: whitespace_token_count(memory.render_memorise(k)) for k in (5, 2, 1, 0)}
-    text, k_used = memory.render_memorise_within(sizes[2] + 7, k=5, overhead_tokens=7)
-    assert (k_used, text) == (2, memory.render_memorise(2))
-    assert memory.render_memorise_within(sizes[5], k=5)[1] == 5
-    assert memory.render_memorise_within(sizes[0], k=5)[1] == 0
-    with pytest.raises(MemoryBudgetError):
-        memory.render_memorise_within(sizes[0] - 1, k=5)
 
 
 def test_render_answer_numbers_entries_without_ids():

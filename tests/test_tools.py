@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memalpha.memory import Memory
-from memalpha.prompts import memorise_messages, memorise_messages_within
+from memalpha.prompts import memorise_messages
 from memalpha.tools import (
     TOOL_NAMES,
     TOOL_SCHEMAS,
@@ -250,17 +250,6 @@ def test_memorise_messages(fmt):
     assert fmt.instructions() in messages[0]["content"]
     assert "<new_chunk>\nthe chunk text\n</new_chunk>" in messages[1]["content"]
     assert "300 tokens" in messages[1]["content"]
-
-
-def test_memorise_messages_within_budget_shrinks_the_view():
-    memory = Memory()
-    for i in range(8):
-        memory.insert("semantic_memory", f"fact {i} " + "w " * 30)
-    full, k_full = memorise_messages_within(memory, "chunk", QWEN, budget_tokens=100_000)
-    small, k_small = memorise_messages_within(
-        memory, "chunk", QWEN, budget_tokens=sum(len(m["content"].split()) for m in full) - 1)
-    assert (k_full, k_small) == (5, 2)
-    assert memory.render_memorise(2) in small[0]["content"]
 
 
 # ---------------------------------------------------------------- property-based

@@ -6,7 +6,6 @@ from memalpha.memory.render import (
     EMPTY_LIST_NOTE,
     render_answer,
     render_memorise,
-    render_memorise_within,
 )
 from memalpha.memory.store import (
     ALL_TYPES,
@@ -16,7 +15,6 @@ from memalpha.memory.store import (
     LIST_TYPES,
     SEMANTIC,
     Memory,
-    MemoryBudgetError,
     MemoryEntry,
     MemoryFormatError,
     TokenCounter,
@@ -34,13 +32,11 @@ __all__ = [
     "SEMANTIC",
     "IdAllocator",
     "Memory",
-    "MemoryBudgetError",
     "MemoryEntry",
     "MemoryFormatError",
     "TokenCounter",
     "id_for_counter",
     "render_answer",
     "render_memorise",
-    "render_memorise_within",
     "whitespace_token_count",
 ]

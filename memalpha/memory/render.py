@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from memalpha.memory.store import MemoryBudgetError, MemoryEntry
+from memalpha.memory.store import MemoryEntry
 
 if TYPE_CHECKING:
     from memalpha.memory.store import Memory
@@ -60,29 +60,6 @@ def render_memorise(memory: Memory, k: int = 5) -> str:
             _recent_block("episodic_memory", memory.episodic, k),
         ]
     )
-
-
-def render_memorise_within(
-    memory: Memory, budget_tokens: int, k: int = 5, overhead_tokens: int = 0
-) -> tuple[str, int]:
-    """The largest view in the sequence ``k, k//2, …, 1, 0`` with ``tokens + overhead <= budget``.
-
-    Raises :class:`MemoryBudgetError` when even ``k = 0`` (core and counts only) does not fit.
-    """
-    if k < 0:
-        raise ValueError(f"k must be >= 0, got {k}")
-    current = k
-    while True:
-        text = render_memorise(memory, current)
-        used = memory.token_counter(text) + overhead_tokens
-        if used <= budget_tokens:
-            return text, current
-        if current == 0:
-            raise MemoryBudgetError(
-                f"memory view needs {used} tokens (overhead {overhead_tokens}) with no entries shown, "
-                f"budget is {budget_tokens}"
-            )
-        current //= 2
 
 
 def _numbered_block(tag: str, entries: list[MemoryEntry]) -> str:

@@ -60,10 +60,6 @@ class MemoryFormatError(ValueError):
     """A saved memory (``to_dict`` output) is malformed; the message names the field."""
 
 
-class MemoryBudgetError(ValueError):
-    """The memorising view does not fit the token budget even with no entries shown."""
-
-
 class Memory:
     """Core paragraph + semantic and episodic entry lists, with seeded ids.
 
@@ -219,17 +215,6 @@ class Memory:
         from memalpha.memory.render import render_memorise
 
         return render_memorise(self, k)
-
-    def render_memorise_within(
-        self, budget_tokens: int, k: int = 5, overhead_tokens: int = 0
-    ) -> tuple[str, int]:
-        """Memorising view whose tokens + ``overhead_tokens`` fit ``budget_tokens``; halves ``k``.
-
-        Returns ``(text, k_used)``; raises :class:`MemoryBudgetError` if even ``k = 0`` is too big.
-        """
-        from memalpha.memory.render import render_memorise_within
-
-        return render_memorise_within(self, budget_tokens, k, overhead_tokens)
 
     def render_answer(self, semantic: list[MemoryEntry], episodic: list[MemoryEntry]) -> str:
         """The question-answering view (SPEC §1): core if non-empty, given entries numbered, no ids."""
