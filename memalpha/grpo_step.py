@@ -31,6 +31,7 @@ class LossSettings:
     micro_batch_size: int = 4
     temperature: float = 1.0
     max_len: int | None = None
+    share_prefix: bool = True  # compute the prompt prefix a micro-batch shares once (memalpha.prefix_cache)
 
 
 @torch.no_grad()
@@ -42,6 +43,7 @@ def response_logprobs(
     temperature: float,
     micro_batch_size: int,
     pad_id: int,
+    share_prefix: bool = True,
 ) -> list[torch.Tensor]:
     """Per-sample response log-probs (no grad, eval mode) as CPU float tensors of each response's length."""
     result: list[torch.Tensor] = []
@@ -57,6 +59,7 @@ def response_logprobs(
                 temperature=temperature,
                 micro_batch_size=micro_batch_size,
                 pad_id=pad_id,
+                share_prefix=share_prefix,
             )
             result.extend(logps[i, : len(r)].float().cpu() for i, r in enumerate(part))
     finally:
@@ -111,6 +114,7 @@ def accumulate_grpo_gradients(
             micro_batch_size=settings.micro_batch_size,
             pad_id=pad_id,
             with_entropy=True,
+            share_prefix=settings.share_prefix,
         )
         width = logps.shape[1]
         mask = response_mask(responses, width, device)

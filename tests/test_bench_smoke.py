@@ -110,3 +110,16 @@ def test_recipe_values_come_from_the_qlora_config():
     assert (recipe["group_size"], recipe["prompt_tokens"], recipe["response_tokens"]) == (8, 6144, 2048)
     assert recipe["lora"].r == 32 and recipe["lora"].alpha == 64 and recipe["lora"].target_modules == "all-linear"
     assert recipe["optimizer"] == "paged_adamw_8bit" and recipe["gradient_checkpointing"] is True
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_profile_grpo_step_smoke(tmp_path, tiny_model_dir, one_thread, share):
+    import profile_grpo_step
+
+    out = tmp_path / "profile.json"
+    report = profile_grpo_step.main(["--model", tiny_model_dir, "--out", str(out)] + ([] if share else ["--no-share-prefix"]))
+    saved = json.loads(out.read_text())
+    assert saved["share_prefix"] is share and saved["generated_tokens"] == report["generated_tokens"] > 0
+    assert set(saved["phases_s"]) == set(profile_grpo_step.PHASES)
+    assert all(seconds > 0 for seconds in saved["phases_s"].values())
+    assert len(saved["top_ops_self_cpu_s"]) == 10
