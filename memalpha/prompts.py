@@ -2,11 +2,14 @@
 
 Memorising (SPEC §2): every chunk gets a fresh two-message prompt –
 
-* system: the agent's role, what each memory part is for, the rendered memory
-  (:meth:`memalpha.memory.Memory.render_memorise`) and the call format's tool block;
+* system: the agent's role, what each memory part is for, the call format's tool block,
+  and last the rendered memory (:meth:`memalpha.memory.Memory.render_memorise`);
 * user: the task steps and the chunk inside ``<new_chunk>`` tags.
 
-No earlier chunk or response is kept in context.
+No earlier chunk or response is kept in context. The memory is the only part of the system
+prompt that differs between rollouts, so it comes last: everything before it (about 800
+tokens with a tool block) is a prefix every turn of a batch shares, which
+:mod:`memalpha.prefix_cache` computes once instead of once per row.
 """
 
 from __future__ import annotations
@@ -27,13 +30,13 @@ what is being read, or the rules behind a set of labelled examples.
 - semantic_memory: items of general knowledge – facts, definitions, rules, labelled examples.
 - episodic_memory: items about events, each with its time ("At <time>, the user did X").
 
-Your memory now:
-{memory_view}
-
 Call the tools below to store what the new chunk adds. Make all your calls in this one reply; \
 when nothing is left to store, answer "Done".
 
-{tool_block}"""
+{tool_block}
+
+Your memory now:
+{memory_view}"""
 
 MEMORISE_USER_TEMPLATE = """\
 Store the chunk below in your memory:

@@ -250,6 +250,11 @@ def test_memorise_messages(fmt):
     assert fmt.instructions() in messages[0]["content"]
     assert "<new_chunk>\nthe chunk text\n</new_chunk>" in messages[1]["content"]
     assert "300 tokens" in messages[1]["content"]
+    # the memory (the only part that differs between rollouts) ends the system prompt, after the
+    # tool block, so the fixed text before it is one prefix shared by every turn of a batch
+    system = messages[0]["content"]
+    assert system.endswith(memory.render_memorise())
+    assert system.index(fmt.instructions()) < system.index(memory.render_memorise())
 
 
 # ---------------------------------------------------------------- property-based
