@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from memalpha.prefix_cache import prompt_cache, shared_prefix_length, split_decoder_and_head
+from memalpha.prefix_cache import prompt_cache, shared_prefix, split_decoder_and_head
 
 
 class PaddedBatch(NamedTuple):
@@ -224,6 +224,7 @@ def generate(
         **sampling,
     )
     device = _model_device(model)
+    decoder = split_decoder_and_head(model)[0] if share_prefix else None
     step = batch_size or max(len(prompt_ids), 1)
     responses: list[list[int]] = []
     truncated: list[bool] = []
@@ -236,12 +237,11 @@ def generate(
                 torch.manual_seed(seed)
             for start in range(0, len(prompt_ids), step):
                 chunk = prompt_ids[start : start + step]
-                prefix_len = shared_prefix_length(chunk) if share_prefix else 0
-                padded = pad_prompt_response(chunk, [[] for _ in chunk], pad_id, device, shared_prefix=prefix_len)
-                cache = None
-                if share_prefix:
-                    decoder = split_decoder_and_head(model)[0]
-                    cache = prompt_cache(decoder, padded, chunk, prefix_len)
+                prefix = shared_prefix(decoder, chunk) if share_prefix else None
+                padded = pad_prompt_response(
+                    chunk, [[] for _ in chunk], pad_id, device, shared_prefix=prefix.length if prefix else 0
+                )
+                cache = prompt_cache(decoder, padded, chunk, prefix) if share_prefix else None
                 sequences = model.generate(
                     input_ids=padded.input_ids,
                     attention_mask=padded.attention_mask,

@@ -56,7 +56,10 @@ class GRPOLoopSettings:
         precision: ``fp32``, ``bf16`` or ``nf4``.
         gradient_checkpointing: Recompute decoder activations in backward: far less activation
             memory for long prompts, about one more forward pass of time, and the policy pass
-            then reruns the shared prompt prefix for every sequence instead of once per micro-batch.
+            then reruns the shared prompt prefix for every sequence instead of once per step.
+        share_prefix: Compute the prompt tokens that rows share (a common system prompt, a group's
+            repeated prompt) once and reuse their key/value cache, in generation and in the
+            reference and policy passes; off runs every row in full (same results up to rounding).
         lora: LoRA adapter shape.
         seed: Seed of prompt order, sampling and LoRA init.
         chat_template_kwargs: Extra chat-template arguments (e.g. ``{"enable_thinking": False}``).
@@ -79,6 +82,7 @@ class GRPOLoopSettings:
     micro_batch_size: int = 8
     precision: str = "fp32"
     gradient_checkpointing: bool = False
+    share_prefix: bool = True
     lora: LoraSettings = field(default_factory=LoraSettings)
     seed: int = 0
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -125,6 +129,7 @@ def train_grpo(
         micro_batch_size=s.micro_batch_size,
         temperature=s.temperature,
         max_len=s.max_new_tokens,
+        share_prefix=s.share_prefix,
     )
     order: list[int] = []
     rng = random.Random(s.seed)
@@ -146,6 +151,7 @@ def train_grpo(
             temperature=s.temperature,
             top_p=s.top_p,
             seed=s.seed * 100_003 + step,
+            share_prefix=s.share_prefix,
         )
         gen_s = time.perf_counter() - start
         completions = [tokenizer.decode(r, skip_special_tokens=True) for r in generation.response_ids]
@@ -176,6 +182,7 @@ def train_grpo(
                     temperature=s.temperature,
                     micro_batch_size=s.micro_batch_size,
                     pad_id=tokenizer.pad_token_id,
+                    share_prefix=s.share_prefix,
                 )
         optimizer.zero_grad(set_to_none=True)
         metrics, finite = accumulate_grpo_gradients(

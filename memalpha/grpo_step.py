@@ -18,6 +18,7 @@ import torch
 
 from memalpha.grpo import policy_loss
 from memalpha.logprobs import token_logprobs
+from memalpha.prefix_cache import prompt_order, shared_prefix, split_decoder_and_head
 
 
 @dataclass
@@ -31,7 +32,7 @@ class LossSettings:
     micro_batch_size: int = 4
     temperature: float = 1.0
     max_len: int | None = None
-    share_prefix: bool = True  # compute the prompt prefix a micro-batch shares once (memalpha.prefix_cache)
+    share_prefix: bool = True  # compute shared prompt tokens once (memalpha.prefix_cache)
 
 
 @torch.no_grad()
@@ -45,26 +46,30 @@ def response_logprobs(
     pad_id: int,
     share_prefix: bool = True,
 ) -> list[torch.Tensor]:
-    """Per-sample response log-probs (no grad, eval mode) as CPU float tensors of each response's length."""
-    result: list[torch.Tensor] = []
+    """Per-sample response log-probs (no grad, eval mode) as CPU float tensors of each response's length.
+
+    The rows go through in :func:`memalpha.prefix_cache.prompt_order`, so the prompt prefix all of
+    them share runs once for the whole call and identical prompts land in the same micro-batch.
+    """
+    order = prompt_order(prompts) if share_prefix else list(range(len(prompts)))
+    result: list[torch.Tensor | None] = [None] * len(prompts)
     was_training = policy.training
     policy.eval()
     try:
-        for lo in range(0, len(prompts), micro_batch_size):
-            part = responses[lo : lo + micro_batch_size]
-            logps = token_logprobs(
-                policy,
-                prompts[lo : lo + micro_batch_size],
-                part,
-                temperature=temperature,
-                micro_batch_size=micro_batch_size,
-                pad_id=pad_id,
-                share_prefix=share_prefix,
-            )
-            result.extend(logps[i, : len(r)].float().cpu() for i, r in enumerate(part))
+        logps = token_logprobs(
+            policy,
+            [prompts[i] for i in order],
+            [responses[i] for i in order],
+            temperature=temperature,
+            micro_batch_size=micro_batch_size,
+            pad_id=pad_id,
+            share_prefix=share_prefix,
+        )
     finally:
         policy.train(was_training)
-    return result
+    for row, i in enumerate(order):
+        result[i] = logps[row, : len(responses[i])].float().cpu()
+    return result  # type: ignore[return-value]
 
 
 def response_mask(responses: list[list[int]], width: int, device) -> torch.Tensor:
@@ -79,6 +84,16 @@ def pad_rows(rows: list[torch.Tensor], width: int, device) -> torch.Tensor:
     return out
 
 
+def _rows(batch: dict[str, Any], index: list[int]) -> dict[str, Any]:
+    """The per-sample fields of ``batch`` (lists, tensors or None) picked and ordered by ``index``."""
+    picked: dict[str, Any] = {}
+    for key in ("prompt_ids", "response_ids", "old_logps", "ref_logps"):
+        values = batch.get(key)
+        picked[key] = None if values is None else [values[i] for i in index]
+    picked["advantages"] = batch["advantages"][torch.as_tensor(index, dtype=torch.long)]
+    return picked
+
+
 def accumulate_grpo_gradients(
     policy,
     batch: dict[str, Any],
@@ -88,22 +103,40 @@ def accumulate_grpo_gradients(
     token_normaliser: float,
     seq_normaliser: float,
     backward: Callable[[torch.Tensor], None],
+    grad_scale: float = 1.0,
 ) -> tuple[dict[str, float], bool]:
     """Backward the GRPO loss of one mini-batch, micro-batch by micro-batch.
 
     ``batch`` holds ``prompt_ids``, ``response_ids`` (lists of token lists), ``advantages``
     ``[B]`` and optional ``old_logps`` / ``ref_logps`` (lists of per-sample tensors, or None:
     on-policy ratio / no KL). The normalisers are the mini-batch's global response-token and
-    sequence counts, so summing the micro-batch losses gives the mini-batch loss.
+    sequence counts, so summing the micro-batch losses gives the mini-batch loss (and the
+    order of the rows does not matter).
+
+    With ``settings.share_prefix`` the rows are put in :func:`~memalpha.prefix_cache.prompt_order`
+    and the prompt prefix they all share runs through the policy once for the whole mini-batch:
+    each micro-batch reads it through detached leaves that collect its gradient, and the last
+    micro-batch's backward carries the sum through the prefix's pass
+    (:meth:`~memalpha.prefix_cache.SharedPrefix.pullback`). ``backward`` is therefore still
+    called exactly once per micro-batch. ``grad_scale`` is the factor ``backward`` multiplies
+    a loss by (a mixed-precision grad scaler's current scale; 1 otherwise).
 
     Returns token-weighted metrics and whether every micro-batch loss was finite.
     """
     n = len(batch["prompt_ids"])
+    if settings.share_prefix:
+        batch = _rows(batch, prompt_order(batch["prompt_ids"]))
     device = next(p.device for p in policy.parameters())
     normaliser = token_normaliser if settings.loss_agg == "token-mean" else seq_normaliser
+    prefix = leaves = None
+    if settings.share_prefix and any(batch["response_ids"]):
+        prefix = shared_prefix(split_decoder_and_head(policy)[0], batch["prompt_ids"])
+        if prefix is not None and n > settings.micro_batch_size:
+            leaves = prefix.detached()
     sums: dict[str, float] = defaultdict(float)
     finite = True
     for lo in range(0, n, settings.micro_batch_size):
+        last = lo + settings.micro_batch_size >= n
         sl = slice(lo, lo + settings.micro_batch_size)
         responses = batch["response_ids"][sl]
         logps, entropy = token_logprobs(
@@ -115,6 +148,7 @@ def accumulate_grpo_gradients(
             pad_id=pad_id,
             with_entropy=True,
             share_prefix=settings.share_prefix,
+            prefix=prefix if leaves is None or last else leaves,
         )
         width = logps.shape[1]
         mask = response_mask(responses, width, device)
@@ -134,7 +168,10 @@ def accumulate_grpo_gradients(
             max_len=settings.max_len,
         )
         finite = finite and out.finite
-        backward(out.loss)
+        if last and leaves is not None:
+            backward(out.loss + prefix.pullback(leaves, grad_scale))
+        else:
+            backward(out.loss)
         tokens = float(mask.sum().item())
         sums["loss"] += float(out.loss.detach())
         sums["tokens"] += tokens

@@ -15,7 +15,6 @@ hidden rows are kept and its logits are recomputed during backward, one chunk at
 
 from __future__ import annotations
 
-import copy
 import math
 
 import torch
@@ -23,11 +22,10 @@ from torch.utils.checkpoint import checkpoint
 
 from memalpha.generation import pad_prompt_response
 from memalpha.prefix_cache import (
-    cache_is_kept,
+    SharedPrefix,
     extend_cache,
-    prefix_cache,
-    repeat_rows,
-    shared_prefix_length,
+    prompt_cache,
+    shared_prefix,
     split_decoder_and_head,
 )
 
@@ -157,6 +155,7 @@ def token_logprobs(
     with_entropy: bool = False,
     token_chunk: int = DEFAULT_TOKEN_CHUNK,
     share_prefix: bool = True,
+    prefix: SharedPrefix | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of every response token given its prompt and the preceding response tokens.
 
@@ -172,9 +171,12 @@ def token_logprobs(
     bound the logits held at once. Padding uses ``pad_id`` and is masked out of attention.
 
     With ``share_prefix`` the prompt prefix common to all rows (the system prompt of every
-    memorising turn) goes through the decoder once -- once per call without grad, once per
-    micro-batch with grad -- and its key/value cache serves every row
-    (:mod:`memalpha.prefix_cache`); the values equal the plain path up to float rounding.
+    memorising turn) goes through the decoder once per call, and within a micro-batch each
+    distinct prompt goes through once; their key/value cache serves every row that shares them
+    (:mod:`memalpha.prefix_cache`). The values equal the plain path up to float rounding.
+    ``prefix`` hands in a prefix computed by the caller (it must start every prompt), so that
+    several calls can share one; HF gradient checkpointing drops caches, so a checkpointed
+    model in training mode takes the plain path.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -186,36 +188,38 @@ def token_logprobs(
     device = next(model.parameters()).device
     width = max((len(r) for r in response_ids), default=0)
     grad = torch.is_grad_enabled()
-    # The prefix cache is computed once per call without grad (reference / old policy), once
-    # per micro-batch with grad (its backward must reach the adapters). HF gradient
-    # checkpointing drops caches, so a checkpointed model takes the plain path when training.
-    prefix_len = shared_prefix_length(prompt_ids) if share_prefix and cache_is_kept(decoder) else 0
-    shared = None
+    if not share_prefix:
+        prefix = None
+    elif prefix is not None:
+        prefix.check_extends(prompt_ids)
+    elif width > 0:
+        prefix = shared_prefix(decoder, prompt_ids)
+    shared_len = prefix.length if prefix is not None else 0
     rows_out: list[torch.Tensor] = []
     entropy_out: list[torch.Tensor] = []
     for start in range(0, len(prompt_ids), micro_batch_size):
         prompts = prompt_ids[start : start + micro_batch_size]
         responses = response_ids[start : start + micro_batch_size]
-        batch = pad_prompt_response(prompts, responses, pad_id, device, shared_prefix=prefix_len)
+        batch = pad_prompt_response(prompts, responses, pad_id, device, shared_prefix=shared_len)
         local_width = batch.response_mask.shape[1]
         logprob = torch.zeros(len(prompts), local_width, device=device)
         entropy = torch.zeros(len(prompts), local_width, device=device)
         if local_width > 0:
-            if prefix_len:
-                if grad or shared is None:
-                    shared = prefix_cache(decoder, batch, prefix_len)
-                cache = repeat_rows(shared if grad else copy.deepcopy(shared), [0] * len(prompts))
-                hidden = extend_cache(decoder, cache, batch, prefix_len, batch.input_ids.shape[1])
+            cache = prompt_cache(decoder, batch, prompts, prefix) if share_prefix else None
+            if cache is not None:  # every prompt column but the last is cached
+                first_column = batch.prompt_width - 1
+                hidden = extend_cache(decoder, cache, batch, first_column, batch.input_ids.shape[1])
                 del cache
             else:
+                first_column = 0
                 hidden = decoder(
                     input_ids=batch.input_ids,
                     attention_mask=batch.attention_mask,
                     position_ids=batch.position_ids,
                     use_cache=False,
                 ).last_hidden_state
-            # hidden at column t predicts the token at column t + 1 (hidden starts at column prefix_len)
-            first = batch.prompt_width - 1 - prefix_len
+            # hidden at column t predicts the token at column t + 1 (hidden starts at first_column)
+            first = batch.prompt_width - 1 - first_column
             predicting = hidden[:, first : first + local_width]
             mask = batch.response_mask.bool()
             rows = predicting[mask]

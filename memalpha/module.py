@@ -42,7 +42,11 @@ class GRPOModule(LightningModule):
         lora: LoRA adapter shape (rank, alpha, dropout, target modules; ``all-linear`` for every linear layer).
         gradient_checkpointing: Recompute activations in backward to save memory (about one more
             forward pass of time). Without it the policy pass computes the prompt prefix that a
-            micro-batch shares (the system prompt) once; with it, once per sequence.
+            mini-batch shares (the system prompt) once; with it, once per sequence.
+        share_prefix: Compute the prompt tokens that rows of a batch share once and reuse their
+            key/value cache: the system prompt every turn starts with, and prompts a group repeats
+            (generation, reference and policy passes). Off runs every row in full; the results agree
+            up to float rounding, so this is only for comparisons.
         adapter_path: A PEFT adapter folder to start from instead of a fresh adapter.
         rollout: How the agent generates (group size, lengths, sampling, call format, memory view).
         reader: ``local`` (the policy's base weights, adapters off) or ``openai`` (an OpenAI-compatible endpoint).
@@ -87,6 +91,7 @@ class GRPOModule(LightningModule):
         compute_dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16",
         lora: LoraSettings = LoraSettings(),  # noqa: B008 - a value object; jsonargparse shows its fields
         gradient_checkpointing: bool = False,
+        share_prefix: bool = True,
         adapter_path: str | None = None,
         rollout: RolloutSettings = RolloutSettings(),  # noqa: B008 - a value object, never mutated
         reader: Literal["local", "openai"] = "local",
@@ -139,6 +144,7 @@ class GRPOModule(LightningModule):
             micro_batch_size=micro_batch_size,
             temperature=self.rollout_settings.temperature,
             max_len=self.rollout_settings.max_new_tokens,
+            share_prefix=share_prefix,
         )
         self.weights = RewardWeights(beta=beta, gamma=gamma)
         self.policy = None
@@ -225,6 +231,7 @@ class GRPOModule(LightningModule):
             do_sample=not greedy,
             group_size=1 if greedy else None,
             metric_overrides=hp.metric_overrides,
+            share_prefix=hp.share_prefix,
         )
 
     @torch.no_grad()
@@ -249,6 +256,7 @@ class GRPOModule(LightningModule):
             "temperature": self.rollout_settings.temperature,
             "micro_batch_size": hp.micro_batch_size,
             "pad_id": self.tokenizer.pad_token_id,
+            "share_prefix": hp.share_prefix,
         }
         ref_logps = old_logps = None
         if hp.kl_coef > 0:
@@ -365,6 +373,7 @@ class GRPOModule(LightningModule):
             token_normaliser=normaliser,
             seq_normaliser=seq_normaliser,
             backward=self.manual_backward,
+            grad_scale=float(self.trainer.scaler.get_scale()) if self.trainer.scaler is not None else 1.0,
         )
 
         if self.trainer.world_size > 1:  # every rank must agree to skip, or DDP ranks diverge

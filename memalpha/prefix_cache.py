@@ -17,6 +17,7 @@ padded forward up to float rounding (the tests check both).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -102,36 +103,116 @@ def extend_cache(decoder, cache: Cache, batch: PaddedBatch, start: int, stop: in
     ).last_hidden_state
 
 
-def prefix_cache(decoder, batch: PaddedBatch, prefix_len: int) -> Cache:
-    """Cache of the first ``prefix_len`` columns of row 0, at batch size 1 (grad follows grad mode)."""
-    cache = new_cache(decoder)
-    one_row = type(batch)(*(tensor[:1] for tensor in batch))
-    extend_cache(decoder, cache, one_row, 0, prefix_len)
-    return cache
-
-
 def repeat_rows(cache: Cache, index: Sequence[int] | torch.Tensor) -> Cache:
     """``cache`` with its batch rows picked by ``index`` (in place; differentiable)."""
     cache.reorder_cache(torch.as_tensor(index, dtype=torch.long))
     return cache
 
 
-@torch.no_grad()
-def prompt_cache(decoder, batch: PaddedBatch, prompts: Sequence[Sequence[int]], prefix_len: int) -> Cache | None:
-    """Cache of every column but the last of a prompt-only ``batch`` laid out with ``shared_prefix=prefix_len``.
+@dataclass
+class SharedPrefix:
+    """Keys and values of the tokens every row of a batch starts with, computed once at batch size 1.
 
-    The shared prefix runs once and each distinct suffix once; None when no row shares
-    anything (the caller then runs the plain path).
+    ``layers`` holds one ``(keys, values)`` pair per decoder layer, each ``[1, kv_heads, length,
+    head_dim]``. They carry the autograd graph of the pass that made them when grad was on.
     """
-    first, inverse = unique_rows([prompt[prefix_len:] for prompt in prompts])
-    width = batch.input_ids.shape[1]
-    if (prefix_len == 0 and len(first) == len(prompts)) or width == 1:
-        return None
-    if prefix_len > 0:
-        cache = repeat_rows(prefix_cache(decoder, batch, prefix_len), [0] * len(first))
-    else:
+
+    tokens: tuple[int, ...]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    @classmethod
+    def compute(cls, decoder, tokens: Sequence[int]) -> SharedPrefix:
+        """Run ``tokens`` (positions ``0..len-1``, no padding) through ``decoder``; grad follows grad mode."""
+        if len(tokens) == 0:
+            raise ValueError("a shared prefix needs at least one token")
+        device = next(decoder.parameters()).device
+        ids = torch.as_tensor([list(tokens)], dtype=torch.long, device=device)
         cache = new_cache(decoder)
-    if width - 1 > prefix_len:
+        decoder(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            position_ids=torch.arange(ids.shape[1], device=device)[None, :],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        return cls(tuple(int(t) for t in tokens), [(layer.keys, layer.values) for layer in cache.layers])
+
+    def cache(self, decoder, rows: int) -> Cache:
+        """A fresh cache holding the prefix for ``rows`` rows (differentiable back to ``layers``)."""
+        cache = new_cache(decoder)
+        for index, (keys, values) in enumerate(self.layers):
+            cache.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), index)
+        return cache
+
+    def check_extends(self, rows: Sequence[Sequence[int]]) -> None:
+        """Raise unless every row starts with this prefix and has at least one token after it."""
+        for index, row in enumerate(rows):
+            if len(row) <= self.length or tuple(row[: self.length]) != self.tokens:
+                raise ValueError(f"prompt_ids[{index}] does not extend the {self.length}-token shared prefix")
+
+    def detached(self) -> SharedPrefix:
+        """Leaf copies that collect the gradient reaching the prefix (see :meth:`pullback`)."""
+        return SharedPrefix(
+            self.tokens,
+            [(k.detach().requires_grad_(True), v.detach().requires_grad_(True)) for k, v in self.layers],
+        )
+
+    def pullback(self, leaves: SharedPrefix, grad_scale: float = 1.0) -> torch.Tensor:
+        """A scalar whose backward sends the gradient collected in ``leaves`` on into this prefix's graph.
+
+        Several micro-batches can read the same prefix through its :meth:`detached` leaves, each
+        backward adding to the leaves' ``.grad``; adding this term to the last micro-batch's loss
+        carries their sum through the prefix's own pass once, inside an ordinary backward (so a
+        distributed strategy syncs it like any other gradient). ``grad_scale`` is the factor the
+        backward multiplies losses by (a mixed-precision grad scaler's scale): the collected
+        gradients already contain it once.
+        """
+        terms = [
+            (tensor * leaf.grad).sum() / grad_scale
+            for pair, leaf_pair in zip(self.layers, leaves.layers)
+            for tensor, leaf in zip(pair, leaf_pair)
+            if leaf.grad is not None
+        ]
+        if not terms:
+            return self.layers[0][0].new_zeros(())
+        return torch.stack(terms).sum()
+
+
+def shared_prefix(decoder, rows: Sequence[Sequence[int]]) -> SharedPrefix | None:
+    """The :class:`SharedPrefix` of ``rows``; None when they share nothing, when the decoder drops
+    caches (gradient checkpointing while training) or keeps a sliding window (a cut cache could
+    not be repeated and extended as one)."""
+    if not cache_is_kept(decoder) or any(getattr(layer, "is_sliding", False) for layer in new_cache(decoder).layers):
+        return None
+    length = shared_prefix_length(rows)
+    return SharedPrefix.compute(decoder, rows[0][:length]) if length else None
+
+
+def prompt_cache(
+    decoder, batch: PaddedBatch, prompts: Sequence[Sequence[int]], prefix: SharedPrefix | None
+) -> Cache | None:
+    """Cache of every prompt column but the last of ``batch`` (laid out with ``shared_prefix=prefix.length``).
+
+    The prefix is reused, and each distinct rest of a prompt runs once and is repeated to the
+    rows that share it; grad follows grad mode. None when no row shares anything with another
+    (the caller then runs the plain path).
+    """
+    length = prefix.length if prefix is not None else 0
+    first, inverse = unique_rows([prompt[length:] for prompt in prompts])
+    stop = batch.prompt_width - 1
+    if (length == 0 and len(first) == len(prompts)) or stop <= 0:
+        return None
+    cache = prefix.cache(decoder, len(first)) if prefix is not None else new_cache(decoder)
+    if stop > length:
         distinct = type(batch)(*(tensor[first] for tensor in batch))
-        extend_cache(decoder, cache, distinct, prefix_len, width - 1)
+        extend_cache(decoder, cache, distinct, length, stop)
     return repeat_rows(cache, inverse)
+
+
+def prompt_order(prompts: Sequence[Sequence[int]]) -> list[int]:
+    """Row order that puts identical prompts next to each other (stable), so micro-batches can share them."""
+    return sorted(range(len(prompts)), key=lambda index: list(prompts[index]))

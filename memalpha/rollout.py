@@ -163,10 +163,12 @@ def run_rollouts(
     group_size: int | None = None,
     metric_overrides: dict[str, str] | None = None,
     judge_reader: Reader | None = None,
+    share_prefix: bool = True,
 ) -> RolloutOutput:
     """Run ``group_size`` rollouts for every instance; return turn samples and per-rollout records.
 
-    ``group_id`` of a sample is the instance's position in ``instances``.
+    ``group_id`` of a sample is the instance's position in ``instances``. ``share_prefix`` lets
+    each ``generate`` call compute the prompt tokens its rows share once (:mod:`memalpha.prefix_cache`).
     """
     n = settings.group_size if group_size is None else group_size
     call_format = get_call_format(settings.call_format)
@@ -214,6 +216,7 @@ def run_rollouts(
                 do_sample=do_sample,
                 seed=rollout_seed(seed, "chunk", chunk_index),
                 batch_size=settings.generation_batch_size,
+                share_prefix=share_prefix,
             )
             generated_tokens += generation.num_generated_tokens
             for j, i in enumerate(live):

@@ -7,9 +7,17 @@ import torch
 from conftest import build_tiny_model_dir
 
 from memalpha.generation import generate, pad_prompt_response
+from memalpha.grpo_step import LossSettings, accumulate_grpo_gradients, response_logprobs
 from memalpha.logprobs import token_logprobs
 from memalpha.policy import LoraSettings, load_policy
-from memalpha.prefix_cache import cache_is_kept, shared_prefix_length, split_decoder_and_head, unique_rows
+from memalpha.prefix_cache import (
+    SharedPrefix,
+    cache_is_kept,
+    prompt_order,
+    shared_prefix_length,
+    split_decoder_and_head,
+    unique_rows,
+)
 
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]
 # Two groups of two identical prompts after a shared "system prompt", plus one shorter prompt.
@@ -30,6 +38,10 @@ def test_shared_prefix_length_leaves_the_last_token_of_every_row():
 
 def test_unique_rows():
     assert unique_rows([[1], [2], [1], [2, 3], [2]]) == ([0, 1, 3], [0, 1, 0, 2, 1])
+
+
+def test_prompt_order_puts_identical_prompts_together_stably():
+    assert prompt_order([[2, 1], [1, 5], [2, 1], [1], [1, 5]]) == [3, 1, 4, 0, 2]
 
 
 def test_layout_with_a_shared_prefix():
@@ -135,3 +147,99 @@ def test_generation_with_shared_prefix_equals_the_plain_batch(policy):
     again = generate(model, tokenizer, PROMPTS, max_new_tokens=6, seed=3, eos_token_id=10_000)
     assert sampled.response_ids == again.response_ids
     assert sampled.response_ids[0] != sampled.response_ids[1] or sampled.response_ids[2] != sampled.response_ids[3]
+
+
+def test_a_handed_in_prefix_must_start_every_prompt(policy):
+    model, _ = policy
+    decoder = split_decoder_and_head(model)[0]
+    with torch.no_grad():
+        prefix = SharedPrefix.compute(decoder, SYSTEM)
+        assert prefix.length == len(SYSTEM) and len(prefix.layers) == 2
+        assert prefix.layers[0][0].shape[:3] == (1, 2, len(SYSTEM))  # [batch, kv heads, tokens]
+        handed = token_logprobs(model, PROMPTS, RESPONSES, micro_batch_size=2, prefix=prefix)
+        own = token_logprobs(model, PROMPTS, RESPONSES, micro_batch_size=2)
+        assert torch.allclose(handed, own, atol=1e-6, rtol=0)
+        with pytest.raises(ValueError, match=r"prompt_ids\[0\] does not extend the 8-token shared prefix"):
+            token_logprobs(model, [[99] + SYSTEM], [[1]], prefix=prefix)
+        with pytest.raises(ValueError, match=r"prompt_ids\[1\]"):
+            token_logprobs(model, [SYSTEM + [1], SYSTEM], [[1], [2]], prefix=prefix)  # nothing after the prefix
+
+
+# Rows in no particular order: the update sorts them so that equal prompts share a micro-batch.
+UPDATE_ORDER = [4, 0, 2, 1, 3]
+
+
+def _update_batch(model, order=UPDATE_ORDER):
+    prompts = [PROMPTS[i] for i in order]
+    responses = [RESPONSES[i] if RESPONSES[i] else [7] for i in order]
+    with torch.no_grad(), model.disable_adapter():
+        ref = response_logprobs(model, prompts, responses, temperature=1.0, micro_batch_size=2, pad_id=0)
+    return {
+        "prompt_ids": prompts,
+        "response_ids": responses,
+        "advantages": torch.tensor([1.0, -0.5, 0.25, -1.0, 0.5]),
+        "old_logps": [r - 0.05 for r in ref],  # off-policy ratios, so clipping and the ratio matter
+        "ref_logps": ref,
+    }
+
+
+def _update_gradients(model, batch, share: bool, micro_batch_size: int, scale: float = 1.0, grad_scale=None):
+    model.zero_grad(set_to_none=True)
+    settings = LossSettings(kl_coef=0.1, micro_batch_size=micro_batch_size, share_prefix=share)
+    tokens = float(sum(map(len, batch["response_ids"])))
+    metrics, finite = accumulate_grpo_gradients(
+        model, batch, settings, pad_id=0, token_normaliser=tokens, seq_normaliser=5.0,
+        backward=lambda loss: (loss * scale).backward(),
+        grad_scale=scale if grad_scale is None else grad_scale,
+    )
+    assert finite
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return metrics, grads
+
+
+@pytest.mark.parametrize("micro_batch_size", [1, 2, 5])
+def test_update_with_one_prefix_per_mini_batch_equals_the_plain_update(policy, micro_batch_size):
+    model, _ = policy
+    model.train()
+    try:
+        batch = _update_batch(model)
+        plain_metrics, plain = _update_gradients(model, batch, share=False, micro_batch_size=micro_batch_size)
+        shared_metrics, shared = _update_gradients(model, batch, share=True, micro_batch_size=micro_batch_size)
+    finally:
+        model.eval()
+    assert plain.keys() == shared.keys() and len(plain) > 0
+    for name, grad in plain.items():
+        assert torch.allclose(shared[name], grad, atol=1e-5, rtol=1e-4), name
+    for key in ("loss", "tokens", "kl", "ratio_mean", "entropy"):
+        assert shared_metrics[key] == pytest.approx(plain_metrics[key], rel=1e-4, abs=1e-6), key
+    # the first layer's key projection is reached only through the prefix's keys and the rows' own tokens
+    assert any(g.abs().sum() > 0 for n, g in shared.items() if "layers.0.self_attn.k_proj" in n)
+
+
+def test_prefix_gradient_is_unscaled_by_the_grad_scale(policy):
+    """A backward that multiplies losses (a mixed-precision grad scaler) gives exactly scaled grads."""
+    model, _ = policy
+    model.train()
+    try:
+        batch = _update_batch(model)
+        _, plain = _update_gradients(model, batch, share=False, micro_batch_size=2)
+        _, scaled = _update_gradients(model, batch, share=True, micro_batch_size=2, scale=8.0)
+        _, unaware = _update_gradients(model, batch, share=True, micro_batch_size=2, scale=8.0, grad_scale=1.0)
+    finally:
+        model.eval()
+    for name, grad in plain.items():
+        assert torch.allclose(scaled[name], 8.0 * grad, atol=1e-4, rtol=1e-4), name
+    assert any(not torch.allclose(unaware[n], 8.0 * g, atol=1e-4, rtol=1e-4) for n, g in plain.items())
+
+
+def test_reference_pass_keeps_the_callers_row_order(policy):
+    model, _ = policy
+    prompts = [PROMPTS[i] for i in UPDATE_ORDER]
+    responses = [RESPONSES[i] for i in UPDATE_ORDER]
+    kwargs = {"temperature": 1.0, "micro_batch_size": 2, "pad_id": 0}
+    shared = response_logprobs(model, prompts, responses, **kwargs)
+    plain = response_logprobs(model, prompts, responses, share_prefix=False, **kwargs)
+    assert [len(r) for r in shared] == [len(r) for r in responses]
+    for a, b in zip(shared, plain):
+        assert torch.allclose(a, b, atol=1e-5, rtol=0)
