@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from memalpha.prefix_cache import prompt_cache, shared_prefix, split_decoder_and_head
+from memalpha.prefix_cache import preallocated_cache, prompt_cache, shared_prefix, split_decoder_and_head
 
 
 class PaddedBatch(NamedTuple):
@@ -197,7 +197,8 @@ def generate(
     With ``share_prefix`` (the default) the tokens that the prompts of a batch share -- their
     common prefix, and whole prompts repeated by a group -- are pre-filled once and their
     key/value cache is repeated to every row (:mod:`memalpha.prefix_cache`); the samples are
-    those of the plain batch up to float rounding.
+    those of the plain batch up to float rounding. The cache is preallocated for the prompt
+    plus ``max_new_tokens`` and filled in place, instead of growing by concatenation.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -224,7 +225,7 @@ def generate(
         **sampling,
     )
     device = _model_device(model)
-    decoder = split_decoder_and_head(model)[0] if share_prefix else None
+    decoder = split_decoder_and_head(model)[0]
     step = batch_size or max(len(prompt_ids), 1)
     responses: list[list[int]] = []
     truncated: list[bool] = []
@@ -242,12 +243,14 @@ def generate(
                     chunk, [[] for _ in chunk], pad_id, device, shared_prefix=prefix.length if prefix else 0
                 )
                 cache = prompt_cache(decoder, padded, chunk, prefix) if share_prefix else None
+                room = preallocated_cache(decoder, padded.input_ids.shape[1] + max_new_tokens, cache)
                 sequences = model.generate(
                     input_ids=padded.input_ids,
                     attention_mask=padded.attention_mask,
-                    past_key_values=cache,
+                    past_key_values=room if room is not None else cache,
                     generation_config=config,
                 )
+                del cache, room
                 new_tokens = sequences[:, padded.input_ids.shape[1] :].tolist()
                 for tokens in new_tokens:
                     kept, cut = trim_at_eos(tokens, eos_ids)

@@ -213,6 +213,25 @@ def prompt_cache(
     return repeat_rows(cache, inverse)
 
 
+def preallocated_cache(decoder, length: int, filled: Cache | None = None) -> Cache | None:
+    """A cache with room for ``length`` columns that grows in place, holding ``filled``'s columns first.
+
+    A growing :class:`~transformers.DynamicCache` concatenates every layer's keys and values
+    at every decoding step, copying the whole cache each time (a third of the CPU time of a
+    48-token generation with 1.3k-token prompts); a preallocated one writes each new column in
+    place. None for decoders with sliding-window layers (the caller keeps the default cache).
+    """
+    from transformers import StaticCache
+
+    cache = StaticCache(config=decoder.config, max_cache_len=length)
+    if any(layer.is_sliding for layer in cache.layers):
+        return None
+    if filled is not None:
+        for layer, source in zip(cache.layers, filled.layers):
+            layer.update(source.keys, source.values)
+    return cache
+
+
 def prompt_order(prompts: Sequence[Sequence[int]]) -> list[int]:
     """Row order that puts identical prompts next to each other (stable), so micro-batches can share them."""
     return sorted(range(len(prompts)), key=lambda index: list(prompts[index]))

@@ -243,3 +243,41 @@ def test_reference_pass_keeps_the_callers_row_order(policy):
     assert [len(r) for r in shared] == [len(r) for r in responses]
     for a, b in zip(shared, plain):
         assert torch.allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_preallocated_cache_generates_the_tokens_of_the_growing_cache(policy, monkeypatch):
+    import memalpha.generation as generation
+
+    model, tokenizer = policy
+    kwargs = {"max_new_tokens": 8, "do_sample": False, "eos_token_id": 10_000}
+    for share in (True, False):
+        preallocated = generate(model, tokenizer, PROMPTS, share_prefix=share, **kwargs)
+        with monkeypatch.context() as patch:
+            patch.setattr(generation, "preallocated_cache", lambda *args, **kw: None)
+            growing = generate(model, tokenizer, PROMPTS, share_prefix=share, **kwargs)
+        assert preallocated.response_ids == growing.response_ids
+
+
+def test_preallocated_cache_holds_the_filled_columns_and_refuses_sliding_windows(policy):
+    from transformers import MistralConfig
+
+    from memalpha.prefix_cache import preallocated_cache
+
+    model, _ = policy
+    decoder = split_decoder_and_head(model)[0]
+    with torch.no_grad():
+        prefix = SharedPrefix.compute(decoder, SYSTEM)
+        room = preallocated_cache(decoder, 20, prefix.cache(decoder, rows=3))
+    assert room.get_seq_length() == len(SYSTEM)
+    keys = room.layers[1].keys
+    assert keys.shape[0] == 3 and keys.shape[2] == 20
+    assert torch.equal(keys[:, :, : len(SYSTEM)], prefix.layers[1][0].expand(3, -1, -1, -1))
+    assert not keys[:, :, len(SYSTEM) :].any()
+
+    class Windowed(torch.nn.Module):
+        config = MistralConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, sliding_window=16, vocab_size=100,
+        )
+
+    assert preallocated_cache(Windowed(), 20) is None
