@@ -1,10 +1,11 @@
 """Memory-agent rollout throughput and where a GRPO step's time goes, on the embedded model.
 
 Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench_rollout.py
-      [--groups 1,4,8] [--instances 1,2,4] [--max-new-tokens 48] [--chunks 1] [--out PATH]
+      [--groups 1,4,8] [--instances 1,2,4] [--max-new-tokens 48] [--chunks 2] [--out PATH]
 
 For every (group size n, instances per step) pair one GRPO step runs on synthetic training
-instances, driving the real code: :class:`memalpha.module.GRPOModule` loads the policy (LoRA
+instances (two chunks each by default: the first turn of every rollout starts from an empty
+memory, the second from the memory that rollout wrote), driving the real code: :class:`memalpha.module.GRPOModule` loads the policy (LoRA
 on the embedded SmolLM2-135M-Instruct, fp32) and its local reader, :func:`memalpha.rollout.run_rollouts`
 plays the memory agent chunk by chunk and lets the reader answer every question (it reports
 both times), and the update is the module's: reference log-probs with the adapter off, then
@@ -204,7 +205,7 @@ def run_benchmark(
     instances: Sequence[int] = (1, 2, 4),
     *,
     max_new_tokens: int = 48,
-    chunks: int = 1,
+    chunks: int = 2,
     chunk_words: int = 60,
     questions: int = 2,
     max_prompt_tokens: int = 1536,
@@ -303,7 +304,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--groups", type=_int_list, default=[1, 4, 8], help="group sizes n, e.g. 1,4,8")
     parser.add_argument("--instances", type=_int_list, default=[1, 2, 4], help="instances per step, e.g. 1,2,4")
     parser.add_argument("--max-new-tokens", type=int, default=48, help="agent response cap per chunk turn")
-    parser.add_argument("--chunks", type=int, default=1, help="synthetic chunks per instance")
+    parser.add_argument("--chunks", type=int, default=2,
+                        help="synthetic chunks per instance (from the second on, each rollout sees its own memory)")
     parser.add_argument("--chunk-words", type=int, default=60, help="synthetic chunk length in words")
     parser.add_argument("--questions", type=int, default=2, help="synthetic questions per instance")
     parser.add_argument("--reader-max-new-tokens", type=int, default=24)
