@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from memalpha.generation import pad_prompt_response
 from memalpha.prefix_cache import (
     SharedPrefix,
+    cache_is_kept,
     extend_cache,
     prompt_cache,
     shared_prefix,
@@ -188,8 +189,11 @@ def token_logprobs(
     device = next(model.parameters()).device
     width = max((len(r) for r in response_ids), default=0)
     grad = torch.is_grad_enabled()
+    # A checkpointed layer in training mode drops any cache it is given, so nothing can be shared then.
+    share_prefix = share_prefix and cache_is_kept(decoder)
     if not share_prefix:
-        prefix = None
+        if prefix is not None:
+            raise ValueError("a prefix was handed in, but this model drops caches (gradient checkpointing in training)")
     elif prefix is not None:
         prefix.check_extends(prompt_ids)
     elif width > 0:

@@ -131,8 +131,23 @@ def test_gradient_checkpointing_takes_the_plain_path(tiny_model_dir):
     model.eval()
     assert cache_is_kept(decoder)
     model.train()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, 0.2)
+    # PROMPTS repeats prompts within a micro-batch: sharing them would need a cache too
     checkpointed = _adapter_gradients(model, share_prefix=True)
-    assert len(checkpointed) > 0 and all(torch.isfinite(g).all() for g in checkpointed.values())
+    plain = _adapter_gradients(model, share_prefix=False)
+    assert len(checkpointed) > 0
+    for name, grad in plain.items():
+        assert torch.allclose(checkpointed[name], grad, atol=1e-6, rtol=1e-5), name
+    decoder = split_decoder_and_head(model)[0]
+    with torch.no_grad():
+        model.eval()
+        prefix = SharedPrefix.compute(decoder, SYSTEM)
+        model.train()
+    with pytest.raises(ValueError, match="drops caches"):
+        token_logprobs(model, PROMPTS, RESPONSES, prefix=prefix)
 
 
 def test_generation_with_shared_prefix_equals_the_plain_batch(policy):
@@ -246,7 +261,7 @@ def test_reference_pass_keeps_the_callers_row_order(policy):
 
 
 def test_preallocated_cache_generates_the_tokens_of_the_growing_cache(policy, monkeypatch):
-    import memalpha.generation as generation
+    from memalpha import generation
 
     model, tokenizer = policy
     kwargs = {"max_new_tokens": 8, "do_sample": False, "eos_token_id": 10_000}
