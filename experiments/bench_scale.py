@@ -13,7 +13,8 @@ weights, saved to a temporary folder, and loaded through :func:`memalpha.policy.
 exactly as ``configs/qlora_4090.yaml`` does: NF4 base (double quantisation), LoRA r 32 / alpha
 64 on all linear layers, gradient checkpointing. One GRPO step at that config's lengths follows:
 
-1. ``generate``   ``group_size`` rollouts of a ``prompt_tokens``-long random prompt, forced to
+1. ``generate``   ``group_size`` rollouts, each of its own ``prompt_tokens``-long random prompt
+                  (nothing shared, so :mod:`memalpha.prefix_cache` saves nothing: the worst case), forced to
                   exactly ``response_tokens`` new tokens (the end-of-sequence id handed to
                   :func:`memalpha.generation.generate` is one past the vocabulary, so it can never
                   be sampled), ``generation_batch_size`` prompts per call;
@@ -214,8 +215,9 @@ def grpo_step(policy, tokenizer, recipe: dict[str, Any], phases: dict[str, Phase
     pad_id = tokenizer.pad_token_id
     generator = torch.Generator().manual_seed(seed)
     low = min(1000, vocab_size // 2)  # keep clear of the special tokens at the start of the vocabulary
-    prompt = torch.randint(low, vocab_size, (prompt_tokens,), generator=generator).tolist()
-    prompts = [list(prompt) for _ in range(group_size)]  # a GRPO group shares its prompt
+    # A different prompt per rollout: from the second chunk on, rollouts differ in their memory, and
+    # random prompts share nothing at all, so no pass can reuse a prefix: the worst case for time and memory.
+    prompts = torch.randint(low, vocab_size, (group_size, prompt_tokens), generator=generator).tolist()
 
     generation = phases["generate"].run(
         lambda: generate(
