@@ -24,7 +24,13 @@ from typing import NamedTuple
 
 import torch
 
-from memalpha.prefix_cache import preallocated_cache, prompt_cache, shared_prefix, split_decoder_and_head
+from memalpha.prefix_cache import (
+    can_share_cache,
+    preallocated_cache,
+    prompt_cache,
+    shared_prefix,
+    split_decoder_and_head,
+)
 
 
 class PaddedBatch(NamedTuple):
@@ -233,6 +239,7 @@ def generate(
     model.eval()
     fork_devices = [device] if device.type == "cuda" else []
     try:
+        share_prefix = share_prefix and can_share_cache(decoder)  # asked in eval mode, as generation runs
         with torch.no_grad(), torch.random.fork_rng(devices=fork_devices, enabled=seed is not None):
             if seed is not None:
                 torch.manual_seed(seed)

@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from memalpha.generation import pad_prompt_response
 from memalpha.prefix_cache import (
     SharedPrefix,
-    cache_is_kept,
+    can_share_cache,
     extend_cache,
     prompt_cache,
     shared_prefix,
@@ -190,10 +190,13 @@ def token_logprobs(
     width = max((len(r) for r in response_ids), default=0)
     grad = torch.is_grad_enabled()
     # A checkpointed layer in training mode drops any cache it is given, so nothing can be shared then.
-    share_prefix = share_prefix and cache_is_kept(decoder)
+    share_prefix = share_prefix and can_share_cache(decoder)
     if not share_prefix:
         if prefix is not None:
-            raise ValueError("a prefix was handed in, but this model drops caches (gradient checkpointing in training)")
+            raise ValueError(
+                "a prefix was handed in, but this model cannot share caches "
+                "(it drops caches under gradient checkpointing in training, or has sliding-window layers)"
+            )
     elif prefix is not None:
         prefix.check_extends(prompt_ids)
     elif width > 0:

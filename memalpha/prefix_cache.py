@@ -184,11 +184,16 @@ class SharedPrefix:
         return torch.stack(terms).sum()
 
 
+def can_share_cache(decoder) -> bool:
+    """Whether rows of a batch may share computed keys and values: not while the decoder drops
+    caches (gradient checkpointing in training), nor with sliding-window layers (a cut cache
+    could not be repeated and extended as one). Every sharing path asks this one question."""
+    return cache_is_kept(decoder) and not any(getattr(layer, "is_sliding", False) for layer in new_cache(decoder).layers)
+
+
 def shared_prefix(decoder, rows: Sequence[Sequence[int]]) -> SharedPrefix | None:
-    """The :class:`SharedPrefix` of ``rows``; None when they share nothing, when the decoder drops
-    caches (gradient checkpointing while training) or keeps a sliding window (a cut cache could
-    not be repeated and extended as one)."""
-    if not cache_is_kept(decoder) or any(getattr(layer, "is_sliding", False) for layer in new_cache(decoder).layers):
+    """The :class:`SharedPrefix` of ``rows``; None when they share nothing or :func:`can_share_cache` says no."""
+    if not can_share_cache(decoder):
         return None
     length = shared_prefix_length(rows)
     return SharedPrefix.compute(decoder, rows[0][:length]) if length else None
