@@ -12,7 +12,7 @@ nothing -- an upper bound for the agent. Two layouts:
                  chunk's date, the granularity a good agent would store.
 
 Dated families (timeline, summary) go to the episodic list, the others to the semantic list.
-The reader is the embedded SmolLM2-135M-Instruct through :class:`memalpha.reader.LocalReader`
+The reader is the embedded SmolLM2-135M-Instruct through :class:`memalpha.reader.local.LocalReader`
 (greedy), retrieval and prompt budget as in training. Throughput is questions per wall-clock
 second including retrieval and prompt building; the machine is shared (2 CPU cores), so the
 numbers are indicative. Writes ``experiments/results/bench_reader.json`` (``--out`` to change).
@@ -34,11 +34,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 
+from memalpha.agent.scoring import score_answers
 from memalpha.data.synthetic import generate_synthetic
-from memalpha.memory import EPISODIC, SEMANTIC, Memory
-from memalpha.metrics import score_answers
-from memalpha.models import load_tokenizer, resolve_model_path
-from memalpha.reader import LocalReader
+from memalpha.lm.embedded import load_tokenizer, resolve_model_path
+from memalpha.memory.store import EPISODIC, SEMANTIC, Memory
+from memalpha.reader.local import LocalReader
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_reader.json"
 DATED_FAMILIES = {"synth_timeline", "synth_summary"}

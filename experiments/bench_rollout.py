@@ -5,14 +5,18 @@ Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench_rollout.py
 
 For every (group size n, instances per step) pair one GRPO step runs on synthetic training
 instances (two chunks each by default: the first turn of every rollout starts from an empty
-memory, the second from the memory that rollout wrote), driving the real code: :class:`memalpha.module.GRPOModule` loads the policy (LoRA
-on the embedded SmolLM2-135M-Instruct, fp32) and its local reader, :func:`memalpha.rollout.run_rollouts`
+memory, the second from the memory that rollout wrote), driving the real code:
+:class:`memalpha.train.module.GRPOModule` loads the policy (LoRA on the embedded
+SmolLM2-135M-Instruct, fp32) and its local reader, :func:`memalpha.agent.rollout.run_rollouts`
 plays the memory agent chunk by chunk and lets the reader answer every question (it reports
 both times), and the update is the module's: reference log-probs with the adapter off, then
-per micro-batch policy log-probs, the clipped GRPO loss with the k3 KL term, backward, and an
-AdamW step. Reported per pair: generated tokens/s and turns/s of the agent's generation,
-reader questions/s, and the share of the step in rollout (agent generation, parsing and tool
-execution), reader (answers and scoring) and training (reference pass and update).
+:func:`memalpha.grpo.update.accumulate_grpo_gradients` on the round's
+:class:`~memalpha.grpo.batch.GRPOBatch` (per micro-batch policy log-probs, the clipped GRPO
+loss with the k3 KL term, backward) and :func:`memalpha.grpo.update.optimizer_step`
+(gradient clipping and an AdamW step). Reported per pair: generated tokens/s and turns/s of
+the agent's generation, reader questions/s, and the share of the step in rollout (agent
+generation, parsing and tool execution), reader (answers and scoring) and training (reference
+pass and update).
 
 The configurations run in one process one after another, each starting from the adapter the
 previous one left (the learning rate is small, so the policy barely moves); a short warm-up
@@ -45,12 +49,17 @@ from _common import (
     write_json,
 )
 
+from memalpha.agent.rewards import RewardSettings
+from memalpha.agent.rollout import RolloutSettings, TurnSample, run_rollouts
 from memalpha.data.synthetic import generate_synthetic
-from memalpha.grpo import group_advantages
-from memalpha.grpo_step import accumulate_grpo_gradients, response_logprobs
-from memalpha.module import GRPOModule
-from memalpha.policy import LoraSettings
-from memalpha.rollout import RolloutSettings, TurnSample, run_rollouts
+from memalpha.grpo.advantages import group_advantages
+from memalpha.grpo.batch import GRPOBatch
+from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
+from memalpha.grpo.update import accumulate_grpo_gradients, build_optimizer, optimizer_step
+from memalpha.lm.logprobs import response_logprobs
+from memalpha.lm.policy import LMSettings, LoraSettings
+from memalpha.reader.settings import ReaderSettings
+from memalpha.train.module import GRPOModule
 
 DEFAULT_OUT = RESULTS_DIR / "bench_rollout.json"
 HEADERS = (
@@ -72,7 +81,7 @@ def build_module(
     """A GRPOModule with the tiny-CPU recipe's shapes (hermes calls, LoRA r 8), policy loaded."""
     module = GRPOModule(
         model=model,
-        load_precision="fp32",
+        lm=LMSettings(precision="fp32"),
         lora=LoraSettings(r=8, alpha=16, dropout=0.0, target_modules="all-linear"),
         rollout=RolloutSettings(
             group_size=1,
@@ -83,13 +92,10 @@ def build_module(
             memory_view_k=5,
             core_token_limit=128,
         ),
-        reader="local",
-        reader_max_new_tokens=reader_max_new_tokens,
-        reader_prompt_tokens=1024,
-        reader_batch_size=16,
-        kl_coef=0.001,
-        micro_batch_size=micro_batch_size,
-        learning_rate=learning_rate,
+        reader=ReaderSettings(kind="local", max_new_tokens=reader_max_new_tokens, prompt_tokens=1024, batch_size=16),
+        reward=RewardSettings(),
+        update=UpdateSettings(kl_coef=0.001, micro_batch_size=micro_batch_size),
+        optimizer=OptimizerSettings(learning_rate=learning_rate, weight_decay=0.01, warmup_ratio=0.0),
         seed=seed,
     )
     module.configure_model()
@@ -99,48 +105,60 @@ def build_module(
 def grpo_update(module: GRPOModule, samples: Sequence[TurnSample], optimizer: torch.optim.Optimizer) -> dict[str, float]:
     """One GRPO optimiser step on ``samples`` (a single mini-batch, as with the official settings).
 
-    Returns ``ref_s`` (reference log-probs, adapter off), ``update_s`` (policy log-probs, loss,
+    The update :meth:`memalpha.train.module.GRPOModule.training_step` runs: the samples become a
+    :class:`~memalpha.grpo.batch.GRPOBatch` with group-relative advantages and reference
+    log-probs (adapter off), :func:`~memalpha.grpo.update.accumulate_grpo_gradients` backwards
+    the loss micro-batch by micro-batch, :func:`~memalpha.grpo.update.optimizer_step` clips and
+    steps. Returns ``ref_s`` (reference log-probs), ``update_s`` (policy log-probs, loss,
     backward, clipping and the optimiser step), ``loss`` and ``tokens``.
     """
-    hp = module.hparams
+    update = module.update_settings
+    share_prefix = module.lm_settings.share_prefix
+    temperature = module.rollout_settings.temperature
     policy, pad_id = module.policy, module.tokenizer.pad_token_id
     prompts = [s.prompt_ids for s in samples]
     responses = [s.response_ids for s in samples]
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-    tokens = max(float(sum(len(r) for r in responses)), 1.0)
-    batch = {
-        "prompt_ids": prompts,
-        "response_ids": responses,
-        "advantages": group_advantages(rewards, [s.group_id for s in samples], scale=hp.advantage_scale),
-        "old_logps": None,
-        "ref_logps": None,
-    }
+    group_ids = torch.tensor([s.group_id for s in samples])
     with Stopwatch() as ref_watch, policy.disable_adapter():
-        batch["ref_logps"] = response_logprobs(
+        ref_logps = response_logprobs(
             policy,
             prompts,
             responses,
-            temperature=module.rollout_settings.temperature,
-            micro_batch_size=hp.micro_batch_size,
+            temperature=temperature,
+            micro_batch_size=update.micro_batch_size,
             pad_id=pad_id,
+            share_prefix=share_prefix,
         )
+    batch = GRPOBatch(
+        prompt_ids=prompts,
+        response_ids=responses,
+        advantages=group_advantages(rewards, group_ids, scale=update.advantage_scale),
+        ref_logps=ref_logps,
+    )
+    tokens = max(float(batch.response_tokens), 1.0)
 
     with Stopwatch() as update_watch:  # the same update GRPOModule.training_step runs
         optimizer.zero_grad(set_to_none=True)
-        metrics, _ = accumulate_grpo_gradients(
+        metrics, finite = accumulate_grpo_gradients(
             policy,
             batch,
-            module.loss_settings,
+            update,
+            temperature=temperature,
+            max_response_len=module.rollout_settings.max_new_tokens,
+            share_prefix=share_prefix,
             pad_id=pad_id,
             token_normaliser=tokens,
-            seq_normaliser=float(len(samples)),
+            seq_normaliser=float(len(batch)),
             backward=lambda loss: loss.backward(),
         )
-        params = [p for p in policy.parameters() if p.requires_grad]
-        torch.nn.utils.clip_grad_norm_(params, hp.grad_clip)
-        optimizer.step()
-    total_loss = metrics["loss"]
-    return {"ref_s": ref_watch.seconds, "update_s": update_watch.seconds, "loss": total_loss, "tokens": tokens}
+        optimizer_step(
+            optimizer,
+            [p for p in policy.parameters() if p.requires_grad],
+            finite=finite,
+            grad_clip=module.optimizer_settings.grad_clip,
+        )
+    return {"ref_s": ref_watch.seconds, "update_s": update_watch.seconds, "loss": metrics["loss"], "tokens": tokens}
 
 
 def bench_step(module: GRPOModule, instances, group_size: int, optimizer, seed: int) -> dict[str, Any]:
@@ -151,10 +169,11 @@ def bench_step(module: GRPOModule, instances, group_size: int, optimizer, seed: 
         module.tokenizer,
         module.reader,
         module.rollout_settings,
-        module.weights,
+        module.reward_settings,
         module.content_judge,
         seed=seed,
         group_size=group_size,
+        share_prefix=module.lm_settings.share_prefix,
     )
     update = grpo_update(module, out.samples, optimizer)
     train_s = update["ref_s"] + update["update_s"]
@@ -230,8 +249,8 @@ def run_benchmark(
         learning_rate=learning_rate,
         seed=seed,
     )
-    optimizer = torch.optim.AdamW(
-        [p for p in module.policy.parameters() if p.requires_grad], lr=learning_rate, weight_decay=0.01
+    optimizer, _ = build_optimizer(
+        [p for p in module.policy.parameters() if p.requires_grad], module.optimizer_settings
     )
     pool = generate_synthetic(
         max(instances), split="train", seed=seed, num_chunks=chunks, facts_per_chunk=2,

@@ -9,20 +9,20 @@ Run (CPU, a scaled-down shape of the same structure):
 Memory and time of a step depend only on the model's shapes, so the architecture is built
 from Qwen3-4B's published config values (hidden 2560, 36 layers, 32 attention heads, 8 KV
 heads, head dim 128, intermediate 9728, vocabulary 151,936, tied embeddings) with random
-weights, saved to a temporary folder, and loaded through :func:`memalpha.policy.load_policy`
+weights, saved to a temporary folder, and loaded through :func:`memalpha.lm.policy.load_policy`
 exactly as ``configs/qlora_4090.yaml`` does: NF4 base (double quantisation), LoRA r 32 / alpha
 64 on all linear layers, gradient checkpointing. One GRPO step at that config's lengths follows:
 
 1. ``generate``   ``group_size`` rollouts, each of its own ``prompt_tokens``-long random prompt
-                  (nothing shared, so :mod:`memalpha.prefix_cache` saves nothing: the worst case), forced to
+                  (nothing shared, so :mod:`memalpha.lm.prefix_cache` saves nothing: the worst case), forced to
                   exactly ``response_tokens`` new tokens (the end-of-sequence id handed to
-                  :func:`memalpha.generation.generate` is one past the vocabulary, so it can never
+                  :func:`memalpha.lm.generation.generate` is one past the vocabulary, so it can never
                   be sampled), ``generation_batch_size`` prompts per call;
 2. ``reference``  reference log-probs (adapter off, no grad), ``micro_batch_size`` at a time;
 3. ``policy``     per micro-batch: policy log-probs with grad and the clipped GRPO loss with the
                   k3 KL term (``forward``), then ``backward``;
-4. ``optimizer``  gradient clipping and the optimiser step (bitsandbytes paged 8-bit AdamW on a
-                  GPU, as the config says; torch AdamW on a CPU).
+4. ``optimizer``  gradient clipping and the optimiser step (:func:`memalpha.grpo.update.optimizer_step`;
+                  bitsandbytes paged 8-bit AdamW on a GPU, as the config says; torch AdamW on a CPU).
 
 On a GPU the process is capped to 24 GiB with ``torch.cuda.set_per_process_memory_fraction``
 and the peak allocated/reserved memory of every phase is reported (the paged optimiser's
@@ -60,9 +60,14 @@ from _common import (
     write_json,
 )
 
-from memalpha.grpo import group_advantages, policy_loss
-from memalpha.models import load_tokenizer, resolve_model_path
-from memalpha.policy import LoraSettings, generate, load_policy, token_logprobs
+from memalpha.grpo.advantages import group_advantages
+from memalpha.grpo.loss import policy_loss
+from memalpha.grpo.settings import OptimizerSettings
+from memalpha.grpo.update import build_optimizer, optimizer_step
+from memalpha.lm.embedded import load_tokenizer, resolve_model_path
+from memalpha.lm.generation import generate
+from memalpha.lm.logprobs import token_logprobs
+from memalpha.lm.policy import LoraSettings, load_policy
 
 DEFAULT_OUT = RESULTS_DIR / "bench_scale.json"
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "qlora_4090.yaml"
@@ -90,25 +95,26 @@ def read_recipe(path: Path = CONFIG_PATH) -> dict[str, Any]:
     """The step-shaping values of ``configs/qlora_4090.yaml``."""
     config = yaml.safe_load(path.read_text(encoding="utf-8"))
     model = config["model"]
-    rollout, lora = model["rollout"], model["lora"]
+    rollout, lora, lm = model["rollout"], model["lora"], model["lm"]
+    update, optimizer = model["update"], model["optimizer"]
     return {
         "group_size": int(rollout["group_size"]),
         "prompt_tokens": int(rollout["max_prompt_tokens"]),
         "response_tokens": int(rollout["max_new_tokens"]),
         "generation_batch_size": int(rollout.get("generation_batch_size") or rollout["group_size"]),
         "temperature": float(rollout["temperature"]),
-        "micro_batch_size": int(model["micro_batch_size"]),
+        "micro_batch_size": int(update["micro_batch_size"]),
         "lora": LoraSettings(r=int(lora["r"]), alpha=int(lora["alpha"]), dropout=float(lora["dropout"]),
                              target_modules=lora["target_modules"]),
-        "compute_dtype": model["compute_dtype"],
-        "gradient_checkpointing": bool(model["gradient_checkpointing"]),
-        "optimizer": model["optimizer"],
-        "learning_rate": float(model["learning_rate"]),
-        "weight_decay": float(model["weight_decay"]),
-        "grad_clip": float(model["grad_clip"]),
-        "kl_coef": float(model["kl_coef"]),
-        "clip_low": float(model["clip_low"]),
-        "clip_high": float(model["clip_high"]),
+        "compute_dtype": lm["compute_dtype"],
+        "gradient_checkpointing": bool(lm["gradient_checkpointing"]),
+        "optimizer": optimizer["name"],
+        "learning_rate": float(optimizer["learning_rate"]),
+        "weight_decay": float(optimizer["weight_decay"]),
+        "grad_clip": float(optimizer["grad_clip"]),
+        "kl_coef": float(update["kl_coef"]),
+        "clip_low": float(update["clip_low"]),
+        "clip_high": float(update["clip_high"]),
     }
 
 
@@ -199,12 +205,11 @@ class Phase:
 
 
 def make_optimizer(params, name: str, cuda: bool, lr: float, weight_decay: float):
-    """Paged 8-bit AdamW (bitsandbytes) on a GPU when the recipe asks for it, else torch AdamW."""
-    if cuda and name == "paged_adamw_8bit":
-        import bitsandbytes as bnb
-
-        return bnb.optim.PagedAdamW8bit(params, lr=lr, weight_decay=weight_decay), "paged_adamw_8bit"
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay), "adamw"
+    """Paged 8-bit AdamW (bitsandbytes) on a GPU when the recipe asks for it, else torch AdamW; constant LR."""
+    name = name if cuda and name == "paged_adamw_8bit" else "adamw"
+    settings = OptimizerSettings(name=name, learning_rate=lr, weight_decay=weight_decay, warmup_ratio=0.0)
+    optimizer, _ = build_optimizer(params, settings)
+    return optimizer, name
 
 
 def grpo_step(policy, tokenizer, recipe: dict[str, Any], phases: dict[str, Phase], *, vocab_size: int,
@@ -250,6 +255,7 @@ def grpo_step(policy, tokenizer, recipe: dict[str, Any], phases: dict[str, Phase
     optimizer.zero_grad(set_to_none=True)
     policy.train()
     losses = []
+    finite = True
     for lo in range(0, group_size, mbs):
         part = slice(lo, lo + mbs)
         device = ref.device
@@ -267,13 +273,13 @@ def grpo_step(policy, tokenizer, recipe: dict[str, Any], phases: dict[str, Phase
         out = phases["policy_forward"].run(forward)
         phases["backward"].run(out.loss.backward)
         losses.append(float(out.loss.detach()))
+        finite = finite and out.finite
         del out
 
     def step():
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, recipe["grad_clip"])
-        optimizer.step()
+        grad_norm = optimizer_step(optimizer, params, finite=finite, grad_clip=recipe["grad_clip"])
         optimizer.zero_grad(set_to_none=True)
-        return float(grad_norm)
+        return grad_norm
 
     grad_norm = phases["optimizer"].run(step)
     return {"loss": sum(losses), "grad_norm": grad_norm, "optimizer": optimizer_name,

@@ -1,4 +1,4 @@
-"""The same single-turn GRPO job run by memalpha's plain loop and by TRL's ``GRPOTrainer``, side by side.
+"""The same single-turn GRPO job run by memalpha's single-turn trainer and by TRL's ``GRPOTrainer``, side by side.
 
 Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench_vs_trl.py
       (needs the ``bench`` extra: ``pip install -e '.[bench]' -c constraints.txt``)
@@ -6,10 +6,10 @@ Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench_vs_trl.py
 The job: the embedded SmolLM2-135M-Instruct (``--model`` to change) with a fresh LoRA adapter
 (r 16, alpha 32, dropout 0, all linear layers) learns to write valid memory tool calls. Each
 prompt is one memorising turn: one synthetic chunk (``memalpha.data.synthetic``, train split)
-wrapped in :func:`memalpha.prompts.memorise_messages` with an empty memory and the ``hermes``
+wrapped in :func:`memalpha.agent.prompts.memorise_messages` with an empty memory and the ``hermes``
 call format. The reward, shared by both sides, is tool-call validity: the share of a reply's
-calls (parse errors count as failed calls) that execute on a fresh :class:`memalpha.memory.Memory`,
-0 for a reply without calls.
+calls (parse errors count as failed calls) that execute on a fresh :class:`memalpha.memory.store.Memory`,
+0 for a reply without calls. The memalpha side is :func:`memalpha.grpo.single_turn.train_single_turn`.
 
 Both sides get the same settings: fp32 on CPU, no gradient checkpointing, ``group_size``
 samples for each of ``prompts_per_step`` prompts per optimiser step (one generation round
@@ -140,21 +140,23 @@ class BenchSettings:
 
 def build_prompts(count: int, seed: int, response_token_limit: int | None = None) -> list[list[dict[str, str]]]:
     """``count`` memorising prompts (``[system, user]`` messages), one synthetic chunk each, empty memory."""
+    from memalpha.agent.prompts import memorise_messages
     from memalpha.data.synthetic import generate_synthetic
-    from memalpha.memory import Memory
-    from memalpha.prompts import memorise_messages
-    from memalpha.tools import get_call_format
+    from memalpha.memory.render import render_memorise
+    from memalpha.memory.store import Memory
+    from memalpha.tools.formats import get_call_format
 
     call_format = get_call_format("hermes")
-    view = Memory().render_memorise()
+    view = render_memorise(Memory())
     instances = generate_synthetic(count, split="train", seed=seed)
     return [memorise_messages(view, inst.chunks[0], call_format, response_token_limit) for inst in instances]
 
 
 def tool_call_validity(completions: Sequence[str]) -> list[float]:
     """Per completion: calls that execute ok on a fresh memory / calls attempted (parse errors included); 0 if none."""
-    from memalpha.memory import Memory
-    from memalpha.tools import execute_response, get_call_format
+    from memalpha.memory.store import Memory
+    from memalpha.tools.executor import execute_response
+    from memalpha.tools.formats import get_call_format
 
     call_format = get_call_format("hermes")
     rewards = []
@@ -165,35 +167,39 @@ def tool_call_validity(completions: Sequence[str]) -> list[float]:
 
 
 def _lora(settings: BenchSettings):
-    from memalpha.policy import LoraSettings
+    from memalpha.lm.policy import LoraSettings
 
     return LoraSettings(r=settings.lora_r, alpha=settings.lora_alpha, dropout=0.0, target_modules="all-linear")
 
 
 def run_memalpha(settings: BenchSettings) -> dict[str, Any]:
-    """Train with :func:`memalpha.grpo_loop.train_grpo`; per-step records and setup time."""
-    from memalpha.grpo_loop import GRPOLoopSettings, train_grpo
+    """Train with :func:`memalpha.grpo.single_turn.train_single_turn`; per-step records and setup time."""
+    from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
+    from memalpha.grpo.single_turn import SingleTurnSettings, train_single_turn
+    from memalpha.lm.policy import LMSettings
 
     start = time.perf_counter()
     prompts = build_prompts(settings.pool_size(), settings.seed, settings.max_new_tokens)
-    loop = GRPOLoopSettings(
+    loop = SingleTurnSettings(
         steps=settings.steps,
         prompts_per_step=settings.prompts_per_step,
         group_size=settings.group_size,
         max_new_tokens=settings.max_new_tokens,
         temperature=settings.temperature,
         top_p=1.0,
-        learning_rate=settings.learning_rate,
-        weight_decay=0.0,
-        grad_clip=1.0,
-        kl_coef=settings.kl_coef,
-        clip_low=0.2,
-        clip_high=0.2,
-        loss_agg="token-mean",
-        advantage_scale="group",
-        micro_batch_size=settings.micro_batch_size,
-        precision="fp32",
+        lm=LMSettings(precision="fp32"),
         lora=_lora(settings),
+        update=UpdateSettings(
+            kl_coef=settings.kl_coef,
+            clip_low=0.2,
+            clip_high=0.2,
+            loss_agg="token-mean",
+            advantage_scale="group",
+            micro_batch_size=settings.micro_batch_size,
+        ),
+        optimizer=OptimizerSettings(
+            name="adamw", learning_rate=settings.learning_rate, weight_decay=0.0, warmup_ratio=0.0, grad_clip=1.0
+        ),
         seed=settings.seed,
     )
     first_step_end: list[float] = []
@@ -202,7 +208,7 @@ def run_memalpha(settings: BenchSettings) -> dict[str, Any]:
         if not first_step_end:
             first_step_end.append(time.perf_counter())
 
-    result = train_grpo(
+    result = train_single_turn(
         settings.model, prompts, lambda _prompts, completions: tool_call_validity(completions), loop, on_step=on_step
     )
     steps = [
@@ -225,7 +231,7 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from memalpha.models import load_tokenizer, resolve_model_path
+    from memalpha.lm.embedded import load_tokenizer, resolve_model_path
 
     start = time.perf_counter()
     path = str(resolve_model_path(settings.model))

@@ -6,7 +6,9 @@ The job is the memalpha side of ``bench_vs_trl.py`` (embedded SmolLM2-135M-Instr
 LoRA r 16 on all linear layers, 2 memorising prompts x group 4, 48 new tokens, k3 KL 0.04,
 micro-batch 2). One warm-up step runs unprofiled; the next runs under ``torch.profiler`` with
 a ``record_function`` label on each phase: generation, reference log-probs (adapter off),
-and the policy pass (log-probs, loss and backward, micro-batch by micro-batch). Prints the
+the policy pass (log-probs, loss and backward, micro-batch by micro-batch, through
+:func:`memalpha.grpo.update.accumulate_grpo_gradients` on a :class:`~memalpha.grpo.batch.GRPOBatch`)
+and the optimiser step (:func:`memalpha.grpo.update.optimizer_step`, no clipping). Prints the
 phase table and the ten operators with the most self CPU time; writes
 ``experiments/results/profile_grpo_step[_no_share].json``. ``--no-share-prefix`` turns the
 shared-prefix cache off in every phase, for the before/after comparison.
@@ -30,12 +32,18 @@ import torch
 from _common import RESULTS_DIR, command_line, lifetime_peak_rss_bytes, machine_info, print_table, write_json
 from bench_vs_trl import build_prompts, tool_call_validity
 
-from memalpha.generation import generate
-from memalpha.grpo import group_advantages
-from memalpha.grpo_step import LossSettings, accumulate_grpo_gradients, response_logprobs
-from memalpha.policy import LoraSettings, load_policy
+from memalpha.grpo.advantages import group_advantages
+from memalpha.grpo.batch import GRPOBatch
+from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
+from memalpha.grpo.update import accumulate_grpo_gradients, build_optimizer, optimizer_step
+from memalpha.lm.generation import generate
+from memalpha.lm.logprobs import response_logprobs
+from memalpha.lm.policy import LoraSettings, load_policy
 
 PHASES = ("generate", "reference_logprobs", "policy_loss_backward", "optimizer_step")
+MAX_NEW_TOKENS = 48
+UPDATE = UpdateSettings(kl_coef=0.04, micro_batch_size=2)  # PPO clip 0.2 both ways, token-mean
+OPTIMIZER = OptimizerSettings(learning_rate=1e-5, weight_decay=0.0, warmup_ratio=0.0, grad_clip=0.0)  # no clipping
 
 
 def one_step(
@@ -46,34 +54,39 @@ def one_step(
     group_prompts = [p for p in prompts for _ in range(group_size)]
     with torch.profiler.record_function("generate"):
         out = generate(
-            policy, tokenizer, group_prompts, max_new_tokens=48, seed=seed, share_prefix=share
+            policy, tokenizer, group_prompts, max_new_tokens=MAX_NEW_TOKENS, seed=seed, share_prefix=share
         )
     completions = [tokenizer.decode(r, skip_special_tokens=True) for r in out.response_ids]
     rewards = torch.tensor(tool_call_validity(completions))
     group_ids = torch.arange(len(prompts)).repeat_interleave(group_size)
-    batch: dict[str, Any] = {
-        "prompt_ids": out.prompt_ids,
-        "response_ids": out.response_ids,
-        "advantages": group_advantages(rewards, group_ids),
-        "old_logps": None,
-    }
     with torch.profiler.record_function("reference_logprobs"), policy.disable_adapter():
-        batch["ref_logps"] = response_logprobs(
-            policy, out.prompt_ids, out.response_ids, temperature=1.0, micro_batch_size=2, pad_id=pad_id,
-            share_prefix=share,
+        ref_logps = response_logprobs(
+            policy, out.prompt_ids, out.response_ids, temperature=1.0, micro_batch_size=UPDATE.micro_batch_size,
+            pad_id=pad_id, share_prefix=share,
         )
+    batch = GRPOBatch(
+        prompt_ids=out.prompt_ids,
+        response_ids=out.response_ids,
+        advantages=group_advantages(rewards, group_ids),
+        ref_logps=ref_logps,
+    )
     with torch.profiler.record_function("policy_loss_backward"):
-        accumulate_grpo_gradients(
+        _, finite = accumulate_grpo_gradients(
             policy,
             batch,
-            LossSettings(kl_coef=0.04, micro_batch_size=2, max_len=48, share_prefix=share),
+            UPDATE,
+            temperature=1.0,
+            max_response_len=MAX_NEW_TOKENS,
+            share_prefix=share,
             pad_id=pad_id,
-            token_normaliser=max(float(out.num_generated_tokens), 1.0),
-            seq_normaliser=float(len(out.response_ids)),
+            token_normaliser=max(float(batch.response_tokens), 1.0),
+            seq_normaliser=float(len(batch)),
             backward=lambda loss: loss.backward(),
         )
     with torch.profiler.record_function("optimizer_step"):
-        optimizer.step()
+        optimizer_step(
+            optimizer, [p for p in policy.parameters() if p.requires_grad], finite=finite, grad_clip=OPTIMIZER.grad_clip
+        )
         optimizer.zero_grad(set_to_none=True)
     return out.num_generated_tokens
 
@@ -89,10 +102,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     machine = machine_info()
     torch.manual_seed(0)
     policy, tokenizer = load_policy(args.model, lora=LoraSettings(r=16, alpha=32, dropout=0.0))
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-5, weight_decay=0.0)
+    optimizer, _ = build_optimizer([p for p in policy.parameters() if p.requires_grad], OPTIMIZER)
     prompts = [
         list(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
-        for m in build_prompts(4, seed=0, response_token_limit=48)
+        for m in build_prompts(4, seed=0, response_token_limit=MAX_NEW_TOKENS)
     ]
     one_step(policy, tokenizer, prompts[:2], 4, seed=1, optimizer=optimizer, share=share)  # warm-up
     start = time.perf_counter()

@@ -1,9 +1,10 @@
 """The ``memalpha`` command.
 
-``memalpha fit|validate`` are Lightning's own subcommands through ``MemAlphaCLI`` (a
-``LightningCLI`` over :class:`~memalpha.module.GRPOModule` and
-:class:`~memalpha.data.datamodule.RolloutDataModule`); ``memalpha data ...`` holds
-the dataset tools (synth, inspect, convert) and starts without importing Lightning.
+``memalpha fit|validate`` are Lightning's own subcommands through
+:class:`~memalpha.train.lightning_cli.MemAlphaCLI` (a ``LightningCLI`` over
+:class:`~memalpha.train.module.GRPOModule` and :class:`~memalpha.train.datamodule.RolloutDataModule`);
+``memalpha data ...`` holds the dataset tools (synth, inspect, convert) and starts without
+importing Lightning.
 """
 
 from __future__ import annotations
@@ -19,16 +20,9 @@ def run(argv: list[str] | None = None):
 
         data_main(args[1:])
         return None
-    from memalpha.data.datamodule import RolloutDataModule
-    from memalpha.lightning_cli import MemAlphaCLI
-    from memalpha.module import GRPOModule
+    from memalpha.train.lightning_cli import run_lightning_cli
 
-    return MemAlphaCLI(
-        GRPOModule,
-        RolloutDataModule,
-        save_config_kwargs={"overwrite": True},
-        args=argv,
-    )
+    return run_lightning_cli(argv)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,7 +13,7 @@ import pytest
 @pytest.fixture(scope="session")
 def embedded_model_dir():
     """The embedded SmolLM2-135M-Instruct as a plain HF folder (default memalpha cache)."""
-    from memalpha.models import materialise_embedded_model
+    from memalpha.lm.embedded import materialise_embedded_model
 
     return materialise_embedded_model()
 
@@ -21,7 +21,7 @@ def embedded_model_dir():
 @pytest.fixture(scope="session")
 def tokenizer(embedded_model_dir):
     """The embedded model's tokenizer (vocab 49152, ChatML template), left padding."""
-    from memalpha.models import load_tokenizer
+    from memalpha.lm.embedded import load_tokenizer
 
     return load_tokenizer(str(embedded_model_dir))
 

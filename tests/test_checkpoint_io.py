@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from memalpha.checkpoint_io import AtomicCheckpointIO, atomic_torch_save
+from memalpha.train.checkpoint_io import AtomicCheckpointIO, atomic_torch_save
 
 
 class _ExplodesWhenPickled:
@@ -38,7 +38,7 @@ def test_sigkill_during_writes_never_leaves_a_truncated_checkpoint(tmp_path):
     writer = textwrap.dedent(
         f"""
         import sys, torch
-        from memalpha.checkpoint_io import atomic_torch_save
+        from memalpha.train.checkpoint_io import atomic_torch_save
         step = 0
         while True:
             step += 1

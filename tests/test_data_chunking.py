@@ -9,9 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memalpha.data import chunk_by_tokens, count_tokens, unwrap_chunk, wrap_chunk, wrap_chunks
-from memalpha.data.chunking import token_offsets
-from memalpha.data.wrapping import parse_wrapped_chunk
+from memalpha.data.chunking import chunk_by_tokens, count_tokens, token_offsets
+from memalpha.data.wrapping import parse_wrapped_chunk, unwrap_chunk, wrap_chunk, wrap_chunks
 
 TEXT = "Héllo wörld  日本語のテキスト 🙂🙂 tabs\tand\nnewlines.   " * 40
 

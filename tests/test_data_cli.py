@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from memalpha.data import load_instances, save_jsonl, unwrap_chunk
 from memalpha.data.cli import main
+from memalpha.data.loaders import load_instances, save_jsonl
 from memalpha.data.synthetic import generate_synthetic
+from memalpha.data.wrapping import unwrap_chunk
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
 MEMALPHA_BIN = Path(sys.executable).parent / "memalpha"

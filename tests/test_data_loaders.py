@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from memalpha.data import DataValidationError, Instance, load_instances, save_jsonl, unwrap_chunk
-from memalpha.data.loaders import load_instances_with_report
-from memalpha.data.wrapping import parse_wrapped_chunk
+from memalpha.data.loaders import load_instances, load_instances_with_report, save_jsonl
+from memalpha.data.schema import DataValidationError, Instance
+from memalpha.data.wrapping import parse_wrapped_chunk, unwrap_chunk
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
 PUBMED_PARQUET = FIXTURES / "memalpha_pubmed.parquet"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from memalpha.data import QA, DataValidationError, Instance, load_instances, save_jsonl
-from memalpha.data.loaders import load_instances_with_report
+from memalpha.data.loaders import load_instances, load_instances_with_report, save_jsonl
+from memalpha.data.schema import QA, DataValidationError, Instance
 
 MALFORMED = Path(__file__).parent / "fixtures" / "data" / "malformed"
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from memalpha.data import Instance, load_instances, save_jsonl, unwrap_chunk
+from memalpha.data.loaders import load_instances, save_jsonl
+from memalpha.data.schema import Instance
 from memalpha.data.synthetic import FAMILIES, generate_synthetic
-from memalpha.data.wrapping import parse_wrapped_chunk
+from memalpha.data.wrapping import parse_wrapped_chunk, unwrap_chunk
 
 KNOBS = {"num_chunks": 5, "facts_per_chunk": 4, "distractors_per_chunk": 2, "questions_per_instance": 6}
 
@@ -31,7 +32,7 @@ def test_same_seed_gives_byte_identical_files_across_processes(tmp_path):
     assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
     # another interpreter with another hash seed writes the same bytes
     code = (
-        "import sys; from memalpha.data import save_jsonl; from memalpha.data.synthetic import generate_synthetic;"
+        "import sys; from memalpha.data.loaders import save_jsonl; from memalpha.data.synthetic import generate_synthetic;"
         "save_jsonl(generate_synthetic(12, split='train', seed=5), sys.argv[1])"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from memalpha.config_reference import OUTPUT, REPO_ROOT, docstring_args, main, render_reference
+from memalpha.train.config_reference import OUTPUT, REPO_ROOT, docstring_args, main, render_reference
 
 DOC_FILES = sorted([REPO_ROOT / "README.md", *(REPO_ROOT / "docs").glob("*.md")])
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.DOTALL | re.MULTILINE)
@@ -29,11 +29,11 @@ def relative_links(markdown: str) -> list[str]:
 def test_configuration_reference_is_current():
     expected = render_reference()
     current = (REPO_ROOT / OUTPUT).read_text(encoding="utf-8")
-    assert current == expected, f"{OUTPUT} is stale; regenerate it with `python -m memalpha.config_reference`"
+    assert current == expected, f"{OUTPUT} is stale; regenerate it with `python -m memalpha.train.config_reference`"
 
 
 def test_check_mode_exit_status_and_message(tmp_path, capsys, monkeypatch):
-    import memalpha.config_reference as reference
+    import memalpha.train.config_reference as reference
 
     monkeypatch.setattr(reference, "render_reference", lambda: "# the page\n")  # the comparison, not the rendering
     page = tmp_path / "configuration.md"
@@ -42,7 +42,7 @@ def test_check_mode_exit_status_and_message(tmp_path, capsys, monkeypatch):
     page.write_text("# an old page\n", encoding="utf-8")
     assert main(["--check", "--output", str(page)]) == 1
     err = capsys.readouterr().err
-    assert "out of date" in err and "python -m memalpha.config_reference" in err
+    assert "out of date" in err and "python -m memalpha.train.config_reference" in err
     assert page.read_text(encoding="utf-8") == "# an old page\n"  # --check writes nothing
     assert main(["--output", str(page)]) == 0
     assert main(["--check", "--output", str(page)]) == 0
@@ -50,7 +50,16 @@ def test_check_mode_exit_status_and_message(tmp_path, capsys, monkeypatch):
 
 def test_reference_documents_every_knob():
     page = (REPO_ROOT / OUTPUT).read_text(encoding="utf-8")
-    for option in ("`model.kl_coef`", "`model.rollout.group_size`", "`model.lora.r`", "`data.instances_per_step`"):
+    for option in (
+        "`model.update.kl_coef`",
+        "`model.rollout.group_size`",
+        "`model.lora.r`",
+        "`model.lm.precision`",
+        "`model.reader.kind`",
+        "`model.reward.beta`",
+        "`model.optimizer.learning_rate`",
+        "`data.instances_per_step`",
+    ):
         assert option in page
     assert "kl_coef: 0.001" in page  # the resolved --print_config block is embedded
 

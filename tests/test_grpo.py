@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from memalpha.grpo import LossOutput, group_advantages, k3_kl, policy_loss
+from memalpha.grpo.advantages import group_advantages
+from memalpha.grpo.loss import LossOutput, k3_kl, policy_loss
 
 # ---------------------------------------------------------------- group_advantages
 # rewards of three groups: a = (1, 0, 0.5), b = (2, 2) (no spread), c = (7) (single member)
@@ -189,7 +190,9 @@ def _first_token_probability(model, prompts) -> float:
 
 
 def _grpo_run(model_dir, tokenizer, reward_sign: int, steps: int = 5) -> tuple[float, float]:
-    from memalpha.policy import LoraSettings, generate, load_policy, token_logprobs
+    from memalpha.lm.generation import generate
+    from memalpha.lm.logprobs import token_logprobs
+    from memalpha.lm.policy import LoraSettings, load_policy
 
     torch.manual_seed(0)
     model, _ = load_policy(model_dir, lora=LoraSettings(r=4, alpha=8))

@@ -1,14 +1,18 @@
-"""The shared GRPO update and the plain loop (no memory agent): prompts + reward function in, adapter out."""
+"""The shared GRPO update and the single-turn trainer (no memory agent): prompts + reward function in, adapter out."""
 
 from __future__ import annotations
 
 import torch
 from test_grpo import CHOSEN, _first_token_probability
 
-from memalpha.grpo import group_advantages
-from memalpha.grpo_loop import GRPOLoopSettings, train_grpo
-from memalpha.grpo_step import LossSettings, accumulate_grpo_gradients, response_logprobs
-from memalpha.policy import LoraSettings, generate, load_policy
+from memalpha.grpo.advantages import group_advantages
+from memalpha.grpo.batch import GRPOBatch
+from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
+from memalpha.grpo.single_turn import SingleTurnSettings, train_single_turn
+from memalpha.grpo.update import accumulate_grpo_gradients
+from memalpha.lm.generation import generate
+from memalpha.lm.logprobs import response_logprobs
+from memalpha.lm.policy import LoraSettings, load_policy
 
 
 def test_shared_update_raises_a_rewarded_token_over_micro_batches_with_kl(small_vocab_model_dir, tokenizer):
@@ -17,7 +21,7 @@ def test_shared_update_raises_a_rewarded_token_over_micro_batches_with_kl(small_
     model, _ = load_policy(small_vocab_model_dir, lora=LoraSettings(r=4, alpha=8))
     optimiser = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=0.01)
     prompts, group = [[1, 3, 4], [6, 7]], 16
-    settings = LossSettings(kl_coef=0.01, micro_batch_size=8, temperature=1.0)
+    settings = UpdateSettings(kl_coef=0.01, micro_batch_size=8)
     before = _first_token_probability(model, prompts)
     for step in range(5):
         out = generate(
@@ -25,20 +29,24 @@ def test_shared_update_raises_a_rewarded_token_over_micro_batches_with_kl(small_
         )
         rewards = torch.tensor([float(r[0] == CHOSEN) for r in out.response_ids])
         kwargs = {"temperature": 1.0, "micro_batch_size": 8, "pad_id": 0}
-        batch = {
-            "prompt_ids": out.prompt_ids,
-            "response_ids": out.response_ids,
-            "advantages": group_advantages(rewards, [i // group for i in range(len(rewards))]),
-            "old_logps": response_logprobs(model, out.prompt_ids, out.response_ids, **kwargs),
-        }
         with model.disable_adapter():
-            batch["ref_logps"] = response_logprobs(model, out.prompt_ids, out.response_ids, **kwargs)
+            ref_logps = response_logprobs(model, out.prompt_ids, out.response_ids, **kwargs)
+        batch = GRPOBatch(
+            prompt_ids=out.prompt_ids,
+            response_ids=out.response_ids,
+            advantages=group_advantages(rewards, [i // group for i in range(len(rewards))]),
+            old_logps=response_logprobs(model, out.prompt_ids, out.response_ids, **kwargs),
+            ref_logps=ref_logps,
+        )
         for _epoch in range(2):
             optimiser.zero_grad()
             metrics, finite = accumulate_grpo_gradients(
                 model,
                 batch,
                 settings,
+                temperature=1.0,
+                max_response_len=2,
+                share_prefix=True,
                 pad_id=0,
                 token_normaliser=float(sum(map(len, out.response_ids))),
                 seq_normaliser=float(len(out.response_ids)),
@@ -58,18 +66,18 @@ def test_loop_trains_logs_and_exports_a_loadable_adapter(tiny_model_dir, tokeniz
     def reward(prompts, completions):  # fewer characters is better: the model must favour short tokens
         return [-len(c) / 10 for c in completions]
 
-    settings = GRPOLoopSettings(
+    settings = SingleTurnSettings(
         steps=3,
         prompts_per_step=2,
         group_size=6,
         max_new_tokens=6,
-        learning_rate=5e-2,
-        kl_coef=0.01,
+        optimizer=OptimizerSettings(learning_rate=5e-2, weight_decay=0.0, warmup_ratio=0.0),
+        update=UpdateSettings(kl_coef=0.01, micro_batch_size=8),
         lora=LoraSettings(r=8, alpha=16),
         seed=0,
     )
     history = []
-    result = train_grpo(
+    result = train_single_turn(
         tiny_model_dir,
         ["Remember: Anna likes tea.", "Remember: Bob plays violin."],
         reward,

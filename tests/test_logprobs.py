@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from numerics import VALUE_REL, assert_close, assert_same_gradients
 from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
-from memalpha.generation import pad_prompt_response
-from memalpha.policy import LoraSettings, load_policy, token_logprobs
+from memalpha.lm.layout import pad_prompt_response
+from memalpha.lm.logprobs import token_logprobs
+from memalpha.lm.policy import LoraSettings, load_policy
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14], [15, 16]]
 RESPONSES = [[100, 200, 300, 2], [400], [500, 600, 700, 800, 900, 1000, 1100], []]
@@ -19,7 +21,8 @@ def naive_logprobs(model, prompts, responses, temperature=1.0, pad_id=0):
     batch = pad_prompt_response(prompts, responses, pad_id)
     logits = model(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
-    ).logits.float()
+    ).logits
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     width = batch.response_mask.shape[1]
     start = batch.prompt_width - 1
     logp = torch.log_softmax(logits[:, start : start + width] / temperature, dim=-1)
@@ -41,10 +44,25 @@ def policy(tiny_model_dir):
     return model, tokenizer
 
 
+@pytest.fixture(scope="module")
+def policy64(policy):
+    """The same policy in float64, for comparisons that must hold up to rounding on any machine."""
+    import copy
+
+    model, tokenizer = policy
+    return copy.deepcopy(model).to(torch.float64), tokenizer
+
+
+def test_logprobs_come_in_float32_or_float64_for_a_float64_model(policy, policy64):
+    with torch.no_grad():
+        assert token_logprobs(policy[0], PROMPTS, RESPONSES).dtype == torch.float32
+        assert token_logprobs(policy64[0], PROMPTS, RESPONSES).dtype == torch.float64
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize(("token_chunk", "vocab_chunk", "micro_batch_size"), [(512, None, 4), (3, None, 3), (2, 1000, 1)])
-def test_logprobs_equal_naive_log_softmax(policy, temperature, token_chunk, vocab_chunk, micro_batch_size):
-    model, _ = policy
+def test_logprobs_equal_naive_log_softmax(policy64, temperature, token_chunk, vocab_chunk, micro_batch_size):
+    model, _ = policy64
     with torch.no_grad():
         expected, expected_entropy = naive_logprobs(model, PROMPTS, RESPONSES, temperature)
         got, entropy = token_logprobs(
@@ -53,17 +71,17 @@ def test_logprobs_equal_naive_log_softmax(policy, temperature, token_chunk, voca
         )
         plain = token_logprobs(model, PROMPTS, RESPONSES, temperature=temperature, token_chunk=token_chunk,
                                vocab_chunk=vocab_chunk, micro_batch_size=micro_batch_size)
-    assert got.shape == (4, 7) and got.dtype == torch.float32
-    assert torch.allclose(got, expected, atol=1e-5, rtol=0)
-    assert torch.allclose(entropy, expected_entropy, atol=1e-4, rtol=0)
-    assert torch.allclose(plain, got, atol=1e-6, rtol=0)  # the no-entropy path agrees
+    assert got.shape == (4, 7) and got.dtype == torch.float64
+    assert_close(got, expected, VALUE_REL, "log-probs")
+    assert_close(entropy, expected_entropy, VALUE_REL, "entropy")
+    assert_close(plain, got, VALUE_REL, "log-probs without entropy")  # the no-entropy path agrees
     assert torch.all(got[1, 1:] == 0) and torch.all(got[3] == 0)  # masked columns are exactly 0
     assert torch.all(got[0, :4] < 0)
 
 
-def test_logprob_gradients_equal_naive(policy):
-    model, _ = policy
-    weights = torch.linspace(0.5, 2.0, 7)
+def test_logprob_gradients_equal_naive(policy64):
+    model, _ = policy64
+    weights = torch.linspace(0.5, 2.0, 7, dtype=torch.float64)
 
     def grads(fn):
         model.zero_grad(set_to_none=True)
@@ -73,9 +91,7 @@ def test_logprob_gradients_equal_naive(policy):
     ours = grads(lambda: token_logprobs(model, PROMPTS, RESPONSES, token_chunk=3, vocab_chunk=5000, micro_batch_size=2))
     naive = grads(lambda: naive_logprobs(model, PROMPTS, RESPONSES)[0])
     model.zero_grad(set_to_none=True)
-    assert ours.keys() == naive.keys() and len(ours) > 0
-    for name in ours:
-        assert torch.allclose(ours[name], naive[name], atol=1e-5, rtol=1e-4), name
+    assert_same_gradients(ours, naive)
     assert any(g.abs().sum() > 0 for g in ours.values())
 
 

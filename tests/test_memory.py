@@ -7,14 +7,9 @@ import random
 
 import pytest
 
-from memalpha.memory import (
-    CORE_TRUNCATION_MARKER,
-    IdAllocator,
-    Memory,
-    MemoryEntry,
-    id_for_counter,
-    whitespace_token_count,
-)
+from memalpha.memory.ids import IdAllocator, id_for_counter
+from memalpha.memory.render import render_answer, render_memorise
+from memalpha.memory.store import CORE_TRUNCATION_MARKER, Memory, MemoryEntry, whitespace_token_count
 
 
 class CountingCounter:
@@ -150,7 +145,7 @@ def _small_memory() -> Memory:
 def test_render_memorise_exact_layout():
     memory = _small_memory()
     ids = [e.id for e in memory.semantic]
-    assert memory.render_memorise(k=2) == (
+    assert render_memorise(memory, k=2) == (
         "<core_memory>\nUser studies medicine.\n</core_memory>\n\n"
         "<semantic_memory> (showing the most recent 2 of 3 entries)\n"
         f"[{ids[1]}] fact 1\n[{ids[2]}] fact 2\n</semantic_memory>\n\n"
@@ -159,15 +154,15 @@ def test_render_memorise_exact_layout():
 
 
 def test_render_memorise_empty_memory_and_k_zero():
-    assert Memory().render_memorise().startswith("<core_memory>\n(empty)\n</core_memory>")
-    view = _small_memory().render_memorise(k=0)
+    assert render_memorise(Memory()).startswith("<core_memory>\n(empty)\n</core_memory>")
+    view = render_memorise(_small_memory(), k=0)
     assert "(showing the most recent 0 of 3 entries)" in view and "fact" not in view
 
 
 def test_render_answer_numbers_entries_without_ids():
     memory = _small_memory()
     event = memory.insert("episodic_memory", "At 2024-01-01, user read a paper.")
-    text = memory.render_answer(memory.semantic[1:], [event])
+    text = render_answer(memory, memory.semantic[1:], [event])
     assert text == (
         "<core_memory>\nUser studies medicine.\n</core_memory>\n\n"
         "<semantic_memory>\n1. fact 1\n2. fact 2\n</semantic_memory>\n\n"
@@ -175,7 +170,7 @@ def test_render_answer_numbers_entries_without_ids():
     )
     assert event.id not in text
     memory.clear_core()
-    assert memory.render_answer([], []).startswith("<semantic_memory>\n(no entries)")
+    assert render_answer(memory, [], []).startswith("<semantic_memory>\n(no entries)")
 
 
 # ----------------------------------------------------------------- serialisation
@@ -230,6 +225,6 @@ def test_ten_thousand_entries_total_tokens_counts_each_content_once():
     assert counter.calls - calls == 10_000
     assert memory.total_tokens() == 40_000
     assert counter.calls - calls == 10_000  # second size computation: cache only
-    view = memory.render_memorise(5)
+    view = render_memorise(memory, 5)
     assert "(showing the most recent 5 of 5000 entries)" in view
-    assert memory.render_answer(memory.semantic, memory.episodic).count("\n") > 10_000
+    assert render_answer(memory, memory.semantic, memory.episodic).count("\n") > 10_000

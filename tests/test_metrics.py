@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from memalpha import metrics
-from memalpha.metrics import (
+from memalpha.agent import scoring
+from memalpha.agent.scoring import (
     boxed_label_match,
     keyword_hit,
     metric_for_source,
@@ -21,7 +21,7 @@ from memalpha.metrics import (
     score_answers,
     substring_match,
 )
-from memalpha.reader import Reader, ReaderAnswer
+from memalpha.reader.base import Reader, ReaderAnswer
 
 PUBMED_RESULTS = Path("/work/shared/data/memalpha4b-pubmed/reader_results.jsonl")
 
@@ -194,8 +194,8 @@ def test_default_source_mapping(source, metric):
 
 
 def test_unknown_source_warns_once_and_overrides(caplog):
-    metrics._warned_sources.discard("my_new_source")
-    with caplog.at_level(logging.WARNING, logger="memalpha.metrics"):
+    scoring._warned_sources.discard("my_new_source")
+    with caplog.at_level(logging.WARNING, logger="memalpha.agent.scoring"):
         assert metric_for_source("my_new_source") == "substring"
         assert metric_for_source("my_new_source") == "substring"
     assert sum("my_new_source" in r.getMessage() for r in caplog.records) == 1

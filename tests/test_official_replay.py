@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from memalpha.memory import Memory
-from memalpha.tools import execute_response, get_call_format
+from memalpha.memory.store import Memory
+from memalpha.tools.executor import execute_response
+from memalpha.tools.formats import get_call_format
 
 FIXTURE = Path(__file__).parent / "fixtures" / "memalpha4b_pubmed"
 _NEW_ID = re.compile(r"'new_memory': \{'([0-9a-f]+)':")

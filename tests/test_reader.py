@@ -8,11 +8,14 @@ import time
 
 import pytest
 
-from memalpha.memory import EPISODIC, SEMANTIC, Memory
-from memalpha.metrics import score_answer
-from memalpha.prompts import answer_messages
-from memalpha.reader import LocalReader, OpenAIReader, ReaderAnswer
-from memalpha.retrieval import retrieve_for_questions
+from memalpha.agent.scoring import score_answer
+from memalpha.memory.render import render_answer
+from memalpha.memory.store import EPISODIC, SEMANTIC, Memory
+from memalpha.reader.base import ReaderAnswer
+from memalpha.reader.local import LocalReader
+from memalpha.reader.openai_compat import OpenAIReader
+from memalpha.reader.prompts import answer_messages
+from memalpha.reader.retrieval import retrieve_for_questions
 
 
 def load_model(path):
@@ -58,14 +61,14 @@ def test_local_reader_batches_and_respects_the_prompt_budget(tiny_model, tokeniz
     memory = fact_memory(10)
     question = "Who opened locker number 3?"
     reader = LocalReader(tiny_model, tokenizer, max_new_tokens=4, batch_size=2, top_k_entries=10)
-    base = reader.conversation_tokens(answer_messages(memory.render_answer([], []), question))
+    base = reader.conversation_tokens(answer_messages(render_answer(memory, [], []), question))
     reader.prompt_budget_tokens = base + 150
     conversation = reader.answer_conversations([(memory, question)])[0]
     assert reader.conversation_tokens(conversation) <= reader.prompt_budget_tokens
     k = numbered_lines(conversation) // 2
     assert 0 < k < 10
     semantic, episodic = retrieve_for_questions(memory, [question], top_k=10)[0]
-    bigger = answer_messages(memory.render_answer(semantic[: k + 1], episodic[: k + 1]), question)
+    bigger = answer_messages(render_answer(memory, semantic[: k + 1], episodic[: k + 1]), question)
     assert reader.conversation_tokens(bigger) > reader.prompt_budget_tokens
     assert "the locker number 3 belongs" in conversation[0]["content"]  # the best match is kept
     assert conversation[1] == {"role": "user", "content": question}
@@ -121,7 +124,7 @@ def test_embedded_local_reader_answers_from_memory(embedded_model, tokenizer):
 
 @pytest.fixture(scope="module")
 def server(embedded_model, tokenizer):
-    from memalpha.openai_server import ChatCompletionServer
+    from memalpha.reader.server import ChatCompletionServer
 
     reader = LocalReader(embedded_model, tokenizer, max_new_tokens=16, batch_size=4)
     with ChatCompletionServer(reader, model_name="smollm2", port=0, max_batch=4) as srv:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memalpha.memory import EPISODIC, SEMANTIC, Memory, MemoryEntry
-from memalpha.retrieval import fit_to_budget, rank_entries, retrieve_for_questions, tokenize
+from memalpha.memory.store import EPISODIC, SEMANTIC, Memory, MemoryEntry
+from memalpha.reader.retrieval import fit_to_budget, rank_entries, retrieve_for_questions, tokenize
 
 FACTS = [
     "Canberra is the capital city of Australia.",

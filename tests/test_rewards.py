@@ -6,11 +6,9 @@ import json
 
 import pytest
 
-from memalpha.memory import Memory
-from memalpha.reader import Reader, ReaderAnswer
-from memalpha.rewards import (
+from memalpha.agent.rewards import (
     LLMContentJudge,
-    RewardWeights,
+    RewardSettings,
     RuleContentJudge,
     TurnCalls,
     has_time_expression,
@@ -18,7 +16,10 @@ from memalpha.rewards import (
     rollout_rewards,
     rule_validity,
 )
-from memalpha.tools import ParseError, ToolCall, ToolResult, execute_response, get_call_format
+from memalpha.memory.store import Memory
+from memalpha.reader.base import Reader, ReaderAnswer
+from memalpha.tools.executor import ToolResult, execute_response
+from memalpha.tools.formats import ParseError, ToolCall, get_call_format
 
 
 def call(name: str, **arguments) -> ToolCall:
@@ -55,7 +56,7 @@ def test_hand_computed_two_turn_two_question_rollout():
         turns=two_turns(),
         memory_tokens=200,
         chunk_tokens=1000,
-        weights=RewardWeights(beta=0.05, gamma=0.1),
+        weights=RewardSettings(beta=0.05, gamma=0.1),
         content_judge=RuleContentJudge(),
     )
     # r1 = (1 + 0.5) / 2; r3 = 1 - 200/1000
@@ -73,21 +74,21 @@ def test_hand_computed_two_turn_two_question_rollout():
 def test_weights_turns_without_calls_and_compression_sign():
     empty = TurnCalls()
     reward = rollout_rewards([0.0, 1.0], [empty], memory_tokens=1500, chunk_tokens=1000,
-                             weights=RewardWeights(beta=0.2, gamma=1.0), content_judge=RuleContentJudge())
+                             weights=RewardSettings(beta=0.2, gamma=1.0), content_judge=RuleContentJudge())
     assert reward.r2 == [0.0] and reward.r4 == [0.0]
     assert reward.r3 == pytest.approx(-0.5)  # memory larger than the input: negative
     assert reward.total == pytest.approx([0.5 - 0.1])
     # gamma = 0 or no judge: r4 reported as 0 without judging
-    no_judge = rollout_rewards([1.0], two_turns(), 0, 10, RewardWeights(gamma=0.0), RuleContentJudge())
+    no_judge = rollout_rewards([1.0], two_turns(), 0, 10, RewardSettings(gamma=0.0), RuleContentJudge())
     assert no_judge.r4 == [0.0, 0.0]
-    assert rollout_rewards([], two_turns(), 0, 10, RewardWeights(), None).r1 == 0.0
+    assert rollout_rewards([], two_turns(), 0, 10, RewardSettings(), None).r1 == 0.0
     # a result without a call counts in r2's and r4's denominators with score 0
     odd = rollout_rewards([1.0], [TurnCalls(results=[ToolResult("error", "not an object", None),
                                                       ToolResult("ok", "", SISTER)])],
-                          0, 10, RewardWeights(), RuleContentJudge())
+                          0, 10, RewardSettings(), RuleContentJudge())
     assert odd.r2 == [0.5] and odd.r4 == [0.5]
     with pytest.raises(ValueError, match="chunk_tokens"):
-        rollout_rewards([1.0], [], 10, 0, RewardWeights(), None)
+        rollout_rewards([1.0], [], 10, 0, RewardSettings(), None)
 
 
 def test_rewards_from_real_parsed_turns():
@@ -103,7 +104,7 @@ def test_rewards_from_real_parsed_turns():
     turn = TurnCalls(results=outcome.results, parse_errors=outcome.errors)
     assert [r.status for r in outcome.results] == ["ok", "skipped", "error"]
     assert len(outcome.errors) == 1
-    reward = rollout_rewards([1.0], [turn], memory.total_tokens(), 100, RewardWeights(), RuleContentJudge())
+    reward = rollout_rewards([1.0], [turn], memory.total_tokens(), 100, RewardSettings(), RuleContentJudge())
     assert reward.r2 == pytest.approx([2 / 4])
     assert reward.r4 == pytest.approx([2 / 3])
 
@@ -193,6 +194,6 @@ def test_llm_content_judge_batches_and_scores_malformed_as_zero():
     assert len(reader.prompts) == 4 and reader.requests == 4  # one batch, four prompts
     assert "episodic memory" in reader.prompts[0] and "semantic memory" in reader.prompts[1]
     assert judge.malformed == 2
-    reward = rollout_rewards([1.0], two_turns(), 0, 10, RewardWeights(), judge)
+    reward = rollout_rewards([1.0], two_turns(), 0, 10, RewardSettings(), judge)
     # turn 1: sister 0, hike 0 ; turn 2: core 0, delete 0, cat 1
     assert reward.r4 == pytest.approx([0.0, 1 / 3])

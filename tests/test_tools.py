@@ -9,19 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memalpha.memory import Memory
-from memalpha.prompts import memorise_messages
-from memalpha.tools import (
-    TOOL_NAMES,
-    TOOL_SCHEMAS,
-    ParseError,
-    ToolCall,
-    ToolResult,
-    execute_call,
-    execute_response,
-    get_call_format,
-    turn_call_counts,
-)
+from memalpha.agent.prompts import memorise_messages
+from memalpha.memory.render import render_memorise
+from memalpha.memory.store import Memory
+from memalpha.tools.executor import ToolResult, execute_call, execute_response, turn_call_counts
+from memalpha.tools.formats import ParseError, ToolCall, get_call_format
+from memalpha.tools.schemas import TOOL_NAMES, TOOL_SCHEMAS
 
 QWEN = get_call_format("qwen")
 HERMES = get_call_format("hermes")
@@ -244,17 +237,17 @@ def test_turn_counts_parse_errors_as_failed_calls():
 def test_memorise_messages(fmt):
     memory = Memory()
     memory.insert("semantic_memory", "fact")
-    messages = memorise_messages(memory.render_memorise(), "the chunk text", fmt, response_token_limit=300)
+    messages = memorise_messages(render_memorise(memory), "the chunk text", fmt, response_token_limit=300)
     assert [m["role"] for m in messages] == ["system", "user"]
-    assert memory.render_memorise() in messages[0]["content"]
+    assert render_memorise(memory) in messages[0]["content"]
     assert fmt.instructions() in messages[0]["content"]
     assert "<new_chunk>\nthe chunk text\n</new_chunk>" in messages[1]["content"]
     assert "300 tokens" in messages[1]["content"]
     # the memory (the only part that differs between rollouts) ends the system prompt, after the
     # tool block, so the fixed text before it is one prefix shared by every turn of a batch
     system = messages[0]["content"]
-    assert system.endswith(memory.render_memorise())
-    assert system.index(fmt.instructions()) < system.index(memory.render_memorise())
+    assert system.endswith(render_memorise(memory))
+    assert system.index(fmt.instructions()) < system.index(render_memorise(memory))
 
 
 # ---------------------------------------------------------------- property-based

@@ -52,9 +52,9 @@ def write_config(tmp_path: Path, model_dir: str, *, max_steps: int = 2, **data_o
     config["trainer"]["callbacks"][0]["init_args"].update(
         dirpath=str(run / "checkpoints"), every_n_train_steps=1
     )
-    config["model"].update(
-        model=model_dir, reader_max_new_tokens=6, micro_batch_size=3, log_text_every_n_steps=1
-    )
+    config["model"].update(model=model_dir, log_text_every_n_steps=1)
+    config["model"]["reader"].update(max_new_tokens=6)
+    config["model"]["update"].update(micro_batch_size=3)
     config["model"]["rollout"].update(group_size=2, max_new_tokens=12, max_prompt_tokens=2048)
     config["data"].update(
         synthetic_train=8,
@@ -195,7 +195,7 @@ def test_corrupt_data_fails_before_training(tmp_path, tiny_model_dir):
 
 def nonzero_adapter(tmp_path: Path, model_dir: str) -> Path:
     """A LoRA adapter with random B, so the policy differs from the reference and the KL term has a gradient."""
-    from memalpha.policy import LoraSettings, load_policy
+    from memalpha.lm.policy import LoraSettings, load_policy
 
     policy, _ = load_policy(model_dir, lora=LoraSettings(r=8, alpha=16))
     torch.manual_seed(1)
@@ -228,7 +228,7 @@ def test_ddp_two_ranks_train_different_instances_with_identical_adapters(tmp_pat
         "--trainer.callbacks+=ddp_probe.RankProbe",
         f"--trainer.callbacks.out_dir={probe_dir}",
         f"--model.adapter_path={start}",
-        "--model.kl_coef=0.5",
+        "--model.update.kl_coef=0.5",
     ]
     proc = subprocess.run(
         cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False

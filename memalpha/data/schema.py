@@ -1,6 +1,6 @@
 """The instance schema and its validation.
 
-An instance is what one rollout reads and is scored on (SPEC §6)::
+An instance is what one rollout reads and is scored on (docs/data.md)::
 
     {"instance_id": str, "data_source": str, "chunks": [str, ...],
      "questions": [{"question": str, "answer": str | [str, ...]}, ...], "metadata": {...}}

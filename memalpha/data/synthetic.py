@@ -1,7 +1,7 @@
 """Synthetic memory tasks: the embedded default data (deterministic from a seed, no network).
 
 Each instance spreads facts over several chunks and asks questions that only those facts
-answer. Four families match the real metrics (``memalpha.metrics`` picks them by ``data_source``):
+answer. Four families match the real metrics (``memalpha.agent.scoring`` picks them by ``data_source``):
 
 ``synth_personal``  personal facts told in dated dialogue ("Which city did Adela Szabo move to?"
                     -> ``Lisbon``); short answers, substring metric.

@@ -1,4 +1,4 @@
-"""Dated wrappers around chunk text (SPEC §6), and their exact inverse.
+"""Dated wrappers around chunk text (docs/data.md), and their exact inverse.
 
 Two styles, as the Mem-α data uses them:
 

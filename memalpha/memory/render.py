@@ -1,4 +1,4 @@
-"""Text views of a memory (SPEC §1).
+"""Text views of a memory (docs/method.md: the memory).
 
 *Memorising* view – what the agent sees while it writes memory::
 
@@ -21,12 +21,7 @@ retrieved entries of each list numbered from 1, without ids.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from memalpha.memory.store import MemoryEntry
-
-if TYPE_CHECKING:
-    from memalpha.memory.store import Memory
+from memalpha.memory.store import Memory, MemoryEntry
 
 EMPTY_CORE_NOTE = "(empty)"
 EMPTY_LIST_NOTE = "(empty)"
@@ -68,9 +63,9 @@ def _numbered_block(tag: str, entries: list[MemoryEntry]) -> str:
     return _block(tag, "\n".join(f"{i}. {entry.content}" for i, entry in enumerate(entries, start=1)))
 
 
-def render_answer(core: str, semantic: list[MemoryEntry], episodic: list[MemoryEntry]) -> str:
-    """Core (if non-empty), then the given semantic and episodic entries numbered, ids dropped."""
-    parts = [_block("core_memory", core)] if core else []
+def render_answer(memory: Memory, semantic: list[MemoryEntry], episodic: list[MemoryEntry]) -> str:
+    """``memory``'s core (if non-empty), then the given semantic and episodic entries numbered, ids dropped."""
+    parts = [_block("core_memory", memory.core)] if memory.core else []
     parts.append(_numbered_block("semantic_memory", semantic))
     parts.append(_numbered_block("episodic_memory", episodic))
     return "\n\n".join(parts)

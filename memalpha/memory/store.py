@@ -1,4 +1,4 @@
-"""The agent's memory: a core paragraph and two ordered lists of entries (SPEC §1).
+"""The agent's memory: a core paragraph and two ordered lists of entries (docs/method.md: the memory).
 
 * ``core`` – one paragraph, capped at ``core_token_limit`` tokens; longer text is
   cut and ends with :data:`CORE_TRUNCATION_MARKER` so the agent can see it was cut.
@@ -108,7 +108,7 @@ class Memory:
         return cached
 
     def total_tokens(self) -> int:
-        """Memory size (SPEC §1): tokens(core) + tokens of every entry's content."""
+        """Memory size (docs/method.md: the memory): tokens(core) + tokens of every entry's content."""
         total = self.count_tokens(self._core) if self._core else 0
         for entries in (self.semantic, self.episodic):
             for entry in entries:
@@ -208,19 +208,6 @@ class Memory:
             if entry.id == memory_id:
                 return entries.pop(index)
         raise KeyError(f"no entry {memory_id!r} in {list_type(memory_type)}")
-
-    # --------------------------------------------------------------- rendering
-    def render_memorise(self, k: int = 5) -> str:
-        """The memorising view (SPEC §1): core, then the ``k`` most recent entries of each list."""
-        from memalpha.memory.render import render_memorise
-
-        return render_memorise(self, k)
-
-    def render_answer(self, semantic: list[MemoryEntry], episodic: list[MemoryEntry]) -> str:
-        """The question-answering view (SPEC §1): core if non-empty, given entries numbered, no ids."""
-        from memalpha.memory.render import render_answer
-
-        return render_answer(self._core, semantic, episodic)
 
     # ----------------------------------------------------------- serialisation
     def to_dict(self) -> dict[str, Any]:

@@ -5,18 +5,3 @@
 * :class:`OpenAIReader` — any OpenAI-compatible chat-completions endpoint (e.g. vLLM
   serving Qwen3-32B, as the paper does).
 """
-
-from memalpha.reader.base import Conversation, Reader, ReaderAnswer
-from memalpha.reader.local import LocalGeneration, LocalReader, base_weights, chat_prompt_text
-from memalpha.reader.openai_compat import OpenAIReader
-
-__all__ = [
-    "Conversation",
-    "LocalGeneration",
-    "LocalReader",
-    "OpenAIReader",
-    "Reader",
-    "ReaderAnswer",
-    "base_weights",
-    "chat_prompt_text",
-]

@@ -1,8 +1,8 @@
 """The reader interface: answer questions, each from its own memory, in batches.
 
 A reader turns every ``(memory, question)`` item into one chat: the answer-mode prompt
-of :mod:`memalpha.prompts` holding the core memory and the BM25-retrieved entries
-(:mod:`memalpha.retrieval`), with ``k`` shrunk until the prompt fits the reader's token
+of :mod:`memalpha.reader.prompts` holding the core memory and the BM25-retrieved entries
+(:mod:`memalpha.reader.retrieval`), with ``k`` shrunk until the prompt fits the reader's token
 budget. Backends only implement :meth:`Reader.chat` (conversations in, replies out) and
 token counting.
 
@@ -19,10 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from memalpha.retrieval import DEFAULT_TOP_K, fit_to_budget, retrieve_for_questions
+from memalpha.memory.render import render_answer
+from memalpha.reader.prompts import answer_messages
+from memalpha.reader.retrieval import DEFAULT_TOP_K, fit_to_budget, retrieve_for_questions
 
 if TYPE_CHECKING:
-    from memalpha.memory import Memory
+    from memalpha.memory.store import Memory
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +80,6 @@ class Reader(ABC):
     # -- prompts ------------------------------------------------------------------------
     def answer_conversations(self, items: Sequence[tuple[Memory, str]]) -> list[Conversation]:
         """The answer-mode chat for every item; retrieval runs once per distinct memory."""
-        from memalpha.prompts import answer_messages
-
         groups: dict[int, list[int]] = {}
         for index, (memory, _question) in enumerate(items):
             groups.setdefault(id(memory), []).append(index)
@@ -91,7 +91,7 @@ class Reader(ABC):
             for i, question, (semantic, episodic) in zip(indices, questions, ranked):
 
                 def measure(sem, epi, _memory=memory, _question=question) -> int:
-                    return self.conversation_tokens(answer_messages(_memory.render_answer(sem, epi), _question))
+                    return self.conversation_tokens(answer_messages(render_answer(_memory, sem, epi), _question))
 
                 semantic, episodic, fits = fit_to_budget(semantic, episodic, measure, self.prompt_budget_tokens)
                 if not fits:
@@ -101,7 +101,7 @@ class Reader(ABC):
                         "retrieved entries (core memory and question alone); sending it as is",
                         question[:80], self.prompt_budget_tokens,
                     )
-                conversations[i] = answer_messages(memory.render_answer(semantic, episodic), question)
+                conversations[i] = answer_messages(render_answer(memory, semantic, episodic), question)
         return [c for c in conversations if c is not None]
 
     # -- public entry points --------------------------------------------------------------

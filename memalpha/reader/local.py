@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memalpha.reader.base import Conversation, Reader, ReaderAnswer
-from memalpha.retrieval import DEFAULT_TOP_K
+from memalpha.reader.retrieval import DEFAULT_TOP_K
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class LocalReader(Reader):
         enable_thinking: bool | None = None,
     ) -> list[LocalGeneration]:
         """Generate one reply per conversation; a failing batch yields failed items, not an exception."""
-        from memalpha.policy import generate
+        from memalpha.lm.generation import generate
 
         max_new_tokens = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         temperature = self.temperature if temperature is None else temperature

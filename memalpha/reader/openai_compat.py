@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from memalpha.reader.base import Conversation, Reader, ReaderAnswer
-from memalpha.retrieval import DEFAULT_TOP_K
+from memalpha.reader.retrieval import DEFAULT_TOP_K
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class OpenAIReader(Reader):
         self.extra_body = dict(extra_body or {})
         self._tokenizer = None
         if tokenizer is not None:
-            from memalpha.models import load_tokenizer
+            from memalpha.lm.embedded import load_tokenizer
 
             self._tokenizer = load_tokenizer(tokenizer)
 

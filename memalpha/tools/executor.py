@@ -1,4 +1,4 @@
-"""Apply one parsed tool call to a :class:`~memalpha.memory.Memory`.
+"""Apply one parsed tool call to a :class:`~memalpha.memory.store.Memory`.
 
 :func:`execute_call` validates the call against :data:`TOOL_SCHEMAS` and then uses
 only the memory's own methods: a tool can change nothing but the memory object it

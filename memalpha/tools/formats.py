@@ -1,6 +1,6 @@
 """Tool-call formats: the instructions each puts in the system prompt, and its parser.
 
-Two formats (SPEC §2), chosen by name with :func:`get_call_format`:
+Two formats (docs/method.md: memorising), chosen by name with :func:`get_call_format`:
 
 ``qwen``
     Qwen-Agent's function-call text, which the official Mem-α-4B model emits::
@@ -138,9 +138,17 @@ class CallFormat(ABC):
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         """One call written in this format."""
 
-    @abstractmethod
     def parse(self, text: str) -> ParseResult:
-        """All calls in ``text`` and an error for each malformed one. Never raises."""
+        """All calls in ``text`` (after a leading thinking block) and an error for each malformed one. Never raises."""
+        result = ParseResult()
+        if not isinstance(text, str):
+            result.errors.append(ParseError(reason="response is not text", raw=_clip(repr(text)), code="not_text"))
+            return result
+        return self._parse_text(strip_thinking(text), result)
+
+    @abstractmethod
+    def _parse_text(self, text: str, result: ParseResult) -> ParseResult:
+        """Add the calls and errors of ``text`` (a string, thinking removed) to ``result`` and return it."""
 
     def render_calls(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         """Several calls, one after another."""
@@ -177,13 +185,7 @@ class QwenFormat(CallFormat):
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         return f"{FN_MARK}: {name}\n{ARGS_MARK}: {json.dumps(arguments, ensure_ascii=False)}"
 
-    def parse(self, text: str) -> ParseResult:
-        result = ParseResult()
-        if not isinstance(text, str):
-            result.errors.append(ParseError(reason="response is not text", raw=_clip(repr(text)),
-                                            code="not_text"))
-            return result
-        text = strip_thinking(text)
+    def _parse_text(self, text: str, result: ParseResult) -> ParseResult:
         for mark in (RESULT_MARK, RETURN_MARK):
             cut = text.find(mark)
             if cut >= 0:
@@ -251,13 +253,7 @@ class HermesFormat(CallFormat):
         payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
         return f"{CALL_OPEN}\n{payload}\n{CALL_CLOSE}"
 
-    def parse(self, text: str) -> ParseResult:
-        result = ParseResult()
-        if not isinstance(text, str):
-            result.errors.append(ParseError(reason="response is not text", raw=_clip(repr(text)),
-                                            code="not_text"))
-            return result
-        text = strip_thinking(text)
+    def _parse_text(self, text: str, result: ParseResult) -> ParseResult:
         pos = 0
         while True:
             opening = text.find(CALL_OPEN, pos)

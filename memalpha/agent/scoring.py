@@ -1,7 +1,7 @@
 """Per-source scoring of reader answers: one registry, chosen by an instance's ``data_source``.
 
-Five metrics (SPEC §3), each a pure function ``(prediction, gold) -> float in [0, 1]``
-except the LLM judge, which asks a :class:`~memalpha.reader.Reader` a yes/no question:
+Five metrics (docs/method.md: answering), each a pure function ``(prediction, gold) -> float in [0, 1]``
+except the LLM judge, which asks a :class:`~memalpha.reader.base.Reader` a yes/no question:
 
 ==============  ==========================================================================
 ``substring``   the normalised gold is a substring of the normalised prediction
@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # only for annotations: the reader imports nothing from here
-    from memalpha.reader import Reader
+    from memalpha.reader.base import Reader
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def parse_yes_no(reply: str) -> float:
 
 
 def _judge_prompt(question: str, gold: Gold, prediction: str) -> str:
-    from memalpha.prompts import answer_judge_prompt
+    from memalpha.agent.prompts import answer_judge_prompt
 
     rubric = "; ".join(_golds(gold))
     return answer_judge_prompt(question=question, rubric=rubric, response=strip_thinking(prediction))

@@ -1,4 +1,4 @@
-"""The Mem-α reward (paper Eq. 1, SPEC §4) and its content-validity judges.
+"""The Mem-α reward (paper Eq. 1; docs/metrics_and_rewards.md) and its content-validity judges.
 
 For chunk turn ``t`` of one rollout::
 
@@ -31,24 +31,50 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from memalpha.agent.prompts import content_judge_prompt
+from memalpha.agent.scoring import METRICS, strip_thinking
 from memalpha.tools.executor import SUCCESS_STATUSES
 from memalpha.tools.schemas import DELETE, INSERT, UPDATE
 
 if TYPE_CHECKING:
-    from memalpha.reader import Reader
-    from memalpha.tools import ParseError, ToolCall, ToolResult
+    from memalpha.reader.base import Reader
+    from memalpha.tools.executor import ToolResult
+    from memalpha.tools.formats import ParseError, ToolCall
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class RewardWeights:
-    """Weights of the compression (``beta``) and content (``gamma``) terms; paper: 0.05 and 0.1."""
+@dataclass
+class RewardSettings:
+    """The reward's weights, its content judge and the answer metric of each data source.
+
+    Args:
+        beta: Weight of the compression reward r3 (paper 0.05).
+        gamma: Weight of the content-validity reward r4 (scripts 0.1).
+        content_judge: r4 judge: ``rule`` (deterministic checks) or ``llm`` (the reader judges, paper style).
+        metric_overrides: ``data_source`` -> metric name, overriding the default registry mapping.
+    """
 
     beta: float = 0.05
     gamma: float = 0.1
+    content_judge: Literal["rule", "llm"] = "rule"
+    metric_overrides: dict[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.content_judge not in ("rule", "llm"):
+            raise ValueError(f"reward.content_judge must be one of ['rule', 'llm'], got {self.content_judge!r}")
+        if self.beta < 0 or self.gamma < 0:
+            raise ValueError(f"reward.beta and reward.gamma must be >= 0, got {self.beta}, {self.gamma}")
+        if self.metric_overrides:
+            unknown = {source: name for source, name in self.metric_overrides.items() if name not in METRICS}
+            if unknown:
+                raise ValueError(f"reward.metric_overrides names unknown metrics {unknown}; known: {sorted(METRICS)}")
+
+    def build_content_judge(self, reader: Reader) -> ContentJudge:
+        """The r4 judge: the rule checks, or ``reader`` asked for a validity judgement per call."""
+        return RuleContentJudge() if self.content_judge == "rule" else LLMContentJudge(reader)
 
 
 @dataclass
@@ -109,7 +135,7 @@ def rollout_rewards(
     turns: Sequence[TurnCalls],
     memory_tokens: int,
     chunk_tokens: int,
-    weights: RewardWeights,
+    weights: RewardSettings,
     content_judge: ContentJudge | None,
 ) -> RolloutReward:
     """All components and ``R_t`` for one rollout (see the module docstring).
@@ -238,8 +264,6 @@ def parse_validity_judgement(reply: str) -> bool | None:
     Well-formed means a JSON object with a boolean ``VALID``, a list ``ISSUES`` and a string
     ``EXPLANATION``.
     """
-    from memalpha.metrics import strip_thinking
-
     text = strip_thinking(reply)
     match = _JSON_BLOCK.search(text) or _JSON_OBJECT.search(text)
     if not match:
@@ -269,8 +293,6 @@ class LLMContentJudge:
         self.malformed = 0
 
     def judge(self, calls: Sequence[ToolCall]) -> list[float]:
-        from memalpha.prompts import content_judge_prompt
-
         scores = [0.0] * len(calls)
         asked: list[int] = []
         prompts: list[str] = []

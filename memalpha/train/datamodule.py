@@ -1,38 +1,47 @@
-"""RolloutDataModule: instances in, freshly generated GRPO mini-batches out.
+"""RolloutDataModule: training and validation instances, and the stream of rollout rounds.
 
-The train stream is an endless iterable. Whenever its buffer is empty it takes the
-next ``instances_per_step`` instances of this rank's shard, asks the LightningModule
-(``build_experience``) to roll them out with the *current* policy, and serves the
-resulting mini-batches one per optimiser step. Its position (epoch, cursor, round)
-and any unserved mini-batches are saved in the checkpoint, so a resumed run
-continues on exactly the instances and samples it would have seen.
+The train stream is endless: each item is an :class:`InstanceRound`, the next
+``instances_per_step`` instances of this rank's shard (a seeded shuffle shared by all ranks,
+then strided), with the round's index. The module rolls a round out with its *current* policy
+when it needs one (:meth:`memalpha.train.module.GRPOModule.training_step`); the DataModule
+never calls the module. Its position (epoch, cursor, round) is saved in the checkpoint, so a
+resumed run continues on exactly the instances it would have seen.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, IterableDataset
 
-from memalpha.data import Instance, load_instances
+from memalpha.data.loaders import load_instances
+from memalpha.data.schema import Instance
 from memalpha.data.synthetic import generate_synthetic
 
 SYNTHETIC_FAMILIES = ("synth_personal", "synth_timeline", "synth_icl", "synth_summary")
 
 
-def _as_list(batch: list[Instance]) -> list[Instance]:
-    return batch
+class InstanceRound(NamedTuple):
+    """One round of the train stream: its index (counted from 0 over the run) and its instances."""
+
+    index: int
+    instances: list[Instance]
 
 
-class _RolloutStream(IterableDataset):
+def _as_is(item):
+    return item
+
+
+class _RoundStream(IterableDataset):
     def __init__(self, datamodule: RolloutDataModule) -> None:
         self.datamodule = datamodule
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        return self.datamodule.iterate_minibatches()
+    def __iter__(self) -> Iterator[InstanceRound]:
+        while True:
+            yield self.datamodule.next_round()
 
 
 class RolloutDataModule(LightningDataModule):
@@ -60,6 +69,8 @@ class RolloutDataModule(LightningDataModule):
         val_batch_size: Validation instances rolled out together.
         shuffle: Reshuffle the training instances every pass.
         seed: Seed of the synthetic data and of the shuffling.
+        tokenizer_name: The policy's model, linked from ``model.model`` by the CLI: chunking long
+            contexts (MemoryAgentBench) counts tokens with its tokenizer.
     """
 
     def __init__(
@@ -84,6 +95,7 @@ class RolloutDataModule(LightningDataModule):
         val_batch_size: int = 4,
         shuffle: bool = True,
         seed: int = 0,
+        tokenizer_name: str | None = None,
     ) -> None:
         super().__init__()
         if instances_per_step < 1:
@@ -94,24 +106,16 @@ class RolloutDataModule(LightningDataModule):
         self._epoch = 0
         self._cursor = 0
         self._round = 0
-        self._buffer: list[dict[str, Any]] = []
-        self._round_start = (0, 0, 0)
         self.seen_instance_ids: list[str] = []  # this process's rollout instances, in order (for audits)
 
     # ------------------------------------------------------------------ data
     def _tokenizer(self):
-        module = self.trainer.lightning_module if self.trainer is not None else None
-        tokenizer = getattr(module, "tokenizer", None)
-        if (
-            tokenizer is None
-            and module is not None
-            and hasattr(module, "hparams")
-            and "model" in module.hparams
-        ):
-            from memalpha.models import load_tokenizer
+        """The policy's tokenizer (for token-sized chunking), or None when no model is linked."""
+        if self.hparams.tokenizer_name is None:
+            return None
+        from memalpha.lm.embedded import load_tokenizer
 
-            tokenizer = load_tokenizer(module.hparams.model)
-        return tokenizer
+        return load_tokenizer(self.hparams.tokenizer_name)
 
     def _load(self, path: str, limit: int | None) -> list[Instance]:
         hp = self.hparams
@@ -187,43 +191,30 @@ class RolloutDataModule(LightningDataModule):
         self.seen_instance_ids.extend(inst.instance_id for inst in picked)
         return picked
 
-    def iterate_minibatches(self) -> Iterator[dict[str, Any]]:
-        module = self.trainer.lightning_module
-        while True:
-            if not self._buffer:
-                self._round_start = (self._epoch, self._cursor, self._round)
-                instances = self.next_instances()
-                self._buffer = module.build_experience(instances, self._round)
-                self._round += 1
-            yield self._buffer.pop(0)
+    def next_round(self) -> InstanceRound:
+        """The next round of this rank's stream; advances the position saved in checkpoints."""
+        instances = self.next_instances()
+        self._round += 1
+        return InstanceRound(self._round - 1, instances)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(_RolloutStream(self), batch_size=None, num_workers=0)
+        return DataLoader(_RoundStream(self), batch_size=None, collate_fn=_as_is, num_workers=0)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(
-            self.val_instances, batch_size=self.hparams.val_batch_size, collate_fn=_as_list, num_workers=0
+            self.val_instances, batch_size=self.hparams.val_batch_size, collate_fn=_as_is, num_workers=0
         )
 
     # ----------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, Any]:
-        state = {
-            "epoch": self._epoch,
-            "cursor": self._cursor,
-            "round": self._round,
-            "buffer": list(self._buffer),
-        }
-        _, world = self._rank_and_world()
-        if self._buffer and world > 1:
-            # Only rank 0's state reaches the checkpoint, and unserved mini-batches are per rank: save the
-            # position where this round started instead, so a resumed run rolls the round out again on
-            # every rank (with the weights it resumes with) rather than sharing rank 0's leftovers.
-            epoch, cursor, round_index = self._round_start
-            state.update(epoch=epoch, cursor=cursor, round=round_index, buffer=[])
-        return state
+        """The stream's position: the pass (``epoch``), the place in this rank's shard, the rounds served.
+
+        Every rank holds the same position (equal shards, equal rounds), so rank 0's copy in the
+        checkpoint serves all ranks.
+        """
+        return {"epoch": self._epoch, "cursor": self._cursor, "round": self._round}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._epoch = state_dict["epoch"]
         self._cursor = state_dict["cursor"]
         self._round = state_dict["round"]
-        self._buffer = list(state_dict["buffer"])

@@ -1,7 +1,7 @@
 """Per-token log-probabilities of responses, with logits computed only where they are needed.
 
 For each micro-batch the decoder runs once over prompt+response (layout of
-:mod:`memalpha.generation`); the hidden states that predict response tokens are gathered
+:mod:`memalpha.lm.generation`); the hidden states that predict response tokens are gathered
 (padding dropped) and pushed through the output head ``token_chunk`` rows at a time,
 optionally ``vocab_chunk`` vocabulary columns at a time with a running log-sum-exp. The
 log-prob of token ``y`` is ``z_y - logsumexp(z)`` with ``z = head(h) / temperature`` in
@@ -20,17 +20,23 @@ import math
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from memalpha.generation import pad_prompt_response
-from memalpha.prefix_cache import (
+from memalpha.lm.layout import pad_prompt_response
+from memalpha.lm.prefix_cache import (
     SharedPrefix,
     can_share_cache,
     extend_cache,
     prompt_cache,
+    prompt_order,
     shared_prefix,
     split_decoder_and_head,
 )
 
 DEFAULT_TOKEN_CHUNK = 512
+
+
+def score_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype log-probs are computed in: float32, or float64 for a float64 model (exact comparisons)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _finalise_logits(logits: torch.Tensor, config) -> torch.Tensor:
@@ -55,7 +61,7 @@ def _head_logits(head, hidden: torch.Tensor, config, columns: slice | None) -> t
             )
         bias = head.bias[columns] if head.bias is not None else None
         logits = torch.nn.functional.linear(hidden, head.weight[columns], bias)
-    return _finalise_logits(logits.float(), config)
+    return _finalise_logits(logits.to(score_dtype(logits.dtype)), config)
 
 
 def _vocab_slices(vocab: int, vocab_chunk: int | None) -> list[slice | None]:
@@ -71,10 +77,11 @@ def _rows_logprob_nograd(
     rows = hidden.shape[0]
     vocab = head.out_features if hasattr(head, "out_features") else None
     slices = _vocab_slices(vocab, vocab_chunk) if vocab is not None else [None]
-    running_max = torch.full((rows,), -math.inf, device=hidden.device)
-    running_sum = torch.zeros(rows, device=hidden.device)
-    running_dot = torch.zeros(rows, device=hidden.device) if want_entropy else None
-    target_logit = torch.zeros(rows, device=hidden.device)
+    like = {"device": hidden.device, "dtype": score_dtype(hidden.dtype)}
+    running_max = torch.full((rows,), -math.inf, **like)
+    running_sum = torch.zeros(rows, **like)
+    running_dot = torch.zeros(rows, **like) if want_entropy else None
+    target_logit = torch.zeros(rows, **like)
     for columns in slices:
         logits = _head_logits(head, hidden, config, columns)
         if temperature != 1.0:
@@ -91,8 +98,8 @@ def _rows_logprob_nograd(
         logits.sub_(new_max.unsqueeze(1))  # logits now hold z - m
         if want_entropy:
             # sum exp(z - m) * z, accumulated in row blocks so the temporary stays small
-            block_dot = torch.empty(rows, device=hidden.device)
-            block_sum = torch.empty(rows, device=hidden.device)
+            block_dot = torch.empty(rows, **like)
+            block_sum = torch.empty(rows, **like)
             step = max(1, rows // 4)
             for r0 in range(0, rows, step):
                 shifted = logits[r0 : r0 + step]
@@ -133,7 +140,7 @@ def _rows_logprob_grad(
                 entropy = log_norm.detach() - (torch.softmax(z, dim=1) * z).sum(dim=1)
         return logits.gather(1, targets.unsqueeze(1)).squeeze(1) - log_norm, entropy
     norms = []
-    target_logit = hidden.new_zeros(hidden.shape[0], dtype=torch.float32)
+    target_logit = hidden.new_zeros(hidden.shape[0], dtype=score_dtype(hidden.dtype))
     for columns in slices:
         logits = _head_logits(head, hidden, config, columns) / temperature
         local = targets - columns.start
@@ -174,7 +181,7 @@ def token_logprobs(
     With ``share_prefix`` the prompt prefix common to all rows (the system prompt of every
     memorising turn) goes through the decoder once per call, and within a micro-batch each
     distinct prompt goes through once; their key/value cache serves every row that shares them
-    (:mod:`memalpha.prefix_cache`). The values equal the plain path up to float rounding.
+    (:mod:`memalpha.lm.prefix_cache`). The values equal the plain path up to float rounding.
     ``prefix`` hands in a prefix computed by the caller (it must start every prompt), so that
     several calls can share one; HF gradient checkpointing drops caches, so a checkpointed
     model in training mode takes the plain path.
@@ -187,6 +194,7 @@ def token_logprobs(
         raise ValueError(f"vocab_chunk must be >= 1 or None, got {vocab_chunk}")
     decoder, head, config = split_decoder_and_head(model)
     device = next(model.parameters()).device
+    dtype = score_dtype(head.weight.dtype) if hasattr(head, "weight") else torch.float32
     width = max((len(r) for r in response_ids), default=0)
     grad = torch.is_grad_enabled()
     # A checkpointed layer in training mode drops any cache it is given, so nothing can be shared then.
@@ -209,8 +217,8 @@ def token_logprobs(
         responses = response_ids[start : start + micro_batch_size]
         batch = pad_prompt_response(prompts, responses, pad_id, device, shared_prefix=shared_len)
         local_width = batch.response_mask.shape[1]
-        logprob = torch.zeros(len(prompts), local_width, device=device)
-        entropy = torch.zeros(len(prompts), local_width, device=device)
+        logprob = torch.zeros(len(prompts), local_width, device=device, dtype=dtype)
+        entropy = torch.zeros(len(prompts), local_width, device=device, dtype=dtype)
         if local_width > 0:
             cache = prompt_cache(decoder, batch, prompts, prefix) if share_prefix else None
             if cache is not None:  # every prompt column but the last is cached
@@ -259,7 +267,44 @@ def token_logprobs(
         rows_out.append(torch.nn.functional.pad(logprob, (0, width - local_width)))
         entropy_out.append(torch.nn.functional.pad(entropy, (0, width - local_width)))
     if not rows_out:
-        empty = torch.zeros(0, width, device=device)
+        empty = torch.zeros(0, width, device=device, dtype=dtype)
         return (empty, empty.clone()) if with_entropy else empty
     logprobs = torch.cat(rows_out)
     return (logprobs, torch.cat(entropy_out)) if with_entropy else logprobs
+
+
+@torch.no_grad()
+def response_logprobs(
+    policy,
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    *,
+    temperature: float,
+    micro_batch_size: int,
+    pad_id: int,
+    share_prefix: bool = True,
+) -> list[torch.Tensor]:
+    """Per-sample response log-probs (no grad, eval mode) as CPU float tensors of each response's length.
+
+    The rows go through in :func:`memalpha.lm.prefix_cache.prompt_order`, so the prompt prefix all of
+    them share runs once for the whole call and identical prompts land in the same micro-batch.
+    """
+    order = prompt_order(prompts) if share_prefix else list(range(len(prompts)))
+    result: list[torch.Tensor | None] = [None] * len(prompts)
+    was_training = policy.training
+    policy.eval()
+    try:
+        logps = token_logprobs(
+            policy,
+            [prompts[i] for i in order],
+            [responses[i] for i in order],
+            temperature=temperature,
+            micro_batch_size=micro_batch_size,
+            pad_id=pad_id,
+            share_prefix=share_prefix,
+        )
+    finally:
+        policy.train(was_training)
+    for row, i in enumerate(order):
+        result[i] = logps[row, : len(responses[i])].cpu()
+    return result  # type: ignore[return-value]

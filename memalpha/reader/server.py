@@ -5,12 +5,12 @@ Serves ``POST /v1/chat/completions`` (non-streaming, ``n = 1``), ``GET /v1/model
 that arrive together are answered in one batched generation: a single worker thread
 collects up to ``max_batch`` waiting requests (waiting at most ``batch_wait_s`` for more)
 and generates those with equal sampling settings as one batch through
-:class:`~memalpha.reader.LocalReader`.
+:class:`~memalpha.reader.local.LocalReader`.
 
 Use it to put a local reader or judge behind the ``openai`` reader backend, or to test
 that backend end to end::
 
-    python -m memalpha.openai_server --model smollm2-135m-instruct --port 8000
+    python -m memalpha.reader.server --model smollm2-135m-instruct --port 8000
     # reader: OpenAIReader(base_url="http://127.0.0.1:8000/v1", model="smollm2-135m-instruct")
 
 :meth:`ChatCompletionServer.inject_fault` is a test hook: the next requests are delayed
@@ -339,7 +339,7 @@ class ChatCompletionServer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m memalpha.openai_server --model NAME_OR_PATH [--port 8000]``."""
+    """``python -m memalpha.reader.server --model NAME_OR_PATH [--port 8000]``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="model name or folder")
     parser.add_argument("--served-name", default=None, help="name clients use (default: --model)")
@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from memalpha.models import load_tokenizer, resolve_model_path
+    from memalpha.lm.embedded import load_tokenizer, resolve_model_path
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     path = resolve_model_path(args.model)

@@ -2,15 +2,14 @@
 
 The page has two parts:
 
-* one table per configurable class (:class:`~memalpha.module.GRPOModule`, its nested
-  :class:`~memalpha.policy.LoraSettings` and :class:`~memalpha.rollout.RolloutSettings`, and
-  :class:`~memalpha.data.datamodule.RolloutDataModule`): every argument with its type, its
-  default and the help text from the class docstring's ``Args:`` section;
+* one table per configurable class (:class:`~memalpha.train.module.GRPOModule`, each of its
+  settings groups, and :class:`~memalpha.train.datamodule.RolloutDataModule`): every argument
+  with its type, its default and the help text from the class docstring's ``Args:`` section;
 * the complete resolved configuration of ``configs/tiny_cpu.yaml`` as printed by
   ``memalpha fit --config configs/tiny_cpu.yaml --print_config`` (Lightning's trainer
   section included).
 
-Run ``python -m memalpha.config_reference`` to rewrite the page, or with ``--check`` to exit
+Run ``python -m memalpha.train.config_reference`` to rewrite the page, or with ``--check`` to exit
 with status 1 when the page on disk differs from what would be generated.
 """
 
@@ -29,10 +28,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG = Path("configs/tiny_cpu.yaml")
 OUTPUT = Path("docs/configuration.md")
-COMMAND = "python -m memalpha.config_reference"
+COMMAND = "python -m memalpha.train.config_reference"
 _ARG_LINE = re.compile(r"^(\s*)([A-Za-z_][A-Za-z0-9_]*)\s*:\s?(.*)$")
 
 
@@ -135,12 +134,23 @@ def _table(rows: Sequence[tuple[str, str, str, str]]) -> list[str]:
     return out
 
 
+def _group_tables(cls: type) -> list[str]:
+    """One table per settings group (a dataclass default) of ``cls.__init__``, in signature order."""
+    lines: list[str] = []
+    for name, param in inspect.signature(cls).parameters.items():
+        group = param.default
+        if dataclasses.is_dataclass(group) and not isinstance(group, type):
+            kind = type(group)
+            lines += [f"### `model.{name}` (`{kind.__name__}`)", "", *_table(argument_rows(kind, f"model.{name}.")), ""]
+    return lines
+
+
 def print_config(config: Path = CONFIG) -> str:
     """The output of ``memalpha fit --config CONFIG --print_config``, run in this process.
 
     ``config`` is resolved against the repository root, so the working directory does not matter.
     """
-    from memalpha.cli import main
+    from memalpha.train.lightning_cli import run_lightning_cli
 
     path = config if config.is_absolute() else REPO_ROOT / config
     if not path.is_file():
@@ -150,7 +160,7 @@ def print_config(config: Path = CONFIG) -> str:
     sys.argv = [saved_argv[0] if saved_argv else "memalpha"]  # LightningCLI warns when argv and args both hold options
     with contextlib.redirect_stdout(buffer):
         try:
-            main(["fit", "--config", str(path), "--print_config"])
+            run_lightning_cli(["fit", "--config", str(path), "--print_config"])
         except SystemExit as exc:
             if exc.code not in (0, None):
                 raise RuntimeError(f"--print_config exited with status {exc.code}: {buffer.getvalue()}") from exc
@@ -163,10 +173,8 @@ def print_config(config: Path = CONFIG) -> str:
 
 def render_reference(config_text: str | None = None) -> str:
     """The complete markdown of ``docs/configuration.md``."""
-    from memalpha.data.datamodule import RolloutDataModule
-    from memalpha.module import GRPOModule
-    from memalpha.policy import LoraSettings
-    from memalpha.rollout import RolloutSettings
+    from memalpha.train.datamodule import RolloutDataModule
+    from memalpha.train.module import GRPOModule
 
     config_text = print_config() if config_text is None else config_text
     lines = [
@@ -188,14 +196,7 @@ def render_reference(config_text: str | None = None) -> str:
         "",
         *_table(argument_rows(GRPOModule, "model.")),
         "",
-        "### `model.lora` (`LoraSettings`)",
-        "",
-        *_table(argument_rows(LoraSettings, "model.lora.")),
-        "",
-        "### `model.rollout` (`RolloutSettings`)",
-        "",
-        *_table(argument_rows(RolloutSettings, "model.rollout.")),
-        "",
+        *_group_tables(GRPOModule),
         "## `data`: instances and the rollout stream (`RolloutDataModule`)",
         "",
         *_table(argument_rows(RolloutDataModule, "data.")),
@@ -206,7 +207,8 @@ def render_reference(config_text: str | None = None) -> str:
         "val_check_interval, logger, callbacks, ...); see the Lightning Trainer documentation for its "
         "arguments. memalpha drives its own optimisation (Lightning's manual optimisation), so leave "
         "`trainer.accumulate_grad_batches` at 1 and `trainer.gradient_clip_val` unset (Lightning refuses them "
-        "in that mode): use `model.num_mini_batches`, `model.micro_batch_size` and `model.grad_clip` instead. "
+        "in that mode): use `model.update.num_mini_batches`, `model.update.micro_batch_size` and "
+        "`model.optimizer.grad_clip` instead. "
         "`trainer.max_steps` counts optimiser steps. `ckpt_path` resumes a run from a checkpoint file, "
         "e.g. `runs/tiny_cpu/checkpoints/last.ckpt`."),
         "",

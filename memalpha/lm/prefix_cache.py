@@ -2,7 +2,7 @@
 
 A GRPO batch repeats itself: every memorising turn starts with the same ~1k-token system
 prompt, and a group samples the same prompt ``n`` times. Running the decoder over each
-copy is pure waste, so the batch is laid out as (see :func:`memalpha.generation.pad_prompt_response`
+copy is pure waste, so the batch is laid out as (see :func:`memalpha.lm.layout.pad_prompt_response`
 with ``shared_prefix``)::
 
     [ shared prefix (L) | pad .. pad, prompt suffix_i | response_i, pad .. pad ]
@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from memalpha.lm.layout import PaddedBatch
+
 if TYPE_CHECKING:
     from transformers import Cache
-
-    from memalpha.generation import PaddedBatch
 
 
 def split_decoder_and_head(model) -> tuple[torch.nn.Module, torch.nn.Module, object]:
@@ -215,7 +215,7 @@ def prompt_cache(
         return None
     cache = prefix.cache(decoder, len(first)) if prefix is not None else new_cache(decoder)
     if stop > length:
-        distinct = type(batch)(*(tensor[first] for tensor in batch))
+        distinct = PaddedBatch(*(tensor[first] for tensor in batch))
         extend_cache(decoder, cache, distinct, length, stop)
     return repeat_rows(cache, inverse)
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 import numpy as np
 
 if TYPE_CHECKING:
-    from memalpha.memory import Memory, MemoryEntry
+    from memalpha.memory.store import Memory, MemoryEntry
 
 _TOKEN = re.compile(r"\w+")
 

@@ -2,32 +2,18 @@
 
 The reference policy and the local reader are the same weights with the adapter switched
 off (``with model.disable_adapter(): ...``); no second copy of the base model is ever
-loaded. Sampling lives in :mod:`memalpha.generation` and per-token log-probs in
-:mod:`memalpha.logprobs`; both are re-exported here.
+loaded. Sampling lives in :mod:`memalpha.lm.generation` and per-token log-probs in
+:mod:`memalpha.lm.logprobs`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
-from memalpha.generation import Generation, PaddedBatch, generate, pad_prompt_response
-from memalpha.logprobs import token_logprobs
-from memalpha.models import load_tokenizer, resolve_model_path
-
-__all__ = [
-    "DEFAULT_LORA",
-    "PRECISIONS",
-    "Generation",
-    "LoraSettings",
-    "PaddedBatch",
-    "generate",
-    "load_policy",
-    "pad_prompt_response",
-    "token_logprobs",
-    "trainable_parameters",
-]
+from memalpha.lm.embedded import load_tokenizer, resolve_model_path
 
 PRECISIONS = ("fp32", "bf16", "nf4")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -51,13 +37,19 @@ class LoraSettings:
     dropout: float = 0.0
     target_modules: str | list[str] = field(default="all-linear")
 
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise ValueError(f"lora.r must be >= 1, got {self.r}")
+        if self.alpha <= 0:
+            raise ValueError(f"lora.alpha must be > 0, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            raise ValueError("lora.target_modules must name at least one module (or be 'all-linear')")
+
     def to_peft(self):
         from peft import LoraConfig
 
-        if self.r < 1:
-            raise ValueError(f"LoraSettings.r must be >= 1, got {self.r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"LoraSettings.dropout must be in [0, 1), got {self.dropout}")
         return LoraConfig(
             r=self.r,
             lora_alpha=self.alpha,
@@ -69,6 +61,39 @@ class LoraSettings:
 
 
 DEFAULT_LORA = LoraSettings()
+
+Precision = Literal["fp32", "bf16", "nf4"]
+ComputeDtype = Literal["float32", "bfloat16", "float16"]
+
+
+@dataclass
+class LMSettings:
+    """How the policy's base model is loaded and run.
+
+    Args:
+        precision: Base weights as ``fp32``, ``bf16`` or 4-bit ``nf4`` (QLoRA through bitsandbytes).
+        compute_dtype: Compute dtype of the NF4 layers (``bfloat16`` on GPUs, ``float32`` on CPU).
+        gradient_checkpointing: Recompute activations in backward to save memory (about one more
+            forward pass of time). Without it the policy pass computes the prompt prefix that a
+            mini-batch shares (the system prompt) once; with it, once per sequence.
+        share_prefix: Compute the prompt tokens that rows of a batch share once and reuse their
+            key/value cache: the system prompt every turn starts with, and prompts a group repeats
+            (generation, reference and policy passes). Off runs every row in full; the results agree
+            up to float rounding, so this is only for comparisons.
+    """
+
+    precision: Precision = "fp32"
+    compute_dtype: ComputeDtype = "bfloat16"
+    gradient_checkpointing: bool = False
+    share_prefix: bool = True
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"lm.precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
+        if self.compute_dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(
+                f"lm.compute_dtype must be one of ['float32', 'bfloat16', 'float16'], got {self.compute_dtype!r}"
+            )
 
 
 def _dtype(name: str, what: str) -> torch.dtype:

@@ -1,16 +1,17 @@
-"""GRPO without the memory agent: prompts and a reward function in, a trained LoRA adapter out.
+"""The single-turn trainer: prompts and a reward function in, a trained LoRA adapter out.
 
-A plain PyTorch loop over the same pieces the Lightning module uses (policy loading,
+GRPO without the memory agent, and not the loop ``memalpha fit`` runs: a plain PyTorch loop
+over the same pieces the Lightning module uses (policy loading,
 batched generation, chunked log-probs, group advantages, the clipped loss), for
 single-turn tasks and for comparing against other GRPO trainers::
 
-    from memalpha.grpo_loop import GRPOLoopSettings, train_grpo
+    from memalpha.grpo.single_turn import SingleTurnSettings, train_single_turn
 
     def reward(prompts, completions):
         return [float("<tool_call>" in c) for c in completions]
 
-    result = train_grpo("smollm2-135m-instruct", ["Store: Anna likes tea."], reward,
-                        GRPOLoopSettings(steps=10), output_dir="runs/single_turn_adapter")
+    result = train_single_turn("smollm2-135m-instruct", ["Store: Anna likes tea."], reward,
+                               SingleTurnSettings(steps=10), output_dir="runs/single_turn_adapter")
 """
 
 from __future__ import annotations
@@ -25,17 +26,21 @@ from typing import Any
 
 import torch
 
-from memalpha.adapters import export_adapter
-from memalpha.grpo import group_advantages
-from memalpha.grpo_step import LossSettings, accumulate_grpo_gradients, response_logprobs
-from memalpha.policy import LoraSettings, generate, load_policy
+from memalpha.grpo.advantages import group_advantages
+from memalpha.grpo.batch import GRPOBatch
+from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
+from memalpha.grpo.update import accumulate_grpo_gradients, build_optimizer, optimizer_step
+from memalpha.lm.adapters import export_adapter
+from memalpha.lm.generation import generate
+from memalpha.lm.logprobs import response_logprobs
+from memalpha.lm.policy import LMSettings, LoraSettings, load_policy
 
 RewardFn = Callable[[list[str], list[str]], Sequence[float]]
 
 
 @dataclass
-class GRPOLoopSettings:
-    """Knobs of the plain GRPO loop (names as in :class:`memalpha.module.GRPOModule`).
+class SingleTurnSettings:
+    """Knobs of the single-turn trainer; the groups are those of :class:`memalpha.train.module.GRPOModule`.
 
     Args:
         steps: Optimiser steps (one rollout round each).
@@ -44,23 +49,10 @@ class GRPOLoopSettings:
         max_new_tokens: Completion length cap.
         temperature: Sampling temperature (also used for the log-probs).
         top_p: Nucleus sampling threshold.
-        learning_rate: AdamW learning rate.
-        weight_decay: AdamW weight decay.
-        grad_clip: Max global gradient norm (0 disables).
-        kl_coef: k3 KL weight to the reference (adapters disabled); 0 skips the reference pass.
-        clip_low: Lower PPO clip.
-        clip_high: Upper PPO clip.
-        loss_agg: Loss aggregation (``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum-norm``).
-        advantage_scale: ``group``, ``batch`` or ``none``.
-        micro_batch_size: Sequences per forward/backward.
-        precision: ``fp32``, ``bf16`` or ``nf4``.
-        gradient_checkpointing: Recompute decoder activations in backward: far less activation
-            memory for long prompts, about one more forward pass of time, and the policy pass
-            then reruns the shared prompt prefix for every sequence instead of once per step.
-        share_prefix: Compute the prompt tokens that rows share (a common system prompt, a group's
-            repeated prompt) once and reuse their key/value cache, in generation and in the
-            reference and policy passes; off runs every row in full (same results up to rounding).
+        lm: How the base model is loaded and run (precision, gradient checkpointing, prefix sharing).
         lora: LoRA adapter shape.
+        update: Advantages, the clipped loss, KL and micro-batching (one mini-batch per step).
+        optimizer: Optimiser, learning rate and clipping (warm-up counts in ``steps``).
         seed: Seed of prompt order, sampling and LoRA init.
         chat_template_kwargs: Extra chat-template arguments (e.g. ``{"enable_thinking": False}``).
     """
@@ -71,25 +63,32 @@ class GRPOLoopSettings:
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
-    learning_rate: float = 1e-5
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    kl_coef: float = 0.0
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    loss_agg: str = "token-mean"
-    advantage_scale: str = "group"
-    micro_batch_size: int = 8
-    precision: str = "fp32"
-    gradient_checkpointing: bool = False
-    share_prefix: bool = True
+    lm: LMSettings = field(default_factory=LMSettings)
     lora: LoraSettings = field(default_factory=LoraSettings)
+    update: UpdateSettings = field(default_factory=lambda: UpdateSettings(kl_coef=0.0, micro_batch_size=8))
+    optimizer: OptimizerSettings = field(
+        default_factory=lambda: OptimizerSettings(weight_decay=0.0, warmup_ratio=0.0)
+    )
     seed: int = 0
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (the trainer samples), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.update.needs_old_logps:
+            raise ValueError(
+                "the single-turn trainer takes one optimiser step per round: "
+                "update.ppo_epochs and update.num_mini_batches must be 1"
+            )
+
 
 @dataclass
-class GRPOLoopResult:
+class SingleTurnResult:
     adapter_dir: Path | None
     history: list[dict[str, float]]
 
@@ -100,37 +99,28 @@ def _prompt_ids(tokenizer, prompt: str | list[dict[str, str]], chat_kwargs: dict
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def train_grpo(
+def train_single_turn(
     model: str,
     prompts: Sequence[str | list[dict[str, str]]],
     reward_fn: RewardFn,
-    settings: GRPOLoopSettings | None = None,
+    settings: SingleTurnSettings | None = None,
     *,
     output_dir: str | Path | None = None,
     on_step: Callable[[dict[str, float]], None] | None = None,
-) -> GRPOLoopResult:
+) -> SingleTurnResult:
     """Train a LoRA adapter with GRPO on single-turn prompts scored by ``reward_fn(prompts, completions)``."""
-    s = settings or GRPOLoopSettings()
+    s = settings or SingleTurnSettings()
     if not prompts:
-        raise ValueError("train_grpo needs at least one prompt")
+        raise ValueError("train_single_turn needs at least one prompt")
     torch.manual_seed(s.seed)
     policy, tokenizer = load_policy(
-        model, precision=s.precision, lora=s.lora, gradient_checkpointing=s.gradient_checkpointing
+        model, precision=s.lm.precision, lora=s.lora, compute_dtype=s.lm.compute_dtype,
+        gradient_checkpointing=s.lm.gradient_checkpointing,
     )
     encoded = [_prompt_ids(tokenizer, p, s.chat_template_kwargs) for p in prompts]
     texts = [p if isinstance(p, str) else p[-1]["content"] for p in prompts]
     params = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=s.learning_rate, weight_decay=s.weight_decay)
-    loss_settings = LossSettings(
-        clip_low=s.clip_low,
-        clip_high=s.clip_high,
-        kl_coef=s.kl_coef,
-        loss_agg=s.loss_agg,
-        micro_batch_size=s.micro_batch_size,
-        temperature=s.temperature,
-        max_len=s.max_new_tokens,
-        share_prefix=s.share_prefix,
-    )
+    optimizer, scheduler = build_optimizer(params, s.optimizer, max_steps=s.steps)
     order: list[int] = []
     rng = random.Random(s.seed)
     history: list[dict[str, float]] = []
@@ -151,7 +141,7 @@ def train_grpo(
             temperature=s.temperature,
             top_p=s.top_p,
             seed=s.seed * 100_003 + step,
-            share_prefix=s.share_prefix,
+            share_prefix=s.lm.share_prefix,
         )
         gen_s = time.perf_counter() - start
         completions = [tokenizer.decode(r, skip_special_tokens=True) for r in generation.response_ids]
@@ -166,39 +156,40 @@ def train_grpo(
                 f"reward_fn returned {rewards.numel()} rewards for {len(completions)} completions"
             )
         group_ids = torch.arange(len(picked)).repeat_interleave(s.group_size)
-        batch: dict[str, Any] = {
-            "prompt_ids": generation.prompt_ids,
-            "response_ids": generation.response_ids,
-            "advantages": group_advantages(rewards, group_ids, scale=s.advantage_scale),
-            "old_logps": None,
-            "ref_logps": None,
-        }
-        if s.kl_coef > 0:
+        ref_logps = None
+        if s.update.kl_coef > 0:
             with policy.disable_adapter():
-                batch["ref_logps"] = response_logprobs(
+                ref_logps = response_logprobs(
                     policy,
                     generation.prompt_ids,
                     generation.response_ids,
                     temperature=s.temperature,
-                    micro_batch_size=s.micro_batch_size,
+                    micro_batch_size=s.update.micro_batch_size,
                     pad_id=tokenizer.pad_token_id,
-                    share_prefix=s.share_prefix,
+                    share_prefix=s.lm.share_prefix,
                 )
+        batch = GRPOBatch(
+            prompt_ids=generation.prompt_ids,
+            response_ids=generation.response_ids,
+            advantages=group_advantages(rewards, group_ids, scale=s.update.advantage_scale),
+            ref_logps=ref_logps,
+        )
         optimizer.zero_grad(set_to_none=True)
         metrics, finite = accumulate_grpo_gradients(
             policy,
             batch,
-            loss_settings,
+            s.update,
+            temperature=s.temperature,
+            max_response_len=s.max_new_tokens,
+            share_prefix=s.lm.share_prefix,
             pad_id=tokenizer.pad_token_id,
-            token_normaliser=max(float(sum(len(r) for r in generation.response_ids)), 1.0),
-            seq_normaliser=float(len(generation.response_ids)),
+            token_normaliser=max(float(batch.response_tokens), 1.0),
+            seq_normaliser=float(len(batch)),
             backward=lambda loss: loss.backward(),
         )
-        grad_norm = float("nan")
-        if finite:
-            if s.grad_clip > 0:
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, s.grad_clip))
-            optimizer.step()
+        grad_norm = optimizer_step(
+            optimizer, params, finite=finite, grad_clip=s.optimizer.grad_clip, scheduler=scheduler
+        )
         optimizer.zero_grad(set_to_none=True)
         step_s = time.perf_counter() - start
         record = {
@@ -219,4 +210,4 @@ def train_grpo(
         if on_step is not None:
             on_step(record)
     adapter_dir = export_adapter(policy, tokenizer, output_dir) if output_dir is not None else None
-    return GRPOLoopResult(adapter_dir=adapter_dir, history=history)
+    return SingleTurnResult(adapter_dir=adapter_dir, history=history)

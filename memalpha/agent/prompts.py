@@ -1,15 +1,15 @@
 """Prompt templates: the one place where memalpha's prompt texts live.
 
-Memorising (SPEC §2): every chunk gets a fresh two-message prompt –
+Memorising (docs/method.md: memorising): every chunk gets a fresh two-message prompt –
 
 * system: the agent's role, what each memory part is for, the call format's tool block,
-  and last the rendered memory (:meth:`memalpha.memory.Memory.render_memorise`);
+  and last the rendered memory (:func:`memalpha.memory.render.render_memorise`);
 * user: the task steps and the chunk inside ``<new_chunk>`` tags.
 
 No earlier chunk or response is kept in context. The memory is the only part of the system
 prompt that differs between rollouts, so it comes last: everything before it (about 800
 tokens with a tool block) is a prefix every turn of a batch shares, which
-:mod:`memalpha.prefix_cache` computes once instead of once per row.
+:mod:`memalpha.lm.prefix_cache` computes once instead of once per row.
 """
 
 from __future__ import annotations
@@ -62,10 +62,10 @@ def memorise_messages(
     call_format: CallFormat,
     response_token_limit: int | None = None,
 ) -> list[dict[str, str]]:
-    """The ``[system, user]`` chat messages of one memorising turn (SPEC §2).
+    """The ``[system, user]`` chat messages of one memorising turn (docs/method.md: memorising).
 
     Args:
-        memory_view: the memory rendered for memorising (``Memory.render_memorise``).
+        memory_view: the memory rendered for memorising (:func:`memalpha.memory.render.render_memorise`).
         chunk: the new input chunk, verbatim.
         call_format: decides the tool block in the system prompt.
         response_token_limit: if given, the user message states the reply budget.
@@ -74,37 +74,6 @@ def memorise_messages(
     limit_note = RESPONSE_LIMIT_NOTE.format(limit=response_token_limit) if response_token_limit else ""
     user = MEMORISE_USER_TEMPLATE.format(chunk=chunk, limit_note=limit_note)
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
-
-
-# ---------------------------------------------------------------------------------------
-# Answering (SPEC §3): the reader sees the core memory and the retrieved entries only.
-# ---------------------------------------------------------------------------------------
-
-ANSWER_SYSTEM_TEMPLATE = """\
-You answer questions from a memory that was written while a long text was read. You cannot see \
-the text itself, only this memory:
-- core_memory: a short paragraph that is always kept (who the user is, a summary, rules);
-- semantic_memory: facts and knowledge, most relevant to the question first;
-- episodic_memory: events with their times, most relevant to the question first.
-
-{memory}
-
-Answer the user's question from this memory. Give the answer itself, briefly, without \
-repeating the question. If the memory does not contain the answer, say so in one sentence. \
-If the question asks for a format (for example a label inside \\boxed{{}}), use it."""
-
-
-def answer_messages(memory_text: str, question: str) -> list[dict[str, str]]:
-    """The ``[system, user]`` messages of one reader question (SPEC §3).
-
-    Args:
-        memory_text: the memory rendered for answering (``Memory.render_answer``).
-        question: the question, verbatim.
-    """
-    return [
-        {"role": "system", "content": ANSWER_SYSTEM_TEMPLATE.format(memory=memory_text)},
-        {"role": "user", "content": question},
-    ]
 
 
 ANSWER_JUDGE_TEMPLATE = """\

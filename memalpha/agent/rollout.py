@@ -1,0 +1,420 @@
+"""The memory agent loop: n rollouts per instance, chunk by chunk, batched across rollouts.
+
+:func:`run_rollouts` reads in three phases, each a function of its own:
+
+1. :func:`memorise_chunks`: for chunk index ``i`` every live rollout gets a *fresh* prompt
+   (system prompt with the call format's tool block and its own rendered memory, plus the
+   chunk; ``docs/method.md``); one batched ``generate`` serves them all, and each response is
+   parsed and executed on its own rollout's memory.
+2. :func:`answer_questions`: the reader answers every question of every rollout from its final
+   memory in one batch, and the answers are scored per data source.
+3. :func:`assign_rewards`: the reward ``R_t`` of ``docs/metrics_and_rewards.md`` for every turn.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from memalpha.agent.prompts import memorise_messages
+from memalpha.agent.rewards import ContentJudge, RewardSettings, TurnCalls, rollout_rewards
+from memalpha.agent.scoring import score_answers
+from memalpha.data.schema import Instance
+from memalpha.lm.generation import generate
+from memalpha.memory.render import render_memorise
+from memalpha.memory.store import Memory
+from memalpha.reader.base import Reader
+from memalpha.seeding import stable_seed
+from memalpha.tools.executor import SUCCESS_STATUSES, execute_call
+from memalpha.tools.formats import CallFormat, get_call_format
+
+
+class RolloutError(ValueError):
+    """An instance cannot be rolled out as configured (for example a chunk over the prompt budget)."""
+
+
+@dataclass
+class RolloutSettings:
+    """How the memory agent generates.
+
+    Args:
+        group_size: Rollouts per instance (GRPO's group size ``n``; official 8).
+        max_new_tokens: Response cap per chunk turn (official 2048).
+        max_prompt_tokens: Prompt budget per turn; the visible memory shrinks (k halves) to fit (official ~6k).
+        temperature: Sampling temperature (official 1.0); also used for the training log-probs.
+        top_p: Nucleus sampling threshold (1.0 = off).
+        top_k: Top-k sampling (0 = off).
+        call_format: Tool-call format the agent writes: ``qwen`` (✿FUNCTION✿/✿ARGS✿, the official
+            Mem-alpha-4B format) or ``hermes`` (``<tool_call>{...}</tool_call>``, Qwen2.5/3 native).
+        memory_view_k: Most recent entries per list shown while memorising (official 5).
+        core_token_limit: Core memory cap in tokens; longer text is cut with a marker (official 512).
+        generation_batch_size: Max prompts per ``generate`` call (None = all live rollouts at once).
+        chat_template_kwargs: Extra arguments for the chat template, e.g. ``{"enable_thinking": false}`` for Qwen3.
+    """
+
+    group_size: int = 8
+    max_new_tokens: int = 2048
+    max_prompt_tokens: int = 6144
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    call_format: Literal["qwen", "hermes"] = "qwen"
+    memory_view_k: int = 5
+    core_token_limit: int = 512
+    generation_batch_size: int | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("group_size", "max_new_tokens", "max_prompt_tokens", "core_token_limit"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.memory_view_k < 0:
+            raise ValueError(f"rollout.memory_view_k must be >= 0, got {self.memory_view_k}")
+        if self.temperature <= 0:
+            raise ValueError(f"rollout.temperature must be > 0 (rollouts sample), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"rollout.top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.generation_batch_size is not None and self.generation_batch_size < 1:
+            raise ValueError(f"rollout.generation_batch_size must be >= 1 or null, got {self.generation_batch_size}")
+        get_call_format(self.call_format)  # raises with the known names
+
+
+@dataclass
+class TurnSample:
+    """One chunk turn: a GRPO training sample."""
+
+    group_id: int
+    rollout_id: int
+    chunk_index: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    truncated: bool
+    num_calls: int
+    num_successful_calls: int
+    r2: float = 0.0
+    r4: float = 0.0
+    reward: float = 0.0
+
+
+@dataclass
+class RolloutRecord:
+    """Everything one rollout did, for logging and validation tables."""
+
+    instance_id: str
+    data_source: str
+    rollout_index: int
+    turns: list[dict[str, Any]]
+    memory: dict[str, Any]
+    memory_tokens: int
+    chunk_tokens: int
+    questions: list[dict[str, Any]]
+    r1: float = 0.0
+    r3: float = 0.0
+    reader_failures: int = 0
+
+
+@dataclass
+class RolloutOutput:
+    samples: list[TurnSample]
+    records: list[RolloutRecord]
+    rollout_s: float
+    reader_s: float
+    generated_tokens: int
+
+
+def make_token_counter(tokenizer) -> Callable[[str], int]:
+    """Count tokens of a text the way the policy sees it (no special tokens)."""
+
+    def count(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return count
+
+
+def build_turn_prompt(
+    tokenizer,
+    memory: Memory,
+    chunk: str,
+    call_format: CallFormat,
+    settings: RolloutSettings,
+    where: str,
+) -> list[int]:
+    """Token ids of one turn's prompt; halves the visible memory until the budget holds."""
+    k = settings.memory_view_k
+    while True:
+        messages = memorise_messages(
+            render_memorise(memory, k), chunk, call_format, response_token_limit=settings.max_new_tokens
+        )
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, **settings.chat_template_kwargs
+        )
+        if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
+            ids = ids["input_ids"]
+        if len(ids) <= settings.max_prompt_tokens:
+            return list(ids)
+        if k == 0:
+            raise RolloutError(
+                f"{where}: the prompt needs {len(ids)} tokens with no memory entries shown, over "
+                f"max_prompt_tokens={settings.max_prompt_tokens}; raise the budget or use smaller chunks"
+            )
+        k //= 2
+
+
+@dataclass
+class Rollout:
+    """One rollout of one instance while it runs: its memory, and what each chunk turn did."""
+
+    rollout_id: int
+    group_id: int
+    index: int
+    instance: Instance
+    memory: Memory
+    samples: list[TurnSample] = field(default_factory=list)
+    calls: list[TurnCalls] = field(default_factory=list)
+    turns: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class RolloutAnswers:
+    """The reader's scored answers to one rollout's questions."""
+
+    scores: list[float]
+    questions: list[dict[str, Any]]
+    failures: int
+
+
+def start_rollouts(
+    instances: Sequence[Instance], group_size: int, settings: RolloutSettings, count_tokens, seed: int
+) -> list[Rollout]:
+    """``group_size`` rollouts per instance, each with an empty memory seeded for its memory ids."""
+    pairs = [(group_id, instance, index) for group_id, instance in enumerate(instances) for index in range(group_size)]
+    return [
+        Rollout(
+            rollout_id=rollout_id,
+            group_id=group_id,
+            index=index,
+            instance=instance,
+            memory=Memory(
+                token_counter=count_tokens,
+                core_token_limit=settings.core_token_limit,
+                seed=stable_seed(seed, instance.instance_id, index),
+            ),
+        )
+        for rollout_id, (group_id, instance, index) in enumerate(pairs)
+    ]
+
+
+def memorise_chunks(
+    rollouts: Sequence[Rollout],
+    model,
+    tokenizer,
+    settings: RolloutSettings,
+    *,
+    seed: int,
+    do_sample: bool,
+    share_prefix: bool,
+) -> int:
+    """Phase 1: every rollout reads its instance chunk by chunk and writes its memory.
+
+    For chunk index ``i`` the live rollouts (instances with fewer chunks have dropped out) get
+    one batched ``generate``; each response is parsed and executed on its own rollout's memory,
+    and the turn is appended to the rollout (a :class:`TurnSample`, its calls, a log entry).
+    Returns the number of generated tokens.
+    """
+    call_format = get_call_format(settings.call_format)
+    generated_tokens = 0
+    was_training = model.training
+    model.eval()
+    try:
+        for chunk_index in range(max((len(r.instance.chunks) for r in rollouts), default=0)):
+            live = [r for r in rollouts if chunk_index < len(r.instance.chunks)]
+            prompts = [
+                build_turn_prompt(
+                    tokenizer,
+                    r.memory,
+                    r.instance.chunks[chunk_index],
+                    call_format,
+                    settings,
+                    where=f"instance {r.instance.instance_id!r}, chunk {chunk_index}",
+                )
+                for r in live
+            ]
+            generation = generate(
+                model,
+                tokenizer,
+                prompts,
+                max_new_tokens=settings.max_new_tokens,
+                temperature=settings.temperature,
+                top_p=settings.top_p,
+                top_k=settings.top_k,
+                do_sample=do_sample,
+                seed=stable_seed(seed, "chunk", chunk_index),
+                batch_size=settings.generation_batch_size,
+                share_prefix=share_prefix,
+            )
+            generated_tokens += generation.num_generated_tokens
+            for j, rollout in enumerate(live):
+                response_ids = generation.response_ids[j]
+                text = tokenizer.decode(response_ids, skip_special_tokens=True)
+                parsed = call_format.parse(text)
+                results = [execute_call(rollout.memory, call) for call in parsed.calls]
+                rollout.calls.append(TurnCalls(results=results, parse_errors=list(parsed.errors)))
+                rollout.samples.append(
+                    TurnSample(
+                        group_id=rollout.group_id,
+                        rollout_id=rollout.rollout_id,
+                        chunk_index=chunk_index,
+                        prompt_ids=generation.prompt_ids[j],
+                        response_ids=response_ids,
+                        truncated=generation.truncated[j],
+                        num_calls=len(results) + len(parsed.errors),
+                        num_successful_calls=sum(r.status in SUCCESS_STATUSES for r in results),
+                    )
+                )
+                rollout.turns.append(
+                    {
+                        "chunk_index": chunk_index,
+                        "response": text,
+                        "truncated": generation.truncated[j],
+                        "results": [
+                            {"tool": r.call.name if r.call else None, "status": r.status, "reason": r.reason}
+                            for r in results
+                        ]
+                        + [{"tool": None, "status": "error", "reason": e.reason} for e in parsed.errors],
+                    }
+                )
+    finally:
+        model.train(was_training)
+    return generated_tokens
+
+
+def answer_questions(
+    rollouts: Sequence[Rollout],
+    reader: Reader,
+    *,
+    judge: Reader | None = None,
+    metric_overrides: dict[str, str] | None = None,
+) -> list[RolloutAnswers]:
+    """Phase 2: the reader answers every question of every rollout from its final memory, scored.
+
+    All questions go to the reader as one batch; answers are scored per data source in one
+    call each, so the LLM-judged sources send their judgements as one batch (``judge``,
+    default the reader).
+    """
+    items, owners = [], []
+    for i, rollout in enumerate(rollouts):
+        for qa in rollout.instance.questions:
+            items.append((rollout.memory, qa.question))
+            owners.append((i, qa))
+    answers = reader.answer(items) if items else []
+    by_source: dict[str, list[int]] = {}
+    for k, (i, _) in enumerate(owners):
+        by_source.setdefault(rollouts[i].instance.data_source, []).append(k)
+    item_scores = [0.0] * len(items)
+    for source, ks in by_source.items():
+        qas = [owners[k][1] for k in ks]
+        scored = score_answers(
+            source,
+            [answers[k].text for k in ks],
+            [qa.answer for qa in qas],
+            questions=[qa.question for qa in qas],
+            judge=judge or reader,
+            overrides=metric_overrides,
+            ok=[answers[k].ok for k in ks],
+        )
+        for k, value in zip(ks, scored):
+            item_scores[k] = value
+    results = [RolloutAnswers(scores=[], questions=[], failures=0) for _ in rollouts]
+    for (i, qa), answer, score in zip(owners, answers, item_scores):
+        result = results[i]
+        result.failures += not answer.ok
+        result.scores.append(score)
+        result.questions.append(
+            {"question": qa.question, "gold": qa.answer, "prediction": answer.text, "score": score, "error": answer.error}
+        )
+    return results
+
+
+def assign_rewards(
+    rollouts: Sequence[Rollout],
+    answers: Sequence[RolloutAnswers],
+    weights: RewardSettings,
+    content_judge: ContentJudge | None,
+    count_tokens: Callable[[str], int],
+) -> tuple[list[TurnSample], list[RolloutRecord]]:
+    """Phase 3: each turn's reward ``R_t`` onto its sample, and one record per rollout."""
+    chunk_tokens_of: dict[str, int] = {}
+    records: list[RolloutRecord] = []
+    samples: list[TurnSample] = []
+    for rollout, answered in zip(rollouts, answers):
+        instance = rollout.instance
+        if instance.instance_id not in chunk_tokens_of:
+            chunk_tokens_of[instance.instance_id] = sum(count_tokens(c) for c in instance.chunks)
+        chunk_tokens = chunk_tokens_of[instance.instance_id]
+        memory_tokens = rollout.memory.total_tokens()
+        reward = rollout_rewards(answered.scores, rollout.calls, memory_tokens, chunk_tokens, weights, content_judge)
+        for t, sample in enumerate(rollout.samples):
+            sample.r2, sample.r4, sample.reward = reward.r2[t], reward.r4[t], reward.total[t]
+            rollout.turns[t].update(r2=reward.r2[t], r4=reward.r4[t], reward=reward.total[t])
+        samples.extend(rollout.samples)
+        records.append(
+            RolloutRecord(
+                instance_id=instance.instance_id,
+                data_source=instance.data_source,
+                rollout_index=rollout.index,
+                turns=rollout.turns,
+                memory=rollout.memory.to_dict(),
+                memory_tokens=memory_tokens,
+                chunk_tokens=chunk_tokens,
+                questions=answered.questions,
+                r1=reward.r1,
+                r3=reward.r3,
+                reader_failures=answered.failures,
+            )
+        )
+    return samples, records
+
+
+def run_rollouts(
+    instances: Sequence[Instance],
+    model,
+    tokenizer,
+    reader: Reader,
+    settings: RolloutSettings,
+    weights: RewardSettings,
+    content_judge: ContentJudge | None,
+    *,
+    seed: int,
+    do_sample: bool = True,
+    group_size: int | None = None,
+    judge_reader: Reader | None = None,
+    share_prefix: bool = True,
+) -> RolloutOutput:
+    """``group_size`` rollouts for every instance (default ``settings.group_size``): memorise the
+    chunks, answer the questions, assign the rewards. Returns the turn samples and one record per rollout.
+
+    ``group_id`` of a sample is the instance's position in ``instances``. ``share_prefix`` lets
+    each ``generate`` call compute the prompt tokens its rows share once
+    (:mod:`memalpha.lm.prefix_cache`). The answer metric of each source comes from
+    ``weights.metric_overrides`` first.
+    """
+    count_tokens = make_token_counter(tokenizer)
+    rollouts = start_rollouts(
+        instances, settings.group_size if group_size is None else group_size, settings, count_tokens, seed
+    )
+    start = time.perf_counter()
+    generated_tokens = memorise_chunks(
+        rollouts, model, tokenizer, settings, seed=seed, do_sample=do_sample, share_prefix=share_prefix
+    )
+    rollout_s = time.perf_counter() - start
+    start = time.perf_counter()
+    answers = answer_questions(rollouts, reader, judge=judge_reader, metric_overrides=weights.metric_overrides)
+    reader_s = time.perf_counter() - start
+    samples, records = assign_rewards(rollouts, answers, weights, content_judge, count_tokens)
+    return RolloutOutput(
+        samples=samples, records=records, rollout_s=rollout_s, reader_s=reader_s, generated_tokens=generated_tokens
+    )

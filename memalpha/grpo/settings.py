@@ -1,0 +1,98 @@
+"""Typed settings of the GRPO update and of the optimiser, shared by every trainer.
+
+Each group is a small dataclass whose fields are documented in its ``Args:`` section (the
+configuration reference is generated from them) and checked in ``__post_init__``, so a bad
+value fails when the config is read, before any model loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+AdvantageScale = Literal["group", "batch", "none"]
+LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+OptimizerName = Literal["adamw", "paged_adamw_8bit"]
+
+
+def _choice(group: str, name: str, value: object, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"{group}.{name} must be one of {list(allowed)}, got {value!r}")
+
+
+@dataclass
+class UpdateSettings:
+    """How a round of samples becomes optimiser steps: advantages, the clipped loss, batching.
+
+    Args:
+        advantage_scale: ``group`` (divide by the group's std), ``batch`` (by the batch std) or
+            ``none`` (Dr. GRPO: only subtract the group mean).
+        clip_low: Lower PPO clip (ratio >= 1 - clip_low).
+        clip_high: Upper PPO clip (ratio <= 1 + clip_high; above clip_low is DAPO's clip-higher).
+        kl_coef: Weight of the k3 KL penalty to the reference (official script 0.001; 0 skips
+            the reference pass).
+        loss_agg: ``token-mean``, ``seq-mean-token-mean`` or ``seq-mean-token-sum-norm`` (Dr. GRPO).
+        ppo_epochs: Passes over each round's samples (official 1).
+        num_mini_batches: Optimiser steps per pass over a round's samples (1: one step per
+            round, the ratio is then always 1).
+        micro_batch_size: Samples per forward/backward; gradients accumulate over a mini-batch.
+            Also the batch of the reference and old-policy log-prob passes.
+    """
+
+    advantage_scale: AdvantageScale = "group"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    kl_coef: float = 0.001
+    loss_agg: LossAggregation = "token-mean"
+    ppo_epochs: int = 1
+    num_mini_batches: int = 1
+    micro_batch_size: int = 4
+
+    def __post_init__(self) -> None:
+        _choice("update", "advantage_scale", self.advantage_scale, ("group", "batch", "none"))
+        _choice("update", "loss_agg", self.loss_agg, ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
+        if not 0.0 <= self.clip_low < 1.0:
+            raise ValueError(f"update.clip_low must be in [0, 1), got {self.clip_low}")
+        if self.clip_high < 0.0:
+            raise ValueError(f"update.clip_high must be >= 0, got {self.clip_high}")
+        if self.kl_coef < 0.0:
+            raise ValueError(f"update.kl_coef must be >= 0, got {self.kl_coef}")
+        for name in ("ppo_epochs", "num_mini_batches", "micro_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"update.{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def needs_old_logps(self) -> bool:
+        """Whether a round feeds more than one optimiser step, so the ratio needs the sampling log-probs."""
+        return self.ppo_epochs * self.num_mini_batches > 1
+
+
+@dataclass
+class OptimizerSettings:
+    """The optimiser and its learning-rate schedule.
+
+    Args:
+        name: ``adamw`` (torch) or ``paged_adamw_8bit`` (bitsandbytes; saves optimiser memory on GPU).
+        learning_rate: Peak learning rate (official 1e-6 for full fine-tuning; LoRA wants more).
+        weight_decay: Decoupled weight decay (official 0.01).
+        warmup_ratio: Share of ``trainer.max_steps`` spent warming the learning rate up linearly,
+            constant after (official 0.05).
+        grad_clip: Max global gradient norm (official 1.0; 0 disables clipping).
+    """
+
+    name: OptimizerName = "adamw"
+    learning_rate: float = 1e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.05
+    grad_clip: float = 1.0
+
+    def __post_init__(self) -> None:
+        _choice("optimizer", "name", self.name, ("adamw", "paged_adamw_8bit"))
+        if not self.learning_rate > 0.0:
+            raise ValueError(f"optimizer.learning_rate must be > 0, got {self.learning_rate}")
+        if self.weight_decay < 0.0:
+            raise ValueError(f"optimizer.weight_decay must be >= 0, got {self.weight_decay}")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ValueError(f"optimizer.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.grad_clip < 0.0:
+            raise ValueError(f"optimizer.grad_clip must be >= 0 (0 disables), got {self.grad_clip}")

@@ -1,0 +1,188 @@
+"""One GRPO update: the micro-batched backward of a mini-batch, the optimiser step, the optimiser.
+
+``accumulate_grpo_gradients`` runs a :class:`~memalpha.grpo.batch.GRPOBatch` through the policy
+in micro-batches, computes the clipped GRPO loss with the mini-batch's global normaliser and
+calls ``backward`` on each micro-batch's loss. ``optimizer_step`` then clips and steps, or drops
+the gradients of a non-finite loss. ``build_optimizer`` makes the optimiser and its warm-up
+schedule from :class:`~memalpha.grpo.settings.OptimizerSettings`. Every trainer (the Lightning
+module, the single-turn trainer, the benchmarks) goes through these three functions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+import torch
+
+from memalpha.grpo.batch import GRPOBatch
+from memalpha.grpo.loss import policy_loss
+from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
+from memalpha.lm.logprobs import token_logprobs
+from memalpha.lm.prefix_cache import prompt_order, shared_prefix, split_decoder_and_head
+
+
+def response_mask(responses: list[list[int]], width: int, device, dtype=torch.float32) -> torch.Tensor:
+    """``[B, width]``: 1 on each response's tokens, 0 on padding."""
+    lengths = torch.tensor([len(r) for r in responses], device=device)
+    return (torch.arange(width, device=device)[None, :] < lengths[:, None]).to(dtype)
+
+
+def pad_rows(rows: list[torch.Tensor], width: int, device, dtype=torch.float32) -> torch.Tensor:
+    """Per-sample 1-D tensors right-padded with 0 into one ``[B, width]`` tensor."""
+    out = torch.zeros(len(rows), width, device=device, dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : row.numel()] = row.to(device)
+    return out
+
+
+def accumulate_grpo_gradients(
+    policy,
+    batch: GRPOBatch,
+    settings: UpdateSettings,
+    *,
+    temperature: float,
+    max_response_len: int,
+    share_prefix: bool,
+    pad_id: int,
+    token_normaliser: float,
+    seq_normaliser: float,
+    backward: Callable[[torch.Tensor], None],
+    grad_scale: float = 1.0,
+) -> tuple[dict[str, float], bool]:
+    """Backward the GRPO loss of one mini-batch, micro-batch by micro-batch.
+
+    ``batch`` without ``old_logps`` takes the ratio on-policy; without ``ref_logps`` it has no KL
+    term. ``temperature`` scales the logits as sampling did; ``max_response_len`` is the constant
+    of the ``seq-mean-token-sum-norm`` aggregation (the response cap). The normalisers are the
+    mini-batch's global response-token and sequence counts, so summing the micro-batch losses gives the mini-batch loss (and the
+    order of the rows does not matter).
+
+    With ``share_prefix`` the rows are put in :func:`~memalpha.lm.prefix_cache.prompt_order`
+    and the prompt prefix they all share runs through the policy once for the whole mini-batch:
+    each micro-batch reads it through detached leaves that collect its gradient, and the last
+    micro-batch's backward carries the sum through the prefix's pass
+    (:meth:`~memalpha.lm.prefix_cache.SharedPrefix.pullback`). ``backward`` is therefore still
+    called exactly once per micro-batch. ``grad_scale`` is the factor ``backward`` multiplies
+    a loss by (a mixed-precision grad scaler's current scale; 1 otherwise).
+
+    Returns token-weighted metrics and whether every micro-batch loss was finite.
+    """
+    n = len(batch)
+    if share_prefix:
+        batch = batch.select(prompt_order(batch.prompt_ids))
+    device = next(p.device for p in policy.parameters())
+    normaliser = token_normaliser if settings.loss_agg == "token-mean" else seq_normaliser
+    prefix = leaves = None
+    if share_prefix and any(batch.response_ids):
+        prefix = shared_prefix(split_decoder_and_head(policy)[0], batch.prompt_ids)
+        if prefix is not None and n > settings.micro_batch_size:
+            leaves = prefix.detached()
+    sums: dict[str, float] = defaultdict(float)
+    finite = True
+    for lo in range(0, n, settings.micro_batch_size):
+        last = lo + settings.micro_batch_size >= n
+        sl = slice(lo, lo + settings.micro_batch_size)
+        responses = batch.response_ids[sl]
+        logps, entropy = token_logprobs(
+            policy,
+            batch.prompt_ids[sl],
+            responses,
+            temperature=temperature,
+            micro_batch_size=settings.micro_batch_size,
+            pad_id=pad_id,
+            with_entropy=True,
+            share_prefix=share_prefix,
+            prefix=prefix if leaves is None or last else leaves,
+        )
+        width = logps.shape[1]
+        mask = response_mask(responses, width, device, logps.dtype)
+        old = None if batch.old_logps is None else pad_rows(batch.old_logps[sl], width, device, logps.dtype)
+        ref = None if batch.ref_logps is None else pad_rows(batch.ref_logps[sl], width, device, logps.dtype)
+        out = policy_loss(
+            logps,
+            old,
+            ref,
+            batch.advantages[sl].to(device),
+            mask,
+            clip_low=settings.clip_low,
+            clip_high=settings.clip_high,
+            kl_coef=settings.kl_coef if ref is not None else 0.0,
+            agg=settings.loss_agg,
+            token_normaliser=normaliser,
+            max_len=max_response_len,
+        )
+        finite = finite and out.finite
+        if last and leaves is not None:
+            backward(out.loss + prefix.pullback(leaves, grad_scale))
+        else:
+            backward(out.loss)
+        tokens = float(mask.sum().item())
+        sums["loss"] += float(out.loss.detach())
+        sums["tokens"] += tokens
+        for key in ("kl", "clip_ratio/low", "clip_ratio/high", "ratio_mean"):
+            sums[key] += out.metrics[key] * tokens
+        sums["entropy"] += float((entropy * mask).sum().item())
+    weight = max(sums["tokens"], 1.0)
+    metrics = {"loss": sums["loss"], "tokens": sums["tokens"]}
+    metrics.update(
+        {
+            key: sums[key] / weight
+            for key in ("kl", "clip_ratio/low", "clip_ratio/high", "ratio_mean", "entropy")
+        }
+    )
+    return metrics, finite
+
+
+def optimizer_step(
+    optimizer,
+    params: Iterable[torch.nn.Parameter],
+    *,
+    finite: bool,
+    grad_clip: float,
+    scheduler=None,
+) -> float:
+    """Finish an update whose gradients are accumulated: clip and step, or drop a non-finite one.
+
+    With ``finite`` the global gradient norm of ``params`` is clipped to ``grad_clip`` (0 skips
+    clipping), then the optimiser and ``scheduler`` (if any) step. Otherwise the gradients are
+    dropped and nothing steps, so one bad batch never reaches the weights. Under data parallelism
+    ``finite`` must already be agreed by every rank. Returns the norm before clipping (NaN when
+    skipped or when clipping is off).
+    """
+    grad_norm = float("nan")
+    if not finite:
+        optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+    if grad_clip > 0:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(list(params), grad_clip))
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    return grad_norm
+
+
+def warmup_steps(settings: OptimizerSettings, max_steps: int) -> int:
+    """Optimiser steps of linear warm-up: ``ceil(warmup_ratio * max_steps)``, at least 1 when warming up."""
+    if settings.warmup_ratio <= 0 or max_steps <= 0:
+        return 0
+    return max(1, math.ceil(settings.warmup_ratio * max_steps))
+
+
+def build_optimizer(params: Iterable[torch.nn.Parameter], settings: OptimizerSettings, max_steps: int = 0):
+    """The optimiser of ``settings`` over ``params`` and its schedule, ``(optimizer, scheduler)``.
+
+    The learning rate rises linearly over :func:`warmup_steps` steps, to
+    ``(step + 1) / (warmup + 1)`` of its peak at step ``step``, and is constant after.
+    """
+    params = list(params)
+    if settings.name == "paged_adamw_8bit":
+        import bitsandbytes as bnb
+
+        optimizer = bnb.optim.PagedAdamW8bit(params, lr=settings.learning_rate, weight_decay=settings.weight_decay)
+    else:
+        optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=settings.weight_decay)
+    warmup = warmup_steps(settings, max_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
+    return optimizer, scheduler

@@ -1,0 +1,92 @@
+"""The reader's settings group, and the one place that builds a :class:`~memalpha.reader.base.Reader` from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from memalpha.reader.base import Reader
+from memalpha.reader.local import LocalReader
+from memalpha.reader.openai_compat import OpenAIReader
+
+
+@dataclass
+class ReaderSettings:
+    """Who answers the questions from memory, and how.
+
+    Args:
+        kind: ``local`` (the policy's base weights, adapters off) or ``openai`` (an
+            OpenAI-compatible endpoint).
+        max_new_tokens: Answer length cap.
+        temperature: Sampling temperature (0 = greedy; the paper's vLLM reader used 0.7).
+        top_k_entries: BM25 entries retrieved per memory list for each question (official 20).
+        prompt_tokens: Prompt budget; retrieved entries shrink one by one until it fits.
+        batch_size: Questions per ``generate`` call of the ``local`` reader.
+        openai_base_url: Endpoint of the ``openai`` reader, e.g. ``http://127.0.0.1:8000/v1``.
+        openai_model: Model name sent to the endpoint.
+        openai_api_key_env: Environment variable holding the endpoint's API key (the key itself
+            is never part of the config).
+        openai_max_concurrency: Parallel requests to the endpoint.
+        openai_timeout_s: Per-request timeout in seconds.
+        openai_max_retries: Retries (with exponential backoff) before a question scores 0.
+    """
+
+    kind: Literal["local", "openai"] = "local"
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_k_entries: int = 20
+    prompt_tokens: int = 4096
+    batch_size: int = 8
+    openai_base_url: str = "http://127.0.0.1:8000/v1"
+    openai_model: str = "Qwen/Qwen3-32B"
+    openai_api_key_env: str = "OPENAI_API_KEY"
+    openai_max_concurrency: int = 8
+    openai_timeout_s: float = 60.0
+    openai_max_retries: int = 3
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("local", "openai"):
+            raise ValueError(f"reader.kind must be one of ['local', 'openai'], got {self.kind!r}")
+        for name in ("max_new_tokens", "prompt_tokens", "batch_size", "openai_max_concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"reader.{name} must be >= 1, got {getattr(self, name)}")
+        if self.top_k_entries < 0:
+            raise ValueError(f"reader.top_k_entries must be >= 0, got {self.top_k_entries}")
+        if self.temperature < 0:
+            raise ValueError(f"reader.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not self.openai_timeout_s > 0:
+            raise ValueError(f"reader.openai_timeout_s must be > 0, got {self.openai_timeout_s}")
+        if self.openai_max_retries < 0:
+            raise ValueError(f"reader.openai_max_retries must be >= 0, got {self.openai_max_retries}")
+        url = urlparse(self.openai_base_url)
+        if url.scheme not in ("http", "https") or not url.netloc:
+            raise ValueError(
+                f"reader.openai_base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, "
+                f"got {self.openai_base_url!r}"
+            )
+
+    def build(self, policy: Any, tokenizer: Any) -> Reader:
+        """The reader: ``policy`` with its adapters off (``local``), or a client of the endpoint (``openai``)."""
+        if self.kind == "local":
+            return LocalReader(
+                policy,
+                tokenizer,
+                max_new_tokens=self.max_new_tokens,
+                temperature=self.temperature,
+                top_k_entries=self.top_k_entries,
+                prompt_budget_tokens=self.prompt_tokens,
+                batch_size=self.batch_size,
+            )
+        return OpenAIReader(
+            self.openai_base_url,
+            self.openai_model,
+            api_key_env=self.openai_api_key_env,
+            max_concurrency=self.openai_max_concurrency,
+            timeout_s=self.openai_timeout_s,
+            max_retries=self.openai_max_retries,
+            temperature=self.temperature,
+            max_tokens=self.max_new_tokens,
+            top_k_entries=self.top_k_entries,
+            prompt_budget_tokens=self.prompt_tokens,
+        )

@@ -1,0 +1,122 @@
+"""MemAlphaCLI: Lightning's CLI over GRPOModule and RolloutDataModule, with memalpha's defaults.
+
+``memalpha fit|validate`` land here (:func:`run_lightning_cli`). Besides Lightning's own
+behaviour the CLI links ``model.model`` to ``data.tokenizer_name`` (the DataModule chunks long
+contexts with the policy's tokenizer), writes checkpoints atomically, and refuses the flat
+``model.*`` keys of memalpha 0.1 with a message that names the key that replaced each.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.plugins.io import CheckpointIO
+
+_MOVED = {
+    "lm": ("load_precision:precision", "compute_dtype", "gradient_checkpointing", "share_prefix"),
+    "reader": (
+        "reader_max_new_tokens:max_new_tokens", "reader_temperature:temperature",
+        "reader_top_k_entries:top_k_entries", "reader_prompt_tokens:prompt_tokens", "reader_batch_size:batch_size",
+        "openai_base_url", "openai_model", "openai_api_key_env", "openai_max_concurrency", "openai_timeout_s",
+        "openai_max_retries",
+    ),
+    "reward": ("beta", "gamma", "content_judge", "metric_overrides"),
+    "update": (
+        "advantage_scale", "clip_low", "clip_high", "kl_coef", "loss_agg", "ppo_epochs", "num_mini_batches",
+        "micro_batch_size",
+    ),
+    "optimizer": ("learning_rate", "weight_decay", "warmup_ratio", "grad_clip"),
+}
+RENAMED_MODEL_KEYS: dict[str, str] = {
+    old: f"{group}.{new or old}"
+    for group, entries in _MOVED.items()
+    for old, _, new in (entry.partition(":") for entry in entries)
+}
+"""Flat ``model.*`` keys of memalpha 0.1 and the grouped key that replaced each."""
+FORMER_CHOICES = {"reader": "reader.kind", "optimizer": "optimizer.name"}
+"""Groups whose name was a plain choice in memalpha 0.1 (``model.reader: local``)."""
+
+
+def renamed_key_message(key: str, value: Any, where: str) -> str | None:
+    """The error for an old flat ``model`` key (None when ``key`` is current)."""
+    if key in RENAMED_MODEL_KEYS:
+        return f"{where}: model.{key} is now model.{RENAMED_MODEL_KEYS[key]}"
+    if key in FORMER_CHOICES and isinstance(value, str):
+        return f"{where}: model.{key} is a settings group now; write model.{FORMER_CHOICES[key]}: {value}"
+    return None
+
+
+def _config_files(args: list[str]) -> list[str]:
+    files = []
+    for index, arg in enumerate(args):
+        if arg == "--config" and index + 1 < len(args):
+            files.append(args[index + 1])
+        elif arg.startswith("--config="):
+            files.append(arg.split("=", 1)[1])
+    return files
+
+
+def check_renamed_keys(args: list[str]) -> None:
+    """Exit with one line per old flat key found in ``args`` or the config files they name."""
+    import yaml
+
+    problems = []
+    for path in _config_files(args):
+        try:
+            config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue  # the CLI itself reports unreadable configs
+        sections = [config] + [config.get(sub) for sub in ("fit", "validate")] if isinstance(config, dict) else []
+        for section in sections:
+            model = section.get("model") if isinstance(section, dict) else None
+            if isinstance(model, dict):
+                problems.extend(renamed_key_message(k, v, path) for k, v in model.items())
+    for index, arg in enumerate(args):
+        if arg.startswith("--model."):
+            key, eq, value = arg[len("--model."):].partition("=")
+            if "." not in key:
+                value = value if eq else (args[index + 1] if index + 1 < len(args) else None)
+                problems.append(renamed_key_message(key, value, "command line"))
+    problems = [p for p in problems if p]
+    if problems:
+        raise SystemExit("error: " + "\nerror: ".join(problems) + " (see docs/configuration.md)")
+
+
+class MemAlphaCLI(LightningCLI):
+    """LightningCLI with memalpha's defaults.
+
+    Configs are saved next to the logs (overwriting), and checkpoints are written
+    atomically unless the user configured their own checkpoint IO plugin.
+    """
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.link_arguments("model.model", "data.tokenizer_name")
+
+    def parse_arguments(self, parser, args) -> None:
+        if args is None or isinstance(args, list):
+            check_renamed_keys(list(sys.argv[1:] if args is None else args))
+        super().parse_arguments(parser, args)
+
+    def instantiate_trainer(self, **kwargs: Any):
+        from memalpha.train.checkpoint_io import AtomicCheckpointIO
+
+        key = "plugins"
+        plugins = self.config_init[self.subcommand]["trainer"].get(key) if self.subcommand else None
+        plugins = list(plugins) if isinstance(plugins, (list, tuple)) else ([plugins] if plugins else [])
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            plugins.append(AtomicCheckpointIO())
+        kwargs[key] = plugins
+        if self.subcommand:
+            self.config_init[self.subcommand]["trainer"][key] = None
+        return super().instantiate_trainer(**kwargs)
+
+
+def run_lightning_cli(args: list[str] | None = None) -> MemAlphaCLI:
+    """``memalpha fit|validate ...``: the CLI over :class:`GRPOModule` and :class:`RolloutDataModule`."""
+    from memalpha.train.datamodule import RolloutDataModule
+    from memalpha.train.module import GRPOModule
+
+    return MemAlphaCLI(GRPOModule, RolloutDataModule, save_config_kwargs={"overwrite": True}, args=args)

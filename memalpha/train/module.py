@@ -1,0 +1,341 @@
+"""GRPOModule: the LoRA/QLoRA memory-agent policy trained with GRPO under Lightning.
+
+``training_step`` owns the experience buffer. When it is empty, the step takes the next
+:class:`~memalpha.train.datamodule.InstanceRound` from the DataModule's stream and rolls it
+out with the current policy (:func:`~memalpha.agent.rollout.run_rollouts`); the rewards become
+group-relative advantages, the reference (and, for several steps per round, old-policy)
+log-probs are computed once, and :func:`~memalpha.grpo.batch.cut_minibatches` cuts the round
+into the mini-batches of its optimiser steps. Every step then trains one mini-batch: the
+micro-batched clipped GRPO update with a k3 KL penalty to the reference (the same base weights
+with the adapters disabled). Unserved mini-batches go into the checkpoint with every rank's
+own, so a resumed run trains exactly what the interrupted one would have.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from memalpha.agent.rewards import RewardSettings
+from memalpha.agent.rollout import RolloutOutput, RolloutRecord, RolloutSettings, run_rollouts
+from memalpha.data.schema import Instance
+from memalpha.grpo.advantages import group_advantages
+from memalpha.grpo.batch import GRPOBatch, cut_minibatches
+from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
+from memalpha.grpo.update import accumulate_grpo_gradients, build_optimizer, optimizer_step
+from memalpha.lm.adapters import export_adapter
+from memalpha.lm.embedded import EMBEDDED_MODEL_NAME
+from memalpha.lm.logprobs import response_logprobs
+from memalpha.lm.policy import LMSettings, LoraSettings, load_policy
+from memalpha.reader.base import Reader
+from memalpha.reader.settings import ReaderSettings
+from memalpha.seeding import stable_seed
+from memalpha.train.datamodule import InstanceRound
+from memalpha.train.round_report import rollout_text, round_metrics
+from memalpha.train.validation_report import summarise_records, write_validation_report
+
+EXPERIENCE_KEY = "memalpha_experience"
+
+
+def _typed(cls, value):
+    """Lightning's CLI hands nested groups over as dicts; the module keeps them typed."""
+    return cls(**value) if isinstance(value, dict) else value
+
+
+class GRPOModule(LightningModule):
+    """Memory-agent policy trained with GRPO.
+
+    Args:
+        model: ``smollm2-135m-instruct`` (the embedded default), a local folder, or a hub id such as ``Qwen/Qwen3-4B``.
+        adapter_path: A PEFT adapter folder to start from instead of a fresh adapter.
+        lm: How the base model is loaded and run (precision, NF4 compute dtype, gradient
+            checkpointing, shared-prefix computation).
+        lora: LoRA adapter shape (rank, alpha, dropout, target modules; ``all-linear`` for every linear layer).
+        rollout: How the agent generates (group size, lengths, sampling, call format, memory view).
+        reader: Who answers the questions from memory (the local base weights or an OpenAI-compatible endpoint).
+        reward: The reward's weights, content judge and per-source answer metrics.
+        update: Advantages, the clipped loss with KL, PPO epochs, mini- and micro-batches.
+        optimizer: Optimiser, learning rate, warm-up and gradient clipping.
+        log_text_every_n_steps: Every N optimiser steps one rollout (chunks' responses, tool results,
+            final memory) goes to TensorBoard as text (0 disables).
+        export_adapter_dir: Where the final adapter is saved as a PEFT folder (default: ``<log_dir>/adapter``).
+        seed: Seed of rollout sampling, memory ids and the reshuffles of PPO epochs.
+    """
+
+    def __init__(
+        self,
+        model: str = EMBEDDED_MODEL_NAME,
+        adapter_path: str | None = None,
+        lm: LMSettings = LMSettings(),  # noqa: B008 - value objects; jsonargparse shows their fields
+        lora: LoraSettings = LoraSettings(),  # noqa: B008
+        rollout: RolloutSettings = RolloutSettings(),  # noqa: B008
+        reader: ReaderSettings = ReaderSettings(),  # noqa: B008
+        reward: RewardSettings = RewardSettings(),  # noqa: B008
+        update: UpdateSettings = UpdateSettings(),  # noqa: B008
+        optimizer: OptimizerSettings = OptimizerSettings(),  # noqa: B008
+        log_text_every_n_steps: int = 10,
+        export_adapter_dir: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if log_text_every_n_steps < 0:
+            raise ValueError(f"log_text_every_n_steps must be >= 0 (0 disables), got {log_text_every_n_steps}")
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        self.strict_loading = False  # checkpoints hold the adapter only, never the frozen base
+        self.lm_settings: LMSettings = _typed(LMSettings, lm)
+        self.lora_settings: LoraSettings = _typed(LoraSettings, lora)
+        self.rollout_settings: RolloutSettings = _typed(RolloutSettings, rollout)
+        self.reader_settings: ReaderSettings = _typed(ReaderSettings, reader)
+        self.reward_settings: RewardSettings = _typed(RewardSettings, reward)
+        self.update_settings: UpdateSettings = _typed(UpdateSettings, update)
+        self.optimizer_settings: OptimizerSettings = _typed(OptimizerSettings, optimizer)
+        self.policy = None
+        self.tokenizer = None
+        self.reader: Reader | None = None
+        self.content_judge = None
+        self.experience: list[GRPOBatch] = []  # this rank's unserved mini-batches of the current round
+        self._val_records: list[RolloutRecord] = []
+        self._step_start = time.perf_counter()
+
+    # ----------------------------------------------------------------- setup
+    def configure_model(self) -> None:
+        if self.policy is not None:
+            return
+        self.policy, self.tokenizer = load_policy(
+            self.hparams.model,
+            precision=self.lm_settings.precision,
+            lora=self.lora_settings,
+            compute_dtype=self.lm_settings.compute_dtype,
+            gradient_checkpointing=self.lm_settings.gradient_checkpointing,
+            adapter_path=self.hparams.adapter_path,
+            device=self.device,
+        )
+        self.reader = self.reader_settings.build(self.policy, self.tokenizer)
+        self.content_judge = self.reward_settings.build_content_judge(self.reader)
+
+    def configure_optimizers(self):
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        max_steps = self.trainer.max_steps if self.trainer is not None and self.trainer.max_steps > 0 else 0
+        optimizer, scheduler = build_optimizer(params, self.optimizer_settings, max_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ---------------------------------------------------- checkpoint content
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep only the adapter weights, and add every rank's unserved mini-batches.
+
+        Lightning calls this on every rank and writes rank 0's dictionary, so under data
+        parallelism the ranks' buffers are gathered first (a collective: every rank takes part).
+        """
+        trainable = {f"policy.{name}" for name, p in self.policy.named_parameters() if p.requires_grad}
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+        mine = [batch.state_dict() for batch in self.experience]
+        world = self.trainer.world_size if self._trainer is not None else 1
+        if world > 1:
+            per_rank: list[Any] = [None] * world
+            torch.distributed.all_gather_object(per_rank, mine)
+        else:
+            per_rank = [mine]
+        checkpoint[EXPERIENCE_KEY] = {"per_rank": per_rank}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Restore this rank's unserved mini-batches (dropped, with a warning, if the world size changed)."""
+        per_rank = checkpoint.get(EXPERIENCE_KEY, {}).get("per_rank", [])
+        world = self.trainer.world_size if self._trainer is not None else 1
+        rank = self.global_rank
+        if len(per_rank) == world:
+            self.experience = [GRPOBatch.from_state_dict(state) for state in per_rank[rank]]
+        else:
+            self.experience = []
+            if any(per_rank):
+                rank_zero_warn(
+                    f"the checkpoint holds unserved mini-batches of {len(per_rank)} ranks but this run has "
+                    f"{world}; they are dropped and training continues with the next round"
+                )
+
+    # ----------------------------------------------------------- experience
+    def _rollouts(self, instances: Sequence[Instance], *, seed: int, greedy: bool) -> RolloutOutput:
+        return run_rollouts(
+            instances,
+            self.policy,
+            self.tokenizer,
+            self.reader,
+            self.rollout_settings,
+            self.reward_settings,
+            self.content_judge,
+            seed=seed,
+            do_sample=not greedy,
+            group_size=1 if greedy else None,
+            share_prefix=self.lm_settings.share_prefix,
+        )
+
+    @torch.no_grad()
+    def experience_round(self, round_: InstanceRound) -> tuple[list[GRPOBatch], dict[str, float], str | None]:
+        """Roll a round out: its mini-batches in training order, its metrics and (sometimes) one rollout as text."""
+        seed = stable_seed(self.hparams.seed, "round", round_.index, self.global_rank)
+        out = self._rollouts(round_.instances, seed=seed, greedy=False)
+        samples = out.samples
+        if not samples:
+            raise RuntimeError(
+                f"rollout round {round_.index} produced no samples from {len(round_.instances)} instances"
+            )
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        group_ids = torch.tensor([s.group_id for s in samples])
+        prompts = [s.prompt_ids for s in samples]
+        responses = [s.response_ids for s in samples]
+
+        start = time.perf_counter()
+        update = self.update_settings
+        logprob_kwargs = {
+            "temperature": self.rollout_settings.temperature,
+            "micro_batch_size": update.micro_batch_size,
+            "pad_id": self.tokenizer.pad_token_id,
+            "share_prefix": self.lm_settings.share_prefix,
+        }
+        ref_logps = old_logps = None
+        if update.kl_coef > 0:
+            with self.policy.disable_adapter():
+                ref_logps = response_logprobs(self.policy, prompts, responses, **logprob_kwargs)
+        if update.needs_old_logps:
+            old_logps = response_logprobs(self.policy, prompts, responses, **logprob_kwargs)
+        logprob_s = time.perf_counter() - start
+
+        batch = GRPOBatch(
+            prompt_ids=prompts,
+            response_ids=responses,
+            advantages=group_advantages(rewards, group_ids, scale=update.advantage_scale),
+            old_logps=old_logps,
+            ref_logps=ref_logps,
+        )
+        metrics = round_metrics(out, rewards, group_ids)
+        metrics["perf/ref_old_logprob_s"] = logprob_s
+        text = rollout_text(out.records[0]) if self._should_log_text() else None
+        return cut_minibatches(batch, update.num_mini_batches, update.ppo_epochs, seed), metrics, text
+
+    def _should_log_text(self) -> bool:
+        every = self.hparams.log_text_every_n_steps
+        return every > 0 and self.global_rank == 0 and self.global_step % every == 0
+
+    # --------------------------------------------------------------- training
+    def training_step(self, dataloader_iter: Iterator) -> None:
+        """One optimiser step on one mini-batch; a new round is rolled out (with the latest weights) when none is left."""
+        round_metrics_, text = {}, None
+        if not self.experience:
+            round_, _, _ = next(dataloader_iter)
+            self.experience, round_metrics_, text = self.experience_round(round_)
+        batch = self.experience.pop(0)
+        start = time.perf_counter()
+        optimizer = self.optimizers()
+        scheduler = self.lr_schedulers()
+        n = len(batch)
+        device = self.device
+        tokens = torch.tensor(float(batch.response_tokens), device=device)
+        if self.trainer.world_size > 1:  # token-mean over all ranks: DDP averages gradients, so scale by world
+            tokens = self.trainer.strategy.reduce(tokens, reduce_op="mean")
+        normaliser = max(tokens.item(), 1.0)
+        seq_normaliser = float(n)
+        if self.trainer.world_size > 1:
+            seq_normaliser = self.trainer.strategy.reduce(
+                torch.tensor(seq_normaliser, device=device), reduce_op="mean"
+            ).item()
+        optimizer.zero_grad(set_to_none=True)
+        metrics, finite = accumulate_grpo_gradients(
+            self.policy,
+            batch,
+            self.update_settings,
+            temperature=self.rollout_settings.temperature,
+            max_response_len=self.rollout_settings.max_new_tokens,
+            share_prefix=self.lm_settings.share_prefix,
+            pad_id=self.tokenizer.pad_token_id,
+            token_normaliser=normaliser,
+            seq_normaliser=seq_normaliser,
+            backward=self.manual_backward,
+            grad_scale=float(self.trainer.scaler.get_scale()) if self.trainer.scaler is not None else 1.0,
+        )
+        if self.trainer.world_size > 1:  # every rank must agree to skip, or DDP ranks diverge
+            flag = torch.tensor(float(finite), device=device)
+            finite = self.trainer.strategy.reduce(flag, reduce_op="min").item() > 0.5
+        grad_norm = optimizer_step(
+            optimizer,
+            (p for p in self.policy.parameters() if p.requires_grad),
+            finite=finite,
+            grad_clip=self.optimizer_settings.grad_clip,
+            scheduler=scheduler,
+        )
+        train_s = time.perf_counter() - start
+
+        logged = {f"train/{key}": value for key, value in metrics.items() if key != "tokens"}
+        logged.update(
+            {
+                "train/grad_norm": grad_norm,
+                "train/skipped_nonfinite": float(not finite),
+                "perf/train_s": train_s,
+                "lr": optimizer.param_groups[0]["lr"],
+            }
+        )
+        logged.update(round_metrics_)
+        self.log_dict(logged, on_step=True, on_epoch=False, batch_size=n)
+        now = time.perf_counter()
+        self.log("step_s", now - self._step_start, prog_bar=True, on_step=True, batch_size=n)
+        self._step_start = now
+        if "train/reward" in round_metrics_:
+            self.log("reward", round_metrics_["train/reward"], prog_bar=True, on_step=True, batch_size=n, logger=False)
+        if text is not None:
+            self._log_text("rollout/sample", text)
+
+    def _log_text(self, tag: str, text: str) -> None:
+        for logger in self.loggers:
+            experiment = getattr(logger, "experiment", None)
+            if hasattr(experiment, "add_text"):
+                experiment.add_text(tag, text, global_step=self.global_step)
+
+    def on_train_end(self) -> None:
+        target = self.hparams.export_adapter_dir or os.path.join(self.trainer.log_dir or ".", "adapter")
+        if self.global_rank == 0:
+            export_adapter(self.policy, self.tokenizer, target)
+            rank_zero_info(f"memalpha: adapter saved to {target}")
+
+    # ------------------------------------------------------------- validation
+    def on_validation_epoch_start(self) -> None:
+        self._val_records = []
+
+    def validation_step(self, batch: list[Instance], batch_idx: int) -> None:
+        seed = stable_seed(self.hparams.seed, "validation", batch_idx)
+        out = self._rollouts(batch, seed=seed, greedy=True)
+        self._val_records.extend(out.records)
+
+    def on_validation_epoch_end(self) -> None:
+        records = self._val_records
+        if self.trainer.world_size > 1:
+            gathered: list[list[RolloutRecord]] = [None] * self.trainer.world_size  # type: ignore[list-item]
+            torch.distributed.all_gather_object(gathered, records)
+            records = [r for part in gathered for r in part]
+        summary = summarise_records(records)
+        overall = summary["overall"]
+        self.log_dict(
+            {
+                "val/accuracy": overall["accuracy"],
+                "val/memory_tokens": overall["memory_tokens"],
+                "val/compression": overall["compression"],
+                "val/tool_success": overall["tool_success"],
+            },
+            sync_dist=False,
+            rank_zero_only=True,
+            batch_size=max(1, overall["questions"]),
+        )
+        log_dir = Path(self.trainer.log_dir or ".")  # a collective under DDP: every rank must ask
+        if self.global_rank == 0 and not self.trainer.sanity_checking:
+            name = (
+                "validation.json"
+                if self.trainer.state.fn == "validate"
+                else f"validation_step{self.global_step}.json"
+            )
+            table = write_validation_report(summary, records, log_dir / name)
+            print(table, flush=True)

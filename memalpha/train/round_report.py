@@ -1,0 +1,65 @@
+"""What a rollout round reports: its scalar metrics for TensorBoard and one rollout as text.
+
+Pure functions of a :class:`~memalpha.agent.rollout.RolloutOutput`; the names follow the
+TRL/verl conventions listed in ``docs/quickstart.md``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from memalpha.agent.rollout import RolloutOutput, RolloutRecord
+
+
+def round_metrics(out: RolloutOutput, rewards: torch.Tensor, group_ids: torch.Tensor) -> dict[str, float]:
+    """Reward, reward spread, response, tool-call, reward-term, memory and timing metrics of one round.
+
+    ``rewards`` and ``group_ids`` are the ``[N]`` per-sample rewards and group labels of
+    ``out.samples``; ``train/frac_reward_zero_std`` is the share of groups whose rewards are all
+    equal (their advantages are 0: they teach nothing).
+    """
+    samples, records = out.samples, out.records
+    zero_std = []
+    for group in group_ids.unique():
+        member = rewards[group_ids == group]
+        zero_std.append(float(member.numel() < 2 or member.std(unbiased=False) < 1e-6))
+    calls = sum(s.num_calls for s in samples)
+    lengths = [len(s.response_ids) for s in samples]
+    return {
+        "train/reward": rewards.mean().item(),
+        "train/reward_std": rewards.std(unbiased=False).item(),
+        "train/frac_reward_zero_std": sum(zero_std) / len(zero_std),
+        "train/response_length": sum(lengths) / len(lengths),
+        "train/truncated_ratio": sum(s.truncated for s in samples) / len(samples),
+        "train/tool_calls_per_turn": calls / len(samples),
+        "train/tool_success": sum(s.num_successful_calls for s in samples) / calls if calls else 0.0,
+        "rewards/r1_accuracy": sum(r.r1 for r in records) / len(records),
+        "rewards/r2_tool": sum(s.r2 for s in samples) / len(samples),
+        "rewards/r3_compression": sum(r.r3 for r in records) / len(records),
+        "rewards/r4_content": sum(s.r4 for s in samples) / len(samples),
+        "memory/tokens": sum(r.memory_tokens for r in records) / len(records),
+        "reader/failures": float(sum(r.reader_failures for r in records)),
+        "perf/rollout_s": out.rollout_s,
+        "perf/reader_s": out.reader_s,
+        "perf/gen_tokens_per_s": out.generated_tokens / out.rollout_s if out.rollout_s > 0 else 0.0,
+        "perf/rollout_total_s": out.rollout_s + out.reader_s,
+    }
+
+
+def rollout_text(record: RolloutRecord) -> str:
+    """One rollout as markdown: each chunk's response, reward and tool results, then the final memory."""
+    lines = [
+        f"### instance `{record.instance_id}` ({record.data_source}), rollout {record.rollout_index}",
+        "",
+    ]
+    for turn in record.turns:
+        lines.append(f"**chunk {turn['chunk_index']}** reward {turn.get('reward', 0):.3f}")
+        lines.append("```\n" + turn["response"] + "\n```")
+        lines.append("results: " + json.dumps(turn["results"], ensure_ascii=False))
+        lines.append("")
+    lines.append("**final memory**")
+    lines.append("```json\n" + json.dumps(record.memory, indent=2, ensure_ascii=False) + "\n```")
+    lines.append(f"r1 {record.r1:.3f}, r3 {record.r3:.3f}, memory tokens {record.memory_tokens}")
+    return "\n".join(lines)

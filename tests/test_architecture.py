@@ -1,0 +1,158 @@
+"""The package's layering, checked from the source: each layer imports only the layers below it,
+no module imports in a circle, and every reference points to a file in the repository.
+
+``docs/architecture.md`` describes the layers; :data:`ALLOWED` is that page's table as code.
+Imports inside functions count as much as imports at the top of a module.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "memalpha"
+
+# layer -> the memalpha layers it may import (besides itself). `seeding` is the shared base.
+ALLOWED: dict[str, set[str]] = {
+    "seeding": set(),
+    "memory": set(),
+    "tools": {"memory"},
+    "lm": {"seeding"},
+    "data": {"lm"},
+    "grpo": {"lm", "seeding"},
+    "reader": {"memory", "lm"},
+    "agent": {"memory", "tools", "lm", "data", "reader", "seeding"},
+    "train": {"memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding"},
+    "cli": {"train", "data"},
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "memalpha"
+
+
+def memalpha_imports(path: Path) -> set[str]:
+    """Every ``memalpha`` module ``path`` imports, wherever the import statement sits."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("memalpha"))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("memalpha"):
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                found.add(candidate if (PACKAGE.parent / (candidate.replace(".", "/") + ".py")).is_file() else node.module)
+    return found
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+GRAPH = {name: memalpha_imports(path) - {name} for name, path in MODULES.items()}
+
+
+def test_every_module_belongs_to_a_known_layer():
+    unknown = sorted({layer_of(m) for m in MODULES} - set(ALLOWED) - {"memalpha"})
+    assert not unknown, f"modules outside the layers of docs/architecture.md: {unknown}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_layers_import_only_lower_layers(module):
+    layer = layer_of(module)
+    if layer == "memalpha":  # the package's own __init__
+        assert not GRAPH[module]
+        return
+    allowed = ALLOWED[layer] | {layer}
+    wrong = sorted(target for target in GRAPH[module] if layer_of(target) not in allowed)
+    assert not wrong, f"{module} (layer {layer!r}) imports {wrong}; {layer!r} may import only {sorted(allowed)}"
+
+
+def test_no_import_circles():
+    state: dict[str, int] = {}  # 1 visiting, 2 done
+    stack: list[str] = []
+
+    def visit(name: str) -> None:
+        state[name] = 1
+        stack.append(name)
+        for target in sorted(GRAPH.get(name, ())):
+            if target not in MODULES:
+                continue
+            if state.get(target) == 1:
+                cycle = stack[stack.index(target) :] + [target]
+                raise AssertionError("import circle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target)
+        stack.pop()
+        state[name] = 2
+
+    for name in sorted(MODULES):
+        if name not in state:
+            visit(name)
+
+
+def _is_docstring_or_version(node: ast.stmt) -> bool:
+    if isinstance(node, ast.Expr):
+        return True
+    return isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__version__"]
+
+
+def test_package_inits_hold_no_reexports():
+    """One import path per name: a package's ``__init__`` documents the package and imports nothing."""
+    for path in MODULES.values():
+        if path.name == "__init__.py":
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            assert all(_is_docstring_or_version(node) for node in tree.body), f"{path} re-exports names"
+
+
+def test_sources_cite_only_files_in_the_repository():
+    """No module points readers to a document outside the repository (the old 'SPEC §N' references),
+    and every ``docs/*.md`` a module names exists."""
+    offenders = [str(path.relative_to(PACKAGE.parent)) for path in MODULES.values() if "SPEC §" in path.read_text()]
+    assert not offenders, f"cite docs/*.md instead of a SPEC section: {offenders}"
+    cited = {
+        (str(path.relative_to(PACKAGE.parent)), doc)
+        for path in MODULES.values()
+        for doc in re.findall(r"docs/[\w./-]+\.md", path.read_text(encoding="utf-8"))
+    }
+    missing = sorted((source, doc) for source, doc in cited if not (PACKAGE.parent / doc).is_file())
+    assert not missing, f"modules cite documents that do not exist: {missing}"
+
+
+def _resolves(dotted: str) -> bool:
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            target = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[cut:]:
+                target = getattr(target, name)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_docstring_cross_references_resolve():
+    """Every ``:mod:``/``:func:``/``:class:``/``:meth:`` reference in the package names a real object."""
+    pattern = re.compile(r":(?:mod|func|class|meth|data|attr):`~?(memalpha\.[\w.]+)`")
+    broken = sorted(
+        {
+            (str(path.relative_to(PACKAGE.parent)), ref)
+            for path in MODULES.values()
+            for ref in pattern.findall(path.read_text(encoding="utf-8"))
+            if not _resolves(ref)
+        }
+    )
+    assert not broken, f"references to names that do not exist: {broken}"

@@ -1,0 +1,166 @@
+"""Typed settings groups, the typed GRPO batch and the update's last step: checked before any model loads."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import yaml
+
+from memalpha.agent.rewards import RewardSettings
+from memalpha.agent.rollout import RolloutSettings
+from memalpha.grpo.batch import GRPOBatch, cut_minibatches
+from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
+from memalpha.grpo.update import build_optimizer, optimizer_step, warmup_steps
+from memalpha.lm.policy import LMSettings, LoraSettings
+from memalpha.reader.settings import ReaderSettings
+from memalpha.train.lightning_cli import RENAMED_MODEL_KEYS, check_renamed_keys
+
+
+@pytest.mark.parametrize(
+    ("group", "kwargs", "message"),
+    [
+        (UpdateSettings, {"clip_low": 1.0}, "update.clip_low"),
+        (UpdateSettings, {"kl_coef": -0.1}, "update.kl_coef"),
+        (UpdateSettings, {"micro_batch_size": 0}, "update.micro_batch_size"),
+        (UpdateSettings, {"loss_agg": "sum"}, "update.loss_agg"),
+        (UpdateSettings, {"advantage_scale": "rank"}, "update.advantage_scale"),
+        (OptimizerSettings, {"learning_rate": 0.0}, "optimizer.learning_rate"),
+        (OptimizerSettings, {"warmup_ratio": 1.0}, "optimizer.warmup_ratio"),
+        (OptimizerSettings, {"name": "sgd"}, "optimizer.name"),
+        (OptimizerSettings, {"grad_clip": -1.0}, "optimizer.grad_clip"),
+        (ReaderSettings, {"kind": "remote"}, "reader.kind"),
+        (ReaderSettings, {"max_new_tokens": 0}, "reader.max_new_tokens"),
+        (ReaderSettings, {"temperature": -1.0}, "reader.temperature"),
+        (ReaderSettings, {"openai_base_url": "localhost:8000"}, "reader.openai_base_url"),
+        (RewardSettings, {"content_judge": "human"}, "reward.content_judge"),
+        (RewardSettings, {"metric_overrides": {"squad": "bleu"}}, "reward.metric_overrides"),
+        (RolloutSettings, {"group_size": 0}, "rollout.group_size"),
+        (RolloutSettings, {"temperature": 0.0}, "rollout.temperature"),
+        (RolloutSettings, {"call_format": "xml"}, "call format"),
+        (LMSettings, {"precision": "int8"}, "lm.precision"),
+        (LoraSettings, {"r": 0}, "lora.r"),
+    ],
+)
+def test_a_bad_value_names_its_option(group, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        group(**kwargs)
+
+
+def test_update_knows_when_a_round_feeds_several_steps():
+    assert not UpdateSettings().needs_old_logps
+    assert UpdateSettings(num_mini_batches=2).needs_old_logps
+    assert UpdateSettings(ppo_epochs=2).needs_old_logps
+
+
+def _batch(rows: int = 5) -> GRPOBatch:
+    return GRPOBatch(
+        prompt_ids=[[i, i + 1] for i in range(rows)],
+        response_ids=[[10 + i] * (i + 1) for i in range(rows)],
+        advantages=torch.arange(rows, dtype=torch.float32),
+        old_logps=[torch.full((i + 1,), -float(i)) for i in range(rows)],
+        ref_logps=None,
+    )
+
+
+def test_batch_select_keeps_rows_aligned():
+    picked = _batch().select([3, 0])
+    assert picked.prompt_ids == [[3, 4], [0, 1]]
+    assert picked.response_ids == [[13, 13, 13, 13], [10]]
+    assert picked.advantages.tolist() == [3.0, 0.0]
+    assert [t.tolist() for t in picked.old_logps] == [[-3.0] * 4, [0.0]]
+    assert picked.ref_logps is None
+    assert len(picked) == 2 and picked.response_tokens == 5
+
+
+def test_batch_refuses_misaligned_rows():
+    with pytest.raises(ValueError, match="advantages"):
+        GRPOBatch([[1], [2]], [[3], [4]], torch.zeros(3))
+    with pytest.raises(ValueError, match="ref_logps"):
+        GRPOBatch([[1], [2]], [[3], [4]], torch.zeros(2), ref_logps=[torch.zeros(1)])
+
+
+def test_batch_state_round_trips_through_plain_containers():
+    batch = _batch()
+    state = batch.state_dict()
+    assert all(isinstance(row, list) for row in state["prompt_ids"])
+    again = GRPOBatch.from_state_dict(state)
+    assert again.prompt_ids == batch.prompt_ids and torch.equal(again.advantages, batch.advantages)
+
+
+def test_cut_minibatches_first_pass_in_order_later_passes_reshuffled():
+    batch = _batch(5)
+    parts = cut_minibatches(batch, num_mini_batches=2, ppo_epochs=2, seed=7)
+    assert len(parts) == 4
+    assert [p.advantages.tolist() for p in parts[:2]] == [[0.0, 1.0, 2.0], [3.0, 4.0]]
+    second = sorted(a for p in parts[2:] for a in p.advantages.tolist())
+    assert second == [0.0, 1.0, 2.0, 3.0, 4.0]  # every sample once per pass
+    again = cut_minibatches(batch, num_mini_batches=2, ppo_epochs=2, seed=7)
+    assert [p.advantages.tolist() for p in again] == [p.advantages.tolist() for p in parts]
+    assert len(cut_minibatches(_batch(2), num_mini_batches=4, ppo_epochs=1, seed=0)) == 2  # one sample each
+
+
+def test_optimizer_step_clips_and_steps_or_drops_a_nonfinite_update():
+    weight = torch.nn.Parameter(torch.tensor([1.0, 1.0]))
+    optimizer, scheduler = build_optimizer([weight], OptimizerSettings(learning_rate=0.1, weight_decay=0.0, warmup_ratio=0.0))
+    weight.grad = torch.tensor([3.0, 4.0])
+    norm = optimizer_step(optimizer, [weight], finite=True, grad_clip=1.0, scheduler=scheduler)
+    assert norm == pytest.approx(5.0)
+    assert torch.allclose(weight.grad, torch.tensor([0.6, 0.8]))  # clipped to norm 1 before the step
+    moved = weight.detach().clone()
+    assert not torch.equal(moved, torch.tensor([1.0, 1.0]))
+    weight.grad = torch.tensor([float("nan"), 1.0])
+    skipped = optimizer_step(optimizer, [weight], finite=False, grad_clip=1.0, scheduler=scheduler)
+    assert math.isnan(skipped) and weight.grad is None  # gradients dropped, nothing stepped
+    assert torch.equal(weight.detach(), moved)
+
+
+def test_warmup_counts_optimiser_steps():
+    assert warmup_steps(OptimizerSettings(warmup_ratio=0.05), 205) == 11
+    assert warmup_steps(OptimizerSettings(warmup_ratio=0.05), 4) == 1
+    assert warmup_steps(OptimizerSettings(warmup_ratio=0.0), 100) == 0
+    weight = torch.nn.Parameter(torch.zeros(1))
+    optimizer, scheduler = build_optimizer([weight], OptimizerSettings(learning_rate=1.0, warmup_ratio=0.5), 4)
+    rates = []
+    for _ in range(4):
+        rates.append(optimizer.param_groups[0]["lr"])
+        weight.grad = torch.zeros(1)
+        optimizer_step(optimizer, [weight], finite=True, grad_clip=0.0, scheduler=scheduler)
+    assert rates == pytest.approx([1 / 3, 2 / 3, 1.0, 1.0])
+
+
+def test_old_flat_keys_name_their_new_key(tmp_path):
+    config = tmp_path / "old.yaml"
+    config.write_text(yaml.safe_dump({"model": {"clip_low": 0.1, "reader": "local", "rollout": {"group_size": 2}}}))
+    with pytest.raises(SystemExit) as info:
+        check_renamed_keys(["fit", "--config", str(config), "--model.learning_rate=0.1", "--model.optimizer", "adamw"])
+    message = str(info.value)
+    assert f"{config}: model.clip_low is now model.update.clip_low" in message
+    assert "model.reader is a settings group now; write model.reader.kind: local" in message
+    assert "command line: model.learning_rate is now model.optimizer.learning_rate" in message
+    assert "model.optimizer is a settings group now; write model.optimizer.name: adamw" in message
+    check_renamed_keys(["fit", "--model.update.clip_low", "0.1", "--model.reader.kind", "local"])  # current keys pass
+
+
+def test_every_renamed_key_points_at_a_real_option():
+    groups = {
+        "lm": LMSettings, "reader": ReaderSettings, "reward": RewardSettings,
+        "update": UpdateSettings, "optimizer": OptimizerSettings,
+    }
+    for old, new in RENAMED_MODEL_KEYS.items():
+        group, field = new.split(".")
+        assert field in groups[group].__dataclass_fields__, (old, new)
+
+
+def test_cli_refuses_old_keys_and_bad_values_before_any_model_loads(tmp_path, capsys):
+    from memalpha.cli import main
+
+    missing_model = str(tmp_path / "no-such-model")  # loading it would fail with another error
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump({"model": {"model": missing_model, "kl_coef": 0.01}}))
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", str(old)])
+    assert "model.kl_coef is now model.update.kl_coef" in str(info.value)
+    with pytest.raises(ValueError, match=r"update.clip_low must be in \[0, 1\), got 1.5"):
+        main(["fit", "--model.model", missing_model, "--model.update.clip_low", "1.5", "--trainer.accelerator", "cpu"])
