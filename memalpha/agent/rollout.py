@@ -135,33 +135,40 @@ def make_token_counter(tokenizer) -> Callable[[str], int]:
     return count
 
 
-def build_turn_prompt(
+def turn_prompt(
     tokenizer,
     memory: Memory,
     chunk: str,
     call_format: CallFormat,
     settings: RolloutSettings,
     where: str,
-) -> list[int]:
-    """Token ids of one turn's prompt; halves the visible memory until the budget holds."""
+) -> tuple[list[dict[str, str]], list[int]]:
+    """One memorising turn's chat messages and their templated token ids (generation prompt added).
+
+    The visible memory shrinks (``k`` halves, down to 0) until the ids fit ``settings.max_prompt_tokens``.
+    """
     k = settings.memory_view_k
     while True:
         messages = memorise_messages(
             render_memorise(memory, k), chunk, call_format, response_token_limit=settings.max_new_tokens
         )
-        ids = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, **settings.chat_template_kwargs
-        )
-        if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
-            ids = ids["input_ids"]
+        ids = chat_prompt_ids(tokenizer, messages, settings.chat_template_kwargs)
         if len(ids) <= settings.max_prompt_tokens:
-            return list(ids)
+            return messages, ids
         if k == 0:
             raise RolloutError(
                 f"{where}: the prompt needs {len(ids)} tokens with no memory entries shown, over "
                 f"max_prompt_tokens={settings.max_prompt_tokens}; raise the budget or use smaller chunks"
             )
         k //= 2
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict[str, str]], chat_template_kwargs: dict[str, Any]) -> list[int]:
+    """``messages`` through the chat template with the generation prompt, as token ids."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **chat_template_kwargs)
+    if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)
 
 
 @dataclass
@@ -233,14 +240,14 @@ def memorise_chunks(
         for chunk_index in range(max((len(r.instance.chunks) for r in rollouts), default=0)):
             live = [r for r in rollouts if chunk_index < len(r.instance.chunks)]
             prompts = [
-                build_turn_prompt(
+                turn_prompt(
                     tokenizer,
                     r.memory,
                     r.instance.chunks[chunk_index],
                     call_format,
                     settings,
                     where=f"instance {r.instance.instance_id!r}, chunk {chunk_index}",
-                )
+                )[1]
                 for r in live
             ]
             generation = generate(

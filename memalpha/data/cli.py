@@ -47,7 +47,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="memalpha data", description="Make, inspect and convert instance files.")
+    parser = argparse.ArgumentParser(
+        prog="memalpha data",
+        description="Make, inspect and convert instance files.",
+        epilog="memalpha data demos --config FIT.yaml --out FILE.jsonl writes oracle demonstrations for memalpha sft.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="{synth,inspect,convert}")
 
     synth = sub.add_parser("synth", help="write synthetic train/validation JSONL (deterministic from --seed)")

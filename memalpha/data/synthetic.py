@@ -20,6 +20,11 @@ for ``synth_icl`` more labelled examples, top a chunk up to it). Entities come f
 pools (:mod:`memalpha.data.synthetic_vocab`), so train, validation and test never share one.
 Instance ``i`` of a split is built from its own RNG seeded by ``(seed, split, i)``: the same
 arguments give identical instances on every machine.
+
+``metadata["notes"]`` lists, per chunk, every fact the chunk tells (distractors included, filler
+excluded) with the memory list it belongs in (``semantic_memory`` for knowledge and labelled
+examples, ``episodic_memory`` with its ``date`` for events and what was read on a day): what an
+ideal agent stores, and what the oracle demonstrations of :mod:`memalpha.agent.demos` write.
 """
 
 from __future__ import annotations
@@ -142,6 +147,16 @@ def generate_synthetic(
 # ---------------------------------------------------------------------------
 
 _Built = tuple[list[str], list[QA], list[list[int]], set[str], dict]
+
+SEMANTIC_NOTE, EPISODIC_NOTE = "semantic_memory", "episodic_memory"
+
+
+def _note(memory_type: str, fact: str, day: date | None = None) -> dict[str, str]:
+    """One fact a chunk tells, with the memory list it belongs in (and, for an event, its date)."""
+    note = {"memory_type": memory_type, "fact": fact}
+    if day is not None:
+        note["date"] = f"{day:%Y-%m-%d}"
+    return note
 
 
 def _article(phrase: str) -> str:
@@ -267,7 +282,7 @@ def _build_personal(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> 
     facts = _personal_facts(rng, pools, n_facts, people)
     distractors = _personal_facts(rng, pools, n_distractors, others) if n_distractors else []
     days = _dates(rng, cfg.num_chunks)
-    chunks, per_chunk = [], []
+    chunks, per_chunk, notes = [], [], []
     for c in range(cfg.num_chunks):
         ids = list(range(c * cfg.facts_per_chunk, (c + 1) * cfg.facts_per_chunk))
         told = [_say(facts[i]) for i in ids]
@@ -275,11 +290,12 @@ def _build_personal(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> 
         body = _compose(rng, told, vocab.DIALOGUE_FILLER, cfg.chunk_words)
         chunks.append(wrap_chunk(body, "dialogue", days[c], variant=rng.randrange(1 << 16)))
         per_chunk.append(ids)
+        notes.append([_note(SEMANTIC_NOTE, sentence) for sentence in told])
     picked = _spread_questions(rng, per_chunk, cfg.questions_per_instance)
     questions = [QA(facts[i][1].question.format(p=facts[i][0]), facts[i][2]) for i in picked]
     evidence = [[i // cfg.facts_per_chunk] for i in picked]
     entities = set(everyone) | {v for _, _, v in facts + distractors}
-    return chunks, questions, evidence, entities, {"people": people, "distractor_people": others}
+    return chunks, questions, evidence, entities, {"people": people, "distractor_people": others, "notes": notes}
 
 
 # ---------------------------------------------------------------------------
@@ -299,28 +315,30 @@ def _build_timeline(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> 
     n_events = cfg.num_chunks * (per_day + cfg.distractors_per_chunk)
     activities = _take(rng, pools.activities, n_events)
     days = _dates(rng, cfg.num_chunks)
-    chunks, per_chunk, events = [], [], []
+    chunks, per_chunk, events, notes = [], [], [], []
     for c, day in enumerate(days):
         actors = [(p, True) for p in rng.sample(people, per_day)]
         actors += [(p, False) for p in _take(rng, others, cfg.distractors_per_chunk)] if others else []
         rng.shuffle(actors)
         slots = sorted(rng.sample(range(len(TIMES_OF_DAY)), len(actors))) if len(actors) <= len(TIMES_OF_DAY) else None
-        told, ids = [], []
+        told, ids, chunk_notes = [], [], []
         for j, (person, asked) in enumerate(actors):
             activity = activities.pop()
             when = TIMES_OF_DAY[slots[j]] if slots is not None else TIMES_OF_DAY[j % len(TIMES_OF_DAY)]
             told.append(f"{when}, {person} {activity}.")
+            chunk_notes.append(_note(EPISODIC_NOTE, f"{person} {activity}.", day))
             if asked:
                 ids.append(len(events))
                 events.append((person, day, activity, c))
         body = _compose(rng, told, vocab.DIALOGUE_FILLER, cfg.chunk_words)
         chunks.append(wrap_chunk(body, "dialogue", day, variant=rng.randrange(1 << 16)))
         per_chunk.append(ids)
+        notes.append(chunk_notes)
     picked = _spread_questions(rng, per_chunk, cfg.questions_per_instance)
     questions = [QA(f"What did {events[i][0]} do on {events[i][1]:%Y-%m-%d}?", events[i][2]) for i in picked]
     evidence = [[events[i][3]] for i in picked]
     entities = set(everyone) | {e[2] for e in events}
-    return chunks, questions, evidence, entities, {"people": people, "distractor_people": others}
+    return chunks, questions, evidence, entities, {"people": people, "distractor_people": others, "notes": notes}
 
 
 # ---------------------------------------------------------------------------
@@ -349,6 +367,7 @@ def _build_icl(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> _Buil
     days = _dates(rng, cfg.num_chunks)
     seen: set[str] = set()
     chunks: list[str] = []
+    notes: list[list[dict[str, str]]] = []
     label_chunks: dict[int, set[int]] = {label: set() for label in range(n_labels)}
     label_cycle = itertools.cycle(rng.sample(range(n_labels), n_labels))
     for c, day in enumerate(days):
@@ -367,6 +386,7 @@ def _build_icl(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> _Buil
                 seen.add(sentence)
                 examples.append(_example(sentence, n_labels))
         rng.shuffle(examples)
+        notes.append([_note(SEMANTIC_NOTE, example.replace("\n", " ")) for example in examples])
         body = "Here are labelled examples to learn from:\n\n" + "\n\n".join(examples)
         chunks.append(wrap_chunk(body, "dialogue", day, variant=rng.randrange(1 << 16)))
     questions, evidence = [], []
@@ -381,7 +401,7 @@ def _build_icl(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> _Buil
         questions.append(QA(ICL_QUESTION.format(s=sentence), str(label)))
         evidence.append(sorted(label_chunks[label]))
     entities = {w for t in label_topics for w in t} | (set(distractor_topic) if distractor_topic else set())
-    extra = {"num_labels": n_labels, "label_topics": {str(i): t[0] for i, t in enumerate(label_topics)}}
+    extra = {"num_labels": n_labels, "label_topics": {str(i): t[0] for i, t in enumerate(label_topics)}, "notes": notes}
     return chunks, questions, evidence, entities, extra
 
 
@@ -420,7 +440,7 @@ def _build_summary(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> _
     spare = _take(rng, unused, n_distractors) if unused else []
     objects = keys + spare
     days = _dates(rng, cfg.num_chunks)
-    chunks, chunk_keys = [], []
+    chunks, chunk_keys, notes = [], [], []
     for c, day in enumerate(days):
         own = keys[c * cfg.facts_per_chunk : (c + 1) * cfg.facts_per_chunk]
         story = [rng.choice(STORY_FACTS).format(p=hero, k=k, t=town, a=_article(k)) for k in own]
@@ -434,6 +454,7 @@ def _build_summary(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> _
         body = _compose(rng, mixed, vocab.STORY_FILLER, cfg.chunk_words)
         chunks.append(wrap_chunk(body, "reading", day))
         chunk_keys.append(own)
+        notes.append([_note(EPISODIC_NOTE, sentence, day) for sentence in mixed])
     n = cfg.num_chunks
     ranges = [(a, b) for a in range(n) for b in range(a, n) if (a, b) != (0, n - 1)]
     rng.shuffle(ranges)
@@ -446,7 +467,7 @@ def _build_summary(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> _
         questions.append(QA(template.format(a=f"{days[a]:%Y-%m-%d}", b=f"{days[b]:%Y-%m-%d}"), gold))
         evidence.append(list(range(a, b + 1)))
     entities = {hero, town, *objects}
-    return chunks, questions, evidence, entities, {"protagonist": hero, "town": town}
+    return chunks, questions, evidence, entities, {"protagonist": hero, "town": town, "notes": notes}
 
 
 _BUILDERS: dict[str, Callable[[random.Random, SplitPools, SynthConfig], _Built]] = {

@@ -16,6 +16,7 @@ hidden rows are kept and its logits are recomputed during backward, one chunk at
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -71,9 +72,11 @@ def _vocab_slices(vocab: int, vocab_chunk: int | None) -> list[slice | None]:
 
 
 def _rows_logprob_nograd(
-    hidden: torch.Tensor, targets: torch.Tensor, head, config, temperature: float, vocab_chunk, want_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-prob (and entropy) of ``targets`` for rows of ``hidden``; in-place, no autograd."""
+    hidden: torch.Tensor, targets: torch.Tensor, head, config, temperature: float, vocab_chunk, want_entropy: bool,
+    want_hits: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Log-prob (and entropy, and whether the target is the most likely token) of ``targets`` for rows
+    of ``hidden``; in-place, no autograd."""
     rows = hidden.shape[0]
     vocab = head.out_features if hasattr(head, "out_features") else None
     slices = _vocab_slices(vocab, vocab_chunk) if vocab is not None else [None]
@@ -117,28 +120,32 @@ def _rows_logprob_nograd(
     log_norm = running_max + running_sum.log()
     logprob = target_logit - log_norm
     entropy = log_norm - running_dot / running_sum if want_entropy else None
-    return logprob, entropy
+    hits = (target_logit >= running_max).to(logprob.dtype) if want_hits else None
+    return logprob, entropy, hits
 
 
 def _rows_logprob_grad(
-    hidden: torch.Tensor, targets: torch.Tensor, head, config, temperature: float, vocab_chunk, want_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    hidden: torch.Tensor, targets: torch.Tensor, head, config, temperature: float, vocab_chunk, want_entropy: bool,
+    want_hits: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Differentiable log-prob of ``targets`` for rows of ``hidden`` (run under checkpointing).
 
-    The entropy (no grad) comes from the same logits when the vocabulary is not chunked;
-    otherwise it is None and the caller computes it separately.
+    The entropy and the argmax hits (no grad) come from the same logits when the vocabulary is
+    not chunked; otherwise they are None and the caller computes them separately.
     """
     vocab = head.out_features if hasattr(head, "out_features") else None
     slices = _vocab_slices(vocab, vocab_chunk) if vocab is not None else [None]
     if slices == [None]:
         logits = _head_logits(head, hidden, config, None) / temperature
         log_norm = torch.logsumexp(logits, dim=1)
-        entropy = None
-        if want_entropy:
-            with torch.no_grad():
-                z = logits.detach()
+        entropy = hits = None
+        with torch.no_grad():
+            z = logits.detach()
+            if want_entropy:
                 entropy = log_norm.detach() - (torch.softmax(z, dim=1) * z).sum(dim=1)
-        return logits.gather(1, targets.unsqueeze(1)).squeeze(1) - log_norm, entropy
+            if want_hits:
+                hits = (z.gather(1, targets.unsqueeze(1)).squeeze(1) >= z.amax(dim=1)).to(z.dtype)
+        return logits.gather(1, targets.unsqueeze(1)).squeeze(1) - log_norm, entropy, hits
     norms = []
     target_logit = hidden.new_zeros(hidden.shape[0], dtype=score_dtype(hidden.dtype))
     for columns in slices:
@@ -148,10 +155,18 @@ def _rows_logprob_grad(
         picked = logits.gather(1, local.clamp(0, logits.shape[1] - 1).unsqueeze(1)).squeeze(1)
         target_logit = torch.where(inside, picked, target_logit)
         norms.append(torch.logsumexp(logits, dim=1))
-    return target_logit - torch.logsumexp(torch.stack(norms, dim=1), dim=1), None
+    return target_logit - torch.logsumexp(torch.stack(norms, dim=1), dim=1), None, None
 
 
-def token_logprobs(
+class TokenScores(NamedTuple):
+    """What :func:`token_scores` computes for every response token, each ``[B, R]``."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None
+    argmax_hits: torch.Tensor | None
+
+
+def token_scores(
     model,
     prompt_ids: list[list[int]],
     response_ids: list[list[int]],
@@ -161,16 +176,18 @@ def token_logprobs(
     vocab_chunk: int | None = None,
     pad_id: int = 0,
     with_entropy: bool = False,
+    with_accuracy: bool = False,
     token_chunk: int = DEFAULT_TOKEN_CHUNK,
     share_prefix: bool = True,
     prefix: SharedPrefix | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+) -> TokenScores:
     """Log-prob of every response token given its prompt and the preceding response tokens.
 
-    Returns a float32 tensor ``[B, R]`` (``R`` = longest response; column ``j`` is response
-    token ``j``; 0 where a response is shorter). With ``with_entropy=True`` returns
-    ``(logprobs, entropy)``, both ``[B, R]``; the entropy of the temperature-scaled
-    next-token distribution is computed without grad.
+    Returns :class:`TokenScores` whose ``logprobs`` is a ``[B, R]`` tensor (``R`` = longest
+    response; column ``j`` is response token ``j``; 0 where a response is shorter) in float32
+    (float64 for a float64 model). ``with_entropy`` adds the entropy of the temperature-scaled
+    next-token distribution, ``with_accuracy`` adds 1 where the response token is that
+    distribution's most likely token (for SFT's token accuracy); both ``[B, R]``, without grad.
 
     Gradients flow into the result when grad mode is on (the policy); call it under
     ``torch.no_grad()`` for old/reference log-probs, and inside ``model.disable_adapter()``
@@ -212,6 +229,7 @@ def token_logprobs(
     shared_len = prefix.length if prefix is not None else 0
     rows_out: list[torch.Tensor] = []
     entropy_out: list[torch.Tensor] = []
+    hits_out: list[torch.Tensor] = []
     for start in range(0, len(prompt_ids), micro_batch_size):
         prompts = prompt_ids[start : start + micro_batch_size]
         responses = response_ids[start : start + micro_batch_size]
@@ -219,6 +237,7 @@ def token_logprobs(
         local_width = batch.response_mask.shape[1]
         logprob = torch.zeros(len(prompts), local_width, device=device, dtype=dtype)
         entropy = torch.zeros(len(prompts), local_width, device=device, dtype=dtype)
+        hits = torch.zeros(len(prompts), local_width, device=device, dtype=dtype)
         if local_width > 0:
             cache = prompt_cache(decoder, batch, prompts, prefix) if share_prefix else None
             if cache is not None:  # every prompt column but the last is cached
@@ -239,38 +258,58 @@ def token_logprobs(
             mask = batch.response_mask.bool()
             rows = predicting[mask]
             targets = batch.input_ids[:, batch.prompt_width :][mask]
-            values, entropies = [], []
+            values, entropies, hit_rows = [], [], []
             for r0 in range(0, rows.shape[0], token_chunk):
                 h, y = rows[r0 : r0 + token_chunk], targets[r0 : r0 + token_chunk]
                 if grad:
-                    value, ent = checkpoint(
-                        _rows_logprob_grad, h, y, head, config, temperature, vocab_chunk, with_entropy,
+                    value, ent, hit = checkpoint(
+                        _rows_logprob_grad, h, y, head, config, temperature, vocab_chunk, with_entropy, with_accuracy,
                         use_reentrant=False,
                     )
-                    values.append(value)
-                    if ent is not None:
-                        entropies.append(ent)
-                    elif with_entropy:
+                    if (with_entropy and ent is None) or (with_accuracy and hit is None):  # chunked vocabulary
                         with torch.no_grad():
-                            entropies.append(
-                                _rows_logprob_nograd(h.detach(), y, head, config, temperature, vocab_chunk, True)[1]
+                            _, ent, hit = _rows_logprob_nograd(
+                                h.detach(), y, head, config, temperature, vocab_chunk, with_entropy, with_accuracy
                             )
                 else:
-                    value, ent = _rows_logprob_nograd(h, y, head, config, temperature, vocab_chunk, with_entropy)
-                    values.append(value)
-                    if with_entropy:
-                        entropies.append(ent)
+                    value, ent, hit = _rows_logprob_nograd(
+                        h, y, head, config, temperature, vocab_chunk, with_entropy, with_accuracy
+                    )
+                values.append(value)
+                if with_entropy:
+                    entropies.append(ent)
+                if with_accuracy:
+                    hit_rows.append(hit)
             logprob = logprob.masked_scatter(mask, torch.cat(values))
             if with_entropy:
                 entropy = entropy.masked_scatter(mask, torch.cat(entropies))
+            if with_accuracy:
+                hits = hits.masked_scatter(mask, torch.cat(hit_rows))
             del hidden, predicting, rows
         rows_out.append(torch.nn.functional.pad(logprob, (0, width - local_width)))
         entropy_out.append(torch.nn.functional.pad(entropy, (0, width - local_width)))
+        hits_out.append(torch.nn.functional.pad(hits, (0, width - local_width)))
     if not rows_out:
         empty = torch.zeros(0, width, device=device, dtype=dtype)
-        return (empty, empty.clone()) if with_entropy else empty
-    logprobs = torch.cat(rows_out)
-    return (logprobs, torch.cat(entropy_out)) if with_entropy else logprobs
+        rows_out, entropy_out, hits_out = [empty], [empty.clone()], [empty.clone()]
+    return TokenScores(
+        torch.cat(rows_out),
+        torch.cat(entropy_out) if with_entropy else None,
+        torch.cat(hits_out) if with_accuracy else None,
+    )
+
+
+def token_logprobs(
+    model,
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    *,
+    with_entropy: bool = False,
+    **kwargs,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_scores`' log-probs ``[B, R]``, or ``(logprobs, entropy)`` with ``with_entropy``."""
+    scores = token_scores(model, prompt_ids, response_ids, with_entropy=with_entropy, **kwargs)
+    return (scores.logprobs, scores.entropy) if with_entropy else scores.logprobs
 
 
 @torch.no_grad()

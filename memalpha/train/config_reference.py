@@ -174,7 +174,9 @@ def print_config(config: Path = CONFIG) -> str:
 def render_reference(config_text: str | None = None) -> str:
     """The complete markdown of ``docs/configuration.md``."""
     from memalpha.train.datamodule import RolloutDataModule
+    from memalpha.train.demo_datamodule import DemoDataModule
     from memalpha.train.module import GRPOModule
+    from memalpha.train.sft_module import SFTModule
 
     config_text = print_config() if config_text is None else config_text
     lines = [
@@ -200,6 +202,15 @@ def render_reference(config_text: str | None = None) -> str:
         "## `data`: instances and the rollout stream (`RolloutDataModule`)",
         "",
         *_table(argument_rows(RolloutDataModule, "data.")),
+        "",
+        "## `memalpha sft`: the cold start on demonstrations (`SFTModule`, `DemoDataModule`)",
+        "",
+        ("`memalpha sft --config configs/sft_tiny_cpu.yaml` takes the same `trainer` section and these "
+         "`model` and `data` options ([cold_start.md](cold_start.md))."),
+        "",
+        *_table(argument_rows(SFTModule, "model.")),
+        "",
+        *_table(argument_rows(DemoDataModule, "data.")),
         "",
         "## `trainer`, `seed_everything`, `ckpt_path`",
         "",

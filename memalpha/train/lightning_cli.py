@@ -95,8 +95,11 @@ class MemAlphaCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.model", "data.tokenizer_name")
 
+    checks_renamed_keys = True
+    """Refuse memalpha 0.1's flat ``model.*`` keys of :class:`GRPOModule` (see :data:`RENAMED_MODEL_KEYS`)."""
+
     def parse_arguments(self, parser, args) -> None:
-        if args is None or isinstance(args, list):
+        if self.checks_renamed_keys and (args is None or isinstance(args, list)):
             check_renamed_keys(list(sys.argv[1:] if args is None else args))
         super().parse_arguments(parser, args)
 
@@ -120,3 +123,18 @@ def run_lightning_cli(args: list[str] | None = None) -> MemAlphaCLI:
     from memalpha.train.module import GRPOModule
 
     return MemAlphaCLI(GRPOModule, RolloutDataModule, save_config_kwargs={"overwrite": True}, args=args)
+
+
+def run_sft_cli(args: list[str] | None = None) -> MemAlphaCLI:
+    """``memalpha sft ...``: Lightning's ``fit`` over :class:`SFTModule` and :class:`DemoDataModule`."""
+    from memalpha.train.demo_datamodule import DemoDataModule
+    from memalpha.train.sft_module import SFTModule
+
+    args = list(sys.argv[2:] if args is None else args)
+    return SFTCLI(SFTModule, DemoDataModule, save_config_kwargs={"overwrite": True}, args=["fit", *args])
+
+
+class SFTCLI(MemAlphaCLI):
+    """:class:`MemAlphaCLI` for ``memalpha sft``: SFTModule's ``model.micro_batch_size`` is its own key."""
+
+    checks_renamed_keys = False

@@ -11,11 +11,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-COLUMNS = ("source", "instances", "questions", "accuracy", "memory_tokens", "compression", "tool_success")
+COLUMNS = ("source", "instances", "questions", "accuracy", "memory_tokens", "compression", "tool_success", "mean_reward")
 
 
 def _summarise(records: Sequence[Any]) -> dict[str, float]:
     scores = [q["score"] for r in records for q in r.questions]
+    rewards = [turn.get("reward", 0.0) for r in records for turn in r.turns]
     results = [res for r in records for turn in r.turns for res in turn["results"]]
     ok = sum(res["status"] in ("ok", "skipped") for res in results)
     return {
@@ -26,11 +27,13 @@ def _summarise(records: Sequence[Any]) -> dict[str, float]:
         "compression": sum(r.r3 for r in records) / len(records) if records else 0.0,
         "tool_success": ok / len(results) if results else 0.0,
         "tool_calls": len(results),
+        "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
     }
 
 
 def summarise_records(records: Sequence[Any]) -> dict[str, Any]:
-    """Overall and per-``data_source`` accuracy, memory size, compression (r3) and tool success."""
+    """Overall and per-``data_source`` accuracy, memory size, compression (r3), tool success and the
+    mean per-turn reward ``R_t``."""
     by_source: dict[str, list[Any]] = defaultdict(list)
     for record in records:
         by_source[record.data_source].append(record)
@@ -51,6 +54,7 @@ def format_table(summary: dict[str, Any]) -> str:
             f"{s['memory_tokens']:.0f}",
             f"{s['compression']:.3f}",
             f"{s['tool_success']:.3f}",
+            f"{s['mean_reward']:.3f}",
         )
         for src, s in rows
     ]

@@ -1,0 +1,88 @@
+"""Supervised fine-tuning's loss: the negative log-likelihood of response tokens only.
+
+Prompt tokens are never scored: :func:`~memalpha.lm.logprobs.token_scores` gives the log-prob
+of response tokens alone (chunked over the vocabulary, never a full-vocabulary log-softmax), so
+the loss needs no label mask over the prompt. With ``share_prefix`` the system prompt the rows
+of a micro-batch share runs through the decoder once per micro-batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from memalpha.lm.logprobs import token_scores
+
+
+def masked_nll(logprobs: torch.Tensor, response_mask: torch.Tensor, normaliser: float) -> torch.Tensor:
+    """``-sum(logprobs over response tokens) / normaliser``; positions outside the mask never count.
+
+    Args:
+        logprobs: ``[B, R]`` log-probs of the response tokens (with grad).
+        response_mask: ``[B, R]``, nonzero on real response tokens.
+        normaliser: the step's total number of response tokens (so micro-batch losses add up to
+            the step's token mean).
+    """
+    if normaliser <= 0:
+        raise ValueError(f"normaliser must be > 0, got {normaliser}")
+    return -torch.where(response_mask.bool(), logprobs, 0.0).sum() / normaliser
+
+
+def _mask(responses: Sequence[Sequence[int]], width: int, device) -> torch.Tensor:
+    lengths = torch.tensor([len(r) for r in responses], device=device)
+    return torch.arange(width, device=device)[None, :] < lengths[:, None]
+
+
+def accumulate_sft_gradients(
+    policy,
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    *,
+    micro_batch_size: int,
+    token_normaliser: float,
+    pad_id: int,
+    backward: Callable[[torch.Tensor], None],
+    share_prefix: bool = True,
+) -> tuple[dict[str, float], bool]:
+    """Backward the token-mean NLL of a batch, micro-batch by micro-batch.
+
+    ``token_normaliser`` is the batch's response-token count (averaged over ranks under data
+    parallelism), so the micro-batch losses add up to the batch's token mean. Returns the summed
+    ``loss``, ``token_accuracy`` (the share of response tokens that are the most likely next
+    token), ``tokens``, and whether every micro-batch loss was finite.
+    """
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    loss_sum, hits, tokens, finite = 0.0, 0.0, 0.0, True
+    for start in range(0, len(prompt_ids), micro_batch_size):
+        prompts = prompt_ids[start : start + micro_batch_size]
+        responses = response_ids[start : start + micro_batch_size]
+        scores = token_scores(
+            policy, prompts, responses, micro_batch_size=micro_batch_size, pad_id=pad_id,
+            with_accuracy=True, share_prefix=share_prefix,
+        )
+        mask = _mask(responses, scores.logprobs.shape[1], scores.logprobs.device)
+        loss = masked_nll(scores.logprobs, mask, token_normaliser)
+        finite = finite and bool(torch.isfinite(loss.detach()))
+        backward(loss)
+        loss_sum += float(loss.detach())
+        hits += float(torch.where(mask, scores.argmax_hits, 0.0).sum())
+        tokens += float(mask.sum())
+    return {"loss": loss_sum, "token_accuracy": hits / max(tokens, 1.0), "tokens": tokens}, finite
+
+
+@torch.no_grad()
+def sft_eval(policy, prompt_ids: list[list[int]], response_ids: list[list[int]], *, micro_batch_size: int, pad_id: int):
+    """Summed NLL, argmax hits and token count of a batch, without grad (for ``val/loss``)."""
+    was_training = policy.training
+    policy.eval()
+    try:
+        scores = token_scores(
+            policy, prompt_ids, response_ids, micro_batch_size=micro_batch_size, pad_id=pad_id, with_accuracy=True
+        )
+    finally:
+        policy.train(was_training)
+    mask = _mask(response_ids, scores.logprobs.shape[1], scores.logprobs.device)
+    nll = float(-torch.where(mask, scores.logprobs, 0.0).sum())
+    return nll, float(torch.where(mask, scores.argmax_hits, 0.0).sum()), float(mask.sum())

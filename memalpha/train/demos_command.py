@@ -1,0 +1,94 @@
+"""``memalpha data demos``: oracle demonstrations for the cold start, matching a training config.
+
+    memalpha data demos --config configs/tiny_cpu.yaml --out runs/demos/train.jsonl [--split train]
+                        [--count N] [--seed S]
+
+The config is the one ``memalpha fit`` will run: its ``model.model`` (tokenizer),
+``model.rollout`` (call format, memory view, core cap, token budgets, chat-template arguments)
+and ``data.synthetic_*`` (the synthetic task shape) decide the demonstrations, so their prompts
+are the prompts the rollout will build. ``--count`` synthetic instances of ``--split`` are
+generated with the config's ``data.seed``; every chunk gives one demonstration
+(:func:`memalpha.agent.demos.oracle_demonstrations`). Bad input exits with status 2 and one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from memalpha.agent.demos import OracleError, oracle_demonstrations
+from memalpha.agent.rollout import RolloutSettings
+from memalpha.data.demos import save_demonstrations
+from memalpha.data.synthetic import FAMILIES, generate_synthetic
+from memalpha.lm.embedded import EMBEDDED_MODEL_NAME, load_tokenizer
+from memalpha.train.datamodule import RolloutDataModule
+
+SYNTHETIC_KEYS = {
+    "synthetic_chunks": "num_chunks",
+    "synthetic_facts_per_chunk": "facts_per_chunk",
+    "synthetic_distractors_per_chunk": "distractors_per_chunk",
+    "synthetic_questions": "questions_per_instance",
+    "synthetic_chunk_words": "chunk_words",
+}
+
+
+def _section(config: dict[str, Any], name: str, path: Path) -> dict[str, Any]:
+    section = config.get(name) or {}
+    if not isinstance(section, dict):
+        raise TypeError(f"{path}: '{name}' must be a mapping")
+    return section
+
+
+def synthetic_options(data: dict[str, Any]) -> dict[str, Any]:
+    """``generate_synthetic`` keyword arguments from a config's ``data`` section (DataModule defaults otherwise)."""
+    import inspect
+
+    defaults = {
+        name: parameter.default for name, parameter in inspect.signature(RolloutDataModule).parameters.items()
+    }
+    options = {target: data.get(key, defaults[key]) for key, target in SYNTHETIC_KEYS.items()}
+    options["families"] = tuple(data.get("synthetic_families", defaults["synthetic_families"]))
+    unknown = sorted(set(options["families"]) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"data.synthetic_families: unknown families {unknown}; known: {list(FAMILIES)}")
+    return options
+
+
+def run(args: argparse.Namespace) -> int:
+    config = yaml.safe_load(args.config.read_text(encoding="utf-8")) or {}
+    if not isinstance(config, dict):
+        raise TypeError(f"{args.config}: not a YAML mapping")
+    model = _section(config, "model", args.config)
+    data = _section(config, "data", args.config)
+    rollout = RolloutSettings(**(model.get("rollout") or {}))
+    seed = args.seed if args.seed is not None else int(data.get("seed", 0))
+    instances = generate_synthetic(args.count, split=args.split, seed=seed, **synthetic_options(data))
+    tokenizer = load_tokenizer(model.get("model", EMBEDDED_MODEL_NAME))
+    demos = oracle_demonstrations(instances, tokenizer, rollout, seed=seed)
+    count = save_demonstrations(args.out, demos)
+    print(f"wrote {count} demonstrations from {len(instances)} {args.split} instances to {args.out}")
+    return count
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="memalpha data demos",
+        description="Write oracle demonstrations (JSONL) whose prompts match a training config's rollouts.",
+    )
+    parser.add_argument("--config", required=True, type=Path, help="the memalpha fit config the demonstrations serve")
+    parser.add_argument("--out", required=True, type=Path, help="JSONL file to write")
+    parser.add_argument("--split", default="train", choices=("train", "val", "test"), help="synthetic split (default train)")
+    parser.add_argument("--count", type=int, default=32, help="synthetic instances (default 32); one demonstration per chunk")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the synthetic instances (default: the config's data.seed)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        if args.count < 1:
+            raise ValueError(f"--count must be >= 1, got {args.count}")
+        run(args)
+    except (OSError, yaml.YAMLError, ValueError, TypeError, OracleError) as exc:
+        print(f"memalpha data demos: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc

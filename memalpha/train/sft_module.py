@@ -1,0 +1,176 @@
+"""SFTModule: supervised fine-tuning of the LoRA/QLoRA policy on demonstrations (``memalpha sft``).
+
+The cold start before GRPO (``docs/cold_start.md``): the same policy loading, LoRA shape and
+optimiser as :class:`~memalpha.train.module.GRPOModule`, a token-mean negative log-likelihood
+of the response tokens (:mod:`memalpha.lm.sft`), and the adapter exported at the end as the
+PEFT folder that ``memalpha fit --model.adapter_path`` starts from.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_info
+
+from memalpha.grpo.settings import OptimizerSettings
+from memalpha.grpo.update import build_optimizer, optimizer_step
+from memalpha.lm.adapters import export_adapter
+from memalpha.lm.embedded import EMBEDDED_MODEL_NAME
+from memalpha.lm.policy import LMSettings, LoraSettings, load_policy
+from memalpha.lm.sft import accumulate_sft_gradients, sft_eval
+from memalpha.train.demo_datamodule import TokenizedDemo
+
+
+def _typed(cls, value):
+    return cls(**value) if isinstance(value, dict) else value
+
+
+class SFTModule(LightningModule):
+    """The memory-agent policy trained on demonstrations with token cross-entropy.
+
+    Args:
+        model: ``smollm2-135m-instruct`` (the embedded default), a local folder, or a hub id.
+        adapter_path: A PEFT adapter folder to continue from instead of a fresh adapter.
+        lm: How the base model is loaded and run (precision, gradient checkpointing, prefix sharing).
+        lora: LoRA adapter shape; keep it equal to the GRPO run's, which loads this adapter.
+        optimizer: Optimiser, learning rate, warm-up and gradient clipping.
+        micro_batch_size: Demonstrations per forward/backward; gradients accumulate over a step's batch.
+        export_adapter_dir: Where the final adapter is saved as a PEFT folder (default: ``<log_dir>/adapter``).
+        seed: Seed of the LoRA initialisation.
+    """
+
+    def __init__(
+        self,
+        model: str = EMBEDDED_MODEL_NAME,
+        adapter_path: str | None = None,
+        lm: LMSettings = LMSettings(),  # noqa: B008 - value objects; jsonargparse shows their fields
+        lora: LoraSettings = LoraSettings(),  # noqa: B008
+        optimizer: OptimizerSettings = OptimizerSettings(learning_rate=5e-4, weight_decay=0.0),  # noqa: B008
+        micro_batch_size: int = 2,
+        export_adapter_dir: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        self.strict_loading = False  # checkpoints hold the adapter only
+        self.lm_settings: LMSettings = _typed(LMSettings, lm)
+        self.lora_settings: LoraSettings = _typed(LoraSettings, lora)
+        self.optimizer_settings: OptimizerSettings = _typed(OptimizerSettings, optimizer)
+        self.policy = None
+        self.tokenizer = None
+        self._val_sums = [0.0, 0.0, 0.0]
+        self._step_start = time.perf_counter()
+
+    def configure_model(self) -> None:
+        if self.policy is not None:
+            return
+        torch.manual_seed(self.hparams.seed)
+        self.policy, self.tokenizer = load_policy(
+            self.hparams.model,
+            precision=self.lm_settings.precision,
+            lora=self.lora_settings,
+            compute_dtype=self.lm_settings.compute_dtype,
+            gradient_checkpointing=self.lm_settings.gradient_checkpointing,
+            adapter_path=self.hparams.adapter_path,
+            device=self.device,
+        )
+
+    def configure_optimizers(self):
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        max_steps = self.trainer.max_steps if self.trainer is not None and self.trainer.max_steps > 0 else 0
+        optimizer, scheduler = build_optimizer(params, self.optimizer_settings, max_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        trainable = {f"policy.{name}" for name, p in self.policy.named_parameters() if p.requires_grad}
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+
+    def training_step(self, dataloader_iter: Iterator) -> None:
+        """One optimiser step on the next batch, fetched here so the stream's saved position never runs ahead
+        of training (Lightning prefetches a batch for ``training_step(batch, batch_idx)``)."""
+        batch, _, _ = next(dataloader_iter)
+        start = time.perf_counter()
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        prompts = [demo.prompt_ids for demo in batch]
+        responses = [demo.response_ids for demo in batch]
+        tokens = torch.tensor(float(sum(len(r) for r in responses)), device=self.device)
+        if self.trainer.world_size > 1:  # a token mean over all ranks: DDP averages gradients
+            tokens = self.trainer.strategy.reduce(tokens, reduce_op="mean")
+        optimizer.zero_grad(set_to_none=True)
+        metrics, finite = accumulate_sft_gradients(
+            self.policy,
+            prompts,
+            responses,
+            micro_batch_size=self.hparams.micro_batch_size,
+            token_normaliser=max(tokens.item(), 1.0),
+            pad_id=self.tokenizer.pad_token_id,
+            backward=self.manual_backward,
+            share_prefix=self.lm_settings.share_prefix,
+        )
+        if self.trainer.world_size > 1:
+            flag = torch.tensor(float(finite), device=self.device)
+            finite = self.trainer.strategy.reduce(flag, reduce_op="min").item() > 0.5
+        grad_norm = optimizer_step(
+            optimizer,
+            (p for p in self.policy.parameters() if p.requires_grad),
+            finite=finite,
+            grad_clip=self.optimizer_settings.grad_clip,
+            scheduler=scheduler,
+        )
+        train_s = time.perf_counter() - start
+        now = time.perf_counter()
+        self.log_dict(
+            {
+                "train/loss": metrics["loss"],
+                "train/token_accuracy": metrics["token_accuracy"],
+                "train/grad_norm": grad_norm,
+                "train/skipped_nonfinite": float(not finite),
+                "perf/tokens_per_s": metrics["tokens"] / train_s if train_s > 0 else 0.0,
+                "perf/train_s": train_s,
+                "lr": optimizer.param_groups[0]["lr"],
+            },
+            on_step=True,
+            on_epoch=False,
+            batch_size=len(batch),
+        )
+        self.log("step_s", now - self._step_start, prog_bar=True, on_step=True, batch_size=len(batch))
+        self.log("loss", metrics["loss"], prog_bar=True, on_step=True, batch_size=len(batch), logger=False)
+        self._step_start = now
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_sums = [0.0, 0.0, 0.0]
+
+    def validation_step(self, batch: list[TokenizedDemo], batch_idx: int) -> None:
+        nll, hits, tokens = sft_eval(
+            self.policy,
+            [demo.prompt_ids for demo in batch],
+            [demo.response_ids for demo in batch],
+            micro_batch_size=self.hparams.micro_batch_size,
+            pad_id=self.tokenizer.pad_token_id,
+        )
+        for index, value in enumerate((nll, hits, tokens)):
+            self._val_sums[index] += value
+
+    def on_validation_epoch_end(self) -> None:
+        sums = torch.tensor(self._val_sums, dtype=torch.float64, device=self.device)
+        if self.trainer.world_size > 1:
+            sums = self.trainer.strategy.reduce(sums, reduce_op="sum")
+        nll, hits, tokens = sums.tolist()
+        if tokens > 0:
+            self.log_dict(
+                {"val/loss": nll / tokens, "val/token_accuracy": hits / tokens}, rank_zero_only=True, batch_size=1
+            )
+
+    def on_train_end(self) -> None:
+        target = self.hparams.export_adapter_dir or os.path.join(self.trainer.log_dir or ".", "adapter")
+        if self.global_rank == 0:
+            export_adapter(self.policy, self.tokenizer, target)
+            rank_zero_info(f"memalpha: adapter saved to {target}")
