@@ -39,6 +39,7 @@ from memalpha.train.lightning_cli import RENAMED_MODEL_KEYS, check_renamed_keys
         (RolloutSettings, {"group_size": 0}, "rollout.group_size"),
         (RolloutSettings, {"temperature": 0.0}, "rollout.temperature"),
         (RolloutSettings, {"call_format": "xml"}, "call format"),
+        (RolloutSettings, {"prompt_profile": "tiny"}, "rollout.prompt_profile"),
         (LMSettings, {"precision": "int8"}, "lm.precision"),
         (LoraSettings, {"r": 0}, "lora.r"),
     ],

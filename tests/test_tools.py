@@ -250,6 +250,27 @@ def test_memorise_messages(fmt):
     assert system.index(fmt.instructions()) < system.index(render_memorise(memory))
 
 
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_compact_profile_keeps_every_tool_argument_and_the_layout(fmt):
+    from memalpha.tools.schemas import TOOL_SCHEMAS
+
+    compact = fmt.instructions(compact=True)
+    assert len(compact) < len(fmt.instructions()) / 2
+    for schema in TOOL_SCHEMAS:  # every tool, argument and choice of the schemas is still named
+        function = schema["function"]
+        assert function["name"] in compact
+        for name, spec in function["parameters"]["properties"].items():
+            assert name in compact and all(choice in compact for choice in spec.get("enum", ()))
+    assert "memory_id?: string" in compact  # optional arguments are marked
+    memory = Memory()
+    memory.insert("episodic_memory", "On 2024-01-01, Anna moved.")
+    messages = memorise_messages(render_memorise(memory), "the chunk", fmt, response_token_limit=90, profile="compact")
+    assert compact in messages[0]["content"] and messages[0]["content"].endswith(render_memorise(memory))
+    assert "<new_chunk>\nthe chunk\n</new_chunk>" in messages[1]["content"] and "90 tokens" in messages[1]["content"]
+    with pytest.raises(ValueError, match="prompt profile"):
+        memorise_messages(render_memorise(memory), "x", fmt, profile="tiny")
+
+
 # ---------------------------------------------------------------- property-based
 _SAFE_TEXT = st.text(alphabet=st.characters(blacklist_characters="✿<>", blacklist_categories=("Cs",)),
                      max_size=40)

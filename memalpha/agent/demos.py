@@ -62,14 +62,22 @@ def _reply(call_format, contents: list[tuple[str, str]], rng: random.Random, fra
     return "\n".join(part for part in parts if part)
 
 
-def packed_contents(notes: Sequence[dict[str, str]]) -> list[tuple[str, str]]:
-    """The compact form: one content per memory list, the facts of one date after it once."""
+DATE_HEADERS = ("On {date}: ", "{date}: ", "{date} - ")
+
+
+def packed_contents(notes: Sequence[dict[str, str]], rng: random.Random) -> list[tuple[str, str]]:
+    """The compact form: one content per memory list, the facts of one date after it once
+    (the date header's wording varies)."""
     merged: dict[str, dict[str | None, list[str]]] = {}
     for note in notes:
         merged.setdefault(note["memory_type"], {}).setdefault(note.get("date"), []).append(note["fact"])
+    header = rng.choice(DATE_HEADERS)
     contents = []
     for memory_type, by_date in merged.items():
-        parts = [" ".join(facts) if date is None else f"On {date}: " + " ".join(facts) for date, facts in by_date.items()]
+        parts = [
+            " ".join(facts) if date is None else header.format(date=date) + " ".join(facts)
+            for date, facts in by_date.items()
+        ]
         contents.append((memory_type, " ".join(parts)))
     return contents
 
@@ -106,7 +114,7 @@ def oracle_demonstrations(
             messages, _ = turn_prompt(tokenizer, memory, chunk, call_format, settings, where=where)
             reply = ""
             separate = note_contents(notes[chunk_index], rng)
-            for packing, framed in ((separate, True), (separate, False), (packed_contents(notes[chunk_index]), False)):
+            for packing, framed in ((separate, True), (separate, False), (packed_contents(notes[chunk_index], rng), False)):
                 reply = _reply(call_format, packing, rng, framed)
                 if count_tokens(reply) + 1 <= settings.max_new_tokens:
                     break

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from memalpha.agent.prompts import memorise_messages
+from memalpha.agent.prompts import PROMPT_PROFILES, memorise_messages
 from memalpha.agent.rewards import ContentJudge, RewardSettings, TurnCalls, rollout_rewards
 from memalpha.agent.scoring import score_answers
 from memalpha.data.schema import Instance
@@ -52,6 +52,9 @@ class RolloutSettings:
         core_token_limit: Core memory cap in tokens; longer text is cut with a marker (official 512).
         generation_batch_size: Max prompts per ``generate`` call (None = all live rollouts at once).
         chat_template_kwargs: Extra arguments for the chat template, e.g. ``{"enable_thinking": false}`` for Qwen3.
+        prompt_profile: ``full`` (every memory part explained, the tools' JSON schemas; ~1.1k
+            tokens with the hermes format) or ``compact`` (a few sentences and one signature line
+            per tool; ~650 tokens less: for small models on a CPU budget).
     """
 
     group_size: int = 8
@@ -65,6 +68,7 @@ class RolloutSettings:
     core_token_limit: int = 512
     generation_batch_size: int | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    prompt_profile: Literal["full", "compact"] = "full"
 
     def __post_init__(self) -> None:
         for name in ("group_size", "max_new_tokens", "max_prompt_tokens", "core_token_limit"):
@@ -81,6 +85,8 @@ class RolloutSettings:
         if self.generation_batch_size is not None and self.generation_batch_size < 1:
             raise ValueError(f"rollout.generation_batch_size must be >= 1 or null, got {self.generation_batch_size}")
         get_call_format(self.call_format)  # raises with the known names
+        if self.prompt_profile not in PROMPT_PROFILES:
+            raise ValueError(f"rollout.prompt_profile must be one of {list(PROMPT_PROFILES)}, got {self.prompt_profile!r}")
 
 
 @dataclass
@@ -150,7 +156,11 @@ def turn_prompt(
     k = settings.memory_view_k
     while True:
         messages = memorise_messages(
-            render_memorise(memory, k), chunk, call_format, response_token_limit=settings.max_new_tokens
+            render_memorise(memory, k),
+            chunk,
+            call_format,
+            response_token_limit=settings.max_new_tokens,
+            profile=settings.prompt_profile,
         )
         ids = chat_prompt_ids(tokenizer, messages, settings.chat_template_kwargs)
         if len(ids) <= settings.max_prompt_tokens:

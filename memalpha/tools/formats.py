@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memalpha.tools.jsonfix import read_json_object
-from memalpha.tools.schemas import TOOL_NAMES, TOOL_SCHEMAS
+from memalpha.tools.schemas import TOOL_NAMES, TOOL_SCHEMAS, compact_signatures
 
 FN_MARK = "✿FUNCTION✿"
 ARGS_MARK = "✿ARGS✿"
@@ -131,8 +131,9 @@ class CallFormat(ABC):
     stop_strings: tuple[str, ...] = ()
 
     @abstractmethod
-    def instructions(self) -> str:
-        """The tool block for the system prompt, generated from :data:`TOOL_SCHEMAS`."""
+    def instructions(self, compact: bool = False) -> str:
+        """The tool block for the system prompt, generated from :data:`TOOL_SCHEMAS`; ``compact``
+        lists one signature line per tool instead of the JSON schemas (for small models)."""
 
     @abstractmethod
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
@@ -168,12 +169,13 @@ class QwenFormat(CallFormat):
     name = "qwen"
     stop_strings = (RESULT_MARK,)
 
-    def instructions(self) -> str:
+    def instructions(self, compact: bool = False) -> str:
         names = ", ".join(TOOL_NAMES)
+        listing = compact_signatures() if compact else _tools_json_lines()
         return (
             "# Tools\n\n"
             "These tools change your memory:\n\n"
-            f"{_tools_json_lines()}\n\n"
+            f"{listing}\n\n"
             "## Calling a tool\n\n"
             "Write each call as two lines:\n\n"
             f"{FN_MARK}: the tool's name, one of [{names}]\n"
@@ -238,11 +240,16 @@ class HermesFormat(CallFormat):
     name = "hermes"
     stop_strings = ()
 
-    def instructions(self) -> str:
+    def instructions(self, compact: bool = False) -> str:
+        listing = (
+            f"These tools change your memory:\n{compact_signatures()}\n\n"
+            if compact
+            else "These tools change your memory. Their signatures are listed inside <tools></tools>:\n"
+            f"<tools>\n{_tools_json_lines()}\n</tools>\n\n"
+        )
         return (
             "# Tools\n\n"
-            "These tools change your memory. Their signatures are listed inside <tools></tools>:\n"
-            f"<tools>\n{_tools_json_lines()}\n</tools>\n\n"
+            f"{listing}"
             f"To call a tool, write a JSON object with its name and arguments inside {CALL_OPEN}"
             f"{CALL_CLOSE} tags:\n"
             f'{CALL_OPEN}\n{{"name": <tool name>, "arguments": <arguments as a JSON object>}}\n{CALL_CLOSE}\n\n'

@@ -110,3 +110,23 @@ def tool_parameters(name: str) -> dict[str, Any] | None:
 def tool_functions() -> list[dict[str, Any]]:
     """Deep copies of the inner ``function`` objects (what chat templates call ``tools``)."""
     return [copy.deepcopy(schema["function"]) for schema in TOOL_SCHEMAS]
+
+
+def compact_signatures() -> str:
+    """One line per tool, ``name(param: a|b, optional?: string): first sentence of its description``.
+
+    The compact prompt profile's tool block: the same tools, arguments and choices as
+    :data:`TOOL_SCHEMAS`, in a fraction of the tokens of the JSON schemas.
+    """
+    lines = []
+    for schema in TOOL_SCHEMAS:
+        function = schema["function"]
+        parameters = function["parameters"]
+        required = set(parameters.get("required", ()))
+        arguments = []
+        for name, spec in parameters["properties"].items():
+            kind = "|".join(spec["enum"]) if "enum" in spec else spec.get("type", "string")
+            arguments.append(f"{name}{'' if name in required else '?'}: {kind}")
+        summary = function["description"].split(". ")[0].rstrip(".")
+        lines.append(f"{function['name']}({', '.join(arguments)}): {summary}.")
+    return "\n".join(lines)
