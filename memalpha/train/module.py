@@ -13,15 +13,13 @@ own, so a resumed run trains exactly what the interrupted one would have.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 
 from memalpha.agent.rewards import RewardSettings
 from memalpha.agent.rollout import RolloutOutput, RolloutRecord, RolloutSettings, run_rollouts
@@ -29,27 +27,22 @@ from memalpha.data.schema import Instance
 from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch, cut_minibatches
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-from memalpha.grpo.update import accumulate_grpo_gradients, build_optimizer, optimizer_step
-from memalpha.lm.adapters import export_adapter
+from memalpha.grpo.update import accumulate_grpo_gradients
 from memalpha.lm.embedded import EMBEDDED_MODEL_NAME
 from memalpha.lm.logprobs import response_logprobs
-from memalpha.lm.policy import LMSettings, LoraSettings, load_policy
+from memalpha.lm.policy import LMSettings, LoraSettings
 from memalpha.reader.base import Reader
 from memalpha.reader.settings import ReaderSettings
 from memalpha.seeding import stable_seed
 from memalpha.train.datamodule import InstanceRound
+from memalpha.train.policy_module import PolicyModule, typed
 from memalpha.train.round_report import rollout_text, round_metrics
 from memalpha.train.validation_report import summarise_records, write_validation_report
 
 EXPERIENCE_KEY = "memalpha_experience"
 
 
-def _typed(cls, value):
-    """Lightning's CLI hands nested groups over as dicts; the module keeps them typed."""
-    return cls(**value) if isinstance(value, dict) else value
-
-
-class GRPOModule(LightningModule):
+class GRPOModule(PolicyModule):
     """Memory-agent policy trained with GRPO.
 
     Args:
@@ -88,17 +81,11 @@ class GRPOModule(LightningModule):
         if log_text_every_n_steps < 0:
             raise ValueError(f"log_text_every_n_steps must be >= 0 (0 disables), got {log_text_every_n_steps}")
         self.save_hyperparameters()
-        self.automatic_optimization = False
-        self.strict_loading = False  # checkpoints hold the adapter only, never the frozen base
-        self.lm_settings: LMSettings = _typed(LMSettings, lm)
-        self.lora_settings: LoraSettings = _typed(LoraSettings, lora)
-        self.rollout_settings: RolloutSettings = _typed(RolloutSettings, rollout)
-        self.reader_settings: ReaderSettings = _typed(ReaderSettings, reader)
-        self.reward_settings: RewardSettings = _typed(RewardSettings, reward)
-        self.update_settings: UpdateSettings = _typed(UpdateSettings, update)
-        self.optimizer_settings: OptimizerSettings = _typed(OptimizerSettings, optimizer)
-        self.policy = None
-        self.tokenizer = None
+        self._init_policy(lm, lora, optimizer)
+        self.rollout_settings: RolloutSettings = typed(RolloutSettings, rollout)
+        self.reader_settings: ReaderSettings = typed(ReaderSettings, reader)
+        self.reward_settings: RewardSettings = typed(RewardSettings, reward)
+        self.update_settings: UpdateSettings = typed(UpdateSettings, update)
         self.reader: Reader | None = None
         self.content_judge = None
         self.experience: list[GRPOBatch] = []  # this rank's unserved mini-batches of the current round
@@ -107,25 +94,9 @@ class GRPOModule(LightningModule):
 
     # ----------------------------------------------------------------- setup
     def configure_model(self) -> None:
-        if self.policy is not None:
-            return
-        self.policy, self.tokenizer = load_policy(
-            self.hparams.model,
-            precision=self.lm_settings.precision,
-            lora=self.lora_settings,
-            compute_dtype=self.lm_settings.compute_dtype,
-            gradient_checkpointing=self.lm_settings.gradient_checkpointing,
-            adapter_path=self.hparams.adapter_path,
-            device=self.device,
-        )
-        self.reader = self.reader_settings.build(self.policy, self.tokenizer)
-        self.content_judge = self.reward_settings.build_content_judge(self.reader)
-
-    def configure_optimizers(self):
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        max_steps = self.trainer.max_steps if self.trainer is not None and self.trainer.max_steps > 0 else 0
-        optimizer, scheduler = build_optimizer(params, self.optimizer_settings, max_steps)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        if self.load_policy():
+            self.reader = self.reader_settings.build(self.policy, self.tokenizer)
+            self.content_judge = self.reward_settings.build_content_judge(self.reader)
 
     # ---------------------------------------------------- checkpoint content
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -134,8 +105,7 @@ class GRPOModule(LightningModule):
         Lightning calls this on every rank and writes rank 0's dictionary, so under data
         parallelism the ranks' buffers are gathered first (a collective: every rank takes part).
         """
-        trainable = {f"policy.{name}" for name, p in self.policy.named_parameters() if p.requires_grad}
-        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+        super().on_save_checkpoint(checkpoint)
         mine = [batch.state_dict() for batch in self.experience]
         world = self.trainer.world_size if self._trainer is not None else 1
         if world > 1:
@@ -235,16 +205,9 @@ class GRPOModule(LightningModule):
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
         n = len(batch)
-        device = self.device
-        tokens = torch.tensor(float(batch.response_tokens), device=device)
-        if self.trainer.world_size > 1:  # token-mean over all ranks: DDP averages gradients, so scale by world
-            tokens = self.trainer.strategy.reduce(tokens, reduce_op="mean")
-        normaliser = max(tokens.item(), 1.0)
-        seq_normaliser = float(n)
-        if self.trainer.world_size > 1:
-            seq_normaliser = self.trainer.strategy.reduce(
-                torch.tensor(seq_normaliser, device=device), reduce_op="mean"
-            ).item()
+        # means over all ranks: DDP averages gradients, so the global token mean needs the mean count
+        normaliser = max(self.mean_over_ranks(float(batch.response_tokens)), 1.0)
+        seq_normaliser = self.mean_over_ranks(float(n))
         optimizer.zero_grad(set_to_none=True)
         metrics, finite = accumulate_grpo_gradients(
             self.policy,
@@ -259,16 +222,7 @@ class GRPOModule(LightningModule):
             backward=self.manual_backward,
             grad_scale=float(self.trainer.scaler.get_scale()) if self.trainer.scaler is not None else 1.0,
         )
-        if self.trainer.world_size > 1:  # every rank must agree to skip, or DDP ranks diverge
-            flag = torch.tensor(float(finite), device=device)
-            finite = self.trainer.strategy.reduce(flag, reduce_op="min").item() > 0.5
-        grad_norm = optimizer_step(
-            optimizer,
-            (p for p in self.policy.parameters() if p.requires_grad),
-            finite=finite,
-            grad_clip=self.optimizer_settings.grad_clip,
-            scheduler=scheduler,
-        )
+        grad_norm, finite = self.finish_step(optimizer, scheduler, finite)
         train_s = time.perf_counter() - start
 
         logged = {f"train/{key}": value for key, value in metrics.items() if key != "tokens"}
@@ -295,12 +249,6 @@ class GRPOModule(LightningModule):
             experiment = getattr(logger, "experiment", None)
             if hasattr(experiment, "add_text"):
                 experiment.add_text(tag, text, global_step=self.global_step)
-
-    def on_train_end(self) -> None:
-        target = self.hparams.export_adapter_dir or os.path.join(self.trainer.log_dir or ".", "adapter")
-        if self.global_rank == 0:
-            export_adapter(self.policy, self.tokenizer, target)
-            rank_zero_info(f"memalpha: adapter saved to {target}")
 
     # ------------------------------------------------------------- validation
     def on_validation_epoch_start(self) -> None:

@@ -8,29 +8,20 @@ PEFT folder that ``memalpha fit --model.adapter_path`` starts from.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import rank_zero_info
 
 from memalpha.grpo.settings import OptimizerSettings
-from memalpha.grpo.update import build_optimizer, optimizer_step
-from memalpha.lm.adapters import export_adapter
 from memalpha.lm.embedded import EMBEDDED_MODEL_NAME
-from memalpha.lm.policy import LMSettings, LoraSettings, load_policy
+from memalpha.lm.policy import LMSettings, LoraSettings
 from memalpha.lm.sft import accumulate_sft_gradients, sft_eval
 from memalpha.train.demo_datamodule import TokenizedDemo
+from memalpha.train.policy_module import PolicyModule
 
 
-def _typed(cls, value):
-    return cls(**value) if isinstance(value, dict) else value
-
-
-class SFTModule(LightningModule):
+class SFTModule(PolicyModule):
     """The memory-agent policy trained on demonstrations with token cross-entropy.
 
     Args:
@@ -59,39 +50,14 @@ class SFTModule(LightningModule):
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         self.save_hyperparameters()
-        self.automatic_optimization = False
-        self.strict_loading = False  # checkpoints hold the adapter only
-        self.lm_settings: LMSettings = _typed(LMSettings, lm)
-        self.lora_settings: LoraSettings = _typed(LoraSettings, lora)
-        self.optimizer_settings: OptimizerSettings = _typed(OptimizerSettings, optimizer)
-        self.policy = None
-        self.tokenizer = None
+        self._init_policy(lm, lora, optimizer)
         self._val_sums = [0.0, 0.0, 0.0]
         self._step_start = time.perf_counter()
 
     def configure_model(self) -> None:
-        if self.policy is not None:
-            return
-        torch.manual_seed(self.hparams.seed)
-        self.policy, self.tokenizer = load_policy(
-            self.hparams.model,
-            precision=self.lm_settings.precision,
-            lora=self.lora_settings,
-            compute_dtype=self.lm_settings.compute_dtype,
-            gradient_checkpointing=self.lm_settings.gradient_checkpointing,
-            adapter_path=self.hparams.adapter_path,
-            device=self.device,
-        )
-
-    def configure_optimizers(self):
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        max_steps = self.trainer.max_steps if self.trainer is not None and self.trainer.max_steps > 0 else 0
-        optimizer, scheduler = build_optimizer(params, self.optimizer_settings, max_steps)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        trainable = {f"policy.{name}" for name, p in self.policy.named_parameters() if p.requires_grad}
-        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+        if self.policy is None:
+            torch.manual_seed(self.hparams.seed)
+            self.load_policy()
 
     def training_step(self, dataloader_iter: Iterator) -> None:
         """One optimiser step on the next batch, fetched here so the stream's saved position never runs ahead
@@ -101,30 +67,19 @@ class SFTModule(LightningModule):
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         prompts = [demo.prompt_ids for demo in batch]
         responses = [demo.response_ids for demo in batch]
-        tokens = torch.tensor(float(sum(len(r) for r in responses)), device=self.device)
-        if self.trainer.world_size > 1:  # a token mean over all ranks: DDP averages gradients
-            tokens = self.trainer.strategy.reduce(tokens, reduce_op="mean")
+        tokens = self.mean_over_ranks(float(sum(len(r) for r in responses)))  # DDP averages gradients
         optimizer.zero_grad(set_to_none=True)
         metrics, finite = accumulate_sft_gradients(
             self.policy,
             prompts,
             responses,
             micro_batch_size=self.hparams.micro_batch_size,
-            token_normaliser=max(tokens.item(), 1.0),
+            token_normaliser=max(tokens, 1.0),
             pad_id=self.tokenizer.pad_token_id,
             backward=self.manual_backward,
             share_prefix=self.lm_settings.share_prefix,
         )
-        if self.trainer.world_size > 1:
-            flag = torch.tensor(float(finite), device=self.device)
-            finite = self.trainer.strategy.reduce(flag, reduce_op="min").item() > 0.5
-        grad_norm = optimizer_step(
-            optimizer,
-            (p for p in self.policy.parameters() if p.requires_grad),
-            finite=finite,
-            grad_clip=self.optimizer_settings.grad_clip,
-            scheduler=scheduler,
-        )
+        grad_norm, finite = self.finish_step(optimizer, scheduler, finite)
         train_s = time.perf_counter() - start
         now = time.perf_counter()
         self.log_dict(
@@ -168,9 +123,3 @@ class SFTModule(LightningModule):
             self.log_dict(
                 {"val/loss": nll / tokens, "val/token_accuracy": hits / tokens}, rank_zero_only=True, batch_size=1
             )
-
-    def on_train_end(self) -> None:
-        target = self.hparams.export_adapter_dir or os.path.join(self.trainer.log_dir or ".", "adapter")
-        if self.global_rank == 0:
-            export_adapter(self.policy, self.tokenizer, target)
-            rank_zero_info(f"memalpha: adapter saved to {target}")
