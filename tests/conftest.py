@@ -60,6 +60,16 @@ def build_tiny_model_dir(
     return str(path)
 
 
+def randomise_lora_b(model, std: float) -> None:
+    """Draw every LoRA B matrix from N(0, std), so the adapter changes the model (fresh B is zero)."""
+    import torch
+
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, std)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer):
     """Folder of a tiny random causal LM sharing the embedded tokenizer."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import randomise_lora_b
 from numerics import VALUE_REL, assert_close, assert_same_gradients
 from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
@@ -36,10 +37,7 @@ def policy(tiny_model_dir):
     """Tiny LoRA policy whose adapters are nonzero, so the adapter path is really exercised."""
     torch.manual_seed(0)
     model, tokenizer = load_policy(tiny_model_dir, lora=LoraSettings(r=4, alpha=8))
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0.0, 0.2)
+    randomise_lora_b(model, 0.2)
     model.eval()
     return model, tokenizer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import build_tiny_model_dir
+from conftest import build_tiny_model_dir, randomise_lora_b
 from numerics import VALUE_REL, assert_close, assert_same_gradients, relative_difference
 
 from memalpha.grpo.batch import GRPOBatch
@@ -79,10 +79,7 @@ def policy(peaked_model_dir):
     torch.manual_seed(0)
     model, tokenizer = load_policy(peaked_model_dir, lora=LoraSettings(r=4, alpha=8))
     model.to(torch.float64)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0.0, 0.2)
+    randomise_lora_b(model, 0.2)
     return model, tokenizer
 
 
@@ -140,10 +137,7 @@ def test_gradient_checkpointing_takes_the_plain_path(tiny_model_dir):
     model.eval()
     assert cache_is_kept(decoder)
     model.train()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0.0, 0.2)
+    randomise_lora_b(model, 0.2)
     # PROMPTS repeats prompts within a micro-batch: sharing them would need a cache too
     checkpointed = _adapter_gradients(model, share_prefix=True)
     plain = _adapter_gradients(model, share_prefix=False)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import randomise_lora_b
 from numerics import GRADIENT_REL, assert_close, assert_same_gradients
 
 from memalpha.agent.demos import oracle_demonstrations
@@ -58,10 +59,7 @@ def test_sft_loss_and_gradients_equal_the_naive_masked_cross_entropy(tiny_model_
     torch.manual_seed(0)
     model, _ = load_policy(tiny_model_dir, lora=LoraSettings(r=4, alpha=8))
     model.to(torch.float64)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0.0, 0.2)
+    randomise_lora_b(model, 0.2)
 
     def grads(fn):
         model.zero_grad(set_to_none=True)

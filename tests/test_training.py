@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import randomise_lora_b
 
 from memalpha.cli import main
 
@@ -199,10 +200,7 @@ def nonzero_adapter(tmp_path: Path, model_dir: str) -> Path:
 
     policy, _ = load_policy(model_dir, lora=LoraSettings(r=8, alpha=16))
     torch.manual_seed(1)
-    with torch.no_grad():
-        for name, param in policy.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0.0, 0.5)
+    randomise_lora_b(policy, 0.5)
     out = tmp_path / "start-adapter"
     policy.save_pretrained(out)
     return out

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from memalpha.agent.prompts import content_judge_prompt
-from memalpha.agent.scoring import METRICS, strip_thinking
+from memalpha.agent.scoring import check_metric_overrides, strip_thinking
 from memalpha.tools.executor import SUCCESS_STATUSES
 from memalpha.tools.schemas import DELETE, INSERT, UPDATE
 
@@ -68,9 +68,7 @@ class RewardSettings:
         if self.beta < 0 or self.gamma < 0:
             raise ValueError(f"reward.beta and reward.gamma must be >= 0, got {self.beta}, {self.gamma}")
         if self.metric_overrides:
-            unknown = {source: name for source, name in self.metric_overrides.items() if name not in METRICS}
-            if unknown:
-                raise ValueError(f"reward.metric_overrides names unknown metrics {unknown}; known: {sorted(METRICS)}")
+            check_metric_overrides(self.metric_overrides, "reward.metric_overrides")
 
     def build_content_judge(self, reader: Reader) -> ContentJudge:
         """The r4 judge: the rule checks, or ``reader`` asked for a validity judgement per call."""

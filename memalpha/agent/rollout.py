@@ -22,6 +22,7 @@ from memalpha.agent.prompts import PROMPT_PROFILES, memorise_messages
 from memalpha.agent.rewards import ContentJudge, RewardSettings, TurnCalls, rollout_rewards
 from memalpha.agent.scoring import score_answers
 from memalpha.data.schema import Instance
+from memalpha.lm.chat import chat_prompt_ids
 from memalpha.lm.generation import generate
 from memalpha.memory.render import render_memorise
 from memalpha.memory.store import Memory
@@ -171,14 +172,6 @@ def turn_prompt(
                 f"max_prompt_tokens={settings.max_prompt_tokens}; raise the budget or use smaller chunks"
             )
         k //= 2
-
-
-def chat_prompt_ids(tokenizer, messages: list[dict[str, str]], chat_template_kwargs: dict[str, Any]) -> list[int]:
-    """``messages`` through the chat template with the generation prompt, as token ids."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **chat_template_kwargs)
-    if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
-        ids = ids["input_ids"]
-    return list(ids)
 
 
 @dataclass

@@ -241,6 +241,13 @@ def _lookup(source: str, table: dict[str, str]) -> str | None:
     return None
 
 
+def check_metric_overrides(overrides: dict[str, str], option: str = "metric overrides") -> None:
+    """Raise ValueError naming ``option`` when an override names a metric that does not exist."""
+    unknown = sorted(set(overrides.values()) - set(METRICS))
+    if unknown:
+        raise ValueError(f"{option} name unknown metrics {unknown}; known: {sorted(METRICS)}")
+
+
 def metric_for_source(data_source: str, overrides: dict[str, str] | None = None) -> str:
     """The metric name for ``data_source``: overrides first, then :data:`SOURCE_METRICS`.
 
@@ -248,11 +255,7 @@ def metric_for_source(data_source: str, overrides: dict[str, str] | None = None)
     to ``substring`` with one warning per source and process.
     """
     if overrides:
-        unknown = sorted(set(overrides.values()) - set(METRICS))
-        if unknown:
-            raise ValueError(
-                f"metric overrides name unknown metrics {unknown}; known: {sorted(METRICS)}"
-            )
+        check_metric_overrides(overrides)
         found = _lookup(data_source, overrides)
         if found is not None:
             return found

@@ -31,6 +31,7 @@ from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import accumulate_grpo_gradients, build_optimizer, optimizer_step
 from memalpha.lm.adapters import export_adapter
+from memalpha.lm.chat import chat_prompt_ids
 from memalpha.lm.generation import generate
 from memalpha.lm.logprobs import response_logprobs
 from memalpha.lm.policy import LMSettings, LoraSettings, load_policy
@@ -95,8 +96,7 @@ class SingleTurnResult:
 
 def _prompt_ids(tokenizer, prompt: str | list[dict[str, str]], chat_kwargs: dict[str, Any]) -> list[int]:
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **chat_kwargs)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return chat_prompt_ids(tokenizer, messages, chat_kwargs)
 
 
 def train_single_turn(

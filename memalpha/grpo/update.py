@@ -19,14 +19,9 @@ import torch
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.loss import policy_loss
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
+from memalpha.lm.layout import response_mask
 from memalpha.lm.logprobs import token_logprobs
 from memalpha.lm.prefix_cache import prompt_order, shared_prefix, split_decoder_and_head
-
-
-def response_mask(responses: list[list[int]], width: int, device, dtype=torch.float32) -> torch.Tensor:
-    """``[B, width]``: 1 on each response's tokens, 0 on padding."""
-    lengths = torch.tensor([len(r) for r in responses], device=device)
-    return (torch.arange(width, device=device)[None, :] < lengths[:, None]).to(dtype)
 
 
 def pad_rows(rows: list[torch.Tensor], width: int, device, dtype=torch.float32) -> torch.Tensor:

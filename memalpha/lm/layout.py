@@ -19,6 +19,7 @@ lets :mod:`memalpha.lm.prefix_cache` compute the shared tokens once for the whol
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -100,3 +101,12 @@ def pad_prompt_response(
             input_ids[row, prompt_width : prompt_width + len(response)] = torch.as_tensor(response, dtype=torch.long)
             response_mask[row, : len(response)] = 1
     return PaddedBatch(input_ids.to(device), attention_mask.to(device), response_mask.to(device))
+
+
+def response_mask(
+    responses: Sequence[Sequence[int]], width: int, device: str | torch.device = "cpu", dtype=torch.float32
+) -> torch.Tensor:
+    """``[B, width]``: 1 on each response's tokens, 0 on the padding after them (``response_mask`` of
+    :class:`PaddedBatch` for responses scored on their own)."""
+    lengths = torch.tensor([len(r) for r in responses], device=device)
+    return (torch.arange(width, device=device)[None, :] < lengths[:, None]).to(dtype)

@@ -227,75 +227,65 @@ def token_scores(
     elif width > 0:
         prefix = shared_prefix(decoder, prompt_ids)
     shared_len = prefix.length if prefix is not None else 0
-    rows_out: list[torch.Tensor] = []
-    entropy_out: list[torch.Tensor] = []
-    hits_out: list[torch.Tensor] = []
+    kinds = ["logprobs"] + ["entropy"] * with_entropy + ["hits"] * with_accuracy
+    out: dict[str, list[torch.Tensor]] = {kind: [torch.zeros(0, width, device=device, dtype=dtype)] for kind in kinds}
     for start in range(0, len(prompt_ids), micro_batch_size):
         prompts = prompt_ids[start : start + micro_batch_size]
         responses = response_ids[start : start + micro_batch_size]
         batch = pad_prompt_response(prompts, responses, pad_id, device, shared_prefix=shared_len)
         local_width = batch.response_mask.shape[1]
-        logprob = torch.zeros(len(prompts), local_width, device=device, dtype=dtype)
-        entropy = torch.zeros(len(prompts), local_width, device=device, dtype=dtype)
-        hits = torch.zeros(len(prompts), local_width, device=device, dtype=dtype)
-        if local_width > 0:
-            cache = prompt_cache(decoder, batch, prompts, prefix) if share_prefix else None
-            if cache is not None:  # every prompt column but the last is cached
-                first_column = batch.prompt_width - 1
-                hidden = extend_cache(decoder, cache, batch, first_column, batch.input_ids.shape[1])
-                del cache
+        if local_width == 0:
+            for kind in kinds:
+                out[kind].append(torch.zeros(len(prompts), width, device=device, dtype=dtype))
+            continue
+        cache = prompt_cache(decoder, batch, prompts, prefix) if share_prefix else None
+        if cache is not None:  # every prompt column but the last is cached
+            first_column = batch.prompt_width - 1
+            hidden = extend_cache(decoder, cache, batch, first_column, batch.input_ids.shape[1])
+            del cache
+        else:
+            first_column = 0
+            hidden = decoder(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids,
+                use_cache=False,
+            ).last_hidden_state
+        # hidden at column t predicts the token at column t + 1 (hidden starts at first_column)
+        first = batch.prompt_width - 1 - first_column
+        predicting = hidden[:, first : first + local_width]
+        mask = batch.response_mask.bool()
+        rows = predicting[mask]
+        targets = batch.input_ids[:, batch.prompt_width :][mask]
+        found: dict[str, list[torch.Tensor]] = {kind: [] for kind in kinds}
+        for r0 in range(0, rows.shape[0], token_chunk):
+            h, y = rows[r0 : r0 + token_chunk], targets[r0 : r0 + token_chunk]
+            if grad:
+                value, ent, hit = checkpoint(
+                    _rows_logprob_grad, h, y, head, config, temperature, vocab_chunk, with_entropy, with_accuracy,
+                    use_reentrant=False,
+                )
+                if (with_entropy and ent is None) or (with_accuracy and hit is None):  # chunked vocabulary
+                    with torch.no_grad():
+                        _, ent, hit = _rows_logprob_nograd(
+                            h.detach(), y, head, config, temperature, vocab_chunk, with_entropy, with_accuracy
+                        )
             else:
-                first_column = 0
-                hidden = decoder(
-                    input_ids=batch.input_ids,
-                    attention_mask=batch.attention_mask,
-                    position_ids=batch.position_ids,
-                    use_cache=False,
-                ).last_hidden_state
-            # hidden at column t predicts the token at column t + 1 (hidden starts at first_column)
-            first = batch.prompt_width - 1 - first_column
-            predicting = hidden[:, first : first + local_width]
-            mask = batch.response_mask.bool()
-            rows = predicting[mask]
-            targets = batch.input_ids[:, batch.prompt_width :][mask]
-            values, entropies, hit_rows = [], [], []
-            for r0 in range(0, rows.shape[0], token_chunk):
-                h, y = rows[r0 : r0 + token_chunk], targets[r0 : r0 + token_chunk]
-                if grad:
-                    value, ent, hit = checkpoint(
-                        _rows_logprob_grad, h, y, head, config, temperature, vocab_chunk, with_entropy, with_accuracy,
-                        use_reentrant=False,
-                    )
-                    if (with_entropy and ent is None) or (with_accuracy and hit is None):  # chunked vocabulary
-                        with torch.no_grad():
-                            _, ent, hit = _rows_logprob_nograd(
-                                h.detach(), y, head, config, temperature, vocab_chunk, with_entropy, with_accuracy
-                            )
-                else:
-                    value, ent, hit = _rows_logprob_nograd(
-                        h, y, head, config, temperature, vocab_chunk, with_entropy, with_accuracy
-                    )
-                values.append(value)
-                if with_entropy:
-                    entropies.append(ent)
-                if with_accuracy:
-                    hit_rows.append(hit)
-            logprob = logprob.masked_scatter(mask, torch.cat(values))
-            if with_entropy:
-                entropy = entropy.masked_scatter(mask, torch.cat(entropies))
-            if with_accuracy:
-                hits = hits.masked_scatter(mask, torch.cat(hit_rows))
-            del hidden, predicting, rows
-        rows_out.append(torch.nn.functional.pad(logprob, (0, width - local_width)))
-        entropy_out.append(torch.nn.functional.pad(entropy, (0, width - local_width)))
-        hits_out.append(torch.nn.functional.pad(hits, (0, width - local_width)))
-    if not rows_out:
-        empty = torch.zeros(0, width, device=device, dtype=dtype)
-        rows_out, entropy_out, hits_out = [empty], [empty.clone()], [empty.clone()]
+                value, ent, hit = _rows_logprob_nograd(
+                    h, y, head, config, temperature, vocab_chunk, with_entropy, with_accuracy
+                )
+            for kind, piece in (("logprobs", value), ("entropy", ent), ("hits", hit)):
+                if kind in found:
+                    found[kind].append(piece)
+        placed = torch.nn.functional.pad(mask, (0, width - local_width))  # the response tokens in [B, width]
+        for kind in kinds:
+            columns = torch.zeros(len(prompts), width, device=device, dtype=dtype)
+            out[kind].append(columns.masked_scatter(placed, torch.cat(found[kind])))
+        del hidden, predicting, rows
     return TokenScores(
-        torch.cat(rows_out),
-        torch.cat(entropy_out) if with_entropy else None,
-        torch.cat(hits_out) if with_accuracy else None,
+        torch.cat(out["logprobs"]),
+        torch.cat(out["entropy"]) if with_entropy else None,
+        torch.cat(out["hits"]) if with_accuracy else None,
     )
 
 

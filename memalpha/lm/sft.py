@@ -8,30 +8,26 @@ of a micro-batch share runs through the decoder once per micro-batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 
+from memalpha.lm.layout import response_mask
 from memalpha.lm.logprobs import token_scores
 
 
-def masked_nll(logprobs: torch.Tensor, response_mask: torch.Tensor, normaliser: float) -> torch.Tensor:
+def masked_nll(logprobs: torch.Tensor, mask: torch.Tensor, normaliser: float) -> torch.Tensor:
     """``-sum(logprobs over response tokens) / normaliser``; positions outside the mask never count.
 
     Args:
         logprobs: ``[B, R]`` log-probs of the response tokens (with grad).
-        response_mask: ``[B, R]``, nonzero on real response tokens.
+        mask: ``[B, R]``, nonzero on real response tokens.
         normaliser: the step's total number of response tokens (so micro-batch losses add up to
             the step's token mean).
     """
     if normaliser <= 0:
         raise ValueError(f"normaliser must be > 0, got {normaliser}")
-    return -torch.where(response_mask.bool(), logprobs, 0.0).sum() / normaliser
-
-
-def _mask(responses: Sequence[Sequence[int]], width: int, device) -> torch.Tensor:
-    lengths = torch.tensor([len(r) for r in responses], device=device)
-    return torch.arange(width, device=device)[None, :] < lengths[:, None]
+    return -torch.where(mask.bool(), logprobs, 0.0).sum() / normaliser
 
 
 def accumulate_sft_gradients(
@@ -62,7 +58,7 @@ def accumulate_sft_gradients(
             policy, prompts, responses, micro_batch_size=micro_batch_size, pad_id=pad_id,
             with_accuracy=True, share_prefix=share_prefix,
         )
-        mask = _mask(responses, scores.logprobs.shape[1], scores.logprobs.device)
+        mask = response_mask(responses, scores.logprobs.shape[1], scores.logprobs.device, torch.bool)
         loss = masked_nll(scores.logprobs, mask, token_normaliser)
         finite = finite and bool(torch.isfinite(loss.detach()))
         backward(loss)
@@ -83,6 +79,6 @@ def sft_eval(policy, prompt_ids: list[list[int]], response_ids: list[list[int]],
         )
     finally:
         policy.train(was_training)
-    mask = _mask(response_ids, scores.logprobs.shape[1], scores.logprobs.device)
+    mask = response_mask(response_ids, scores.logprobs.shape[1], scores.logprobs.device, torch.bool)
     nll = float(-torch.where(mask, scores.logprobs, 0.0).sum())
     return nll, float(torch.where(mask, scores.argmax_hits, 0.0).sum()), float(mask.sum())

@@ -10,18 +10,39 @@ resumed run continues on exactly the instances it would have seen.
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterator
+import inspect
+from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
 from memalpha.data.loaders import load_instances
 from memalpha.data.schema import Instance
 from memalpha.data.synthetic import generate_synthetic
+from memalpha.train.stream import PassCursor, as_is, endless_loader, pass_order
 
 SYNTHETIC_FAMILIES = ("synth_personal", "synth_timeline", "synth_icl", "synth_summary")
+
+
+SYNTHETIC_OPTIONS = {
+    "synthetic_chunks": "num_chunks",
+    "synthetic_facts_per_chunk": "facts_per_chunk",
+    "synthetic_distractors_per_chunk": "distractors_per_chunk",
+    "synthetic_questions": "questions_per_instance",
+    "synthetic_chunk_words": "chunk_words",
+    "synthetic_families": "families",
+}
+"""RolloutDataModule's ``synthetic_*`` settings and the :func:`generate_synthetic` argument each sets."""
+
+
+def synthetic_options(data: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`generate_synthetic` keyword arguments from a ``data`` section (the DataModule's own
+    defaults for the settings it does not name)."""
+    defaults = inspect.signature(RolloutDataModule).parameters
+    options = {target: data.get(key, defaults[key].default) for key, target in SYNTHETIC_OPTIONS.items()}
+    options["families"] = tuple(options["families"])
+    return options
 
 
 class InstanceRound(NamedTuple):
@@ -29,19 +50,6 @@ class InstanceRound(NamedTuple):
 
     index: int
     instances: list[Instance]
-
-
-def _as_is(item):
-    return item
-
-
-class _RoundStream(IterableDataset):
-    def __init__(self, datamodule: RolloutDataModule) -> None:
-        self.datamodule = datamodule
-
-    def __iter__(self) -> Iterator[InstanceRound]:
-        while True:
-            yield self.datamodule.next_round()
 
 
 class RolloutDataModule(LightningDataModule):
@@ -103,8 +111,7 @@ class RolloutDataModule(LightningDataModule):
         self.save_hyperparameters()
         self.train_instances: list[Instance] = []
         self.val_instances: list[Instance] = []
-        self._epoch = 0
-        self._cursor = 0
+        self._position = PassCursor()
         self._round = 0
         self.seen_instance_ids: list[str] = []  # this process's rollout instances, in order (for audits)
 
@@ -130,18 +137,7 @@ class RolloutDataModule(LightningDataModule):
         )
 
     def _synthetic(self, split: str, count: int) -> list[Instance]:
-        hp = self.hparams
-        return generate_synthetic(
-            count,
-            split=split,
-            seed=hp.seed,
-            num_chunks=hp.synthetic_chunks,
-            facts_per_chunk=hp.synthetic_facts_per_chunk,
-            distractors_per_chunk=hp.synthetic_distractors_per_chunk,
-            questions_per_instance=hp.synthetic_questions,
-            chunk_words=hp.synthetic_chunk_words,
-            families=tuple(hp.synthetic_families),
-        )
+        return generate_synthetic(count, split=split, seed=self.hparams.seed, **synthetic_options(self.hparams))
 
     def setup(self, stage: str) -> None:
         hp = self.hparams
@@ -168,9 +164,7 @@ class RolloutDataModule(LightningDataModule):
 
     def shard_order(self, epoch: int) -> list[int]:
         """This rank's instance indices for one pass: a seeded shuffle shared by all ranks, then strided."""
-        order = list(range(len(self.train_instances)))
-        if self.hparams.shuffle:
-            random.Random(self.hparams.seed * 1_000_003 + epoch).shuffle(order)
+        order = pass_order(len(self.train_instances), self.hparams.seed, epoch, self.hparams.shuffle)
         rank, world = self._rank_and_world()
         usable = len(order) - len(order) % world if len(order) >= world else len(order)
         shard = order[:usable][rank::world]
@@ -180,14 +174,8 @@ class RolloutDataModule(LightningDataModule):
 
     def next_instances(self) -> list[Instance]:
         """The next ``instances_per_step`` instances of this rank's shard, wrapping into a new pass."""
-        picked: list[Instance] = []
-        while len(picked) < self.hparams.instances_per_step:
-            shard = self.shard_order(self._epoch)
-            if self._cursor >= len(shard):
-                self._epoch, self._cursor = self._epoch + 1, 0
-                continue
-            picked.append(self.train_instances[shard[self._cursor]])
-            self._cursor += 1
+        indices = self._position.take(self.hparams.instances_per_step, self.shard_order)
+        picked = [self.train_instances[index] for index in indices]
         self.seen_instance_ids.extend(inst.instance_id for inst in picked)
         return picked
 
@@ -198,11 +186,11 @@ class RolloutDataModule(LightningDataModule):
         return InstanceRound(self._round - 1, instances)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(_RoundStream(self), batch_size=None, collate_fn=_as_is, num_workers=0)
+        return endless_loader(self.next_round)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(
-            self.val_instances, batch_size=self.hparams.val_batch_size, collate_fn=_as_is, num_workers=0
+            self.val_instances, batch_size=self.hparams.val_batch_size, collate_fn=as_is, num_workers=0
         )
 
     # ----------------------------------------------------------- checkpoint
@@ -212,9 +200,8 @@ class RolloutDataModule(LightningDataModule):
         Every rank holds the same position (equal shards, equal rounds), so rank 0's copy in the
         checkpoint serves all ranks.
         """
-        return {"epoch": self._epoch, "cursor": self._cursor, "round": self._round}
+        return {"epoch": self._position.epoch, "cursor": self._position.cursor, "round": self._round}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._epoch = state_dict["epoch"]
-        self._cursor = state_dict["cursor"]
+        self._position = PassCursor(state_dict["epoch"], state_dict["cursor"])
         self._round = state_dict["round"]

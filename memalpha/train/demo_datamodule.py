@@ -10,16 +10,16 @@ interrupted one would have.
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
 from memalpha.data.demos import Demonstration, load_demonstrations
+from memalpha.lm.chat import chat_prompt_ids
 from memalpha.lm.embedded import load_tokenizer
+from memalpha.train.stream import PassCursor, as_is, endless_loader, pass_order
 
 
 @dataclass
@@ -32,27 +32,11 @@ class TokenizedDemo:
 
 def tokenize_demonstration(tokenizer, demo: Demonstration, chat_template_kwargs: dict[str, Any]) -> TokenizedDemo:
     """The prompt as a rollout would template it, and the reply's tokens plus the end-of-turn token."""
-    ids = tokenizer.apply_chat_template(
-        demo.messages, add_generation_prompt=True, tokenize=True, **chat_template_kwargs
-    )
-    prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    prompt = chat_prompt_ids(tokenizer, demo.messages, chat_template_kwargs)
     response = list(tokenizer(demo.response, add_special_tokens=False)["input_ids"])
     if tokenizer.eos_token_id is not None:
         response.append(tokenizer.eos_token_id)
     return TokenizedDemo(prompt, response)
-
-
-def _as_is(item):
-    return item
-
-
-class _DemoStream(IterableDataset):
-    def __init__(self, datamodule: DemoDataModule) -> None:
-        self.datamodule = datamodule
-
-    def __iter__(self) -> Iterator[list[TokenizedDemo]]:
-        while True:
-            yield self.datamodule.next_batch()
 
 
 class DemoDataModule(LightningDataModule):
@@ -95,8 +79,7 @@ class DemoDataModule(LightningDataModule):
         self.save_hyperparameters()
         self.train_demos: list[TokenizedDemo] = []
         self.val_demos: list[TokenizedDemo] = []
-        self._epoch = 0
-        self._cursor = 0
+        self._position = PassCursor()
 
     def _load(self, path: str, limit: int | None) -> list[TokenizedDemo]:
         hp = self.hparams
@@ -123,33 +106,22 @@ class DemoDataModule(LightningDataModule):
         if stage in ("fit", "validate") and not self.val_demos and hp.val_path is not None:
             self.val_demos = self._load(hp.val_path, hp.val_limit)
 
-    def _order(self, epoch: int) -> list[int]:
-        order = list(range(len(self.train_demos)))
-        if self.hparams.shuffle:
-            random.Random(self.hparams.seed * 1_000_003 + epoch).shuffle(order)
-        return order
-
     def next_batch(self) -> list[TokenizedDemo]:
         """The next ``batch_size`` demonstrations, wrapping into a new (reshuffled) pass."""
-        picked: list[TokenizedDemo] = []
-        while len(picked) < self.hparams.batch_size:
-            order = self._order(self._epoch)
-            if self._cursor >= len(order):
-                self._epoch, self._cursor = self._epoch + 1, 0
-                continue
-            picked.append(self.train_demos[order[self._cursor]])
-            self._cursor += 1
-        return picked
+        hp = self.hparams
+        indices = self._position.take(
+            hp.batch_size, lambda epoch: pass_order(len(self.train_demos), hp.seed, epoch, hp.shuffle)
+        )
+        return [self.train_demos[index] for index in indices]
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(_DemoStream(self), batch_size=None, collate_fn=_as_is, num_workers=0)
+        return endless_loader(self.next_batch)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_demos, batch_size=self.hparams.val_batch_size, collate_fn=_as_is, num_workers=0)
+        return DataLoader(self.val_demos, batch_size=self.hparams.val_batch_size, collate_fn=as_is, num_workers=0)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self._epoch, "cursor": self._cursor}
+        return {"epoch": self._position.epoch, "cursor": self._position.cursor}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._epoch = state_dict["epoch"]
-        self._cursor = state_dict["cursor"]
+        self._position = PassCursor(state_dict["epoch"], state_dict["cursor"])

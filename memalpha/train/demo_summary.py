@@ -13,12 +13,12 @@ missing or unreadable.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from memalpha.train.validation_report import format_columns, write_json_atomically
 
 STAGES = ("base", "sft", "grpo")
 COLUMNS = ("stage", "instances", "accuracy", "tool_success", "memory_tokens", "compression", "mean_reward")
@@ -75,22 +75,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
         )
         for row in rows
     ]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def write_json(path: Path, payload: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    return format_columns(cells)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"demo summary: error: {exc}", file=sys.stderr)
         return 1
-    write_json(out, rows)
+    write_json_atomically(out, rows)
     print("\nThe same held-out validation instances before SFT, after SFT and after GRPO:\n")
     print(format_rows(rows))
     scalars = grpo_scalars(run_dir)

@@ -25,15 +25,7 @@ from memalpha.agent.rollout import RolloutSettings
 from memalpha.data.demos import save_demonstrations
 from memalpha.data.synthetic import FAMILIES, generate_synthetic
 from memalpha.lm.embedded import EMBEDDED_MODEL_NAME, load_tokenizer
-from memalpha.train.datamodule import RolloutDataModule
-
-SYNTHETIC_KEYS = {
-    "synthetic_chunks": "num_chunks",
-    "synthetic_facts_per_chunk": "facts_per_chunk",
-    "synthetic_distractors_per_chunk": "distractors_per_chunk",
-    "synthetic_questions": "questions_per_instance",
-    "synthetic_chunk_words": "chunk_words",
-}
+from memalpha.train.datamodule import synthetic_options
 
 
 def _section(config: dict[str, Any], name: str, path: Path) -> dict[str, Any]:
@@ -41,21 +33,6 @@ def _section(config: dict[str, Any], name: str, path: Path) -> dict[str, Any]:
     if not isinstance(section, dict):
         raise TypeError(f"{path}: '{name}' must be a mapping")
     return section
-
-
-def synthetic_options(data: dict[str, Any]) -> dict[str, Any]:
-    """``generate_synthetic`` keyword arguments from a config's ``data`` section (DataModule defaults otherwise)."""
-    import inspect
-
-    defaults = {
-        name: parameter.default for name, parameter in inspect.signature(RolloutDataModule).parameters.items()
-    }
-    options = {target: data.get(key, defaults[key]) for key, target in SYNTHETIC_KEYS.items()}
-    options["families"] = tuple(data.get("synthetic_families", defaults["synthetic_families"]))
-    unknown = sorted(set(options["families"]) - set(FAMILIES))
-    if unknown:
-        raise ValueError(f"data.synthetic_families: unknown families {unknown}; known: {list(FAMILIES)}")
-    return options
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,7 +43,11 @@ def run(args: argparse.Namespace) -> int:
     data = _section(config, "data", args.config)
     rollout = RolloutSettings(**(model.get("rollout") or {}))
     seed = args.seed if args.seed is not None else int(data.get("seed", 0))
-    instances = generate_synthetic(args.count, split=args.split, seed=seed, **synthetic_options(data))
+    options = synthetic_options(data)
+    unknown = sorted(set(options["families"]) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"{args.config}: data.synthetic_families: unknown families {unknown}; known: {list(FAMILIES)}")
+    instances = generate_synthetic(args.count, split=args.split, seed=seed, **options)
     tokenizer = load_tokenizer(model.get("model", EMBEDDED_MODEL_NAME))
     demos = oracle_demonstrations(instances, tokenizer, rollout, seed=seed)
     count = save_demonstrations(args.out, demos)

@@ -58,7 +58,13 @@ def format_table(summary: dict[str, Any]) -> str:
         )
         for src, s in rows
     ]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    return format_columns(cells)
+
+
+def format_columns(cells: Sequence[Sequence[str]]) -> str:
+    """A plain-text table: the first row a header underlined with dashes, the first column
+    left-aligned and the others right-aligned."""
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     lines = [
         "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
         for row in cells
@@ -69,9 +75,14 @@ def format_table(summary: dict[str, Any]) -> str:
 
 def write_validation_report(summary: dict[str, Any], records: Sequence[Any], path: str | Path) -> str:
     """Write the summary plus every question's prediction and score to ``path`` (atomically); return the table."""
+    write_json_atomically(path, {"summary": summary, "records": [asdict(r) for r in records]})
+    return format_table(summary) + f"\n(written to {path})"
+
+
+def write_json_atomically(path: str | Path, payload: Any) -> None:
+    """``payload`` as JSON at ``path`` via a temporary file and a rename: a crash leaves the old file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"summary": summary, "records": [asdict(r) for r in records]}
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -80,4 +91,3 @@ def write_validation_report(summary: dict[str, Any], records: Sequence[Any], pat
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return format_table(summary) + f"\n(written to {path})"
