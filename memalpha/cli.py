@@ -6,7 +6,8 @@
 ``memalpha sft`` is Lightning's ``fit`` over :class:`~memalpha.train.sft_module.SFTModule` and
 :class:`~memalpha.train.demo_datamodule.DemoDataModule` (the cold start from demonstrations).
 ``memalpha data ...`` holds the dataset tools (synth, inspect, convert start without importing
-Lightning; ``demos`` writes oracle demonstrations for a training config).
+Lightning; ``demos`` writes oracle demonstrations for a training config, ``distill``
+demonstrations from recorded trajectories).
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ def run(argv: list[str] | None = None):
         from memalpha.train.demos_command import main as demos_main
 
         demos_main(args[2:])
+        return None
+    if args[:2] == ["data", "distill"]:
+        from memalpha.train.distill_command import main as distill_main
+
+        distill_main(args[2:])
         return None
     if args and args[0] == "data":
         from memalpha.data.cli import main as data_main

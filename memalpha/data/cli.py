@@ -50,7 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="memalpha data",
         description="Make, inspect and convert instance files.",
-        epilog="memalpha data demos --config FIT.yaml --out FILE.jsonl writes oracle demonstrations for memalpha sft.",
+        epilog=(
+            "memalpha data demos --config FIT.yaml --out FILE.jsonl writes oracle demonstrations for memalpha sft; "
+            "memalpha data distill --config FIT.yaml --out FILE.jsonl --records REPORT.json writes them from recorded "
+            "trajectories."
+        ),
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="{synth,inspect,convert}")
 

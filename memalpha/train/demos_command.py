@@ -28,19 +28,22 @@ from memalpha.lm.embedded import EMBEDDED_MODEL_NAME, load_tokenizer
 from memalpha.train.datamodule import synthetic_options
 
 
-def _section(config: dict[str, Any], name: str, path: Path) -> dict[str, Any]:
-    section = config.get(name) or {}
-    if not isinstance(section, dict):
-        raise TypeError(f"{path}: '{name}' must be a mapping")
-    return section
+def config_sections(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``model`` and ``data`` sections of a fit config (empty where absent)."""
+    config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(config, dict):
+        raise TypeError(f"{path}: not a YAML mapping")
+    sections = []
+    for name in ("model", "data"):
+        section = config.get(name) or {}
+        if not isinstance(section, dict):
+            raise TypeError(f"{path}: '{name}' must be a mapping")
+        sections.append(section)
+    return sections[0], sections[1]
 
 
 def run(args: argparse.Namespace) -> int:
-    config = yaml.safe_load(args.config.read_text(encoding="utf-8")) or {}
-    if not isinstance(config, dict):
-        raise TypeError(f"{args.config}: not a YAML mapping")
-    model = _section(config, "model", args.config)
-    data = _section(config, "data", args.config)
+    model, data = config_sections(args.config)
     rollout = RolloutSettings(**(model.get("rollout") or {}))
     seed = args.seed if args.seed is not None else int(data.get("seed", 0))
     options = synthetic_options(data)
