@@ -131,7 +131,13 @@ def run_sft_cli(args: list[str] | None = None) -> MemAlphaCLI:
     from memalpha.train.sft_module import SFTModule
 
     args = list(sys.argv[2:] if args is None else args)
-    return SFTCLI(SFTModule, DemoDataModule, save_config_kwargs={"overwrite": True}, args=["fit", *args])
+    # The arguments go in explicitly (behind Lightning's "fit"), so Lightning must not also see
+    # "sft ..." in sys.argv: it would warn that both were given.
+    argv, sys.argv = sys.argv, sys.argv[:1]
+    try:
+        return SFTCLI(SFTModule, DemoDataModule, save_config_kwargs={"overwrite": True}, args=["fit", *args])
+    finally:
+        sys.argv = argv
 
 
 class SFTCLI(MemAlphaCLI):
