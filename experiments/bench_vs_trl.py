@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +68,10 @@ from _common import (
 )
 
 SIDES = ("memalpha", "trl")
+JOBS = ("validity", "memory")
 RESULT_MARKER = "BENCH_VS_TRL_RESULT "
 DEFAULT_OUT = RESULTS_DIR / "bench_vs_trl.json"
+PARITY_OUT = RESULTS_DIR / "bench_vs_trl_parity.json"
 MIB = 2**20
 
 
@@ -95,6 +97,12 @@ class BenchSettings:
         lora_alpha: LoRA alpha.
         seed: seed of prompts, sampling and adapter init.
         threads: torch intra-op threads in each run (0: torch's default).
+        job: ``validity`` (the reward is tool-call validity; full prompts, the synthetic default
+            shape) or ``memory`` (validity plus the share of the chunk's facts the reply stores;
+            the compact prompts and synthetic shape of ``configs/tiny_cpu.yaml``, the job its
+            SFT adapter was trained for).
+        adapter_path: start both sides from this PEFT adapter (a ``memalpha sft`` export) instead
+            of a fresh one; ``lora_r`` and ``lora_alpha`` are then ignored.
     """
 
     model: str = "smollm2-135m-instruct"
@@ -111,6 +119,8 @@ class BenchSettings:
     lora_alpha: int = 32
     seed: int = 0
     threads: int = 0
+    job: str = "validity"
+    adapter_path: str = ""
 
     def batch_size(self) -> int:
         """Completions per optimiser step."""
@@ -133,6 +143,15 @@ class BenchSettings:
             raise ValueError("num_prompts and threads must be >= 0")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.job not in JOBS:
+            raise ValueError(f"job must be one of {JOBS}, got {self.job!r}")
+        if self.adapter_path and not (Path(self.adapter_path) / "adapter_config.json").is_file():
+            raise ValueError(f"adapter_path {self.adapter_path!r} is not a PEFT adapter folder (no adapter_config.json)")
+        if self.adapter_path and self.kl_coef > 0:
+            raise ValueError(
+                "from an adapter the two sides' KL references differ (TRL copies the starting adapter as its "
+                "reference, memalpha uses the base model): run the comparison with --kl-coef 0"
+            )
 
 
 # ----------------------------------------------------------------------------- the job
@@ -140,6 +159,18 @@ class BenchSettings:
 
 def build_prompts(count: int, seed: int, response_token_limit: int | None = None) -> list[list[dict[str, str]]]:
     """``count`` memorising prompts (``[system, user]`` messages), one synthetic chunk each, empty memory."""
+    return [messages for messages, _ in build_job(count, seed, response_token_limit, "validity")]
+
+
+# configs/tiny_cpu.yaml's synthetic shape and prompt profile: the memory job's SFT adapter knows them
+MEMORY_JOB_SYNTHETIC = {
+    "num_chunks": 2, "facts_per_chunk": 2, "distractors_per_chunk": 0, "questions_per_instance": 2,
+    "chunk_words": 60, "families": ("synth_personal", "synth_timeline"),
+}
+
+
+def build_job(count: int, seed: int, response_token_limit: int | None, job: str) -> list[tuple[list[dict[str, str]], list[str]]]:
+    """``count`` prompts of ``job`` with the facts each prompt's chunk tells (empty for ``validity``)."""
     from memalpha.agent.prompts import memorise_messages
     from memalpha.data.synthetic import generate_synthetic
     from memalpha.memory.render import render_memorise
@@ -148,22 +179,63 @@ def build_prompts(count: int, seed: int, response_token_limit: int | None = None
 
     call_format = get_call_format("hermes")
     view = render_memorise(Memory())
-    instances = generate_synthetic(count, split="train", seed=seed)
-    return [memorise_messages(view, inst.chunks[0], call_format, response_token_limit) for inst in instances]
+    if job == "validity":
+        instances = generate_synthetic(count, split="train", seed=seed)
+        return [(memorise_messages(view, inst.chunks[0], call_format, response_token_limit), []) for inst in instances]
+    instances = generate_synthetic(count, split="train", seed=seed, **MEMORY_JOB_SYNTHETIC)
+    return [
+        (
+            memorise_messages(view, inst.chunks[0], call_format, response_token_limit, profile="compact"),
+            [note["fact"] for note in inst.metadata["notes"][0]],
+        )
+        for inst in instances
+    ]
 
 
 def tool_call_validity(completions: Sequence[str]) -> list[float]:
     """Per completion: calls that execute ok on a fresh memory / calls attempted (parse errors included); 0 if none."""
+    return [validity for validity, _ in _executed(completions)]
+
+
+def _executed(completions: Sequence[str]) -> list[tuple[float, str]]:
+    """Per completion: its tool-call validity and the text its calls stored (lower-cased)."""
     from memalpha.memory.store import Memory
     from memalpha.tools.executor import execute_response
     from memalpha.tools.formats import get_call_format
 
     call_format = get_call_format("hermes")
-    rewards = []
+    out = []
     for text in completions:
-        outcome = execute_response(Memory(), text, call_format)
-        rewards.append(outcome.successes / outcome.attempts if outcome.attempts else 0.0)
+        memory = Memory()
+        outcome = execute_response(memory, text, call_format)
+        stored = " ".join(e.content for e in memory.semantic + memory.episodic) + " " + memory.core
+        out.append((outcome.successes / outcome.attempts if outcome.attempts else 0.0, " ".join(stored.lower().split())))
+    return out
+
+
+def _normalised(fact: str) -> str:
+    return " ".join(fact.lower().rstrip(".").split())
+
+
+def memory_job_reward(completions: Sequence[str], facts: Sequence[Sequence[str]]) -> list[float]:
+    """Per completion: tool-call validity plus the share of its chunk's facts the calls stored (0 to 2)."""
+    rewards = []
+    for (validity, stored), chunk_facts in zip(_executed(completions), facts, strict=True):
+        share = sum(_normalised(f) in stored for f in chunk_facts) / len(chunk_facts) if chunk_facts else 0.0
+        rewards.append(validity + share)
     return rewards
+
+
+def job_reward(settings: BenchSettings, prompts: list[tuple[list[dict[str, str]], list[str]]]):
+    """``reward(user_texts, completions)`` of the job; the facts are looked up by the prompt's chunk turn."""
+    facts_of = {messages[-1]["content"]: facts for messages, facts in prompts}
+
+    def reward(user_texts: Sequence[str], completions: Sequence[str]) -> list[float]:
+        if settings.job == "validity":
+            return tool_call_validity(completions)
+        return memory_job_reward(completions, [facts_of[text] for text in user_texts])
+
+    return reward
 
 
 def _lora(settings: BenchSettings):
@@ -179,7 +251,8 @@ def run_memalpha(settings: BenchSettings) -> dict[str, Any]:
     from memalpha.lm.policy import LMSettings
 
     start = time.perf_counter()
-    prompts = build_prompts(settings.pool_size(), settings.seed, settings.max_new_tokens)
+    job = build_job(settings.pool_size(), settings.seed, settings.max_new_tokens, settings.job)
+    prompts = [messages for messages, _ in job]
     loop = SingleTurnSettings(
         steps=settings.steps,
         prompts_per_step=settings.prompts_per_step,
@@ -189,6 +262,7 @@ def run_memalpha(settings: BenchSettings) -> dict[str, Any]:
         top_p=1.0,
         lm=LMSettings(precision="fp32"),
         lora=_lora(settings),
+        adapter_path=settings.adapter_path or None,
         update=UpdateSettings(
             kl_coef=settings.kl_coef,
             clip_low=0.2,
@@ -208,9 +282,7 @@ def run_memalpha(settings: BenchSettings) -> dict[str, Any]:
         if not first_step_end:
             first_step_end.append(time.perf_counter())
 
-    result = train_single_turn(
-        settings.model, prompts, lambda _prompts, completions: tool_call_validity(completions), loop, on_step=on_step
-    )
+    result = train_single_turn(settings.model, prompts, job_reward(settings, job), loop, on_step=on_step)
     steps = [
         {
             "step_s": r["step_s"],
@@ -236,8 +308,9 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
     start = time.perf_counter()
     path = str(resolve_model_path(settings.model))
     tokenizer = load_tokenizer(path)
-    prompts = build_prompts(settings.pool_size(), settings.seed, settings.max_new_tokens)
-    dataset = Dataset.from_list([{"prompt": p} for p in prompts])
+    job = build_job(settings.pool_size(), settings.seed, settings.max_new_tokens, settings.job)
+    dataset = Dataset.from_list([{"prompt": messages} for messages, _ in job])
+    job_reward_fn = job_reward(settings, job)
     generations: list[tuple[float, int]] = []
 
     class TimedGRPOTrainer(GRPOTrainer):
@@ -254,7 +327,7 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
 
     def reward(prompts, completions, **kwargs) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return tool_call_validity(texts)
+        return job_reward_fn([p[-1]["content"] if isinstance(p, list) else p for p in prompts], texts)
 
     class StepTimer(TrainerCallback):
         def __init__(self) -> None:
@@ -317,13 +390,22 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
             seed=settings.seed,
             data_seed=settings.seed,
         )
+        model: Any = path
+        peft_config = _lora(settings).to_peft()
+        if settings.adapter_path:
+            import torch
+            from peft import PeftModel
+            from transformers import AutoModelForCausalLM
+
+            base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            model, peft_config = PeftModel.from_pretrained(base, settings.adapter_path, is_trainable=True), None
         trainer = TimedGRPOTrainer(
-            model=path,
+            model=model,
             reward_funcs=reward,
             args=config,
             train_dataset=dataset,
             processing_class=tokenizer,
-            peft_config=_lora(settings).to_peft(),
+            peft_config=peft_config,
             callbacks=[timer],
         )
         trainer.train()
@@ -452,8 +534,61 @@ def build_report(settings: BenchSettings, repeats: int, sides: Sequence[str], ru
     """The report over the runs so far; ``complete`` is False until every planned run is in."""
     summary = {side: summarise(done) for side, done in runs.items() if done}
     ratio = ratios(summary["memalpha"], summary["trl"]) if set(SIDES) <= set(summary) else None
+    learning = learning_summary(runs, settings.steps) if any(runs.values()) else None
     return {"settings": asdict(settings), "repeats": repeats, "complete": len(order) == repeats * len(sides),
-            "order": order, "summary": summary, "ratio_memalpha_over_trl": ratio, "runs": runs}
+            "order": order, "summary": summary, "ratio_memalpha_over_trl": ratio, "learning": learning, "runs": runs}
+
+
+def learning_summary(runs: dict[str, list[dict[str, Any]]], steps: int) -> dict[str, Any]:
+    """Mean reward per step of each side (mean, min and max over its runs), each run's mean reward
+    over the last half of its steps, and, with both sides, the parity verdict: memalpha's final
+    mean at or above the lowest final value of TRL's runs (within TRL's run-to-run spread, or
+    above it)."""
+    window = max(1, steps // 2)
+    per_side: dict[str, Any] = {}
+    for side in [side for side in SIDES if runs.get(side)]:
+        curves = [[s["reward"] for s in run["steps"]] for run in runs[side]]
+        per_side[side] = {
+            "reward_per_step_mean": [statistics.fmean(c[i] for c in curves) for i in range(steps)],
+            "reward_per_step_min": [min(c[i] for c in curves) for i in range(steps)],
+            "reward_per_step_max": [max(c[i] for c in curves) for i in range(steps)],
+            "final_window_per_run": [statistics.fmean(c[-window:]) for c in curves],
+        }
+        per_side[side]["final_window_mean"] = statistics.fmean(per_side[side]["final_window_per_run"])
+    summary: dict[str, Any] = {"final_window_steps": window, "sides": per_side, "trl_final_spread": None, "parity": None}
+    if len(per_side) == len(SIDES):
+        trl_final = per_side["trl"]["final_window_per_run"]
+        summary["trl_final_spread"] = [min(trl_final), max(trl_final)]
+        summary["parity"] = per_side["memalpha"]["final_window_mean"] >= min(trl_final)
+    return summary
+
+
+def plot_learning(report: dict[str, Any], path: Path) -> None:
+    """Mean reward per step of both sides (lines: the mean over runs; bands: min to max)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    learning = report["learning"]
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for side, colour in zip(SIDES, ("tab:blue", "tab:orange")):
+        if side not in learning["sides"]:
+            continue
+        data = learning["sides"][side]
+        steps = list(range(1, len(data["reward_per_step_mean"]) + 1))
+        ax.plot(steps, data["reward_per_step_mean"], marker="o", color=colour,
+                label=f"{side} (mean of {len(report['runs'][side])} runs)")
+        ax.fill_between(steps, data["reward_per_step_min"], data["reward_per_step_max"], color=colour, alpha=0.2)
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("mean reward of the step's samples")
+    ax.set_title(f"same SFT adapter, same seeds: {report['settings']['job']} job", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+    plt.close(fig)
 
 
 def benchmark(
@@ -462,8 +597,12 @@ def benchmark(
     sides: Sequence[str],
     timeout_s: float,
     on_run: Callable[[dict[str, Any]], None] | None = None,
+    vary_seed: bool = False,
 ) -> dict[str, Any]:
     """Alternate the sides ``repeats`` times (A B A B ...) and summarise; returns the report.
+
+    ``vary_seed``: repeat ``i`` runs both sides with seed ``settings.seed + i`` (the run-to-run
+    spread of a learning comparison; a fixed seed repeats the same run up to float noise).
 
     ``on_run`` gets the report so far after every run (the driver writes it, so a run killed
     from outside still leaves the finished runs on disk).
@@ -473,8 +612,10 @@ def benchmark(
     for repeat in range(repeats):
         for side in sides:
             print(f"[bench_vs_trl] repeat {repeat + 1}/{repeats}: {side} ...", file=sys.stderr, flush=True)
-            result = run_child(side, settings, timeout_s)
+            seeded = replace(settings, seed=settings.seed + repeat) if vary_seed else settings
+            result = run_child(side, seeded, timeout_s)
             result["repeat"] = repeat
+            result["seed"] = seeded.seed
             runs[side].append(result)
             order.append(side)
             steps = ", ".join(f"{s['step_s']:.1f}" for s in result["steps"])
@@ -504,10 +645,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lora-alpha", type=int, default=defaults.lora_alpha)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--threads", type=int, default=defaults.threads, help="torch threads per run (0: default)")
+    parser.add_argument("--job", choices=JOBS, default=defaults.job,
+                        help="validity: tool-call validity; memory: validity plus the chunk's facts stored")
+    parser.add_argument("--adapter-path", default=defaults.adapter_path,
+                        help="start both sides from this PEFT adapter (a memalpha sft export)")
+    parser.add_argument("--parity", action="store_true",
+                        help="learning parity: seed + i for repeat i on both sides, a reward-per-step plot, "
+                             f"the report in {PARITY_OUT.name} unless --out is given")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each side, alternating")
     parser.add_argument("--sides", default="memalpha,trl", help="comma-separated subset of memalpha,trl")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per run")
-    parser.add_argument("--out", default=str(DEFAULT_OUT), help="JSON report path")
+    parser.add_argument("--out", default=None, help=f"JSON report path (default {DEFAULT_OUT.name})")
     parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--settings", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -553,13 +701,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
             "(imports and model included); the machine is shared, see machine.load_average and runs[*].load_*"
         ),
     }
+    out = Path(args.out) if args.out else (PARITY_OUT if args.parity else DEFAULT_OUT)
     report = benchmark(
         settings, args.repeats, sides, args.timeout,
-        on_run=lambda partial: write_json({**partial, **extra}, args.out, machine=machine),
+        on_run=lambda partial: write_json({**partial, **extra}, out, machine=machine),
+        vary_seed=args.parity,
     )
     report.update(extra)
     print_table(TABLE_HEADERS, table_rows(report["summary"], report["ratio_memalpha_over_trl"]))
-    path = write_json(report, args.out, machine=machine)
+    learning = report["learning"]
+    if learning is not None:
+        rows = [[side, *data["reward_per_step_mean"], data["final_window_mean"]] for side, data in learning["sides"].items()]
+        print_table(["side", *[f"step {i}" for i in range(settings.steps)], "final"], rows, floats=3)
+        if learning["parity"] is not None:
+            low, high = learning["trl_final_spread"]
+            print(f"TRL's final-window spread {low:.3f}-{high:.3f}; parity: {'yes' if learning['parity'] else 'no'}")
+    path = write_json(report, out, machine=machine)
+    if args.parity and learning is not None:
+        plot_learning(report, path.with_suffix(".png"))
+        print(f"wrote {path.with_suffix('.png')}")
     print(f"wrote {path}")
     return report
 

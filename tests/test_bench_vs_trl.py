@@ -79,3 +79,65 @@ def test_both_sides_one_step(tiny_model_dir, tmp_path, capsys):
     )
     table = capsys.readouterr().out
     assert "memalpha/trl" in table and "trl" in json.loads(out.read_text())["runs"]
+
+
+def test_memory_job_rewards_validity_plus_the_share_of_facts_stored():
+    insert = '<tool_call>\n{{"name": "new_memory_insert", "arguments": {{"memory_type": "episodic_memory", "content": "{}"}}}}\n</tool_call>'
+    facts = ["Ada moves to Oslo.", "Bo buys a red bike."]
+    both = insert.format("2024-01-02: ada moves to  Oslo. Bo buys a red bike")
+    one = insert.format("Ada moves to Oslo.") + '<tool_call>{"name": "memory_delete", "arguments": {}}</tool_call>'
+    rewards = bench_vs_trl.memory_job_reward([both, one, "nothing"], [facts, facts, facts])
+    assert rewards == [2.0, 0.5 + 0.5, 0.0]
+
+
+def test_memory_job_prompts_are_compact_with_the_chunk_facts():
+    job = bench_vs_trl.build_job(3, seed=0, response_token_limit=112, job="memory")
+    assert len(job) == 3
+    for messages, facts in job:
+        assert len(facts) == 2  # configs/tiny_cpu.yaml: 2 facts per chunk, no distractors
+        assert [m["role"] for m in messages] == ["system", "user"]
+    full = bench_vs_trl.build_job(1, seed=0, response_token_limit=112, job="validity")[0][0]
+    assert len(job[0][0][0]["content"]) < len(full[0]["content"])  # the compact profile
+
+
+def _run(rewards):
+    return {"steps": [{"reward": r} for r in rewards]}
+
+
+def test_learning_summary_and_parity_verdict():
+    runs = {"memalpha": [_run([0.0, 1.0, 2.0, 3.0]), _run([1.0, 1.0, 1.0, 1.0])],
+            "trl": [_run([0.0, 0.0, 2.0, 2.0]), _run([0.0, 0.0, 1.0, 1.0])]}
+    learning = bench_vs_trl.learning_summary(runs, steps=4)
+    mem = learning["sides"]["memalpha"]
+    assert mem["reward_per_step_mean"] == [0.5, 1.0, 1.5, 2.0]
+    assert mem["reward_per_step_min"] == [0.0, 1.0, 1.0, 1.0] and mem["reward_per_step_max"] == [1.0, 1.0, 2.0, 3.0]
+    assert mem["final_window_per_run"] == [2.5, 1.0] and mem["final_window_mean"] == 1.75
+    assert learning["trl_final_spread"] == [1.0, 2.0] and learning["parity"] is True
+    runs["memalpha"] = [_run([0.0, 0.0, 0.0, 0.5])]
+    assert bench_vs_trl.learning_summary(runs, steps=4)["parity"] is False
+    assert bench_vs_trl.learning_summary({"memalpha": runs["memalpha"]}, steps=4)["parity"] is None
+
+
+def test_an_adapter_start_refuses_a_kl_term_and_a_missing_adapter(tmp_path):
+    with pytest.raises(ValueError, match="not a PEFT adapter folder"):
+        bench_vs_trl.BenchSettings(adapter_path=str(tmp_path)).validate()
+    (tmp_path / "adapter_config.json").write_text("{}")
+    with pytest.raises(ValueError, match="--kl-coef 0"):
+        bench_vs_trl.BenchSettings(adapter_path=str(tmp_path), kl_coef=0.04).validate()
+    bench_vs_trl.BenchSettings(adapter_path=str(tmp_path), kl_coef=0.0).validate()
+
+
+def test_parity_mode_starts_from_an_adapter_and_varies_the_seed(tiny_model_dir, tmp_path, capsys):
+    """memalpha's side of the parity mode (TRL's side is the same code path as the timing run)."""
+    from memalpha.lm.policy import LoraSettings, load_policy
+
+    policy, _ = load_policy(tiny_model_dir, lora=LoraSettings(r=2, alpha=4, dropout=0.0, target_modules="all-linear"))
+    policy.save_pretrained(str(tmp_path / "adapter"))
+    out = tmp_path / "parity.json"
+    args = ["--model", tiny_model_dir, *TINY[:-2], "--repeats", "2", "--sides", "memalpha", "--parity",
+            "--job", "memory", "--adapter-path", str(tmp_path / "adapter"), "--kl-coef", "0", "--out", str(out)]
+    report = bench_vs_trl.main(args)
+    assert [run["seed"] for run in report["runs"]["memalpha"]] == [0, 1]
+    learning = json.loads(out.read_text())["learning"]
+    assert len(learning["sides"]["memalpha"]["reward_per_step_mean"]) == 1 and learning["parity"] is None
+    assert out.with_suffix(".png").stat().st_size > 0

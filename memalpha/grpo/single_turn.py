@@ -51,7 +51,9 @@ class SingleTurnSettings:
         temperature: Sampling temperature (also used for the log-probs).
         top_p: Nucleus sampling threshold.
         lm: How the base model is loaded and run (precision, gradient checkpointing, prefix sharing).
-        lora: LoRA adapter shape.
+        lora: LoRA adapter shape of a fresh adapter (ignored with ``adapter_path``).
+        adapter_path: Start from this PEFT adapter folder (e.g. a ``memalpha sft`` export) instead of
+            a fresh adapter; the reference of the KL term stays the base model (adapter disabled).
         update: Advantages, the clipped loss, KL and micro-batching (one mini-batch per step).
         optimizer: Optimiser, learning rate and clipping (warm-up counts in ``steps``).
         seed: Seed of prompt order, sampling and LoRA init.
@@ -66,6 +68,7 @@ class SingleTurnSettings:
     top_p: float = 1.0
     lm: LMSettings = field(default_factory=LMSettings)
     lora: LoraSettings = field(default_factory=LoraSettings)
+    adapter_path: str | None = None
     update: UpdateSettings = field(default_factory=lambda: UpdateSettings(kl_coef=0.0, micro_batch_size=8))
     optimizer: OptimizerSettings = field(
         default_factory=lambda: OptimizerSettings(weight_decay=0.0, warmup_ratio=0.0)
@@ -115,7 +118,7 @@ def train_single_turn(
     torch.manual_seed(s.seed)
     policy, tokenizer = load_policy(
         model, precision=s.lm.precision, lora=s.lora, compute_dtype=s.lm.compute_dtype,
-        gradient_checkpointing=s.lm.gradient_checkpointing,
+        gradient_checkpointing=s.lm.gradient_checkpointing, adapter_path=s.adapter_path,
     )
     encoded = [_prompt_ids(tokenizer, p, s.chat_template_kwargs) for p in prompts]
     texts = [p if isinstance(p, str) else p[-1]["content"] for p in prompts]
