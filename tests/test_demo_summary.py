@@ -36,3 +36,17 @@ def test_a_missing_stage_is_one_line_and_status_1(tmp_path, capsys):
     assert main([str(run), str(tmp_path / "summary.json")]) == 1
     assert "sft" in capsys.readouterr().err
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_memalpha_demo_refuses_arguments_and_a_folder_without_the_configs(tmp_path, monkeypatch, capsys):
+    import pytest
+
+    from memalpha.cli import main as cli_main
+
+    with pytest.raises(SystemExit, match="takes no arguments"):
+        cli_main(["demo", "--fast"])
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "tiny_cpu").mkdir(parents=True)
+    with pytest.raises(SystemExit, match="configs/tiny_cpu.yaml not found; run it from the repository root"):
+        cli_main(["demo"])
+    assert (tmp_path / "runs" / "tiny_cpu").is_dir()  # nothing was cleared

@@ -101,3 +101,12 @@ def test_docs_pages_exist():
     for page in ("quickstart.md", "real_model.md", "data.md", "metrics_and_rewards.md", "configuration.md",
                  "multi_gpu.md", "results.md"):
         assert page in names, f"docs/{page} is missing"
+
+
+def test_quickstart_lists_the_commands_memalpha_demo_runs():
+    from memalpha.cli import DEMO_STAGES
+
+    page = (REPO_ROOT / "docs" / "quickstart.md").read_text(encoding="utf-8")
+    listed = [line.removeprefix(".venv/bin/memalpha ").split() for line in page.splitlines()
+              if line.startswith(".venv/bin/memalpha ")]
+    assert listed[: len(DEMO_STAGES)] == [list(stage) for stage in DEMO_STAGES]
