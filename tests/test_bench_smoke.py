@@ -123,3 +123,41 @@ def test_profile_grpo_step_smoke(tmp_path, tiny_model_dir, one_thread, share):
     assert set(saved["phases_s"]) == set(profile_grpo_step.PHASES)
     assert all(seconds > 0 for seconds in saved["phases_s"].values())
     assert len(saved["top_ops_self_cpu_s"]) == 10
+
+
+def test_learning_curve_smoke(tmp_path, tiny_model_dir, monkeypatch):
+    """The whole benchmark (demonstrations, partial SFT, start validation, GRPO validated every
+    step) through the real commands, on a tiny random model: the report and plot it writes."""
+    import learning_curve
+    import yaml
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the commands' processes: see one_thread
+
+    repo = EXPERIMENTS.parent
+    fit = yaml.safe_load((repo / "configs" / "tiny_cpu.yaml").read_text())
+    fit["model"]["model"] = tiny_model_dir
+    fit["model"]["reader"].update(max_new_tokens=4, batch_size=4)
+    fit["data"].update(synthetic_val=2, val_batch_size=2)
+    sft = yaml.safe_load((repo / "configs" / "sft_tiny_cpu.yaml").read_text())
+    sft["model"]["model"] = tiny_model_dir
+    sft["data"].update(batch_size=2, val_batch_size=2)
+    sft["model"]["micro_batch_size"] = 2
+    (tmp_path / "fit.yaml").write_text(yaml.safe_dump(fit))
+    (tmp_path / "sft.yaml").write_text(yaml.safe_dump(sft))
+    out = tmp_path / "curve.json"
+    learning_curve.main([
+        "--config", str(tmp_path / "fit.yaml"), "--sft-config", str(tmp_path / "sft.yaml"), "--demos", "2",
+        "--sft-steps", "1", "--steps", "2", "--every", "1", "--val", "2", "--run-dir", str(tmp_path / "run"),
+        "--out", str(out),
+    ])
+    report = json.loads(out.read_text())
+    (run,) = report["seeds"]
+    assert [point["step"] for point in run["curve"]] == [0, 1, 2]
+    for point in run["curve"]:
+        assert point["metrics"]["all"]["mean_reward"]["n"] == 2  # two held-out instances, each a sample
+    assert set(run["change_last_minus_start"]) == {"accuracy", "tool_success", "memory_tokens", "compression",
+                                                   "mean_reward"}
+    assert sorted(run["train"]["train/reward"]) == ["0", "1"]  # JSON keys
+    assert out.with_suffix(".png").stat().st_size > 0
+    with pytest.raises(SystemExit):
+        learning_curve.main(["--steps", "5", "--every", "2"])

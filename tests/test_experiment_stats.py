@@ -1,0 +1,78 @@
+"""The learning-curve statistics (``experiments/_stats.py``) against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
+
+from _stats import instance_values, mean_ci, paired_difference, summarise_with_ci, t975
+
+
+def record(instance, source, scores, statuses, rewards, memory_tokens=10, r3=0.5):
+    return {
+        "instance_id": instance,
+        "data_source": source,
+        "questions": [{"score": s} for s in scores],
+        "turns": [{"results": [{"status": st} for st in turn], "reward": r} for turn, r in zip(statuses, rewards)],
+        "memory_tokens": memory_tokens,
+        "r3": r3,
+    }
+
+
+def test_mean_ci_matches_a_hand_computed_t_interval():
+    # values 1, 2, 3, 6: mean 3, sample variance (4 + 1 + 0 + 9) / 3 = 14/3, t(3) = 3.182
+    ci = mean_ci([1.0, 2.0, 3.0, 6.0])
+    assert ci["mean"] == 3.0
+    assert ci["n"] == 4
+    assert math.isclose(ci["half_width"], 3.182 * math.sqrt((14 / 3) / 4), rel_tol=1e-12)
+
+
+def test_mean_ci_of_one_value_has_no_width_and_of_none_is_an_error():
+    assert mean_ci([0.25]) == {"mean": 0.25, "half_width": 0.0, "n": 1}
+    with pytest.raises(ValueError):
+        mean_ci([])
+
+
+def test_t_quantiles_fall_towards_the_normal_value():
+    assert t975(1) == 12.706 and t975(30) == 2.042 and t975(35) == 2.042 and t975(45) == 2.021
+    assert t975(10_000) == 1.960
+    with pytest.raises(ValueError):
+        t975(0)
+
+
+def test_instance_values_average_questions_calls_turns_and_rollouts():
+    records = [
+        # instance a, two rollouts: accuracy 1/2 and 1/2; tool success 2/3 and 1/1; reward 1.5 and 0.5
+        record("a", "s1", [1, 0], [["ok", "error"], ["ok"]], [1.0, 2.0], memory_tokens=10),
+        record("a", "s1", [0, 1], [["skipped"], []], [0.0, 1.0], memory_tokens=20),
+        # instance b: no call at all counts as tool success 0
+        record("b", "s2", [1], [[]], [0.05], r3=1.0),
+    ]
+    values = instance_values(records)
+    a = values["s1"]["a"]
+    assert a["accuracy"] == 0.5
+    assert math.isclose(a["tool_success"], (2 / 3 + 1) / 2)
+    assert a["mean_reward"] == 1.0
+    assert a["memory_tokens"] == 15.0
+    assert values["s2"]["b"] == {
+        "accuracy": 1.0, "tool_success": 0.0, "memory_tokens": 10.0, "compression": 1.0, "mean_reward": 0.05,
+    }
+    summary = summarise_with_ci(values)
+    assert set(summary) == {"s1", "s2", "all"}
+    assert summary["all"]["accuracy"]["mean"] == 0.75 and summary["all"]["accuracy"]["n"] == 2
+
+
+def test_paired_difference_uses_only_shared_instances():
+    before = {"s": {"a": {"mean_reward": 1.0}, "b": {"mean_reward": 2.0}, "c": {"mean_reward": 0.0}}}
+    after = {"s": {"a": {"mean_reward": 2.0}, "b": {"mean_reward": 4.0}}}
+    diff = paired_difference(before, after, "mean_reward")
+    # differences 1 and 2: mean 1.5, sd sqrt(0.5), t(1) = 12.706
+    assert diff["mean"] == 1.5 and diff["n"] == 2
+    assert math.isclose(diff["half_width"], 12.706 * math.sqrt(0.5 / 2), rel_tol=1e-12)
+    with pytest.raises(ValueError):
+        paired_difference(before, {"t": {"z": {"mean_reward": 0.0}}}, "mean_reward")
