@@ -9,6 +9,7 @@ contexts with the policy's tokenizer), writes checkpoints atomically, and refuse
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -117,8 +118,20 @@ class MemAlphaCLI(LightningCLI):
         return super().instantiate_trainer(**kwargs)
 
 
+def silence_known_warnings() -> None:
+    """Hide Lightning warnings that do not apply to memalpha's modules.
+
+    ``ModelCheckpoint`` with manual optimisation warns (with a code listing) on every save that
+    the checkpoint holds the weights *after* the step's optimiser update. That is what memalpha
+    wants: the checkpoint of step N holds the weights after N updates and resumes at step N
+    (the resume tests check it).
+    """
+    warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
+
+
 def run_lightning_cli(args: list[str] | None = None) -> MemAlphaCLI:
     """``memalpha fit|validate ...``: the CLI over :class:`GRPOModule` and :class:`RolloutDataModule`."""
+    silence_known_warnings()
     from memalpha.train.datamodule import RolloutDataModule
     from memalpha.train.module import GRPOModule
 
@@ -130,6 +143,7 @@ def run_sft_cli(args: list[str] | None = None) -> MemAlphaCLI:
     from memalpha.train.demo_datamodule import DemoDataModule
     from memalpha.train.sft_module import SFTModule
 
+    silence_known_warnings()
     args = list(sys.argv[2:] if args is None else args)
     # The arguments go in explicitly (behind Lightning's "fit"), so Lightning must not also see
     # "sft ..." in sys.argv: it would warn that both were given.
