@@ -58,13 +58,18 @@ def run(args: argparse.Namespace) -> int:
     return count
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="memalpha data demos",
-        description="Write oracle demonstrations (JSONL) whose prompts match a training config's rollouts.",
-    )
+def demonstrations_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A parser with the two options every demonstration writer takes: ``--config`` and ``--out``."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", required=True, type=Path, help="the memalpha fit config the demonstrations serve")
     parser.add_argument("--out", required=True, type=Path, help="JSONL file to write")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = demonstrations_parser(
+        "memalpha data demos", "Write oracle demonstrations (JSONL) whose prompts match a training config's rollouts."
+    )
     parser.add_argument("--split", default="train", choices=("train", "val", "test"), help="synthetic split (default train)")
     parser.add_argument("--count", type=int, default=32, help="synthetic instances (default 32); one demonstration per chunk")
     parser.add_argument("--seed", type=int, default=None, help="seed of the synthetic instances (default: the config's data.seed)")

@@ -43,7 +43,7 @@ from memalpha.data.synthetic import generate_synthetic
 from memalpha.lm.embedded import EMBEDDED_MODEL_NAME, load_tokenizer
 from memalpha.seeding import stable_seed
 from memalpha.train.datamodule import synthetic_options
-from memalpha.train.demos_command import config_sections
+from memalpha.train.demos_command import config_sections, demonstrations_parser
 
 
 def _field(record: dict[str, Any], name: str, kind: type | tuple[type, ...], file: str, index: int) -> Any:
@@ -155,12 +155,10 @@ def run(args: argparse.Namespace) -> tuple[int, DistillStats]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="memalpha data distill",
-        description="Write demonstrations (JSONL) from recorded trajectories, prompts rebuilt for a training config.",
+    parser = demonstrations_parser(
+        "memalpha data distill",
+        "Write demonstrations (JSONL) from recorded trajectories, prompts rebuilt for a training config.",
     )
-    parser.add_argument("--config", required=True, type=Path, help="the memalpha fit config the demonstrations serve")
-    parser.add_argument("--out", required=True, type=Path, help="JSONL file to write")
     recorded = parser.add_mutually_exclusive_group(required=True)
     recorded.add_argument("--records", type=Path, help="a memalpha validation report (validation*.json)")
     recorded.add_argument("--official-responses", type=Path, help="official Mem-α responses.jsonl (one chunk turn per line)")
