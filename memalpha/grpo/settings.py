@@ -12,6 +12,7 @@ from typing import Literal
 
 AdvantageScale = Literal["group", "batch", "none"]
 LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+KLReference = Literal["base", "start"]
 OptimizerName = Literal["adamw", "paged_adamw_8bit"]
 
 
@@ -31,6 +32,10 @@ class UpdateSettings:
         clip_high: Upper PPO clip (ratio <= 1 + clip_high; above clip_low is DAPO's clip-higher).
         kl_coef: Weight of the k3 KL penalty to the reference (official script 0.001; 0 skips
             the reference pass).
+        kl_reference: What the KL term pulls towards. ``base``: the base model (the adapter
+            switched off). ``start``: the policy the run started from; with ``model.adapter_path``
+            (e.g. after a cold start) that adapter, loaded a second time and frozen, as TRL and
+            verl do after SFT; with a fresh adapter the same as ``base`` (LoRA starts at zero).
         loss_agg: ``token-mean``, ``seq-mean-token-mean`` or ``seq-mean-token-sum-norm`` (Dr. GRPO).
         ppo_epochs: Passes over each round's samples (official 1).
         num_mini_batches: Optimiser steps per pass over a round's samples (1: one step per
@@ -43,6 +48,7 @@ class UpdateSettings:
     clip_low: float = 0.2
     clip_high: float = 0.2
     kl_coef: float = 0.001
+    kl_reference: KLReference = "base"
     loss_agg: LossAggregation = "token-mean"
     ppo_epochs: int = 1
     num_mini_batches: int = 1
@@ -50,6 +56,7 @@ class UpdateSettings:
 
     def __post_init__(self) -> None:
         _choice("update", "advantage_scale", self.advantage_scale, ("group", "batch", "none"))
+        _choice("update", "kl_reference", self.kl_reference, ("base", "start"))
         _choice("update", "loss_agg", self.loss_agg, ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
         if not 0.0 <= self.clip_low < 1.0:
             raise ValueError(f"update.clip_low must be in [0, 1), got {self.clip_low}")

@@ -35,6 +35,7 @@ from memalpha.lm.chat import chat_prompt_ids
 from memalpha.lm.generation import generate
 from memalpha.lm.logprobs import response_logprobs
 from memalpha.lm.policy import LMSettings, LoraSettings, load_policy
+from memalpha.lm.reference import load_reference_adapter, reference_weights
 
 RewardFn = Callable[[list[str], list[str]], Sequence[float]]
 
@@ -53,7 +54,7 @@ class SingleTurnSettings:
         lm: How the base model is loaded and run (precision, gradient checkpointing, prefix sharing).
         lora: LoRA adapter shape of a fresh adapter (ignored with ``adapter_path``).
         adapter_path: Start from this PEFT adapter folder (e.g. a ``memalpha sft`` export) instead of
-            a fresh adapter; the reference of the KL term stays the base model (adapter disabled).
+            a fresh adapter; ``update.kl_reference`` says whether the KL term pulls towards it or the base.
         update: Advantages, the clipped loss, KL and micro-batching (one mini-batch per step).
         optimizer: Optimiser, learning rate and clipping (warm-up counts in ``steps``).
         seed: Seed of prompt order, sampling and LoRA init.
@@ -120,6 +121,8 @@ def train_single_turn(
         model, precision=s.lm.precision, lora=s.lora, compute_dtype=s.lm.compute_dtype,
         gradient_checkpointing=s.lm.gradient_checkpointing, adapter_path=s.adapter_path,
     )
+    if s.update.kl_reference == "start" and s.adapter_path:
+        load_reference_adapter(policy, s.adapter_path)
     encoded = [_prompt_ids(tokenizer, p, s.chat_template_kwargs) for p in prompts]
     texts = [p if isinstance(p, str) else p[-1]["content"] for p in prompts]
     params = [p for p in policy.parameters() if p.requires_grad]
@@ -161,7 +164,7 @@ def train_single_turn(
         group_ids = torch.arange(len(picked)).repeat_interleave(s.group_size)
         ref_logps = None
         if s.update.kl_coef > 0:
-            with policy.disable_adapter():
+            with reference_weights(policy):
                 ref_logps = response_logprobs(
                     policy,
                     generation.prompt_ids,

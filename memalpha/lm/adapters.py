@@ -7,6 +7,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from memalpha.lm.reference import has_reference_adapter
+
 
 def export_adapter(policy, tokenizer, target: str | os.PathLike) -> Path:
     """Save the adapter (and tokenizer) so ``PeftModel.from_pretrained`` loads it without memalpha.
@@ -18,7 +20,10 @@ def export_adapter(policy, tokenizer, target: str | os.PathLike) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        policy.save_pretrained(staging)
+        if has_reference_adapter(policy):  # the frozen KL reference is not part of the result
+            policy.save_pretrained(staging, selected_adapters=[policy.active_adapter])
+        else:
+            policy.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         if target.exists():
             backup = target.with_name(f".{target.name}.old")

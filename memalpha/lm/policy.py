@@ -1,8 +1,8 @@
 """The policy: one causal LM (fp32, bf16 or 4-bit NF4) with a LoRA adapter.
 
 The reference policy and the local reader are the same weights with the adapter switched
-off (``with model.disable_adapter(): ...``); no second copy of the base model is ever
-loaded. Sampling lives in :mod:`memalpha.lm.generation` and per-token log-probs in
+off (``with model.disable_adapter(): ...``), or for the reference a frozen second adapter
+(:mod:`memalpha.lm.reference`); no second copy of the base model is ever loaded. Sampling lives in :mod:`memalpha.lm.generation` and per-token log-probs in
 :mod:`memalpha.lm.logprobs`.
 """
 

@@ -7,7 +7,7 @@ group-relative advantages, the reference (and, for several steps per round, old-
 log-probs are computed once, and :func:`~memalpha.grpo.batch.cut_minibatches` cuts the round
 into the mini-batches of its optimiser steps. Every step then trains one mini-batch: the
 micro-batched clipped GRPO update with a k3 KL penalty to the reference (the same base weights
-with the adapters disabled). Unserved mini-batches go into the checkpoint with every rank's
+with the adapters disabled, or the frozen starting adapter: ``update.kl_reference``). Unserved mini-batches go into the checkpoint with every rank's
 own, so a resumed run trains exactly what the interrupted one would have.
 """
 
@@ -31,6 +31,7 @@ from memalpha.grpo.update import accumulate_grpo_gradients
 from memalpha.lm.embedded import EMBEDDED_MODEL_NAME
 from memalpha.lm.logprobs import response_logprobs
 from memalpha.lm.policy import LMSettings, LoraSettings
+from memalpha.lm.reference import load_reference_adapter, reference_weights
 from memalpha.reader.base import Reader
 from memalpha.reader.settings import ReaderSettings
 from memalpha.seeding import stable_seed
@@ -95,6 +96,8 @@ class GRPOModule(PolicyModule):
     # ----------------------------------------------------------------- setup
     def configure_model(self) -> None:
         if self.load_policy():
+            if self.update_settings.kl_reference == "start" and self.hparams.adapter_path:
+                load_reference_adapter(self.policy, self.hparams.adapter_path)
             self.reader = self.reader_settings.build(self.policy, self.tokenizer)
             self.content_judge = self.reward_settings.build_content_judge(self.reader)
 
@@ -171,7 +174,7 @@ class GRPOModule(PolicyModule):
         }
         ref_logps = old_logps = None
         if update.kl_coef > 0:
-            with self.policy.disable_adapter():
+            with reference_weights(self.policy):
                 ref_logps = response_logprobs(self.policy, prompts, responses, **logprob_kwargs)
         if update.needs_old_logps:
             old_logps = response_logprobs(self.policy, prompts, responses, **logprob_kwargs)
