@@ -102,7 +102,9 @@ class BenchSettings:
             the compact prompts and synthetic shape of ``configs/tiny_cpu.yaml``, the job its
             SFT adapter was trained for).
         adapter_path: start both sides from this PEFT adapter (a ``memalpha sft`` export) instead
-            of a fresh one; ``lora_r`` and ``lora_alpha`` are then ignored.
+            of a fresh one; ``lora_r`` and ``lora_alpha`` are then ignored. The KL reference is
+            then that starting adapter on both sides (TRL copies it; memalpha runs with
+            ``update.kl_reference: start``).
     """
 
     model: str = "smollm2-135m-instruct"
@@ -147,11 +149,6 @@ class BenchSettings:
             raise ValueError(f"job must be one of {JOBS}, got {self.job!r}")
         if self.adapter_path and not (Path(self.adapter_path) / "adapter_config.json").is_file():
             raise ValueError(f"adapter_path {self.adapter_path!r} is not a PEFT adapter folder (no adapter_config.json)")
-        if self.adapter_path and self.kl_coef > 0:
-            raise ValueError(
-                "from an adapter the two sides' KL references differ (TRL copies the starting adapter as its "
-                "reference, memalpha uses the base model): run the comparison with --kl-coef 0"
-            )
 
 
 # ----------------------------------------------------------------------------- the job
@@ -265,6 +262,7 @@ def run_memalpha(settings: BenchSettings) -> dict[str, Any]:
         adapter_path=settings.adapter_path or None,
         update=UpdateSettings(
             kl_coef=settings.kl_coef,
+            kl_reference="start",  # with a fresh adapter the same as the base; from an adapter TRL's choice
             clip_low=0.2,
             clip_high=0.2,
             loss_agg="token-mean",

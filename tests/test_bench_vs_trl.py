@@ -118,13 +118,11 @@ def test_learning_summary_and_parity_verdict():
     assert bench_vs_trl.learning_summary({"memalpha": runs["memalpha"]}, steps=4)["parity"] is None
 
 
-def test_an_adapter_start_refuses_a_kl_term_and_a_missing_adapter(tmp_path):
+def test_an_adapter_start_needs_an_adapter_folder(tmp_path):
     with pytest.raises(ValueError, match="not a PEFT adapter folder"):
         bench_vs_trl.BenchSettings(adapter_path=str(tmp_path)).validate()
     (tmp_path / "adapter_config.json").write_text("{}")
-    with pytest.raises(ValueError, match="--kl-coef 0"):
-        bench_vs_trl.BenchSettings(adapter_path=str(tmp_path), kl_coef=0.04).validate()
-    bench_vs_trl.BenchSettings(adapter_path=str(tmp_path), kl_coef=0.0).validate()
+    bench_vs_trl.BenchSettings(adapter_path=str(tmp_path), kl_coef=0.04).validate()
 
 
 def test_parity_mode_starts_from_an_adapter_and_varies_the_seed(tiny_model_dir, tmp_path, capsys):
@@ -135,9 +133,10 @@ def test_parity_mode_starts_from_an_adapter_and_varies_the_seed(tiny_model_dir, 
     policy.save_pretrained(str(tmp_path / "adapter"))
     out = tmp_path / "parity.json"
     args = ["--model", tiny_model_dir, *TINY[:-2], "--repeats", "2", "--sides", "memalpha", "--parity",
-            "--job", "memory", "--adapter-path", str(tmp_path / "adapter"), "--kl-coef", "0", "--out", str(out)]
+            "--job", "memory", "--adapter-path", str(tmp_path / "adapter"), "--kl-coef", "0.04", "--out", str(out)]
     report = bench_vs_trl.main(args)
     assert [run["seed"] for run in report["runs"]["memalpha"]] == [0, 1]
+    assert report["runs"]["memalpha"][0]["steps"][0]["kl"] == 0.0  # the reference is the starting adapter
     learning = json.loads(out.read_text())["learning"]
     assert len(learning["sides"]["memalpha"]["reward_per_step_mean"]) == 1 and learning["parity"] is None
     assert out.with_suffix(".png").stat().st_size > 0
