@@ -8,8 +8,10 @@ contexts with the policy's tokenizer), writes checkpoints atomically, and refuse
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -129,13 +131,28 @@ def silence_known_warnings() -> None:
     warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
 
 
+@contextlib.contextmanager
+def explicit_arguments() -> Iterator[None]:
+    """Hide ``sys.argv[1:]`` while a CLI built with explicit ``args`` parses them: Lightning
+    warns on every run when it sees both (``memalpha sft`` passes its own arguments behind
+    ``fit``; ``memalpha demo`` and Python callers pass each stage's)."""
+    argv, sys.argv = sys.argv, sys.argv[:1]
+    try:
+        yield
+    finally:
+        sys.argv = argv
+
+
 def run_lightning_cli(args: list[str] | None = None) -> MemAlphaCLI:
     """``memalpha fit|validate ...``: the CLI over :class:`GRPOModule` and :class:`RolloutDataModule`."""
     silence_known_warnings()
     from memalpha.train.datamodule import RolloutDataModule
     from memalpha.train.module import GRPOModule
 
-    return MemAlphaCLI(GRPOModule, RolloutDataModule, save_config_kwargs={"overwrite": True}, args=args)
+    if args is None:
+        return MemAlphaCLI(GRPOModule, RolloutDataModule, save_config_kwargs={"overwrite": True})
+    with explicit_arguments():
+        return MemAlphaCLI(GRPOModule, RolloutDataModule, save_config_kwargs={"overwrite": True}, args=args)
 
 
 def run_sft_cli(args: list[str] | None = None) -> MemAlphaCLI:
@@ -145,13 +162,8 @@ def run_sft_cli(args: list[str] | None = None) -> MemAlphaCLI:
 
     silence_known_warnings()
     args = list(sys.argv[2:] if args is None else args)
-    # The arguments go in explicitly (behind Lightning's "fit"), so Lightning must not also see
-    # "sft ..." in sys.argv: it would warn that both were given.
-    argv, sys.argv = sys.argv, sys.argv[:1]
-    try:
+    with explicit_arguments():
         return SFTCLI(SFTModule, DemoDataModule, save_config_kwargs={"overwrite": True}, args=["fit", *args])
-    finally:
-        sys.argv = argv
 
 
 class SFTCLI(MemAlphaCLI):
