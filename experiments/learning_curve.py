@@ -11,7 +11,7 @@ Every stage is the user's command line (``memalpha data demos``, ``memalpha sft`
 ``--sft-config`` and written next to the run (``<run-dir>/fit_seed<S>.yaml``, ``sft.yaml``):
 
 1. oracle demonstrations of ``--demos`` training instances;
-2. a deliberately *partial* cold start: ``--sft-steps`` SFT steps (the demo takes 12), so the
+2. a deliberately *partial* cold start: ``--sft-steps`` SFT steps (the demo takes 16), so the
    policy writes some valid calls (GRPO needs reward spread) and has room to improve;
 3. ``memalpha validate`` of that adapter on ``--val`` held-out synthetic instances (step 0);
 4. per seed, ``memalpha fit`` from the adapter for ``--steps`` GRPO steps, validating the same
