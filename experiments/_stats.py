@@ -15,6 +15,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from memalpha.tools.executor import SUCCESS_STATUSES
+
 # Two-sided 97.5 % quantiles of Student's t for 1..30 degrees of freedom, then the normal value.
 _T975 = (
     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
@@ -73,7 +75,7 @@ def instance_values(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str,
         values = {
             "accuracy": sum(scores) / len(scores) if scores else 0.0,
             "tool_success": (
-                sum(res["status"] in ("ok", "skipped") for res in results) / len(results) if results else 0.0
+                sum(res["status"] in SUCCESS_STATUSES for res in results) / len(results) if results else 0.0
             ),
             "memory_tokens": float(record["memory_tokens"]),
             "compression": float(record["r3"]),

@@ -47,6 +47,8 @@ import yaml
 from _common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, print_table, write_json
 from _stats import METRICS, instance_values, paired_difference, summarise_with_ci
 
+from memalpha.train.demo_summary import event_scalars
+
 TRAIN_SCALARS = (
     "train/reward",
     "train/reward_std",
@@ -143,15 +145,6 @@ def report_step(path: Path) -> int:
 
 def load_records(path: Path) -> list[dict[str, Any]]:
     return json.loads(path.read_text(encoding="utf-8"))["records"]
-
-
-def train_scalars(folder: Path) -> dict[str, dict[int, float]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
-    acc.Reload()
-    tags = acc.Tags()["scalars"]
-    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in TRAIN_SCALARS if tag in tags}
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -271,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             "seed": seed,
             "curve": curve,
             "change_last_minus_start": {m: paired_difference(start_values, final_values, m) for m in METRICS},
-            "train": {tag: {int(k): v for k, v in series.items()} for tag, series in train_scalars(folder).items()},
+            "train": {tag: {int(k): v for k, v in series.items()} for tag, series in event_scalars(folder, TRAIN_SCALARS).items()},
         })
 
     result = {

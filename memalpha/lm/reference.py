@@ -22,17 +22,27 @@ def has_reference_adapter(policy) -> bool:
     return REFERENCE_ADAPTER in getattr(policy, "peft_config", {})
 
 
+@contextlib.contextmanager
+def _same_adapter_and_trainables(policy) -> Iterator[None]:
+    """Afterwards the active adapter and every parameter's ``requires_grad`` are as before
+    (PEFT's ``load_adapter`` and ``set_adapter`` change which parameters train)."""
+    trains = {name: p.requires_grad for name, p in policy.named_parameters()}
+    active = policy.active_adapter
+    try:
+        yield
+    finally:
+        policy.set_adapter(active)
+        for name, p in policy.named_parameters():
+            p.requires_grad_(trains.get(name, False))
+
+
 def load_reference_adapter(policy, adapter_path: str | os.PathLike) -> None:
     """Load ``adapter_path`` into ``policy`` as the frozen :data:`REFERENCE_ADAPTER`; the active
     adapter and which parameters train are left as they were."""
     if has_reference_adapter(policy):
         raise ValueError(f"the policy already holds a '{REFERENCE_ADAPTER}' adapter")
-    trains = {name: p.requires_grad for name, p in policy.named_parameters()}
-    active = policy.active_adapter
-    policy.load_adapter(str(adapter_path), adapter_name=REFERENCE_ADAPTER, is_trainable=False)
-    policy.set_adapter(active)
-    for name, p in policy.named_parameters():
-        p.requires_grad_(trains.get(name, False))
+    with _same_adapter_and_trainables(policy):
+        policy.load_adapter(str(adapter_path), adapter_name=REFERENCE_ADAPTER, is_trainable=False)
 
 
 @contextlib.contextmanager
@@ -44,12 +54,6 @@ def reference_weights(policy) -> Iterator[None]:
         with policy.disable_adapter():
             yield
         return
-    trains = {name: p.requires_grad for name, p in policy.named_parameters()}
-    active = policy.active_adapter
-    policy.set_adapter(REFERENCE_ADAPTER, inference_mode=True)
-    try:
+    with _same_adapter_and_trainables(policy):
+        policy.set_adapter(REFERENCE_ADAPTER, inference_mode=True)
         yield
-    finally:
-        policy.set_adapter(active)
-        for name, p in policy.named_parameters():
-            p.requires_grad_(trains[name])

@@ -52,14 +52,19 @@ def stage_row(stage: str, report: Path) -> dict[str, Any]:
     }
 
 
-def grpo_scalars(run_dir: Path) -> dict[str, dict[int, float]]:
-    """The GRPO run's per-step reward spread and gradient norm from its TensorBoard events."""
+def event_scalars(folder: Path, tags: tuple[str, ...]) -> dict[str, dict[int, float]]:
+    """``{tag: {step: value}}`` of the ``tags`` present in the TensorBoard events under ``folder``."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(run_dir / "grpo"), size_guidance={"scalars": 0})
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
     acc.Reload()
-    tags = acc.Tags()["scalars"]
-    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in GRPO_SCALARS if tag in tags}
+    present = acc.Tags()["scalars"]
+    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in tags if tag in present}
+
+
+def grpo_scalars(run_dir: Path) -> dict[str, dict[int, float]]:
+    """The GRPO run's per-step reward spread and gradient norm from its TensorBoard events."""
+    return event_scalars(run_dir / "grpo", GRPO_SCALARS)
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:

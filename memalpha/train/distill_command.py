@@ -39,10 +39,9 @@ from memalpha.agent.rollout import RolloutSettings
 from memalpha.data.demos import Demonstration, save_demonstrations
 from memalpha.data.loaders import load_instances
 from memalpha.data.schema import DataValidationError, Instance
-from memalpha.data.synthetic import generate_synthetic
 from memalpha.lm.embedded import EMBEDDED_MODEL_NAME, load_tokenizer
 from memalpha.seeding import stable_seed
-from memalpha.train.datamodule import synthetic_options
+from memalpha.train.datamodule import RolloutDataModule
 from memalpha.train.demos_command import config_sections, demonstrations_parser
 
 
@@ -115,12 +114,11 @@ def official_trajectories(path: Path) -> Iterator[tuple[str, int, list[RecordedT
         yield instance_id, stable_seed(0, "official", instance_id), sorted(turns, key=lambda t: t.chunk_index), {}
 
 
-def config_instances(data: dict[str, Any]) -> list[Instance]:
-    """The validation set ``memalpha validate --config`` scores."""
-    if data.get("val_path"):
-        return load_instances(data["val_path"])
-    count = int(data.get("synthetic_val", 16))
-    return generate_synthetic(count, split="val", seed=int(data.get("seed", 0)), **synthetic_options(data))
+def config_instances(model: dict[str, Any], data: dict[str, Any]) -> list[Instance]:
+    """The validation set ``memalpha validate --config`` scores, built by its own DataModule."""
+    module = RolloutDataModule(**{**data, "tokenizer_name": model.get("model", EMBEDDED_MODEL_NAME)})
+    module.setup("validate")
+    return module.val_instances
 
 
 def run(args: argparse.Namespace) -> tuple[int, DistillStats]:
@@ -132,7 +130,7 @@ def run(args: argparse.Namespace) -> tuple[int, DistillStats]:
         if args.instances is None:
             raise ValueError("--official-responses needs --instances (the instances the responses were recorded on)")
         trajectories, source, source_format = official_trajectories(args.official_responses), "official", "qwen"
-    instances = load_instances(args.instances) if args.instances is not None else config_instances(data)
+    instances = load_instances(args.instances) if args.instances is not None else config_instances(model, data)
     by_id = {instance.instance_id: instance for instance in instances}
     tokenizer = load_tokenizer(model.get("model", EMBEDDED_MODEL_NAME))
     demos: list[Demonstration] = []

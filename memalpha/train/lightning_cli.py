@@ -8,10 +8,8 @@ contexts with the policy's tokenizer), writes checkpoints atomically, and refuse
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,20 +125,14 @@ def silence_known_warnings() -> None:
     the checkpoint holds the weights *after* the step's optimiser update. That is what memalpha
     wants: the checkpoint of step N holds the weights after N updates and resumes at step N
     (the resume tests check it).
+
+    ``LightningCLI`` warns when it gets explicit ``args`` while ``sys.argv`` holds arguments too.
+    ``memalpha sft`` (its arguments behind ``fit``), ``memalpha demo`` and Python callers pass
+    explicit arguments on purpose, and ``sys.argv`` must stay whole: Lightning's DDP launcher
+    starts the other ranks by running the same command line again.
     """
     warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
-
-
-@contextlib.contextmanager
-def explicit_arguments() -> Iterator[None]:
-    """Hide ``sys.argv[1:]`` while a CLI built with explicit ``args`` parses them: Lightning
-    warns on every run when it sees both (``memalpha sft`` passes its own arguments behind
-    ``fit``; ``memalpha demo`` and Python callers pass each stage's)."""
-    argv, sys.argv = sys.argv, sys.argv[:1]
-    try:
-        yield
-    finally:
-        sys.argv = argv
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run from within Python")
 
 
 def run_lightning_cli(args: list[str] | None = None) -> MemAlphaCLI:
@@ -149,10 +141,7 @@ def run_lightning_cli(args: list[str] | None = None) -> MemAlphaCLI:
     from memalpha.train.datamodule import RolloutDataModule
     from memalpha.train.module import GRPOModule
 
-    if args is None:
-        return MemAlphaCLI(GRPOModule, RolloutDataModule, save_config_kwargs={"overwrite": True})
-    with explicit_arguments():
-        return MemAlphaCLI(GRPOModule, RolloutDataModule, save_config_kwargs={"overwrite": True}, args=args)
+    return MemAlphaCLI(GRPOModule, RolloutDataModule, save_config_kwargs={"overwrite": True}, args=args)
 
 
 def run_sft_cli(args: list[str] | None = None) -> MemAlphaCLI:
@@ -162,8 +151,7 @@ def run_sft_cli(args: list[str] | None = None) -> MemAlphaCLI:
 
     silence_known_warnings()
     args = list(sys.argv[2:] if args is None else args)
-    with explicit_arguments():
-        return SFTCLI(SFTModule, DemoDataModule, save_config_kwargs={"overwrite": True}, args=["fit", *args])
+    return SFTCLI(SFTModule, DemoDataModule, save_config_kwargs={"overwrite": True}, args=["fit", *args])
 
 
 class SFTCLI(MemAlphaCLI):

@@ -11,6 +11,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from memalpha.tools.executor import SUCCESS_STATUSES
+
 COLUMNS = ("source", "instances", "questions", "accuracy", "memory_tokens", "compression", "tool_success", "mean_reward")
 
 
@@ -18,7 +20,7 @@ def _summarise(records: Sequence[Any]) -> dict[str, float]:
     scores = [q["score"] for r in records for q in r.questions]
     rewards = [turn.get("reward", 0.0) for r in records for turn in r.turns]
     results = [res for r in records for turn in r.turns for res in turn["results"]]
-    ok = sum(res["status"] in ("ok", "skipped") for res in results)
+    ok = sum(res["status"] in SUCCESS_STATUSES for res in results)
     return {
         "instances": len({r.instance_id for r in records}),
         "questions": len(scores),
