@@ -12,6 +12,10 @@ It never raises on bad calls; it returns a :class:`ToolResult` whose ``status`` 
   ``missing_argument``, ``extra_argument``, ``wrong_type``, ``bad_memory_type``,
   ``insert_into_core``, ``unknown_id``, ``empty_content``, ``invalid_text``.
 
+A reason quotes model-written names, keys and values only clipped (to 40-200 characters,
+``repr``-escaped), so it stays one short line of valid text whatever the call holds: the
+rollout records every reason, and a 10 MB key must not become a 10 MB reason.
+
 **Counting successful calls (reward r2).** A rollout turn's calls are the parsed
 calls plus the parse errors of its response. Successful calls are the executed
 calls with status in :data:`SUCCESS_STATUSES` (``ok`` or ``skipped``); every
@@ -79,15 +83,15 @@ def _error(call: ToolCall | None, code: str, reason: str) -> ToolResult:
 def _check_arguments(call: ToolCall) -> ToolResult | None:
     """Schema checks: known tool, object, no extra or missing keys, string types, enums."""
     if call.name not in TOOL_NAMES:
-        return _error(call, "unknown_tool", f"unknown tool {call.name!r}; tools are {list(TOOL_NAMES)}")
+        return _error(call, "unknown_tool", f"unknown tool {call.name!r:.80}; tools are {list(TOOL_NAMES)}")
     if not isinstance(call.arguments, dict):
         return _error(call, "not_object", f"{call.name}: arguments must be a JSON object")
     params = tool_parameters(call.name)
     properties = params["properties"]
-    extra = sorted(set(call.arguments) - set(properties))
+    extra = sorted((key for key in call.arguments if key not in properties), key=repr)  # keys of any type
     if extra:
         return _error(call, "extra_argument",
-                      f"{call.name}: unexpected argument(s) {extra}; allowed are {sorted(properties)}")
+                      f"{call.name}: unexpected argument(s) {extra!r:.200}; allowed are {sorted(properties)}")
     memory_type = call.arguments.get("memory_type")
     if call.name == INSERT and memory_type == CORE:
         return _error(call, "insert_into_core",

@@ -24,6 +24,10 @@ Two formats (docs/method.md: memorising), chosen by name with :func:`get_call_fo
     opening tag yields exactly one call or one error; a closing tag with no opening
     tag is reported as an error too.
 
+A tool name that is not valid Unicode text (a lone surrogate) is a :class:`ParseError` with
+``code="bad_name"``, and reasons quote names clipped, so every name and reason can be
+written as UTF-8 and stays short.
+
 Both parsers drop reasoning first: a complete ``<think>…</think>`` block, text
 before a lone ``</think>`` (the template opened the block in the prompt), and
 everything after an unclosed ``<think>``.
@@ -55,6 +59,7 @@ CALL_CLOSE = "</tool_call>"
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 _RAW_LIMIT = 2000  # characters of raw text kept on an error
+_NAME_SHOWN = 80  # characters of a tool name quoted in an error's reason
 
 
 @dataclass
@@ -115,11 +120,31 @@ def _clip(raw: str) -> str:
     return raw if len(raw) <= _RAW_LIMIT else raw[:_RAW_LIMIT] + f"... [{len(raw) - _RAW_LIMIT} more chars]"
 
 
+def _label(name: str) -> str:
+    """``name`` as a reason quotes it: clipped, so a reason stays short whatever the model wrote."""
+    return name if len(name) <= _NAME_SHOWN else name[:_NAME_SHOWN] + "..."
+
+
+def _name_not_text(name: str, raw: str) -> ParseError | None:
+    """The error for a tool name that is not valid Unicode text (a lone surrogate, e.g. from ``"\\ud800"``).
+
+    No tool has such a name, and refusing it here keeps every :class:`ToolCall` name and every
+    reason writable as UTF-8: the rollout records both, and one unencodable character would
+    fail the write of the whole validation report.
+    """
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return ParseError(reason=f"tool name is not valid Unicode text: {name!r:.{_NAME_SHOWN}}",
+                          raw=_clip(raw), code="bad_name")
+    return None
+
+
 def _arguments_call(name: str, args_text: str, raw: str) -> ToolCall | ParseError:
     """Build a call from a name and its argument text, or the error explaining why not."""
     read = read_json_object(args_text)
     if read.value is None:
-        return ParseError(reason=f"{name}: {read.error}", raw=_clip(raw), code=read.code)
+        return ParseError(reason=f"{_label(name)}: {read.error}", raw=_clip(raw), code=read.code)
     return ToolCall(name=name, arguments=read.value, raw=raw, repaired=bool(read.repairs),
                     repairs=read.repairs)
 
@@ -220,17 +245,20 @@ class QwenFormat(CallFormat):
         if any(ch.isspace() for ch in name):
             return ParseError(reason=f"tool name must be one word, got {name[:80]!r}", raw=_clip(segment),
                               code="bad_name")
+        problem = _name_not_text(name, segment)
+        if problem:
+            return problem
         if split < 0:
-            return ParseError(reason=f"{name}: no {ARGS_MARK} line after the tool name (cut off?)",
+            return ParseError(reason=f"{_label(name)}: no {ARGS_MARK} line after the tool name (cut off?)",
                               raw=_clip(segment), code="missing_args")
         args_text = body[split + len(ARGS_MARK):]
         if ARGS_MARK in args_text:
-            return ParseError(reason=f"{name}: several {ARGS_MARK} lines for one {FN_MARK}",
+            return ParseError(reason=f"{_label(name)}: several {ARGS_MARK} lines for one {FN_MARK}",
                               raw=_clip(segment), code="duplicate_args")
         args_text = args_text.strip().removeprefix(":")
         if not args_text.strip():
-            return ParseError(reason=f"{name}: {ARGS_MARK} is empty (the response may have been cut off)",
-                              raw=_clip(segment), code="missing_args")
+            return ParseError(reason=f"{_label(name)}: {ARGS_MARK} is empty (the response may have been "
+                              "cut off)", raw=_clip(segment), code="missing_args")
         return _arguments_call(name, args_text, segment)
 
 
@@ -294,19 +322,23 @@ class HermesFormat(CallFormat):
         if not isinstance(name, str) or not name.strip():
             return ParseError(reason='tool call has no "name" string', raw=_clip(raw), code="missing_name")
         name = name.strip()
+        problem = _name_not_text(name, raw)
+        if problem:
+            return problem
         if "arguments" not in payload:
-            return ParseError(reason=f'{name}: tool call has no "arguments"', raw=_clip(raw),
+            return ParseError(reason=f'{_label(name)}: tool call has no "arguments"', raw=_clip(raw),
                               code="missing_args")
         arguments = payload["arguments"]
         repairs = list(read.repairs)
         if isinstance(arguments, str):  # arguments sent as a JSON string
             inner = read_json_object(arguments)
             if inner.value is None:
-                return ParseError(reason=f"{name}: {inner.error}", raw=_clip(raw), code=inner.code)
+                return ParseError(reason=f"{_label(name)}: {inner.error}", raw=_clip(raw), code=inner.code)
             arguments = inner.value
             repairs += ["decoded arguments given as a JSON string"] + inner.repairs
         if not isinstance(arguments, dict):
-            return ParseError(reason=f'{name}: "arguments" must be a JSON object, got {type(arguments).__name__}',
+            kind = type(arguments).__name__
+            return ParseError(reason=f'{_label(name)}: "arguments" must be a JSON object, got {kind}',
                               raw=_clip(raw), code="not_object")
         return ToolCall(name=name, arguments=arguments, raw=raw, repaired=bool(repairs), repairs=repairs)
 
