@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from memalpha.agent.prompts import PROMPT_PROFILES, memorise_messages
 from memalpha.agent.rewards import ContentJudge, RewardSettings, TurnCalls, rollout_rewards
-from memalpha.agent.scoring import score_answers
+from memalpha.agent.scoring import score_answers_checked
 from memalpha.data.schema import Instance
 from memalpha.lm.chat import chat_prompt_ids
 from memalpha.lm.generation import generate
@@ -126,11 +126,16 @@ class RolloutRecord:
 
 @dataclass
 class RolloutOutput:
+    """One round: its turn samples, one record per rollout, timings, and ``reader_failed_calls``,
+    the requests to the reader (and to a separate judge reader) that failed during the round:
+    answers, answer judgements and content judgements alike."""
+
     samples: list[TurnSample]
     records: list[RolloutRecord]
     rollout_s: float
     reader_s: float
     generated_tokens: int
+    reader_failed_calls: int = 0
 
 
 def make_token_counter(tokenizer) -> Callable[[str], int]:
@@ -190,7 +195,8 @@ class Rollout:
 
 @dataclass
 class RolloutAnswers:
-    """The reader's scored answers to one rollout's questions."""
+    """The reader's scored answers to one rollout's questions; ``failures`` counts the questions
+    that scored 0 because the reader's answer or its judgement failed (their ``error`` is set)."""
 
     scores: list[float]
     questions: list[dict[str, Any]]
@@ -325,9 +331,10 @@ def answer_questions(
     for k, (i, _) in enumerate(owners):
         by_source.setdefault(rollouts[i].instance.data_source, []).append(k)
     item_scores = [0.0] * len(items)
+    item_errors = [answer.error for answer in answers]
     for source, ks in by_source.items():
         qas = [owners[k][1] for k in ks]
-        scored = score_answers(
+        scored, judge_errors = score_answers_checked(
             source,
             [answers[k].text for k in ks],
             [qa.answer for qa in qas],
@@ -336,15 +343,16 @@ def answer_questions(
             overrides=metric_overrides,
             ok=[answers[k].ok for k in ks],
         )
-        for k, value in zip(ks, scored):
+        for k, value, judge_error in zip(ks, scored, judge_errors):
             item_scores[k] = value
+            item_errors[k] = item_errors[k] or judge_error
     results = [RolloutAnswers(scores=[], questions=[], failures=0) for _ in rollouts]
-    for (i, qa), answer, score in zip(owners, answers, item_scores):
+    for (i, qa), answer, score, error in zip(owners, answers, item_scores, item_errors):
         result = results[i]
-        result.failures += not answer.ok
+        result.failures += error is not None
         result.scores.append(score)
         result.questions.append(
-            {"question": qa.question, "gold": qa.answer, "prediction": answer.text, "score": score, "error": answer.error}
+            {"question": qa.question, "gold": qa.answer, "prediction": answer.text, "score": score, "error": error}
         )
     return results
 
@@ -421,10 +429,17 @@ def run_rollouts(
         rollouts, model, tokenizer, settings, seed=seed, do_sample=do_sample, share_prefix=share_prefix
     )
     rollout_s = time.perf_counter() - start
+    readers = [reader] if judge_reader is None or judge_reader is reader else [reader, judge_reader]
+    failures_before = sum(r.failures for r in readers)
     start = time.perf_counter()
     answers = answer_questions(rollouts, reader, judge=judge_reader, metric_overrides=weights.metric_overrides)
     reader_s = time.perf_counter() - start
     samples, records = assign_rewards(rollouts, answers, weights, content_judge, count_tokens)
     return RolloutOutput(
-        samples=samples, records=records, rollout_s=rollout_s, reader_s=reader_s, generated_tokens=generated_tokens
+        samples=samples,
+        records=records,
+        rollout_s=rollout_s,
+        reader_s=reader_s,
+        generated_tokens=generated_tokens,
+        reader_failed_calls=sum(r.failures for r in readers) - failures_before,
     )

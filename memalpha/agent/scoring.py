@@ -181,6 +181,13 @@ def llm_judge_many(
     predictions: Sequence[str], golds: Sequence[Gold], questions: Sequence[str], judge: Reader | None
 ) -> list[float]:
     """:func:`llm_judge` for many answers in one batched call to the judge."""
+    return _judge_many(predictions, golds, questions, judge)[0]
+
+
+def _judge_many(
+    predictions: Sequence[str], golds: Sequence[Gold], questions: Sequence[str], judge: Reader | None
+) -> tuple[list[float], list[str | None]]:
+    """The judged scores, and for each the error of its failed judge call (None when it was judged)."""
     if judge is None:
         raise ValueError(
             "metric 'llm_judge' needs a judge (a memalpha.reader.Reader); configure a reader "
@@ -188,7 +195,8 @@ def llm_judge_many(
         )
     prompts = [_judge_prompt(q, g, p) for p, g, q in zip(predictions, golds, questions, strict=True)]
     replies = judge.complete(prompts)
-    return [parse_yes_no(r.text) if r.ok else 0.0 for r in replies]
+    scores = [parse_yes_no(r.text) if r.ok else 0.0 for r in replies]
+    return scores, [None if r.ok else f"judge: {r.error}" for r in replies]
 
 
 
@@ -299,6 +307,20 @@ def score_answers(
 
     ``ok[i] == False`` (a failed reader call) scores 0 without being judged.
     """
+    return score_answers_checked(data_source, predictions, golds, questions, judge, overrides, ok)[0]
+
+
+def score_answers_checked(
+    data_source: str,
+    predictions: Sequence[str],
+    golds: Sequence[Gold],
+    questions: Sequence[str] | None = None,
+    judge: Reader | None = None,
+    overrides: dict[str, str] | None = None,
+    ok: Sequence[bool] | None = None,
+) -> tuple[list[float], list[str | None]]:
+    """:func:`score_answers`, and for each answer the error of its failed judge call (None when
+    none failed), so a 0 the judge never gave is counted as a reader failure, not as a wrong answer."""
     n = len(predictions)
     if len(golds) != n:
         raise ValueError(f"score_answers: {n} predictions but {len(golds)} golds")
@@ -308,17 +330,18 @@ def score_answers(
         raise ValueError(f"score_answers: {n} predictions but {len(questions)} questions / {len(ok)} ok flags")
     name = metric_for_source(data_source, overrides)
     scores = [0.0] * n
+    judge_errors: list[str | None] = [None] * n
     live = [i for i in range(n) if ok[i]]
     if name == "llm_judge":
         if live:
-            judged = llm_judge_many(
+            judged, errors = _judge_many(
                 [predictions[i] for i in live], [golds[i] for i in live], [questions[i] for i in live], judge
             )
-            for i, s in zip(live, judged):
-                scores[i] = s
-        return scores
+            for i, s, error in zip(live, judged, errors):
+                scores[i], judge_errors[i] = s, error
+        return scores, judge_errors
     metric = METRICS[name]
     for i in live:
         scores[i] = metric(predictions[i], golds[i])
-    return scores
+    return scores, judge_errors
 

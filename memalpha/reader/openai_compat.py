@@ -1,9 +1,11 @@
 """Reader backend for any OpenAI-compatible chat-completions endpoint (vLLM, SGLang, OpenAI, ...).
 
 Requests go out concurrently (``max_concurrency`` threads, stdlib HTTP only). A request
-that times out, gets a 5xx/429 reply, or returns a malformed body is retried up to
-``max_retries`` times with exponential backoff (``backoff_s * 2**attempt``); other 4xx
-replies are not retried. What still fails becomes a failed :class:`ReaderAnswer`.
+that times out, cannot connect, loses its connection, gets a 5xx/429 reply, or returns a
+malformed body (not JSON, no ``choices``) is retried up to ``max_retries`` times, waiting
+:func:`backoff_delay` before each retry; other 4xx replies are not retried. What still fails
+becomes a failed :class:`ReaderAnswer`: nothing a server does can raise out of this reader, so
+a reader outage costs a training run its scores for that while, never the run.
 
 The API key is read from the environment variable ``api_key_env`` at request time (never
 stored in configs); without it no ``Authorization`` header is sent, which local vLLM
@@ -17,10 +19,11 @@ import json
 import logging
 import math
 import os
+import random
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -35,7 +38,23 @@ English under GPT/Qwen tokenizers, so budgets err on the safe side)."""
 
 
 class _Retryable(Exception):
-    pass
+    """A failure that may pass: the attempt is repeated after a backoff."""
+
+
+class _NotRetried(Exception):
+    """A failure that a repeat would meet again (a 4xx other than 429: the request itself is refused)."""
+
+
+def backoff_delay(retry: int, first_s: float, max_s: float, rng: random.Random) -> float:
+    """Seconds to wait before retry number ``retry`` (1 for the first retry).
+
+    The ceiling doubles with every retry from ``first_s`` up to ``max_s``; the wait is drawn
+    uniformly from the ceiling's upper half. The jitter keeps the many requests that failed
+    together (one round's questions, or every rank's) from hitting a recovering server in
+    lockstep, and the lower half bound keeps the wait growing from retry to retry.
+    """
+    ceiling = min(max_s, first_s * 2.0 ** min(retry - 1, 60))
+    return ceiling * (0.5 + 0.5 * rng.random())
 
 
 class OpenAIReader(Reader):
@@ -47,13 +66,17 @@ class OpenAIReader(Reader):
         api_key_env: environment variable holding the API key.
         max_concurrency: simultaneous requests.
         timeout_s: per-request socket timeout.
-        max_retries: retries after the first attempt for timeouts, 5xx/429 and malformed replies.
-        backoff_s: first backoff; doubles with every retry.
+        max_retries: retries after the first attempt for timeouts, refused or dropped
+            connections, 5xx/429 and malformed replies.
+        backoff_s: ceiling of the first backoff; doubles with every retry (see :func:`backoff_delay`).
+        backoff_max_s: the ceiling stops doubling here.
         temperature, max_tokens, top_p: sampling settings sent with each request
             (paper: temperature 0.7, thinking off).
         enable_thinking: sent as ``chat_template_kwargs`` (vLLM); ``None`` sends nothing.
         tokenizer: a tokenizer name/path for exact prompt budgets; ``None`` estimates.
         extra_body: more JSON fields merged into every request.
+        sleep: waits between attempts (tests pass a recorder instead of :func:`time.sleep`).
+        rng: draws the backoff jitter; ``None`` seeds one from the operating system.
     """
 
     def __init__(
@@ -65,6 +88,7 @@ class OpenAIReader(Reader):
         timeout_s: float = 60.0,
         max_retries: int = 3,
         backoff_s: float = 1.0,
+        backoff_max_s: float = 30.0,
         temperature: float = 0.7,
         max_tokens: int = 256,
         top_p: float = 1.0,
@@ -73,12 +97,17 @@ class OpenAIReader(Reader):
         enable_thinking: bool | None = False,
         tokenizer: str | None = None,
         extra_body: dict[str, Any] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
     ) -> None:
         super().__init__(top_k_entries=top_k_entries, prompt_budget_tokens=prompt_budget_tokens)
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if not 0 <= backoff_s <= backoff_max_s:
+            raise ValueError(f"backoff_s and backoff_max_s must satisfy 0 <= backoff_s <= backoff_max_s, "
+                             f"got {backoff_s} and {backoff_max_s}")
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.api_key_env = api_key_env
@@ -86,6 +115,9 @@ class OpenAIReader(Reader):
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
+        self.sleep = sleep
+        self.rng = rng if rng is not None else random.Random()
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.top_p = top_p
@@ -135,11 +167,14 @@ class OpenAIReader(Reader):
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 raw = response.read()
         except urllib.error.HTTPError as exc:
-            detail = exc.read()[:300].decode("utf-8", "replace")
+            try:
+                detail = exc.read()[:300].decode("utf-8", "replace")
+            except (OSError, http.client.HTTPException):  # the error body itself was cut off
+                detail = "(no readable body)"
             message = f"HTTP {exc.code} from {self.url}: {detail}"
             if exc.code >= 500 or exc.code == 429:
                 raise _Retryable(message) from exc
-            raise RuntimeError(message) from exc
+            raise _NotRetried(message) from exc
         except TimeoutError as exc:
             raise _Retryable(f"timed out after {self.timeout_s}s waiting for {self.url}") from exc
         except urllib.error.URLError as exc:
@@ -162,13 +197,13 @@ class OpenAIReader(Reader):
         last_error = ""
         for attempt in range(self.max_retries + 1):
             if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                self.sleep(backoff_delay(attempt, self.backoff_s, self.backoff_max_s, self.rng))
             try:
                 return ReaderAnswer(text=self._post_once(payload), ok=True, error=None)
             except _Retryable as exc:
                 last_error = str(exc)
                 logger.info("reader request attempt %d/%d failed: %s", attempt + 1, self.max_retries + 1, exc)
-            except RuntimeError as exc:  # not worth retrying (4xx: a bad request stays bad)
+            except _NotRetried as exc:
                 return ReaderAnswer(text="", ok=False, error=str(exc))
             except Exception as exc:  # anything unforeseen fails this item only
                 logger.exception("reader request to %s failed unexpectedly", self.url)

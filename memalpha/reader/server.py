@@ -13,15 +13,22 @@ that backend end to end::
     python -m memalpha.reader.server --model smollm2-135m-instruct --port 8000
     # reader: OpenAIReader(base_url="http://127.0.0.1:8000/v1", model="smollm2-135m-instruct")
 
-:meth:`ChatCompletionServer.inject_fault` is a test hook: the next requests are delayed
-and/or answered with an HTTP error status.
+With an API key (``api_key``, or ``--api-key-env NAME`` on the command line) every request
+must carry ``Authorization: Bearer <key>``; others get HTTP 401.
+
+:meth:`ChatCompletionServer.inject_fault` is a test hook: the next requests are delayed, or
+answered with an HTTP error status or a malformed body, or the server stops listening as one
+arrives (as a crashed server would); :meth:`~ChatCompletionServer.start` after
+:meth:`~ChatCompletionServer.stop` serves again on the same port.
 """
 
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -36,6 +43,9 @@ logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 MAX_BODY_BYTES = 16 * 1024 * 1024
+STOP_POLL_S = 0.05
+"""How often a background server checks whether :meth:`ChatCompletionServer.stop` was called
+(the standard library's default of 0.5 s would make every stop, and every test, that much slower)."""
 
 
 class RequestError(ValueError):
@@ -63,6 +73,9 @@ class _Job:
 class _Fault:
     delay_s: float
     status: int | None
+    body: bytes | None
+    die: bool
+    skip: int
     remaining: int
 
 
@@ -122,6 +135,7 @@ class ChatCompletionServer:
         port: TCP port on 127.0.0.1; 0 picks a free one (see :attr:`port`).
         max_batch: most requests generated together.
         batch_wait_s: how long the worker waits for more requests to fill a batch.
+        api_key: when set, requests without ``Authorization: Bearer <api_key>`` get HTTP 401.
     """
 
     def __init__(
@@ -131,23 +145,31 @@ class ChatCompletionServer:
         port: int = 0,
         max_batch: int = 8,
         batch_wait_s: float = 0.01,
+        api_key: str | None = None,
     ) -> None:
         self.reader = reader
         self.model_name = model_name
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
         self.requests_seen = 0
+        self._api_key = api_key
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._fault: _Fault | None = None
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer((HOST, port), self._handler_class())
-        self._httpd.daemon_threads = True
+        self._httpd: ThreadingHTTPServer | None = self._listen(port)
+        self._port = int(self._httpd.server_address[1])
         self._threads: list[threading.Thread] = []
 
     # -- lifecycle ------------------------------------------------------------------------
+    def _listen(self, port: int) -> ThreadingHTTPServer:
+        httpd = ThreadingHTTPServer((HOST, port), self._handler_class())
+        httpd.daemon_threads = True
+        return httpd
+
     @property
     def port(self) -> int:
-        return int(self._httpd.server_address[1])
+        """The TCP port, kept across :meth:`stop` and :meth:`start`."""
+        return self._port
 
     @property
     def base_url(self) -> str:
@@ -155,18 +177,26 @@ class ChatCompletionServer:
         return f"http://{HOST}:{self.port}/v1"
 
     def start(self) -> ChatCompletionServer:
-        """Serve in background threads; returns self."""
+        """Serve in background threads (listening on the same port again after :meth:`stop`); returns self."""
+        if self._httpd is None:
+            self._httpd = self._listen(self._port)
         worker = threading.Thread(target=self._work, name="chat-server-worker", daemon=True)
-        http = threading.Thread(target=self._httpd.serve_forever, name="chat-server-http", daemon=True)
+        http = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": STOP_POLL_S}, name="chat-server-http", daemon=True
+        )
         self._threads = [worker, http]
         for thread in self._threads:
             thread.start()
         return self
 
     def stop(self) -> None:
-        """Stop serving and join the threads."""
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        """Stop listening (new connections are refused) and join the threads; does nothing when stopped."""
+        with self._lock:
+            httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        httpd.shutdown()
+        httpd.server_close()
         self._jobs.put(None)
         for thread in self._threads:
             thread.join(timeout=30)
@@ -179,6 +209,7 @@ class ChatCompletionServer:
 
     def serve_forever(self) -> None:
         """Serve in the calling thread until interrupted (the command-line entry point)."""
+        assert self._httpd is not None
         worker = threading.Thread(target=self._work, name="chat-server-worker", daemon=True)
         worker.start()
         try:
@@ -188,10 +219,27 @@ class ChatCompletionServer:
             self._jobs.put(None)
 
     # -- test hook ------------------------------------------------------------------------
-    def inject_fault(self, delay_s: float = 0.0, status: int | None = None, count: int = 1) -> None:
-        """Make the next ``count`` chat requests wait ``delay_s`` and, with ``status``, fail with it."""
+    def inject_fault(
+        self,
+        delay_s: float = 0.0,
+        status: int | None = None,
+        count: int = 1,
+        *,
+        body: bytes | None = None,
+        die: bool = False,
+        after: int = 0,
+    ) -> None:
+        """Make ``count`` chat requests, after letting the next ``after`` through, misbehave.
+
+        Each waits ``delay_s``, then: with ``status`` it is answered with that HTTP status; with
+        ``body`` it is answered 200 with these raw bytes (a malformed reply); with ``die`` the
+        server stops listening and hangs up without a reply, so later requests are refused
+        until :meth:`start`; with none of them it is answered normally. ``count=0`` clears the fault.
+        """
+        if sum((status is not None, body is not None, die)) > 1:
+            raise ValueError("inject_fault: give at most one of status, body and die")
         with self._lock:
-            self._fault = _Fault(delay_s, status, count) if count > 0 else None
+            self._fault = _Fault(delay_s, status, body, die, after, count) if count > 0 else None
 
     def _take_fault(self) -> _Fault | None:
         with self._lock:
@@ -199,10 +247,18 @@ class ChatCompletionServer:
             fault = self._fault
             if fault is None:
                 return None
+            if fault.skip > 0:
+                fault.skip -= 1
+                return None
             fault.remaining -= 1
             if fault.remaining <= 0:
                 self._fault = None
             return fault
+
+    def _authorised(self, header: str | None) -> bool:
+        if self._api_key is None:
+            return True
+        return hmac.compare_digest((header or "").encode(), f"Bearer {self._api_key}".encode())
 
     # -- generation -----------------------------------------------------------------------
     def submit(self, messages: list[dict[str, str]], params: SamplingParams) -> LocalGeneration:
@@ -286,7 +342,9 @@ class ChatCompletionServer:
                 logger.debug("%s - %s", self.address_string(), format % args)
 
             def _send(self, status: int, payload: dict[str, Any]) -> None:
-                data = json.dumps(payload).encode("utf-8")
+                self._send_raw(status, json.dumps(payload).encode("utf-8"))
+
+            def _send_raw(self, status: int, data: bytes) -> None:
                 try:
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
@@ -304,6 +362,9 @@ class ChatCompletionServer:
                 if path in ("/health", "/v1/health"):
                     self._send(200, {"status": "ok"})
                 elif path in ("/v1/models", "/models"):
+                    if not server._authorised(self.headers.get("Authorization")):
+                        self._error(401, "missing or wrong API key", "authentication_error")
+                        return
                     self._send(200, {"object": "list", "data": [{"id": server.model_name, "object": "model"}]})
                 else:
                     self._error(404, f"no route {self.path}", "not_found")
@@ -318,11 +379,21 @@ class ChatCompletionServer:
                     self._error(400, f"request body must be 1..{MAX_BODY_BYTES} bytes", "invalid_request_error")
                     return
                 raw = self.rfile.read(length)
+                if not server._authorised(self.headers.get("Authorization")):
+                    self._error(401, "missing or wrong API key", "authentication_error")
+                    return
                 fault = server._take_fault()
                 if fault is not None:
                     time.sleep(fault.delay_s)
                     if fault.status is not None:
                         self._error(fault.status, "injected fault", "server_error")
+                        return
+                    if fault.body is not None:
+                        self._send_raw(200, fault.body)
+                        return
+                    if fault.die:
+                        self.close_connection = True
+                        server.stop()
                         return
                 try:
                     messages, params = parse_request(json.loads(raw), server.reader.max_new_tokens)
@@ -347,7 +418,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-batch", type=int, default=8, help="requests generated together")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="default max_tokens")
     parser.add_argument("--dtype", default="auto", help="torch dtype of the weights (auto, float32, bfloat16)")
+    parser.add_argument(
+        "--api-key-env", default=None, metavar="NAME",
+        help="environment variable holding the API key clients must send (default: no key needed)",
+    )
     args = parser.parse_args(argv)
+    api_key = None
+    if args.api_key_env is not None:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            parser.error(f"--api-key-env {args.api_key_env}: that environment variable is not set or empty")
 
     import torch
     from transformers import AutoModelForCausalLM
@@ -361,7 +441,9 @@ def main(argv: list[str] | None = None) -> None:
     if torch.cuda.is_available():
         model = model.to("cuda")
     reader = LocalReader(model, load_tokenizer(path), max_new_tokens=args.max_new_tokens, batch_size=args.max_batch)
-    server = ChatCompletionServer(reader, args.served_name or args.model, args.port, max_batch=args.max_batch)
+    server = ChatCompletionServer(
+        reader, args.served_name or args.model, args.port, max_batch=args.max_batch, api_key=api_key
+    )
     logger.info("serving %s at %s", args.model, server.base_url)
     try:
         server.serve_forever()

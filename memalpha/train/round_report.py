@@ -14,11 +14,13 @@ from memalpha.agent.rollout import RolloutOutput, RolloutRecord
 
 
 def round_metrics(out: RolloutOutput, rewards: torch.Tensor, group_ids: torch.Tensor) -> dict[str, float]:
-    """Reward, reward spread, response, tool-call, reward-term, memory and timing metrics of one round.
+    """Reward, reward spread, response, tool-call, reward-term, memory, reader-failure and timing metrics of one round.
 
     ``rewards`` and ``group_ids`` are the ``[N]`` per-sample rewards and group labels of
     ``out.samples``; ``train/frac_reward_zero_std`` is the share of groups whose rewards are all
-    equal (their advantages are 0: they teach nothing).
+    equal (their advantages are 0: they teach nothing). ``reader/failures`` counts the round's
+    questions that scored 0 because the reader's answer or its judgement failed (after retries);
+    ``reader/failed_calls`` every failed reader request of the round, content judgements included.
     """
     samples, records = out.samples, out.records
     zero_std = []
@@ -41,6 +43,7 @@ def round_metrics(out: RolloutOutput, rewards: torch.Tensor, group_ids: torch.Te
         "rewards/r4_content": sum(s.r4 for s in samples) / len(samples),
         "memory/tokens": sum(r.memory_tokens for r in records) / len(records),
         "reader/failures": float(sum(r.reader_failures for r in records)),
+        "reader/failed_calls": float(out.reader_failed_calls),
         "perf/rollout_s": out.rollout_s,
         "perf/reader_s": out.reader_s,
         "perf/gen_tokens_per_s": out.generated_tokens / out.rollout_s if out.rollout_s > 0 else 0.0,

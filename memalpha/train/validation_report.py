@@ -30,12 +30,13 @@ def _summarise(records: Sequence[Any]) -> dict[str, float]:
         "tool_success": ok / len(results) if results else 0.0,
         "tool_calls": len(results),
         "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
+        "reader_failures": sum(r.reader_failures for r in records),
     }
 
 
 def summarise_records(records: Sequence[Any]) -> dict[str, Any]:
-    """Overall and per-``data_source`` accuracy, memory size, compression (r3), tool success and the
-    mean per-turn reward ``R_t``."""
+    """Overall and per-``data_source`` accuracy, memory size, compression (r3), tool success, the
+    mean per-turn reward ``R_t``, and the questions that scored 0 because the reader failed."""
     by_source: dict[str, list[Any]] = defaultdict(list)
     for record in records:
         by_source[record.data_source].append(record)
@@ -60,7 +61,12 @@ def format_table(summary: dict[str, Any]) -> str:
         )
         for src, s in rows
     ]
-    return format_columns(cells)
+    table = format_columns(cells)
+    failures = summary["overall"]["reader_failures"]
+    if failures:
+        # a reader outage must not pass for a bad memory: say how much of the accuracy it cost
+        table += f"\n{failures} of {summary['overall']['questions']} questions scored 0 because the reader failed"
+    return table
 
 
 def format_columns(cells: Sequence[Sequence[str]]) -> str:
