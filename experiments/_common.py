@@ -209,3 +209,30 @@ class Stopwatch:
 
 def gib(n_bytes: float) -> float:
     return n_bytes / 2**30
+
+
+def tiny_model_folder(path: str | os.PathLike, *, hidden: int = 32, layers: int = 2, seed: int = 0) -> str:
+    """Save a tiny random Llama with the embedded model's tokenizer to ``path``; returns the folder.
+
+    For experiments about the machinery (faults, memory growth) rather than about learning: a
+    step takes about a second on a CPU, and every part of a real run (chat template, tool-call
+    parsing, reader, checkpoints) runs as it does for the embedded model.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from memalpha.lm.embedded import load_tokenizer, materialise_embedded_model
+
+    tokenizer = load_tokenizer(str(materialise_embedded_model()))
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

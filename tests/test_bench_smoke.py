@@ -161,3 +161,23 @@ def test_learning_curve_smoke(tmp_path, tiny_model_dir, monkeypatch):
     assert out.with_suffix(".png").stat().st_size > 0
     with pytest.raises(SystemExit):
         learning_curve.main(["--steps", "5", "--every", "2"])
+
+
+def test_soak_smoke_records_every_step_and_writes_the_report(tmp_path, tiny_model_dir, one_thread):
+    import soak
+
+    out = tmp_path / "soak.json"
+    report = soak.main(["--steps", "4", "--val-every", "4", "--model", tiny_model_dir, "--out", str(out)])
+    written = json.loads(out.read_text())
+    records = written["records"]
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert [r["global_step"] for r in records] == [1, 2, 3, 4]
+    assert all(r["rss_bytes"] > 2**20 and r["fds"] > 2 and r["threads"] >= 1 for r in records)
+    assert all(r["step_s"] > 0 for r in records)
+    summary = written["summary"]
+    assert summary["steps"] == 4 and summary["warmup_steps"] == 1
+    goal = summary["rss_growth_percent"] < 5 and summary["fds_end"] <= summary["fds_after_warmup"]
+    assert summary["passed"] == goal
+    assert report["summary"] == summary and written["machine"]["load_average"] is not None
+    with pytest.raises(SystemExit):
+        soak.main(["--steps", "0"])

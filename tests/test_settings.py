@@ -163,5 +163,6 @@ def test_cli_refuses_old_keys_and_bad_values_before_any_model_loads(tmp_path, ca
     with pytest.raises(SystemExit) as info:
         main(["fit", "--config", str(old)])
     assert "model.kl_coef is now model.update.kl_coef" in str(info.value)
-    with pytest.raises(ValueError, match=r"update.clip_low must be in \[0, 1\), got 1.5"):
+    with pytest.raises(SystemExit) as info:  # the settings are checked before the model's path
         main(["fit", "--model.model", missing_model, "--model.update.clip_low", "1.5", "--trainer.accelerator", "cpu"])
+    assert str(info.value) == "memalpha fit: error: model.update.clip_low must be in [0, 1), got 1.5"

@@ -222,9 +222,17 @@ def read_records(source: str | Path, split: str | None = None) -> tuple[str, lis
         return str(data_file), _records_from_file(data_file)
     if path.is_file():
         return str(path), _records_from_file(path)
+    check_source(source)
+    return _records_from_hub(str(source), split)
+
+
+def check_source(source: str | Path) -> None:
+    """Refuse a data source that is neither an existing file or folder nor shaped like a hub
+    dataset name, before anything is loaded."""
+    path = Path(source).expanduser()
     text = str(source)
-    if _HUB_NAME.match(text) and path.suffix.lower() not in DATA_SUFFIXES:
-        return _records_from_hub(text, split)
+    if path.exists() or (_HUB_NAME.match(text) and path.suffix.lower() not in DATA_SUFFIXES):
+        return
     raise DataValidationError(text, "no such file or folder (and not a hub dataset name like 'owner/name')")
 
 
@@ -262,10 +270,14 @@ def select_data_file(folder: Path, split: str | None) -> Path:
 
 def _records_from_file(path: Path) -> list[RawRecord]:
     suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson"):
-        return _records_from_jsonl(path)
-    if suffix == ".json":
-        return _records_from_json(path)
+    try:
+        if suffix in (".jsonl", ".ndjson"):
+            return _records_from_jsonl(path)
+        if suffix == ".json":
+            return _records_from_json(path)
+    except UnicodeDecodeError as exc:
+        expected = f"{suffix[1:].upper()} records"
+        raise DataValidationError(str(path), f"not UTF-8 text ({exc.reason}); expected {expected}") from exc
     if suffix == ".parquet":
         return _records_from_parquet(path)
     raise DataValidationError(str(path), f"unsupported file type {suffix!r}; expected one of {DATA_SUFFIXES}")

@@ -85,6 +85,9 @@ class OptimizerSettings:
         warmup_ratio: Share of ``trainer.max_steps`` spent warming the learning rate up linearly,
             constant after (official 0.05).
         grad_clip: Max global gradient norm (official 1.0; 0 disables clipping).
+        max_consecutive_nonfinite: Optimiser steps skipped in a row for a NaN or infinity (in the
+            rewards, the log-probs, the loss or the gradient norm) that stop the run with an error
+            (1: the first stops it); fewer in a row are skipped and the run goes on.
     """
 
     name: OptimizerName = "adamw"
@@ -92,6 +95,7 @@ class OptimizerSettings:
     weight_decay: float = 0.01
     warmup_ratio: float = 0.05
     grad_clip: float = 1.0
+    max_consecutive_nonfinite: int = 3
 
     def __post_init__(self) -> None:
         _choice("optimizer", "name", self.name, ("adamw", "paged_adamw_8bit"))
@@ -103,3 +107,7 @@ class OptimizerSettings:
             raise ValueError(f"optimizer.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if self.grad_clip < 0.0:
             raise ValueError(f"optimizer.grad_clip must be >= 0 (0 disables), got {self.grad_clip}")
+        if self.max_consecutive_nonfinite < 1:
+            raise ValueError(
+                f"optimizer.max_consecutive_nonfinite must be >= 1, got {self.max_consecutive_nonfinite}"
+            )

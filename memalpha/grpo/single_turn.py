@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import random
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,13 @@ import torch
 from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-from memalpha.grpo.update import accumulate_grpo_gradients, build_optimizer, optimizer_step
+from memalpha.grpo.update import (
+    NonFiniteStreak,
+    accumulate_grpo_gradients,
+    build_optimizer,
+    first_nonfinite,
+    optimizer_step,
+)
 from memalpha.lm.adapters import export_adapter
 from memalpha.lm.chat import chat_prompt_ids
 from memalpha.lm.generation import generate
@@ -112,7 +119,13 @@ def train_single_turn(
     output_dir: str | Path | None = None,
     on_step: Callable[[dict[str, float]], None] | None = None,
 ) -> SingleTurnResult:
-    """Train a LoRA adapter with GRPO on single-turn prompts scored by ``reward_fn(prompts, completions)``."""
+    """Train a LoRA adapter with GRPO on single-turn prompts scored by ``reward_fn(prompts, completions)``.
+
+    As in ``memalpha fit``, a step whose rewards, reference log-probs, loss or gradient norm hold a
+    NaN or an infinity is skipped (``skipped_nonfinite`` 1 in its record), and
+    ``optimizer.max_consecutive_nonfinite`` such steps in a row stop the loop with
+    :class:`~memalpha.grpo.update.NonFiniteTrainingError`.
+    """
     s = settings or SingleTurnSettings()
     if not prompts:
         raise ValueError("train_single_turn needs at least one prompt")
@@ -130,6 +143,7 @@ def train_single_turn(
     order: list[int] = []
     rng = random.Random(s.seed)
     history: list[dict[str, float]] = []
+    streak = NonFiniteStreak(s.optimizer.max_consecutive_nonfinite)
     for step in range(s.steps):
         start = time.perf_counter()
         picked = []
@@ -162,8 +176,9 @@ def train_single_turn(
                 f"reward_fn returned {rewards.numel()} rewards for {len(completions)} completions"
             )
         group_ids = torch.arange(len(picked)).repeat_interleave(s.group_size)
+        problem = first_nonfinite({"rewards": rewards})
         ref_logps = None
-        if s.update.kl_coef > 0:
+        if problem is None and s.update.kl_coef > 0:
             with reference_weights(policy):
                 ref_logps = response_logprobs(
                     policy,
@@ -174,29 +189,34 @@ def train_single_turn(
                     pad_id=tokenizer.pad_token_id,
                     share_prefix=s.lm.share_prefix,
                 )
-        batch = GRPOBatch(
-            prompt_ids=generation.prompt_ids,
-            response_ids=generation.response_ids,
-            advantages=group_advantages(rewards, group_ids, scale=s.update.advantage_scale),
-            ref_logps=ref_logps,
-        )
-        optimizer.zero_grad(set_to_none=True)
-        metrics, finite = accumulate_grpo_gradients(
-            policy,
-            batch,
-            s.update,
-            temperature=s.temperature,
-            max_response_len=s.max_new_tokens,
-            share_prefix=s.lm.share_prefix,
-            pad_id=tokenizer.pad_token_id,
-            token_normaliser=max(float(batch.response_tokens), 1.0),
-            seq_normaliser=float(len(batch)),
-            backward=lambda loss: loss.backward(),
-        )
-        grad_norm = optimizer_step(
-            optimizer, params, finite=finite, grad_clip=s.optimizer.grad_clip, scheduler=scheduler
-        )
-        optimizer.zero_grad(set_to_none=True)
+            problem = first_nonfinite({"reference log-probs": ref_logps})
+        metrics = {"loss": math.nan, "kl": math.nan, "entropy": math.nan}
+        grad_norm = math.nan
+        if problem is None:
+            batch = GRPOBatch(
+                prompt_ids=generation.prompt_ids,
+                response_ids=generation.response_ids,
+                advantages=group_advantages(rewards, group_ids, scale=s.update.advantage_scale),
+                ref_logps=ref_logps,
+            )
+            optimizer.zero_grad(set_to_none=True)
+            metrics, finite = accumulate_grpo_gradients(
+                policy,
+                batch,
+                s.update,
+                temperature=s.temperature,
+                max_response_len=s.max_new_tokens,
+                share_prefix=s.lm.share_prefix,
+                pad_id=tokenizer.pad_token_id,
+                token_normaliser=max(float(batch.response_tokens), 1.0),
+                seq_normaliser=float(len(batch)),
+                backward=lambda loss: loss.backward(),
+            )
+            grad_norm = optimizer_step(
+                optimizer, params, finite=finite, grad_clip=s.optimizer.grad_clip, scheduler=scheduler
+            )
+            optimizer.zero_grad(set_to_none=True)
+            problem = "loss" if not finite else None if math.isfinite(grad_norm) else "grad norm"
         step_s = time.perf_counter() - start
         record = {
             "step": float(step),
@@ -206,7 +226,7 @@ def train_single_turn(
             "kl": metrics["kl"],
             "entropy": metrics["entropy"],
             "grad_norm": grad_norm,
-            "skipped_nonfinite": float(not finite),
+            "skipped_nonfinite": float(problem is not None),
             "generated_tokens": float(generation.num_generated_tokens),
             "gen_s": gen_s,
             "step_s": step_s,
@@ -215,5 +235,8 @@ def train_single_turn(
         history.append(record)
         if on_step is not None:
             on_step(record)
+        warning = streak.update(problem, step)
+        if warning is not None:
+            warnings.warn(f"train_single_turn: {warning}", RuntimeWarning, stacklevel=2)
     adapter_dir = export_adapter(policy, tokenizer, output_dir) if output_dir is not None else None
     return SingleTurnResult(adapter_dir=adapter_dir, history=history)

@@ -3,16 +3,22 @@
 ``accumulate_grpo_gradients`` runs a :class:`~memalpha.grpo.batch.GRPOBatch` through the policy
 in micro-batches, computes the clipped GRPO loss with the mini-batch's global normaliser and
 calls ``backward`` on each micro-batch's loss. ``optimizer_step`` then clips and steps, or drops
-the gradients of a non-finite loss. ``build_optimizer`` makes the optimiser and its warm-up
-schedule from :class:`~memalpha.grpo.settings.OptimizerSettings`. Every trainer (the Lightning
-module, the single-turn trainer, the benchmarks) goes through these three functions.
+the gradients of a non-finite loss or gradient norm. ``build_optimizer`` makes the optimiser and
+its warm-up schedule from :class:`~memalpha.grpo.settings.OptimizerSettings`. Every trainer (the
+Lightning module, the single-turn trainer, the benchmarks) goes through these three functions.
+
+A step that meets a NaN or an infinity (in the rewards, the round's reference or old log-probs,
+the loss or the gradient norm) is skipped, never trained on; :class:`NonFiniteStreak` counts
+such steps in a row and stops the run with :class:`NonFiniteTrainingError` at
+``optimizer.max_consecutive_nonfinite`` (``docs/metrics_and_rewards.md``).
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -22,6 +28,64 @@ from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.lm.layout import response_mask
 from memalpha.lm.logprobs import token_logprobs
 from memalpha.lm.prefix_cache import prompt_order, shared_prefix, split_decoder_and_head
+
+NONFINITE_KINDS = ("rewards", "reference log-probs", "old log-probs", "loss", "grad norm")
+"""What a GRPO step can find non-finite, in the order it meets them."""
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Too many optimiser steps in a row were skipped for non-finite values, so the run stops."""
+
+
+@dataclass
+class NonFiniteStreak:
+    """Optimiser steps skipped in a row for a non-finite value, and the count that stops the run.
+
+    One skipped step is noise a long run should survive (a rare overflow, one broken judge
+    reply). Several in a row mean the weights, the data or the reward are broken: going on would
+    train on garbage, or spin without end, since a skipped step does not count towards
+    ``trainer.max_steps``. ``count`` is part of a run's state (checkpointed by the Lightning
+    modules), so a resumed run keeps counting.
+    """
+
+    limit: int
+    count: int = 0
+
+    def update(self, problem: str | None, step: int) -> str | None:
+        """Count one step; ``problem`` names what was non-finite (None: the step trained, the streak ends).
+
+        Returns the warning line of a skipped step (None otherwise); raises
+        :class:`NonFiniteTrainingError` when ``count`` reaches ``limit``.
+        """
+        if problem is None:
+            self.count = 0
+            return None
+        self.count += 1
+        if self.count >= self.limit:
+            raise NonFiniteTrainingError(
+                f"non-finite values in {self.count} consecutive optimiser step{'' if self.count == 1 else 's'}"
+                f" (optimizer.max_consecutive_nonfinite={self.limit}); the last, at global step {step},"
+                f" had non-finite {problem}; stopping rather than training on garbage"
+                " (see docs/metrics_and_rewards.md)"
+            )
+        return (
+            f"global step {step}: non-finite {problem}, the optimiser step is skipped "
+            f"({self.count} in a row; the run stops at {self.limit})"
+        )
+
+
+def first_nonfinite(values: dict[str, torch.Tensor | Sequence[torch.Tensor] | None]) -> str | None:
+    """The name of the first entry of ``values`` holding a NaN or an infinity; None when all are finite.
+
+    An entry is a tensor, a list of per-sample tensors, or None (a value the step does not have).
+    """
+    for name, value in values.items():
+        if value is None:
+            continue
+        tensors = [value] if isinstance(value, torch.Tensor) else value
+        if not all(bool(torch.isfinite(tensor).all()) for tensor in tensors):
+            return name
+    return None
 
 
 def pad_rows(rows: list[torch.Tensor], width: int, device, dtype=torch.float32) -> torch.Tensor:
@@ -109,10 +173,14 @@ def accumulate_grpo_gradients(
             max_len=max_response_len,
         )
         finite = finite and out.finite
+        loss = out.loss
+        if not loss.requires_grad:  # no trained token (responses cut to nothing at a result marker):
+            # still one backward per micro-batch, reaching every trainable weight, as DDP expects
+            loss = loss + sum(p.sum() for p in policy.parameters() if p.requires_grad) * 0.0
         if last and leaves is not None:
-            backward(out.loss + prefix.pullback(leaves, grad_scale))
+            backward(loss + prefix.pullback(leaves, grad_scale))
         else:
-            backward(out.loss)
+            backward(loss)
         tokens = float(mask.sum().item())
         sums["loss"] += float(out.loss.detach())
         sums["tokens"] += tokens
@@ -137,21 +205,31 @@ def optimizer_step(
     finite: bool,
     grad_clip: float,
     scheduler=None,
+    check_grad_norm: bool = True,
 ) -> float:
     """Finish an update whose gradients are accumulated: clip and step, or drop a non-finite one.
 
-    With ``finite`` the global gradient norm of ``params`` is clipped to ``grad_clip`` (0 skips
-    clipping), then the optimiser and ``scheduler`` (if any) step. Otherwise the gradients are
-    dropped and nothing steps, so one bad batch never reaches the weights. Under data parallelism
-    ``finite`` must already be agreed by every rank. Returns the norm before clipping (NaN when
-    skipped or when clipping is off).
+    With ``finite`` the global gradient norm of ``params`` is measured and clipped to
+    ``grad_clip`` (0: measured only), then the optimiser and ``scheduler`` (if any) step. A
+    non-finite loss (``finite`` False) or a non-finite norm (an overflow in backward) drops the
+    gradients instead and nothing steps, so one bad batch never reaches the weights or the
+    optimiser's moments. Under data parallelism ``finite`` must already be agreed by every rank;
+    the norm is that of the all-reduced gradients, the same on every rank. ``check_grad_norm=False``
+    leaves non-finite gradients to a mixed-precision grad scaler, which skips such a step itself
+    and lowers its scale.
+
+    Returns the norm before clipping, NaN when the loss was non-finite; with ``check_grad_norm``
+    the optimiser stepped exactly when it is finite.
     """
-    grad_norm = float("nan")
+    params = list(params)
     if not finite:
         optimizer.zero_grad(set_to_none=True)
+        return float("nan")
+    # an infinite max_norm measures without clipping: the clip factor is capped at 1
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf))
+    if check_grad_norm and not math.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
         return grad_norm
-    if grad_clip > 0:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(list(params), grad_clip))
     optimizer.step()
     if scheduler is not None:
         scheduler.step()

@@ -166,3 +166,29 @@ def load_tokenizer(name_or_path: str, **kwargs):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def check_model_source(name_or_path: str, option: str = "model") -> None:
+    """Refuse a model string that cannot load, before anything loads.
+
+    Accepted: the embedded name, an existing folder, or a hub id (``owner/name``). A hub id must
+    be in the local Hugging Face cache when the machine is offline (``HF_HUB_OFFLINE``), since
+    nothing will download it; online, transformers downloads it when the model loads.
+    """
+    from huggingface_hub import is_offline_mode, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if name_or_path.strip().lower() == EMBEDDED_MODEL_NAME or Path(name_or_path).expanduser().is_dir():
+        return
+    wanted = f"the embedded {EMBEDDED_MODEL_NAME!r}, an existing folder, or a hub id such as 'Qwen/Qwen3-4B'"
+    try:
+        validate_repo_id(name_or_path)
+    except HFValidationError:
+        missing = " (no such folder)" if name_or_path.startswith(("/", ".", "~")) else ""
+        raise ValueError(f"{option}: {name_or_path!r}{missing} is not {wanted}") from None
+    if is_offline_mode() and not isinstance(try_to_load_from_cache(name_or_path, "config.json"), str):
+        raise ValueError(
+            f"{option}: {name_or_path!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set, "
+            "so nothing will download it; give a local folder, the embedded name or a cached hub id"
+        )

@@ -17,8 +17,8 @@ from typing import Any, Literal, NamedTuple
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
-from memalpha.data.loaders import load_instances
-from memalpha.data.schema import Instance
+from memalpha.data.loaders import check_source, load_instances
+from memalpha.data.schema import DataValidationError, Instance
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.train.stream import PassCursor, as_is, endless_loader, pass_order
 
@@ -43,6 +43,31 @@ def synthetic_options(data: Mapping[str, Any]) -> dict[str, Any]:
     options = {target: data.get(key, defaults[key].default) for key, target in SYNTHETIC_OPTIONS.items()}
     options["families"] = tuple(options["families"])
     return options
+
+
+def check_data_settings(data: Mapping[str, Any]) -> None:
+    """Refuse out-of-range ``data`` settings and missing data files when the config is read,
+    before any model loads (the messages name the ``data.*`` option)."""
+    at_least = {"chunk_tokens": 1, "instances_per_step": 1, "val_batch_size": 1, "train_limit": 1, "val_limit": 1,
+                "synthetic_train": 1, "synthetic_val": 1, "synthetic_chunks": 1, "synthetic_facts_per_chunk": 1,
+                "synthetic_questions": 1, "synthetic_chunk_words": 1, "synthetic_distractors_per_chunk": 0}
+    for name, low in at_least.items():
+        value = data[name]
+        if value is not None and value < low:
+            allowed = f">= {low}" + (" or null" if name.endswith("_limit") else "")
+            raise ValueError(f"data.{name} must be {allowed}, got {value}")
+    unknown = [family for family in data["synthetic_families"] if family not in SYNTHETIC_FAMILIES]
+    if unknown or not data["synthetic_families"]:
+        raise ValueError(
+            f"data.synthetic_families must be a non-empty list of {list(SYNTHETIC_FAMILIES)}, "
+            f"got {list(data['synthetic_families'])}"
+        )
+    for name in ("train_path", "val_path"):
+        if data[name]:
+            try:
+                check_source(data[name])
+            except DataValidationError as exc:
+                raise ValueError(f"data.{name}: {exc}") from exc
 
 
 class InstanceRound(NamedTuple):
@@ -106,9 +131,8 @@ class RolloutDataModule(LightningDataModule):
         tokenizer_name: str | None = None,
     ) -> None:
         super().__init__()
-        if instances_per_step < 1:
-            raise ValueError("instances_per_step must be >= 1")
         self.save_hyperparameters()
+        check_data_settings(self.hparams)
         self.train_instances: list[Instance] = []
         self.val_instances: list[Instance] = []
         self._position = PassCursor()

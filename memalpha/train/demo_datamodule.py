@@ -11,12 +11,14 @@ interrupted one would have.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
 from memalpha.data.demos import Demonstration, load_demonstrations
+from memalpha.data.schema import DataValidationError
 from memalpha.lm.chat import chat_prompt_ids
 from memalpha.lm.embedded import load_tokenizer
 from memalpha.train.stream import PassCursor, as_is, endless_loader, pass_order
@@ -73,9 +75,16 @@ class DemoDataModule(LightningDataModule):
         tokenizer_name: str | None = None,
     ) -> None:
         super().__init__()
-        for name, value in (("batch_size", batch_size), ("val_batch_size", val_batch_size), ("max_tokens", max_tokens)):
-            if value < 1:
+        sizes = {"batch_size": batch_size, "val_batch_size": val_batch_size, "max_tokens": max_tokens,
+                 "train_limit": train_limit, "val_limit": val_limit}
+        for name, value in sizes.items():
+            if value is not None and value < 1:
                 raise ValueError(f"data.{name} must be >= 1, got {value}")
+        if train_path is None:
+            raise ValueError("data.train_path is required: a JSONL file of demonstrations (memalpha data demos)")
+        for name, path in (("train_path", train_path), ("val_path", val_path)):
+            if path is not None and not Path(path).expanduser().is_file():
+                raise ValueError(f"data.{name}: {path}: no such file")
         self.save_hyperparameters()
         self.train_demos: list[TokenizedDemo] = []
         self.val_demos: list[TokenizedDemo] = []
@@ -91,17 +100,14 @@ class DemoDataModule(LightningDataModule):
         for index, demo in enumerate(tokenized):
             length = len(demo.prompt_ids) + len(demo.response_ids)
             if length > hp.max_tokens:
-                raise ValueError(
-                    f"{path}: record {index}: prompt and response take {length} tokens, over data.max_tokens="
-                    f"{hp.max_tokens}"
+                raise DataValidationError(
+                    path, f"prompt and response take {length} tokens, over data.max_tokens={hp.max_tokens}", index=index
                 )
         return tokenized
 
     def setup(self, stage: str) -> None:
         hp = self.hparams
         if stage == "fit" and not self.train_demos:
-            if hp.train_path is None:
-                raise ValueError("data.train_path is required: a JSONL file of demonstrations (memalpha data demos)")
             self.train_demos = self._load(hp.train_path, hp.train_limit)
         if stage in ("fit", "validate") and not self.val_demos and hp.val_path is not None:
             self.val_demos = self._load(hp.val_path, hp.val_limit)

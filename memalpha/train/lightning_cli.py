@@ -2,8 +2,15 @@
 
 ``memalpha fit|validate`` land here (:func:`run_lightning_cli`). Besides Lightning's own
 behaviour the CLI links ``model.model`` to ``data.tokenizer_name`` (the DataModule chunks long
-contexts with the policy's tokenizer), writes checkpoints atomically, and refuses the flat
-``model.*`` keys of memalpha 0.1 with a message that names the key that replaced each.
+contexts with the policy's tokenizer), writes checkpoints atomically, saves ``last.ckpt`` on
+``SIGTERM``, and refuses the flat ``model.*`` keys of memalpha 0.1 with a message that names
+the key that replaced each.
+
+Bad input ends the process with one line naming the option, the value and what is allowed, and
+no traceback (docs/troubleshooting.md lists each case): a parse error, a setting out of range
+(raised by the settings groups and modules while they are built, before any model loads), a
+``--ckpt_path`` that is not a checkpoint of this command, a damaged data file, a checkpoint that
+cannot be written and a run stopped by non-finite steps.
 """
 
 from __future__ import annotations
@@ -11,9 +18,9 @@ from __future__ import annotations
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
 
 _MOVED = {
@@ -86,6 +93,18 @@ def check_renamed_keys(args: list[str]) -> None:
         raise SystemExit("error: " + "\nerror: ".join(problems) + " (see docs/configuration.md)")
 
 
+class OneLineErrorParser(LightningArgumentParser):
+    """Lightning's argument parser, reporting a bad option in one line instead of the whole usage."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:
+            super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        prog = parser.prog.replace(" [options]", "")
+        sys.stderr.write(f"{prog}: error: {' '.join(message.split())} (all options: {prog} --help)\n")
+        raise SystemExit(2)
+
+
 class MemAlphaCLI(LightningCLI):
     """LightningCLI with memalpha's defaults.
 
@@ -99,13 +118,34 @@ class MemAlphaCLI(LightningCLI):
     checks_renamed_keys = True
     """Refuse memalpha 0.1's flat ``model.*`` keys of :class:`GRPOModule` (see :data:`RENAMED_MODEL_KEYS`)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("parser_class", OneLineErrorParser)
+        super().__init__(*args, **kwargs)
+
     def parse_arguments(self, parser, args) -> None:
         if self.checks_renamed_keys and (args is None or isinstance(args, list)):
             check_renamed_keys(list(sys.argv[1:] if args is None else args))
         super().parse_arguments(parser, args)
+        self._check_ckpt_path()  # before Lightning reads the checkpoint's hyperparameters
+
+    def instantiate_classes(self) -> None:
+        """Build the module and DataModule; a setting out of range exits with one line naming it.
+
+        Every settings group checks its values in ``__post_init__`` and the modules check theirs
+        in ``__init__``, all before any model loads, so a ``ValueError`` or ``TypeError`` here is
+        a bad config value, not a crash to debug.
+        """
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError) as exc:
+            keys = list(self.config[self.subcommand].keys()) if self.subcommand else list(self.config.keys())
+            raise SystemExit(f"{self._prog()}: error: {qualify_option(str(exc), keys)}") from None
 
     def instantiate_trainer(self, **kwargs: Any):
+        from lightning.fabric.utilities.exceptions import MisconfigurationException
+
         from memalpha.train.checkpoint_io import AtomicCheckpointIO
+        from memalpha.train.sigterm import CheckpointOnSigterm
 
         key = "plugins"
         plugins = self.config_init[self.subcommand]["trainer"].get(key) if self.subcommand else None
@@ -115,7 +155,55 @@ class MemAlphaCLI(LightningCLI):
         kwargs[key] = plugins
         if self.subcommand:
             self.config_init[self.subcommand]["trainer"][key] = None
-        return super().instantiate_trainer(**kwargs)
+        configured = self.config_init[self.subcommand]["trainer"].get("callbacks") if self.subcommand else None
+        configured = list(configured) if isinstance(configured, (list, tuple)) else ([configured] if configured else [])
+        kwargs["callbacks"] = [*configured, CheckpointOnSigterm()]
+        try:
+            return super().instantiate_trainer(**kwargs)
+        except (MisconfigurationException, ValueError) as exc:
+            raise SystemExit(f"{self._prog()}: error: trainer: {exc}") from None
+
+    def _prog(self) -> str:
+        return f"memalpha {self.subcommand}"
+
+    def _check_ckpt_path(self) -> None:
+        from memalpha.train.checkpoint_io import check_checkpoint
+
+        self.subcommand = self.config.get("subcommand")
+        path = self.config[self.subcommand].get("ckpt_path") if self.subcommand else None
+        if path:
+            try:
+                check_checkpoint(str(path), self.model_class.__name__, self._prog())
+            except ValueError as exc:
+                raise SystemExit(f"{self._prog()}: error: {exc}") from None
+
+
+def qualify_option(message: str, keys: list[str]) -> str:
+    """``message`` with its leading setting name written as the full option a user types.
+
+    Settings groups name themselves (``rollout.group_size must be >= 1``) without knowing where
+    the CLI puts them; the one config key ending in that name gives the option
+    (``model.rollout.group_size``). Messages that start otherwise come back unchanged.
+    """
+    name, sep, rest = message.partition(" ")
+    bare = name.rstrip(":")
+    matches = [key for key in keys if key == bare or key.endswith("." + bare)]
+    if len(matches) != 1:
+        return message
+    return matches[0] + name[len(bare):] + sep + rest
+
+
+def run_cli(prog: str, cli_class: type[MemAlphaCLI], *args: Any, **kwargs: Any) -> MemAlphaCLI:
+    """Run ``cli_class(*args, **kwargs)``; a user-facing error (bad data, an unwritable checkpoint,
+    a run stopped by non-finite steps) ends the process with its one-line message instead of a traceback."""
+    from memalpha.data.schema import DataValidationError
+    from memalpha.grpo.update import NonFiniteTrainingError
+    from memalpha.train.checkpoint_io import CheckpointWriteError
+
+    try:
+        return cli_class(*args, **kwargs)
+    except (DataValidationError, CheckpointWriteError, NonFiniteTrainingError) as exc:
+        raise SystemExit(f"{prog}: error: {exc}") from None
 
 
 def silence_known_warnings() -> None:
@@ -141,7 +229,11 @@ def run_lightning_cli(args: list[str] | None = None) -> MemAlphaCLI:
     from memalpha.train.datamodule import RolloutDataModule
     from memalpha.train.module import GRPOModule
 
-    return MemAlphaCLI(GRPOModule, RolloutDataModule, save_config_kwargs={"overwrite": True}, args=args)
+    command = list(sys.argv[1:] if args is None else args)[:1]
+    return run_cli(
+        " ".join(["memalpha", *command]), MemAlphaCLI, GRPOModule, RolloutDataModule,
+        save_config_kwargs={"overwrite": True}, args=args,
+    )
 
 
 def run_sft_cli(args: list[str] | None = None) -> MemAlphaCLI:
@@ -151,10 +243,15 @@ def run_sft_cli(args: list[str] | None = None) -> MemAlphaCLI:
 
     silence_known_warnings()
     args = list(sys.argv[2:] if args is None else args)
-    return SFTCLI(SFTModule, DemoDataModule, save_config_kwargs={"overwrite": True}, args=["fit", *args])
+    return run_cli(
+        "memalpha sft", SFTCLI, SFTModule, DemoDataModule, save_config_kwargs={"overwrite": True}, args=["fit", *args]
+    )
 
 
 class SFTCLI(MemAlphaCLI):
     """:class:`MemAlphaCLI` for ``memalpha sft``: SFTModule's ``model.micro_batch_size`` is its own key."""
 
     checks_renamed_keys = False
+
+    def _prog(self) -> str:
+        return "memalpha sft"

@@ -8,7 +8,9 @@ log-probs are computed once, and :func:`~memalpha.grpo.batch.cut_minibatches` cu
 into the mini-batches of its optimiser steps. Every step then trains one mini-batch: the
 micro-batched clipped GRPO update with a k3 KL penalty to the reference (the same base weights
 with the adapters disabled, or the frozen starting adapter: ``update.kl_reference``). Unserved mini-batches go into the checkpoint with every rank's
-own, so a resumed run trains exactly what the interrupted one would have.
+own, so a resumed run trains exactly what the interrupted one would have. A round whose rewards
+or reference/old log-probs hold a NaN or an infinity is dropped whole (on every rank) and its
+step skipped, as is a step whose loss or gradient norm is non-finite (``docs/metrics_and_rewards.md``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
@@ -27,7 +29,7 @@ from memalpha.data.schema import Instance
 from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch, cut_minibatches
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-from memalpha.grpo.update import accumulate_grpo_gradients
+from memalpha.grpo.update import accumulate_grpo_gradients, first_nonfinite
 from memalpha.lm.embedded import EMBEDDED_MODEL_NAME
 from memalpha.lm.logprobs import response_logprobs
 from memalpha.lm.policy import LMSettings, LoraSettings
@@ -41,6 +43,16 @@ from memalpha.train.round_report import rollout_text, round_metrics
 from memalpha.train.validation_report import summarise_records, write_validation_report
 
 EXPERIENCE_KEY = "memalpha_experience"
+
+
+class RoundExperience(NamedTuple):
+    """A rolled-out round: its mini-batches in training order (none when ``nonfinite``), its
+    metrics, sometimes one rollout as text, and what was non-finite (None when all was finite)."""
+
+    batches: list[GRPOBatch]
+    metrics: dict[str, float]
+    text: str | None
+    nonfinite: str | None
 
 
 class GRPOModule(PolicyModule):
@@ -120,6 +132,7 @@ class GRPOModule(PolicyModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Restore this rank's unserved mini-batches (dropped, with a warning, if the world size changed)."""
+        super().on_load_checkpoint(checkpoint)
         per_rank = checkpoint.get(EXPERIENCE_KEY, {}).get("per_rank", [])
         world = self.trainer.world_size if self._trainer is not None else 1
         rank = self.global_rank
@@ -150,8 +163,9 @@ class GRPOModule(PolicyModule):
         )
 
     @torch.no_grad()
-    def experience_round(self, round_: InstanceRound) -> tuple[list[GRPOBatch], dict[str, float], str | None]:
-        """Roll a round out: its mini-batches in training order, its metrics and (sometimes) one rollout as text."""
+    def experience_round(self, round_: InstanceRound) -> RoundExperience:
+        """Roll a round out and turn it into mini-batches; a NaN or infinity in its rewards or in its
+        reference/old log-probs leaves it without any (its samples cannot be trusted)."""
         seed = stable_seed(self.hparams.seed, "round", round_.index, self.global_rank)
         out = self._rollouts(round_.instances, seed=seed, greedy=False)
         samples = out.samples
@@ -161,6 +175,10 @@ class GRPOModule(PolicyModule):
             )
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         group_ids = torch.tensor([s.group_id for s in samples])
+        metrics = round_metrics(out, rewards, group_ids)
+        text = rollout_text(out.records[0]) if self._should_log_text() else None
+        if first_nonfinite({"rewards": rewards}) is not None:
+            return RoundExperience([], metrics, text, "rewards")
         prompts = [s.prompt_ids for s in samples]
         responses = [s.response_ids for s in samples]
 
@@ -178,7 +196,10 @@ class GRPOModule(PolicyModule):
                 ref_logps = response_logprobs(self.policy, prompts, responses, **logprob_kwargs)
         if update.needs_old_logps:
             old_logps = response_logprobs(self.policy, prompts, responses, **logprob_kwargs)
-        logprob_s = time.perf_counter() - start
+        metrics["perf/ref_old_logprob_s"] = time.perf_counter() - start
+        problem = first_nonfinite({"reference log-probs": ref_logps, "old log-probs": old_logps})
+        if problem is not None:
+            return RoundExperience([], metrics, text, problem)
 
         batch = GRPOBatch(
             prompt_ids=prompts,
@@ -187,10 +208,8 @@ class GRPOModule(PolicyModule):
             old_logps=old_logps,
             ref_logps=ref_logps,
         )
-        metrics = round_metrics(out, rewards, group_ids)
-        metrics["perf/ref_old_logprob_s"] = logprob_s
-        text = rollout_text(out.records[0]) if self._should_log_text() else None
-        return cut_minibatches(batch, update.num_mini_batches, update.ppo_epochs, seed), metrics, text
+        batches = cut_minibatches(batch, update.num_mini_batches, update.ppo_epochs, seed)
+        return RoundExperience(batches, metrics, text, None)
 
     def _should_log_text(self) -> bool:
         every = self.hparams.log_text_every_n_steps
@@ -198,11 +217,23 @@ class GRPOModule(PolicyModule):
 
     # --------------------------------------------------------------- training
     def training_step(self, dataloader_iter: Iterator) -> None:
-        """One optimiser step on one mini-batch; a new round is rolled out (with the latest weights) when none is left."""
-        round_metrics_, text = {}, None
+        """One optimiser step on one mini-batch; a new round is rolled out (with the latest weights) when none is left.
+
+        A step skipped for a non-finite value still logs ``train/skipped_nonfinite`` (1) and
+        counts towards ``optimizer.max_consecutive_nonfinite``; it does not count towards
+        ``trainer.max_steps`` (Lightning counts optimiser steps).
+        """
+        round_metrics_, text, problem = {}, None, None
         if not self.experience:
             round_, _, _ = next(dataloader_iter)
-            self.experience, round_metrics_, text = self.experience_round(round_)
+            self.experience, round_metrics_, text, problem = self.experience_round(round_)
+        problem = self.agree_on_nonfinite(problem)
+        if problem is not None:  # every rank drops its round, so the ranks keep rolling out in step
+            self.experience = []
+            self.count_nonfinite(problem)
+            skipped = {"train/skipped_nonfinite": 1.0, "train/grad_norm": float("nan")}
+            self._log_step(skipped, round_metrics_, text, 1)
+            return
         batch = self.experience.pop(0)
         start = time.perf_counter()
         optimizer = self.optimizers()
@@ -225,19 +256,22 @@ class GRPOModule(PolicyModule):
             backward=self.manual_backward,
             grad_scale=float(self.trainer.scaler.get_scale()) if self.trainer.scaler is not None else 1.0,
         )
-        grad_norm, finite = self.finish_step(optimizer, scheduler, finite)
-        train_s = time.perf_counter() - start
-
+        grad_norm, problem = self.finish_step(optimizer, scheduler, finite)
         logged = {f"train/{key}": value for key, value in metrics.items() if key != "tokens"}
         logged.update(
             {
                 "train/grad_norm": grad_norm,
-                "train/skipped_nonfinite": float(not finite),
-                "perf/train_s": train_s,
-                "lr": optimizer.param_groups[0]["lr"],
+                "train/skipped_nonfinite": float(problem is not None),
+                "perf/train_s": time.perf_counter() - start,
             }
         )
-        logged.update(round_metrics_)
+        self._log_step(logged, round_metrics_, text, n)
+
+    def _log_step(
+        self, logged: dict[str, float], round_metrics_: dict[str, float], text: str | None, n: int
+    ) -> None:
+        """Log a step's metrics, the learning rate, its round's metrics (on a round's first step) and text."""
+        logged = {**logged, "lr": self.optimizers().param_groups[0]["lr"], **round_metrics_}
         self.log_dict(logged, on_step=True, on_epoch=False, batch_size=n)
         now = time.perf_counter()
         self.log("step_s", now - self._step_start, prog_bar=True, on_step=True, batch_size=n)

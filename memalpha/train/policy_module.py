@@ -3,23 +3,30 @@
 :class:`~memalpha.train.module.GRPOModule` and :class:`~memalpha.train.sft_module.SFTModule`
 both load the policy from the same settings groups, optimise its adapter with the same
 optimiser and schedule under manual optimisation, checkpoint the adapter only, average token
-counts and agree on skipping a non-finite step across ranks, and export the adapter as a PEFT
+counts, skip a step with a non-finite value on every rank at once (and stop a run after
+``optimizer.max_consecutive_nonfinite`` such steps in a row), and export the adapter as a PEFT
 folder when training ends. This base class holds that once.
 """
 
 from __future__ import annotations
 
+import math
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from memalpha.grpo.settings import OptimizerSettings
-from memalpha.grpo.update import build_optimizer, optimizer_step
+from memalpha.grpo.update import NONFINITE_KINDS, NonFiniteStreak, build_optimizer, optimizer_step
 from memalpha.lm.adapters import export_adapter
+from memalpha.lm.embedded import check_model_source
 from memalpha.lm.policy import LMSettings, LoraSettings, load_policy
+from memalpha.train.checkpoint_io import MODULE_KEY
+
+NONFINITE_STREAK_KEY = "memalpha_nonfinite_streak"
 
 
 def typed(cls, value):
@@ -31,11 +38,16 @@ class PolicyModule(LightningModule):
     """A LoRA/QLoRA policy under manual optimisation; subclasses call :meth:`_init_policy` in ``__init__``."""
 
     def _init_policy(self, lm: LMSettings | dict, lora: LoraSettings | dict, optimizer: OptimizerSettings | dict) -> None:
+        check_model_source(self.hparams.model, "model.model")
+        adapter = self.hparams.get("adapter_path")
+        if adapter and not (Path(adapter).expanduser() / "adapter_config.json").is_file():
+            raise ValueError(f"model.adapter_path: {adapter!r} is not a PEFT adapter folder (no adapter_config.json)")
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold the adapter only, never the frozen base
         self.lm_settings: LMSettings = typed(LMSettings, lm)
         self.lora_settings: LoraSettings = typed(LoraSettings, lora)
         self.optimizer_settings: OptimizerSettings = typed(OptimizerSettings, optimizer)
+        self.nonfinite_streak = NonFiniteStreak(self.optimizer_settings.max_consecutive_nonfinite)
         self.policy = None
         self.tokenizer = None
 
@@ -63,9 +75,15 @@ class PolicyModule(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Keep only the adapter's weights in the checkpoint."""
+        """Keep only the adapter's weights in the checkpoint, and name the module that wrote it."""
         trainable = {f"policy.{name}" for name, p in self.policy.named_parameters() if p.requires_grad}
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+        checkpoint[MODULE_KEY] = type(self).__name__
+        checkpoint[NONFINITE_STREAK_KEY] = self.nonfinite_streak.count
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Take back the count of non-finite steps in a row, so a resumed run stops where the whole run would."""
+        self.nonfinite_streak.count = int(checkpoint.get(NONFINITE_STREAK_KEY, 0))
 
     def mean_over_ranks(self, value: float) -> float:
         """``value`` averaged over the data-parallel ranks (itself on one rank)."""
@@ -73,19 +91,54 @@ class PolicyModule(LightningModule):
             return value
         return self.trainer.strategy.reduce(torch.tensor(value, device=self.device), reduce_op="mean").item()
 
-    def finish_step(self, optimizer, scheduler, finite: bool) -> tuple[float, bool]:
-        """Clip and step when every rank's loss was finite (else drop the gradients); ``(grad_norm, finite)``."""
+    def agree_on_nonfinite(self, problem: str | None) -> str | None:
+        """What any rank found non-finite before its backward (one of ``NONFINITE_KINDS``), else None.
+
+        A rank that skips its backward alone would leave the others waiting in DDP's gradient
+        all-reduce, so every rank asks (a collective: call it on every rank, every step) and all
+        skip together.
+        """
+        if self.trainer.world_size == 1:
+            return problem
+        code = torch.tensor(float(NONFINITE_KINDS.index(problem) + 1 if problem else 0), device=self.device)
+        agreed = int(self.trainer.strategy.reduce(code, reduce_op="max").item())
+        return NONFINITE_KINDS[agreed - 1] if agreed else None
+
+    def finish_step(self, optimizer, scheduler, finite: bool) -> tuple[float, str | None]:
+        """Clip and step unless a rank's loss or the gradient norm is non-finite (then the gradients
+        are dropped), and count the step (:meth:`count_nonfinite`).
+
+        Returns ``(grad_norm, what was non-finite or None)``.
+        """
         if self.trainer.world_size > 1:  # every rank must agree to skip, or DDP ranks diverge
             flag = torch.tensor(float(finite), device=self.device)
             finite = self.trainer.strategy.reduce(flag, reduce_op="min").item() > 0.5
+        # a grad scaler's overflowing steps are its own business: it skips them and lowers its scale
+        check_grad_norm = self.trainer.scaler is None
         grad_norm = optimizer_step(
             optimizer,
             self.trainable_parameters(),
             finite=finite,
             grad_clip=self.optimizer_settings.grad_clip,
             scheduler=scheduler,
+            check_grad_norm=check_grad_norm,
         )
-        return grad_norm, finite
+        problem = None
+        if not finite:
+            problem = "loss"
+        elif check_grad_norm and not math.isfinite(grad_norm):
+            problem = "grad norm"
+        self.count_nonfinite(problem)
+        return grad_norm, problem
+
+    def count_nonfinite(self, problem: str | None) -> None:
+        """Count a step skipped for a non-finite ``problem`` (None: it trained); warn, or stop at the limit.
+
+        Every rank counts the same steps (the skips are agreed), so every rank stops together.
+        """
+        warning = self.nonfinite_streak.update(problem, self.global_step)
+        if warning is not None:
+            rank_zero_warn(f"memalpha: {warning}")
 
     def on_train_end(self) -> None:
         target = self.hparams.export_adapter_dir or os.path.join(self.trainer.log_dir or ".", "adapter")

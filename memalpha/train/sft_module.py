@@ -79,7 +79,7 @@ class SFTModule(PolicyModule):
             backward=self.manual_backward,
             share_prefix=self.lm_settings.share_prefix,
         )
-        grad_norm, finite = self.finish_step(optimizer, scheduler, finite)
+        grad_norm, problem = self.finish_step(optimizer, scheduler, finite)  # a non-finite loss or norm skips
         train_s = time.perf_counter() - start
         now = time.perf_counter()
         self.log_dict(
@@ -87,7 +87,7 @@ class SFTModule(PolicyModule):
                 "train/loss": metrics["loss"],
                 "train/token_accuracy": metrics["token_accuracy"],
                 "train/grad_norm": grad_norm,
-                "train/skipped_nonfinite": float(not finite),
+                "train/skipped_nonfinite": float(problem is not None),
                 "perf/tokens_per_s": metrics["tokens"] / train_s if train_s > 0 else 0.0,
                 "perf/train_s": train_s,
                 "lr": optimizer.param_groups[0]["lr"],
