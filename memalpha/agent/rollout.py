@@ -317,16 +317,18 @@ def answer_questions(
 ) -> list[RolloutAnswers]:
     """Phase 2: the reader answers every question of every rollout from its final memory, scored.
 
-    All questions go to the reader as one batch; answers are scored per data source in one
-    call each, so the LLM-judged sources send their judgements as one batch (``judge``,
-    default the reader).
+    All questions go to the reader as one batch, each after its source's instruction (the
+    reader's table); answers are scored per data source in one call each, so the LLM-judged
+    sources send their judgements as one batch (``judge``, default the reader). A question's
+    record keeps the bare question and, apart, the ``instruction`` the reader got before it.
     """
-    items, owners = [], []
+    items, owners, sources = [], [], []
     for i, rollout in enumerate(rollouts):
         for qa in rollout.instance.questions:
             items.append((rollout.memory, qa.question))
             owners.append((i, qa))
-    answers = reader.answer(items) if items else []
+            sources.append(rollout.instance.data_source)
+    answers = reader.answer(items, sources) if items else []
     by_source: dict[str, list[int]] = {}
     for k, (i, _) in enumerate(owners):
         by_source.setdefault(rollouts[i].instance.data_source, []).append(k)
@@ -347,12 +349,19 @@ def answer_questions(
             item_scores[k] = value
             item_errors[k] = item_errors[k] or judge_error
     results = [RolloutAnswers(scores=[], questions=[], failures=0) for _ in rollouts]
-    for (i, qa), answer, score, error in zip(owners, answers, item_scores, item_errors):
+    for (i, qa), source, answer, score, error in zip(owners, sources, answers, item_scores, item_errors):
         result = results[i]
         result.failures += error is not None
         result.scores.append(score)
         result.questions.append(
-            {"question": qa.question, "gold": qa.answer, "prediction": answer.text, "score": score, "error": error}
+            {
+                "question": qa.question,
+                "instruction": reader.instruction_for(source),
+                "gold": qa.answer,
+                "prediction": answer.text,
+                "score": score,
+                "error": error,
+            }
         )
     return results
 

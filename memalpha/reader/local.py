@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memalpha.reader.base import Conversation, Reader, ReaderAnswer
+from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.reader.retrieval import DEFAULT_TOP_K
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class LocalReader(Reader):
         max_new_tokens: reply length limit (answers are short).
         temperature: 0 decodes greedily; > 0 samples.
         top_p: nucleus sampling when sampling.
-        top_k_entries, prompt_budget_tokens: see :class:`~memalpha.reader.base.Reader`.
+        top_k_entries, prompt_budget_tokens, question_instructions: see :class:`~memalpha.reader.base.Reader`.
         batch_size: prompts per forward batch.
         disable_adapters: answer with the base weights of a PEFT model.
         enable_thinking: passed to the chat template (Qwen3's thinking switch).
@@ -96,8 +97,13 @@ class LocalReader(Reader):
         disable_adapters: bool = True,
         enable_thinking: bool = False,
         seed: int | None = None,
+        question_instructions: QuestionInstructions | None = None,
     ) -> None:
-        super().__init__(top_k_entries=top_k_entries, prompt_budget_tokens=prompt_budget_tokens)
+        super().__init__(
+            top_k_entries=top_k_entries,
+            prompt_budget_tokens=prompt_budget_tokens,
+            question_instructions=question_instructions,
+        )
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if max_new_tokens < 1:

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from memalpha.reader.base import Conversation, Reader, ReaderAnswer
+from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.reader.retrieval import DEFAULT_TOP_K
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class OpenAIReader(Reader):
         extra_body: more JSON fields merged into every request.
         sleep: waits between attempts (tests pass a recorder instead of :func:`time.sleep`).
         rng: draws the backoff jitter; ``None`` seeds one from the operating system.
+        top_k_entries, prompt_budget_tokens, question_instructions: see :class:`~memalpha.reader.base.Reader`.
     """
 
     def __init__(
@@ -99,8 +101,13 @@ class OpenAIReader(Reader):
         extra_body: dict[str, Any] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
+        question_instructions: QuestionInstructions | None = None,
     ) -> None:
-        super().__init__(top_k_entries=top_k_entries, prompt_budget_tokens=prompt_budget_tokens)
+        super().__init__(
+            top_k_entries=top_k_entries,
+            prompt_budget_tokens=prompt_budget_tokens,
+            question_instructions=question_instructions,
+        )
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         if max_retries < 0:

@@ -9,6 +9,7 @@ from urllib.parse import urlparse
 from memalpha.reader.base import Reader
 from memalpha.reader.local import LocalReader
 from memalpha.reader.openai_compat import OpenAIReader
+from memalpha.reader.question_instructions import BUILTIN, load_question_instructions
 
 
 @dataclass
@@ -30,6 +31,11 @@ class ReaderSettings:
         openai_max_concurrency: Parallel requests to the endpoint.
         openai_timeout_s: Per-request timeout in seconds.
         openai_max_retries: Retries (with exponential backoff) before a question scores 0.
+        question_instructions: The per-source instruction put before each question (e.g. put the
+            label in ``\\boxed{}`` for the classification sources): ``builtin`` (memalpha's table,
+            shipped with the package), a path to a YAML file mapping data_source names or glob
+            patterns to instructions, or null (or an empty file) for bare questions. Used in
+            training and validation alike; see docs/method.md, "Answering".
     """
 
     kind: Literal["local", "openai"] = "local"
@@ -44,6 +50,7 @@ class ReaderSettings:
     openai_max_concurrency: int = 8
     openai_timeout_s: float = 60.0
     openai_max_retries: int = 3
+    question_instructions: str | None = BUILTIN
 
     def __post_init__(self) -> None:
         if self.kind not in ("local", "openai"):
@@ -65,9 +72,11 @@ class ReaderSettings:
                 f"reader.openai_base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, "
                 f"got {self.openai_base_url!r}"
             )
+        load_question_instructions(self.question_instructions)  # a missing or malformed file fails here
 
     def build(self, policy: Any, tokenizer: Any) -> Reader:
         """The reader: ``policy`` with its adapters off (``local``), or a client of the endpoint (``openai``)."""
+        instructions = load_question_instructions(self.question_instructions)
         if self.kind == "local":
             return LocalReader(
                 policy,
@@ -77,6 +86,7 @@ class ReaderSettings:
                 top_k_entries=self.top_k_entries,
                 prompt_budget_tokens=self.prompt_tokens,
                 batch_size=self.batch_size,
+                question_instructions=instructions,
             )
         return OpenAIReader(
             self.openai_base_url,
@@ -89,4 +99,5 @@ class ReaderSettings:
             max_tokens=self.max_new_tokens,
             top_k_entries=self.top_k_entries,
             prompt_budget_tokens=self.prompt_tokens,
+            question_instructions=instructions,
         )
