@@ -223,6 +223,12 @@ def render_reference(config_text: str | None = None) -> str:
         "`trainer.max_steps` counts optimiser steps. `ckpt_path` resumes a run from a checkpoint file, "
         "e.g. `runs/tiny_cpu/checkpoints/last.ckpt`."),
         "",
+        "## `profile`",
+        "",
+        ("`profile: official` (or `--profile official`) sets the options of the Mem-alpha paper's code as "
+         "defaults, before the config files and flags, which still override them; `memalpha` (the default) "
+         "sets none. [official_compatibility.md](official_compatibility.md) lists what each profile sets."),
+        "",
         f"## Everything, resolved: `memalpha fit --config {CONFIG.as_posix()} --print_config`",
         "",
         "```yaml",

@@ -23,6 +23,8 @@ from typing import Any, NoReturn
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
 
+from memalpha.train.profiles import PROFILES, ProfileName, profile_named
+
 _MOVED = {
     "lm": ("load_precision:precision", "compute_dtype", "gradient_checkpointing", "share_prefix"),
     "reader": (
@@ -114,6 +116,16 @@ class MemAlphaCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.model", "data.tokenizer_name")
+        if self.takes_profile:
+            parser.add_argument(
+                "--profile", type=ProfileName, default="memalpha",
+                help="Settings preset applied before the config files and flags, which still override it: "
+                "memalpha (the documented defaults) or official (the Mem-alpha paper's code; "
+                "docs/official_compatibility.md).",
+            )
+
+    takes_profile = True
+    """Offer ``--profile`` (:mod:`memalpha.train.profiles`); its keys are :class:`GRPOModule`'s."""
 
     checks_renamed_keys = True
     """Refuse memalpha 0.1's flat ``model.*`` keys of :class:`GRPOModule` (see :data:`RENAMED_MODEL_KEYS`)."""
@@ -125,6 +137,8 @@ class MemAlphaCLI(LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         if self.checks_renamed_keys and (args is None or isinstance(args, list)):
             check_renamed_keys(list(sys.argv[1:] if args is None else args))
+        if self.takes_profile and (args is None or isinstance(args, list)):
+            self._apply_profile(list(sys.argv[1:] if args is None else args))
         super().parse_arguments(parser, args)
         self._check_ckpt_path()  # before Lightning reads the checkpoint's hyperparameters
 
@@ -165,6 +179,16 @@ class MemAlphaCLI(LightningCLI):
 
     def _prog(self) -> str:
         return f"memalpha {self.subcommand}"
+
+    def _apply_profile(self, args: list[str]) -> None:
+        """Make the chosen profile's values the defaults of every subcommand, so the config files
+        and flags parsed next override them."""
+        try:
+            name = profile_named(args)
+        except ValueError as exc:
+            raise SystemExit(f"memalpha {args[0] if args else ''}: error: {exc}") from None
+        for subparser in self._subcommand_parsers.values():
+            subparser.set_defaults({"profile": name, **PROFILES[name]})
 
     def _check_ckpt_path(self) -> None:
         from memalpha.train.checkpoint_io import check_checkpoint
@@ -249,9 +273,11 @@ def run_sft_cli(args: list[str] | None = None) -> MemAlphaCLI:
 
 
 class SFTCLI(MemAlphaCLI):
-    """:class:`MemAlphaCLI` for ``memalpha sft``: SFTModule's ``model.micro_batch_size`` is its own key."""
+    """:class:`MemAlphaCLI` for ``memalpha sft``: SFTModule's ``model.micro_batch_size`` is its own key,
+    and no profile applies (the profiles set GRPO and reader options)."""
 
     checks_renamed_keys = False
+    takes_profile = False
 
     def _prog(self) -> str:
         return "memalpha sft"

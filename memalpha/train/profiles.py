@@ -1,0 +1,73 @@
+"""Profiles: one switch that sets a group of settings at once (``profile: official``).
+
+A profile maps option keys to values. ``memalpha fit|validate`` apply the chosen profile as the
+parser's defaults before any config file or flag is read, so an option a config or the command
+line names still wins over the profile's value: ``--profile official --model.update.loss_agg
+token-mean`` is the official profile with memalpha's aggregation. ``--print_config`` shows the
+resolved values, the profile's among them.
+
+- ``memalpha`` (the default) sets nothing: every option keeps its documented default.
+- ``official`` makes training and evaluation behave as the Mem-α paper's code does, wherever
+  memalpha has a setting for the difference (docs/official_compatibility.md lists the twelve
+  known differences and which of them the profile covers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+ProfileName = Literal["memalpha", "official"]
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "memalpha": {},
+    "official": {
+        # the loss: a token mean inside each sample, averaged over samples (the official
+        # one-sample micro-batches averaged over ranks)
+        "model.update.loss_agg": "seq-mean-token-mean",
+        # the reader: sampled at 0.7, up to 2,048 answer tokens (its top 20 entries per memory
+        # list are memalpha's default too)
+        "model.reader.temperature": 0.7,
+        "model.reader.max_new_tokens": 2048,
+    },
+}
+"""Each profile's option values (keys as on the command line, without the leading ``--``)."""
+
+
+def profile_named(args: Iterable[str], read_config: Any = None) -> str:
+    """The profile ``args`` choose: the last ``--profile`` flag or top-level ``profile:`` key of a
+    ``--config`` file, in the order given (``memalpha`` when none does).
+
+    ``read_config(path)`` returns a config file's mapping (default: YAML); an unreadable file is
+    left to the CLI, which reports it itself.
+    """
+    read_config = read_config or _read_yaml
+    args = list(args)
+    chosen = "memalpha"
+    for index, arg in enumerate(args):
+        following = args[index + 1] if index + 1 < len(args) else None
+        if arg == "--profile" and following is not None:
+            chosen = following
+        elif arg.startswith("--profile="):
+            chosen = arg.split("=", 1)[1]
+        elif arg in ("--config", "-c") and following is not None:
+            config = read_config(following)
+            if isinstance(config, Mapping) and "profile" in config:
+                chosen = str(config["profile"])
+        elif arg.startswith("--config="):
+            config = read_config(arg.split("=", 1)[1])
+            if isinstance(config, Mapping) and "profile" in config:
+                chosen = str(config["profile"])
+    if chosen not in PROFILES:
+        raise ValueError(f"profile must be one of {list(PROFILES)}, got {chosen!r}")
+    return chosen
+
+
+def _read_yaml(path: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None

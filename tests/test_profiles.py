@@ -1,0 +1,76 @@
+"""Profiles (`--profile`, `profile:` in a config): defaults that config files and flags override."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from memalpha.train.profiles import PROFILES, profile_named
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def resolved(args: list[str], capsys) -> dict:
+    """The config `memalpha fit ... --print_config` prints."""
+    from memalpha.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", str(REPO / "configs" / "tiny_cpu.yaml"), *args, "--print_config"])
+    assert info.value.code in (0, None)
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+def option(config: dict, key: str):
+    for part in key.split("."):
+        config = config[part]
+    return config
+
+
+def test_official_profile_sets_its_options_and_explicit_flags_win(capsys):
+    official = resolved(["--profile", "official"], capsys)
+    assert official["profile"] == "official"
+    assert option(official, "model.update.loss_agg") == "seq-mean-token-mean"
+    assert option(official, "model.reader.temperature") == 0.7
+    # tiny_cpu.yaml names reader.max_new_tokens itself: the config wins over the profile
+    assert option(official, "model.reader.max_new_tokens") == 24
+    overridden = resolved(["--profile", "official", "--model.update.loss_agg", "token-mean"], capsys)
+    assert option(overridden, "model.update.loss_agg") == "token-mean"
+    default = resolved([], capsys)
+    assert default["profile"] == "memalpha" and option(default, "model.update.loss_agg") == "token-mean"
+
+
+def test_profile_key_in_a_config_file_and_the_last_choice_wins(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("profile: official\n")
+    assert profile_named(["fit", "--config", str(config)]) == "official"
+    assert profile_named(["fit", "--config", str(config), "--profile", "memalpha"]) == "memalpha"
+    assert profile_named(["fit", "--profile=official", f"--config={tmp_path / 'missing.yaml'}"]) == "official"
+    with pytest.raises(ValueError, match="profile must be one of"):
+        profile_named(["fit", "--profile", "offical"])
+
+
+def test_the_official_config_uses_the_profile_without_overriding_it():
+    config = yaml.safe_load((REPO / "configs" / "memalpha_official.yaml").read_text())
+    assert config["profile"] == "official"
+    for key in PROFILES["official"]:
+        section = config
+        for part in key.split(".")[:-1]:
+            section = section.get(part, {})
+        assert key.split(".")[-1] not in section, f"memalpha_official.yaml overrides the profile's {key}"
+
+
+def test_the_docs_table_lists_exactly_what_the_profile_sets():
+    page = (REPO / "docs" / "official_compatibility.md").read_text(encoding="utf-8")
+    section = page.split("What `official` sets:", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([\w.]+)` \| `([^`]*)` \| `([^`]*)` \|$", section, flags=re.MULTILINE)
+    assert {key: yaml.safe_load(value) for key, value, _ in rows} == PROFILES["official"]
+    from memalpha.grpo.settings import UpdateSettings
+    from memalpha.reader.settings import ReaderSettings
+
+    groups = {"update": UpdateSettings(), "reader": ReaderSettings()}  # the "memalpha default" column
+    for key, _, default in rows:
+        _, group, name = key.split(".")
+        assert getattr(groups[group], name) == yaml.safe_load(default), key
