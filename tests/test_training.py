@@ -36,6 +36,8 @@ REQUIRED_SCALARS = [
     "rewards/r3_compression",
     "rewards/r4_content",
     "memory/tokens",
+    "reader/failures",
+    "reader/failed_calls",
     "perf/rollout_s",
     "perf/reader_s",
     "perf/train_s",
@@ -105,6 +107,7 @@ def test_fit_logs_every_metric_and_sample_text(fitted):
         "non-finite metric"
     )
     assert "val/accuracy" in values
+    assert set(values["val/reader_failures"].values()) == {0.0}  # the local reader cannot fail
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -310,6 +310,7 @@ class GRPOModule(PolicyModule):
                 "val/memory_tokens": overall["memory_tokens"],
                 "val/compression": overall["compression"],
                 "val/tool_success": overall["tool_success"],
+                "val/reader_failures": float(overall["reader_failures"]),
             },
             sync_dist=False,
             rank_zero_only=True,
