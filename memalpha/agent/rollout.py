@@ -92,7 +92,19 @@ class RolloutSettings:
 
 @dataclass
 class TurnSample:
-    """One chunk turn: a GRPO training sample."""
+    """One chunk turn: a GRPO training sample.
+
+    ``response_ids`` are the *trained* tokens: the sampled response up to the first token that
+    reaches into its call format's result marker (:meth:`~memalpha.tools.formats.CallFormat.trained_length`;
+    all of it, end token included, when it has none). The tokens after that are cut from the
+    sample rather than masked: each trained token's log-prob depends only on the tokens before
+    it, so the cut trains exactly what a mask would, while the batch, its checkpointed state,
+    the log-prob passes and the prefix cache stay as they are and skip the cut tokens' compute.
+    The official trainer also removes them from the sequence, but by cutting the decoded text
+    (stripped of surrounding whitespace) and re-tokenising it; memalpha keeps the sampled ids,
+    so the log-probs are those of the tokens the policy drew. ``truncated`` and the turn's
+    calls describe the whole response; ``train/response_length`` counts trained tokens.
+    """
 
     group_id: int
     rollout_id: int
@@ -285,7 +297,7 @@ def memorise_chunks(
                         rollout_id=rollout.rollout_id,
                         chunk_index=chunk_index,
                         prompt_ids=generation.prompt_ids[j],
-                        response_ids=response_ids,
+                        response_ids=response_ids[: call_format.trained_length(response_ids, tokenizer)],
                         truncated=generation.truncated[j],
                         num_calls=len(results) + len(parsed.errors),
                         num_successful_calls=sum(r.status in SUCCESS_STATUSES for r in results),

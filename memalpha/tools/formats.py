@@ -32,6 +32,22 @@ Both parsers drop reasoning first: a complete ``<think>…</think>`` block, text
 before a lone ``</think>`` (the template opened the block in the prompt), and
 everything after an unclosed ``<think>``.
 
+Where the trained part of a response ends (:meth:`CallFormat.trained_length`): the agent
+is never shown tool results, so a result written in its own reply is made up, and so is
+everything after it (further "results", the end token). GRPO trains a response only up to the
+first token that reaches into the format's :attr:`~CallFormat.result_marker` outside
+reasoning. Only the training target ends there: the calls are parsed from the response as
+above, and the rollout records keep the whole text.
+
+* ``qwen``: ``✿RESULT✿``, as the official trainer cuts each response at the first
+  ``✿RESULT✿:`` (there only with its colon). ``✿RETURN✿`` is not a marker: it opens the
+  agent's own closing reply, which the official trainer trains too.
+* ``hermes``: ``<tool_response>``, the tag in which the Qwen2.5/Qwen3 chat templates show a
+  tool's result to the model; written by the agent itself, it is the hallucinated result that
+  ``✿RESULT✿`` is in the ``qwen`` format. The ``</tool_call>`` before it is trained.
+
+A marker quoted inside reasoning ends nothing, since the parsers do not read reasoning either.
+
 :meth:`CallFormat.parse` never raises. Arguments are read by
 :func:`memalpha.tools.jsonfix.read_json_object`; a call whose JSON needed a repair
 is returned with ``repaired=True`` and the list of repairs. Arguments cut off
@@ -43,7 +59,9 @@ become a :class:`ParseError` with ``code="truncated"`` – see
 from __future__ import annotations
 
 import json
+import os
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +74,7 @@ RESULT_MARK = "✿RESULT✿"
 RETURN_MARK = "✿RETURN✿"
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
+RESPONSE_OPEN = "<tool_response>"
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 _RAW_LIMIT = 2000  # characters of raw text kept on an error
@@ -95,25 +114,70 @@ class ParseResult:
         return len(self.calls) + len(self.errors)
 
 
-def strip_thinking(text: str) -> str:
-    """Remove reasoning: ``<think>…</think>`` blocks, text before a lone ``</think>``, an open ``<think>``."""
-    out: list[str] = []
+def _spans_outside_thinking(text: str) -> list[tuple[int, int]]:
+    """The ``(start, end)`` spans of ``text`` outside reasoning, in order (see :func:`strip_thinking`)."""
+    spans: list[tuple[int, int]] = []
     pos = 0
     while True:
         opening = text.find(THINK_OPEN, pos)
         closing = text.find(THINK_CLOSE, pos)
         if closing >= 0 and (opening < 0 or closing < opening):
-            out.clear()  # everything so far was reasoning whose opening tag was in the prompt
+            spans.clear()  # everything so far was reasoning whose opening tag was in the prompt
             pos = closing + len(THINK_CLOSE)
             continue
         if opening < 0:
-            out.append(text[pos:])
-            return "".join(out)
-        out.append(text[pos:opening])
+            spans.append((pos, len(text)))
+            return spans
+        spans.append((pos, opening))
         closing = text.find(THINK_CLOSE, opening + len(THINK_OPEN))
         if closing < 0:
-            return "".join(out)
+            return spans
         pos = closing + len(THINK_CLOSE)
+
+
+def strip_thinking(text: str) -> str:
+    """Remove reasoning: ``<think>…</think>`` blocks, text before a lone ``</think>``, an open ``<think>``."""
+    return "".join(text[start:end] for start, end in _spans_outside_thinking(text))
+
+
+def _find_outside_thinking(text: str, marker: str) -> int | None:
+    """Position in ``text`` of the first ``marker`` in what :func:`strip_thinking` keeps, or None.
+
+    The search runs on the kept text, as the parsers read it, so a marker quoted in reasoning
+    is not found; the position is mapped back into ``text``.
+    """
+    kept = [index for start, end in _spans_outside_thinking(text) for index in range(start, end)]
+    found = "".join(text[index] for index in kept).find(marker)
+    return None if found < 0 else kept[found]
+
+
+def first_token_reaching(response_ids: Sequence[int], tokenizer, text: str, position: int) -> int:
+    """Index of the first token of ``response_ids`` whose decoded bytes reach ``text[position:]``.
+
+    ``text`` is ``tokenizer.decode(response_ids, skip_special_tokens=True)`` and ``position <
+    len(text)``. A character may span several tokens (``✿`` is three bytes, often three
+    tokens), and one token may hold the end of the text before ``position`` and the start of
+    what follows (BPE merges across the boundary), so the tokens' text cannot be read one by
+    one. Instead a prefix of the ids is decoded: it is a prefix of ``text``, possibly followed by
+    replacement characters for a character whose bytes are incomplete, and it reaches
+    ``position`` when it holds the character there or some of its bytes. That is monotone in
+    the prefix length, so a binary search finds the first such prefix in ``log2(len)`` decodes.
+    """
+
+    def reaches(count: int) -> bool:
+        prefix = tokenizer.decode(list(response_ids[:count]), skip_special_tokens=True)
+        if text.startswith(prefix):
+            return len(prefix) > position
+        return len(os.path.commonprefix([prefix, text])) >= position  # incomplete bytes at the end
+
+    below, above = 0, len(response_ids)  # reaches(below) is False, reaches(above) is True
+    while above - below > 1:
+        middle = (below + above) // 2
+        if reaches(middle):
+            above = middle
+        else:
+            below = middle
+    return above - 1
 
 
 def _clip(raw: str) -> str:
@@ -154,6 +218,28 @@ class CallFormat(ABC):
 
     name: str = ""
     stop_strings: tuple[str, ...] = ()
+    result_marker: str  # where a tool result would start; every format names one (module docstring)
+
+    def result_start(self, text: str) -> int | None:
+        """Where the agent's own turn ends in ``text``: its first :attr:`result_marker` outside
+        reasoning, or None when it has none."""
+        return _find_outside_thinking(text, self.result_marker)
+
+    def trained_length(self, response_ids: Sequence[int], tokenizer) -> int:
+        """How many leading tokens of a sampled response are trained (see the module docstring).
+
+        All of them (the end-of-sequence token included) when the decoded response has no
+        :attr:`result_marker` outside reasoning; otherwise the tokens before the first token
+        that reaches into the marker (:func:`first_token_reaching`), so neither the marker nor
+        anything after it is trained, even where BPE merged the marker's first bytes with the
+        text before it (that text is then not trained either). Text is decoded without special
+        tokens, as the rollout decodes the response it parses.
+        """
+        text = tokenizer.decode(list(response_ids), skip_special_tokens=True)
+        start = self.result_start(text)
+        if start is None:
+            return len(response_ids)
+        return first_token_reaching(response_ids, tokenizer, text, start)
 
     @abstractmethod
     def instructions(self, compact: bool = False) -> str:
@@ -193,6 +279,7 @@ class QwenFormat(CallFormat):
 
     name = "qwen"
     stop_strings = (RESULT_MARK,)
+    result_marker = RESULT_MARK
 
     def instructions(self, compact: bool = False) -> str:
         names = ", ".join(TOOL_NAMES)
@@ -267,6 +354,7 @@ class HermesFormat(CallFormat):
 
     name = "hermes"
     stop_strings = ()
+    result_marker = RESPONSE_OPEN
 
     def instructions(self, compact: bool = False) -> str:
         listing = (
