@@ -211,24 +211,29 @@ def gib(n_bytes: float) -> float:
     return n_bytes / 2**30
 
 
-def tiny_model_folder(path: str | os.PathLike, *, hidden: int = 32, layers: int = 2, seed: int = 0) -> str:
-    """Save a tiny random Llama with the embedded model's tokenizer to ``path``; returns the folder.
+def tiny_model_folder(path: str | os.PathLike, *, tokenizer: Any = None, hidden: int = 32, layers: int = 2,
+                      seed: int = 0, initializer_range: float = 0.02) -> str:
+    """Save a tiny random Llama with the embedded model's tokenizer (or ``tokenizer``) to ``path``.
 
-    For experiments about the machinery (faults, memory growth) rather than about learning: a
-    step takes about a second on a CPU, and every part of a real run (chat template, tool-call
-    parsing, reader, checkpoints) runs as it does for the embedded model.
+    For experiments and tests about the machinery (faults, memory growth, the loss) rather than
+    about learning: a step takes about a second on a CPU, and every part of a real run (chat
+    template, tool-call parsing, reader, checkpoints) runs as it does for the embedded model. A
+    larger ``initializer_range`` gives peaked next-token distributions that a few optimiser
+    steps can visibly move; the default gives near-uniform ones. Returns the folder.
     """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from memalpha.lm.embedded import load_tokenizer, materialise_embedded_model
+    if tokenizer is None:
+        from memalpha.lm.embedded import load_tokenizer, materialise_embedded_model
 
-    tokenizer = load_tokenizer(str(materialise_embedded_model()))
+        tokenizer = load_tokenizer(str(materialise_embedded_model()))
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        initializer_range=initializer_range, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )
     model = LlamaForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -236,3 +241,28 @@ def tiny_model_folder(path: str | os.PathLike, *, hidden: int = 32, layers: int 
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+def tiny_fit_config(run_dir: Path, model_dir: str, *, steps: int, val_every: int, train_instances: int = 8,
+                    val_instances: int = 2, **model_options: Any) -> Path:
+    """``configs/tiny_cpu.yaml`` shrunk for :func:`tiny_model_folder`'s model (about a second a
+    step): logs and a checkpoint after every step under ``run_dir``, validation every
+    ``val_every`` steps; ``model_options`` set more ``model`` keys. Returns the config's path."""
+    import yaml
+
+    config = yaml.safe_load((REPO_ROOT / "configs" / "tiny_cpu.yaml").read_text())
+    config["trainer"].update(max_steps=steps, val_check_interval=val_every, limit_val_batches=1,
+                             enable_progress_bar=False)
+    config["trainer"]["logger"]["init_args"].update(save_dir=str(run_dir), name="tb", version=None)
+    config["trainer"]["callbacks"][0]["init_args"].update(dirpath=str(run_dir / "checkpoints"), every_n_train_steps=1)
+    config["model"].update(model=model_dir, **model_options)
+    config["model"]["reader"].update(max_new_tokens=6)
+    config["model"]["rollout"].update(group_size=2, max_new_tokens=12, max_prompt_tokens=2048)
+    config["model"]["update"].update(micro_batch_size=4)
+    config["data"].update(synthetic_train=train_instances, synthetic_val=val_instances, synthetic_chunks=2,
+                          synthetic_questions=2, synthetic_chunk_words=30, instances_per_step=2,
+                          val_batch_size=val_instances)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path

@@ -7,11 +7,11 @@ On a tiny random model (the embedded tokenizer, 2 layers) with a checkpoint afte
 
 1. one uninterrupted ``memalpha fit`` of ``--steps`` steps gives the reference metrics and its
    wall time;
-2. each trial starts the same run afresh and sends it ``SIGKILL`` at a moment drawn uniformly
-   from the start of its first step to the end of the reference's wall time (so a kill lands
-   in a rollout, an optimiser step, a checkpoint write, the final validation or the export, as
-   often as each takes time; the first step's start is estimated from the reference's
-   checkpoint times);
+2. each trial starts the same run afresh and sends it ``SIGKILL`` at a random moment of its
+   own progress: after a number of checkpoint writes drawn uniformly from 0 to ``--steps``, a
+   delay drawn uniformly over one step (over the validation and export after the last save).
+   Within a step the kill lands in the rollout, the reference pass, the optimiser step or the
+   checkpoint write as often as each takes time;
 3. ``last.ckpt`` must then load with ``torch.load`` (or not exist yet, when the kill came before
    the first save), and the run resumed from it must log, for every step after the checkpoint,
    the reference's ``train/reward``, ``train/loss``, ``train/kl``, ``train/grad_norm``,
@@ -36,32 +36,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, print_table, tiny_model_folder, write_json
+from _common import (
+    RESULTS_DIR,
+    command_line,
+    machine_info,
+    print_table,
+    tiny_fit_config,
+    tiny_model_folder,
+    write_json,
+)
 
 from memalpha.train.demo_summary import event_scalars
 
 COMPARED = ("train/reward", "train/loss", "train/kl", "train/grad_norm", "memory/tokens", "lr")
-
-
-def write_config(run_dir: Path, model_dir: str, steps: int) -> Path:
-    """configs/tiny_cpu.yaml on the tiny model: a checkpoint every step, validation at the end only."""
-    config = yaml.safe_load((REPO_ROOT / "configs" / "tiny_cpu.yaml").read_text())
-    config["trainer"].update(max_steps=steps, val_check_interval=steps, limit_val_batches=1)
-    config["trainer"]["logger"]["init_args"].update(save_dir=str(run_dir), name="tb", version=None)
-    config["trainer"]["callbacks"][0]["init_args"].update(dirpath=str(run_dir / "checkpoints"), every_n_train_steps=1)
-    config["model"].update(model=model_dir, log_text_every_n_steps=0)
-    config["model"]["reader"].update(max_new_tokens=6)
-    config["model"]["rollout"].update(group_size=2, max_new_tokens=12, max_prompt_tokens=2048)
-    config["model"]["update"].update(micro_batch_size=4)
-    config["data"].update(synthetic_train=8, synthetic_val=2, synthetic_chunks=2, synthetic_questions=2,
-                          synthetic_chunk_words=30, instances_per_step=2, val_batch_size=2)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def fit_command(config: Path, *extra: str) -> list[str]:
@@ -90,54 +79,77 @@ def mismatches(reference: dict[str, dict[int, float]], resumed: dict[str, dict[i
     return wrong
 
 
+class SaveWatcher:
+    """Moments, since ``start``, at which a run's ``last.ckpt`` was (re)written (polled every 20 ms)."""
+
+    def __init__(self, ckpt: Path, start: float) -> None:
+        self.ckpt, self.start = ckpt, start
+        self.saves: list[float] = []
+        self._mtime: int | None = None
+
+    def poll(self) -> None:
+        mtime = self.ckpt.stat().st_mtime_ns if self.ckpt.exists() else None
+        if mtime is not None and mtime != self._mtime:
+            self.saves.append(time.perf_counter() - self.start)
+            self._mtime = mtime
+
+
 def timed_run(config: Path, run_dir: Path) -> tuple[float, list[float]]:
     """Run ``memalpha fit`` to the end; its wall time and the moments ``last.ckpt`` was (re)written."""
-    ckpt = run_dir / "checkpoints" / "last.ckpt"
     start = time.perf_counter()
     process = subprocess.Popen(fit_command(config), env=run_env(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
-    saves: list[float] = []
-    last_mtime = None
+    watcher = SaveWatcher(run_dir / "checkpoints" / "last.ckpt", start)
     while process.poll() is None:
-        mtime = ckpt.stat().st_mtime_ns if ckpt.exists() else None
-        if mtime != last_mtime and mtime is not None:
-            saves.append(time.perf_counter() - start)
-            last_mtime = mtime
-        time.sleep(0.05)
-    if process.returncode != 0 or not saves:
+        watcher.poll()
+        time.sleep(0.02)
+    if process.returncode != 0 or not watcher.saves:
         raise SystemExit(f"the uninterrupted run failed (status {process.returncode}); run its config by hand: {config}")
-    return time.perf_counter() - start, saves
+    return time.perf_counter() - start, watcher.saves
 
 
-def trial(index: int, config: Path, run_dir: Path, kill_at_s: float, reference: dict, steps: int) -> dict[str, Any]:
+def kill_at(process: subprocess.Popen, watcher: SaveWatcher, after_saves: int, delay_s: float,
+            first_step_s: float) -> dict[str, Any]:
+    """SIGKILL ``process`` ``delay_s`` after its ``after_saves``-th checkpoint (0: ``delay_s`` after
+    ``first_step_s``, the reference's start of the first step). Anchoring on the run's own saves
+    keeps the moment inside the intended step however loaded the machine is."""
+    while process.poll() is None:
+        watcher.poll()
+        anchor = first_step_s if after_saves == 0 else (
+            watcher.saves[after_saves - 1] if len(watcher.saves) >= after_saves else None)
+        if anchor is not None and time.perf_counter() - watcher.start >= anchor + delay_s:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            return {"killed": True, "kill_at_s": round(time.perf_counter() - watcher.start, 2)}
+        time.sleep(0.005)
+    return {"killed": False, "kill_at_s": None}
+
+
+def trial(index: int, config: Path, run_dir: Path, aim: tuple[int, float], timing: dict[str, float],
+          reference: dict, steps: int) -> dict[str, Any]:
+    after_saves, delay_s = aim
+    start = time.perf_counter()
     process = subprocess.Popen(fit_command(config), env=run_env(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
-    try:
-        process.wait(timeout=kill_at_s)
-        finished_first = True
-    except subprocess.TimeoutExpired:
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        finished_first = False
     ckpt = run_dir / "checkpoints" / "last.ckpt"
-    leftovers = len(list(ckpt.parent.glob(".*.tmp"))) if ckpt.parent.is_dir() else 0
-    row: dict[str, Any] = {"trial": index, "kill_at_s": round(kill_at_s, 2), "finished_first": finished_first,
-                           "temp_files_left": leftovers}
+    row: dict[str, Any] = {"trial": index, "after_saves": after_saves, "delay_s": round(delay_s, 2),
+                           **kill_at(process, SaveWatcher(ckpt, start), after_saves, delay_s, timing["first_step_s"])}
+    row["temp_files_left"] = len(list(ckpt.parent.glob(".*.tmp"))) if ckpt.parent.is_dir() else 0
     saved_step = 0
     if ckpt.exists():
         try:
             saved_step = int(torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"])
             row["checkpoint"] = "loads"
-        except Exception as exc:  # the failure this loop exists to catch
+        except Exception as exc:  # noqa: BLE001 - any failure to load is what this loop exists to catch
             row.update(checkpoint=f"BROKEN: {type(exc).__name__}: {exc}", saved_step=None, matches=False)
             return row
     else:
         row["checkpoint"] = "none yet"
     row["saved_step"] = saved_step
     resume = ["--ckpt_path", str(ckpt)] if ckpt.exists() else []
-    start = time.perf_counter()
+    resume_start = time.perf_counter()
     done = subprocess.run(fit_command(config, *resume), env=run_env(), capture_output=True, text=True, check=False)
-    row["resume_s"] = round(time.perf_counter() - start, 1)
+    row["resume_s"] = round(time.perf_counter() - resume_start, 1)
     if done.returncode != 0:
         row.update(matches=False, error=done.stderr.strip().splitlines()[-1:])
         return row
@@ -159,19 +171,23 @@ def main(argv: list[str] | None = None) -> int:
         scratch = Path(scratch)
         model_dir = tiny_model_folder(scratch / "model")
         straight_dir = scratch / "straight"
-        straight_s, save_times = timed_run(write_config(straight_dir, model_dir, args.steps), straight_dir)
+        config = tiny_fit_config(straight_dir, model_dir, steps=args.steps, val_every=args.steps, log_text_every_n_steps=0)
+        straight_s, save_times = timed_run(config, straight_dir)
         reference = logged(straight_dir)[0]
         step_s = (save_times[-1] - save_times[0]) / max(len(save_times) - 1, 1)
-        window = (max(0.0, save_times[0] - step_s), straight_s)  # from the first step's start to the end
+        timing = {"first_step_s": max(0.0, save_times[0] - step_s), "step_s": step_s,
+                  "tail_s": straight_s - save_times[-1], "straight_run_s": straight_s}
         rows = []
         for index in range(args.trials):
             run_dir = scratch / f"trial{index}"
-            config = write_config(run_dir, model_dir, args.steps)
-            rows.append(trial(index, config, run_dir, rng.uniform(*window), reference, args.steps))
+            config = tiny_fit_config(run_dir, model_dir, steps=args.steps, val_every=args.steps, log_text_every_n_steps=0)
+            after_saves = rng.randint(0, args.steps)  # args.steps: after the last save (validation, export)
+            delay_s = rng.uniform(0.0, timing["tail_s"] if after_saves == args.steps else step_s)
+            rows.append(trial(index, config, run_dir, (after_saves, delay_s), timing, reference, args.steps))
             row = rows[-1]
-            print(f"trial {index}: killed at {row['kill_at_s']} s, checkpoint {row['checkpoint']}, "
-                  f"step {row.get('saved_step')}, matches {row.get('matches')}", flush=True)
-    killed = [r for r in rows if not r["finished_first"]]
+            print(f"trial {index}: killed {row['delay_s']} s after save {after_saves}, checkpoint "
+                  f"{row['checkpoint']}, step {row.get('saved_step')}, matches {row.get('matches')}", flush=True)
+    killed = [r for r in rows if r["killed"]]
     summary = {
         "trials": len(rows),
         "killed": len(killed),
@@ -180,12 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         "killed_before_first_checkpoint": sum(r["checkpoint"] == "none yet" for r in rows),
         "resumed_runs_matching": sum(bool(r.get("matches")) for r in rows),
         "saved_steps_seen": sorted({r["saved_step"] for r in rows if r.get("saved_step") is not None}),
-        "straight_run_s": round(straight_s, 1),
-        "kill_window_s": [round(t, 1) for t in window],
+        **{key: round(value, 2) for key, value in timing.items()},
     }
-    print_table(["trial", "kill at s", "checkpoint", "saved step", "tmp left", "resume s", "matches"],
-                [[r["trial"], r["kill_at_s"], r["checkpoint"], r.get("saved_step"), r["temp_files_left"],
-                  r.get("resume_s"), r.get("matches")] for r in rows])
+    print_table(["trial", "after save", "+ s", "killed at s", "checkpoint", "saved step", "tmp left", "matches"],
+                [[r["trial"], r["after_saves"], r["delay_s"], r["kill_at_s"], r["checkpoint"], r.get("saved_step"),
+                  r["temp_files_left"], r.get("matches")] for r in rows])
     print_table(list(summary), [list(summary.values())])
     write_json({"benchmark": "kill_resume", "command": command_line(), "steps": args.steps, "seed": args.seed,
                 "summary": summary, "trials": rows}, args.out, machine=machine)

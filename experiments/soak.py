@@ -37,13 +37,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import yaml
 from _common import (
-    REPO_ROOT,
     RESULTS_DIR,
     command_line,
     machine_info,
     print_table,
+    tiny_fit_config,
     tiny_model_folder,
     write_json,
 )
@@ -84,25 +83,6 @@ class ResourceProbe(Callback):
             record["python_objects"] = len(gc.get_objects())
         self.records.append(record)
         self._last = now
-
-
-def write_config(run_dir: Path, model_dir: str, steps: int, val_every: int) -> Path:
-    """configs/tiny_cpu.yaml on the tiny model, sized for a second a step; checkpoint every step."""
-    config = yaml.safe_load((REPO_ROOT / "configs" / "tiny_cpu.yaml").read_text())
-    config["trainer"].update(max_steps=steps, val_check_interval=val_every, limit_val_batches=1,
-                             enable_progress_bar=False)
-    config["trainer"]["logger"]["init_args"].update(save_dir=str(run_dir), name="tb", version=None)
-    config["trainer"]["callbacks"][0]["init_args"].update(dirpath=str(run_dir / "checkpoints"), every_n_train_steps=1)
-    config["model"].update(model=model_dir, log_text_every_n_steps=10, export_adapter_dir=str(run_dir / "adapter"))
-    config["model"]["reader"].update(max_new_tokens=6)
-    config["model"]["rollout"].update(group_size=2, max_new_tokens=12, max_prompt_tokens=2048)
-    config["model"]["update"].update(micro_batch_size=4)
-    config["data"].update(synthetic_train=64, synthetic_val=4, synthetic_chunks=2, synthetic_questions=2,
-                          synthetic_chunk_words=30, instances_per_step=2, val_batch_size=4)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def slope_per_100_steps(records: Sequence[dict[str, Any]], key: str) -> float:
@@ -172,7 +152,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="soak_") as scratch:
         scratch = Path(scratch)
         model_dir = args.model or tiny_model_folder(scratch / "model")
-        config = write_config(scratch / "run", model_dir, args.steps, args.val_every)
+        run_dir = scratch / "run"
+        config = tiny_fit_config(run_dir, model_dir, steps=args.steps, val_every=args.val_every, train_instances=64,
+                                 val_instances=4, log_text_every_n_steps=10, export_adapter_dir=str(run_dir / "adapter"))
         probe = f"{ResourceProbe.__module__}.ResourceProbe"
         cli = run_lightning_cli(["fit", "--config", str(config), f"--trainer.callbacks+={probe}"])
         records = next(c for c in cli.trainer.callbacks if isinstance(c, ResourceProbe)).records

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))  # their shared helpers
 
 
 @pytest.fixture(scope="session")
@@ -29,35 +33,13 @@ def tokenizer(embedded_model_dir):
 def build_tiny_model_dir(
     path, tokenizer, *, hidden: int = 32, layers: int = 2, seed: int = 0, initializer_range: float = 0.02
 ) -> str:
-    """A random Llama with the embedded tokenizer, small enough for fast CPU tests.
+    """A random Llama with the embedded tokenizer, small enough for fast CPU tests
+    (``experiments/_common.py``'s builder, which the experiments share)."""
+    from _common import tiny_model_folder
 
-    A larger ``initializer_range`` gives peaked (non-uniform) next-token distributions that a
-    few optimiser steps can visibly move; the default gives near-uniform ones.
-    """
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        initializer_range=initializer_range,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+    return tiny_model_folder(
+        path, tokenizer=tokenizer, hidden=hidden, layers=layers, seed=seed, initializer_range=initializer_range
     )
-    model = LlamaForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
 
 
 def randomise_lora_b(model, std: float) -> None:

@@ -63,7 +63,7 @@ def arm(phase: str, n: int, signum: int) -> None:
         os.kill(os.getpid(), signum)
 
     if phase == "rollout":
-        import memalpha.train.module as module
+        from memalpha.train import module
 
         generate = module.run_rollouts
 

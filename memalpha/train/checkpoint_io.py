@@ -108,7 +108,7 @@ def check_checkpoint(path: str, module: str, command: str) -> None:
         raise ValueError(f"ckpt_path: {path} is not a memalpha checkpoint (not a PyTorch checkpoint file)")
     try:
         checkpoint = torch.load(file, map_location="cpu", mmap=True, weights_only=False)
-    except Exception as exc:  # torch raises several types for damaged archives
+    except Exception as exc:  # noqa: BLE001 - torch raises several types for damaged archives
         raise ValueError(f"ckpt_path: {path} is not a readable checkpoint ({type(exc).__name__}: {exc})") from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or MODULE_KEY not in checkpoint:
         raise ValueError(f"ckpt_path: {path} is not a memalpha checkpoint (no {MODULE_KEY!r} entry)")
