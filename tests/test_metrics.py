@@ -23,7 +23,7 @@ from memalpha.agent.scoring import (
 )
 from memalpha.reader.base import Reader, ReaderAnswer
 
-PUBMED_RESULTS = Path("/work/shared/data/memalpha4b-pubmed/reader_results.jsonl")
+PUBMED_RESULTS = Path(__file__).resolve().parent / "fixtures" / "memalpha4b_pubmed" / "reader_results.jsonl"
 
 
 @pytest.mark.parametrize(

@@ -67,10 +67,14 @@ def test_the_docs_table_lists_exactly_what_the_profile_sets():
     section = page.split("What `official` sets:", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `([\w.]+)` \| `([^`]*)` \| `([^`]*)` \|$", section, flags=re.MULTILINE)
     assert {key: yaml.safe_load(value) for key, value, _ in rows} == PROFILES["official"]
+    from memalpha.agent.rewards import RewardSettings
+    from memalpha.agent.rollout import RolloutSettings
     from memalpha.grpo.settings import UpdateSettings
     from memalpha.reader.settings import ReaderSettings
 
-    groups = {"update": UpdateSettings(), "reader": ReaderSettings()}  # the "memalpha default" column
+    groups = {  # the "memalpha default" column
+        "update": UpdateSettings(), "reader": ReaderSettings(), "rollout": RolloutSettings(), "reward": RewardSettings(),
+    }
     for key, _, default in rows:
         _, group, name = key.split(".")
         assert getattr(groups[group], name) == yaml.safe_load(default), key

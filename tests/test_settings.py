@@ -50,9 +50,9 @@ def test_a_bad_value_names_its_option(group, kwargs, message):
 
 
 def test_update_knows_when_a_round_feeds_several_steps():
-    assert not UpdateSettings().needs_old_logps
-    assert UpdateSettings(num_mini_batches=2).needs_old_logps
-    assert UpdateSettings(ppo_epochs=2).needs_old_logps
+    assert not UpdateSettings().needs_old_logps(10)
+    assert UpdateSettings(num_mini_batches=2).needs_old_logps(10)
+    assert UpdateSettings(ppo_epochs=2).needs_old_logps(10)
 
 
 def _batch(rows: int = 5) -> GRPOBatch:

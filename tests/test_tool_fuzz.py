@@ -489,7 +489,10 @@ def test_executor_survives_direct_calls_of_any_shape():
 # ------------------------------------------------------------------------ the sandbox
 _ALLOWED_IMPORTS = {"__future__", "abc", "collections.abc", "copy", "dataclasses", "functools", "hashlib",
                     "json", "typing", "memalpha.memory.ids", "memalpha.memory.store",
-                    "memalpha.tools.formats", "memalpha.tools.jsonfix", "memalpha.tools.schemas"}
+                    "memalpha.tools.formats", "memalpha.tools.jsonfix", "memalpha.tools.schemas",
+                    # the official call-repair policy's parser: only its string entry point is called
+                    # (its file readers never are); tests/test_call_repair.py audits that path
+                    "json_repair"}
 # code execution, file and console access, and reflection (a model-written name must never pick an attribute)
 _FORBIDDEN_CALLS = {"eval", "exec", "compile", "open", "__import__", "breakpoint", "input", "getattr",
                     "setattr", "globals", "locals", "vars"}

@@ -89,7 +89,7 @@ def replay_trajectory(
             )
         previous = turn.chunk_index
         messages, _ = turn_prompt(tokenizer, memory, instance.chunks[turn.chunk_index], target, settings, where=where)
-        outcome = execute_response(memory, turn.response, written)
+        outcome = execute_response(memory, turn.response, written, settings.call_repair)
         stats.turns += 1
         if outcome.attempts == 0:
             stats.dropped["no_call"] += 1

@@ -5,8 +5,10 @@ For chunk turn ``t`` of one rollout::
     R_t = r1 + r2_t + beta * r3 + gamma * r4_t
 
 * ``r1``   mean question score of the reader over the final memory (per rollout);
-* ``r2_t`` successful calls / calls in turn ``t`` (a call succeeds when its result status is
-  ``ok`` or ``skipped``; every parse error of the turn is one failed call); 0 without calls;
+* ``r2_t`` successful calls / calls in turn ``t`` (every parse error of the turn is one failed
+  call); 0 without calls. What succeeds is ``reward.call_success`` (:func:`call_succeeded`):
+  ``memalpha`` counts the statuses ``ok`` and ``skipped``; ``official`` counts what the
+  official code reports as executed and not skipped;
 * ``r3``   ``1 - memory_tokens / chunk_tokens`` (per rollout; negative when memory outgrows
   the input);
 * ``r4_t`` mean content validity of turn ``t``'s parsed calls, 0 without parsed calls.
@@ -34,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from memalpha.agent.prompts import content_judge_prompt
-from memalpha.agent.scoring import check_metric_overrides, strip_thinking
+from memalpha.agent.scoring import MetricStyle, check_metric_overrides, check_metric_style, strip_thinking
 from memalpha.tools.executor import SUCCESS_STATUSES
 from memalpha.tools.schemas import DELETE, INSERT, UPDATE
 
@@ -55,12 +57,26 @@ class RewardSettings:
         gamma: Weight of the content-validity reward r4 (scripts 0.1).
         content_judge: r4 judge: ``rule`` (deterministic checks) or ``llm`` (the reader judges, paper style).
         metric_overrides: ``data_source`` -> metric name, overriding the default registry mapping.
+        metric_style: How an answer is compared with its gold, in the training reward r1 and in
+            validation alike (docs/metrics_and_rewards.md, official difference 10): ``memalpha``
+            normalises (punctuation, articles, white space; best of all golds; the judge's
+            yes and not the word no) so that a right answer written differently scores;
+            ``official`` compares as the official code does (the lower-cased first gold in the
+            answer; perltqa parts in the prediction as written; a boxed label only when it is
+            digits; the judge's yes only when no ``no`` appears anywhere in its reply).
+        call_success: What r2 counts as a successful call (official difference 7). ``memalpha``:
+            the statuses ``ok`` and ``skipped``, so repeating a stored insert is no failure and
+            every refused call is. ``official``: what the official code reports as executed and
+            not skipped, so a duplicate insert fails and deleting an unknown id succeeds (its
+            code deletes nothing and reports success); the executor runs the same either way.
     """
 
     beta: float = 0.05
     gamma: float = 0.1
     content_judge: Literal["rule", "llm"] = "rule"
     metric_overrides: dict[str, str] | None = None
+    metric_style: MetricStyle = "memalpha"
+    call_success: Literal["memalpha", "official"] = "memalpha"
 
     def __post_init__(self) -> None:
         if self.content_judge not in ("rule", "llm"):
@@ -69,6 +85,11 @@ class RewardSettings:
             raise ValueError(f"reward.beta and reward.gamma must be >= 0, got {self.beta}, {self.gamma}")
         if self.metric_overrides:
             check_metric_overrides(self.metric_overrides, "reward.metric_overrides")
+        check_metric_style(self.metric_style, "reward.metric_style")
+        if self.call_success not in CALL_SUCCESS_RULES:
+            raise ValueError(
+                f"reward.call_success must be one of {list(CALL_SUCCESS_RULES)}, got {self.call_success!r}"
+            )
 
     def build_content_judge(self, reader: Reader) -> ContentJudge:
         """The r4 judge: the rule checks, or ``reader`` asked for a validity judgement per call."""
@@ -113,12 +134,45 @@ def accuracy_reward(question_scores: Sequence[float]) -> float:
     return float(sum(question_scores) / len(question_scores)) if question_scores else 0.0
 
 
-def tool_success_reward(turn: TurnCalls) -> float:
-    """r2_t: successful calls over all calls of the turn (parse errors are failed calls)."""
+CALL_SUCCESS_RULES = ("memalpha", "official")
+
+
+def call_succeeded(result: ToolResult, rule: str = "memalpha") -> bool:
+    """Whether r2 counts ``result`` as a successful call under ``rule`` (``reward.call_success``).
+
+    ``memalpha``: status ``ok`` or ``skipped``. ``official`` models what the official code
+    reports for the same call, whose tools differ from memalpha's executor in three places:
+    its insert of a text already stored reports ``skipped``, which it counts as a failure;
+    its update to an unchanged text and its deletion of an empty core report success (memalpha:
+    ``skipped``); and its deletion of a list item by an unknown or missing id deletes nothing
+    and reports success (memalpha: an error). Every other error is a failure there too
+    (updating an unknown id raises in the official store).
+    """
+    if rule == "memalpha":
+        return result.status in SUCCESS_STATUSES
+    if rule != "official":
+        raise ValueError(f"reward.call_success must be one of {list(CALL_SUCCESS_RULES)}, got {rule!r}")
+    call = result.call
+    if result.status == "ok":
+        return True
+    if result.status == "skipped":
+        return call is None or call.name != INSERT
+    if call is None or call.name != DELETE:
+        return False
+    arguments = call.arguments if isinstance(call.arguments, dict) else {}
+    memory_id_missing = (
+        result.code == "missing_argument" and "memory_type" in arguments and "memory_id" not in arguments
+    )
+    return result.code == "unknown_id" or memory_id_missing
+
+
+def tool_success_reward(turn: TurnCalls, rule: str = "memalpha") -> float:
+    """r2_t: successful calls (:func:`call_succeeded` under ``rule``) over all calls of the turn
+    (parse errors are failed calls)."""
     total = len(turn.results) + len(turn.parse_errors)
     if total == 0:
         return 0.0
-    return sum(r.status in SUCCESS_STATUSES for r in turn.results) / total
+    return sum(call_succeeded(r, rule) for r in turn.results) / total
 
 
 def compression_reward(memory_tokens: int, chunk_tokens: int) -> float:
@@ -143,7 +197,7 @@ def rollout_rewards(
     """
     r1 = accuracy_reward(question_scores)
     r3 = compression_reward(memory_tokens, chunk_tokens)
-    r2 = [tool_success_reward(t) for t in turns]
+    r2 = [tool_success_reward(t, weights.call_success) for t in turns]
     calls = [res.call for t in turns for res in t.results if res.call is not None]
     if content_judge is not None and weights.gamma != 0 and calls:
         verdicts = list(content_judge.judge(calls))

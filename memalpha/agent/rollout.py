@@ -30,6 +30,7 @@ from memalpha.reader.base import Reader
 from memalpha.seeding import stable_seed
 from memalpha.tools.executor import SUCCESS_STATUSES, execute_call
 from memalpha.tools.formats import CallFormat, get_call_format
+from memalpha.tools.jsonfix import CALL_REPAIRS
 
 
 class RolloutError(ValueError):
@@ -56,6 +57,12 @@ class RolloutSettings:
         prompt_profile: ``full`` (every memory part explained, the tools' JSON schemas; ~1.1k
             tokens with the hermes format) or ``compact`` (a few sentences and one signature line
             per tool; ~650 tokens less: for small models on a CPU budget).
+        call_repair: How call arguments are read (docs/official_compatibility.md, difference 6):
+            ``strict`` (memalpha) refuses a call cut off inside its arguments and one with an
+            argument its tool does not take (both failed calls), and reports a call with no
+            arguments; ``json_repair`` (official) repairs arguments with the ``json-repair``
+            package, so a cut-off call stores the prefix it keeps and succeeds, drops a call with
+            no arguments silently and ignores extra arguments.
     """
 
     group_size: int = 8
@@ -70,6 +77,7 @@ class RolloutSettings:
     generation_batch_size: int | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     prompt_profile: Literal["full", "compact"] = "full"
+    call_repair: Literal["strict", "json_repair"] = "strict"
 
     def __post_init__(self) -> None:
         for name in ("group_size", "max_new_tokens", "max_prompt_tokens", "core_token_limit"):
@@ -88,6 +96,8 @@ class RolloutSettings:
         get_call_format(self.call_format)  # raises with the known names
         if self.prompt_profile not in PROMPT_PROFILES:
             raise ValueError(f"rollout.prompt_profile must be one of {list(PROMPT_PROFILES)}, got {self.prompt_profile!r}")
+        if self.call_repair not in CALL_REPAIRS:
+            raise ValueError(f"rollout.call_repair must be one of {list(CALL_REPAIRS)}, got {self.call_repair!r}")
 
 
 @dataclass
@@ -288,8 +298,8 @@ def memorise_chunks(
             for j, rollout in enumerate(live):
                 response_ids = generation.response_ids[j]
                 text = tokenizer.decode(response_ids, skip_special_tokens=True)
-                parsed = call_format.parse(text)
-                results = [execute_call(rollout.memory, call) for call in parsed.calls]
+                parsed = call_format.parse(text, settings.call_repair)
+                results = [execute_call(rollout.memory, call, settings.call_repair) for call in parsed.calls]
                 rollout.calls.append(TurnCalls(results=results, parse_errors=list(parsed.errors)))
                 rollout.samples.append(
                     TurnSample(
@@ -326,6 +336,7 @@ def answer_questions(
     *,
     judge: Reader | None = None,
     metric_overrides: dict[str, str] | None = None,
+    metric_style: str = "memalpha",
 ) -> list[RolloutAnswers]:
     """Phase 2: the reader answers every question of every rollout from its final memory, scored.
 
@@ -333,6 +344,7 @@ def answer_questions(
     reader's table); answers are scored per data source in one call each, so the LLM-judged
     sources send their judgements as one batch (``judge``, default the reader). A question's
     record keeps the bare question and, apart, the ``instruction`` the reader got before it.
+    ``metric_style`` (``reward.metric_style``) says how answers are compared with their golds.
     """
     items, owners, sources = [], [], []
     for i, rollout in enumerate(rollouts):
@@ -356,6 +368,7 @@ def answer_questions(
             judge=judge or reader,
             overrides=metric_overrides,
             ok=[answers[k].ok for k in ks],
+            style=metric_style,
         )
         for k, value, judge_error in zip(ks, scored, judge_errors):
             item_scores[k] = value
@@ -439,7 +452,7 @@ def run_rollouts(
     ``group_id`` of a sample is the instance's position in ``instances``. ``share_prefix`` lets
     each ``generate`` call compute the prompt tokens its rows share once
     (:mod:`memalpha.lm.prefix_cache`). The answer metric of each source comes from
-    ``weights.metric_overrides`` first.
+    ``weights.metric_overrides`` first; answers are compared in ``weights.metric_style``.
     """
     count_tokens = make_token_counter(tokenizer)
     rollouts = start_rollouts(
@@ -453,7 +466,10 @@ def run_rollouts(
     readers = [reader] if judge_reader is None or judge_reader is reader else [reader, judge_reader]
     failures_before = sum(r.failures for r in readers)
     start = time.perf_counter()
-    answers = answer_questions(rollouts, reader, judge=judge_reader, metric_overrides=weights.metric_overrides)
+    answers = answer_questions(
+        rollouts, reader, judge=judge_reader, metric_overrides=weights.metric_overrides,
+        metric_style=weights.metric_style,
+    )
     reader_s = time.perf_counter() - start
     samples, records = assign_rewards(rollouts, answers, weights, content_judge, count_tokens)
     return RolloutOutput(

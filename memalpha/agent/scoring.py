@@ -18,16 +18,25 @@ Normalisation (:func:`normalize_answer`) lower-cases, drops punctuation and the 
 A prediction's leading ``<think>...</think>`` block is removed before scoring; an
 unfinished thinking block leaves nothing to score (the official code does the same).
 
-Differences from the official training reward, all deliberate:
+Two styles (``reward.metric_style``; docs/metrics_and_rewards.md shows both side by side).
+``memalpha`` (the default) normalises more than the official code, on purpose, so that a
+right answer written differently still scores:
 
-* ``substring`` normalises both sides (the official training reward for SQuAD/HotpotQA
-  only lower-cases and checks the first gold; its evaluation normalises and takes the max).
+* ``substring`` normalises both sides and takes the best of all golds (the official
+  training reward and evaluation for SQuAD/HotpotQA only lower-case and check the first gold).
 * ``multi_part`` normalises each part and the prediction (the official code lower-cases
-  the part but not the prediction, so a capitalised answer never matched).
+  the part but not the prediction, so a capitalised answer never matched a part).
 * ``keyword`` lower-cases and collapses white space on both sides.
 * ``boxed`` compares the extracted label with the gold label after stripping quotes and
-  white space; for numeric gold labels (every official source) that is exactly the
-  official digits-only rule, and it also works for our text labels.
+  white space, and also reads ``<answer>`` tags and ``\\box{}``; for numeric gold labels
+  (every official source) a boxed number scores as the official digits-only rule does,
+  and text labels (memalpha's synthetic sources) work too.
+* ``llm_judge`` reads the judge's words: yes and not the word no.
+
+``official`` scores as the official code (its training reward manager, and its evaluation for
+the same sources) does: :data:`OFFICIAL_METRICS`, one function per metric name, so the
+source-to-metric table is the same in both styles. A style changes how an answer is
+compared with its gold, never which metric a source gets.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ import logging
 import re
 import string
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # only for annotations: the reader imports nothing from here
     from memalpha.reader.base import Reader
@@ -172,22 +181,35 @@ def _judge_prompt(question: str, gold: Gold, prediction: str) -> str:
     return answer_judge_prompt(question=question, rubric=rubric, response=strip_thinking(prediction))
 
 
-def llm_judge(prediction: str, gold: Gold, *, question: str = "", judge: Reader | None = None) -> float:
-    """Ask ``judge`` whether the prediction satisfies the gold rubric; a failed call scores 0."""
-    return llm_judge_many([prediction], [gold], [question], judge)[0]
+def llm_judge(
+    prediction: str, gold: Gold, *, question: str = "", judge: Reader | None = None, style: str = "memalpha"
+) -> float:
+    """Ask ``judge`` whether the prediction satisfies the gold rubric; a failed call scores 0.
+
+    ``style`` says how the judge's reply is read (:data:`YES_NO_BY_STYLE`)."""
+    return llm_judge_many([prediction], [gold], [question], judge, style)[0]
 
 
 def llm_judge_many(
-    predictions: Sequence[str], golds: Sequence[Gold], questions: Sequence[str], judge: Reader | None
+    predictions: Sequence[str],
+    golds: Sequence[Gold],
+    questions: Sequence[str],
+    judge: Reader | None,
+    style: str = "memalpha",
 ) -> list[float]:
     """:func:`llm_judge` for many answers in one batched call to the judge."""
-    return _judge_many(predictions, golds, questions, judge)[0]
+    return _judge_many(predictions, golds, questions, judge, style)[0]
 
 
 def _judge_many(
-    predictions: Sequence[str], golds: Sequence[Gold], questions: Sequence[str], judge: Reader | None
+    predictions: Sequence[str],
+    golds: Sequence[Gold],
+    questions: Sequence[str],
+    judge: Reader | None,
+    style: str = "memalpha",
 ) -> tuple[list[float], list[str | None]]:
     """The judged scores, and for each the error of its failed judge call (None when it was judged)."""
+    check_metric_style(style)
     if judge is None:
         raise ValueError(
             "metric 'llm_judge' needs a judge (a memalpha.reader.Reader); configure a reader "
@@ -195,9 +217,81 @@ def _judge_many(
         )
     prompts = [_judge_prompt(q, g, p) for p, g, q in zip(predictions, golds, questions, strict=True)]
     replies = judge.complete(prompts)
-    scores = [parse_yes_no(r.text) if r.ok else 0.0 for r in replies]
+    read_reply = YES_NO_BY_STYLE[style]
+    scores = [read_reply(r.text) if r.ok else 0.0 for r in replies]
     return scores, [None if r.ok else f"judge: {r.error}" for r in replies]
 
+
+
+# ---------------------------------------------------------------------------
+# the official style: compare as the official code does, nothing more normalised
+# ---------------------------------------------------------------------------
+
+
+def official_first_gold_match(prediction: str, gold: Gold) -> float:
+    """1.0 when the lower-cased first gold occurs in the lower-cased prediction.
+
+    Only the first gold counts and nothing but case is normalised, so ``U.S.A.`` misses the
+    gold ``USA`` and an answer naming the second gold scores 0.
+    """
+    golds = _golds(gold)
+    if not golds:
+        return 0.0
+    return float(golds[0].lower() in strip_thinking(prediction).lower())
+
+
+def official_multi_part_match(prediction: str, gold: Gold) -> float:
+    """Fraction of the ``;``-separated gold parts in the prediction, the official way (max over golds).
+
+    With a ``;`` each part is lower-cased and stripped but the prediction is not lower-cased,
+    so a capitalised answer misses a part; every piece of the split counts, an empty one as
+    found. Without a ``;`` both sides are lower-cased.
+    """
+    pred = strip_thinking(prediction)
+    best = 0.0
+    for single in _golds(gold):
+        if ";" in single:
+            parts = single.split(";")
+            score = sum(part.lower().strip() in pred for part in parts) / len(parts)
+        else:
+            score = float(single.lower() in pred.lower())
+        best = max(best, score)
+    return best
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def official_boxed_digits_match(prediction: str, gold: Gold) -> float:
+    """1.0 when the first ``\\boxed{}`` (else the whole reply), without quotes, is all digits and
+    equals a gold label; ``<answer>`` tags and ``\\box{}`` are not read."""
+    reply = strip_thinking(prediction)
+    match = _BOXED.search(reply)
+    label = (match.group(1) if match else reply).strip().strip("\"'").strip()
+    if not _DIGITS.fullmatch(label):
+        return 0.0
+    return float(any(label == g.strip("\"'").strip() for g in _golds(gold)))
+
+
+def official_keyword_hit(prediction: str, gold: Gold) -> float:
+    """Fraction of the ``,``-separated keywords (stripped) found in the prediction, both sides
+    only lower-cased (white space is not collapsed); an empty keyword counts as found."""
+    raw = gold.split(",") if isinstance(gold, str) else [k for g in _golds(gold) for k in g.split(",")]
+    keywords = [k.strip().lower() for k in raw]
+    if not keywords:
+        return 0.0
+    pred = strip_thinking(prediction).lower()
+    return sum(k in pred for k in keywords) / len(keywords)
+
+
+def official_yes_no(reply: str) -> float:
+    """1.0 when the lower-cased reply contains ``yes`` and nowhere ``no``, as substrings.
+
+    So "Yes, nothing is missing" scores 0 (``no`` in "nothing"). The official judge runs
+    without thinking; a thinking block is removed first all the same.
+    """
+    text = strip_thinking(reply).lower()
+    return float("yes" in text and "no" not in text)
 
 
 METRICS: dict[str, Callable[..., float]] = {
@@ -208,6 +302,25 @@ METRICS: dict[str, Callable[..., float]] = {
     "llm_judge": llm_judge,
 }
 """Metric name -> scoring function. All but ``llm_judge`` are pure ``(prediction, gold)``."""
+
+OFFICIAL_METRICS: dict[str, Callable[..., float]] = {
+    "substring": official_first_gold_match,
+    "multi_part": official_multi_part_match,
+    "boxed": official_boxed_digits_match,
+    "keyword": official_keyword_hit,
+    "llm_judge": llm_judge,
+}
+"""The ``official`` style's function for each metric name (the judge differs only in reading its reply)."""
+
+MetricStyle = Literal["memalpha", "official"]
+METRICS_BY_STYLE: dict[str, dict[str, Callable[..., float]]] = {"memalpha": METRICS, "official": OFFICIAL_METRICS}
+YES_NO_BY_STYLE: dict[str, Callable[[str], float]] = {"memalpha": parse_yes_no, "official": official_yes_no}
+
+
+def check_metric_style(style: str, option: str = "metric style") -> None:
+    """Raise ValueError naming ``option`` when ``style`` is not a known metric style."""
+    if style not in METRICS_BY_STYLE:
+        raise ValueError(f"{option} must be one of {list(METRICS_BY_STYLE)}, got {style!r}")
 
 # ---------------------------------------------------------------------------
 # data_source -> metric
@@ -286,12 +399,15 @@ def score_answer(
     question: str = "",
     judge: Reader | None = None,
     overrides: dict[str, str] | None = None,
+    style: str = "memalpha",
 ) -> float:
-    """Score one reader answer with the metric of its ``data_source`` (a float in [0, 1])."""
+    """Score one reader answer with the metric of its ``data_source`` (a float in [0, 1]),
+    compared in the metric ``style`` (``memalpha`` or ``official``)."""
+    check_metric_style(style)
     name = metric_for_source(data_source, overrides)
     if name == "llm_judge":
-        return llm_judge(prediction, gold, question=question, judge=judge)
-    return METRICS[name](prediction, gold)
+        return llm_judge(prediction, gold, question=question, judge=judge, style=style)
+    return METRICS_BY_STYLE[style][name](prediction, gold)
 
 
 def score_answers(
@@ -302,12 +418,14 @@ def score_answers(
     judge: Reader | None = None,
     overrides: dict[str, str] | None = None,
     ok: Sequence[bool] | None = None,
+    style: str = "memalpha",
 ) -> list[float]:
-    """Score many answers of one source; LLM-judge calls go to the judge as one batch.
+    """Score many answers of one source in the metric ``style``; LLM-judge calls go to the judge
+    as one batch.
 
     ``ok[i] == False`` (a failed reader call) scores 0 without being judged.
     """
-    return score_answers_checked(data_source, predictions, golds, questions, judge, overrides, ok)[0]
+    return score_answers_checked(data_source, predictions, golds, questions, judge, overrides, ok, style)[0]
 
 
 def score_answers_checked(
@@ -318,6 +436,7 @@ def score_answers_checked(
     judge: Reader | None = None,
     overrides: dict[str, str] | None = None,
     ok: Sequence[bool] | None = None,
+    style: str = "memalpha",
 ) -> tuple[list[float], list[str | None]]:
     """:func:`score_answers`, and for each answer the error of its failed judge call (None when
     none failed), so a 0 the judge never gave is counted as a reader failure, not as a wrong answer."""
@@ -328,6 +447,7 @@ def score_answers_checked(
     ok = list(ok) if ok is not None else [True] * n
     if len(questions) != n or len(ok) != n:
         raise ValueError(f"score_answers: {n} predictions but {len(questions)} questions / {len(ok)} ok flags")
+    check_metric_style(style)
     name = metric_for_source(data_source, overrides)
     scores = [0.0] * n
     judge_errors: list[str | None] = [None] * n
@@ -335,12 +455,13 @@ def score_answers_checked(
     if name == "llm_judge":
         if live:
             judged, errors = _judge_many(
-                [predictions[i] for i in live], [golds[i] for i in live], [questions[i] for i in live], judge
+                [predictions[i] for i in live], [golds[i] for i in live], [questions[i] for i in live], judge,
+                style,
             )
             for i, s, error in zip(live, judged, errors):
                 scores[i], judge_errors[i] = s, error
         return scores, judge_errors
-    metric = METRICS[name]
+    metric = METRICS_BY_STYLE[style][name]
     for i in live:
         scores[i] = metric(predictions[i], golds[i])
     return scores, judge_errors

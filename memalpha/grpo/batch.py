@@ -90,9 +90,12 @@ def cut_minibatches(batch: GRPOBatch, num_mini_batches: int, ppo_epochs: int, se
     """A round's optimiser-step batches: ``ppo_epochs`` passes, each cut into ``num_mini_batches``.
 
     The first pass keeps the round's order; every later pass reshuffles it with a seed derived
-    from ``seed`` and the pass index. A round with fewer samples than ``num_mini_batches`` is cut
-    into one-sample mini-batches. Returns ``ppo_epochs * min(num_mini_batches, len(batch))``
-    batches in the order they are trained.
+    from ``seed`` and the pass index. Each pass is spread evenly over its mini-batches (their
+    sizes differ by at most one, the larger first), so no step trains on a short remainder; with
+    ``update.mini_batch_size`` the count comes from
+    :meth:`~memalpha.grpo.settings.UpdateSettings.mini_batches_per_epoch`. A round with fewer
+    samples than ``num_mini_batches`` is cut into one-sample mini-batches. Returns
+    ``ppo_epochs * min(num_mini_batches, len(batch))`` batches in the order they are trained.
     """
     if num_mini_batches < 1 or ppo_epochs < 1:
         raise ValueError(f"num_mini_batches and ppo_epochs must be >= 1, got {num_mini_batches}, {ppo_epochs}")

@@ -53,6 +53,7 @@ def policy_loss(
     response_mask: torch.Tensor,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
+    clip_ratio_c: float | None = None,
     kl_coef: float = 0.0,
     agg: str = "token-mean",
     token_normaliser: float | None = None,
@@ -63,6 +64,10 @@ def policy_loss(
 
     Per token: ``ratio = exp(logp - old_logp)`` and
     ``loss = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A) + kl_coef * k3_kl``.
+    With the dual clip (``clip_ratio_c``), a token with ``A < 0`` has its policy term capped
+    at ``clip_ratio_c * |A|``: the clipped surrogate leaves a negative-advantage token's ratio
+    unbounded above, and a stale sample whose probability has grown many-fold would otherwise
+    dominate the loss of a late mini-batch. Such a capped token gets no gradient.
 
     Args:
         logps: ``[B, T]`` current log-probs (with grad).
@@ -72,6 +77,7 @@ def policy_loss(
         advantages: ``[B]`` (broadcast over tokens) or ``[B, T]``.
         response_mask: ``[B, T]``, nonzero on response tokens; other positions never contribute,
             whatever their values.
+        clip_ratio_c: the dual-clip constant (> 1), or None: no dual clip.
         agg: ``token-mean``: sum over every response token / number of tokens;
             ``seq-mean-token-mean``: per-sequence token mean, then the mean over sequences;
             ``seq-mean-token-sum-norm`` (Dr. GRPO): per-sequence token sum / ``max_len``, then the
@@ -85,7 +91,8 @@ def policy_loss(
 
     Metrics: ``loss``, ``pg_loss``, ``kl``, ``clip_ratio/low`` (share of tokens with ``A < 0`` and
     ratio below ``1 - clip_low``), ``clip_ratio/high`` (``A > 0``, ratio above ``1 + clip_high``),
-    ``clip_ratio``, ``ratio_mean``, ``ratio_max``, ``tokens`` and, if given, ``entropy``.
+    ``clip_ratio``, ``clip_ratio/dual`` (``A < 0`` and the term capped by the dual clip; 0
+    without it), ``ratio_mean``, ``ratio_max``, ``tokens`` and, if given, ``entropy``.
     """
     if agg not in LOSS_AGGREGATIONS:
         raise ValueError(f"agg must be one of {LOSS_AGGREGATIONS}, got {agg!r}")
@@ -95,6 +102,8 @@ def policy_loss(
         )
     if kl_coef != 0.0 and ref_logps is None:
         raise ValueError("kl_coef is nonzero but ref_logps is None")
+    if clip_ratio_c is not None and not clip_ratio_c > 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 (or None: off), got {clip_ratio_c}")
     if agg == "seq-mean-token-sum-norm" and (max_len is None or max_len <= 0):
         raise ValueError(f"agg 'seq-mean-token-sum-norm' needs a positive max_len, got {max_len}")
     mask = response_mask.bool()
@@ -110,6 +119,11 @@ def policy_loss(
     ratio = torch.exp(logps - old)
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     pg = -torch.minimum(ratio * advantages, clipped * advantages)
+    dual = torch.zeros_like(mask)
+    if clip_ratio_c is not None:
+        cap = -advantages * clip_ratio_c
+        dual = (advantages < 0) & (pg > cap)
+        pg = torch.where(dual, cap.expand_as(pg), pg)
     per_token = pg
     kl = None
     if ref_logps is not None:
@@ -142,6 +156,7 @@ def policy_loss(
             "clip_ratio/low": _masked_mean(low.to(ratio_d.dtype), mask),
             "clip_ratio/high": _masked_mean(high.to(ratio_d.dtype), mask),
             "clip_ratio": _masked_mean((low | high).to(ratio_d.dtype), mask),
+            "clip_ratio/dual": _masked_mean(dual.to(ratio_d.dtype), mask),
             "ratio_mean": _masked_mean(ratio_d, mask),
             "ratio_max": float(torch.where(mask, ratio_d, 0.0).max().item()) if mask.any() else 0.0,
             "tokens": float(mask.sum().item()),

@@ -7,6 +7,7 @@ value fails when the config is read, before any model loads.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,6 +31,10 @@ class UpdateSettings:
             ``none`` (Dr. GRPO: only subtract the group mean).
         clip_low: Lower PPO clip (ratio >= 1 - clip_low).
         clip_high: Upper PPO clip (ratio <= 1 + clip_high; above clip_low is DAPO's clip-higher).
+        clip_ratio_c: Dual clip (Ye et al. 2019, verl's ``clip_ratio_c``; official 3.0): a token with
+            a negative advantage loses at most ``clip_ratio_c * |A|``, however far its ratio has
+            grown since sampling, so one stale token cannot dominate a late mini-batch. None: off
+            (memalpha's default); must be > 1 when set.
         kl_coef: Weight of the k3 KL penalty to the reference (official script 0.001; 0 skips
             the reference pass).
         kl_reference: What the KL term pulls towards. ``base``: the base model (the adapter
@@ -38,8 +43,16 @@ class UpdateSettings:
             verl do after SFT; with a fresh adapter the same as ``base`` (LoRA starts at zero).
         loss_agg: ``token-mean``, ``seq-mean-token-mean`` or ``seq-mean-token-sum-norm`` (Dr. GRPO).
         ppo_epochs: Passes over each round's samples (official 1).
-        num_mini_batches: Optimiser steps per pass over a round's samples (1: one step per
-            round, the ratio is then always 1).
+        num_mini_batches: Optimiser steps per pass over a round's samples, a fixed count (1: one
+            step per round, the ratio is then always 1). Leave at 1 when ``mini_batch_size`` is set.
+        mini_batch_size: Turn samples per optimiser step, as verl's ``ppo_mini_batch_size``
+            (official 32: about 80 steps per round of ~2.5k samples, so the ratio and the clips
+            act). A round of ``N`` samples then takes ``ceil(N / mini_batch_size)`` steps per pass,
+            its samples spread evenly over them (sizes differ by at most one; verl instead keeps
+            full batches and one short last batch). ``N`` counts the whole round, summed over DDP
+            ranks, as verl's size is global: every rank takes the same number of steps with about
+            ``mini_batch_size / world_size`` of its own samples each. None: use
+            ``num_mini_batches``.
         micro_batch_size: Samples per forward/backward; gradients accumulate over a mini-batch.
             Also the batch of the reference and old-policy log-prob passes.
     """
@@ -47,11 +60,13 @@ class UpdateSettings:
     advantage_scale: AdvantageScale = "group"
     clip_low: float = 0.2
     clip_high: float = 0.2
+    clip_ratio_c: float | None = None
     kl_coef: float = 0.001
     kl_reference: KLReference = "base"
     loss_agg: LossAggregation = "token-mean"
     ppo_epochs: int = 1
     num_mini_batches: int = 1
+    mini_batch_size: int | None = None
     micro_batch_size: int = 4
 
     def __post_init__(self) -> None:
@@ -67,11 +82,33 @@ class UpdateSettings:
         for name in ("ppo_epochs", "num_mini_batches", "micro_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"update.{name} must be >= 1, got {getattr(self, name)}")
+        if self.clip_ratio_c is not None and not self.clip_ratio_c > 1.0:
+            raise ValueError(f"update.clip_ratio_c must be > 1 (or null: off), got {self.clip_ratio_c}")
+        if self.mini_batch_size is not None:
+            if self.mini_batch_size < 1:
+                raise ValueError(f"update.mini_batch_size must be >= 1 (or null), got {self.mini_batch_size}")
+            if self.num_mini_batches != 1:
+                raise ValueError(
+                    "update.mini_batch_size and update.num_mini_batches both set the steps per round: "
+                    f"set one (num_mini_batches must stay 1 with mini_batch_size, got {self.num_mini_batches})"
+                )
 
-    @property
-    def needs_old_logps(self) -> bool:
-        """Whether a round feeds more than one optimiser step, so the ratio needs the sampling log-probs."""
-        return self.ppo_epochs * self.num_mini_batches > 1
+    def mini_batches_per_epoch(self, round_samples: int) -> int:
+        """Optimiser steps per pass over a round of ``round_samples`` turn samples (over all ranks).
+
+        ``ceil(round_samples / mini_batch_size)``, or ``num_mini_batches`` when no size is set;
+        never more than ``round_samples`` (a mini-batch holds at least one sample).
+        """
+        if round_samples < 1:
+            raise ValueError(f"a round needs at least one sample, got {round_samples}")
+        if self.mini_batch_size is None:
+            return min(self.num_mini_batches, round_samples)
+        return math.ceil(round_samples / self.mini_batch_size)
+
+    def needs_old_logps(self, round_samples: int) -> bool:
+        """Whether a round of ``round_samples`` feeds more than one optimiser step, so the ratio
+        needs the sampling policy's log-probs (with ``mini_batch_size`` it depends on the round)."""
+        return self.ppo_epochs * self.mini_batches_per_epoch(round_samples) > 1
 
 
 @dataclass

@@ -92,10 +92,11 @@ class SingleTurnSettings:
             raise ValueError(f"temperature must be > 0 (the trainer samples), got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.update.needs_old_logps:
+        update = self.update
+        if update.ppo_epochs > 1 or update.num_mini_batches > 1 or update.mini_batch_size is not None:
             raise ValueError(
                 "the single-turn trainer takes one optimiser step per round: "
-                "update.ppo_epochs and update.num_mini_batches must be 1"
+                "update.ppo_epochs and update.num_mini_batches must be 1 and update.mini_batch_size null"
             )
 
 

@@ -167,6 +167,7 @@ def accumulate_grpo_gradients(
             mask,
             clip_low=settings.clip_low,
             clip_high=settings.clip_high,
+            clip_ratio_c=settings.clip_ratio_c,
             kl_coef=settings.kl_coef if ref is not None else 0.0,
             agg=settings.loss_agg,
             token_normaliser=normaliser,
@@ -184,7 +185,7 @@ def accumulate_grpo_gradients(
         tokens = float(mask.sum().item())
         sums["loss"] += float(out.loss.detach())
         sums["tokens"] += tokens
-        for key in ("kl", "clip_ratio/low", "clip_ratio/high", "ratio_mean"):
+        for key in ("kl", "clip_ratio/low", "clip_ratio/high", "clip_ratio/dual", "ratio_mean"):
             sums[key] += out.metrics[key] * tokens
         sums["entropy"] += float((entropy * mask).sum().item())
     weight = max(sums["tokens"], 1.0)
@@ -192,7 +193,7 @@ def accumulate_grpo_gradients(
     metrics.update(
         {
             key: sums[key] / weight
-            for key in ("kl", "clip_ratio/low", "clip_ratio/high", "ratio_mean", "entropy")
+            for key in ("kl", "clip_ratio/low", "clip_ratio/high", "clip_ratio/dual", "ratio_mean", "entropy")
         }
     )
     return metrics, finite

@@ -17,20 +17,30 @@ A reason quotes model-written names, keys and values only clipped (to 40-200 cha
 rollout records every reason, and a 10 MB key must not become a 10 MB reason.
 
 **Counting successful calls (reward r2).** A rollout turn's calls are the parsed
-calls plus the parse errors of its response. Successful calls are the executed
-calls with status in :data:`SUCCESS_STATUSES` (``ok`` or ``skipped``); every
+calls plus the parse errors of its response. Under memalpha's rule (the default
+``reward.call_success``), successful calls are the executed calls with status in
+:data:`SUCCESS_STATUSES` (``ok`` or ``skipped``); every
 :class:`~memalpha.tools.formats.ParseError` counts as one failed call. So
 ``r2 = successes / (len(calls) + len(errors))``, and 0 when that is 0 – see
-:func:`turn_call_counts` and :class:`TurnOutcome`.
+:func:`turn_call_counts` and :class:`TurnOutcome`. The official code counts
+otherwise: a call succeeds when its result says it executed and was not
+``skipped``, so repeating a stored insert is a failed call there;
+:func:`memalpha.agent.rewards.call_succeeded` models that rule from these
+results (``reward.call_success: official``), and this executor runs the same
+under both rules.
 
 **Differences from the official executor, on purpose:**
 
-* Deleting or updating an unknown id is an ``error``. The official code silently
-  accepts it (and reports success), which teaches the agent nothing about ids.
+* Deleting an unknown id is an ``error``. The official code deletes nothing and
+  reports success, which teaches the agent nothing about ids. Updating an
+  unknown id is an error in both (the official store raises on it).
+* Updating to the text already there, and deleting an already empty core, are
+  ``skipped`` here; the official code reports them as executed.
 * Truncated arguments – a response cut off by the length limit inside an
   argument string, ``arguments_complete_json: false`` in the recorded official
-  run – are refused: the parser reports them as a ``ParseError`` with
-  ``code="truncated"``, so they count as failed calls. The official code
+  run – are refused under the ``strict`` call-repair policy (the default): the
+  parser reports them as a ``ParseError`` with ``code="truncated"``, so they
+  count as failed calls. The official code
   "repaired" them with a JSON-repair library and stored whatever prefix that
   library kept, reporting success. We refuse instead because (1) r2 should teach
   the agent to finish its calls within the response budget – keep entries short,
@@ -40,14 +50,19 @@ calls with status in :data:`SUCCESS_STATUSES` (``ok`` or ``skipped``); every
   prefix survives is an accident of the repair library, not the agent's choice.
   Only repairs that keep the content whole (a missing closing brace after a
   complete string, trailing commas, single quotes) are accepted, flagged with
-  ``ToolCall.repaired``.
+  ``ToolCall.repaired``. The ``json_repair`` policy (``rollout.call_repair``, set by
+  the official profile) does what the official code does instead: the parser keeps
+  the repaired prefix (:mod:`memalpha.tools.formats`) and the executor ignores
+  arguments the tool does not take (:func:`drop_extra_arguments`), where ``strict``
+  refuses them (``extra_argument``). Both policies refuse a non-string value
+  (``wrong_type``): the official code would store it as it is, but the store holds text.
 * ``memory_update`` of a list item to a text that another item of the same list
   already holds is ``skipped`` (the list never holds the same text twice).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from memalpha.memory.store import CORE, LIST_TYPES, Memory
@@ -72,7 +87,7 @@ class ToolResult:
 
     @property
     def success(self) -> bool:
-        """True for ``ok`` and ``skipped`` (what r2 counts as a successful call)."""
+        """True for ``ok`` and ``skipped`` (what r2 counts as a successful call under memalpha's rule)."""
         return self.status in SUCCESS_STATUSES
 
 
@@ -184,10 +199,30 @@ def _delete(memory: Memory, call: ToolCall) -> ToolResult:
 _HANDLERS = {INSERT: _insert, UPDATE: _update, DELETE: _delete}
 
 
-def execute_call(memory: Memory, call: ToolCall) -> ToolResult:
-    """Validate ``call`` and apply it to ``memory``; never raises on a bad call."""
+def drop_extra_arguments(call: ToolCall) -> ToolCall:
+    """``call`` without the arguments its tool does not take (a copy; ``call`` is not modified).
+
+    The ``json_repair`` policy's reading of a call, as the official tools read only the keys they
+    know. A call of an unknown tool, or with arguments that are not an object, is returned as
+    it is, for the checks to refuse.
+    """
+    if call.name not in TOOL_NAMES or not isinstance(call.arguments, dict):
+        return call
+    properties = tool_parameters(call.name)["properties"]
+    kept = {key: value for key, value in call.arguments.items() if key in properties}
+    return call if len(kept) == len(call.arguments) else replace(call, arguments=kept)
+
+
+def execute_call(memory: Memory, call: ToolCall, call_repair: str = "strict") -> ToolResult:
+    """Validate ``call`` and apply it to ``memory``; never raises on a bad call.
+
+    Under ``call_repair="json_repair"`` arguments the tool does not take are ignored
+    (:func:`drop_extra_arguments`); under ``strict`` they make the call an ``extra_argument`` error.
+    """
     if not isinstance(call, ToolCall):
         return _error(None, "not_object", f"not a ToolCall: {type(call).__name__}")
+    if call_repair == "json_repair":
+        call = drop_extra_arguments(call)
     problem = _check_arguments(call)
     if problem:
         return problem
@@ -223,7 +258,9 @@ class TurnOutcome:
         return self.parsed.errors
 
 
-def execute_response(memory: Memory, response: str, call_format: CallFormat) -> TurnOutcome:
-    """Parse ``response`` and execute its calls on ``memory`` in order."""
-    parsed = call_format.parse(response)
-    return TurnOutcome(parsed=parsed, results=[execute_call(memory, call) for call in parsed.calls])
+def execute_response(memory: Memory, response: str, call_format: CallFormat,
+                     call_repair: str = "strict") -> TurnOutcome:
+    """Parse ``response`` and execute its calls on ``memory`` in order, under the policy ``call_repair``."""
+    parsed = call_format.parse(response, call_repair)
+    return TurnOutcome(parsed=parsed,
+                       results=[execute_call(memory, call, call_repair) for call in parsed.calls])

@@ -48,24 +48,34 @@ above, and the rollout records keep the whole text.
 
 A marker quoted inside reasoning ends nothing, since the parsers do not read reasoning either.
 
-:meth:`CallFormat.parse` never raises. Arguments are read by
-:func:`memalpha.tools.jsonfix.read_json_object`; a call whose JSON needed a repair
-is returned with ``repaired=True`` and the list of repairs. Arguments cut off
-inside a string (the response hit its length limit) are *not* repaired: they
-become a :class:`ParseError` with ``code="truncated"`` – see
-:mod:`memalpha.tools.executor` for why.
+:meth:`CallFormat.parse` never raises on any text. How arguments are read is the call-repair
+policy (``call_repair``, :data:`~memalpha.tools.jsonfix.CALL_REPAIRS`):
+
+``strict`` (memalpha's default)
+    :func:`memalpha.tools.jsonfix.read_json_object`; a call whose JSON needed a repair is
+    returned with ``repaired=True`` and the list of repairs. Arguments cut off inside a string
+    (the response hit its length limit) are *not* repaired: they become a :class:`ParseError`
+    with ``code="truncated"`` – see :mod:`memalpha.tools.executor` for why. A call with no
+    arguments is an error too.
+``json_repair`` (the official profile)
+    as the official code reads them (:func:`memalpha.tools.jsonfix.repair_object_as_official`):
+    a cut-off call becomes the prefix the ``json-repair`` package keeps. A call with no
+    arguments at all – a ``✿FUNCTION✿`` line with no ``✿ARGS✿``, an empty ``✿ARGS✿:`` that ends
+    the response, an empty ``<tool_call>`` block – is dropped without an error, because the
+    official parser (a regular expression that needs at least one character of arguments) never
+    sees it. An empty ``✿ARGS✿:`` followed by another call stays an error: there the official
+    parser reads an empty argument string and fails to decode it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memalpha.tools.jsonfix import read_json_object
+from memalpha.tools.jsonfix import CALL_REPAIRS, read_arguments
 from memalpha.tools.schemas import TOOL_NAMES, TOOL_SCHEMAS, compact_signatures
 
 FN_MARK = "✿FUNCTION✿"
@@ -151,6 +161,14 @@ def _find_outside_thinking(text: str, marker: str) -> int | None:
     return None if found < 0 else kept[found]
 
 
+def _common_prefix_length(first: str, second: str) -> int:
+    """How many leading characters ``first`` and ``second`` share (no ``os.path``: tools import no I/O module)."""
+    for index, (a, b) in enumerate(zip(first, second)):
+        if a != b:
+            return index
+    return min(len(first), len(second))
+
+
 def first_token_reaching(response_ids: Sequence[int], tokenizer, text: str, position: int) -> int:
     """Index of the first token of ``response_ids`` whose decoded bytes reach ``text[position:]``.
 
@@ -168,7 +186,7 @@ def first_token_reaching(response_ids: Sequence[int], tokenizer, text: str, posi
         prefix = tokenizer.decode(list(response_ids[:count]), skip_special_tokens=True)
         if text.startswith(prefix):
             return len(prefix) > position
-        return len(os.path.commonprefix([prefix, text])) >= position  # incomplete bytes at the end
+        return _common_prefix_length(prefix, text) >= position  # incomplete bytes at the end
 
     below, above = 0, len(response_ids)  # reaches(below) is False, reaches(above) is True
     while above - below > 1:
@@ -204,13 +222,18 @@ def _name_not_text(name: str, raw: str) -> ParseError | None:
     return None
 
 
-def _arguments_call(name: str, args_text: str, raw: str) -> ToolCall | ParseError:
+def _arguments_call(name: str, args_text: str, raw: str, call_repair: str) -> ToolCall | ParseError:
     """Build a call from a name and its argument text, or the error explaining why not."""
-    read = read_json_object(args_text)
+    read = read_arguments(args_text, call_repair)
     if read.value is None:
         return ParseError(reason=f"{_label(name)}: {read.error}", raw=_clip(raw), code=read.code)
     return ToolCall(name=name, arguments=read.value, raw=raw, repaired=bool(read.repairs),
                     repairs=read.repairs)
+
+
+def _argument_text(after_args_mark: str) -> str:
+    """The argument text after a ``✿ARGS✿`` marker: without surrounding space and the marker's colon."""
+    return after_args_mark.strip().removeprefix(":")
 
 
 class CallFormat(ABC):
@@ -250,16 +273,19 @@ class CallFormat(ABC):
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         """One call written in this format."""
 
-    def parse(self, text: str) -> ParseResult:
-        """All calls in ``text`` (after a leading thinking block) and an error for each malformed one. Never raises."""
+    def parse(self, text: str, call_repair: str = "strict") -> ParseResult:
+        """All calls in ``text`` (after a leading thinking block) and an error for each malformed one,
+        read under the policy ``call_repair`` (module docstring). Never raises on any text."""
+        if call_repair not in CALL_REPAIRS:
+            raise ValueError(f"call_repair must be one of {list(CALL_REPAIRS)}, got {call_repair!r}")
         result = ParseResult()
         if not isinstance(text, str):
             result.errors.append(ParseError(reason="response is not text", raw=_clip(repr(text)), code="not_text"))
             return result
-        return self._parse_text(strip_thinking(text), result)
+        return self._parse_text(strip_thinking(text), result, call_repair)
 
     @abstractmethod
-    def _parse_text(self, text: str, result: ParseResult) -> ParseResult:
+    def _parse_text(self, text: str, result: ParseResult, call_repair: str) -> ParseResult:
         """Add the calls and errors of ``text`` (a string, thinking removed) to ``result`` and return it."""
 
     def render_calls(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
@@ -299,7 +325,7 @@ class QwenFormat(CallFormat):
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         return f"{FN_MARK}: {name}\n{ARGS_MARK}: {json.dumps(arguments, ensure_ascii=False)}"
 
-    def _parse_text(self, text: str, result: ParseResult) -> ParseResult:
+    def _parse_text(self, text: str, result: ParseResult, call_repair: str) -> ParseResult:
         for mark in (RESULT_MARK, RETURN_MARK):
             cut = text.find(mark)
             if cut >= 0:
@@ -316,14 +342,20 @@ class QwenFormat(CallFormat):
                                             raw=_clip(preamble[stray:]), code="missing_name"))
         for index, start in enumerate(starts):
             end = starts[index + 1] if index + 1 < len(starts) else len(text)
-            outcome = self._parse_segment(text[start:end])
-            (result.calls if isinstance(outcome, ToolCall) else result.errors).append(outcome)
+            outcome = self._parse_segment(text[start:end], call_repair, last=end == len(text))
+            if outcome is not None:
+                (result.calls if isinstance(outcome, ToolCall) else result.errors).append(outcome)
         return result
 
     @staticmethod
-    def _parse_segment(segment: str) -> ToolCall | ParseError:
+    def _parse_segment(segment: str, call_repair: str, last: bool) -> ToolCall | ParseError | None:
+        """The call or error of one ``✿FUNCTION✿`` segment; None for a call the official policy drops
+        (no arguments; ``last``: the segment ends the response)."""
         body = segment[len(FN_MARK):]
         split = body.find(ARGS_MARK)
+        no_arguments = split < 0 or (last and not _argument_text(body[split + len(ARGS_MARK):]).strip())
+        if call_repair == "json_repair" and no_arguments:
+            return None
         head = body if split < 0 else body[:split]
         name = head.strip().removeprefix(":").strip()
         if not name:
@@ -342,11 +374,11 @@ class QwenFormat(CallFormat):
         if ARGS_MARK in args_text:
             return ParseError(reason=f"{_label(name)}: several {ARGS_MARK} lines for one {FN_MARK}",
                               raw=_clip(segment), code="duplicate_args")
-        args_text = args_text.strip().removeprefix(":")
+        args_text = _argument_text(args_text)
         if not args_text.strip():
             return ParseError(reason=f"{_label(name)}: {ARGS_MARK} is empty (the response may have been "
                               "cut off)", raw=_clip(segment), code="missing_args")
-        return _arguments_call(name, args_text, segment)
+        return _arguments_call(name, args_text, segment, call_repair)
 
 
 class HermesFormat(CallFormat):
@@ -376,7 +408,7 @@ class HermesFormat(CallFormat):
         payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
         return f"{CALL_OPEN}\n{payload}\n{CALL_CLOSE}"
 
-    def _parse_text(self, text: str, result: ParseResult) -> ParseResult:
+    def _parse_text(self, text: str, result: ParseResult, call_repair: str) -> ParseResult:
         pos = 0
         while True:
             opening = text.find(CALL_OPEN, pos)
@@ -397,12 +429,14 @@ class HermesFormat(CallFormat):
             else:
                 pos = next_open if next_open >= 0 else len(text)
                 body = text[start:pos]
-            outcome = self._parse_block(body, text[opening:pos])
+            if call_repair == "json_repair" and not body.strip():
+                continue  # a call with no arguments: the official policy drops it (module docstring)
+            outcome = self._parse_block(body, text[opening:pos], call_repair)
             (result.calls if isinstance(outcome, ToolCall) else result.errors).append(outcome)
 
     @staticmethod
-    def _parse_block(body: str, raw: str) -> ToolCall | ParseError:
-        read = read_json_object(body)
+    def _parse_block(body: str, raw: str, call_repair: str) -> ToolCall | ParseError:
+        read = read_arguments(body, call_repair)
         if read.value is None:
             return ParseError(reason=f"tool call: {read.error}", raw=_clip(raw), code=read.code)
         payload = read.value
@@ -419,7 +453,7 @@ class HermesFormat(CallFormat):
         arguments = payload["arguments"]
         repairs = list(read.repairs)
         if isinstance(arguments, str):  # arguments sent as a JSON string
-            inner = read_json_object(arguments)
+            inner = read_arguments(arguments, call_repair)
             if inner.value is None:
                 return ParseError(reason=f"{_label(name)}: {inner.error}", raw=_clip(raw), code=inner.code)
             arguments = inner.value

@@ -13,6 +13,12 @@ Text that ends *inside a string* is never repaired: the content was cut off
 mid-sentence (the model hit its length limit), and any "repair" would store a
 silently shortened value. Such text yields ``error`` with the code
 ``"truncated"``. Nothing is ever evaluated as code.
+
+That is the ``strict`` call-repair policy, memalpha's default. The ``json_repair`` policy
+(:func:`read_arguments`, ``rollout.call_repair``; the official profile) reads arguments as the
+official Mem-α code does, with :func:`repair_object_as_official`: whatever the ``json-repair``
+package makes of them, a cut-off string included. That package only parses the string it is
+given (its file readers are never called here), so the sandbox holds under both policies.
 """
 
 from __future__ import annotations
@@ -20,6 +26,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from json_repair import repair_json  # a pure string parser here: no file, network or eval (see above)
+
+CALL_REPAIRS = ("strict", "json_repair")
+"""The call-repair policies: memalpha's (cut-off arguments refused) and the official code's."""
+_REPAIRED_BY_PACKAGE = "repaired with json-repair (the official policy)"
 
 _DECODER = json.JSONDecoder()
 _CLOSERS = {"{": "}", "[": "]"}
@@ -73,6 +85,55 @@ def read_json_object(text: str) -> JsonRead:
         value = json.loads(fixed)
     except (ValueError, RecursionError):
         return JsonRead(error=f"invalid JSON: {first_error}", code="invalid_json")
+    if not isinstance(value, dict):
+        return JsonRead(error="arguments are not a JSON object", code="not_object")
+    return JsonRead(value=value, repairs=repairs)
+
+
+def read_arguments(text: str, call_repair: str) -> JsonRead:
+    """Read a call's argument object under the policy ``call_repair`` (one of :data:`CALL_REPAIRS`)."""
+    if call_repair == "json_repair":
+        return repair_object_as_official(text)
+    return read_json_object(text)
+
+
+def trim_after_last_brace(text: str) -> str:
+    """``text`` stripped and, when it opens with ``{``, cut after its last ``}``.
+
+    The official code trims argument text this way before repairing it; a cut-off call whose
+    content holds a ``}`` therefore loses everything after that brace, and matching that is what
+    makes the stored prefixes equal the official ones.
+    """
+    text = text.strip()
+    if text.startswith("{"):
+        end = text.rfind("}")
+        if end > 0:
+            return text[: end + 1]
+    return text
+
+
+def repair_object_as_official(text: str) -> JsonRead:
+    """Read ``text`` as the official code does: trim (:func:`trim_after_last_brace`), repair with
+    ``json-repair``, decode. Never raises.
+
+    Unlike :func:`read_json_object`, text cut off inside a string is read as the prefix the
+    package keeps, and a code fence is not removed. A result that is not an object (the package
+    turns empty text into ``""``, other text into a string or list) is an error, as it is there.
+    Any exception of the package counts as invalid JSON: it parses model-written text, and one
+    malformed call must never end a rollout.
+    """
+    body = trim_after_last_brace(text)
+    if not body:
+        return JsonRead(error="no arguments given", code="empty")
+    try:
+        value = json.loads(body)
+        repairs: list[str] = []
+    except (ValueError, RecursionError):
+        try:
+            value = json.loads(repair_json(body))
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            return JsonRead(error=f"invalid JSON even after json-repair: {type(exc).__name__}", code="invalid_json")
+        repairs = [_REPAIRED_BY_PACKAGE]
     if not isinstance(value, dict):
         return JsonRead(error="arguments are not a JSON object", code="not_object")
     return JsonRead(value=value, repairs=repairs)

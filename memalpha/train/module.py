@@ -173,6 +173,16 @@ class GRPOModule(PolicyModule):
             raise RuntimeError(
                 f"rollout round {round_.index} produced no samples from {len(round_.instances)} instances"
             )
+        # the round's samples summed over ranks (update.mini_batch_size is global, as verl's), so
+        # every rank takes the same number of steps; a collective, before any rank can leave early
+        round_samples = round(self.mean_over_ranks(float(len(samples))) * self.trainer.world_size)
+        steps_per_epoch = self.update_settings.mini_batches_per_epoch(round_samples)
+        if steps_per_epoch > len(samples):
+            raise RuntimeError(
+                f"rank {self.global_rank} has {len(samples)} samples in round {round_.index}, fewer than the "
+                f"{steps_per_epoch} optimiser steps the round takes; raise model.update.mini_batch_size"
+                " or lower model.update.num_mini_batches"
+            )
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         group_ids = torch.tensor([s.group_id for s in samples])
         metrics = round_metrics(out, rewards, group_ids)
@@ -194,7 +204,7 @@ class GRPOModule(PolicyModule):
         if update.kl_coef > 0:
             with reference_weights(self.policy):
                 ref_logps = response_logprobs(self.policy, prompts, responses, **logprob_kwargs)
-        if update.needs_old_logps:
+        if update.needs_old_logps(round_samples):
             old_logps = response_logprobs(self.policy, prompts, responses, **logprob_kwargs)
         metrics["perf/ref_old_logprob_s"] = time.perf_counter() - start
         problem = first_nonfinite({"reference log-probs": ref_logps, "old log-probs": old_logps})
@@ -208,7 +218,7 @@ class GRPOModule(PolicyModule):
             old_logps=old_logps,
             ref_logps=ref_logps,
         )
-        batches = cut_minibatches(batch, update.num_mini_batches, update.ppo_epochs, seed)
+        batches = cut_minibatches(batch, steps_per_epoch, update.ppo_epochs, seed)
         return RoundExperience(batches, metrics, text, None)
 
     def _should_log_text(self) -> bool:

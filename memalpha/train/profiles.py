@@ -26,10 +26,20 @@ PROFILES: dict[str, dict[str, Any]] = {
         # the loss: a token mean inside each sample, averaged over samples (the official
         # one-sample micro-batches averaged over ranks)
         "model.update.loss_agg": "seq-mean-token-mean",
+        # optimiser steps of 32 turn samples each (verl's global ppo_mini_batch_size), so the ratio acts
+        "model.update.mini_batch_size": 32,
+        # verl's dual clip: a negative-advantage token loses at most 3 * |A|
+        "model.update.clip_ratio_c": 3.0,
+        # call arguments read through json-repair: a cut-off call stores its repaired prefix and succeeds
+        "model.rollout.call_repair": "json_repair",
         # the reader: sampled at 0.7, up to 2,048 answer tokens (its top 20 entries per memory
         # list are memalpha's default too)
         "model.reader.temperature": 0.7,
         "model.reader.max_new_tokens": 2048,
+        # r2: a duplicate insert fails, deleting an unknown id succeeds (what the official code reports)
+        "model.reward.call_success": "official",
+        # answers compared as the official code does: first gold lower-cased, boxed digits, ...
+        "model.reward.metric_style": "official",
     },
 }
 """Each profile's option values (keys as on the command line, without the leading ``--``)."""
