@@ -1,4 +1,11 @@
-"""Per-source validation tables from rollout records, printed and written as JSON."""
+"""Per-source validation tables from rollout records, printed and written as JSON.
+
+Two accuracies, named apart because they differ whenever instances hold different numbers of
+questions: ``accuracy`` is the mean over all questions (every question weighs the same), and
+``accuracy_by_instance`` the mean over instances of each instance's question mean (every instance
+weighs the same), which is how the official Mem-alpha evaluation averages within a source
+(docs/official_compatibility.md, difference 11).
+"""
 
 from __future__ import annotations
 
@@ -13,7 +20,20 @@ from typing import Any
 
 from memalpha.tools.executor import SUCCESS_STATUSES
 
-COLUMNS = ("source", "instances", "questions", "accuracy", "memory_tokens", "compression", "tool_success", "mean_reward")
+COLUMNS = (
+    "source", "instances", "questions", "accuracy", "accuracy_by_instance", "memory_tokens", "compression",
+    "tool_success", "mean_reward",
+)
+
+
+def instance_mean_accuracy(records: Sequence[Any]) -> float:
+    """Mean over instances of each instance's mean question score (all rollouts of an instance
+    pooled); 0 without questions."""
+    per_instance: dict[str, list[float]] = defaultdict(list)
+    for record in records:
+        per_instance[record.instance_id].extend(q["score"] for q in record.questions)
+    means = [sum(scores) / len(scores) for scores in per_instance.values() if scores]
+    return sum(means) / len(means) if means else 0.0
 
 
 def _summarise(records: Sequence[Any]) -> dict[str, float]:
@@ -25,6 +45,7 @@ def _summarise(records: Sequence[Any]) -> dict[str, float]:
         "instances": len({r.instance_id for r in records}),
         "questions": len(scores),
         "accuracy": sum(scores) / len(scores) if scores else 0.0,
+        "accuracy_by_instance": instance_mean_accuracy(records),
         "memory_tokens": sum(r.memory_tokens for r in records) / len(records) if records else 0.0,
         "compression": sum(r.r3 for r in records) / len(records) if records else 0.0,
         "tool_success": ok / len(results) if results else 0.0,
@@ -54,6 +75,7 @@ def format_table(summary: dict[str, Any]) -> str:
             str(s["instances"]),
             str(s["questions"]),
             f"{s['accuracy']:.3f}",
+            f"{s['accuracy_by_instance']:.3f}",
             f"{s['memory_tokens']:.0f}",
             f"{s['compression']:.3f}",
             f"{s['tool_success']:.3f}",
