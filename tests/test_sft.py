@@ -182,6 +182,26 @@ def test_oracle_demonstrations_execute_and_store_every_fact(tokenizer, call_form
     assert len(responses) > 3  # the wording around the calls varies
 
 
+def test_oracle_replies_leave_headroom_below_the_cap_when_a_shorter_form_exists(tokenizer):
+    instances = generate_synthetic(
+        6, split="train", seed=5, num_chunks=2, facts_per_chunk=2, distractors_per_chunk=1,
+        questions_per_instance=1, chunk_words=40, families=("synth_personal", "synth_timeline"),
+    )
+
+    def lengths(cap: int, share: float) -> list[int]:
+        settings = RolloutSettings(call_format="hermes", max_new_tokens=cap, max_prompt_tokens=4096)
+        demos = oracle_demonstrations(instances, tokenizer, settings, seed=5, reply_share=share)
+        return [len(tokenizer(demo.response)["input_ids"]) + 1 for demo in demos]
+
+    # one insert per fact (~170 tokens here) fits 200, the packed form (~85) fits 0.6 of it
+    assert max(lengths(200, 1.0)) > 0.6 * 200
+    assert max(lengths(200, 0.6)) <= 0.6 * 200
+    # no form fits 0.6 of 90: the shortest form that fits the whole cap serves, no error
+    assert 0.6 * 90 < max(lengths(90, 0.6)) <= 90
+    with pytest.raises(ValueError, match="reply_share must be in"):
+        lengths(200, 0.0)
+
+
 def _sft_config(tmp_path: Path, model_dir: str, demos: Path, max_steps: int) -> Path:
     config = yaml.safe_load((REPO / "configs" / "sft_tiny_cpu.yaml").read_text())
     run = tmp_path / "run"

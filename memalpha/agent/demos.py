@@ -82,17 +82,30 @@ def packed_contents(notes: Sequence[dict[str, str]], rng: random.Random) -> list
     return contents
 
 
+DEFAULT_REPLY_SHARE = 0.75
+
+
 def oracle_demonstrations(
-    instances: Sequence[Instance], tokenizer, settings: RolloutSettings, seed: int = 0
+    instances: Sequence[Instance],
+    tokenizer,
+    settings: RolloutSettings,
+    seed: int = 0,
+    reply_share: float = DEFAULT_REPLY_SHARE,
 ) -> list[Demonstration]:
     """One demonstration per chunk of every instance; each reply stores all of the chunk's facts.
 
     A reply holds one insert per fact, with a varied opening and closing line; when that would
-    not fit in ``settings.max_new_tokens`` (with the end-of-turn token) the lines are dropped,
-    and then the facts of each memory list share one insert (:func:`packed_contents`). Raises
-    :class:`OracleError` for an instance without ``metadata["notes"]`` or a chunk whose facts
-    cannot fit, and ``AssertionError`` if a reply's calls do not all execute (a bug).
+    not fit in ``reply_share`` of ``settings.max_new_tokens`` (with the end-of-turn token) the
+    lines are dropped, and then the facts of each memory list share one insert
+    (:func:`packed_contents`). Only if no form fits that share does the first form that fits the
+    whole budget serve. The headroom matters: a model imitates the demonstrations' length with
+    some slack, and demonstrations written up to the cap teach replies that the cap cuts (a cut
+    call fails; docs/cold_start.md). Raises :class:`OracleError` for an instance without
+    ``metadata["notes"]`` or a chunk whose facts cannot fit, and ``AssertionError`` if a reply's
+    calls do not all execute (a bug).
     """
+    if not 0.0 < reply_share <= 1.0:
+        raise ValueError(f"reply_share must be in (0, 1], got {reply_share}")
     call_format = get_call_format(settings.call_format)
     count_tokens = make_token_counter(tokenizer)
     demos: list[Demonstration] = []
@@ -112,15 +125,18 @@ def oracle_demonstrations(
         for chunk_index, chunk in enumerate(instance.chunks):
             where = f"instance {instance.instance_id!r}, chunk {chunk_index}"
             messages, _ = turn_prompt(tokenizer, memory, chunk, call_format, settings, where=where)
-            reply = ""
             separate = note_contents(notes[chunk_index], rng)
-            for packing, framed in ((separate, True), (separate, False), (packed_contents(notes[chunk_index], rng), False)):
-                reply = _reply(call_format, packing, rng, framed)
-                if count_tokens(reply) + 1 <= settings.max_new_tokens:
-                    break
-            else:
+            forms = [
+                (packing, _reply(call_format, packing, rng, framed))
+                for packing, framed in ((separate, True), (separate, False), (packed_contents(notes[chunk_index], rng), False))
+            ]
+            lengths = [count_tokens(reply) + 1 for _, reply in forms]  # + the end-of-turn token
+            fitting = [i for i, n in enumerate(lengths) if n <= reply_share * settings.max_new_tokens]
+            fitting = fitting or [i for i, n in enumerate(lengths) if n <= settings.max_new_tokens]
+            packing, reply = forms[fitting[0]] if fitting else forms[-1]
+            if not fitting:
                 raise OracleError(
-                    f"{where}: storing its {len(notes[chunk_index])} facts takes {count_tokens(reply) + 1} tokens, "
+                    f"{where}: storing its {len(notes[chunk_index])} facts takes {lengths[-1]} tokens, "
                     f"over rollout.max_new_tokens={settings.max_new_tokens}; raise it or use fewer facts per chunk"
                 )
             parsed = call_format.parse(reply)

@@ -1,7 +1,7 @@
 """``memalpha data demos``: oracle demonstrations for the cold start, matching a training config.
 
     memalpha data demos --config configs/tiny_cpu.yaml --out runs/demos/train.jsonl [--split train]
-                        [--count N] [--seed S]
+                        [--count N] [--seed S] [--reply-share F]
 
 The config is the one ``memalpha fit`` will run: its ``model.model`` (tokenizer),
 ``model.rollout`` (call format, memory view, core cap, token budgets, chat-template arguments)
@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from memalpha.agent.demos import OracleError, oracle_demonstrations
+from memalpha.agent.demos import DEFAULT_REPLY_SHARE, OracleError, oracle_demonstrations
 from memalpha.agent.rollout import RolloutSettings
 from memalpha.data.demos import save_demonstrations
 from memalpha.data.synthetic import FAMILIES, generate_synthetic
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.config}: data.synthetic_families: unknown families {unknown}; known: {list(FAMILIES)}")
     instances = generate_synthetic(args.count, split=args.split, seed=seed, **options)
     tokenizer = load_tokenizer(model.get("model", EMBEDDED_MODEL_NAME))
-    demos = oracle_demonstrations(instances, tokenizer, rollout, seed=seed)
+    demos = oracle_demonstrations(instances, tokenizer, rollout, seed=seed, reply_share=args.reply_share)
     count = save_demonstrations(args.out, demos)
     print(f"wrote {count} demonstrations from {len(instances)} {args.split} instances to {args.out}")
     return count
@@ -73,10 +73,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", default="train", choices=("train", "val", "test"), help="synthetic split (default train)")
     parser.add_argument("--count", type=int, default=32, help="synthetic instances (default 32); one demonstration per chunk")
     parser.add_argument("--seed", type=int, default=None, help="seed of the synthetic instances (default: the config's data.seed)")
+    parser.add_argument(
+        "--reply-share",
+        type=float,
+        default=DEFAULT_REPLY_SHARE,
+        help=f"longest reply, as a share of rollout.max_new_tokens, that a demonstration may take when a shorter "
+        f"form exists (default {DEFAULT_REPLY_SHARE}): headroom so the imitating model is not cut at the cap",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         if args.count < 1:
             raise ValueError(f"--count must be >= 1, got {args.count}")
+        if not 0.0 < args.reply_share <= 1.0:
+            raise ValueError(f"--reply-share must be in (0, 1], got {args.reply_share}")
         run(args)
     except (OSError, yaml.YAMLError, ValueError, TypeError, OracleError) as exc:
         print(f"memalpha data demos: error: {exc}", file=sys.stderr)
