@@ -2,12 +2,17 @@
 
 A reader turns every ``(memory, question)`` item into one chat: the answer-mode prompt
 of :mod:`memalpha.reader.prompts` holding the core memory and the BM25-retrieved entries
-(:mod:`memalpha.reader.retrieval`), with ``k`` shrunk until the prompt fits the reader's token
-budget. Given the items' data sources, each question is preceded by its source's instruction
-from the reader's table (:mod:`memalpha.reader.question_instructions`); retrieval ranks the
-entries for the bare question, since the instruction, the same for every question of a source,
-says nothing about which entries answer it. Backends only implement :meth:`Reader.chat`
-(conversations in, replies out) and token counting.
+(:mod:`memalpha.reader.retrieval`, scored as ``bm25`` says), with ``k`` shrunk by the
+``k_reduction`` rule: until the whole prompt fits the reader's token budget (``budget``), or, as
+the official server does, while the system prompt alone is over ``system_prompt_limit``
+(``official``). Given the items' data sources, each question is preceded by its source's
+instruction from the reader's table (:mod:`memalpha.reader.question_instructions`). By default
+(``bm25_query="question"``) retrieval ranks the entries for the bare question, since the
+instruction, the same for every question of a source, says nothing about which entries answer
+it; the official code queries BM25 with the instruction and the question together
+(``bm25_query="with_instruction"``), whose instruction words then add to the score of every
+entry that holds them. Backends only implement :meth:`Reader.chat` (conversations in, replies
+out) and token counting.
 
 Failures never raise out of :meth:`Reader.answer` or :meth:`Reader.complete`: a failed
 item comes back as ``ReaderAnswer(text="", ok=False, error=...)``, is counted in
@@ -25,7 +30,14 @@ from typing import TYPE_CHECKING
 from memalpha.memory.render import render_answer
 from memalpha.reader.prompts import answer_messages
 from memalpha.reader.question_instructions import QuestionInstructions
-from memalpha.reader.retrieval import DEFAULT_TOP_K, fit_to_budget, retrieve_for_questions
+from memalpha.reader.retrieval import (
+    BM25_VARIANTS,
+    DEFAULT_SYSTEM_PROMPT_LIMIT,
+    DEFAULT_TOP_K,
+    K_REDUCTIONS,
+    reduce_k,
+    retrieve_for_questions,
+)
 
 if TYPE_CHECKING:
     from memalpha.memory.store import Memory
@@ -37,6 +49,8 @@ Conversation = list[Message]
 
 PER_MESSAGE_OVERHEAD_TOKENS = 8
 """Tokens a chat template adds around each message (role markers), for estimated counts."""
+BM25_QUERIES = ("question", "with_instruction")
+"""What BM25 is queried with: the bare question, or the source's instruction, an empty line and the question."""
 
 
 @dataclass
@@ -54,8 +68,15 @@ class Reader(ABC):
     Args:
         top_k_entries: entries retrieved from each of the semantic and episodic lists.
         prompt_budget_tokens: the longest prompt (system + question, chat-formatted) to send;
-            ``k`` shrinks until the prompt fits.
+            ``k`` shrinks until the prompt fits (``k_reduction="budget"``).
         question_instructions: the per-source instruction table; ``None`` gives every question bare.
+        bm25: ``lucene`` (bm25s) or ``okapi`` (rank_bm25's BM25Okapi, as the official server).
+        k_reduction: ``budget`` (the largest ``k`` whose whole prompt fits ``prompt_budget_tokens``)
+            or ``official`` (``k`` lowered by one while the system prompt is over
+            ``system_prompt_limit``); see :mod:`memalpha.reader.retrieval`.
+        system_prompt_limit: the system-prompt token limit of ``k_reduction="official"``.
+        bm25_query: ``question`` (rank for the bare question) or ``with_instruction`` (for the
+            source's instruction and the question, as the official code does).
     """
 
     def __init__(
@@ -64,13 +85,29 @@ class Reader(ABC):
         top_k_entries: int = DEFAULT_TOP_K,
         prompt_budget_tokens: int = 4096,
         question_instructions: QuestionInstructions | None = None,
+        bm25: str = "lucene",
+        k_reduction: str = "budget",
+        system_prompt_limit: int = DEFAULT_SYSTEM_PROMPT_LIMIT,
+        bm25_query: str = "question",
     ) -> None:
         if top_k_entries < 0:
             raise ValueError(f"top_k_entries must be >= 0, got {top_k_entries}")
         if prompt_budget_tokens <= 0:
             raise ValueError(f"prompt_budget_tokens must be > 0, got {prompt_budget_tokens}")
+        if bm25 not in BM25_VARIANTS:
+            raise ValueError(f"bm25 must be one of {list(BM25_VARIANTS)}, got {bm25!r}")
+        if k_reduction not in K_REDUCTIONS:
+            raise ValueError(f"k_reduction must be one of {list(K_REDUCTIONS)}, got {k_reduction!r}")
+        if system_prompt_limit <= 0:
+            raise ValueError(f"system_prompt_limit must be > 0, got {system_prompt_limit}")
+        if bm25_query not in BM25_QUERIES:
+            raise ValueError(f"bm25_query must be one of {list(BM25_QUERIES)}, got {bm25_query!r}")
         self.top_k_entries = top_k_entries
         self.prompt_budget_tokens = prompt_budget_tokens
+        self.bm25 = bm25
+        self.k_reduction = k_reduction
+        self.system_prompt_limit = system_prompt_limit
+        self.bm25_query = bm25_query
         self.question_instructions = question_instructions or QuestionInstructions()
         self.requests = 0
         self.failures = 0
@@ -94,6 +131,23 @@ class Reader(ABC):
         """The instruction this reader puts before the questions of ``data_source`` (``None``: none)."""
         return self.question_instructions.for_source(data_source)
 
+    def bm25_query_text(self, question: str, instruction: str | None) -> str:
+        """The text BM25 ranks the entries for (see ``bm25_query``)."""
+        if instruction is None or self.bm25_query == "question":
+            return question
+        return f"{instruction}\n\n{question}"
+
+    def prompt_limit(self) -> int:
+        """The token limit ``k`` is reduced against: the prompt budget, or the system-prompt limit."""
+        return self.prompt_budget_tokens if self.k_reduction == "budget" else self.system_prompt_limit
+
+    def measure_prompt(self, conversation: Conversation) -> int:
+        """What ``k_reduction`` counts: the whole chat-formatted prompt (``budget``) or the system
+        message's text alone (``official``, as the official server counts it)."""
+        if self.k_reduction == "budget":
+            return self.conversation_tokens(conversation)
+        return self.count_tokens(conversation[0]["content"])
+
     def answer_conversations(
         self, items: Sequence[tuple[Memory, str]], sources: Sequence[str] | None = None
     ) -> list[Conversation]:
@@ -112,22 +166,24 @@ class Reader(ABC):
         for indices in groups.values():
             memory = items[indices[0]][0]
             questions = [items[i][1] for i in indices]
-            ranked = retrieve_for_questions(memory, questions, self.top_k_entries)
+            queries = [self.bm25_query_text(q, instructions[i]) for i, q in zip(indices, questions)]
+            ranked = retrieve_for_questions(memory, queries, self.top_k_entries, self.bm25)
+            limit = self.prompt_limit()
             for i, question, (semantic, episodic) in zip(indices, questions, ranked):
                 instruction = instructions[i]
 
                 def measure(sem, epi, _memory=memory, _question=question, _instruction=instruction) -> int:
-                    return self.conversation_tokens(
+                    return self.measure_prompt(
                         answer_messages(render_answer(_memory, sem, epi), _question, _instruction)
                     )
 
-                semantic, episodic, fits = fit_to_budget(semantic, episodic, measure, self.prompt_budget_tokens)
+                semantic, episodic, fits = reduce_k(semantic, episodic, measure, limit, self.k_reduction)
                 if not fits:
                     self.over_budget += 1
                     logger.warning(
-                        "reader prompt for question %r is over the %d-token budget even without "
-                        "retrieved entries (core memory and question alone); sending it as is",
-                        question[:80], self.prompt_budget_tokens,
+                        "reader prompt for question %r is over the %d-token limit (k_reduction %s) even "
+                        "without retrieved entries (core memory and question alone); sending it as is",
+                        question[:80], limit, self.k_reduction,
                     )
                 conversations[i] = answer_messages(render_answer(memory, semantic, episodic), question, instruction)
         return [c for c in conversations if c is not None]

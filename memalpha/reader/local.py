@@ -19,7 +19,7 @@ from typing import Any
 
 from memalpha.reader.base import Conversation, Reader, ReaderAnswer
 from memalpha.reader.question_instructions import QuestionInstructions
-from memalpha.reader.retrieval import DEFAULT_TOP_K
+from memalpha.reader.retrieval import DEFAULT_SYSTEM_PROMPT_LIMIT, DEFAULT_TOP_K
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,8 @@ class LocalReader(Reader):
         max_new_tokens: reply length limit (answers are short).
         temperature: 0 decodes greedily; > 0 samples.
         top_p: nucleus sampling when sampling.
-        top_k_entries, prompt_budget_tokens, question_instructions: see :class:`~memalpha.reader.base.Reader`.
+        top_k_entries, prompt_budget_tokens, question_instructions, bm25, k_reduction,
+            system_prompt_limit, bm25_query: see :class:`~memalpha.reader.base.Reader`.
         batch_size: prompts per forward batch.
         disable_adapters: answer with the base weights of a PEFT model.
         enable_thinking: passed to the chat template (Qwen3's thinking switch).
@@ -98,11 +99,19 @@ class LocalReader(Reader):
         enable_thinking: bool = False,
         seed: int | None = None,
         question_instructions: QuestionInstructions | None = None,
+        bm25: str = "lucene",
+        k_reduction: str = "budget",
+        system_prompt_limit: int = DEFAULT_SYSTEM_PROMPT_LIMIT,
+        bm25_query: str = "question",
     ) -> None:
         super().__init__(
             top_k_entries=top_k_entries,
             prompt_budget_tokens=prompt_budget_tokens,
             question_instructions=question_instructions,
+            bm25=bm25,
+            k_reduction=k_reduction,
+            system_prompt_limit=system_prompt_limit,
+            bm25_query=bm25_query,
         )
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")

@@ -29,7 +29,7 @@ from typing import Any
 
 from memalpha.reader.base import Conversation, Reader, ReaderAnswer
 from memalpha.reader.question_instructions import QuestionInstructions
-from memalpha.reader.retrieval import DEFAULT_TOP_K
+from memalpha.reader.retrieval import DEFAULT_SYSTEM_PROMPT_LIMIT, DEFAULT_TOP_K
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,8 @@ class OpenAIReader(Reader):
         extra_body: more JSON fields merged into every request.
         sleep: waits between attempts (tests pass a recorder instead of :func:`time.sleep`).
         rng: draws the backoff jitter; ``None`` seeds one from the operating system.
-        top_k_entries, prompt_budget_tokens, question_instructions: see :class:`~memalpha.reader.base.Reader`.
+        top_k_entries, prompt_budget_tokens, question_instructions, bm25, k_reduction,
+            system_prompt_limit, bm25_query: see :class:`~memalpha.reader.base.Reader`.
     """
 
     def __init__(
@@ -102,11 +103,19 @@ class OpenAIReader(Reader):
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
         question_instructions: QuestionInstructions | None = None,
+        bm25: str = "lucene",
+        k_reduction: str = "budget",
+        system_prompt_limit: int = DEFAULT_SYSTEM_PROMPT_LIMIT,
+        bm25_query: str = "question",
     ) -> None:
         super().__init__(
             top_k_entries=top_k_entries,
             prompt_budget_tokens=prompt_budget_tokens,
             question_instructions=question_instructions,
+            bm25=bm25,
+            k_reduction=k_reduction,
+            system_prompt_limit=system_prompt_limit,
+            bm25_query=bm25_query,
         )
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")

@@ -1,22 +1,42 @@
-"""BM25 retrieval over a memory's semantic and episodic entries, and prompt-budgeted top-k.
+"""BM25 retrieval over a memory's semantic and episodic entries, and how many of them fit a prompt.
 
 For each question the reader sees the core memory (always) and the ``k`` best-scoring
 entries of each list (official k = 20). Entries are tokenised into lower-cased word
 tokens (``\\w+``, as the official server does); one BM25 index is built per list of one
-memory and queried for all of that memory's questions in a single batched call.
+memory and queried for all of that memory's questions.
 
-Scoring uses ``bm25s`` (Lucene BM25, k1 = 1.5, b = 0.75). Entries with equal scores keep
-their memory order, so rankings are deterministic (older entries first among ties).
+Two scorings, chosen by ``reader.bm25`` (:data:`BM25_VARIANTS`):
 
-:func:`fit_to_budget` shrinks ``k`` until a caller-measured prompt fits a token budget.
-Prompt length only grows with ``k``, so the largest fitting ``k`` is found by bisection;
-the result is the same as shrinking ``k`` one step at a time.
+- ``lucene`` (default): ``bm25s``'s Lucene BM25 (k1 = 1.5, b = 0.75), whose idf
+  ``log(1 + (N - n + 0.5) / (n + 0.5))`` is never negative.
+- ``okapi``: the BM25Okapi definition of the ``rank_bm25`` package (0.2.2), which the official
+  Mem-α server uses, computed here by :func:`bm25_okapi_scores` (k1 = 1.5, b = 0.75,
+  epsilon = 0.25). Its idf ``log(N - n + 0.5) - log(n + 0.5)`` is negative for a word in more
+  than half of the entries; every such idf is replaced by ``epsilon`` times the mean idf of all
+  the list's words (the mean taken before the replacement, negative ones included).
+
+Under both, entries with equal scores keep their memory order (older entries first among
+ties), as the official server's stable sort does.
+
+How many entries are kept, ``reader.k_reduction`` (:data:`K_REDUCTIONS`, applied by
+:func:`reduce_k`):
+
+- ``budget`` (default): :func:`fit_to_budget` keeps the largest ``k`` for which the whole
+  chat-formatted prompt fits ``reader.prompt_tokens``. Prompt length only grows with ``k``, so
+  it is found by bisection; the result is the same as shrinking ``k`` one step at a time.
+- ``official``: :func:`shrink_while_over` lowers ``k`` (of both lists together) by one while
+  the system prompt alone is longer than ``reader.system_prompt_limit`` tokens (official
+  30,000), as the official server does. The official loop stops at ``k = 1`` and aborts the
+  batch if that is still too long; here ``k`` goes on to 0 instead, so the two agree wherever
+  the official code runs.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
@@ -27,6 +47,12 @@ if TYPE_CHECKING:
 _TOKEN = re.compile(r"\w+")
 
 DEFAULT_TOP_K = 20
+BM25_VARIANTS = ("lucene", "okapi")
+"""``reader.bm25``: ``lucene`` (bm25s) or ``okapi`` (rank_bm25's BM25Okapi, the official scoring)."""
+K_REDUCTIONS = ("budget", "official")
+"""``reader.k_reduction``: bisect k to fit the whole prompt, or the official one-by-one rule on the system prompt."""
+DEFAULT_SYSTEM_PROMPT_LIMIT = 30_000
+"""The official server's limit on the reader's system prompt, in tokens."""
 
 
 class _HasContent(Protocol):
@@ -41,46 +67,133 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN.findall(text.lower())
 
 
-def rank_entries(entries: Sequence[E], questions: Sequence[str], top_k: int = DEFAULT_TOP_K) -> list[list[E]]:
-    """For each question, up to ``top_k`` entries ordered by BM25 score (ties: memory order).
+@dataclass
+class OkapiIndex:
+    """BM25Okapi statistics of one tokenised corpus (see :func:`okapi_index`)."""
 
-    A question without word tokens retrieves nothing (there is nothing to match on).
+    postings: dict[str, tuple[np.ndarray, np.ndarray]]
+    """word -> (ids of the documents holding it, its count in each)"""
+    idf: dict[str, float]
+    """word -> idf after the floor"""
+    length_norm: np.ndarray
+    """per document: ``k1 * (1 - b + b * dl / avgdl)``"""
+    k1: float
+
+    def scores(self, query_tokens: Sequence[str]) -> np.ndarray:
+        """One float64 score per document: the sum over query tokens, repeats included."""
+        total = np.zeros(len(self.length_norm), dtype=np.float64)
+        for token in query_tokens:
+            posting = self.postings.get(token)
+            if posting is None:  # idf 0: adds nothing
+                continue
+            docs, tf = posting
+            total[docs] += self.idf[token] * (tf * (self.k1 + 1) / (tf + self.length_norm[docs]))
+        return total
+
+
+def okapi_index(
+    corpus_tokens: Sequence[Sequence[str]], k1: float = 1.5, b: float = 0.75, epsilon: float = 0.25
+) -> OkapiIndex:
+    """Document frequencies, floored idfs and length norms of ``corpus_tokens`` for BM25Okapi.
+
+    ``idf(w) = log(N - n + 0.5) - log(n + 0.5)`` for a word in ``n`` of ``N`` documents; the idf of
+    every word with ``idf < 0`` becomes ``epsilon * mean idf``, the mean over all words before that
+    replacement (so it may itself be negative). Sums run in the order words first appear, so the
+    floats equal rank_bm25's bit for bit. A corpus without any word scores 0 everywhere (rank_bm25
+    itself fails on it with a division by zero).
     """
-    if top_k < 0:
-        raise ValueError(f"top_k must be >= 0, got {top_k}")
-    query_tokens = [tokenize(q) for q in questions]
-    if not entries or top_k == 0:
-        return [[] for _ in questions]
+    n_docs = len(corpus_tokens)
+    doc_len = np.array([len(doc) for doc in corpus_tokens], dtype=np.float64)
+    counts: dict[str, dict[int, int]] = {}
+    for d, doc in enumerate(corpus_tokens):
+        for token in doc:
+            per_doc = counts.setdefault(token, {})
+            per_doc[d] = per_doc.get(d, 0) + 1
+    if not counts:
+        return OkapiIndex({}, {}, np.ones(n_docs, dtype=np.float64), k1)
+    idf = {w: math.log(n_docs - len(docs) + 0.5) - math.log(len(docs) + 0.5) for w, docs in counts.items()}
+    idf_sum = 0.0
+    for value in idf.values():
+        idf_sum += value
+    floor = epsilon * (idf_sum / len(idf))
+    idf = {w: (floor if value < 0 else value) for w, value in idf.items()}
+    avgdl = float(doc_len.sum()) / n_docs
+    postings = {
+        w: (np.fromiter(docs.keys(), dtype=np.int64), np.fromiter(docs.values(), dtype=np.float64))
+        for w, docs in counts.items()
+    }
+    return OkapiIndex(postings, idf, k1 * (1 - b + b * doc_len / avgdl), k1)
+
+
+def bm25_okapi_scores(
+    corpus_tokens: Sequence[Sequence[str]],
+    query_tokens: Sequence[str],
+    k1: float = 1.5,
+    b: float = 0.75,
+    epsilon: float = 0.25,
+) -> np.ndarray:
+    """BM25Okapi score of each document of ``corpus_tokens`` for ``query_tokens`` (float64).
+
+    ``score(d) = sum over query tokens q (repeats counted) of
+    idf(q) * tf(q, d) * (k1 + 1) / (tf(q, d) + k1 * (1 - b + b * |d| / avgdl))``, with the floored
+    idf of :func:`okapi_index` (0 for a word in no document): rank_bm25's ``BM25Okapi.get_scores``.
+    """
+    return okapi_index(corpus_tokens, k1, b, epsilon).scores(query_tokens)
+
+
+def _score_rows(documents: list[list[str]], queries: list[list[str]], bm25: str) -> list[np.ndarray]:
+    """Every document's score for each (non-empty) query, float64."""
+    n = len(documents)
+    if bm25 == "okapi":
+        index = okapi_index(documents)
+        return [index.scores(q) for q in queries]
     import bm25s
 
     retriever = bm25s.BM25()
-    retriever.index([tokenize(e.content) for e in entries], show_progress=False)
-    live = [i for i, toks in enumerate(query_tokens) if toks]
-    out: list[list[E]] = [[] for _ in questions]
-    if not live:
-        return out
-    n = len(entries)
-    # k = n returns every entry's score; the stable re-sort below fixes the order of ties.
-    doc_ids, scores = retriever.retrieve(
-        [query_tokens[i] for i in live], k=n, show_progress=False, n_threads=1
-    )
-    for row, qi in enumerate(live):
+    retriever.index(documents, show_progress=False)
+    # k = n returns every entry's score
+    doc_ids, scores = retriever.retrieve(queries, k=n, show_progress=False, n_threads=1)
+    rows = []
+    for row in range(len(queries)):
         full = np.zeros(n, dtype=np.float64)
         full[np.asarray(doc_ids[row], dtype=np.int64)] = scores[row]
-        order = np.argsort(-full, kind="stable")[:top_k]
+        rows.append(full)
+    return rows
+
+
+def rank_entries(
+    entries: Sequence[E], questions: Sequence[str], top_k: int = DEFAULT_TOP_K, bm25: str = "lucene"
+) -> list[list[E]]:
+    """For each question, up to ``top_k`` entries ordered by BM25 score (ties: memory order).
+
+    ``bm25`` is ``lucene`` or ``okapi`` (see the module docstring). A question without word
+    tokens retrieves nothing (there is nothing to match on).
+    """
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {top_k}")
+    if bm25 not in BM25_VARIANTS:
+        raise ValueError(f"bm25 must be one of {list(BM25_VARIANTS)}, got {bm25!r}")
+    query_tokens = [tokenize(q) for q in questions]
+    out: list[list[E]] = [[] for _ in questions]
+    live = [i for i, toks in enumerate(query_tokens) if toks]
+    if not entries or top_k == 0 or not live:
+        return out
+    rows = _score_rows([tokenize(e.content) for e in entries], [query_tokens[i] for i in live], bm25)
+    for qi, full in zip(live, rows):
+        order = np.argsort(-full, kind="stable")[:top_k]  # stable: ties keep memory order
         out[qi] = [entries[int(j)] for j in order]
     return out
 
 
 def retrieve_for_questions(
-    memory: Memory, questions: Sequence[str], top_k: int = DEFAULT_TOP_K
+    memory: Memory, questions: Sequence[str], top_k: int = DEFAULT_TOP_K, bm25: str = "lucene"
 ) -> list[tuple[list[MemoryEntry], list[MemoryEntry]]]:
-    """Per question, the top-``top_k`` (semantic, episodic) entries of ``memory``.
+    """Per question, the top-``top_k`` (semantic, episodic) entries of ``memory``, scored by ``bm25``.
 
     Core memory is not part of the result: the reader always includes it.
     """
-    semantic = rank_entries(list(memory.semantic), questions, top_k)
-    episodic = rank_entries(list(memory.episodic), questions, top_k)
+    semantic = rank_entries(list(memory.semantic), questions, top_k, bm25)
+    episodic = rank_entries(list(memory.episodic), questions, top_k, bm25)
     return list(zip(semantic, episodic))
 
 
@@ -109,3 +222,42 @@ def fit_to_budget(
         else:
             hi = mid
     return list(semantic[:lo]), list(episodic[:lo]), True
+
+
+def shrink_while_over(
+    semantic: Sequence[E],
+    episodic: Sequence[E],
+    measure: Callable[[Sequence[E], Sequence[E]], int],
+    limit: int,
+) -> tuple[list[E], list[E], bool]:
+    """The official rule: lower ``k`` by one (both lists together) while ``measure(...) > limit``.
+
+    ``k`` starts at the longer list's length (a larger ``k`` gives the same lists) and stops at the
+    first value whose prompt fits, measured at every step, so no assumption on ``measure`` is made.
+    Returns ``(semantic[:k], episodic[:k], fits)``; ``fits`` is False when even ``k = 0`` is over.
+    """
+    k = max(len(semantic), len(episodic))
+    while k > 0 and measure(semantic[:k], episodic[:k]) > limit:
+        k -= 1
+    if k == 0 and measure(semantic[:0], episodic[:0]) > limit:
+        return [], [], False
+    return list(semantic[:k]), list(episodic[:k]), True
+
+
+def reduce_k(
+    semantic: Sequence[E],
+    episodic: Sequence[E],
+    measure: Callable[[Sequence[E], Sequence[E]], int],
+    limit: int,
+    rule: str = "budget",
+) -> tuple[list[E], list[E], bool]:
+    """Cut the ranked lists to the ``k`` that ``rule`` (``budget`` or ``official``) picks for ``limit``.
+
+    ``budget`` is :func:`fit_to_budget`, ``official`` is :func:`shrink_while_over`; the caller
+    chooses what ``measure`` counts (the whole prompt, or the system prompt for ``official``).
+    """
+    if rule == "budget":
+        return fit_to_budget(semantic, episodic, measure, limit)
+    if rule == "official":
+        return shrink_while_over(semantic, episodic, measure, limit)
+    raise ValueError(f"k_reduction must be one of {list(K_REDUCTIONS)}, got {rule!r}")

@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlparse
 
-from memalpha.reader.base import Reader
+from memalpha.reader.base import BM25_QUERIES, Reader
 from memalpha.reader.local import LocalReader
 from memalpha.reader.openai_compat import OpenAIReader
 from memalpha.reader.question_instructions import BUILTIN, load_question_instructions
+from memalpha.reader.retrieval import BM25_VARIANTS, K_REDUCTIONS
 
 
 @dataclass
@@ -22,7 +23,19 @@ class ReaderSettings:
         max_new_tokens: Answer length cap.
         temperature: Sampling temperature (0 = greedy; the paper's vLLM reader used 0.7).
         top_k_entries: BM25 entries retrieved per memory list for each question (official 20).
-        prompt_tokens: Prompt budget; retrieved entries shrink one by one until it fits.
+        prompt_tokens: Prompt budget (the whole chat-formatted prompt) under ``k_reduction:
+            budget``: the largest number of retrieved entries per list that fits is kept.
+        bm25: How retrieval scores entries: ``lucene`` (bm25s's Lucene BM25) or ``okapi``
+            (rank_bm25's BM25Okapi with its idf floor, as the official code). See
+            docs/method.md, "Answering".
+        k_reduction: How the number of retrieved entries is cut: ``budget`` (the largest that
+            fits ``prompt_tokens``, found by bisection) or ``official`` (lowered by one, both
+            lists together, while the system prompt alone is over ``system_prompt_limit``).
+        system_prompt_limit: System-prompt token limit of ``k_reduction: official`` (official
+            30000).
+        bm25_query: What retrieval ranks entries for: ``question`` (the bare question) or
+            ``with_instruction`` (the source's question instruction, an empty line and the
+            question, as the official code queries).
         batch_size: Questions per ``generate`` call of the ``local`` reader.
         openai_base_url: Endpoint of the ``openai`` reader, e.g. ``http://127.0.0.1:8000/v1``.
         openai_model: Model name sent to the endpoint.
@@ -51,15 +64,22 @@ class ReaderSettings:
     openai_timeout_s: float = 60.0
     openai_max_retries: int = 3
     question_instructions: str | None = BUILTIN
+    bm25: Literal["lucene", "okapi"] = "lucene"
+    k_reduction: Literal["budget", "official"] = "budget"
+    system_prompt_limit: int = 30000
+    bm25_query: Literal["question", "with_instruction"] = "question"
 
     def __post_init__(self) -> None:
         if self.kind not in ("local", "openai"):
             raise ValueError(f"reader.kind must be one of ['local', 'openai'], got {self.kind!r}")
-        for name in ("max_new_tokens", "prompt_tokens", "batch_size", "openai_max_concurrency"):
+        for name in ("max_new_tokens", "prompt_tokens", "batch_size", "openai_max_concurrency", "system_prompt_limit"):
             if getattr(self, name) < 1:
                 raise ValueError(f"reader.{name} must be >= 1, got {getattr(self, name)}")
         if self.top_k_entries < 0:
             raise ValueError(f"reader.top_k_entries must be >= 0, got {self.top_k_entries}")
+        for name, allowed in (("bm25", BM25_VARIANTS), ("k_reduction", K_REDUCTIONS), ("bm25_query", BM25_QUERIES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"reader.{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
         if self.temperature < 0:
             raise ValueError(f"reader.temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not self.openai_timeout_s > 0:
@@ -87,6 +107,7 @@ class ReaderSettings:
                 prompt_budget_tokens=self.prompt_tokens,
                 batch_size=self.batch_size,
                 question_instructions=instructions,
+                **self._retrieval_options(),
             )
         return OpenAIReader(
             self.openai_base_url,
@@ -100,4 +121,9 @@ class ReaderSettings:
             top_k_entries=self.top_k_entries,
             prompt_budget_tokens=self.prompt_tokens,
             question_instructions=instructions,
+            **self._retrieval_options(),
         )
+
+    def _retrieval_options(self) -> dict[str, Any]:
+        return {"bm25": self.bm25, "k_reduction": self.k_reduction,
+                "system_prompt_limit": self.system_prompt_limit, "bm25_query": self.bm25_query}

@@ -36,6 +36,11 @@ PROFILES: dict[str, dict[str, Any]] = {
         # list are memalpha's default too)
         "model.reader.temperature": 0.7,
         "model.reader.max_new_tokens": 2048,
+        # retrieval as the official server: rank_bm25's BM25Okapi, queried with the source's
+        # instruction and the question, k lowered one by one while the system prompt is over 30,000
+        "model.reader.bm25": "okapi",
+        "model.reader.bm25_query": "with_instruction",
+        "model.reader.k_reduction": "official",
         # r2: a duplicate insert fails, deleting an unknown id succeeds (what the official code reports)
         "model.reward.call_success": "official",
         # answers compared as the official code does: first gold lower-cased, boxed digits, ...
