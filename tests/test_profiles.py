@@ -67,14 +67,22 @@ def test_the_docs_table_lists_exactly_what_the_profile_sets():
     section = page.split("What `official` sets:", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `([\w.]+)` \| `([^`]*)` \| `([^`]*)` \|$", section, flags=re.MULTILINE)
     assert {key: yaml.safe_load(value) for key, value, _ in rows} == PROFILES["official"]
+    import inspect
+
     from memalpha.agent.rewards import RewardSettings
     from memalpha.agent.rollout import RolloutSettings
-    from memalpha.grpo.settings import UpdateSettings
+    from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
     from memalpha.reader.settings import ReaderSettings
+    from memalpha.train.datamodule import RolloutDataModule
 
     groups = {  # the "memalpha default" column
         "update": UpdateSettings(), "reader": ReaderSettings(), "rollout": RolloutSettings(), "reward": RewardSettings(),
+        "optimizer": OptimizerSettings(),
     }
+    data_defaults = {name: p.default for name, p in inspect.signature(RolloutDataModule.__init__).parameters.items()}
     for key, _, default in rows:
+        if key.startswith("data."):
+            assert data_defaults[key.split(".", 1)[1]] == yaml.safe_load(default), key
+            continue
         _, group, name = key.split(".")
         assert getattr(groups[group], name) == yaml.safe_load(default), key

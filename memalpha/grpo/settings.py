@@ -15,6 +15,8 @@ AdvantageScale = Literal["group", "batch", "none"]
 LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KLReference = Literal["base", "start"]
 OptimizerName = Literal["adamw", "paged_adamw_8bit"]
+ScheduleUnit = Literal["optimizer_step", "round"]
+WarmupStart = Literal["one_step", "zero"]
 
 
 def _choice(group: str, name: str, value: object, allowed: tuple) -> None:
@@ -119,8 +121,24 @@ class OptimizerSettings:
         name: ``adamw`` (torch) or ``paged_adamw_8bit`` (bitsandbytes; saves optimiser memory on GPU).
         learning_rate: Peak learning rate (official 1e-6 for full fine-tuning; LoRA wants more).
         weight_decay: Decoupled weight decay (official 0.01).
-        warmup_ratio: Share of ``trainer.max_steps`` spent warming the learning rate up linearly,
-            constant after (official 0.05).
+        warmup_ratio: Share of the run spent warming the learning rate up linearly, constant after
+            (official 0.05), the run counted in ``schedule_unit``.
+        schedule_unit: What the schedule counts. ``optimizer_step`` (memalpha's default): the
+            warm-up is a share of ``trainer.max_steps`` (Lightning's optimiser steps; none when
+            unset) and the learning rate moves at every optimiser step. ``round`` (official): the
+            warm-up is a share of the run's rollout rounds and the learning rate moves once per
+            round, so every optimiser step of a round (``update.mini_batch_size``) shares its rate;
+            the rounds are ``data.epochs`` times the rounds of a pass when that is set, else
+            ``trainer.max_steps`` over the fixed optimiser steps of a round (``ppo_epochs *
+            num_mini_batches``; with ``update.mini_batch_size`` the steps per round vary, so
+            ``data.epochs`` is then required unless ``warmup_ratio`` is 0). A round dropped for
+            non-finite values still counts. GRPO training only.
+        warmup_start: Where the warm-up starts. ``one_step`` (memalpha's default): over
+            ``ceil(warmup_ratio * total)`` steps (at least 1) the multiplier is ``(s + 1) / (w + 1)``
+            at step ``s``, so the first step already trains. ``zero`` (official, verl's constant
+            schedule with warm-up): over ``int(warmup_ratio * total)`` steps (floored; 0 is no
+            warm-up) the multiplier is ``s / w``, so the first step (or round) trains at learning
+            rate 0 (AdamW's moments still take its gradient).
         grad_clip: Max global gradient norm (official 1.0; 0 disables clipping).
         max_consecutive_nonfinite: Optimiser steps skipped in a row for a NaN or infinity (in the
             rewards, the log-probs, the loss or the gradient norm) that stop the run with an error
@@ -131,11 +149,15 @@ class OptimizerSettings:
     learning_rate: float = 1e-5
     weight_decay: float = 0.01
     warmup_ratio: float = 0.05
+    schedule_unit: ScheduleUnit = "optimizer_step"
+    warmup_start: WarmupStart = "one_step"
     grad_clip: float = 1.0
     max_consecutive_nonfinite: int = 3
 
     def __post_init__(self) -> None:
         _choice("optimizer", "name", self.name, ("adamw", "paged_adamw_8bit"))
+        _choice("optimizer", "schedule_unit", self.schedule_unit, ("optimizer_step", "round"))
+        _choice("optimizer", "warmup_start", self.warmup_start, ("one_step", "zero"))
         if not self.learning_rate > 0.0:
             raise ValueError(f"optimizer.learning_rate must be > 0, got {self.learning_rate}")
         if self.weight_decay < 0.0:

@@ -1,8 +1,9 @@
 """RolloutDataModule: training and validation instances, and the stream of rollout rounds.
 
-The train stream is endless: each item is an :class:`InstanceRound`, the next
-``instances_per_step`` instances of this rank's shard (a seeded shuffle shared by all ranks,
-then strided), with the round's index. The module rolls a round out with its *current* policy
+The train stream is endless, or ``data.epochs`` passes long: each item is an
+:class:`InstanceRound`, the next ``instances_per_step`` instances of this rank's shard (a seeded
+shuffle shared by all ranks, then strided), with the round's index; with ``data.drop_last`` a
+round never spans two passes. The module rolls a round out with its *current* policy
 when it needs one (:meth:`memalpha.train.module.GRPOModule.training_step`); the DataModule
 never calls the module. Its position (epoch, cursor, round) is saved in the checkpoint, so a
 resumed run continues on exactly the instances it would have seen.
@@ -11,6 +12,7 @@ resumed run continues on exactly the instances it would have seen.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
@@ -56,6 +58,9 @@ def check_data_settings(data: Mapping[str, Any]) -> None:
         if value is not None and value < low:
             allowed = f">= {low}" + (" or null" if name.endswith("_limit") else "")
             raise ValueError(f"data.{name} must be {allowed}, got {value}")
+    epochs = data.get("epochs")
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
+        raise ValueError(f"data.epochs must be an integer >= 1 or null, got {epochs!r}")
     unknown = [family for family in data["synthetic_families"] if family not in SYNTHETIC_FAMILIES]
     if unknown or not data["synthetic_families"]:
         raise ValueError(
@@ -68,6 +73,31 @@ def check_data_settings(data: Mapping[str, Any]) -> None:
                 check_source(data[name])
             except DataValidationError as exc:
                 raise ValueError(f"data.{name}: {exc}") from exc
+
+
+def run_rounds(instances: int, instances_per_step: int, world_size: int, epochs: int, drop_last: bool) -> int:
+    """Rollout rounds in ``epochs`` passes over ``instances`` training instances.
+
+    Each rank's shard of a pass holds ``instances // world_size`` instances (the remainder is left
+    out of every pass) and a round takes ``instances_per_step`` of them on every rank. With
+    ``drop_last`` a pass gives ``floor(shard / instances_per_step)`` whole rounds, which is
+    ``floor(instances / (instances_per_step * world_size))``, as verl's ``drop_last`` DataLoader
+    of global batches (567 instances, 32 a round, 5 epochs: 85 rounds); without it the
+    rounds run on across passes and the run ends with the round that finishes pass ``epochs``
+    (``ceil(epochs * shard / instances_per_step)``).
+    """
+    shard = instances // world_size
+    if shard < 1:
+        raise ValueError(f"{instances} training instances cannot be shared by {world_size} ranks")
+    if drop_last:
+        per_pass = shard // instances_per_step
+        if per_pass < 1:
+            raise ValueError(
+                f"data.drop_last: a pass has {shard} instances per rank, fewer than data.instances_per_step="
+                f"{instances_per_step}, so it cannot fill one round"
+            )
+        return epochs * per_pass
+    return math.ceil(epochs * shard / instances_per_step)
 
 
 class InstanceRound(NamedTuple):
@@ -99,6 +129,18 @@ class RolloutDataModule(LightningDataModule):
         synthetic_chunk_words: Approximate words per synthetic chunk.
         synthetic_families: Synthetic task families to mix.
         instances_per_step: Instances rolled out per round on each rank (each gives ``group_size`` rollouts).
+        drop_last: Keep every round inside one pass, as a DataLoader with ``drop_last`` (official):
+            a pass that cannot fill a whole round (``instances_per_step`` on every rank) ends, its
+            leftover instances are skipped and the next, reshuffled pass starts. False: a round
+            that reaches a pass's end goes on with the next pass's first instances.
+        epochs: Passes over the training instances the run takes, then it stops by itself
+            (official 5). With ``drop_last`` that is ``epochs * floor(instances / (instances_per_step
+            * world size))`` rounds (official: 567 instances, 32 a round, 85 rounds); without it the
+            run ends with the round that finishes the last pass. ``trainer.max_steps`` counts
+            optimiser steps, several per round with ``update.mini_batch_size``, so set it to -1 to
+            let the epochs decide (when both are set the first reached ends the run). The rounds
+            are also what ``optimizer.schedule_unit: round`` warms up over. None: the stream is
+            endless and ``trainer.max_steps`` ends the run.
         val_batch_size: Validation instances rolled out together.
         shuffle: Reshuffle the training instances every pass.
         seed: Seed of the synthetic data and of the shuffling.
@@ -125,6 +167,8 @@ class RolloutDataModule(LightningDataModule):
         synthetic_chunk_words: int = 100,
         synthetic_families: tuple[str, ...] = SYNTHETIC_FAMILIES,
         instances_per_step: int = 2,
+        drop_last: bool = False,
+        epochs: int | None = None,
         val_batch_size: int = 4,
         shuffle: bool = True,
         seed: int = 0,
@@ -196,15 +240,30 @@ class RolloutDataModule(LightningDataModule):
             raise ValueError(f"{len(order)} training instances cannot be shared by {world} ranks")
         return shard
 
+    def total_rounds(self) -> int | None:
+        """Rounds of the whole run with ``data.epochs`` (:func:`run_rounds`); None when the stream is endless."""
+        hp = self.hparams
+        if hp.epochs is None:
+            return None
+        _, world = self._rank_and_world()
+        return run_rounds(len(self.train_instances), hp.instances_per_step, world, hp.epochs, hp.drop_last)
+
     def next_instances(self) -> list[Instance]:
-        """The next ``instances_per_step`` instances of this rank's shard, wrapping into a new pass."""
-        indices = self._position.take(self.hparams.instances_per_step, self.shard_order)
+        """The next ``instances_per_step`` instances of this rank's shard, wrapping into a new pass
+        (with ``data.drop_last``, skipping a pass's leftovers that cannot fill a round)."""
+        indices = self._position.take(self.hparams.instances_per_step, self.shard_order, self.hparams.drop_last)
         picked = [self.train_instances[index] for index in indices]
         self.seen_instance_ids.extend(inst.instance_id for inst in picked)
         return picked
 
-    def next_round(self) -> InstanceRound:
-        """The next round of this rank's stream; advances the position saved in checkpoints."""
+    def next_round(self) -> InstanceRound | None:
+        """The next round of this rank's stream; advances the position saved in checkpoints.
+
+        None once the run's ``data.epochs`` rounds are served (the train loader then ends).
+        """
+        total = self.total_rounds()
+        if total is not None and self._round >= total:
+            return None
         instances = self.next_instances()
         self._round += 1
         return InstanceRound(self._round - 1, instances)
@@ -222,7 +281,9 @@ class RolloutDataModule(LightningDataModule):
         """The stream's position: the pass (``epoch``), the place in this rank's shard, the rounds served.
 
         Every rank holds the same position (equal shards, equal rounds), so rank 0's copy in the
-        checkpoint serves all ranks.
+        checkpoint serves all ranks. ``data.drop_last`` and ``data.epochs`` add no state: the
+        skip of a pass's leftovers is decided from ``(epoch, cursor)`` at the next round, and the
+        end of the run from ``round``.
         """
         return {"epoch": self._position.epoch, "cursor": self._position.cursor, "round": self._round}
 

@@ -226,16 +226,34 @@ class GRPOModule(PolicyModule):
         return every > 0 and self.global_rank == 0 and self.global_step % every == 0
 
     # --------------------------------------------------------------- training
+    def schedule_rounds(self) -> tuple[int | None, int | None]:
+        """The run's rounds (``data.epochs``) and, without ``update.mini_batch_size``, the fixed
+        optimiser steps of a round, for ``optimizer.schedule_unit: round``."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        rounds = datamodule.total_rounds() if hasattr(datamodule, "total_rounds") else None
+        update = self.update_settings
+        return rounds, None if update.mini_batch_size is not None else update.ppo_epochs * update.num_mini_batches
+
+    def _end_round(self, scheduler) -> None:
+        """Under ``optimizer.schedule_unit: round`` the learning rate moves once a round is spent."""
+        if self.optimizer_settings.schedule_unit == "round" and not self.experience:
+            scheduler.step()
+
     def training_step(self, dataloader_iter: Iterator) -> None:
         """One optimiser step on one mini-batch; a new round is rolled out (with the latest weights) when none is left.
 
         A step skipped for a non-finite value still logs ``train/skipped_nonfinite`` (1) and
         counts towards ``optimizer.max_consecutive_nonfinite``; it does not count towards
-        ``trainer.max_steps`` (Lightning counts optimiser steps).
+        ``trainer.max_steps`` (Lightning counts optimiser steps). When the stream has served its
+        ``data.epochs`` rounds the step trains nothing and stops the run.
         """
         round_metrics_, text, problem = {}, None, None
         if not self.experience:
-            round_, _, _ = next(dataloader_iter)
+            try:
+                round_, _, _ = next(dataloader_iter)
+            except StopIteration:  # the last of data.epochs' rounds is trained: every rank ends here
+                self.trainer.should_stop = True
+                return
             self.experience, round_metrics_, text, problem = self.experience_round(round_)
         problem = self.agree_on_nonfinite(problem)
         if problem is not None:  # every rank drops its round, so the ranks keep rolling out in step
@@ -243,6 +261,7 @@ class GRPOModule(PolicyModule):
             self.count_nonfinite(problem)
             skipped = {"train/skipped_nonfinite": 1.0, "train/grad_norm": float("nan")}
             self._log_step(skipped, round_metrics_, text, 1)
+            self._end_round(self.lr_schedulers())
             return
         batch = self.experience.pop(0)
         start = time.perf_counter()
@@ -266,7 +285,8 @@ class GRPOModule(PolicyModule):
             backward=self.manual_backward,
             grad_scale=float(self.trainer.scaler.get_scale()) if self.trainer.scaler is not None else 1.0,
         )
-        grad_norm, problem = self.finish_step(optimizer, scheduler, finite)
+        per_round = self.optimizer_settings.schedule_unit == "round"
+        grad_norm, problem = self.finish_step(optimizer, None if per_round else scheduler, finite)
         logged = {f"train/{key}": value for key, value in metrics.items() if key != "tokens"}
         logged.update(
             {
@@ -276,6 +296,7 @@ class GRPOModule(PolicyModule):
             }
         )
         self._log_step(logged, round_metrics_, text, n)
+        self._end_round(scheduler)  # after logging: the logged lr is the one the round trained with
 
     def _log_step(
         self, logged: dict[str, float], round_metrics_: dict[str, float], text: str | None, n: int

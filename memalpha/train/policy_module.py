@@ -20,7 +20,13 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from memalpha.grpo.settings import OptimizerSettings
-from memalpha.grpo.update import NONFINITE_KINDS, NonFiniteStreak, build_optimizer, optimizer_step
+from memalpha.grpo.update import (
+    NONFINITE_KINDS,
+    NonFiniteStreak,
+    build_optimizer,
+    optimizer_step,
+    schedule_length,
+)
 from memalpha.lm.adapters import export_adapter
 from memalpha.lm.embedded import check_model_source
 from memalpha.lm.policy import LMSettings, LoraSettings, load_policy
@@ -70,9 +76,34 @@ class PolicyModule(LightningModule):
         return [p for p in self.policy.parameters() if p.requires_grad]
 
     def configure_optimizers(self):
+        """The optimiser and its warm-up schedule over the run's length in ``optimizer.schedule_unit``
+        (:func:`~memalpha.grpo.update.schedule_length`).
+
+        Under manual optimisation Lightning steps no scheduler: :meth:`finish_step` steps it with
+        each optimiser step (``optimizer_step``), or the GRPO module once per rollout round
+        (``round``). ``trainer.max_steps`` counts optimiser steps either way.
+        """
+        settings = self.optimizer_settings
         max_steps = self.trainer.max_steps if self.trainer is not None and self.trainer.max_steps > 0 else 0
-        optimizer, scheduler = build_optimizer(self.trainable_parameters(), self.optimizer_settings, max_steps)
+        run_rounds = steps_per_round = None
+        if settings.schedule_unit == "round":
+            run_rounds, steps_per_round = self.schedule_rounds()
+        elif settings.warmup_ratio > 0 and max_steps == 0:
+            rank_zero_warn(
+                f"memalpha: optimizer.warmup_ratio={settings.warmup_ratio} but trainer.max_steps is unset, so there"
+                " is no warm-up (optimizer.schedule_unit=round warms up over data.epochs' rounds)"
+            )
+        total = schedule_length(settings, max_steps=max_steps, run_rounds=run_rounds, steps_per_round=steps_per_round)
+        optimizer, scheduler = build_optimizer(self.trainable_parameters(), settings, total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def schedule_rounds(self) -> tuple[int | None, int | None]:
+        """``(rollout rounds of the run or None, optimiser steps per round when fixed or None)`` for
+        ``optimizer.schedule_unit: round``; only a module that rolls out rounds has them."""
+        raise ValueError(
+            f"optimizer.schedule_unit=round counts rollout rounds, which {type(self).__name__} does not have;"
+            " use optimizer_step"
+        )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep only the adapter's weights in the checkpoint, and name the module that wrote it."""

@@ -45,6 +45,12 @@ PROFILES: dict[str, dict[str, Any]] = {
         "model.reward.call_success": "official",
         # answers compared as the official code does: first gold lower-cased, boxed digits, ...
         "model.reward.metric_style": "official",
+        # the schedule: 5 passes over the training data, rounds never spanning two passes, the
+        # warm-up int(0.05 * rounds) rollout rounds long from a learning rate of 0
+        "model.optimizer.schedule_unit": "round",
+        "model.optimizer.warmup_start": "zero",
+        "data.drop_last": True,
+        "data.epochs": 5,
     },
 }
 """Each profile's option values (keys as on the command line, without the leading ``--``)."""
