@@ -30,6 +30,8 @@ state lives in CUDA unified memory, outside PyTorch's allocator, and is not in t
 On a CPU the peak resident set size of every phase is reported instead. With ``--scale s``
 layers, hidden size, intermediate size and head counts are multiplied by ``s`` (head dim,
 vocabulary, GQA ratio and tying stay); ``--vocab-size`` shrinks the vocabulary for smoke tests.
+``--tokenizer`` names a folder holding only a tokenizer, for machines without the embedded model's
+package (its ids are never decoded: prompts are random ids, so any tokenizer with a pad token works).
 """
 
 from __future__ import annotations
@@ -297,6 +299,7 @@ def run_benchmark(
     compute_dtype: str | None = None,
     device: str | None = None,
     seed: int = 0,
+    tokenizer: str = "smollm2-135m-instruct",
     out: str | os.PathLike | None = DEFAULT_OUT,
     verbose: bool = True,
 ) -> dict[str, Any]:
@@ -345,7 +348,14 @@ def run_benchmark(
         "gradient_checkpointing": recipe["gradient_checkpointing"],
         "recipe": str(CONFIG_PATH.relative_to(CONFIG_PATH.parent.parent)),
     }
-    tokenizer = load_tokenizer(str(resolve_model_path("smollm2-135m-instruct")))
+    if cuda:
+        try:
+            import bitsandbytes
+
+            report["bitsandbytes"] = bitsandbytes.__version__
+        except ImportError:
+            report["bitsandbytes"] = None
+    tokenizer = load_tokenizer(str(resolve_model_path(tokenizer)))
     status = "ok"
     with tempfile.TemporaryDirectory(prefix="memalpha-scale-") as folder:
         report["base_parameters"] = build_random_model_dir(folder, shape, tokenizer, seed=seed)
@@ -417,6 +427,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         help="NF4 compute dtype (default: the recipe's bfloat16 on GPU, float32 on CPU)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokenizer", default="smollm2-135m-instruct",
+                        help="tokenizer folder or the embedded model's name (default: the embedded one)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny run for tests: scale 0.03, vocab 2048, prompt 16, response 4, n 2, micro-batch 1")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON file to write")
@@ -433,7 +445,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return run_benchmark(
         scale=args.scale, prompt_tokens=args.prompt_tokens, response_tokens=args.response_tokens,
         group_size=args.group_size, micro_batch_size=args.micro_batch_size, vocab_size=args.vocab_size,
-        compute_dtype=args.compute_dtype, device=args.device, seed=args.seed, out=args.out,
+        compute_dtype=args.compute_dtype, device=args.device, seed=args.seed, tokenizer=args.tokenizer,
+        out=args.out,
     )
 
 
