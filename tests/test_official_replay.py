@@ -135,3 +135,27 @@ def test_official_truncated_entries_are_prefixes_of_what_the_model_wrote():
             assert written.startswith(stored)
             shorter += len(stored) < len(written)
     assert shorter == 10  # of 11; the 11th was kept whole, still ending mid-sentence ("...confirmed it")
+
+
+def test_the_recorded_run_replays_under_both_profiles_as_documented():
+    """experiments/replay_official.py: every reward term of the recorded run under each profile (the
+    numbers of docs/official_compatibility.md, "The recorded run under both profiles")."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "experiments" / "replay_official.py"
+    spec = importlib.util.spec_from_file_location("replay_official", path)
+    replay = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replay)
+    from memalpha.lm.embedded import load_tokenizer
+
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    default, official = (replay.replay_profile(name, tokenizer)["all"] for name in ("memalpha", "official"))
+    assert (default["calls"], default["successful_calls"], default["turns_all_successful"]) == (80, 68, 18)
+    assert (official["calls"], official["successful_calls"], official["turns_all_successful"]) == (79, 79, 30)
+    # the recorded answers score the same under both metric styles (all boxed or bare digits)
+    assert default["r1"] == official["r1"] == pytest.approx(0.6267, abs=1e-4)
+    assert default["r2"] == pytest.approx(0.8111, abs=1e-4) and official["r2"] == 1.0
+    # the 11 cut-off entries the default profile refuses are what its memory lacks
+    assert official["memory_tokens"] - default["memory_tokens"] == 888
+    assert default["mean_reward"] == pytest.approx(1.559, abs=1e-3)
+    assert official["mean_reward"] == pytest.approx(1.747, abs=1e-3)
