@@ -86,3 +86,27 @@ def test_the_docs_table_lists_exactly_what_the_profile_sets():
             continue
         _, group, name = key.split(".")
         assert getattr(groups[group], name) == yaml.safe_load(default), key
+
+
+def test_the_documented_one_step_command_of_the_official_config_resolves(capsys):
+    """The shrunk `memalpha_official.yaml` command of docs/official_compatibility.md parses, keeps
+    the profile's values and takes the flags' sizes (the command itself, read from the page)."""
+    from memalpha.cli import main
+
+    page = (REPO / "docs" / "official_compatibility.md").read_text(encoding="utf-8")
+    block = page.split("### One step of `configs/memalpha_official.yaml`", 1)[1].split("```bash\n", 1)[1]
+    args = block.split("```", 1)[0].replace("\\\n", " ").split()
+    assert args[:4] == ["memalpha", "fit", "--config", "configs/memalpha_official.yaml"]
+    args[3] = str(REPO / args[3])
+    with pytest.raises(SystemExit) as info:
+        main([*args[1:], "--print_config"])
+    assert info.value.code in (0, None)
+    config = yaml.safe_load(capsys.readouterr().out)
+    assert config["profile"] == "official"
+    named = {arg[2:] for arg in args if arg.startswith("--")}
+    assert named & set(PROFILES["official"]) == {"model.reader.max_new_tokens"}  # the one size it shrinks
+    for key, value in PROFILES["official"].items():
+        assert option(config, key) == (32 if key in named else value), key
+    assert option(config, "trainer.max_steps") == 1 and option(config, "trainer.accelerator") == "cpu"
+    assert option(config, "model.model") == "smollm2-135m-instruct"
+    assert option(config, "model.reader.kind") == "local" and option(config, "model.rollout.group_size") == 2
