@@ -3,11 +3,13 @@
     memalpha data synth --out DIR --num-train N --num-val M --seed S
     memalpha data inspect PATH [--tokenizer NAME|none]
     memalpha data convert IN OUT [--layout L] [--tokenizer NAME] [--chunk-tokens N] [--wrap STYLE]
+                                 [--processing official [--keyword-golds FILE]]
 
 ``synth`` writes ``DIR/train.jsonl`` and ``DIR/validation.jsonl``; ``inspect`` prints, per
 data source, the instance count and min/median/max of chunks per instance, tokens per
 chunk and questions per instance; ``convert`` writes memalpha JSONL from any supported
-source and layout. Bad input exits with status 2 and a message naming file, record and field.
+source and layout (with ``--processing official``, raw MemoryAgentBench processed as the Mem-α
+evaluation set is: :mod:`memalpha.data.official_processing`). Bad input exits with status 2 and a message naming file, record and field.
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ from memalpha.data.loaders import (
     list_data_files,
     load_instances_with_report,
     save_jsonl,
+)
+from memalpha.data.official_processing import (
+    KEYWORD_OPTION,
+    PROCESSINGS,
+    load_keyword_golds,
+    process_official,
 )
 from memalpha.data.schema import DataValidationError, Instance
 from memalpha.data.synthetic import FAMILIES, generate_synthetic
@@ -82,6 +90,21 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("input", help="file, folder or hub dataset name")
     convert.add_argument("output", type=Path, help="JSONL file to write")
     _add_load_options(convert)
+    convert.add_argument(
+        "--processing",
+        choices=PROCESSINGS,
+        default="none",
+        help="official: raw MemoryAgentBench as the Mem-alpha evaluation set (drop its left-out sources, "
+        "sentence chunks, Sentence/Label rewrite of icl_*, dated wrappers; docs/data.md)",
+    )
+    convert.add_argument(
+        KEYWORD_OPTION,
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --processing official: JSON/JSONL mapping instance id or source to the keyword golds "
+        "of the long-range summary question (needed for infbench_sum*)",
+    )
     convert.set_defaults(run=_run_convert)
     return parser
 
@@ -204,11 +227,46 @@ def format_stats(stats: dict[str, dict[str, list[int]]]) -> str:
 
 
 def _run_convert(args: argparse.Namespace) -> None:
+    if args.processing == "official":
+        _run_official_convert(args)
+        return
+    if args.keyword_golds is not None:
+        raise ValueError(f"{KEYWORD_OPTION} only applies with --processing official")
     # the tokenizer is only loaded when a layout needs it (MemoryAgentBench chunking)
     tokenizer = None if args.tokenizer.lower() == "none" else args.tokenizer
     instances, report = _load(args, args.input, tokenizer)
     save_jsonl(instances, args.output)
     skipped = f", skipped {report.num_skipped} bad records" if report.num_skipped else ""
     print(f"wrote {len(instances)} instances ({report.layout} layout) to {args.output}{skipped}")
+    for _, reason in report.skipped:
+        print(f"  skipped: {reason}")
+
+
+def _run_official_convert(args: argparse.Namespace) -> None:
+    """``convert --processing official``: raw MemoryAgentBench in, the official evaluation processing out."""
+    if args.wrap is not None:
+        raise ValueError("--wrap does not combine with --processing official (it wraps each source as the official set does)")
+    if args.layout not in ("auto", "memoryagentbench"):
+        raise ValueError(f"--processing official reads the raw memoryagentbench layout, got --layout {args.layout}")
+    keyword_golds = None if args.keyword_golds is None else load_keyword_golds(args.keyword_golds)
+    tokenizer = _tokenizer_from(args.tokenizer)
+    if tokenizer is None:
+        raise ValueError("--processing official counts tokens for its chunks: give --tokenizer a model, not 'none'")
+    instances, report = _load(args, args.input, tokenizer)
+    if report.layout != "memoryagentbench":
+        raise ValueError(
+            f"--processing official reads the raw memoryagentbench layout; {report.source} has the {report.layout} layout"
+        )
+    processed, outcome = process_official(
+        instances, lambda text: count_tokens(text, tokenizer), chunk_tokens=args.chunk_tokens, keyword_golds=keyword_golds
+    )
+    save_jsonl(processed, args.output)
+    skipped = f", skipped {report.num_skipped} bad records" if report.num_skipped else ""
+    print(f"wrote {len(processed)} instances (official processing) to {args.output}{skipped}")
+    dropped: dict[tuple[str, str], int] = defaultdict(int)
+    for _, source, reason in outcome.dropped:
+        dropped[(source, reason)] += 1
+    for (source, reason), count in sorted(dropped.items()):
+        print(f"  dropped {count} {source} ({reason})")
     for _, reason in report.skipped:
         print(f"  skipped: {reason}")
