@@ -56,7 +56,7 @@ def run_demo(args: list[str]) -> None:
 
 
 def run(argv: list[str] | None = None):
-    """Run the command and return the ``MemAlphaCLI`` (``None`` for ``memalpha data``); for Python callers."""
+    """Run the command and return the ``MemAlphaCLI`` (``None`` for ``memalpha data`` and ``prompts``); for Python callers."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "demo":
         run_demo(args[1:])
@@ -70,6 +70,11 @@ def run(argv: list[str] | None = None):
         from memalpha.train.distill_command import main as distill_main
 
         distill_main(args[2:])
+        return None
+    if args and args[0] == "prompts":
+        from memalpha.templates.official import main as prompts_main
+
+        prompts_main(args[1:])
         return None
     if args and args[0] == "data":
         from memalpha.data.cli import main as data_main

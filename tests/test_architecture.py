@@ -16,18 +16,19 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "memalpha"
 
-# layer -> the memalpha layers it may import (besides itself). `seeding` is the shared base.
+# layer -> the memalpha layers it may import (besides itself). `seeding` and `templates` are shared leaves.
 ALLOWED: dict[str, set[str]] = {
     "seeding": set(),
-    "memory": set(),
-    "tools": {"memory"},
+    "templates": set(),
+    "memory": {"templates"},
+    "tools": {"memory", "templates"},
     "lm": {"seeding"},
     "data": {"lm"},
     "grpo": {"lm", "seeding"},
-    "reader": {"memory", "lm"},
-    "agent": {"memory", "tools", "lm", "data", "reader", "seeding"},
-    "train": {"memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding"},
-    "cli": {"train", "data"},
+    "reader": {"memory", "lm", "templates"},
+    "agent": {"memory", "tools", "lm", "data", "reader", "seeding", "templates"},
+    "train": {"memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "templates"},
+    "cli": {"train", "data", "templates"},
 }
 
 

@@ -492,7 +492,10 @@ _ALLOWED_IMPORTS = {"__future__", "abc", "collections.abc", "copy", "dataclasses
                     "memalpha.tools.formats", "memalpha.tools.jsonfix", "memalpha.tools.schemas",
                     # the official call-repair policy's parser: only its string entry point is called
                     # (its file readers never are); tests/test_call_repair.py audits that path
-                    "json_repair"}
+                    "json_repair",
+                    # the prompt texts: memalpha's file is read once when render/formats are imported,
+                    # before any call (the audited run below sees no open or import event)
+                    "memalpha.templates.loader"}
 # code execution, file and console access, and reflection (a model-written name must never pick an attribute)
 _FORBIDDEN_CALLS = {"eval", "exec", "compile", "open", "__import__", "breakpoint", "input", "getattr",
                     "setattr", "globals", "locals", "vars"}

@@ -356,7 +356,7 @@ class LLMContentJudge:
                 scores[i] = 0.0
             else:
                 asked.append(i)
-                prompts.append(content_judge_prompt(*target))
+                prompts.append(content_judge_prompt(*target, templates=getattr(self.reader, "templates", None)))
         if prompts:
             replies = self.reader.complete(prompts)
             for i, reply in zip(asked, replies):

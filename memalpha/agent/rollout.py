@@ -28,6 +28,7 @@ from memalpha.memory.render import render_memorise
 from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader
 from memalpha.seeding import stable_seed
+from memalpha.templates.loader import PromptTemplates, load_templates
 from memalpha.tools.executor import SUCCESS_STATUSES, execute_call
 from memalpha.tools.formats import CallFormat, get_call_format
 from memalpha.tools.jsonfix import CALL_REPAIRS
@@ -63,6 +64,11 @@ class RolloutSettings:
             arguments; ``json_repair`` (official) repairs arguments with the ``json-repair``
             package, so a cut-off call stores the prefix it keeps and succeeds, drops a call with
             no arguments silently and ignores extra arguments.
+        prompt_templates: The prompt-template file (YAML) every prompt text comes from: the
+            memorising prompts and tool block, the memory views, the reader's prompt and the
+            judges' (the reader built for this run gets the same file). null = memalpha's own
+            texts (``memalpha/templates/memalpha.yaml``); ``memalpha prompts import`` writes the
+            official code's texts as such a file (docs/official_compatibility.md, difference 4).
     """
 
     group_size: int = 8
@@ -78,6 +84,7 @@ class RolloutSettings:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     prompt_profile: Literal["full", "compact"] = "full"
     call_repair: Literal["strict", "json_repair"] = "strict"
+    prompt_templates: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("group_size", "max_new_tokens", "max_prompt_tokens", "core_token_limit"):
@@ -98,6 +105,15 @@ class RolloutSettings:
             raise ValueError(f"rollout.prompt_profile must be one of {list(PROMPT_PROFILES)}, got {self.prompt_profile!r}")
         if self.call_repair not in CALL_REPAIRS:
             raise ValueError(f"rollout.call_repair must be one of {list(CALL_REPAIRS)}, got {self.call_repair!r}")
+        try:
+            self._templates = load_templates(self.prompt_templates)
+        except ValueError as exc:
+            raise ValueError(f"rollout.prompt_templates: {exc}") from None
+
+    @property
+    def templates(self) -> PromptTemplates:
+        """The prompt texts of :attr:`prompt_templates`, loaded once."""
+        return self._templates
 
 
 @dataclass
@@ -184,11 +200,12 @@ def turn_prompt(
     k = settings.memory_view_k
     while True:
         messages = memorise_messages(
-            render_memorise(memory, k),
+            render_memorise(memory, k, settings.templates),
             chunk,
             call_format,
             response_token_limit=settings.max_new_tokens,
             profile=settings.prompt_profile,
+            templates=settings.templates,
         )
         ids = chat_prompt_ids(tokenizer, messages, settings.chat_template_kwargs)
         if len(ids) <= settings.max_prompt_tokens:

@@ -174,11 +174,12 @@ def parse_yes_no(reply: str) -> float:
     return float("yes" in words and "no" not in words)
 
 
-def _judge_prompt(question: str, gold: Gold, prediction: str) -> str:
+def _judge_prompt(question: str, gold: Gold, prediction: str, templates=None) -> str:
+    """The judge's prompt, from ``templates`` (the judge reader's; ``None``: memalpha's)."""
     from memalpha.agent.prompts import answer_judge_prompt
 
     rubric = "; ".join(_golds(gold))
-    return answer_judge_prompt(question=question, rubric=rubric, response=strip_thinking(prediction))
+    return answer_judge_prompt(question=question, rubric=rubric, response=strip_thinking(prediction), templates=templates)
 
 
 def llm_judge(
@@ -215,7 +216,8 @@ def _judge_many(
             "metric 'llm_judge' needs a judge (a memalpha.reader.Reader); configure a reader "
             "or override the metric for this data_source"
         )
-    prompts = [_judge_prompt(q, g, p) for p, g, q in zip(predictions, golds, questions, strict=True)]
+    templates = getattr(judge, "templates", None)  # the judge reader's prompt templates
+    prompts = [_judge_prompt(q, g, p, templates) for p, g, q in zip(predictions, golds, questions, strict=True)]
     replies = judge.complete(prompts)
     read_reply = YES_NO_BY_STYLE[style]
     scores = [read_reply(r.text) if r.ok else 0.0 for r in replies]

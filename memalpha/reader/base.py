@@ -38,6 +38,7 @@ from memalpha.reader.retrieval import (
     reduce_k,
     retrieve_for_questions,
 )
+from memalpha.templates.loader import PromptTemplates, default_templates
 
 if TYPE_CHECKING:
     from memalpha.memory.store import Memory
@@ -77,6 +78,8 @@ class Reader(ABC):
         system_prompt_limit: the system-prompt token limit of ``k_reduction="official"``.
         bm25_query: ``question`` (rank for the bare question) or ``with_instruction`` (for the
             source's instruction and the question, as the official code does).
+        templates: the prompt texts of the answer prompt, the memory view and the judges that
+            use this reader (:mod:`memalpha.templates`; ``None``: memalpha's own).
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class Reader(ABC):
         k_reduction: str = "budget",
         system_prompt_limit: int = DEFAULT_SYSTEM_PROMPT_LIMIT,
         bm25_query: str = "question",
+        templates: PromptTemplates | None = None,
     ) -> None:
         if top_k_entries < 0:
             raise ValueError(f"top_k_entries must be >= 0, got {top_k_entries}")
@@ -108,6 +112,7 @@ class Reader(ABC):
         self.k_reduction = k_reduction
         self.system_prompt_limit = system_prompt_limit
         self.bm25_query = bm25_query
+        self.templates = templates or default_templates()
         self.question_instructions = question_instructions or QuestionInstructions()
         self.requests = 0
         self.failures = 0
@@ -135,7 +140,7 @@ class Reader(ABC):
         """The text BM25 ranks the entries for (see ``bm25_query``)."""
         if instruction is None or self.bm25_query == "question":
             return question
-        return f"{instruction}\n\n{question}"
+        return self.templates.render("answer_user", instruction=instruction, question=question)  # the user message
 
     def prompt_limit(self) -> int:
         """The token limit ``k`` is reduced against: the prompt budget, or the system-prompt limit."""
@@ -147,6 +152,10 @@ class Reader(ABC):
         if self.k_reduction == "budget":
             return self.conversation_tokens(conversation)
         return self.count_tokens(conversation[0]["content"])
+
+    def _answer_messages(self, memory: Memory, semantic, episodic, question: str, instruction: str | None) -> Conversation:
+        view = render_answer(memory, semantic, episodic, self.templates)
+        return answer_messages(view, question, instruction, self.templates, has_core=bool(memory.core))
 
     def answer_conversations(
         self, items: Sequence[tuple[Memory, str]], sources: Sequence[str] | None = None
@@ -174,7 +183,7 @@ class Reader(ABC):
 
                 def measure(sem, epi, _memory=memory, _question=question, _instruction=instruction) -> int:
                     return self.measure_prompt(
-                        answer_messages(render_answer(_memory, sem, epi), _question, _instruction)
+                        self._answer_messages(_memory, sem, epi, _question, _instruction)
                     )
 
                 semantic, episodic, fits = reduce_k(semantic, episodic, measure, limit, self.k_reduction)
@@ -185,7 +194,7 @@ class Reader(ABC):
                         "without retrieved entries (core memory and question alone); sending it as is",
                         question[:80], limit, self.k_reduction,
                     )
-                conversations[i] = answer_messages(render_answer(memory, semantic, episodic), question, instruction)
+                conversations[i] = self._answer_messages(memory, semantic, episodic, question, instruction)
         return [c for c in conversations if c is not None]
 
     # -- public entry points --------------------------------------------------------------

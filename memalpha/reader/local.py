@@ -20,6 +20,7 @@ from typing import Any
 from memalpha.reader.base import Conversation, Reader, ReaderAnswer
 from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.reader.retrieval import DEFAULT_SYSTEM_PROMPT_LIMIT, DEFAULT_TOP_K
+from memalpha.templates.loader import PromptTemplates
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class LocalReader(Reader):
         temperature: 0 decodes greedily; > 0 samples.
         top_p: nucleus sampling when sampling.
         top_k_entries, prompt_budget_tokens, question_instructions, bm25, k_reduction,
-            system_prompt_limit, bm25_query: see :class:`~memalpha.reader.base.Reader`.
+            system_prompt_limit, bm25_query, templates: see :class:`~memalpha.reader.base.Reader`.
         batch_size: prompts per forward batch.
         disable_adapters: answer with the base weights of a PEFT model.
         enable_thinking: passed to the chat template (Qwen3's thinking switch).
@@ -103,6 +104,7 @@ class LocalReader(Reader):
         k_reduction: str = "budget",
         system_prompt_limit: int = DEFAULT_SYSTEM_PROMPT_LIMIT,
         bm25_query: str = "question",
+        templates: PromptTemplates | None = None,
     ) -> None:
         super().__init__(
             top_k_entries=top_k_entries,
@@ -112,6 +114,7 @@ class LocalReader(Reader):
             k_reduction=k_reduction,
             system_prompt_limit=system_prompt_limit,
             bm25_query=bm25_query,
+            templates=templates,
         )
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")

@@ -30,6 +30,7 @@ from typing import Any
 from memalpha.reader.base import Conversation, Reader, ReaderAnswer
 from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.reader.retrieval import DEFAULT_SYSTEM_PROMPT_LIMIT, DEFAULT_TOP_K
+from memalpha.templates.loader import PromptTemplates
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class OpenAIReader(Reader):
         sleep: waits between attempts (tests pass a recorder instead of :func:`time.sleep`).
         rng: draws the backoff jitter; ``None`` seeds one from the operating system.
         top_k_entries, prompt_budget_tokens, question_instructions, bm25, k_reduction,
-            system_prompt_limit, bm25_query: see :class:`~memalpha.reader.base.Reader`.
+            system_prompt_limit, bm25_query, templates: see :class:`~memalpha.reader.base.Reader`.
     """
 
     def __init__(
@@ -107,6 +108,7 @@ class OpenAIReader(Reader):
         k_reduction: str = "budget",
         system_prompt_limit: int = DEFAULT_SYSTEM_PROMPT_LIMIT,
         bm25_query: str = "question",
+        templates: PromptTemplates | None = None,
     ) -> None:
         super().__init__(
             top_k_entries=top_k_entries,
@@ -116,6 +118,7 @@ class OpenAIReader(Reader):
             k_reduction=k_reduction,
             system_prompt_limit=system_prompt_limit,
             bm25_query=bm25_query,
+            templates=templates,
         )
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")

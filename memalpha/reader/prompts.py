@@ -2,26 +2,22 @@
 rendered for answering in the system message.
 
 The reader sees the core memory and the entries retrieved for the question, never the text
-that was read (see ``docs/metrics_and_rewards.md``).
+that was read (see ``docs/metrics_and_rewards.md``). The texts are prompt templates
+(``answer_system``, ``answer_system_no_core``, ``answer_user`` in :mod:`memalpha.templates`).
 """
 
 from __future__ import annotations
 
-ANSWER_SYSTEM_TEMPLATE = """\
-You answer questions from a memory that was written while a long text was read. You cannot see \
-the text itself, only this memory:
-- core_memory: a short paragraph that is always kept (who the user is, a summary, rules);
-- semantic_memory: facts and knowledge, most relevant to the question first;
-- episodic_memory: events with their times, most relevant to the question first.
-
-{memory}
-
-Answer the user's question from this memory. Give the answer itself, briefly, without \
-repeating the question. If the memory does not contain the answer, say so in one sentence. \
-If the question asks for a format (for example a label inside \\boxed{{}}), use it."""
+from memalpha.templates.loader import PromptTemplates, default_templates
 
 
-def answer_messages(memory_text: str, question: str, instruction: str | None = None) -> list[dict[str, str]]:
+def answer_messages(
+    memory_text: str,
+    question: str,
+    instruction: str | None = None,
+    templates: PromptTemplates | None = None,
+    has_core: bool = True,
+) -> list[dict[str, str]]:
     """The ``[system, user]`` messages of one reader question (docs/method.md: answering).
 
     The source's instruction opens the user message, one empty line before the question, where
@@ -32,8 +28,11 @@ def answer_messages(memory_text: str, question: str, instruction: str | None = N
         question: the question, verbatim.
         instruction: the question instruction of the instance's source
             (:mod:`memalpha.reader.question_instructions`), or ``None`` for the bare question.
+        templates: the prompt texts (``None``: memalpha's own).
+        has_core: whether the memory's core is non-empty (picks ``answer_system`` or
+            ``answer_system_no_core``; memalpha's two are the same text).
     """
-    return [
-        {"role": "system", "content": ANSWER_SYSTEM_TEMPLATE.format(memory=memory_text)},
-        {"role": "user", "content": question if instruction is None else f"{instruction}\n\n{question}"},
-    ]
+    t = templates or default_templates()
+    system = t.render("answer_system" if has_core else "answer_system_no_core", memory=memory_text)
+    user = question if instruction is None else t.render("answer_user", instruction=instruction, question=question)
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]

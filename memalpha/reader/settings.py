@@ -11,6 +11,7 @@ from memalpha.reader.local import LocalReader
 from memalpha.reader.openai_compat import OpenAIReader
 from memalpha.reader.question_instructions import BUILTIN, load_question_instructions
 from memalpha.reader.retrieval import BM25_VARIANTS, K_REDUCTIONS
+from memalpha.templates.loader import PromptTemplates
 
 
 @dataclass
@@ -94,8 +95,12 @@ class ReaderSettings:
             )
         load_question_instructions(self.question_instructions)  # a missing or malformed file fails here
 
-    def build(self, policy: Any, tokenizer: Any) -> Reader:
-        """The reader: ``policy`` with its adapters off (``local``), or a client of the endpoint (``openai``)."""
+    def build(self, policy: Any, tokenizer: Any, templates: PromptTemplates | None = None) -> Reader:
+        """The reader: ``policy`` with its adapters off (``local``), or a client of the endpoint (``openai``).
+
+        ``templates`` are the prompt texts (the run's ``rollout.prompt_templates``; ``None``:
+        memalpha's). The ``openai`` reader builds its prompts here too, so one file serves both.
+        """
         instructions = load_question_instructions(self.question_instructions)
         if self.kind == "local":
             return LocalReader(
@@ -107,6 +112,7 @@ class ReaderSettings:
                 prompt_budget_tokens=self.prompt_tokens,
                 batch_size=self.batch_size,
                 question_instructions=instructions,
+                templates=templates,
                 **self._retrieval_options(),
             )
         return OpenAIReader(
@@ -121,6 +127,7 @@ class ReaderSettings:
             top_k_entries=self.top_k_entries,
             prompt_budget_tokens=self.prompt_tokens,
             question_instructions=instructions,
+            templates=templates,
             **self._retrieval_options(),
         )
 

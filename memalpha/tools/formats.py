@@ -75,8 +75,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from memalpha.templates.loader import PromptTemplates, default_templates
 from memalpha.tools.jsonfix import CALL_REPAIRS, read_arguments
 from memalpha.tools.schemas import TOOL_NAMES, TOOL_SCHEMAS, compact_signatures
+
+_MEMALPHA = default_templates()  # memalpha's prompt texts, read now: parsing and rendering touch no file
 
 FN_MARK = "✿FUNCTION✿"
 ARGS_MARK = "✿ARGS✿"
@@ -265,9 +268,11 @@ class CallFormat(ABC):
         return first_token_reaching(response_ids, tokenizer, text, start)
 
     @abstractmethod
-    def instructions(self, compact: bool = False) -> str:
-        """The tool block for the system prompt, generated from :data:`TOOL_SCHEMAS`; ``compact``
-        lists one signature line per tool instead of the JSON schemas (for small models)."""
+    def instructions(self, compact: bool = False, templates: PromptTemplates | None = None) -> str:
+        """The tool block for the system prompt: the format's ``tool_block_*`` template
+        (:mod:`memalpha.templates`; ``None``: memalpha's) around the tools generated from
+        :data:`TOOL_SCHEMAS`; ``compact`` lists one signature line per tool instead of the JSON
+        schemas (for small models)."""
 
     @abstractmethod
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
@@ -307,20 +312,9 @@ class QwenFormat(CallFormat):
     stop_strings = (RESULT_MARK,)
     result_marker = RESULT_MARK
 
-    def instructions(self, compact: bool = False) -> str:
-        names = ", ".join(TOOL_NAMES)
+    def instructions(self, compact: bool = False, templates: PromptTemplates | None = None) -> str:
         listing = compact_signatures() if compact else _tools_json_lines()
-        return (
-            "# Tools\n\n"
-            "These tools change your memory:\n\n"
-            f"{listing}\n\n"
-            "## Calling a tool\n\n"
-            "Write each call as two lines:\n\n"
-            f"{FN_MARK}: the tool's name, one of [{names}]\n"
-            f"{ARGS_MARK}: the tool's arguments as one JSON object\n\n"
-            f"For several calls, write one {FN_MARK}/{ARGS_MARK} pair after the other in the same reply. "
-            f"Do not write {RESULT_MARK}: tool results are not shown to you."
-        )
+        return (templates or _MEMALPHA).render("tool_block_qwen", tools=listing, tool_names=", ".join(TOOL_NAMES))
 
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         return f"{FN_MARK}: {name}\n{ARGS_MARK}: {json.dumps(arguments, ensure_ascii=False)}"
@@ -388,21 +382,11 @@ class HermesFormat(CallFormat):
     stop_strings = ()
     result_marker = RESPONSE_OPEN
 
-    def instructions(self, compact: bool = False) -> str:
-        listing = (
-            f"These tools change your memory:\n{compact_signatures()}\n\n"
-            if compact
-            else "These tools change your memory. Their signatures are listed inside <tools></tools>:\n"
-            f"<tools>\n{_tools_json_lines()}\n</tools>\n\n"
-        )
-        return (
-            "# Tools\n\n"
-            f"{listing}"
-            f"To call a tool, write a JSON object with its name and arguments inside {CALL_OPEN}"
-            f"{CALL_CLOSE} tags:\n"
-            f'{CALL_OPEN}\n{{"name": <tool name>, "arguments": <arguments as a JSON object>}}\n{CALL_CLOSE}\n\n'
-            "For several calls, write one such block after the other in the same reply."
-        )
+    def instructions(self, compact: bool = False, templates: PromptTemplates | None = None) -> str:
+        t = templates or _MEMALPHA
+        if compact:
+            return t.render("tool_block_hermes_compact", tools=compact_signatures())
+        return t.render("tool_block_hermes", tools=_tools_json_lines())
 
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)

@@ -110,7 +110,7 @@ class GRPOModule(PolicyModule):
         if self.load_policy():
             if self.update_settings.kl_reference == "start" and self.hparams.adapter_path:
                 load_reference_adapter(self.policy, self.hparams.adapter_path)
-            self.reader = self.reader_settings.build(self.policy, self.tokenizer)
+            self.reader = self.reader_settings.build(self.policy, self.tokenizer, self.rollout_settings.templates)
             self.content_judge = self.reward_settings.build_content_judge(self.reader)
 
     # ---------------------------------------------------- checkpoint content

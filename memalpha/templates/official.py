@@ -1,0 +1,325 @@
+"""``memalpha prompts import PATH``: a prompt-template file from a local clone of the official code.
+
+The published Mem-α checkpoint was trained on the official code's prompt texts, so it is
+evaluated with them (docs/official_compatibility.md, difference 4). memalpha ships none of those
+texts: this module reads them from a clone of the official repository the user provides, with
+:mod:`ast` (string constants and f-strings found by file, class, function and variable names;
+the official code is never imported or run) and ``yaml.safe_load`` for its YAML config, converts
+the official placeholders to memalpha's and writes a file :func:`memalpha.templates.loader.load_templates`
+reads. Nothing is downloaded.
+
+Where each template comes from (paths inside the clone):
+
+========================== ==========================================================================
+template                   official source
+========================== ==========================================================================
+memorise_system            ``memory.py``, ``Memory.render_system_prompt``: the memorising f-string,
+                           with the three memory-type lines put in and ``{memory_view}`` for the
+                           memory state; ``{tool_block}`` follows after an empty line, where
+                           Qwen-Agent appends its function-call block to the system message
+memorise_user,             ``config/prompts_wrt_datasource.yaml``, ``unified_prompt``: ``{context}``
+response_limit_note        becomes ``{chunk}``; its last paragraph, the one with ``{max_new_tokens}``,
+                           becomes the limit note (``{limit}``)
+view_recent_header         ``Memory.render_system_prompt``: the semantic list's header f-string
+view_empty_core            ``Memory.render_system_prompt`` shows the core verbatim: empty text
+view_empty_list,           ``memory.py``, ``Memory._block``: its one fixed text (the list body
+view_hidden_list           without entries; shown for k = 0 too)
+answer_system(_no_core)    ``memory_server.py``, ``MemoryProcessor.construct_system_prompt``: with
+                           the memory-structure lines (the core line only when the core is set)
+answer_view_empty_list     ``MemoryProcessor._format_memory_block``: the body of an empty list
+answer_user                ``memalpha/llm_agent/generation.py``: the text joining ``query_prompt``
+                           and the question
+content_judge(_*)          ``MemoryProcessor._get_analysis_prompt`` (the rules, per memory type) and
+                           the user f-string of ``MemoryProcessor.analyze_memory_content``, joined by
+                           an empty line (the official judge gets them as system and user message)
+answer_judge               ``long_context_eval.py``, ``LongContextEvaluator._compute_score``: the
+                           ``template`` with three ``{}`` (question, rubric, response)
+========================== ==========================================================================
+
+The ``compact_*`` templates get the same texts as the full ones (the official code has one
+profile), and the tool blocks stay memalpha's: the official tool block is Qwen-Agent's, a package
+outside the repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import string
+from pathlib import Path
+
+import yaml
+
+from memalpha.templates.loader import TEMPLATE_NAMES, check_templates, default_templates, dump_templates
+
+REQUIRED_FILES = (
+    "memory.py",
+    "memory_server.py",
+    "config/prompts_wrt_datasource.yaml",
+    "memalpha/llm_agent/generation.py",
+    "long_context_eval.py",
+)
+"""Files a clone of the official repository has, each read by the importer."""
+
+
+class OfficialTextError(ValueError):
+    """A one-line reason why the texts could not be imported."""
+
+
+def _escape(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+class _Source:
+    """One parsed Python file of the clone, searched by class and function names."""
+
+    def __init__(self, root: Path, relative: str) -> None:
+        self.where = relative
+        try:
+            self.tree = ast.parse((root / relative).read_text(encoding="utf-8"), filename=relative)
+        except (OSError, SyntaxError, UnicodeDecodeError) as exc:
+            raise OfficialTextError(f"{relative}: cannot be read as Python ({type(exc).__name__})") from None
+
+    def function(self, qualname: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
+        """The function ``Class.method`` (or a module-level ``name``)."""
+        *owner, name = qualname.split(".")
+        scope: list[ast.stmt] = self.tree.body
+        for part in owner:
+            found = [n for n in scope if isinstance(n, ast.ClassDef) and n.name == part]
+            if not found:
+                raise OfficialTextError(f"{self.where}: no class {part}")
+            scope = found[0].body
+        for node in scope:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+                return node
+        raise OfficialTextError(f"{self.where}: no function {qualname}")
+
+
+def _names(node: ast.JoinedStr) -> set[str]:
+    return {ast.unparse(v.value) for v in node.values if isinstance(v, ast.FormattedValue)}
+
+
+def _fstring(node: ast.JoinedStr, replace: dict[str, str], where: str) -> str:
+    """The f-string ``node`` as a template: fixed text escaped, each ``{expr}`` replaced by
+    ``replace[expr]`` (already template text)."""
+    parts = []
+    for value in node.values:
+        if isinstance(value, ast.Constant):
+            parts.append(_escape(value.value))
+        elif isinstance(value, ast.FormattedValue):
+            expr = ast.unparse(value.value)
+            if expr not in replace or value.format_spec is not None or value.conversion != -1:
+                raise OfficialTextError(f"{where}: unexpected field {{{expr}}} in the official text")
+            parts.append(replace[expr])
+    return "".join(parts)
+
+
+def _find_fstring(function: ast.AST, names: set[str], where: str) -> ast.JoinedStr:
+    """The one f-string in ``function`` whose fields are exactly ``names``."""
+    found = [n for n in ast.walk(function) if isinstance(n, ast.JoinedStr) and _names(n) == names]
+    if len(found) != 1:
+        raise OfficialTextError(f"{where}: expected one f-string with the fields {sorted(names)}, found {len(found)}")
+    return found[0]
+
+
+def _strings(function: ast.AST) -> list[str]:
+    """Every plain string constant in ``function`` (docstrings included), in source order."""
+    return [n.value for n in ast.walk(function) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def _one(items: list[str], where: str, what: str) -> str:
+    distinct = list(dict.fromkeys(items))
+    if len(distinct) != 1:
+        raise OfficialTextError(f"{where}: expected one {what}, found {len(distinct)}")
+    return distinct[0]
+
+
+def _memory_texts(memory: _Source) -> dict[str, str]:
+    where = f"{memory.where}: Memory.render_system_prompt"
+    render = memory.function("Memory.render_system_prompt")
+    lines = [s for s in _strings(render) if s.startswith("* ")]
+    kinds = []
+    for kind in ("core_memory", "semantic_memory", "episodic_memory"):
+        kinds.append(_one([s for s in lines if s.startswith(f"* {kind}")], where, f"'* {kind}' memory-type line"))
+    system = _find_fstring(render, {"instructions_text", "memory_state_text"}, where)
+    memorise_system = _fstring(
+        system, {"instructions_text": _escape("\n".join(kinds)), "memory_state_text": "{memory_view}"}, where
+    )
+    header = _find_fstring(render, {"visible_semantic", "total_semantic", "self._block(lines=semantic_items)"}, where)
+    text = _fstring(header, {"visible_semantic": "{shown}", "total_semantic": "{total}",
+                             "self._block(lines=semantic_items)": ""}, where)
+    if not text.startswith("<semantic_memory> ") or "\n" not in text:
+        raise OfficialTextError(f"{where}: the semantic list's header f-string has an unexpected layout")
+    _find_fstring(render, {"self.core"}, where)  # the core is shown verbatim, so an empty core is empty text
+    block = memory.function("Memory._block")
+    fixed = [v.value for n in ast.walk(block) if isinstance(n, ast.JoinedStr) and not _names(n)
+             for v in n.values if isinstance(v, ast.Constant)]
+    empty = _one(fixed, f"{memory.where}: Memory._block", "fixed text for an empty list")
+    return {
+        "memorise_system": memorise_system + "\n\n{tool_block}",
+        "view_recent_header": text[len("<semantic_memory> "):text.index("\n")],
+        "view_empty_core": "",
+        "view_empty_list": _escape(empty),
+        "view_hidden_list": _escape(empty),
+    }
+
+
+def _server_texts(server: _Source) -> dict[str, str]:
+    where = f"{server.where}: MemoryProcessor.construct_system_prompt"
+    construct = server.function("MemoryProcessor.construct_system_prompt")
+    items: dict[str, str] = {}
+    for node in ast.walk(construct):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and ast.unparse(node.func.value) == "memory_structure_items":
+            for arg in node.args:
+                for item in (arg.elts if isinstance(arg, (ast.List, ast.Tuple)) else [arg]):
+                    if isinstance(item, ast.Constant) and isinstance(item.value, str):
+                        items[node.func.attr + ":" + item.value] = item.value
+    core = [v for k, v in items.items() if k.startswith("append:")]
+    rest = [v for k, v in items.items() if k.startswith("extend:")]
+    if len(core) != 1 or len(rest) != 2:
+        raise OfficialTextError(f"{where}: expected one core and two list lines of memory_structure_items")
+    system = _find_fstring(construct, {"memory_structure", "memory_content"}, where)
+    with_core = _fstring(system, {"memory_structure": _escape("\n".join(core + rest)), "memory_content": "{memory}"}, where)
+    no_core = _fstring(system, {"memory_structure": _escape("\n".join(rest)), "memory_content": "{memory}"}, where)
+    where_block = f"{server.where}: MemoryProcessor._format_memory_block"
+    bodies = [
+        _fstring(n, {"block_name": "TAG"}, where_block).split("\n")
+        for n in ast.walk(server.function("MemoryProcessor._format_memory_block"))
+        if isinstance(n, ast.JoinedStr) and _names(n) == {"block_name"}
+    ]
+    body = _one([b[1] for b in bodies if len(b) == 3 and b[1]], where_block, "f-string of an empty list's block")
+    where_judge = f"{server.where}: MemoryProcessor._get_analysis_prompt"
+    rules: dict[str, str] = {}
+    for node in ast.walk(server.function("MemoryProcessor._get_analysis_prompt")):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and isinstance(node.test.comparators[0], ast.Constant):
+            kind = node.test.comparators[0].value
+            returned = [s.value for s in node.body if isinstance(s, ast.Return) and isinstance(s.value, ast.Constant)]
+            if kind in ("core", "semantic", "episodic") and returned:
+                rules[kind] = returned[0].value
+    missing = [k for k in ("core", "semantic", "episodic") if k not in rules]
+    if missing:
+        raise OfficialTextError(f"{where_judge}: no analysis prompt for memory type(s) {missing}")
+    where_user = f"{server.where}: MemoryProcessor.analyze_memory_content"
+    user = _find_fstring(server.function("MemoryProcessor.analyze_memory_content"), {"memory_type", "content"}, where_user)
+    return {
+        "answer_system": with_core,
+        "answer_system_no_core": no_core,
+        "answer_view_empty_list": body,
+        "content_judge": "{rules}\n\n" + _fstring(user, {"memory_type": "{kind}", "content": "{content}"}, where_user),
+        **{f"content_judge_{kind}": _escape(text) for kind, text in rules.items()},
+    }
+
+
+def _instruction_join(generation: _Source) -> str:
+    """The text the official training code puts between a source's ``query_prompt`` and the question."""
+    found = []
+    for node in ast.walk(generation.tree):
+        if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and isinstance(node.right, ast.Constant)
+                and isinstance(node.right.value, str) and isinstance(node.left, ast.Subscript)
+                and isinstance(node.left.slice, ast.Constant) and node.left.slice.value == "query_prompt"):
+            found.append(node.right.value)
+    return "{instruction}" + _escape(_one(found, generation.where, "text joining query_prompt and the question")) + "{question}"
+
+
+def _answer_judge(evaluator: _Source) -> str:
+    where = f"{evaluator.where}: LongContextEvaluator._compute_score"
+    found = []
+    for node in ast.walk(evaluator.function("LongContextEvaluator._compute_score")):
+        if (isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["template"]
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+            found.append(node.value.value)
+    text = _one(found, where, "judge `template`")
+    problem = OfficialTextError(f"{where}: the judge template must have three {{}} fields (question, rubric, response)")
+    try:  # the official code fills it with str.format(question, rubric, response)
+        parsed = list(string.Formatter().parse(text))
+    except ValueError:
+        raise problem from None
+    fields = [name for _, name, _, _ in parsed if name is not None]
+    if fields != ["", "", ""]:
+        raise problem
+    ours = iter(("{question}", "{rubric}", "{response}"))
+    return "".join(_escape(literal) + (next(ours) if name is not None else "") for literal, name, _, _ in parsed)
+
+
+def _user_texts(root: Path) -> dict[str, str]:
+    relative = "config/prompts_wrt_datasource.yaml"
+    try:
+        config = yaml.safe_load((root / relative).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise OfficialTextError(f"{relative}: cannot be read as YAML ({type(exc).__name__})") from None
+    prompt = config.get("unified_prompt") if isinstance(config, dict) else None
+    if not isinstance(prompt, str):
+        raise OfficialTextError(f"{relative}: no unified_prompt text")
+    *body, last = prompt.split("\n\n")
+    if "{max_new_tokens}" not in last or "{context}" not in "\n\n".join(body):
+        raise OfficialTextError(
+            f"{relative}: unified_prompt must hold {{context}} and end with a paragraph holding {{max_new_tokens}}"
+        )
+
+    def convert(text: str, official: str, ours: str) -> str:
+        """An official ``str.format`` text with one field renamed (its other braces kept as they render)."""
+        try:
+            plain = text.replace(official, "\0").format()  # any other field fails here
+        except (KeyError, IndexError, ValueError):
+            raise OfficialTextError(
+                f"{relative}: unified_prompt has fields other than {{context}} and {{max_new_tokens}}"
+            ) from None
+        return _escape(plain).replace("\0", ours)
+
+    return {
+        "memorise_user": convert("\n\n".join(body), "{context}", "{chunk}") + "{limit_note}",
+        "response_limit_note": "\n\n" + convert(last, "{max_new_tokens}", "{limit}"),
+    }
+
+
+def import_official(root: str | Path) -> dict[str, str]:
+    """Every template, from the official repository cloned at ``root`` (see the module docstring).
+
+    Raises a one-line ``ValueError`` when ``root`` is not such a clone or a text is not found
+    (naming the file and the name it looked for).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise OfficialTextError(f"{root}: not a folder")
+    absent = [f for f in REQUIRED_FILES if not (root / f).is_file()]
+    if absent:
+        raise OfficialTextError(f"{root}: not a clone of the official Mem-alpha repository (missing {', '.join(absent)})")
+    texts = {
+        **_memory_texts(_Source(root, "memory.py")),
+        **_server_texts(_Source(root, "memory_server.py")),
+        **_user_texts(root),
+        "answer_user": _instruction_join(_Source(root, "memalpha/llm_agent/generation.py")),
+        "answer_judge": _answer_judge(_Source(root, "long_context_eval.py")),
+    }
+    texts["compact_system"] = texts["memorise_system"]
+    texts["compact_user"] = texts["memorise_user"]
+    ours = default_templates()
+    for name in ("tool_block_qwen", "tool_block_hermes", "tool_block_hermes_compact"):
+        texts[name] = getattr(ours, name)
+    return check_templates({name: texts[name] for name in TEMPLATE_NAMES}, f"{root} (imported)")
+
+
+HEADER = """Prompt templates imported by `memalpha prompts import` from a local clone of the official
+Mem-alpha code at {root}. Use with rollout.prompt_templates: PATH (docs/official_compatibility.md).
+The tool blocks are memalpha's (the official one comes from the Qwen-Agent package)."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``memalpha prompts import PATH [--output FILE]``."""
+    parser = argparse.ArgumentParser(
+        prog="memalpha prompts",
+        description="Prompt-template files (docs/official_compatibility.md, difference 4).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    imp = commands.add_parser("import", help="write a template file from a local clone of the official Mem-alpha repository")
+    imp.add_argument("path", help="folder of a clone of github.com/wangyu-ustc/Mem-alpha (nothing is downloaded)")
+    imp.add_argument("--output", default="official_prompts.yaml", help="file to write (default: %(default)s)")
+    args = parser.parse_args(argv)
+    try:
+        texts = import_official(args.path)
+    except ValueError as exc:
+        parser.exit(2, f"memalpha prompts import: error: {exc}\n")
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(dump_templates(texts, HEADER.format(root=Path(args.path).resolve())), encoding="utf-8")
+    print(f"wrote {output} ({len(texts)} templates); use it with --rollout.prompt_templates {output}")

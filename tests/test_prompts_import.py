@@ -1,0 +1,215 @@
+"""``memalpha prompts import``: a template file from a folder in the official repository's layout.
+
+The stand-in folder is written here with made-up texts (the official code's file paths, class,
+function and variable names, none of its wording), so the test knows every text the importer
+must find and where each placeholder must land.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from memalpha.agent.prompts import answer_judge_prompt, content_judge_prompt, memorise_messages
+from memalpha.cli import run
+from memalpha.memory.render import render_answer, render_memorise
+from memalpha.memory.store import Memory
+from memalpha.reader.prompts import answer_messages
+from memalpha.templates.loader import default_templates, load_templates
+from memalpha.templates.official import REQUIRED_FILES, import_official
+from memalpha.tools.formats import get_call_format
+
+MEMORY_PY = '''
+class Memory:
+    def _block(self, title: str = '', lines=[], content=None) -> str:
+        if content is not None:
+            return f"<{title}>\\n{content}\\n</{title}>" if title else content
+        if not lines:
+            if title:
+                return f"<{title}>\\nNOTHING HERE\\n</{title}>"
+            return f"NOTHING HERE"
+        return "\\n".join(f"[{i}] {c}" for mem in lines for i, c in mem.items())
+
+    def render_system_prompt(self, status="chat", query=None, max_num_of_recent_chunks=None):
+        semantic_items, episodic_items = self.semantic, self.episodic
+        core_memory_section = f"<core_memory>\\n{self.core}\\n</core_memory>"
+        if status == "memorie":
+            memory_type_instructions = []
+            memory_type_instructions.append("* core_memory: the gist {in braces}")
+            memory_type_instructions.append("* semantic_memory: plain facts")
+            memory_type_instructions.append("* episodic_memory: dated happenings")
+            memory_type_instructions.append("* No memory modules at all.")
+            total_semantic = len(self.semantic)
+            visible_semantic = len(semantic_items)
+            memory_state_sections = [
+                f"<semantic_memory> [latest {visible_semantic} / {total_semantic}]\\n"
+                f"{self._block(lines=semantic_items)}\\n"
+                f"</semantic_memory>"
+            ]
+            memory_state_text = "\\n\\n".join(memory_state_sections)
+            instructions_text = "\\n".join(memory_type_instructions)
+            system_prompt = (f"""KEEPER OF NOTES.
+Kinds:
+{instructions_text}
+STATE:
+{memory_state_text}
+Reply {{"done": true}} when finished.""")
+            return [{"role": "system", "content": system_prompt}]
+        return [{"role": "system", "content": f"chat mode {query}"}]
+'''
+
+SERVER_PY = '''
+class MemoryProcessor:
+    def analyze_memory_content(self, memory_type: str, content: str):
+        system_prompt = self._get_analysis_prompt(memory_type)
+        messages = [{"role": "system", "content": system_prompt},
+                    {"role": "user", "content": f"Grade this {memory_type} note:\\n\\n{content}"}]
+        return messages
+
+    def _get_analysis_prompt(self, memory_type: str) -> str:
+        """Rules per kind."""
+        if memory_type == 'core':
+            return """CORE RULES {"VALID": bool}"""
+        elif memory_type == 'semantic':
+            return """SEMANTIC RULES"""
+        elif memory_type == 'episodic':
+            return """EPISODIC RULES"""
+        else:
+            raise ValueError(f"Unknown memory type: {memory_type}")
+
+    def _format_memory_block(self, memory_list, block_name: str) -> str:
+        if not memory_list:
+            return f"<{block_name}>\\n(nothing retrieved)\\n</{block_name}>"
+        lines = [f"{i}. {m}" for i, m in enumerate(memory_list, 1)]
+        return f"<{block_name}>\\n" + "\\n".join(lines) + f"\\n</{block_name}>"
+
+    def construct_system_prompt(self, memory_data, original_memory_data=None) -> str:
+        memory_blocks = []
+        memory_structure_items = []
+        if memory_data.get("core"):
+            memory_structure_items.append("- Core: the gist")
+        memory_structure_items.extend([
+            "- Semantic: facts",
+            "- Episodic: events",
+        ])
+        memory_structure = "\\n".join(memory_structure_items)
+        memory_content = "\\n\\n".join(memory_blocks)
+        system_prompt = f"""READER.
+Parts:
+{memory_structure}
+Memory:
+{memory_content}
+End."""
+        return system_prompt
+'''
+
+GENERATION_PY = '''
+def questions(self, qa_list, idx, data_sources):
+    return [{'question': self.prompts_wrt_datasource[data_sources[idx]]['query_prompt'] + " || " + qa['question']}
+            for qa in qa_list]
+'''
+
+EVAL_PY = '''
+class LongContextEvaluator:
+    def _compute_score(self, data_source, predicted_answer, gold_answer, question=None):
+        if data_source.startswith('longmemeval_s'):
+            template = "JUDGE {{x}}. Q={} R={} A={} ok?"
+            prompt = template.format(question, gold_answer, predicted_answer)
+            return prompt
+        return 0.0
+'''
+
+CONFIG = {
+    "unified_prompt": "STORE THIS {{literal}}.\n\n<new_chunk>\n{context}\n</new_chunk>\n\nAt most {max_new_tokens} tokens.",
+    "booksum": {"query_prompt": "About the book.", "including_core": True},
+}
+
+
+def write_stand_in(root: Path) -> Path:
+    files = {
+        "memory.py": MEMORY_PY,
+        "memory_server.py": SERVER_PY,
+        "memalpha/llm_agent/generation.py": GENERATION_PY,
+        "long_context_eval.py": EVAL_PY,
+        "config/prompts_wrt_datasource.yaml": yaml.safe_dump(CONFIG),
+    }
+    assert set(files) == set(REQUIRED_FILES)
+    for relative, text in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text(textwrap.dedent(text), encoding="utf-8")
+    return root
+
+
+def test_import_writes_a_file_that_renders_the_stand_in_texts(tmp_path, capsys):
+    root = write_stand_in(tmp_path / "clone")
+    out = tmp_path / "out" / "official.yaml"
+    assert run(["prompts", "import", str(root), "--output", str(out)]) is None
+    assert "wrote" in capsys.readouterr().out
+    t = load_templates(out)
+    memory = Memory(seed=3)
+    entry = memory.insert("semantic_memory", "fact a")
+    view = render_memorise(memory, 5, t)
+    assert view == (
+        "<core_memory>\n\n</core_memory>\n\n"
+        f"<semantic_memory> [latest 1 / 1]\n[{entry.id}] fact a\n</semantic_memory>\n\n"
+        "<episodic_memory> [latest 0 / 0]\nNOTHING HERE\n</episodic_memory>"
+    )
+    assert "NOTHING HERE" in render_memorise(memory, 0, t)  # a hidden list shows as an empty one
+    system, user = memorise_messages(view, "the {chunk}", get_call_format("qwen"), 1638, templates=t)
+    tool_block = get_call_format("qwen").instructions(templates=default_templates())
+    assert system["content"] == (
+        "KEEPER OF NOTES.\nKinds:\n* core_memory: the gist {in braces}\n* semantic_memory: plain facts\n"
+        f"* episodic_memory: dated happenings\nSTATE:\n{view}\n" + 'Reply {"done": true} when finished.'
+        f"\n\n{tool_block}"
+    )
+    assert user["content"] == (
+        "STORE THIS {literal}.\n\n<new_chunk>\nthe {chunk}\n</new_chunk>\n\nAt most 1638 tokens."
+    )
+    compact = memorise_messages(view, "c", get_call_format("qwen"), None, "compact", templates=t)
+    assert compact[1]["content"] == "STORE THIS {literal}.\n\n<new_chunk>\nc\n</new_chunk>"
+    with_core = answer_messages(render_answer(memory, [], [], t), "Who?", "About the book.", t, has_core=True)
+    assert with_core[0]["content"] == (
+        "READER.\nParts:\n- Core: the gist\n- Semantic: facts\n- Episodic: events\nMemory:\n"
+        "<semantic_memory>\n(nothing retrieved)\n</semantic_memory>\n\n"
+        "<episodic_memory>\n(nothing retrieved)\n</episodic_memory>\nEnd."
+    )
+    assert with_core[1]["content"] == "About the book. || Who?"
+    no_core = answer_messages("M", "Who?", None, t, has_core=False)
+    assert no_core == [{"role": "system", "content": "READER.\nParts:\n- Semantic: facts\n- Episodic: events\nMemory:\nM\nEnd."},
+                       {"role": "user", "content": "Who?"}]
+    assert content_judge_prompt("core", "x {y}", t) == 'CORE RULES {"VALID": bool}\n\nGrade this core note:\n\nx {y}'
+    assert content_judge_prompt("episodic", "e", t) == "EPISODIC RULES\n\nGrade this episodic note:\n\ne"
+    assert answer_judge_prompt("q", "r", "a", t) == "JUDGE {x}. Q=q R=r A=a ok?"
+
+
+@pytest.mark.parametrize(
+    ("breakage", "message"),
+    [
+        (lambda root: (root / "memory_server.py").unlink(), "not a clone of the official Mem-alpha repository (missing memory_server.py)"),
+        (lambda root: (root / "memory.py").write_text("class Memory:\n    pass\n"), "memory.py: no function Memory.render_system_prompt"),
+        (lambda root: (root / "memory_server.py").write_text(SERVER_PY.replace("_get_analysis_prompt", "_rules")),
+         "memory_server.py: no function MemoryProcessor._get_analysis_prompt"),
+        (lambda root: (root / "long_context_eval.py").write_text(EVAL_PY.replace("template =", "other =")),
+         "long_context_eval.py: LongContextEvaluator._compute_score: expected one judge `template`, found 0"),
+        (lambda root: (root / "config/prompts_wrt_datasource.yaml").write_text("booksum: {}\n"),
+         "config/prompts_wrt_datasource.yaml: no unified_prompt text"),
+        (lambda root: (root / "memory.py").write_text("def broken(:\n"), "memory.py: cannot be read as Python"),
+    ],
+)
+def test_import_errors_are_one_line_naming_file_and_name(tmp_path, breakage, message):
+    root = write_stand_in(tmp_path / "clone")
+    breakage(root)
+    with pytest.raises(ValueError) as info:
+        import_official(root)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_import_command_exits_with_a_one_line_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        run(["prompts", "import", str(tmp_path)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("memalpha prompts import: error: ") and "not a clone" in err and "\n" not in err
