@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from memalpha.agent.prompts import answer_judge_prompt, content_judge_prompt, memorise_messages
+from memalpha.agent.prompts import (
+    answer_judge_prompt,
+    content_judge_messages,
+    content_judge_prompt,
+    memorise_messages,
+    stated_response_limit,
+)
 from memalpha.agent.rewards import LLMContentJudge
 from memalpha.agent.rollout import RolloutSettings, turn_prompt
 from memalpha.agent.scoring import llm_judge
@@ -25,6 +31,7 @@ from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader, ReaderAnswer
 from memalpha.reader.prompts import answer_messages
 from memalpha.templates.loader import (
+    OPTIONAL_TEMPLATES,
     PLACEHOLDERS,
     TEMPLATE_NAMES,
     default_templates,
@@ -92,8 +99,11 @@ def test_fixture_is_not_vacuous():
 
 
 def _own_texts() -> dict[str, str]:
-    """A complete template set with made-up texts that name every placeholder."""
-    return {name: f"<{name}>" + "".join(f"[{p}={{{p}}}]" for p in sorted(PLACEHOLDERS[name])) for name in TEMPLATE_NAMES}
+    """A complete template set with made-up texts that name every placeholder (no optional template)."""
+    return {
+        name: f"<{name}>" + "".join(f"[{p}={{{p}}}]" for p in sorted(PLACEHOLDERS[name]))
+        for name in TEMPLATE_NAMES if name not in OPTIONAL_TEMPLATES
+    }
 
 
 def test_a_replacement_file_changes_every_prompt(tmp_path):
@@ -133,6 +143,14 @@ def test_a_replacement_file_changes_every_prompt(tmp_path):
         (lambda t: t.update(answer_judge="{} {} {}"), "own.yaml: answer_judge is not a valid template (has a positional"),
         (lambda t: t.update(content_judge="{kind} {rules} {content"), "own.yaml: content_judge is not a valid template"),
         (lambda t: t.update(memorise_user=3), "own.yaml: memorise_user must be a text, got int"),
+        (lambda t: t.update(content_judge_system="[rules={rules}]"),  # the rules moved: not in the user message
+         "own.yaml: content_judge must have exactly the placeholders ['content', 'kind'], got ['content', 'kind', 'rules']"),
+        (lambda t: t.update(content_judge_system="{kind}", content_judge="{kind} {content}"),
+         "own.yaml: content_judge_system must have exactly the placeholders ['rules'], got ['kind']"),
+        (lambda t: t.update(tool_block_qwen="{tools} only"),  # all of its placeholders, or none (a fixed block)
+         "own.yaml: tool_block_qwen must have exactly the placeholders ['tool_names', 'tools'], got ['tools']"),
+        (lambda t: t.update(tool_block_hermes="fixed"),
+         "own.yaml: tool_block_hermes must have exactly the placeholders ['tools'], got []"),
     ],
 )
 def test_loader_refuses_a_wrong_file_in_one_line(tmp_path, change, message):
@@ -204,3 +222,86 @@ def test_reader_and_judges_use_the_readers_templates(tmp_path):
     LLMContentJudge(reader).judge([ToolCall("new_memory_insert", {"memory_type": "semantic_memory", "content": "c"}, "")])
     assert sent[-1] == "<content_judge>[content=c][kind=semantic][rules=<content_judge_semantic>]"
     assert _EchoReader().templates is default_templates()
+
+
+class _RecordingReader(Reader):
+    """Records every conversation it is sent and replies with a valid judgement."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.sent = []
+
+    def chat(self, conversations):
+        self.sent.extend(conversations)
+        return [ReaderAnswer('```json\n{"VALID": true, "ISSUES": [], "EXPLANATION": "ok"}\n```', True) for _ in conversations]
+
+    def count_tokens(self, text):
+        return len(text.split())
+
+
+def test_content_judge_sends_one_message_or_the_split_the_templates_define(tmp_path):
+    calls = [ToolCall("new_memory_insert", {"memory_type": "episodic_memory", "content": "At noon {x} happened."}, ""),
+             ToolCall("memory_delete", {"memory_type": "semantic_memory", "memory_id": "1"}, ""),
+             ToolCall("memory_update", {"memory_type": "core_memory", "new_content": "User reads."}, "")]
+    # memalpha's texts: one user message per judged write, the prompt of before
+    reader = _RecordingReader()
+    assert LLMContentJudge(reader).judge(calls) == [1.0, 0.0, 1.0]
+    assert reader.sent == [[{"role": "user", "content": EXPECTED["content_judge_episodic"]}],
+                           [{"role": "user", "content": content_judge_prompt("core", "User reads.")}]]
+    assert content_judge_messages("core", "c") == [{"role": "user", "content": content_judge_prompt("core", "c")}]
+    # a file with content_judge_system: the rules as the system message, the entry as the user message
+    texts = _own_texts() | {"content_judge_system": "<system>[rules={rules}]", "content_judge": "<user>[kind={kind}][content={content}]"}
+    path = tmp_path / "split.yaml"
+    path.write_text(dump_templates(texts), encoding="utf-8")
+    split = load_templates(path)
+    assert split.content_judge_system == "<system>[rules={rules}]"
+    assert "content_judge_system: <system>[rules={rules}]" in path.read_text(encoding="utf-8")
+    reader = _RecordingReader(templates=split)
+    assert LLMContentJudge(reader).judge(calls) == [1.0, 0.0, 1.0]
+    assert reader.sent == [
+        [{"role": "system", "content": "<system>[rules=<content_judge_episodic>]"},
+         {"role": "user", "content": "<user>[kind=episodic][content=At noon {x} happened.]"}],
+        [{"role": "system", "content": "<system>[rules=<content_judge_core>]"},
+         {"role": "user", "content": "<user>[kind=core][content=User reads.]"}],
+    ]
+    # without the key (or with it null) the file keeps the one-message judge
+    assert load_templates(_write(tmp_path / "own.yaml", _own_texts())).content_judge_system is None
+    assert load_templates(_write(tmp_path / "null.yaml", _own_texts() | {"content_judge_system": None})).content_judge_system is None
+    assert default_templates().content_judge_system is None
+
+
+def _write(path, texts):
+    path.write_text(yaml.safe_dump(texts, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("cap", "share", "stated"),
+    [(2048, 0.8, 1638), (2048, 1.0, 2048), (64, 0.8, 51), (1000, 0.7, 700), (2048, 0.3, 614),
+     (100, 0.29, 28),  # 100 * 0.29 is 28.999... in floating point: int() truncates it, as the official code does
+     (1, 0.5, 1)],  # never below one token
+)
+def test_stated_response_limit_truncates_share_times_cap(cap, share, stated):
+    assert stated_response_limit(cap, share) == stated
+
+
+def test_stated_limit_share_is_validated_and_states_the_same_number_everywhere(tokenizer):
+    for bad in (0.0, -0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=r"^rollout.stated_limit_share must be in \(0, 1\], got"):
+            RolloutSettings(stated_limit_share=bad)
+    with pytest.raises(ValueError):
+        stated_response_limit(2048, 0.0)
+    settings = RolloutSettings(max_new_tokens=256, stated_limit_share=0.8, max_prompt_tokens=4096)
+    messages, _ = turn_prompt(tokenizer, _memory(), "chunk", get_call_format("qwen"), settings, where="t")
+    assert messages[1]["content"].endswith("\n\nYour reply may be at most 204 tokens: keep every call short.")
+    default, _ = turn_prompt(tokenizer, _memory(), "chunk", get_call_format("qwen"), replace(settings, stated_limit_share=1.0),
+                             where="t")
+    assert default[1]["content"].endswith("at most 256 tokens: keep every call short.")
+    # the oracle demonstrations (SFT) take their prompts from the same turn_prompt
+    from memalpha.agent.demos import oracle_demonstrations
+    from memalpha.data.synthetic import generate_synthetic
+
+    instances = generate_synthetic(1, split="train", seed=1, num_chunks=2, facts_per_chunk=1, distractors_per_chunk=0,
+                                   questions_per_instance=1, chunk_words=30, families=("synth_personal",))
+    demos = oracle_demonstrations(instances, tokenizer, settings, seed=1)
+    assert demos and all(d.messages[1]["content"].endswith("at most 204 tokens: keep every call short.") for d in demos)

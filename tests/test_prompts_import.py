@@ -13,13 +13,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from memalpha.agent.prompts import answer_judge_prompt, content_judge_prompt, memorise_messages
+from memalpha.agent.prompts import (
+    answer_judge_prompt,
+    content_judge_messages,
+    content_judge_prompt,
+    memorise_messages,
+)
 from memalpha.cli import run
 from memalpha.memory.render import render_answer, render_memorise
 from memalpha.memory.store import Memory
 from memalpha.reader.prompts import answer_messages
 from memalpha.templates.loader import default_templates, load_templates
-from memalpha.templates.official import REQUIRED_FILES, import_official
+from memalpha.templates.official import QWEN_AGENT_FILE, REQUIRED_FILES, import_official, qwen_tool_block
 from memalpha.tools.formats import get_call_format
 
 MEMORY_PY = '''
@@ -182,7 +187,171 @@ def test_import_writes_a_file_that_renders_the_stand_in_texts(tmp_path, capsys):
                        {"role": "user", "content": "Who?"}]
     assert content_judge_prompt("core", "x {y}", t) == 'CORE RULES {"VALID": bool}\n\nGrade this core note:\n\nx {y}'
     assert content_judge_prompt("episodic", "e", t) == "EPISODIC RULES\n\nGrade this episodic note:\n\ne"
+    # the official judge's split: the kind's rules as the system message, the entry as the user message
+    assert "content_judge_system: '{rules}'" in out.read_text(encoding="utf-8")
+    assert t.content_judge_system == "{rules}" and t.content_judge == "Grade this {kind} note:\n\n{content}"
+    assert content_judge_messages("core", "x {y}", t) == [
+        {"role": "system", "content": 'CORE RULES {"VALID": bool}'},
+        {"role": "user", "content": "Grade this core note:\n\nx {y}"},
+    ]
     assert answer_judge_prompt("q", "r", "a", t) == "JUDGE {x}. Q=q R=r A=a ok?"
+
+
+FUNCTIONS_PY = '''
+from dataclasses import dataclass
+
+
+@dataclass
+class Parameter:
+    name: str
+    type: str
+    description: str
+    required: bool = True
+    enum: list = None
+
+
+class ToolFunction:
+    name: str
+    description: str
+
+
+class NewMemoryInsert(ToolFunction):
+    name = "new_memory_insert"
+    description = "Put a note {somewhere}."
+    parameters = [
+        Parameter(name="memory_type", type="string", description="Which list.", enum=["semantic_memory", "episodic_memory"]),
+        Parameter(name="content", type="string", description="The note, café."),
+    ]
+
+
+class MemoryDelete(ToolFunction):
+    name = "memory_delete"
+    description = "Drop a note."
+    parameters = [
+        Parameter(name="memory_type", type="string", description="Which.", enum=["core_memory", "semantic_memory"]),
+        Parameter(name="memory_id", type="string", description="Its id.", required=False),
+    ]
+
+
+class SearchMemory(ToolFunction):
+    name = "search_memory"
+    description = "Not a memorising tool."
+    parameters = []
+
+
+MEMORY_TOOL_FUNCTIONS = [NewMemoryInsert, MemoryDelete]
+SEARCH_TOOL_FUNCTIONS = [SearchMemory]
+'''
+
+QWEN_FNCALL_PY = '''
+FN_NAME = '<<F>>'
+FN_ARGS = '<<A>>'
+
+INFO_ZH = """ZH TOOLBOX {tool_descs}"""
+INFO_EN = """TOOLBOX
+
+{tool_descs}"""
+FMT_EN = """ONE CALL %s [{tool_names}]""" % (FN_NAME,)
+FMT_PARA_EN = """CALLS
+%s: one of [{tool_names}]
+%s: its input""" % (FN_NAME, FN_ARGS)
+
+FN_CALL_TEMPLATE = {
+    'zh_parallel': INFO_ZH + '\\n' + FMT_PARA_EN,
+    'en': INFO_EN + '\\n\\n' + FMT_EN,
+    'en_parallel': INFO_EN + '\\n\\n' + FMT_PARA_EN,
+}
+
+
+class QwenFnCallPrompt:
+
+    @staticmethod
+    def preprocess_fncall_messages(messages, functions, lang, parallel_function_calls=True, **kwargs):
+        tool_desc_template = FN_CALL_TEMPLATE[lang + ('_parallel' if parallel_function_calls else '')]
+        tool_descs = ' ~~ '.join(get_function_description(function, lang=lang) for function in functions)
+        tool_names = '|'.join(function.get('name') for function in functions)
+        return tool_desc_template.format(tool_descs=tool_descs, tool_names=tool_names)
+
+
+def get_function_description(function, lang):
+    tool_desc_template = {
+        'zh': 'ZH {name_for_human} {name_for_model} {description_for_model} {parameters} {args_format}',
+        'en': '## {name_for_human}\\n{name_for_model} does {description_for_model} ARGS {parameters} {args_format}   ',
+    }
+    name = function.get('name')
+    if name == 'code_interpreter':
+        args_format = {'zh': 'ZH FENCE', 'en': 'IN A FENCE'}
+    else:
+        args_format = {'zh': 'ZH JSON', 'en': 'AS JSON'}
+    return tool_desc_template[lang].format(name_for_human=name, name_for_model=name, description_for_model=function['description'],
+                                           parameters=str(function['parameters']), args_format=args_format).rstrip()
+'''
+
+OFFICIAL_BLOCK = (  # the stand-in's block for its two memorising tools, written out by hand
+    "TOOLBOX\n\n"
+    "## new_memory_insert\nnew_memory_insert does Put a note {somewhere}. ARGS "
+    '{"type": "object", "properties": {"memory_type": {"type": "string", "description": "Which list.", '
+    '"enum": ["semantic_memory", "episodic_memory"]}, "content": {"type": "string", "description": "The note, café."}}, '
+    '"required": ["memory_type", "content"]} AS JSON'
+    " ~~ "
+    "## memory_delete\nmemory_delete does Drop a note. ARGS "
+    '{"type": "object", "properties": {"memory_type": {"type": "string", "description": "Which.", '
+    '"enum": ["core_memory", "semantic_memory"]}, "memory_id": {"type": "string", "description": "Its id."}}, '
+    '"required": ["memory_type"]} AS JSON'
+    "\n\nCALLS\n<<F>>: one of [new_memory_insert|memory_delete]\n<<A>>: its input"
+)
+
+
+def write_qwen_agent(site: Path) -> Path:
+    """A stand-in Qwen-Agent install: ``site/qwen_agent/llm/fncall_prompts/qwen_fncall_prompt.py``."""
+    file = site / QWEN_AGENT_FILE
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(textwrap.dedent(QWEN_FNCALL_PY), encoding="utf-8")
+    return site
+
+
+def test_import_with_qwen_agent_writes_the_official_tool_block(tmp_path, capsys):
+    root = write_stand_in(tmp_path / "clone")
+    (root / "functions.py").write_text(FUNCTIONS_PY, encoding="utf-8")
+    site = write_qwen_agent(tmp_path / "site-packages")
+    assert qwen_tool_block(root, site).replace("{{", "{").replace("}}", "}") == OFFICIAL_BLOCK
+    assert qwen_tool_block(root, site / "qwen_agent") == qwen_tool_block(root, site)  # the package folder itself
+    out = tmp_path / "official.yaml"
+    run(["prompts", "import", str(root), "--output", str(out), "--qwen-agent", str(site)])
+    assert "built with the Qwen-Agent install" in out.read_text(encoding="utf-8")
+    t = load_templates(out)
+    view = render_memorise(Memory(), 5, t)
+    for fmt_profile in (("qwen", "full"), ("qwen", "compact")):
+        system, _ = memorise_messages(view, "c", get_call_format(fmt_profile[0]), 1638, fmt_profile[1], templates=t)
+        assert system["content"].endswith(f"{view}\n" + 'Reply {"done": true} when finished.' + "\n\n" + OFFICIAL_BLOCK)
+    # the hermes blocks, and the qwen block without --qwen-agent, stay memalpha's
+    assert t.tool_block_hermes == default_templates().tool_block_hermes
+    assert import_official(root)["tool_block_qwen"] == default_templates().tool_block_qwen
+
+
+@pytest.mark.parametrize(
+    ("breakage", "message"),
+    [
+        (lambda root, site: (site / QWEN_AGENT_FILE).unlink(), "no Qwen-Agent install (missing qwen_agent/llm/fncall_prompts/"),
+        (lambda root, site: (root / "functions.py").unlink(), "not a clone of the official Mem-alpha repository (missing functions.py)"),
+        (lambda root, site: (site / QWEN_AGENT_FILE).write_text(QWEN_FNCALL_PY.replace("'en_parallel'", "'en_para'")),
+         "qwen_fncall_prompt.py: no FN_CALL_TEMPLATE['en_parallel'] text"),
+        (lambda root, site: (site / QWEN_AGENT_FILE).write_text(QWEN_FNCALL_PY.replace("{args_format}   ", "")),
+         "get_function_description: the 'en' tool template must have the fields"),
+        (lambda root, site: (root / "functions.py").write_text(FUNCTIONS_PY.replace("MEMORY_TOOL_FUNCTIONS =", "TOOLS =")),
+         "functions.py: MEMORY_TOOL_FUNCTIONS: expected one list of tool classes"),
+        (lambda root, site: (root / "functions.py").write_text(FUNCTIONS_PY.replace('"Drop a note."', "DROP")),
+         "functions.py: MemoryDelete: expected text attributes name and description"),
+    ],
+)
+def test_qwen_agent_errors_are_one_line(tmp_path, breakage, message):
+    root = write_stand_in(tmp_path / "clone")
+    (root / "functions.py").write_text(FUNCTIONS_PY, encoding="utf-8")
+    site = write_qwen_agent(tmp_path / "site-packages")
+    breakage(root, site)
+    with pytest.raises(ValueError) as info:
+        import_official(root, site)
+    assert message in str(info.value) and "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize(

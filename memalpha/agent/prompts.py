@@ -25,6 +25,21 @@ if TYPE_CHECKING:
 PROMPT_PROFILES = ("full", "compact")
 
 
+def stated_response_limit(max_new_tokens: int, share: float = 1.0) -> int:
+    """The reply budget the memorising user message states: ``share`` of the real cap
+    ``max_new_tokens`` (``rollout.stated_limit_share``), truncated as the official code does
+    (``int(max_new_tokens * 0.8)``: 1,638 for 2,048), and at least 1.
+
+    ``share`` 1.0 states the cap itself. The product is taken in floating point first, as the
+    official code does, so e.g. ``100 × 0.29`` (28.999…) states 28.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"the stated share of the reply budget must be in (0, 1], got {share}")
+    return max(1, int(max_new_tokens * share))
+
+
 def memorise_messages(
     memory_view: str,
     chunk: str,
@@ -68,9 +83,24 @@ def answer_judge_prompt(question: str, rubric: str, response: str, templates: Pr
 CONTENT_JUDGE_KINDS = ("core", "semantic", "episodic")
 
 
-def content_judge_prompt(kind: str, content: str, templates: PromptTemplates | None = None) -> str:
-    """The r4 LLM-judge prompt for one write; ``kind`` is ``core``, ``semantic`` or ``episodic``."""
+def content_judge_messages(kind: str, content: str, templates: PromptTemplates | None = None) -> list[dict[str, str]]:
+    """The r4 LLM judge's chat for one write; ``kind`` is ``core``, ``semantic`` or ``episodic``.
+
+    One user message (``content_judge``: the rules and the entry), or, when the templates define
+    ``content_judge_system`` (as the official judge sends it), a system message holding the
+    kind's rules and a user message holding the entry.
+    """
     if kind not in CONTENT_JUDGE_KINDS:
         raise ValueError(f"content judge: memory kind must be one of {sorted(CONTENT_JUDGE_KINDS)}, got {kind!r}")
     t = templates or default_templates()
-    return t.render("content_judge", kind=kind, rules=t.render(f"content_judge_{kind}"), content=content)
+    rules = t.render(f"content_judge_{kind}")
+    user = {"role": "user", "content": t.render("content_judge", kind=kind, rules=rules, content=content)}
+    if t.content_judge_system is None:
+        return [user]
+    return [{"role": "system", "content": t.render("content_judge_system", rules=rules)}, user]
+
+
+def content_judge_prompt(kind: str, content: str, templates: PromptTemplates | None = None) -> str:
+    """The r4 LLM-judge prompt for one write as one text: the one message of
+    :func:`content_judge_messages`, or its system and user messages joined by an empty line."""
+    return "\n\n".join(m["content"] for m in content_judge_messages(kind, content, templates))

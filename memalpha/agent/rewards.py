@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from memalpha.agent.prompts import content_judge_prompt
+from memalpha.agent.prompts import content_judge_messages
 from memalpha.agent.scoring import MetricStyle, check_metric_overrides, check_metric_style, strip_thinking
 from memalpha.tools.executor import SUCCESS_STATUSES
 from memalpha.tools.schemas import DELETE, INSERT, UPDATE
@@ -335,6 +335,10 @@ def parse_validity_judgement(reply: str) -> bool | None:
 class LLMContentJudge:
     """Content validity judged by a reader model (the paper's judge), one batched call.
 
+    Each write is one user message, or a system message (the kind's rules) and a user message
+    (the entry) when the reader's templates define ``content_judge_system``, as the official
+    judge sends them (:func:`memalpha.agent.prompts.content_judge_messages`).
+
     Calls without content (deletions) get ``delete_score`` without asking; a malformed
     judgement or a failed reader call scores 0. ``malformed`` counts those.
     """
@@ -348,6 +352,7 @@ class LLMContentJudge:
         scores = [0.0] * len(calls)
         asked: list[int] = []
         prompts: list[str] = []
+        systems: list[str | None] = []
         for i, call in enumerate(calls):
             target = call_content(call)
             if target is None:
@@ -356,9 +361,13 @@ class LLMContentJudge:
                 scores[i] = 0.0
             else:
                 asked.append(i)
-                prompts.append(content_judge_prompt(*target, templates=getattr(self.reader, "templates", None)))
+                *system, user = content_judge_messages(*target, templates=getattr(self.reader, "templates", None))
+                prompts.append(user["content"])
+                systems.append(system[0]["content"] if system else None)
         if prompts:
-            replies = self.reader.complete(prompts)
+            # one user message each, or a system message (the rules) and the user message (the entry)
+            has_system = any(s is not None for s in systems)
+            replies = self.reader.complete(prompts, systems=systems) if has_system else self.reader.complete(prompts)
             for i, reply in zip(asked, replies):
                 verdict = parse_validity_judgement(reply.text) if reply.ok else None
                 if verdict is None:

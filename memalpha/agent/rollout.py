@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from memalpha.agent.prompts import PROMPT_PROFILES, memorise_messages
+from memalpha.agent.prompts import PROMPT_PROFILES, memorise_messages, stated_response_limit
 from memalpha.agent.rewards import ContentJudge, RewardSettings, TurnCalls, rollout_rewards
 from memalpha.agent.scoring import score_answers_checked
 from memalpha.data.schema import Instance
@@ -45,6 +45,11 @@ class RolloutSettings:
     Args:
         group_size: Rollouts per instance (GRPO's group size ``n``; official 8).
         max_new_tokens: Response cap per chunk turn (official 2048).
+        stated_limit_share: Share of ``max_new_tokens`` the memorising user message states as
+            the reply budget, truncated to a whole number (1.0 = the cap itself; the official
+            code states 0.8 of it, 1,638 of 2,048; docs/official_compatibility.md, difference 4).
+            The real cap stays ``max_new_tokens``; training, validation and the demonstrations
+            state the same number.
         max_prompt_tokens: Prompt budget per turn; the visible memory shrinks (k halves) to fit (official ~6k).
         temperature: Sampling temperature (official 1.0); also used for the training log-probs.
         top_p: Nucleus sampling threshold (1.0 = off).
@@ -73,6 +78,7 @@ class RolloutSettings:
 
     group_size: int = 8
     max_new_tokens: int = 2048
+    stated_limit_share: float = 1.0
     max_prompt_tokens: int = 6144
     temperature: float = 1.0
     top_p: float = 1.0
@@ -90,6 +96,8 @@ class RolloutSettings:
         for name in ("group_size", "max_new_tokens", "max_prompt_tokens", "core_token_limit"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 < self.stated_limit_share <= 1.0:
+            raise ValueError(f"rollout.stated_limit_share must be in (0, 1], got {self.stated_limit_share}")
         if self.memory_view_k < 0:
             raise ValueError(f"rollout.memory_view_k must be >= 0, got {self.memory_view_k}")
         if self.temperature <= 0:
@@ -203,7 +211,7 @@ def turn_prompt(
             render_memorise(memory, k, settings.templates),
             chunk,
             call_format,
-            response_token_limit=settings.max_new_tokens,
+            response_token_limit=stated_response_limit(settings.max_new_tokens, settings.stated_limit_share),
             profile=settings.prompt_profile,
             templates=settings.templates,
         )

@@ -205,11 +205,19 @@ class Reader(ABC):
             return []
         return self._run(self.answer_conversations(items, sources))
 
-    def complete(self, prompts: Sequence[str]) -> list[ReaderAnswer]:
-        """Reply to bare prompts (one user message each), e.g. judge questions."""
+    def complete(self, prompts: Sequence[str], systems: Sequence[str | None] | None = None) -> list[ReaderAnswer]:
+        """Reply to bare prompts (one user message each), e.g. judge questions; ``systems``, one
+        per prompt, puts a system message before each prompt whose entry is not ``None``."""
         if not prompts:
             return []
-        return self._run([[{"role": "user", "content": p}] for p in prompts])
+        if systems is None:
+            systems = [None] * len(prompts)
+        elif len(systems) != len(prompts):
+            raise ValueError(f"{len(systems)} system messages for {len(prompts)} prompts")
+        return self._run([
+            ([] if system is None else [{"role": "system", "content": system}]) + [{"role": "user", "content": prompt}]
+            for prompt, system in zip(prompts, systems)
+        ])
 
     def _run(self, conversations: Sequence[Conversation]) -> list[ReaderAnswer]:
         try:

@@ -4,9 +4,10 @@ The file maps each field of :class:`PromptTemplates` to a :meth:`str.format` tem
 braces doubled: ``{{`` and ``}}``). memalpha's own texts are ``memalpha.yaml`` next to this
 module, the default; a config replaces them all at once with ``rollout.prompt_templates: PATH``
 (``memalpha prompts import`` writes such a file from a local clone of the official Mem-α code,
-:mod:`memalpha.templates.official`). :func:`load_templates` checks the file: every field present,
-no other key, and each template holding exactly the placeholders its caller fills
-(:data:`PLACEHOLDERS`), so a wrong file fails when the config is read, not mid-run.
+:mod:`memalpha.templates.official`). :func:`load_templates` checks the file: every field present
+(but the optional ``content_judge_system``), no other key, and each template holding exactly the
+placeholders its caller fills (:data:`PLACEHOLDERS`; ``tool_block_qwen`` may instead be a fixed
+text without any), so a wrong file fails when the config is read, not mid-run.
 
 This package is a leaf: it imports nothing from memalpha, so every layer (memory, tools,
 reader, agent, train) can take a :class:`PromptTemplates`.
@@ -54,9 +55,21 @@ PLACEHOLDERS: dict[str, frozenset[str]] = {
         "content_judge_core": (),
         "content_judge_semantic": (),
         "content_judge_episodic": (),
+        "content_judge_system": ("rules",),
     }.items()
 }
-"""Each template's placeholders: exactly these, each filled by the code that renders it."""
+"""Each template's placeholders: exactly these, each filled by the code that renders it.
+
+When a file defines ``content_judge_system`` (the judge's rules as a system message),
+``content_judge`` is the user message alone and holds ``{kind}`` and ``{content}`` only
+(:func:`wanted_placeholders`)."""
+
+OPTIONAL_TEMPLATES: frozenset[str] = frozenset({"content_judge_system"})
+"""Templates a file may leave out (:class:`PromptTemplates` holds ``None`` for them)."""
+
+FIXED_TEMPLATES: frozenset[str] = frozenset({"tool_block_qwen"})
+"""Templates that may instead hold no placeholder at all: a fixed text, such as the official tool
+block ``memalpha prompts import --qwen-agent`` writes (the official tools' own descriptions)."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +82,8 @@ class PromptTemplates:
         compact_system: System message of a memorising turn (``compact`` prompt profile).
         compact_user: User message of a memorising turn (``compact``).
         response_limit_note: Appended to the user message when the reply has a token budget.
-        tool_block_qwen: The tool block of the ``qwen`` call format.
+        tool_block_qwen: The tool block of the ``qwen`` call format (or a fixed text without
+            placeholders, which then lists the tools itself).
         tool_block_hermes: The tool block of the ``hermes`` call format (JSON schemas).
         tool_block_hermes_compact: The tool block of ``hermes`` under the ``compact`` profile.
         view_recent_header: Memorising view: the header after a list's tag.
@@ -81,10 +95,15 @@ class PromptTemplates:
         answer_system_no_core: Reader's system message when the core memory is empty.
         answer_user: Reader's user message when the source has a question instruction.
         answer_judge: The yes/no prompt of the ``llm_judge`` metric.
-        content_judge: The r4 content-judge prompt of one memory write.
+        content_judge: The r4 content-judge prompt of one memory write (its user message when
+            ``content_judge_system`` is set: then without ``{rules}``).
         content_judge_core: The rules the content judge gets for a core-memory write.
         content_judge_semantic: The rules for a semantic-memory write.
         content_judge_episodic: The rules for an episodic-memory write.
+        content_judge_system: Optional (``None``: absent). When set, the content judge gets two
+            messages, this text (with ``{rules}``) as the system message and ``content_judge``
+            as the user message, as the official judge does; absent, it gets ``content_judge``
+            as one user message.
     """
 
     memorise_system: str
@@ -108,11 +127,15 @@ class PromptTemplates:
     content_judge_core: str
     content_judge_semantic: str
     content_judge_episodic: str
+    content_judge_system: str | None = None
     source: str = DEFAULT_FILE
 
     def render(self, name: str, **values: object) -> str:
         """Template ``name`` filled with ``values`` (exactly its placeholders)."""
-        return getattr(self, name).format(**values)
+        template = getattr(self, name)
+        if template is None:
+            raise ValueError(f"{self.source}: has no {name} template")
+        return template.format(**values)
 
 
 TEMPLATE_NAMES: tuple[str, ...] = tuple(f.name for f in fields(PromptTemplates) if f.name != "source")
@@ -132,17 +155,28 @@ def placeholders(template: str) -> set[str]:
     return found
 
 
+def wanted_placeholders(name: str, texts: dict) -> frozenset[str]:
+    """The placeholders template ``name`` must hold in the file ``texts`` (:data:`PLACEHOLDERS`,
+    but ``content_judge`` without ``{rules}`` when ``content_judge_system`` holds them)."""
+    if name == "content_judge" and isinstance(texts.get("content_judge_system"), str):
+        return PLACEHOLDERS[name] - {"rules"}
+    return PLACEHOLDERS[name]
+
+
 def check_templates(texts: object, where: str) -> dict[str, str]:
-    """``texts`` checked as a template file's content; every error is one line naming ``where`` and the key."""
+    """``texts`` checked as a template file's content; every error is one line naming ``where`` and the key.
+
+    The result holds every template the file defines (an optional one left out, or null, is absent)."""
     if not isinstance(texts, dict):
         raise ValueError(f"{where}: a prompt-template file must be a mapping of template names to texts")  # noqa: TRY004
     unknown = sorted(str(key) for key in texts if key not in PLACEHOLDERS)
     if unknown:
         raise ValueError(f"{where}: unknown template key(s) {unknown}; known: {sorted(PLACEHOLDERS)}")
-    missing = [name for name in TEMPLATE_NAMES if name not in texts]
+    missing = [name for name in TEMPLATE_NAMES if name not in texts and name not in OPTIONAL_TEMPLATES]
     if missing:
         raise ValueError(f"{where}: missing template key(s) {missing}")
-    for name in TEMPLATE_NAMES:
+    present = [name for name in TEMPLATE_NAMES if not (name in OPTIONAL_TEMPLATES and texts.get(name) is None)]
+    for name in present:
         text = texts[name]
         if not isinstance(text, str):
             raise ValueError(f"{where}: {name} must be a text, got {type(text).__name__}")  # noqa: TRY004
@@ -150,13 +184,13 @@ def check_templates(texts: object, where: str) -> dict[str, str]:
             found = placeholders(text)
         except ValueError as exc:
             raise ValueError(f"{where}: {name} is not a valid template ({exc}; double literal braces)") from None
-        wanted = PLACEHOLDERS[name]
+        wanted = frozenset() if name in FIXED_TEMPLATES and not found else wanted_placeholders(name, texts)
         if found != wanted:
             raise ValueError(
                 f"{where}: {name} must have exactly the placeholders {sorted(wanted)}, got {sorted(found)}"
                 " (double literal braces: {{ }})"
             )
-    return {name: texts[name] for name in TEMPLATE_NAMES}
+    return {name: texts[name] for name in present}
 
 
 @lru_cache(maxsize=1)

@@ -29,22 +29,27 @@ answer_system(_no_core)    ``memory_server.py``, ``MemoryProcessor.construct_sys
 answer_view_empty_list     ``MemoryProcessor._format_memory_block``: the body of an empty list
 answer_user                ``memalpha/llm_agent/generation.py``: the text joining ``query_prompt``
                            and the question
-content_judge(_*)          ``MemoryProcessor._get_analysis_prompt`` (the rules, per memory type) and
-                           the user f-string of ``MemoryProcessor.analyze_memory_content``, joined by
-                           an empty line (the official judge gets them as system and user message)
+content_judge_*            ``MemoryProcessor._get_analysis_prompt``: the rules, per memory type
+content_judge_system       ``{rules}``: the official judge's system message is the kind's rules alone
+content_judge              ``MemoryProcessor.analyze_memory_content``: the user f-string (the entry)
 answer_judge               ``long_context_eval.py``, ``LongContextEvaluator._compute_score``: the
                            ``template`` with three ``{}`` (question, rubric, response)
+tool_block_qwen            only with ``--qwen-agent DIR``: the memory tools of ``functions.py``
+                           written into the function-call block of the Qwen-Agent install in
+                           ``DIR`` (:func:`qwen_tool_block`), a fixed text
 ========================== ==========================================================================
 
 The ``compact_*`` templates get the same texts as the full ones (the official code has one
-profile), and the tool blocks stay memalpha's: the official tool block is Qwen-Agent's, a package
-outside the repository.
+profile). The tool blocks stay memalpha's unless ``--qwen-agent DIR`` names a local Qwen-Agent
+install (a package outside the official repository; the official code pins 0.0.29): then
+``tool_block_qwen`` is the official block, listing the official tools' own descriptions.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import json
 import string
 from pathlib import Path
 
@@ -205,7 +210,8 @@ def _server_texts(server: _Source) -> dict[str, str]:
         "answer_system": with_core,
         "answer_system_no_core": no_core,
         "answer_view_empty_list": body,
-        "content_judge": "{rules}\n\n" + _fstring(user, {"memory_type": "{kind}", "content": "{content}"}, where_user),
+        "content_judge_system": "{rules}",  # the rules alone are the judge's system message
+        "content_judge": _fstring(user, {"memory_type": "{kind}", "content": "{content}"}, where_user),
         **{f"content_judge_{kind}": _escape(text) for kind, text in rules.items()},
     }
 
@@ -272,8 +278,181 @@ def _user_texts(root: Path) -> dict[str, str]:
     }
 
 
-def import_official(root: str | Path) -> dict[str, str]:
-    """Every template, from the official repository cloned at ``root`` (see the module docstring).
+QWEN_AGENT_FILE = "qwen_agent/llm/fncall_prompts/qwen_fncall_prompt.py"
+"""The Qwen-Agent module whose texts make the official tool block (``--qwen-agent DIR``)."""
+
+
+def _constants(source: _Source) -> dict[str, object]:
+    """The module-level names of ``source`` bound to texts built from string constants (``+``
+    and ``%`` of texts and names bound before, and dicts of them), evaluated without running it."""
+    env: dict[str, object] = {}
+
+    def value(node: ast.AST) -> object:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in env:
+            return env[node.id]
+        if isinstance(node, ast.Tuple):
+            return tuple(value(item) for item in node.elts)
+        if isinstance(node, ast.Dict) and all(isinstance(k, ast.Constant) for k in node.keys):
+            return {k.value: value(v) for k, v in zip(node.keys, node.values)}
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mod)):
+            left, right = value(node.left), value(node.right)
+            if isinstance(left, str) and isinstance(node.op, ast.Add) and isinstance(right, str):
+                return left + right
+            if isinstance(left, str) and isinstance(node.op, ast.Mod) and isinstance(right, (str, tuple)):
+                return left % right
+        raise ValueError("not a text")
+
+    for node in source.tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                env[node.targets[0].id] = value(node.value)
+            except (ValueError, TypeError):
+                continue
+    return env
+
+
+def _english(found: object, where: str, what: str) -> str:
+    if not isinstance(found, dict) or not isinstance(found.get("en"), str):
+        raise OfficialTextError(f"{where}: expected {what} as a dict with an 'en' text")
+    return found["en"]
+
+
+def _assigned(function: ast.AST, target: str) -> list[ast.expr]:
+    return [n.value for n in ast.walk(function)
+            if isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == [target]]
+
+
+def _join_separator(function: ast.AST, target: str, where: str) -> str:
+    """The text ``SEP`` of ``target = SEP.join(...)`` in ``function``."""
+    found = [v.func.value.value for v in _assigned(function, target)
+             if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr == "join"
+             and isinstance(v.func.value, ast.Constant) and isinstance(v.func.value.value, str)]
+    return _one(found, where, f"`{target} = <text>.join(...)`")
+
+
+def _official_tools(functions: _Source) -> list[dict]:
+    """The official memory tools' ``function`` schemas, as ``functions.py`` builds them for a memory
+    with every memory type enabled (every data source of the official config includes the core):
+    each ``ToolFunction`` class of ``MEMORY_TOOL_FUNCTIONS``, its ``name``, ``description`` and
+    ``Parameter(...)`` list (type, description, enum; ``required`` unless ``required=False``)."""
+    where = f"{functions.where}: MEMORY_TOOL_FUNCTIONS"
+    listed = [n.value for n in functions.tree.body if isinstance(n, ast.Assign)
+              and [ast.unparse(t) for t in n.targets] == ["MEMORY_TOOL_FUNCTIONS"]]
+    if len(listed) != 1 or not isinstance(listed[0], ast.List) or not all(isinstance(e, ast.Name) for e in listed[0].elts):
+        raise OfficialTextError(f"{where}: expected one list of tool classes")
+    classes = {n.name: n for n in functions.tree.body if isinstance(n, ast.ClassDef)}
+    tools = []
+    for element in listed[0].elts:
+        name = element.id  # type: ignore[attr-defined]
+        if name not in classes:
+            raise OfficialTextError(f"{functions.where}: no class {name}")
+        where_class = f"{functions.where}: {name}"
+        attributes = {ast.unparse(n.targets[0]): n.value for n in classes[name].body
+                      if isinstance(n, ast.Assign) and len(n.targets) == 1}
+        texts = {key: attributes.get(key) for key in ("name", "description")}
+        if not all(isinstance(v, ast.Constant) and isinstance(v.value, str) for v in texts.values()):
+            raise OfficialTextError(f"{where_class}: expected text attributes name and description")
+        parameters = attributes.get("parameters")
+        if not isinstance(parameters, ast.List):
+            raise OfficialTextError(f"{where_class}: expected a parameters list")
+        properties, required = {}, []
+        for call in parameters.elts:
+            if not (isinstance(call, ast.Call) and ast.unparse(call.func) == "Parameter" and not call.args):
+                raise OfficialTextError(f"{where_class}: expected Parameter(...) calls with keyword arguments")
+            try:
+                given = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+            except ValueError:
+                raise OfficialTextError(f"{where_class}: a Parameter argument is not a constant") from None
+            if not {"name", "type", "description"} <= set(given):
+                raise OfficialTextError(f"{where_class}: a Parameter lacks its name, type or description")
+            spec = {"type": given["type"], "description": given["description"]}
+            if given.get("enum"):
+                spec["enum"] = list(given["enum"])
+            properties[given["name"]] = spec
+            if given.get("required", True):
+                required.append(given["name"])
+        tools.append({
+            "name": texts["name"].value,  # type: ignore[union-attr]
+            "description": texts["description"].value,  # type: ignore[union-attr]
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        })
+    return tools
+
+
+def _qwen_agent_file(folder: Path) -> Path:
+    for candidate in (folder / QWEN_AGENT_FILE, folder / QWEN_AGENT_FILE.removeprefix("qwen_agent/")):
+        if candidate.is_file():
+            return candidate
+    raise OfficialTextError(f"{folder}: no Qwen-Agent install (missing {QWEN_AGENT_FILE})")
+
+
+def qwen_tool_block(root: str | Path, qwen_agent: str | Path) -> str:
+    """The official memorising tool block, as a template without placeholders.
+
+    The official code passes the memory tools of ``functions.py`` (:func:`_official_tools`) to
+    Qwen-Agent's ``QwenFnCallPrompt.preprocess_fncall_messages`` with ``lang='en'`` and
+    ``parallel_function_calls=True`` (``agent.py``), which appends, after an empty line, the
+    block built here to the system message. From ``qwen_fncall_prompt.py`` of the Qwen-Agent
+    install in ``qwen_agent`` (the site-packages folder, a clone of Qwen-Agent, or its
+    ``qwen_agent`` package folder; read with :mod:`ast`, never imported): the block template
+    ``FN_CALL_TEMPLATE['en_parallel']``, filled with ``tool_descs`` (each tool's text, joined by
+    the separator ``preprocess_fncall_messages`` joins them with) and ``tool_names`` (the names,
+    likewise); a tool's text is the ``'en'`` template of ``get_function_description`` filled with
+    its name (for human and model alike), description, its parameters as JSON (``json.dumps``,
+    non-ASCII kept) and the ``'en'`` argument-format text of a tool other than
+    ``code_interpreter``, trailing white space removed.
+    """
+    root = Path(root)
+    if not (root / "functions.py").is_file():
+        raise OfficialTextError(f"{root}: not a clone of the official Mem-alpha repository (missing functions.py)")
+    tools = _official_tools(_Source(root, "functions.py"))
+    file = _qwen_agent_file(Path(qwen_agent))
+    source = _Source(file.parent, file.name)
+    source.where = QWEN_AGENT_FILE
+    by_language = _constants(source).get("FN_CALL_TEMPLATE")  # the official call: lang='en', parallel calls
+    block = by_language.get("en_parallel") if isinstance(by_language, dict) else None
+    if not isinstance(block, str):
+        raise OfficialTextError(f"{source.where}: no FN_CALL_TEMPLATE['en_parallel'] text")
+    where_pre = f"{source.where}: QwenFnCallPrompt.preprocess_fncall_messages"
+    preprocess = source.function("QwenFnCallPrompt.preprocess_fncall_messages")
+    desc_join = _join_separator(preprocess, "tool_descs", where_pre)
+    name_join = _join_separator(preprocess, "tool_names", where_pre)
+    where_desc = f"{source.where}: get_function_description"
+    describe = source.function("get_function_description")
+    templates = [v for v in _assigned(describe, "tool_desc_template") if isinstance(v, ast.Dict)]
+    if len(templates) != 1:
+        raise OfficialTextError(f"{where_desc}: expected one tool_desc_template dict")
+    tool_text = _english(ast.literal_eval(templates[0]), where_desc, "tool_desc_template")
+    branches = [n for n in ast.walk(describe) if isinstance(n, ast.If) and "'code_interpreter'" in ast.unparse(n.test)]
+    formats = [v for b in branches for s in b.orelse for v in _assigned(s, "args_format") if isinstance(v, ast.Dict)]
+    if len(formats) != 1:
+        raise OfficialTextError(f"{where_desc}: expected one args_format dict for tools other than code_interpreter")
+    args_format = _english(ast.literal_eval(formats[0]), where_desc, "args_format")
+    fields = {"name_for_human", "name_for_model", "description_for_model", "parameters", "args_format"}
+    problem = None
+    try:
+        if {n for _, n, _, _ in string.Formatter().parse(tool_text) if n is not None} != fields:
+            problem = f"{where_desc}: the 'en' tool template must have the fields {sorted(fields)}"
+        elif {n for _, n, _, _ in string.Formatter().parse(block) if n is not None} != {"tool_descs", "tool_names"}:
+            problem = f"{source.where}: FN_CALL_TEMPLATE['en_parallel'] must have the fields ['tool_descs', 'tool_names']"
+    except ValueError:
+        problem = f"{source.where}: a tool-block template is not a valid format string"
+    if problem:
+        raise OfficialTextError(problem)
+    descriptions = [
+        tool_text.format(name_for_human=t["name"], name_for_model=t["name"], description_for_model=t["description"],
+                         parameters=json.dumps(t["parameters"], ensure_ascii=False), args_format=args_format).rstrip()
+        for t in tools
+    ]
+    return _escape(block.format(tool_descs=desc_join.join(descriptions), tool_names=name_join.join(t["name"] for t in tools)))
+
+
+def import_official(root: str | Path, qwen_agent: str | Path | None = None) -> dict[str, str]:
+    """Every template, from the official repository cloned at ``root`` (see the module docstring);
+    with ``qwen_agent`` (a local Qwen-Agent install) ``tool_block_qwen`` is the official tool
+    block (:func:`qwen_tool_block`), else memalpha's.
 
     Raises a one-line ``ValueError`` when ``root`` is not such a clone or a text is not found
     (naming the file and the name it looked for).
@@ -296,16 +475,21 @@ def import_official(root: str | Path) -> dict[str, str]:
     ours = default_templates()
     for name in ("tool_block_qwen", "tool_block_hermes", "tool_block_hermes_compact"):
         texts[name] = getattr(ours, name)
-    return check_templates({name: texts[name] for name in TEMPLATE_NAMES}, f"{root} (imported)")
+    if qwen_agent is not None:
+        texts["tool_block_qwen"] = qwen_tool_block(root, qwen_agent)
+    return check_templates({name: texts[name] for name in TEMPLATE_NAMES if name in texts}, f"{root} (imported)")
 
 
 HEADER = """Prompt templates imported by `memalpha prompts import` from a local clone of the official
 Mem-alpha code at {root}. Use with rollout.prompt_templates: PATH (docs/official_compatibility.md).
-The tool blocks are memalpha's (the official one comes from the Qwen-Agent package)."""
+{tools}"""
+TOOLS_OURS = "The tool blocks are memalpha's (the official one comes from the Qwen-Agent package: --qwen-agent DIR)."
+TOOLS_OFFICIAL = """tool_block_qwen is the official tool block, built with the Qwen-Agent install at {qwen_agent};
+the hermes tool blocks are memalpha's."""
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``memalpha prompts import PATH [--output FILE]``."""
+    """``memalpha prompts import PATH [--output FILE] [--qwen-agent DIR]``."""
     parser = argparse.ArgumentParser(
         prog="memalpha prompts",
         description="Prompt-template files (docs/official_compatibility.md, difference 4).",
@@ -314,12 +498,18 @@ def main(argv: list[str] | None = None) -> None:
     imp = commands.add_parser("import", help="write a template file from a local clone of the official Mem-alpha repository")
     imp.add_argument("path", help="folder of a clone of github.com/wangyu-ustc/Mem-alpha (nothing is downloaded)")
     imp.add_argument("--output", default="official_prompts.yaml", help="file to write (default: %(default)s)")
+    imp.add_argument(
+        "--qwen-agent", metavar="DIR", default=None,
+        help="a local Qwen-Agent install (the folder holding qwen_agent/, e.g. site-packages; the official code "
+        "pins qwen-agent 0.0.29): tool_block_qwen becomes the official tool block (default: memalpha's)",
+    )
     args = parser.parse_args(argv)
     try:
-        texts = import_official(args.path)
+        texts = import_official(args.path, args.qwen_agent)
     except ValueError as exc:
         parser.exit(2, f"memalpha prompts import: error: {exc}\n")
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(dump_templates(texts, HEADER.format(root=Path(args.path).resolve())), encoding="utf-8")
-    print(f"wrote {output} ({len(texts)} templates); use it with --rollout.prompt_templates {output}")
+    tools = TOOLS_OURS if args.qwen_agent is None else TOOLS_OFFICIAL.format(qwen_agent=Path(args.qwen_agent).resolve())
+    output.write_text(dump_templates(texts, HEADER.format(root=Path(args.path).resolve(), tools=tools)), encoding="utf-8")
+    print(f"wrote {output} ({len(texts)} templates); use it with --model.rollout.prompt_templates {output}")

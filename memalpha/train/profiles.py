@@ -32,6 +32,8 @@ PROFILES: dict[str, dict[str, Any]] = {
         "model.update.clip_ratio_c": 3.0,
         # call arguments read through json-repair: a cut-off call stores its repaired prefix and succeeds
         "model.rollout.call_repair": "json_repair",
+        # the memorising prompt states 80 % of the reply cap as its budget (int(2048 * 0.8) = 1638)
+        "model.rollout.stated_limit_share": 0.8,
         # the reader: sampled at 0.7, up to 2,048 answer tokens (its top 20 entries per memory
         # list are memalpha's default too)
         "model.reader.temperature": 0.7,
