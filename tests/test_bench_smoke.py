@@ -71,8 +71,16 @@ def test_bench_rollout_smoke(tmp_path, tokenizer, one_thread):
         assert row["questions"] == row["rollouts"]  # one question per instance
         assert row["tokens_per_s"] > 0 and row["questions_per_s"] > 0
         assert sum(row["share"].values()) == pytest.approx(1.0)
-        assert row["step_s"] == pytest.approx(row["rollout_s"] + row["reader_s"] + row["train_s"])
+        assert row["engine"] == "hf" and row["sampler_logprob_gap"] is None
+        assert row["step_s"] == pytest.approx(row["sync_s"] + row["rollout_s"] + row["reader_s"] + row["train_s"])
     assert report["machine"]["load_average"] is not None
+
+
+def test_bench_rollout_engine_list_is_checked():
+    with pytest.raises(SystemExit):
+        bench_rollout.main(["--engine", "hf,sglang"])
+    with pytest.raises(ValueError, match="engines must be"):
+        bench_rollout.run_benchmark(engines=[], out=None)
 
 
 def test_bench_scale_smoke_forces_full_length_and_steps(tmp_path, one_thread):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 from memalpha.agent.prompts import PROMPT_PROFILES, memorise_messages, stated_response_limit
@@ -23,7 +24,9 @@ from memalpha.agent.rewards import ContentJudge, RewardSettings, TurnCalls, roll
 from memalpha.agent.scoring import score_answers_checked
 from memalpha.data.schema import Instance
 from memalpha.lm.chat import chat_prompt_ids
-from memalpha.lm.generation import generate
+from memalpha.lm.generation import Generation, generate
+from memalpha.lm.vllm_engine import SampledGeneration
+from memalpha.lm.vllm_settings import VllmSettings
 from memalpha.memory.render import render_memorise
 from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader
@@ -32,6 +35,12 @@ from memalpha.templates.loader import PromptTemplates, load_templates
 from memalpha.tools.executor import SUCCESS_STATUSES, execute_call
 from memalpha.tools.formats import CallFormat, get_call_format
 from memalpha.tools.jsonfix import CALL_REPAIRS
+
+ROLLOUT_ENGINES = ("hf", "vllm")
+
+GenerateFn = Callable[..., Generation]
+"""Generates like :func:`memalpha.lm.generation.generate` without its model and tokenizer
+arguments (the ``vllm`` engine's bound :meth:`~memalpha.lm.vllm_engine.VllmEngine.generate`)."""
 
 
 class RolloutError(ValueError):
@@ -74,6 +83,10 @@ class RolloutSettings:
             judges' (the reader built for this run gets the same file). null = memalpha's own
             texts (``memalpha/templates/memalpha.yaml``); ``memalpha prompts import`` writes the
             official code's texts as such a file (docs/official_compatibility.md, difference 4).
+        engine: Who generates the agent's turns: ``hf`` (``transformers`` ``generate`` on the
+            policy in this process) or ``vllm`` (a vLLM server with the current adapter synced to
+            it before every round; docs/vllm_engine.md). Validation rollouts use the same engine.
+        vllm: The ``vllm`` engine's server and its checks (ignored with ``engine: hf``).
     """
 
     group_size: int = 8
@@ -91,8 +104,14 @@ class RolloutSettings:
     prompt_profile: Literal["full", "compact"] = "full"
     call_repair: Literal["strict", "json_repair"] = "strict"
     prompt_templates: str | None = None
+    engine: Literal["hf", "vllm"] = "hf"
+    vllm: VllmSettings = field(default_factory=VllmSettings)
 
     def __post_init__(self) -> None:
+        if self.engine not in ROLLOUT_ENGINES:
+            raise ValueError(f"rollout.engine must be one of {list(ROLLOUT_ENGINES)}, got {self.engine!r}")
+        if isinstance(self.vllm, dict):
+            self.vllm = VllmSettings(**self.vllm)
         for name in ("group_size", "max_new_tokens", "max_prompt_tokens", "core_token_limit"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
@@ -138,6 +157,8 @@ class TurnSample:
     (stripped of surrounding whitespace) and re-tokenising it; memalpha keeps the sampled ids,
     so the log-probs are those of the tokens the policy drew. ``truncated`` and the turn's
     calls describe the whole response; ``train/response_length`` counts trained tokens.
+    With a generation server (``rollout.engine: vllm``) ``sampler_logprobs`` holds the server's
+    log-prob of every trained token and ``adapter_version`` the adapter version it sampled with.
     """
 
     group_id: int
@@ -151,6 +172,8 @@ class TurnSample:
     r2: float = 0.0
     r4: float = 0.0
     reward: float = 0.0
+    adapter_version: int | None = None
+    sampler_logprobs: list[float] | None = None
 
 
 @dataclass
@@ -280,11 +303,13 @@ def memorise_chunks(
     seed: int,
     do_sample: bool,
     share_prefix: bool,
+    engine: GenerateFn | None = None,
 ) -> int:
     """Phase 1: every rollout reads its instance chunk by chunk and writes its memory.
 
     For chunk index ``i`` the live rollouts (instances with fewer chunks have dropped out) get
-    one batched ``generate``; each response is parsed and executed on its own rollout's memory,
+    one batched ``generate`` (``engine`` when given, e.g. a vLLM server, else the policy in
+    this process); each response is parsed and executed on its own rollout's memory,
     and the turn is appended to the rollout (a :class:`TurnSample`, its calls, a log entry).
     Returns the number of generated tokens.
     """
@@ -306,9 +331,7 @@ def memorise_chunks(
                 )[1]
                 for r in live
             ]
-            generation = generate(
-                model,
-                tokenizer,
+            generation = (engine or partial(generate, model, tokenizer))(
                 prompts,
                 max_new_tokens=settings.max_new_tokens,
                 temperature=settings.temperature,
@@ -319,9 +342,11 @@ def memorise_chunks(
                 batch_size=settings.generation_batch_size,
                 share_prefix=share_prefix,
             )
+            sampled = generation if isinstance(generation, SampledGeneration) else None
             generated_tokens += generation.num_generated_tokens
             for j, rollout in enumerate(live):
                 response_ids = generation.response_ids[j]
+                trained = call_format.trained_length(response_ids, tokenizer)
                 text = tokenizer.decode(response_ids, skip_special_tokens=True)
                 parsed = call_format.parse(text, settings.call_repair)
                 results = [execute_call(rollout.memory, call, settings.call_repair) for call in parsed.calls]
@@ -332,10 +357,12 @@ def memorise_chunks(
                         rollout_id=rollout.rollout_id,
                         chunk_index=chunk_index,
                         prompt_ids=generation.prompt_ids[j],
-                        response_ids=response_ids[: call_format.trained_length(response_ids, tokenizer)],
+                        response_ids=response_ids[:trained],
                         truncated=generation.truncated[j],
                         num_calls=len(results) + len(parsed.errors),
                         num_successful_calls=sum(r.status in SUCCESS_STATUSES for r in results),
+                        adapter_version=sampled.adapter_version if sampled else None,
+                        sampler_logprobs=sampled.response_logprobs[j][:trained] if sampled else None,
                     )
                 )
                 rollout.turns.append(
@@ -470,6 +497,7 @@ def run_rollouts(
     group_size: int | None = None,
     judge_reader: Reader | None = None,
     share_prefix: bool = True,
+    engine: GenerateFn | None = None,
 ) -> RolloutOutput:
     """``group_size`` rollouts for every instance (default ``settings.group_size``): memorise the
     chunks, answer the questions, assign the rewards. Returns the turn samples and one record per rollout.
@@ -478,6 +506,7 @@ def run_rollouts(
     each ``generate`` call compute the prompt tokens its rows share once
     (:mod:`memalpha.lm.prefix_cache`). The answer metric of each source comes from
     ``weights.metric_overrides`` first; answers are compared in ``weights.metric_style``.
+    ``engine`` generates the agent's turns instead of the policy (see :func:`memorise_chunks`).
     """
     count_tokens = make_token_counter(tokenizer)
     rollouts = start_rollouts(
@@ -485,7 +514,8 @@ def run_rollouts(
     )
     start = time.perf_counter()
     generated_tokens = memorise_chunks(
-        rollouts, model, tokenizer, settings, seed=seed, do_sample=do_sample, share_prefix=share_prefix
+        rollouts, model, tokenizer, settings, seed=seed, do_sample=do_sample, share_prefix=share_prefix,
+        engine=engine,
     )
     rollout_s = time.perf_counter() - start
     readers = [reader] if judge_reader is None or judge_reader is reader else [reader, judge_reader]

@@ -58,7 +58,9 @@ class Generation:
         return pad_prompt_response(self.prompt_ids, self.response_ids, pad_id, device)
 
 
-def _eos_ids(model, tokenizer, eos_token_id: int | list[int] | None) -> list[int]:
+def resolve_eos_ids(model, tokenizer, eos_token_id: int | list[int] | None) -> list[int]:
+    """The end-of-sequence ids generation stops at: ``eos_token_id`` if given, else the model's
+    generation config's, else the tokenizer's."""
     candidate = eos_token_id
     if candidate is None:
         generation_config = getattr(model, "generation_config", None)
@@ -124,7 +126,7 @@ def generate(
     check_pairs(prompt_ids, None)
     from transformers import GenerationConfig
 
-    eos_ids = _eos_ids(model, tokenizer, eos_token_id)
+    eos_ids = resolve_eos_ids(model, tokenizer, eos_token_id)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     sampling = (
         {"do_sample": True, "temperature": float(temperature), "top_p": float(top_p), "top_k": int(top_k)}

@@ -13,14 +13,19 @@ from memalpha.reader.question_instructions import BUILTIN, load_question_instruc
 from memalpha.reader.retrieval import BM25_VARIANTS, K_REDUCTIONS
 from memalpha.templates.loader import PromptTemplates
 
+READER_KINDS = ("local", "openai", "engine")
+
 
 @dataclass
 class ReaderSettings:
     """Who answers the questions from memory, and how.
 
     Args:
-        kind: ``local`` (the policy's base weights, adapters off) or ``openai`` (an
-            OpenAI-compatible endpoint).
+        kind: ``local`` (the policy's base weights, adapters off), ``openai`` (an
+            OpenAI-compatible endpoint), or ``engine`` (the rollout engine's vLLM server with no
+            adapter, i.e. the base model: one server samples the agent and answers; needs
+            ``rollout.engine: vllm``; the ``openai_*`` request options apply, its address and
+            model name come from the engine).
         max_new_tokens: Answer length cap.
         temperature: Sampling temperature (0 = greedy; the paper's vLLM reader used 0.7).
         top_k_entries: BM25 entries retrieved per memory list for each question (official 20).
@@ -52,7 +57,7 @@ class ReaderSettings:
             training and validation alike; see docs/method.md, "Answering".
     """
 
-    kind: Literal["local", "openai"] = "local"
+    kind: Literal["local", "openai", "engine"] = "local"
     max_new_tokens: int = 64
     temperature: float = 0.0
     top_k_entries: int = 20
@@ -71,8 +76,8 @@ class ReaderSettings:
     bm25_query: Literal["question", "with_instruction"] = "question"
 
     def __post_init__(self) -> None:
-        if self.kind not in ("local", "openai"):
-            raise ValueError(f"reader.kind must be one of ['local', 'openai'], got {self.kind!r}")
+        if self.kind not in READER_KINDS:
+            raise ValueError(f"reader.kind must be one of {list(READER_KINDS)}, got {self.kind!r}")
         for name in ("max_new_tokens", "prompt_tokens", "batch_size", "openai_max_concurrency", "system_prompt_limit"):
             if getattr(self, name) < 1:
                 raise ValueError(f"reader.{name} must be >= 1, got {getattr(self, name)}")
@@ -95,8 +100,16 @@ class ReaderSettings:
             )
         load_question_instructions(self.question_instructions)  # a missing or malformed file fails here
 
-    def build(self, policy: Any, tokenizer: Any, templates: PromptTemplates | None = None) -> Reader:
-        """The reader: ``policy`` with its adapters off (``local``), or a client of the endpoint (``openai``).
+    def build(
+        self,
+        policy: Any,
+        tokenizer: Any,
+        templates: PromptTemplates | None = None,
+        engine_endpoint: tuple[str, str, str] | None = None,
+    ) -> Reader:
+        """The reader: ``policy`` with its adapters off (``local``), or a client of the endpoint
+        (``openai``; ``engine``: of ``engine_endpoint``, the rollout engine's
+        ``(base_url, base model name, tokenizer folder)``).
 
         ``templates`` are the prompt texts (the run's ``rollout.prompt_templates``; ``None``:
         memalpha's). The ``openai`` reader builds its prompts here too, so one file serves both.
@@ -115,9 +128,15 @@ class ReaderSettings:
                 templates=templates,
                 **self._retrieval_options(),
             )
+        base_url, model, tokenizer_path = self.openai_base_url, self.openai_model, None
+        if self.kind == "engine":
+            if engine_endpoint is None:
+                raise ValueError("reader.kind: engine answers from the rollout engine's server: set rollout.engine: vllm")
+            base_url, model, tokenizer_path = engine_endpoint
         return OpenAIReader(
-            self.openai_base_url,
-            self.openai_model,
+            base_url,
+            model,
+            tokenizer=tokenizer_path,
             api_key_env=self.openai_api_key_env,
             max_concurrency=self.openai_max_concurrency,
             timeout_s=self.openai_timeout_s,

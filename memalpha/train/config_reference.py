@@ -134,14 +134,25 @@ def _table(rows: Sequence[tuple[str, str, str, str]]) -> list[str]:
     return out
 
 
+def _settings_table(kind: type, prefix: str) -> list[str]:
+    """The table of settings group ``kind`` at option ``prefix``, then one per group nested in it
+    (a field whose default is itself a settings dataclass, e.g. ``model.rollout.vllm``)."""
+    lines = [f"### `{prefix}` (`{kind.__name__}`)", "", *_table(argument_rows(kind, f"{prefix}.")), ""]
+    for field in dataclasses.fields(kind):
+        if field.default_factory is not dataclasses.MISSING:
+            nested = field.default_factory()
+            if dataclasses.is_dataclass(nested):
+                lines += _settings_table(type(nested), f"{prefix}.{field.name}")
+    return lines
+
+
 def _group_tables(cls: type) -> list[str]:
     """One table per settings group (a dataclass default) of ``cls.__init__``, in signature order."""
     lines: list[str] = []
     for name, param in inspect.signature(cls).parameters.items():
         group = param.default
         if dataclasses.is_dataclass(group) and not isinstance(group, type):
-            kind = type(group)
-            lines += [f"### `model.{name}` (`{kind.__name__}`)", "", *_table(argument_rows(kind, f"model.{name}.")), ""]
+            lines += _settings_table(type(group), f"model.{name}")
     return lines
 
 

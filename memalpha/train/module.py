@@ -30,7 +30,7 @@ from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch, cut_minibatches
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import accumulate_grpo_gradients, first_nonfinite
-from memalpha.lm.embedded import EMBEDDED_MODEL_NAME
+from memalpha.lm.embedded import EMBEDDED_MODEL_NAME, resolve_model_path
 from memalpha.lm.logprobs import response_logprobs
 from memalpha.lm.policy import LMSettings, LoraSettings
 from memalpha.lm.reference import load_reference_adapter, reference_weights
@@ -38,6 +38,7 @@ from memalpha.reader.base import Reader
 from memalpha.reader.settings import ReaderSettings
 from memalpha.seeding import stable_seed
 from memalpha.train.datamodule import InstanceRound
+from memalpha.train.engine_sync import EngineSync, check_versions, sampler_logprob_gap
 from memalpha.train.policy_module import PolicyModule, typed
 from memalpha.train.round_report import rollout_text, round_metrics
 from memalpha.train.validation_report import summarise_records, write_validation_report
@@ -97,6 +98,8 @@ class GRPOModule(PolicyModule):
         self._init_policy(lm, lora, optimizer)
         self.rollout_settings: RolloutSettings = typed(RolloutSettings, rollout)
         self.reader_settings: ReaderSettings = typed(ReaderSettings, reader)
+        if self.reader_settings.kind == "engine" and self.rollout_settings.engine != "vllm":
+            raise ValueError("reader.kind: engine answers from the rollout engine's vLLM server: set rollout.engine: vllm")
         self.reward_settings: RewardSettings = typed(RewardSettings, reward)
         self.update_settings: UpdateSettings = typed(UpdateSettings, update)
         self.reader: Reader | None = None
@@ -104,13 +107,16 @@ class GRPOModule(PolicyModule):
         self.experience: list[GRPOBatch] = []  # this rank's unserved mini-batches of the current round
         self._val_records: list[RolloutRecord] = []
         self._step_start = time.perf_counter()
+        self.engine_sync: EngineSync | None = None  # rollout.engine: vllm (started at the first rollout)
 
     # ----------------------------------------------------------------- setup
     def configure_model(self) -> None:
         if self.load_policy():
             if self.update_settings.kl_reference == "start" and self.hparams.adapter_path:
                 load_reference_adapter(self.policy, self.hparams.adapter_path)
-            self.reader = self.reader_settings.build(self.policy, self.tokenizer, self.rollout_settings.templates)
+            self.reader = self.reader_settings.build(
+                self.policy, self.tokenizer, self.rollout_settings.templates, self._engine_endpoint()
+            )
             self.content_judge = self.reward_settings.build_content_judge(self.reader)
 
     # ---------------------------------------------------- checkpoint content
@@ -147,6 +153,37 @@ class GRPOModule(PolicyModule):
                 )
 
     # ----------------------------------------------------------- experience
+    def _engine_sync(self) -> EngineSync | None:
+        """The vLLM server of ``rollout.engine: vllm`` (made at the first call), else None."""
+        if self.rollout_settings.engine != "vllm":
+            return None
+        if self.engine_sync is None:
+            self.engine_sync = EngineSync(
+                self.rollout_settings,
+                self.hparams.model,
+                self.lora_settings.r,
+                self.trainer.log_dir or ".",
+                tag=f"{stable_seed(time.time_ns())}-rank{self.global_rank}",
+            )
+        return self.engine_sync
+
+    def _engine(self):
+        """With ``rollout.engine: vllm`` the server's generate function, its adapter synced to the policy."""
+        sync = self._engine_sync()
+        return None if sync is None else sync.generator(self.policy, self.tokenizer)
+
+    def _engine_endpoint(self) -> tuple[str, str, str] | None:
+        """Where ``reader.kind: engine`` sends its questions: the engine's server, base model."""
+        if self.reader_settings.kind != "engine":
+            return None
+        server = self._engine_sync().start().server
+        return server.base_url + "/v1", server.served_name, resolve_model_path(self.hparams.model)
+
+    def teardown(self, stage: str) -> None:
+        if self.engine_sync is not None:
+            self.engine_sync.close()
+            self.engine_sync = None
+
     def _rollouts(self, instances: Sequence[Instance], *, seed: int, greedy: bool) -> RolloutOutput:
         return run_rollouts(
             instances,
@@ -160,6 +197,7 @@ class GRPOModule(PolicyModule):
             do_sample=not greedy,
             group_size=1 if greedy else None,
             share_prefix=self.lm_settings.share_prefix,
+            engine=self._engine(),
         )
 
     @torch.no_grad()
@@ -172,6 +210,10 @@ class GRPOModule(PolicyModule):
         if not samples:
             raise RuntimeError(
                 f"rollout round {round_.index} produced no samples from {len(round_.instances)} instances"
+            )
+        if self.engine_sync is not None:
+            check_versions(
+                [s.adapter_version for s in samples], self.engine_sync.policy_version, f"rollout round {round_.index}"
             )
         # the round's samples summed over ranks (update.mini_batch_size is global, as verl's), so
         # every rank takes the same number of steps; a collective, before any rank can leave early
@@ -207,6 +249,14 @@ class GRPOModule(PolicyModule):
         if update.needs_old_logps(round_samples):
             old_logps = response_logprobs(self.policy, prompts, responses, **logprob_kwargs)
         metrics["perf/ref_old_logprob_s"] = time.perf_counter() - start
+        if self.engine_sync is not None:  # the server sampled: was it the policy being trained?
+            trainer_logps = (
+                old_logps if old_logps is not None
+                else response_logprobs(self.policy, prompts, responses, **logprob_kwargs)
+            )
+            gap = sampler_logprob_gap([s.sampler_logprobs for s in samples], trainer_logps)
+            metrics["rollout/sampler_logprob_gap"] = gap
+            self.engine_sync.check_gap(gap, f"rollout round {round_.index}")
         problem = first_nonfinite({"reference log-probs": ref_logps, "old log-probs": old_logps})
         if problem is not None:
             return RoundExperience([], metrics, text, problem)
@@ -287,6 +337,8 @@ class GRPOModule(PolicyModule):
         )
         per_round = self.optimizer_settings.schedule_unit == "round"
         grad_norm, problem = self.finish_step(optimizer, None if per_round else scheduler, finite)
+        if problem is None and self.engine_sync is not None:
+            self.engine_sync.policy_changed()  # the next round's server sync exports this adapter
         logged = {f"train/{key}": value for key, value in metrics.items() if key != "tokens"}
         logged.update(
             {

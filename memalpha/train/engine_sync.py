@@ -1,0 +1,160 @@
+"""The ``vllm`` rollout engine of a training run: its server, on-policy adapter sync, and the checks.
+
+:class:`EngineSync` starts the server (or connects to ``rollout.vllm.url``) at the first
+rollout and stops it with the run. The trainer counts adapter versions: every optimiser step
+that trained bumps :attr:`EngineSync.policy_version`. Before a round generates, a server behind
+that version gets the adapter exported to ``<adapter_dir>/v<version>`` and loaded under a new
+name, and the previous version is unloaded (:meth:`~memalpha.lm.vllm_engine.VllmEngine.sync`),
+so every round samples from the weights being trained, however many optimiser steps the round
+before fed. Two checks guard against a sync that failed silently: :func:`check_versions`
+refuses a round whose samples carry another version than the policy's, and
+:func:`sampler_logprob_gap` (logged as ``rollout/sampler_logprob_gap``) compares the server's
+log-prob of every sampled token with the trainer's, and :meth:`EngineSync.check_gap` stops the
+run above ``rollout.vllm.max_logprob_gap``: a version label is not proof of the weights behind it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from memalpha.agent.rollout import GenerateFn, RolloutSettings
+from memalpha.lm.adapters import export_adapter
+from memalpha.lm.embedded import resolve_model_path
+from memalpha.lm.generation import resolve_eos_ids
+from memalpha.lm.vllm_engine import VllmEngine
+from memalpha.lm.vllm_server import VllmServer
+from memalpha.lm.vllm_settings import lora_rank_for_server
+
+
+class StaleSamplesError(RuntimeError):
+    """A round was sampled with another adapter version than the one being trained."""
+
+
+class SamplerDriftError(RuntimeError):
+    """The server's log-probs of the sampled tokens are too far from the trainer's."""
+
+
+def check_versions(versions: Sequence[int | None], policy_version: int, where: str) -> None:
+    """Raise :class:`StaleSamplesError` unless every sample was drawn with ``policy_version``."""
+    stale = sorted({v for v in versions if v != policy_version}, key=lambda v: -1 if v is None else v)
+    if stale:
+        shown = ", ".join("base model" if v is None else str(v) for v in stale)
+        raise StaleSamplesError(
+            f"{where} was sampled with adapter version {shown} but the policy is at version {policy_version}: "
+            "the vLLM server's adapter sync is behind; refusing stale samples"
+        )
+
+
+def sampler_logprob_gap(sampler: Sequence[Sequence[float]], trainer: Sequence[torch.Tensor]) -> float:
+    """Mean over all tokens of ``|sampler log-prob - trainer log-prob|``, in float64 (0.0 for no tokens)."""
+    if len(sampler) != len(trainer):
+        raise ValueError(f"{len(sampler)} sampled responses but {len(trainer)} trainer log-prob rows")
+    total, count = 0.0, 0
+    for row, (server_row, trainer_row) in enumerate(zip(sampler, trainer)):
+        if len(server_row) != trainer_row.numel():
+            raise ValueError(f"response {row}: {len(server_row)} sampled log-probs but {trainer_row.numel()} from the trainer")
+        diff = torch.tensor(list(server_row), dtype=torch.float64) - trainer_row.detach().double().cpu()
+        total += float(diff.abs().sum())
+        count += len(server_row)
+    return total / count if count else 0.0
+
+
+class EngineSync:
+    """The vLLM server of one run and the adapter versions it serves.
+
+    Args:
+        settings: the rollout settings (``settings.vllm`` says how to reach the server).
+        model: the policy's base model (embedded name, folder or hub id), served as the base.
+        lora_rank: the policy's LoRA rank (the server's ``--max-lora-rank`` unless set).
+        log_dir: the run's log folder (default place of the server log and adapter folders).
+        tag: makes adapter names unique on a shared server (default: random).
+    """
+
+    def __init__(
+        self, settings: RolloutSettings, model: str, lora_rank: int, log_dir: str | Path, tag: str | None = None
+    ) -> None:
+        self.settings = settings
+        self.vllm = settings.vllm
+        self.model = model
+        self.lora_rank = lora_rank
+        self.log_dir = Path(log_dir)
+        self.tag = tag or uuid.uuid4().hex[:8]
+        self.policy_version = 0
+        self.engine: VllmEngine | None = None
+
+    @property
+    def adapter_dir(self) -> Path:
+        return Path(self.vllm.adapter_dir) if self.vllm.adapter_dir else self.log_dir / "vllm_adapters"
+
+    @property
+    def log_file(self) -> Path:
+        return Path(self.vllm.log_file) if self.vllm.log_file else self.log_dir / "vllm_server.log"
+
+    def start(self) -> VllmEngine:
+        """The engine, started (or connected) at the first call."""
+        if self.engine is None:
+            vllm = self.vllm
+            if vllm.url is not None:
+                server = VllmServer.connect(vllm.url, timeout_s=vllm.start_timeout_s)
+            else:
+                server = VllmServer.launch(
+                    resolve_model_path(self.model),
+                    venv=vllm.venv,
+                    log_file=self.log_file,
+                    dtype=vllm.dtype,
+                    max_model_len=vllm.max_model_len or self.settings.max_prompt_tokens + self.settings.max_new_tokens,
+                    max_lora_rank=vllm.max_lora_rank or lora_rank_for_server(self.lora_rank),
+                    cpu_kv_cache_gb=vllm.cpu_kv_cache_gb,
+                    extra_args=vllm.extra_args,
+                    start_timeout_s=vllm.start_timeout_s,
+                )
+            self.engine = VllmEngine(
+                server,
+                adapter_prefix=f"memalpha-{self.tag}",
+                timeout_s=vllm.request_timeout_s,
+                max_retries=vllm.max_retries,
+                max_concurrency=vllm.max_concurrency,
+            )
+        return self.engine
+
+    def policy_changed(self) -> None:
+        """An optimiser step changed the adapter: the server is one version behind until the next sync."""
+        self.policy_version += 1
+
+    def sync(self, policy, tokenizer) -> None:
+        """Export the adapter and load it into the server when the server is behind the policy."""
+        engine = self.start()
+        if engine.adapter_version == self.policy_version:
+            return
+        folder = export_adapter(policy, tokenizer, self.adapter_dir / f"v{self.policy_version}")
+        previous = engine.adapter_version
+        engine.sync(self.policy_version, folder)
+        if previous is not None:  # unloaded from the server: its folder is not needed any more
+            shutil.rmtree(self.adapter_dir / f"v{previous}", ignore_errors=True)
+
+    def generator(self, policy, tokenizer) -> GenerateFn:
+        """The rollout's generate function: the server with the policy's current adapter (synced
+        first), stopping at the end-of-sequence tokens ``generate`` would stop at."""
+        self.sync(policy, tokenizer)
+        return partial(self.start().generate, eos_token_id=resolve_eos_ids(policy, tokenizer, None))
+
+    def check_gap(self, gap: float, where: str) -> None:
+        """Stop the run (:class:`SamplerDriftError`) when ``gap`` is over ``rollout.vllm.max_logprob_gap``."""
+        if not gap <= self.vllm.max_logprob_gap:
+            raise SamplerDriftError(
+                f"{where}: rollout/sampler_logprob_gap {gap:.4g} is over rollout.vllm.max_logprob_gap "
+                f"{self.vllm.max_logprob_gap:g}: the vLLM server is not sampling from the policy being trained "
+                f"(adapter version {self.policy_version}; server log {self.log_file if self.vllm.url is None else self.vllm.url})"
+            )
+
+    def close(self) -> None:
+        """Stop a started server (nothing for one given by URL)."""
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
