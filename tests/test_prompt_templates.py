@@ -270,6 +270,22 @@ def test_content_judge_sends_one_message_or_the_split_the_templates_define(tmp_p
     assert default_templates().content_judge_system is None
 
 
+def test_the_retry_text_is_optional_fixed_and_reaches_the_judge_only_when_asked_again(tmp_path):
+    assert default_templates().content_judge_retry is None
+    assert load_templates(_write(tmp_path / "own.yaml", _own_texts())).content_judge_retry is None
+    texts = _own_texts() | {"content_judge_retry": "\n\nMADE-UP RETRY {{literal}}."}
+    path = tmp_path / "retry.yaml"
+    path.write_text(dump_templates(texts), encoding="utf-8")  # a text starting with an empty line survives the dump
+    retrying = load_templates(path)
+    assert retrying.render("content_judge_retry") == "\n\nMADE-UP RETRY {literal}."
+    with pytest.raises(ValueError, match=r"content_judge_retry must have exactly the placeholders \[\], got \['kind'\]"):
+        load_templates(_write(tmp_path / "bad.yaml", _own_texts() | {"content_judge_retry": "again {kind}"}))
+    call = ToolCall("new_memory_insert", {"memory_type": "semantic_memory", "content": "c"}, "")
+    reader = _RecordingReader(templates=retrying)
+    assert LLMContentJudge(reader, attempts=3).judge([call]) == [1.0]  # well-formed at once: one ask, no retry text
+    assert reader.sent == [[{"role": "user", "content": "<content_judge>[content=c][kind=semantic][rules=<content_judge_semantic>]"}]]
+
+
 def _write(path, texts):
     path.write_text(yaml.safe_dump(texts, allow_unicode=True), encoding="utf-8")
     return path

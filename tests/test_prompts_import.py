@@ -72,6 +72,12 @@ class MemoryProcessor:
         system_prompt = self._get_analysis_prompt(memory_type)
         messages = [{"role": "system", "content": system_prompt},
                     {"role": "user", "content": f"Grade this {memory_type} note:\\n\\n{content}"}]
+        for attempt in range(3):
+            reply = self.ask(messages)
+            if reply is None:
+                messages[1]["content"] += "\\n\\nAGAIN, {in braces}."
+                continue
+            return reply
         return messages
 
     def _get_analysis_prompt(self, memory_type: str) -> str:
@@ -195,6 +201,8 @@ def test_import_writes_a_file_that_renders_the_stand_in_texts(tmp_path, capsys):
         {"role": "user", "content": "Grade this core note:\n\nx {y}"},
     ]
     assert answer_judge_prompt("q", "r", "a", t) == "JUDGE {x}. Q=q R=r A=a ok?"
+    # the text the per-call judge appends to its user message before asking again
+    assert t.render("content_judge_retry") == "\n\nAGAIN, {in braces}."
 
 
 FUNCTIONS_PY = '''
@@ -366,6 +374,9 @@ def test_qwen_agent_errors_are_one_line(tmp_path, breakage, message):
         (lambda root: (root / "config/prompts_wrt_datasource.yaml").write_text("booksum: {}\n"),
          "config/prompts_wrt_datasource.yaml: no unified_prompt text"),
         (lambda root: (root / "memory.py").write_text("def broken(:\n"), "memory.py: cannot be read as Python"),
+        (lambda root: (root / "memory_server.py").write_text(SERVER_PY.replace('messages[1]["content"] +=', "extra =")),
+         ("memory_server.py: MemoryProcessor.analyze_memory_content: expected one text appended to the user message's "
+          "content on a retry, found 0")),
     ],
 )
 def test_import_errors_are_one_line_naming_file_and_name(tmp_path, breakage, message):

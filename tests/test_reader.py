@@ -11,7 +11,7 @@ import pytest
 from memalpha.agent.scoring import score_answer
 from memalpha.memory.render import render_answer
 from memalpha.memory.store import EPISODIC, SEMANTIC, Memory
-from memalpha.reader.base import ReaderAnswer
+from memalpha.reader.base import ReaderAnswer, Sampling
 from memalpha.reader.local import LocalReader
 from memalpha.reader.openai_compat import OpenAIReader
 from memalpha.reader.prompts import answer_messages
@@ -88,6 +88,71 @@ def test_local_reader_batches_and_respects_the_prompt_budget(tiny_model, tokeniz
     reader.prompt_budget_tokens = 5
     assert reader.answer([(memory, question)])[0].ok
     assert reader.over_budget == 1
+
+
+def test_local_reader_complete_takes_per_call_sampling(tiny_model, tokenizer, monkeypatch):
+    """A ``Sampling`` given to ``complete`` reaches ``generate`` for that call only; every other
+    call keeps the reader's own settings (greedy, 2 tokens here)."""
+    from memalpha.lm import generation
+
+    real = generation.generate
+    seen = []
+
+    def recording(*args, **kwargs):
+        out = real(*args, **kwargs)
+        seen.append((kwargs["max_new_tokens"], kwargs["do_sample"], kwargs["temperature"],
+                     max(len(r) for r in out.response_ids)))
+        return out
+
+    monkeypatch.setattr(generation, "generate", recording)
+    reader = LocalReader(tiny_model, tokenizer, max_new_tokens=2, temperature=0.0, seed=0)
+    prompts = ["Is the sky blue?", "Name a colour."]
+    assert all(a.ok for a in reader.complete(prompts))
+    assert all(a.ok for a in reader.complete(prompts, sampling=Sampling(temperature=0.1, max_tokens=6)))
+    assert all(a.ok for a in reader.complete(prompts, sampling=Sampling(max_tokens=5)))
+    assert all(a.ok for a in reader.complete(prompts, sampling=Sampling()))  # overrides nothing
+    assert all(a.ok for a in reader.answer([(capital_memory(), "What is the capital city of Australia?")]))
+    settings = [(cap, sample, temperature) for cap, sample, temperature, _ in seen]
+    assert settings == [(2, False, 1.0), (6, True, 0.1), (5, False, 1.0), (2, False, 1.0), (2, False, 1.0)]
+    assert all(longest <= cap for cap, _, _, longest in seen)
+    assert reader.max_new_tokens == 2 and reader.temperature == 0.0  # the reader's settings are untouched
+
+
+def test_openai_reader_complete_sends_per_call_sampling(tiny_model, tokenizer):
+    """The request body carries the override's temperature and ``max_tokens`` for that call only,
+    and the loopback server generates with them."""
+    from memalpha.reader.server import ChatCompletionServer
+
+    client = OpenAIReader("http://127.0.0.1:1/v1", "tiny", temperature=0.0, max_tokens=3, extra_body={"seed": 1})
+    body = client.request_body([{"role": "user", "content": "q"}], Sampling(temperature=0.1, max_tokens=512))
+    assert (body["temperature"], body["max_tokens"], body["top_p"], body["seed"]) == (0.1, 512, 1.0, 1)
+    body = client.request_body([{"role": "user", "content": "q"}], Sampling(max_tokens=9))
+    assert (body["temperature"], body["max_tokens"]) == (0.0, 9)
+    assert client.request_body([{"role": "user", "content": "q"}]) == client.request_body(
+        [{"role": "user", "content": "q"}], Sampling())
+
+    with ChatCompletionServer(LocalReader(tiny_model, tokenizer, max_new_tokens=4), model_name="tiny") as server:
+        received = []
+        submit = server.submit
+        server.submit = lambda messages, params: received.append(params) or submit(messages, params)
+        client = OpenAIReader(server.base_url, "tiny", temperature=0.0, max_tokens=3, max_retries=0, max_concurrency=2)
+        prompts = ["Is the sky blue?", "Name a colour."]
+        assert all(a.ok for a in client.complete(prompts))
+        assert all(a.ok for a in client.complete(prompts, sampling=Sampling(temperature=0.1, max_tokens=7)))
+        assert all(a.ok for a in client.complete(prompts[:1], systems=["Be brief."], sampling=Sampling(max_tokens=5)))
+        assert all(a.ok for a in client.complete(prompts[:1]))
+    assert [(p.max_tokens, p.temperature) for p in received] == [(3, 0.0)] * 2 + [(7, 0.1)] * 2 + [(5, 0.0), (3, 0.0)]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [({"temperature": -1.0}, "sampling temperature must be >= 0 (0 = greedy), got -1.0"),
+     ({"max_tokens": 0}, "sampling max_tokens must be >= 1, got 0")],
+)
+def test_sampling_overrides_are_checked(options, message):
+    with pytest.raises(ValueError) as info:
+        Sampling(**options)
+    assert str(info.value) == message
 
 
 def test_local_reader_answers_with_peft_base_weights(tiny_model_dir, tokenizer):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -17,7 +18,8 @@ from memalpha.agent.rewards import (
     rule_validity,
 )
 from memalpha.memory.store import Memory
-from memalpha.reader.base import Reader, ReaderAnswer
+from memalpha.reader.base import Reader, ReaderAnswer, Sampling
+from memalpha.templates.loader import default_templates
 from memalpha.tools.executor import ToolResult, execute_response
 from memalpha.tools.formats import ParseError, ToolCall, get_call_format
 
@@ -197,3 +199,142 @@ def test_llm_content_judge_batches_and_scores_malformed_as_zero():
     reward = rollout_rewards([1.0], two_turns(), 0, 10, RewardSettings(), judge)
     # turn 1: sister 0, hike 0 ; turn 2: core 0, delete 0, cat 1
     assert reward.r4 == pytest.approx([0.0, 1 / 3])
+
+
+# ---------------------------------------------------------------------------------------
+# the judge's retry and sampling (official difference 4)
+# ---------------------------------------------------------------------------------------
+
+VALID_REPLY = '```json\n{"VALID": true, "ISSUES": [], "EXPLANATION": "fine"}\n```'
+INVALID_REPLY = '```json\n{"VALID": false, "ISSUES": ["vague"], "EXPLANATION": "no"}\n```'
+# made-up stand-ins for an imported file's judge texts: the rules as the system message, the
+# entry as the user message, and the text appended to the user message before asking again
+SPLIT = replace(
+    default_templates(),
+    content_judge_system="RULES: {rules}",
+    content_judge="NOTE ({kind}): {content}",
+    content_judge_retry="\n\nSTAND-IN RETRY {{json}}.",
+    source="stand-in",
+)
+RETRY = "\n\nSTAND-IN RETRY {json}."
+
+
+class ReplayJudge(Reader):
+    """Records every conversation and sampling setting it gets; answers each entry from its
+    script in turn (``None``: a failed reader call)."""
+
+    def __init__(self, script: dict[str, list[str | None]], templates=SPLIT):
+        super().__init__(templates=templates)
+        self.script = {entry: list(replies) for entry, replies in script.items()}
+        self.batches: list[tuple[list, Sampling | None]] = []
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    def chat(self, conversations, sampling=None):
+        self.batches.append((list(conversations), sampling))
+        out = []
+        for conversation in conversations:
+            entry = conversation[-1]["content"].split(": ", 1)[1].split("\n\n", 1)[0]
+            reply = self.script[entry].pop(0)
+            out.append(ReaderAnswer("", False, "HTTP 500") if reply is None else ReaderAnswer(reply, True))
+        return out
+
+
+def insert(content: str) -> ToolCall:
+    return call("new_memory_insert", memory_type="semantic_memory", content=content)
+
+
+def test_the_judge_asks_again_only_for_malformed_writes_with_the_retry_text_and_its_sampling():
+    reader = ReplayJudge({
+        "alpha": ["not JSON", VALID_REPLY],  # malformed once, then valid
+        "beta": [INVALID_REPLY],  # well-formed at once: never asked again
+        "gamma": ["still not", "nope", "no JSON either", VALID_REPLY],  # three malformed: gives up
+        "delta": [None, "not JSON", VALID_REPLY],  # a failed call adds no retry text
+    })
+    settings = RewardSettings(content_judge="llm", content_judge_attempts=3, content_judge_temperature=0.1,
+                              content_judge_max_tokens=512)
+    judge = settings.build_content_judge(reader)
+    calls = [insert("alpha"), insert("beta"), DELETE, insert("gamma"), insert("delta")]
+    assert judge.judge(calls) == [1.0, 0.0, 0.0, 0.0, 1.0]
+    rules = "RULES: " + default_templates().render("content_judge_semantic")
+
+    def conversation(entry: str, retries: int) -> list[dict[str, str]]:
+        return [{"role": "system", "content": rules},
+                {"role": "user", "content": f"NOTE (semantic): {entry}" + RETRY * retries}]
+
+    assert [batch for batch, _ in reader.batches] == [
+        [conversation("alpha", 0), conversation("beta", 0), conversation("gamma", 0), conversation("delta", 0)],
+        [conversation("alpha", 1), conversation("gamma", 1), conversation("delta", 0)],
+        [conversation("gamma", 2), conversation("delta", 1)],
+    ]
+    assert [sampling for _, sampling in reader.batches] == [Sampling(temperature=0.1, max_tokens=512)] * 3
+    assert reader.script["gamma"] == [VALID_REPLY]  # the fourth reply was never asked for
+    assert judge.malformed == 1 + 3 + 2 and judge.unjudged == 1
+    assert reader.requests == 9 and reader.failures == 1
+
+
+def test_one_attempt_asks_once_as_before():
+    script = {"alpha": ["not JSON", VALID_REPLY], "beta": [VALID_REPLY]}
+    reader = ReplayJudge(script)
+    judge = RewardSettings(content_judge="llm").build_content_judge(reader)
+    assert judge.judge([insert("alpha"), insert("beta")]) == [0.0, 1.0]
+    assert len(reader.batches) == 1 and reader.batches[0][1] is None  # the reader's own sampling
+    assert all(RETRY not in m["content"] for m in reader.batches[0][0][0])
+    assert judge.malformed == 1 and judge.unjudged == 1
+    # memalpha's texts (no retry text) and no judge sampling: the very call of before
+    sent = []
+    plain = ReplayJudge(script, templates=None)
+    plain.complete = lambda prompts, **options: sent.append((list(prompts), options)) or [
+        ReaderAnswer(VALID_REPLY, True) for _ in prompts]
+    assert RewardSettings(content_judge="llm").build_content_judge(plain).judge([insert("beta")]) == [1.0]
+    assert sent == [([default_templates().render("content_judge", kind="semantic", content="beta",
+                                                 rules=default_templates().render("content_judge_semantic"))], {})]
+
+
+def test_without_a_retry_text_the_same_messages_are_asked_again():
+    reader = ReplayJudge({"alpha": ["not JSON", "not JSON"]}, templates=replace(SPLIT, content_judge_retry=None))
+    judge = LLMContentJudge(reader, attempts=2)
+    assert judge.judge([insert("alpha")]) == [0.0]
+    assert reader.batches[0][0] == reader.batches[1][0]
+    assert judge.malformed == 2 and judge.unjudged == 1
+
+
+@pytest.mark.parametrize(
+    ("reply", "memalpha", "official"),
+    [
+        (VALID_REPLY, True, True),
+        (INVALID_REPLY, False, False),
+        ('{"VALID": true, "ISSUES": [], "EXPLANATION": "bare"}', True, None),  # no fence
+        ('```\n{"VALID": true, "ISSUES": [], "EXPLANATION": "untagged"}\n```', True, None),  # no json tag
+        ('<think>```json\n{"VALID": false}\n```</think>' + VALID_REPLY, True, None),  # the first fence is read as is
+        ('```json\n{"VALID": true, "ISSUES": "none", "EXPLANATION": "x"}\n```', None, None),  # ISSUES not a list
+    ],
+)
+def test_the_official_parse_needs_a_json_fence(reply, memalpha, official):
+    assert parse_validity_judgement(reply) is memalpha
+    assert parse_validity_judgement(reply, "memalpha") is memalpha
+    assert parse_validity_judgement(reply, "official") is official
+
+
+def test_the_judge_uses_its_parse():
+    bare = '{"VALID": true, "ISSUES": [], "EXPLANATION": "bare"}'
+    assert LLMContentJudge(ReplayJudge({"alpha": [bare]})).judge([insert("alpha")]) == [1.0]
+    judge = RewardSettings(content_judge="llm", content_judge_parse="official").build_content_judge(
+        ReplayJudge({"alpha": [bare]}))
+    assert judge.judge([insert("alpha")]) == [0.0] and judge.malformed == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"content_judge_attempts": 0}, "reward.content_judge_attempts must be >= 1, got 0"),
+        ({"content_judge_temperature": -0.1}, "reward.content_judge_temperature must be >= 0 (0 = greedy) or null, got -0.1"),
+        ({"content_judge_max_tokens": 0}, "reward.content_judge_max_tokens must be >= 1 or null, got 0"),
+        ({"content_judge_parse": "loose"}, "reward.content_judge_parse must be one of ['memalpha', 'official'], got 'loose'"),
+    ],
+)
+def test_judge_settings_are_checked_with_one_line_errors(options, message):
+    with pytest.raises(ValueError) as info:
+        RewardSettings(**options)
+    assert str(info.value) == message

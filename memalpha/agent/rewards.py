@@ -19,8 +19,11 @@ Content validity is judged per call by a pluggable judge:
   stand-in such as "summary goes here", never mentioning "core memory"); an episodic entry
   must carry a time expression; a semantic entry must be a non-empty statement.
 * :class:`LLMContentJudge`: the paper's judgement through a reader, which answers with a
-  JSON object ``{"VALID": bool, "ISSUES": [...], "EXPLANATION": str}``; a malformed
-  judgement, or a failed reader call, scores 0.
+  JSON object ``{"VALID": bool, "ISSUES": [...], "EXPLANATION": str}``, sampled with the
+  reader's settings or the judge's own (``reward.content_judge_temperature`` and
+  ``content_judge_max_tokens``; official 0.1 and 512); a write whose judgement is malformed, or
+  whose reader call failed, is asked again up to ``reward.content_judge_attempts`` asks in all
+  (default 1) and scores 0 when none is well-formed.
 
 As in the official code, deletions carry no content and score 0 (``delete_score``), and
 calls are judged by their arguments whether or not they executed.
@@ -37,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from memalpha.agent.prompts import content_judge_messages
 from memalpha.agent.scoring import MetricStyle, check_metric_overrides, check_metric_style, strip_thinking
+from memalpha.reader.base import Sampling
 from memalpha.tools.executor import SUCCESS_STATUSES
 from memalpha.tools.schemas import DELETE, INSERT, UPDATE
 
@@ -69,6 +73,23 @@ class RewardSettings:
             every refused call is. ``official``: what the official code reports as executed and
             not skipped, so a duplicate insert fails and deleting an unknown id succeeds (its
             code deletes nothing and reports success); the executor runs the same either way.
+        content_judge_attempts: The most asks the ``llm`` judge spends on one write: a write
+            whose judgement is malformed (or whose reader call failed) is asked again until this
+            many asks in all, then scores 0; 1 asks once. Each ask after a malformed reply appends
+            the template file's ``content_judge_retry`` to the user message once more (absent, as
+            in memalpha's texts: the same messages again). The official training judge
+            (``/analyze_function``) asks once; its per-call judge, which training never calls,
+            up to 3 times.
+        content_judge_temperature: Sampling temperature of the ``llm`` judge's requests (0 =
+            greedy); null: the reader's own (``reader.temperature``). Official 0.1.
+        content_judge_max_tokens: Reply length cap of the ``llm`` judge's requests; null: the
+            reader's own (``reader.max_new_tokens``). Official 512.
+        content_judge_parse: Which judge replies are well-formed (the rest are malformed):
+            ``memalpha`` reads the JSON object from a code fence or bare, after any thinking
+            block; ``official`` reads the first fenced object of the reply as it is, and only
+            when the reply opens a fence tagged ``json``, as the official code checks
+            (``_validate_json_format``). Both need a boolean ``VALID``, a list ``ISSUES`` and a
+            text ``EXPLANATION``.
     """
 
     beta: float = 0.05
@@ -77,6 +98,10 @@ class RewardSettings:
     metric_overrides: dict[str, str] | None = None
     metric_style: MetricStyle = "memalpha"
     call_success: Literal["memalpha", "official"] = "memalpha"
+    content_judge_attempts: int = 1
+    content_judge_temperature: float | None = None
+    content_judge_max_tokens: int | None = None
+    content_judge_parse: Literal["memalpha", "official"] = "memalpha"
 
     def __post_init__(self) -> None:
         if self.content_judge not in ("rule", "llm"):
@@ -90,10 +115,30 @@ class RewardSettings:
             raise ValueError(
                 f"reward.call_success must be one of {list(CALL_SUCCESS_RULES)}, got {self.call_success!r}"
             )
+        if isinstance(self.content_judge_attempts, bool) or self.content_judge_attempts < 1:
+            raise ValueError(f"reward.content_judge_attempts must be >= 1, got {self.content_judge_attempts}")
+        if self.content_judge_temperature is not None and not self.content_judge_temperature >= 0:
+            raise ValueError(
+                f"reward.content_judge_temperature must be >= 0 (0 = greedy) or null, got {self.content_judge_temperature}"
+            )
+        if self.content_judge_max_tokens is not None and self.content_judge_max_tokens < 1:
+            raise ValueError(f"reward.content_judge_max_tokens must be >= 1 or null, got {self.content_judge_max_tokens}")
+        if self.content_judge_parse not in JUDGEMENT_PARSES:
+            raise ValueError(
+                f"reward.content_judge_parse must be one of {list(JUDGEMENT_PARSES)}, got {self.content_judge_parse!r}"
+            )
 
     def build_content_judge(self, reader: Reader) -> ContentJudge:
-        """The r4 judge: the rule checks, or ``reader`` asked for a validity judgement per call."""
-        return RuleContentJudge() if self.content_judge == "rule" else LLMContentJudge(reader)
+        """The r4 judge: the rule checks, or ``reader`` asked for a validity judgement per call
+        (with this group's attempts, sampling and parse)."""
+        if self.content_judge == "rule":
+            return RuleContentJudge()
+        return LLMContentJudge(
+            reader,
+            attempts=self.content_judge_attempts,
+            sampling=Sampling(self.content_judge_temperature, self.content_judge_max_tokens),
+            parse=self.content_judge_parse,
+        )
 
 
 @dataclass
@@ -308,16 +353,26 @@ class RuleContentJudge:
 
 _JSON_BLOCK = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.DOTALL)
 _JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
+JUDGEMENT_PARSES = ("memalpha", "official")
 
 
-def parse_validity_judgement(reply: str) -> bool | None:
-    """``VALID`` of a judge reply (JSON in a code fence or bare), or None when malformed.
+def parse_validity_judgement(reply: str, parse: str = "memalpha") -> bool | None:
+    """``VALID`` of a judge reply, or None when malformed.
 
     Well-formed means a JSON object with a boolean ``VALID``, a list ``ISSUES`` and a string
-    ``EXPLANATION``.
+    ``EXPLANATION``, read under ``parse`` (``reward.content_judge_parse``): ``memalpha`` takes
+    the first code fence's object, else the bare object, of the reply after any thinking block;
+    ``official`` takes the first fenced object of the reply as it is, and only when the reply
+    opens a fence tagged ``json`` anywhere (the official ``_validate_json_format``).
     """
-    text = strip_thinking(reply)
-    match = _JSON_BLOCK.search(text) or _JSON_OBJECT.search(text)
+    if parse not in JUDGEMENT_PARSES:
+        raise ValueError(f"reward.content_judge_parse must be one of {list(JUDGEMENT_PARSES)}, got {parse!r}")
+    if parse == "official":
+        text = reply
+        match = _JSON_BLOCK.search(text) if "```json" in text else None
+    else:
+        text = strip_thinking(reply)
+        match = _JSON_BLOCK.search(text) or _JSON_OBJECT.search(text)
     if not match:
         return None
     try:
@@ -333,26 +388,52 @@ def parse_validity_judgement(reply: str) -> bool | None:
 
 
 class LLMContentJudge:
-    """Content validity judged by a reader model (the paper's judge), one batched call.
+    """Content validity judged by a reader model (the paper's judge), one batched call per ask.
 
     Each write is one user message, or a system message (the kind's rules) and a user message
     (the entry) when the reader's templates define ``content_judge_system``, as the official
     judge sends them (:func:`memalpha.agent.prompts.content_judge_messages`).
 
-    Calls without content (deletions) get ``delete_score`` without asking; a malformed
-    judgement or a failed reader call scores 0. ``malformed`` counts those.
+    Calls without content (deletions) get ``delete_score`` without asking. A write whose reply
+    is malformed (under ``parse``, see :func:`parse_validity_judgement`) or whose reader call
+    failed is asked again, with the other such writes in one batch, until ``attempts`` asks in
+    all; then it scores 0. Each ask after a malformed reply appends the templates'
+    ``content_judge_retry`` to the user message once more (after a failed call the messages
+    stay as they were), as the official per-call judge does. ``sampling`` (a
+    :class:`~memalpha.reader.base.Sampling`) replaces the reader's temperature and reply length
+    for the judge's requests.
+
+    ``malformed`` counts every malformed reply and failed call, one per ask; ``unjudged`` counts
+    the writes left without a well-formed judgement after their last ask (scored 0). With one
+    attempt the two are equal.
     """
 
-    def __init__(self, reader: Reader, delete_score: float = 0.0) -> None:
+    def __init__(
+        self,
+        reader: Reader,
+        delete_score: float = 0.0,
+        attempts: int = 1,
+        sampling: Sampling | None = None,
+        parse: str = "memalpha",
+    ) -> None:
+        if attempts < 1:
+            raise ValueError(f"content judge attempts must be >= 1, got {attempts}")
+        if parse not in JUDGEMENT_PARSES:
+            raise ValueError(f"content judge parse must be one of {list(JUDGEMENT_PARSES)}, got {parse!r}")
         self.reader = reader
         self.delete_score = float(delete_score)
+        self.attempts = attempts
+        self.sampling = sampling if sampling is not None and sampling.overrides else None
+        self.parse = parse
         self.malformed = 0
+        self.unjudged = 0
 
     def judge(self, calls: Sequence[ToolCall]) -> list[float]:
         scores = [0.0] * len(calls)
         asked: list[int] = []
-        prompts: list[str] = []
-        systems: list[str | None] = []
+        users: dict[int, str] = {}
+        systems: dict[int, str | None] = {}
+        templates = getattr(self.reader, "templates", None)
         for i, call in enumerate(calls):
             target = call_content(call)
             if target is None:
@@ -361,16 +442,37 @@ class LLMContentJudge:
                 scores[i] = 0.0
             else:
                 asked.append(i)
-                *system, user = content_judge_messages(*target, templates=getattr(self.reader, "templates", None))
-                prompts.append(user["content"])
-                systems.append(system[0]["content"] if system else None)
-        if prompts:
-            # one user message each, or a system message (the rules) and the user message (the entry)
-            has_system = any(s is not None for s in systems)
-            replies = self.reader.complete(prompts, systems=systems) if has_system else self.reader.complete(prompts)
-            for i, reply in zip(asked, replies):
-                verdict = parse_validity_judgement(reply.text) if reply.ok else None
+                *system, user = content_judge_messages(*target, templates=templates)
+                users[i] = user["content"]
+                systems[i] = system[0]["content"] if system else None
+        has_retry = templates is not None and templates.content_judge_retry is not None
+        retry = templates.render("content_judge_retry") if has_retry else ""
+        appended = dict.fromkeys(asked, 0)  # times the retry text is on each write's user message
+        pending = asked
+        for _ in range(self.attempts):
+            if not pending:
+                break
+            replies = self._ask([users[i] + retry * appended[i] for i in pending], [systems[i] for i in pending])
+            again = []
+            for i, reply in zip(pending, replies):
+                verdict = parse_validity_judgement(reply.text, self.parse) if reply.ok else None
                 if verdict is None:
                     self.malformed += 1
-                scores[i] = 1.0 if verdict else 0.0
+                    if reply.ok:  # the official loop appends its text after a malformed reply, not a failed call
+                        appended[i] += 1
+                    again.append(i)
+                else:
+                    scores[i] = 1.0 if verdict else 0.0
+            pending = again
+        self.unjudged += len(pending)
         return scores
+
+    def _ask(self, prompts: list[str], systems: list[str | None]):
+        """One batch of judge requests: one user message each, or a system message (the rules)
+        and the user message (the entry); the judge's sampling when it has its own."""
+        options: dict[str, Any] = {}
+        if any(s is not None for s in systems):
+            options["systems"] = systems
+        if self.sampling is not None:
+            options["sampling"] = self.sampling
+        return self.reader.complete(prompts, **options)

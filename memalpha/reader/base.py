@@ -14,6 +14,10 @@ it; the official code queries BM25 with the instruction and the question togethe
 entry that holds them. Backends only implement :meth:`Reader.chat` (conversations in, replies
 out) and token counting.
 
+:meth:`Reader.complete` may take a :class:`Sampling` that answers those prompts with another
+temperature or reply length than the reader's own settings (the r4 content judge's official
+0.1 and 512 tokens); every other call samples with the reader's settings.
+
 Failures never raise out of :meth:`Reader.answer` or :meth:`Reader.complete`: a failed
 item comes back as ``ReaderAnswer(text="", ok=False, error=...)``, is counted in
 :attr:`Reader.failures` and logged; the metrics score it 0.
@@ -52,6 +56,30 @@ PER_MESSAGE_OVERHEAD_TOKENS = 8
 """Tokens a chat template adds around each message (role markers), for estimated counts."""
 BM25_QUERIES = ("question", "with_instruction")
 """What BM25 is queried with: the bare question, or the source's instruction, an empty line and the question."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings for one :meth:`Reader.complete` call, in place of the reader's own.
+
+    Args:
+        temperature: Sampling temperature (0 = greedy); ``None`` keeps the reader's.
+        max_tokens: Reply length cap in tokens; ``None`` keeps the reader's.
+    """
+
+    temperature: float | None = None
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature is not None and not self.temperature >= 0:
+            raise ValueError(f"sampling temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"sampling max_tokens must be >= 1, got {self.max_tokens}")
+
+    @property
+    def overrides(self) -> bool:
+        """Whether any setting differs from the reader's own (a field is not ``None``)."""
+        return self.temperature is not None or self.max_tokens is not None
 
 
 @dataclass
@@ -121,7 +149,12 @@ class Reader(ABC):
     # -- backend ------------------------------------------------------------------------
     @abstractmethod
     def chat(self, conversations: Sequence[Conversation]) -> list[ReaderAnswer]:
-        """Reply to each conversation; one :class:`ReaderAnswer` per conversation, in order."""
+        """Reply to each conversation; one :class:`ReaderAnswer` per conversation, in order.
+
+        A backend that can sample with other settings per call also takes a keyword
+        ``sampling`` (a :class:`Sampling`); it is passed only when :meth:`complete` is given
+        one that overrides something, so a backend without it serves every other call.
+        """
 
     @abstractmethod
     def count_tokens(self, text: str) -> int:
@@ -205,9 +238,16 @@ class Reader(ABC):
             return []
         return self._run(self.answer_conversations(items, sources))
 
-    def complete(self, prompts: Sequence[str], systems: Sequence[str | None] | None = None) -> list[ReaderAnswer]:
+    def complete(
+        self,
+        prompts: Sequence[str],
+        systems: Sequence[str | None] | None = None,
+        sampling: Sampling | None = None,
+    ) -> list[ReaderAnswer]:
         """Reply to bare prompts (one user message each), e.g. judge questions; ``systems``, one
-        per prompt, puts a system message before each prompt whose entry is not ``None``."""
+        per prompt, puts a system message before each prompt whose entry is not ``None``;
+        ``sampling`` answers these prompts with its settings in place of the reader's own
+        (``None``, or a field left ``None``: the reader's)."""
         if not prompts:
             return []
         if systems is None:
@@ -217,11 +257,14 @@ class Reader(ABC):
         return self._run([
             ([] if system is None else [{"role": "system", "content": system}]) + [{"role": "user", "content": prompt}]
             for prompt, system in zip(prompts, systems)
-        ])
+        ], sampling)
 
-    def _run(self, conversations: Sequence[Conversation]) -> list[ReaderAnswer]:
+    def _run(self, conversations: Sequence[Conversation], sampling: Sampling | None = None) -> list[ReaderAnswer]:
         try:
-            answers = self.chat(conversations)
+            if sampling is not None and sampling.overrides:
+                answers = self.chat(conversations, sampling=sampling)  # type: ignore[call-arg]
+            else:
+                answers = self.chat(conversations)
         except Exception as exc:  # a backend bug must not kill a training run
             logger.exception("reader backend %s failed on a batch of %d", type(self).__name__, len(conversations))
             answers = [ReaderAnswer("", False, f"{type(exc).__name__}: {exc}") for _ in conversations]

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memalpha.reader.base import Conversation, Reader, ReaderAnswer
+from memalpha.reader.base import Conversation, Reader, ReaderAnswer, Sampling
 from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.reader.retrieval import DEFAULT_SYSTEM_PROMPT_LIMIT, DEFAULT_TOP_K
 from memalpha.templates.loader import PromptTemplates
@@ -190,5 +190,8 @@ class LocalReader(Reader):
                     results[i] = LocalGeneration(text, len(prompts[i]), len(response), bool(out.truncated[j]))
         return [r for r in results if r is not None]
 
-    def chat(self, conversations: Sequence[Conversation]) -> list[ReaderAnswer]:
-        return [ReaderAnswer(g.text, g.error is None, g.error) for g in self.generate(conversations)]
+    def chat(self, conversations: Sequence[Conversation], sampling: Sampling | None = None) -> list[ReaderAnswer]:
+        """Reply to each conversation; ``sampling`` replaces ``temperature`` and ``max_new_tokens``
+        for this call where it sets them."""
+        overrides = {} if sampling is None else {"temperature": sampling.temperature, "max_new_tokens": sampling.max_tokens}
+        return [ReaderAnswer(g.text, g.error is None, g.error) for g in self.generate(conversations, **overrides)]

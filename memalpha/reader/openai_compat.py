@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from memalpha.reader.base import Conversation, Reader, ReaderAnswer
+from memalpha.reader.base import Conversation, Reader, ReaderAnswer, Sampling
 from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.reader.retrieval import DEFAULT_SYSTEM_PROMPT_LIMIT, DEFAULT_TOP_K
 from memalpha.templates.loader import PromptTemplates
@@ -73,7 +73,8 @@ class OpenAIReader(Reader):
         backoff_s: ceiling of the first backoff; doubles with every retry (see :func:`backoff_delay`).
         backoff_max_s: the ceiling stops doubling here.
         temperature, max_tokens, top_p: sampling settings sent with each request
-            (paper: temperature 0.7, thinking off).
+            (paper: temperature 0.7, thinking off); a :class:`~memalpha.reader.base.Sampling`
+            given to :meth:`chat` replaces ``temperature`` and ``max_tokens`` for its call.
         enable_thinking: sent as ``chat_template_kwargs`` (vLLM); ``None`` sends nothing.
         tokenizer: a tokenizer name/path for exact prompt budgets; ``None`` estimates.
         extra_body: more JSON fields merged into every request.
@@ -163,13 +164,17 @@ class OpenAIReader(Reader):
         return super().conversation_tokens(conversation)
 
     # -- HTTP -----------------------------------------------------------------------------
-    def request_body(self, conversation: Conversation) -> dict[str, Any]:
+    def request_body(self, conversation: Conversation, sampling: Sampling | None = None) -> dict[str, Any]:
+        """The JSON body of one request; ``sampling`` replaces the temperature and ``max_tokens``
+        where it sets them (``extra_body`` is merged last and wins over both)."""
+        temperature = self.temperature if sampling is None or sampling.temperature is None else sampling.temperature
+        max_tokens = self.max_tokens if sampling is None or sampling.max_tokens is None else sampling.max_tokens
         body: dict[str, Any] = {
             "model": self.model,
             "messages": conversation,
-            "temperature": self.temperature,
+            "temperature": temperature,
             "top_p": self.top_p,
-            "max_tokens": self.max_tokens,
+            "max_tokens": max_tokens,
         }
         if self.enable_thinking is not None:
             body["chat_template_kwargs"] = {"enable_thinking": self.enable_thinking}
@@ -211,8 +216,8 @@ class OpenAIReader(Reader):
             raise _Retryable(f"malformed reply from {self.url}: message content is {type(content).__name__}")
         return content
 
-    def _ask(self, conversation: Conversation) -> ReaderAnswer:
-        payload = json.dumps(self.request_body(conversation)).encode("utf-8")
+    def _ask(self, conversation: Conversation, sampling: Sampling | None = None) -> ReaderAnswer:
+        payload = json.dumps(self.request_body(conversation, sampling)).encode("utf-8")
         last_error = ""
         for attempt in range(self.max_retries + 1):
             if attempt:
@@ -229,8 +234,9 @@ class OpenAIReader(Reader):
                 return ReaderAnswer(text="", ok=False, error=f"{type(exc).__name__}: {exc}")
         return ReaderAnswer(text="", ok=False, error=f"gave up after {self.max_retries + 1} attempts: {last_error}")
 
-    def chat(self, conversations: Sequence[Conversation]) -> list[ReaderAnswer]:
+    def chat(self, conversations: Sequence[Conversation], sampling: Sampling | None = None) -> list[ReaderAnswer]:
+        """Reply to each conversation, ``sampling`` (if given) in every request's body."""
         if len(conversations) == 1 or self.max_concurrency == 1:
-            return [self._ask(c) for c in conversations]
+            return [self._ask(c, sampling) for c in conversations]
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(conversations))) as pool:
-            return list(pool.map(self._ask, conversations))
+            return list(pool.map(lambda c: self._ask(c, sampling), conversations))

@@ -5,7 +5,7 @@ braces doubled: ``{{`` and ``}}``). memalpha's own texts are ``memalpha.yaml`` n
 module, the default; a config replaces them all at once with ``rollout.prompt_templates: PATH``
 (``memalpha prompts import`` writes such a file from a local clone of the official Mem-α code,
 :mod:`memalpha.templates.official`). :func:`load_templates` checks the file: every field present
-(but the optional ``content_judge_system``), no other key, and each template holding exactly the
+(but the optional ``content_judge_system`` and ``content_judge_retry``), no other key, and each template holding exactly the
 placeholders its caller fills (:data:`PLACEHOLDERS`; ``tool_block_qwen`` may instead be a fixed
 text without any), so a wrong file fails when the config is read, not mid-run.
 
@@ -56,6 +56,7 @@ PLACEHOLDERS: dict[str, frozenset[str]] = {
         "content_judge_semantic": (),
         "content_judge_episodic": (),
         "content_judge_system": ("rules",),
+        "content_judge_retry": (),
     }.items()
 }
 """Each template's placeholders: exactly these, each filled by the code that renders it.
@@ -64,7 +65,7 @@ When a file defines ``content_judge_system`` (the judge's rules as a system mess
 ``content_judge`` is the user message alone and holds ``{kind}`` and ``{content}`` only
 (:func:`wanted_placeholders`)."""
 
-OPTIONAL_TEMPLATES: frozenset[str] = frozenset({"content_judge_system"})
+OPTIONAL_TEMPLATES: frozenset[str] = frozenset({"content_judge_system", "content_judge_retry"})
 """Templates a file may leave out (:class:`PromptTemplates` holds ``None`` for them)."""
 
 FIXED_TEMPLATES: frozenset[str] = frozenset({"tool_block_qwen"})
@@ -104,6 +105,11 @@ class PromptTemplates:
             messages, this text (with ``{rules}``) as the system message and ``content_judge``
             as the user message, as the official judge does; absent, it gets ``content_judge``
             as one user message.
+        content_judge_retry: Optional (``None``: absent). Appended to the content judge's user
+            message each time its judgement of a write is malformed and the write is asked again
+            (``reward.content_judge_attempts`` > 1), so the n-th ask carries it n - 1 times, as
+            the official per-call judge appends its sentence; absent, the write is asked again
+            with the same messages.
     """
 
     memorise_system: str
@@ -128,6 +134,7 @@ class PromptTemplates:
     content_judge_semantic: str
     content_judge_episodic: str
     content_judge_system: str | None = None
+    content_judge_retry: str | None = None
     source: str = DEFAULT_FILE
 
     def render(self, name: str, **values: object) -> str:

@@ -32,6 +32,8 @@ answer_user                ``memalpha/llm_agent/generation.py``: the text joinin
 content_judge_*            ``MemoryProcessor._get_analysis_prompt``: the rules, per memory type
 content_judge_system       ``{rules}``: the official judge's system message is the kind's rules alone
 content_judge              ``MemoryProcessor.analyze_memory_content``: the user f-string (the entry)
+content_judge_retry        ``MemoryProcessor.analyze_memory_content``: the text its retry loop appends
+                           (``+=``) to the user message's ``content`` after a malformed judgement
 answer_judge               ``long_context_eval.py``, ``LongContextEvaluator._compute_score``: the
                            ``template`` with three ``{}`` (question, rubric, response)
 tool_block_qwen            only with ``--qwen-agent DIR``: the memory tools of ``functions.py``
@@ -205,15 +207,28 @@ def _server_texts(server: _Source) -> dict[str, str]:
     if missing:
         raise OfficialTextError(f"{where_judge}: no analysis prompt for memory type(s) {missing}")
     where_user = f"{server.where}: MemoryProcessor.analyze_memory_content"
-    user = _find_fstring(server.function("MemoryProcessor.analyze_memory_content"), {"memory_type", "content"}, where_user)
+    analyze = server.function("MemoryProcessor.analyze_memory_content")
+    user = _find_fstring(analyze, {"memory_type", "content"}, where_user)
     return {
         "answer_system": with_core,
         "answer_system_no_core": no_core,
         "answer_view_empty_list": body,
         "content_judge_system": "{rules}",  # the rules alone are the judge's system message
         "content_judge": _fstring(user, {"memory_type": "{kind}", "content": "{content}"}, where_user),
+        "content_judge_retry": _escape(_retry_text(analyze, where_user)),
         **{f"content_judge_{kind}": _escape(text) for kind, text in rules.items()},
     }
+
+
+def _retry_text(analyze: ast.AST, where: str) -> str:
+    """The text the official per-call judge appends to its user message before asking again:
+    the string of ``messages[...]["content"] += "..."`` in ``analyze_memory_content``."""
+    found = [n.value.value for n in ast.walk(analyze)
+             if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add)
+             and isinstance(n.target, ast.Subscript) and isinstance(n.target.slice, ast.Constant)
+             and n.target.slice.value == "content"
+             and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)]
+    return _one(found, where, "text appended to the user message's content on a retry")
 
 
 def _instruction_join(generation: _Source) -> str:

@@ -47,6 +47,11 @@ PROFILES: dict[str, dict[str, Any]] = {
         "model.reward.call_success": "official",
         # answers compared as the official code does: first gold lower-cased, boxed digits, ...
         "model.reward.metric_style": "official",
+        # the content judge (r4, `reward.content_judge: llm`) as the official /analyze_function asks
+        # it: sampled at 0.1, up to 512 tokens, one ask, a reply well-formed only as a json fence
+        "model.reward.content_judge_temperature": 0.1,
+        "model.reward.content_judge_max_tokens": 512,
+        "model.reward.content_judge_parse": "official",
         # the schedule: 5 passes over the training data, rounds never spanning two passes, the
         # warm-up int(0.05 * rounds) rollout rounds long from a learning rate of 0
         "model.optimizer.schedule_unit": "round",
