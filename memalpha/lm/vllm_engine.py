@@ -18,7 +18,6 @@ server has exited, :class:`VllmEngineError` stops the round: no sample is ever m
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import random
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from memalpha.lm.generation import Generation, trim_at_eos
+from memalpha.lm.http_post import RefusedRequestError, RetryableRequestError, backoff_delay, post_json
 from memalpha.lm.vllm_server import VllmServer, VllmServerError
 from memalpha.seeding import stable_seed
 
@@ -133,10 +133,6 @@ def adapter_name(prefix: str, version: int) -> str:
     return f"{prefix}-v{version}"
 
 
-class _Retryable(Exception):
-    pass
-
-
 class VllmEngine:
     """Client of one vLLM server: generation with token ids, and versioned adapter sync.
 
@@ -145,7 +141,8 @@ class VllmEngine:
         adapter_prefix: served adapter names are ``<prefix>-v<version>``; make it unique per run
             when several runs share a server.
         timeout_s, max_retries, max_concurrency: see :class:`~memalpha.lm.vllm_settings.VllmSettings`.
-        backoff_s: first wait before a retry (doubles per retry).
+        backoff_s, backoff_max_s: the first retry waits up to ``backoff_s``, each later one up to
+            twice as long, at most ``backoff_max_s`` (:func:`~memalpha.lm.http_post.backoff_delay`).
         sleep: waits between attempts (tests pass a recorder).
     """
 
@@ -158,6 +155,7 @@ class VllmEngine:
         max_retries: int = 2,
         max_concurrency: int = 64,
         backoff_s: float = 1.0,
+        backoff_max_s: float = 30.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.server = server
@@ -166,46 +164,26 @@ class VllmEngine:
         self.max_retries = max_retries
         self.max_concurrency = max_concurrency
         self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
         self.sleep = sleep
         self.adapter_version: int | None = None  # the version generate samples with (None: base model)
         self.loaded: dict[int, str] = {}  # version -> served name, as loaded on the server
         self._rng = random.Random()
 
     # ------------------------------------------------------------------ HTTP
-    def _post_once(self, path: str, body: dict[str, Any]) -> bytes:
-        url = self.server.base_url + path
-        request = urllib.request.Request(
-            url, data=json.dumps(body).encode("utf-8"), headers={"Content-Type": "application/json"}, method="POST"
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return response.read()
-        except urllib.error.HTTPError as exc:
-            try:
-                detail = exc.read()[:300].decode("utf-8", "replace")
-            except (OSError, http.client.HTTPException):
-                detail = "(no readable body)"
-            message = f"HTTP {exc.code} from {url}: {detail}"
-            if exc.code >= 500 or exc.code == 429:
-                raise _Retryable(message) from None
-            raise VllmEngineError(message) from None
-        except TimeoutError:
-            raise _Retryable(f"timed out after {self.timeout_s}s waiting for {url}") from None
-        except urllib.error.URLError as exc:
-            raise _Retryable(f"cannot reach {url}: {exc.reason}") from None
-        except (OSError, http.client.HTTPException) as exc:
-            raise _Retryable(f"connection to {url} failed: {exc}") from None
-
     def _post(self, path: str, body: dict[str, Any]) -> bytes:
         """POST with retries; a server that has exited stops it at once, with its log's last lines."""
+        payload = json.dumps(body).encode("utf-8")
         last = ""
         for attempt in range(self.max_retries + 1):
             if attempt:
-                self.sleep(self.backoff_s * 2 ** (attempt - 1) * (0.5 + 0.5 * self._rng.random()))
+                self.sleep(backoff_delay(attempt, self.backoff_s, self.backoff_max_s, self._rng))
             self._check_alive()
             try:
-                return self._post_once(path, body)
-            except _Retryable as exc:
+                return post_json(self.server.base_url + path, payload, timeout_s=self.timeout_s)
+            except RefusedRequestError as exc:
+                raise VllmEngineError(str(exc)) from None
+            except RetryableRequestError as exc:
                 last = str(exc)
                 logger.info("vLLM request attempt %d/%d failed: %s", attempt + 1, self.max_retries + 1, exc)
         self._check_alive()

@@ -3,7 +3,7 @@
 Requests go out concurrently (``max_concurrency`` threads, stdlib HTTP only). A request
 that times out, cannot connect, loses its connection, gets a 5xx/429 reply, or returns a
 malformed body (not JSON, no ``choices``) is retried up to ``max_retries`` times, waiting
-:func:`backoff_delay` before each retry; other 4xx replies are not retried. What still fails
+:func:`~memalpha.lm.http_post.backoff_delay` before each retry; other 4xx replies are not retried. What still fails
 becomes a failed :class:`ReaderAnswer`: nothing a server does can raise out of this reader, so
 a reader outage costs a training run its scores for that while, never the run.
 
@@ -14,19 +14,17 @@ servers accept.
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import math
 import os
 import random
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from memalpha.lm.http_post import RefusedRequestError, RetryableRequestError, backoff_delay, post_json
 from memalpha.reader.base import Conversation, Reader, ReaderAnswer, Sampling
 from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.reader.retrieval import DEFAULT_SYSTEM_PROMPT_LIMIT, DEFAULT_TOP_K
@@ -37,26 +35,6 @@ logger = logging.getLogger(__name__)
 CHARS_PER_TOKEN_ESTIMATE = 3.0
 """Without a tokenizer, prompt length is estimated as characters / 3 (an overestimate for
 English under GPT/Qwen tokenizers, so budgets err on the safe side)."""
-
-
-class _Retryable(Exception):
-    """A failure that may pass: the attempt is repeated after a backoff."""
-
-
-class _NotRetried(Exception):
-    """A failure that a repeat would meet again (a 4xx other than 429: the request itself is refused)."""
-
-
-def backoff_delay(retry: int, first_s: float, max_s: float, rng: random.Random) -> float:
-    """Seconds to wait before retry number ``retry`` (1 for the first retry).
-
-    The ceiling doubles with every retry from ``first_s`` up to ``max_s``; the wait is drawn
-    uniformly from the ceiling's upper half. The jitter keeps the many requests that failed
-    together (one round's questions, or every rank's) from hitting a recovering server in
-    lockstep, and the lower half bound keeps the wait growing from retry to retry.
-    """
-    ceiling = min(max_s, first_s * 2.0 ** min(retry - 1, 60))
-    return ceiling * (0.5 + 0.5 * rng.random())
 
 
 class OpenAIReader(Reader):
@@ -70,7 +48,7 @@ class OpenAIReader(Reader):
         timeout_s: per-request socket timeout.
         max_retries: retries after the first attempt for timeouts, refused or dropped
             connections, 5xx/429 and malformed replies.
-        backoff_s: ceiling of the first backoff; doubles with every retry (see :func:`backoff_delay`).
+        backoff_s: ceiling of the first backoff; doubles with every retry (see :func:`~memalpha.lm.http_post.backoff_delay`).
         backoff_max_s: the ceiling stops doubling here.
         temperature, max_tokens, top_p: sampling settings sent with each request
             (paper: temperature 0.7, thinking off); a :class:`~memalpha.reader.base.Sampling`
@@ -182,38 +160,18 @@ class OpenAIReader(Reader):
         return body
 
     def _post_once(self, payload: bytes) -> str:
-        headers = {"Content-Type": "application/json"}
+        headers = {}
         key = os.environ.get(self.api_key_env)
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        request = urllib.request.Request(self.url, data=payload, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as exc:
-            try:
-                detail = exc.read()[:300].decode("utf-8", "replace")
-            except (OSError, http.client.HTTPException):  # the error body itself was cut off
-                detail = "(no readable body)"
-            message = f"HTTP {exc.code} from {self.url}: {detail}"
-            if exc.code >= 500 or exc.code == 429:
-                raise _Retryable(message) from exc
-            raise _NotRetried(message) from exc
-        except TimeoutError as exc:
-            raise _Retryable(f"timed out after {self.timeout_s}s waiting for {self.url}") from exc
-        except urllib.error.URLError as exc:
-            if isinstance(exc.reason, TimeoutError):
-                raise _Retryable(f"timed out after {self.timeout_s}s connecting to {self.url}") from exc
-            raise _Retryable(f"cannot reach {self.url}: {exc.reason}") from exc
-        except (OSError, http.client.HTTPException) as exc:
-            raise _Retryable(f"connection to {self.url} failed: {exc}") from exc
+        raw = post_json(self.url, payload, timeout_s=self.timeout_s, headers=headers)
         try:
             data = json.loads(raw)
             content = data["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise _Retryable(f"malformed reply from {self.url}: {raw[:200]!r}") from exc
+            raise RetryableRequestError(f"malformed reply from {self.url}: {raw[:200]!r}") from exc
         if not isinstance(content, str):
-            raise _Retryable(f"malformed reply from {self.url}: message content is {type(content).__name__}")
+            raise RetryableRequestError(f"malformed reply from {self.url}: message content is {type(content).__name__}")
         return content
 
     def _ask(self, conversation: Conversation, sampling: Sampling | None = None) -> ReaderAnswer:
@@ -224,10 +182,10 @@ class OpenAIReader(Reader):
                 self.sleep(backoff_delay(attempt, self.backoff_s, self.backoff_max_s, self.rng))
             try:
                 return ReaderAnswer(text=self._post_once(payload), ok=True, error=None)
-            except _Retryable as exc:
+            except RetryableRequestError as exc:
                 last_error = str(exc)
                 logger.info("reader request attempt %d/%d failed: %s", attempt + 1, self.max_retries + 1, exc)
-            except _NotRetried as exc:
+            except RefusedRequestError as exc:
                 return ReaderAnswer(text="", ok=False, error=str(exc))
             except Exception as exc:  # anything unforeseen fails this item only
                 logger.exception("reader request to %s failed unexpectedly", self.url)
