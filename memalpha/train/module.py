@@ -38,7 +38,7 @@ from memalpha.reader.base import Reader
 from memalpha.reader.settings import ReaderSettings
 from memalpha.seeding import stable_seed
 from memalpha.train.datamodule import InstanceRound
-from memalpha.train.engine_sync import EngineSync, check_versions, sampler_logprob_gap
+from memalpha.train.engine_sync import EngineShutdown, EngineSync, check_versions, sampler_logprob_gap
 from memalpha.train.policy_module import PolicyModule, typed
 from memalpha.train.round_report import rollout_text, round_metrics
 from memalpha.train.validation_report import summarise_records, write_validation_report
@@ -178,6 +178,10 @@ class GRPOModule(PolicyModule):
             return None
         server = self._engine_sync().start().server
         return server.base_url + "/v1", server.served_name, resolve_model_path(self.hparams.model)
+
+    def configure_callbacks(self):
+        """With ``rollout.engine: vllm``, :class:`~memalpha.train.engine_sync.EngineShutdown`."""
+        return [EngineShutdown()] if self.rollout_settings.engine == "vllm" else []
 
     def teardown(self, stage: str) -> None:
         if self.engine_sync is not None:
