@@ -4,7 +4,7 @@ Run:  make learning-curve         (from a fresh clone)
       HF_HUB_OFFLINE=1 .venv/bin/python experiments/learning_curve.py
           [--config configs/tiny_cpu.yaml] [--sft-config configs/sft_tiny_cpu.yaml]
           [--demos 24] [--sft-steps 6] [--steps 20] [--every 5] [--val 32] [--seeds 0]
-          [--learning-rate LR] [--run-dir runs/learning_curve] [--out PATH] [--reuse]
+          [--learning-rate LR] [--questions Q] [--run-dir runs/learning_curve] [--out PATH] [--reuse]
 
 Every stage is the user's command line (``memalpha data demos``, ``memalpha sft``,
 ``memalpha validate``, ``memalpha fit``) on configs derived from ``--config`` and
@@ -134,6 +134,8 @@ def fit_config(base: dict[str, Any], run_dir: Path, args: argparse.Namespace, se
     if args.learning_rate is not None:
         config["model"].setdefault("optimizer", {})["learning_rate"] = args.learning_rate
     config["data"]["synthetic_val"] = args.val
+    if args.questions is not None:  # more questions per instance make r1 (and accuracy) finer-grained
+        config["data"]["synthetic_questions"] = args.questions
     config["data"]["val_path"] = None
     return config
 
@@ -201,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--val", type=int, default=32, help="held-out synthetic validation instances")
     parser.add_argument("--seeds", default="0", help="comma-separated GRPO seeds (the SFT start is shared)")
     parser.add_argument("--learning-rate", type=float, default=None, help="override model.optimizer.learning_rate")
+    parser.add_argument("--questions", type=int, default=None,
+                        help="override data.synthetic_questions (questions per training and validation instance)")
     parser.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "learning_curve")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "learning_curve.json")
     parser.add_argument("--reuse", action="store_true", help="keep the stages whose outputs exist")
@@ -208,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("demos", "sft_steps", "steps", "every", "val"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.questions is not None and args.questions < 1:
+        parser.error(f"--questions must be >= 1, got {args.questions}")
     if args.steps % args.every:
         parser.error(f"--steps ({args.steps}) must be a multiple of --every ({args.every})")
     try:
@@ -273,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {
             "config": str(args.config), "sft_config": str(args.sft_config), "demos": args.demos,
             "sft_steps": args.sft_steps, "steps": args.steps, "every": args.every, "val_instances": args.val,
-            "seeds": seeds, "learning_rate": args.learning_rate,
+            "seeds": seeds, "learning_rate": args.learning_rate, "questions": args.questions,
         },
         "seeds": seed_runs,
         "wall_s": round(time.perf_counter() - started, 1),
