@@ -203,15 +203,17 @@ def test_the_reader_model_receives_the_instruction_before_the_question(tiny_mode
     import torch
     from transformers import AutoModelForCausalLM
 
+    from memalpha.lm import generation
+
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     seen: list[list[int]] = []
-    original = model.generate
+    original = generation.generate
 
-    def recording_generate(*args, **kwargs):
-        seen.extend(kwargs["input_ids"].tolist())
-        return original(*args, **kwargs)
+    def recording_generate(model, tokenizer, prompt_ids, **kwargs):
+        seen.extend(prompt_ids)
+        return original(model, tokenizer, prompt_ids, **kwargs)
 
-    monkeypatch.setattr(model, "generate", recording_generate)
+    monkeypatch.setattr(generation, "generate", recording_generate)
     pubmed = load_instances(PUBMED_PARQUET, limit=1)[0]
     pubmed = Instance(pubmed.instance_id, pubmed.data_source, pubmed.chunks[:1], pubmed.questions[:2])
     squad = Instance("squad-1", "squad", ["Oslo is in Norway."], [QA("Where is Oslo?", "Norway")])

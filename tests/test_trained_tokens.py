@@ -149,25 +149,24 @@ def test_a_marker_inside_reasoning_ends_nothing(tokenizer):
 # ---------------------------------------------------------------------------------------
 
 
-def script_generation(monkeypatch, model, tokenizer, responses: list[str]) -> list[list[int]]:
-    """Make ``model.generate`` answer prompt ``i`` of each call with ``responses[i]`` and the end token.
+def script_generation(monkeypatch, tokenizer, responses: list[str]) -> list[list[int]]:
+    """Make the decoding loop answer prompt ``i`` of each batch with ``responses[i]`` and the end token.
 
     A tiny random model does not write tool calls, let alone made-up results, so the sampled
     tokens are scripted; everything around them (the prompts, the batched generation with its
     prefix cache, parsing, execution, samples, rewards, log-probs, the update) runs for real.
     """
+    from memalpha.lm import generation
+
     script = [ids_of(tokenizer, text) + [tokenizer.eos_token_id] for text in responses]
 
-    def scripted(*, input_ids, generation_config, **_):
-        width = max(len(s) for s in script)
-        assert width <= generation_config.max_new_tokens
-        rows = [
-            row + script[i] + [tokenizer.pad_token_id] * (width - len(script[i]))
-            for i, row in enumerate(input_ids.tolist())
-        ]
-        return torch.tensor(rows, device=input_ids.device)
+    def scripted(decoder, head, config, batch, cache, *, max_new_tokens, eos_ids, pick):
+        assert max(len(s) for s in script) <= max_new_tokens
+        assert tokenizer.eos_token_id in eos_ids
+        rows = batch.input_ids.shape[0]
+        return [list(script[i]) for i in range(rows)], [False] * rows
 
-    monkeypatch.setattr(model, "generate", scripted)
+    monkeypatch.setattr(generation, "decode", scripted)
     return script
 
 
@@ -184,7 +183,7 @@ def test_a_rollout_trains_nothing_after_the_marker_and_still_executes_the_calls(
     policy, _ = load_policy(tiny_model_dir, lora=LoraSettings(r=4, alpha=8))
     hallucinated = f"{call}\n{marker}: {MADE_UP}\n"
     responses = [f"{marker}: {MADE_UP}", hallucinated, call]  # nothing but a result / made-up result / clean
-    script = script_generation(monkeypatch, policy, tokenizer, responses)
+    script = script_generation(monkeypatch, tokenizer, responses)
     reader = LocalReader(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tokenizer, max_new_tokens=2)
     instance = Instance("anna", "synth_personal", [FACT["content"]], [QA("Where does Anna live?", "Oslo")])
     settings = RolloutSettings(group_size=3, max_new_tokens=64, max_prompt_tokens=4096, call_format=fmt.name,

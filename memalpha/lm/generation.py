@@ -1,7 +1,8 @@
-"""Batched sampling from a causal LM: left-padded prompts, a preallocated KV cache, shared prefixes.
+"""Batched sampling from a causal LM: left-padded prompts, shared prefixes, memalpha's decoding loop.
 
 Prompts are laid out as in :mod:`memalpha.lm.layout`; with ``share_prefix`` the tokens the
-prompts of a batch share are computed once (:mod:`memalpha.lm.prefix_cache`).
+prompts of a batch share are computed once (:mod:`memalpha.lm.prefix_cache`); the new tokens
+come from :func:`memalpha.lm.decode.decode` (``model.generate`` for decoders it does not take).
 """
 
 from __future__ import annotations
@@ -10,14 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
+from memalpha.lm.decode import decode, growing_cache
 from memalpha.lm.layout import PaddedBatch, check_pairs, pad_prompt_response
-from memalpha.lm.prefix_cache import (
-    can_share_cache,
-    preallocated_cache,
-    prompt_cache,
-    shared_prefix,
-    split_decoder_and_head,
-)
+from memalpha.lm.prefix_cache import can_share_cache, prompt_cache, shared_prefix, split_decoder_and_head
+from memalpha.lm.sampling import next_tokens
 
 
 @dataclass
@@ -103,19 +100,22 @@ def generate(
 ) -> Generation:
     """Sample responses for token-id prompts, batched and left-padded, with the KV cache.
 
-    One ``model.generate`` call per batch of ``batch_size`` prompts (all prompts in one batch when
-    None), under ``torch.no_grad()`` and in eval mode (the training mode is restored afterwards,
-    so dropout and gradient checkpointing are off while sampling). Sampling applies temperature,
-    then top-k (0 = off), then top-p (1.0 = off), as ``transformers`` does; ``do_sample=False`` is
-    greedy. Generation stops at the end-of-sequence token(s): ``eos_token_id`` if given, else the
-    model's generation config, else the tokenizer's. With ``seed`` the global RNG is forked and
-    seeded, so the same call returns the same samples and the caller's RNG is left untouched.
+    One decoding loop per batch of ``batch_size`` prompts (all prompts in one batch when None),
+    under ``torch.no_grad()`` and in eval mode (the training mode is restored afterwards, so
+    dropout and gradient checkpointing are off while sampling). Sampling applies temperature,
+    then top-k (0 = off), then top-p (1.0 = off), as ``transformers`` does
+    (:mod:`memalpha.lm.sampling`); ``do_sample=False`` is greedy. A row stops at the
+    end-of-sequence token(s): ``eos_token_id`` if given, else the model's generation config,
+    else the tokenizer's. With ``seed`` the global RNG is forked and seeded, so the same call
+    returns the same samples and the caller's RNG is left untouched.
 
     With ``share_prefix`` (the default) the tokens that the prompts of a batch share -- their
     common prefix, and whole prompts repeated by a group -- are pre-filled once and their
     key/value cache is repeated to every row (:mod:`memalpha.lm.prefix_cache`); the samples are
-    those of the plain batch up to float rounding. The cache is preallocated for the prompt
-    plus ``max_new_tokens`` and filled in place, instead of growing by concatenation.
+    those of the plain batch up to float rounding. The loop (:func:`memalpha.lm.decode.decode`)
+    writes into a cache allocated once for the prompt plus ``max_new_tokens`` and drops rows as
+    they finish; decoders with sliding-window or other non-plain attention layers sample through
+    ``model.generate`` instead, with the same filters.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -142,7 +142,11 @@ def generate(
         **sampling,
     )
     device = _model_device(model)
-    decoder = split_decoder_and_head(model)[0]
+    decoder, head, model_config = split_decoder_and_head(model)
+
+    def pick(logits: torch.Tensor) -> torch.Tensor:
+        return next_tokens(logits, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
+
     step = batch_size or max(len(prompt_ids), 1)
     responses: list[list[int]] = []
     truncated: list[bool] = []
@@ -161,19 +165,33 @@ def generate(
                     chunk, [[] for _ in chunk], pad_id, device, shared_prefix=prefix.length if prefix else 0
                 )
                 cache = prompt_cache(decoder, padded, chunk, prefix) if share_prefix else None
-                room = preallocated_cache(decoder, padded.input_ids.shape[1] + max_new_tokens, cache)
-                sequences = model.generate(
-                    input_ids=padded.input_ids,
-                    attention_mask=padded.attention_mask,
-                    past_key_values=room if room is not None else cache,
-                    generation_config=config,
-                )
+                room = growing_cache(decoder, padded.input_ids.shape[1] + max_new_tokens, cache)
+                if room is not None:
+                    kept, cut = decode(
+                        decoder, head, model_config, padded, room,
+                        max_new_tokens=max_new_tokens, eos_ids=eos_ids, pick=pick,
+                    )
+                else:
+                    kept, cut = _hf_generate(model, padded, cache, config, eos_ids)
                 del cache, room
-                new_tokens = sequences[:, padded.input_ids.shape[1] :].tolist()
-                for tokens in new_tokens:
-                    kept, cut = trim_at_eos(tokens, eos_ids)
-                    responses.append(kept)
-                    truncated.append(cut)
+                responses.extend(kept)
+                truncated.extend(cut)
     finally:
         model.train(was_training)
     return Generation(prompt_ids=[list(p) for p in prompt_ids], response_ids=responses, truncated=truncated)
+
+
+def _hf_generate(model, padded: PaddedBatch, cache, config, eos_ids: list[int]) -> tuple[list[list[int]], list[bool]]:
+    """``model.generate`` on one laid-out batch (``cache`` holding its first columns, or None)."""
+    sequences = model.generate(
+        input_ids=padded.input_ids,
+        attention_mask=padded.attention_mask,
+        past_key_values=cache,
+        generation_config=config,
+    )
+    kept, cut = [], []
+    for tokens in sequences[:, padded.input_ids.shape[1] :].tolist():
+        response, ran_out = trim_at_eos(tokens, eos_ids)
+        kept.append(response)
+        cut.append(ran_out)
+    return kept, cut

@@ -40,7 +40,7 @@ def score_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _finalise_logits(logits: torch.Tensor, config) -> torch.Tensor:
+def finalise_logits(logits: torch.Tensor, config) -> torch.Tensor:
     """Architecture-specific logit transforms that ``*ForCausalLM.forward`` applies after the head."""
     scale = getattr(config, "logit_scale", None)
     if scale is not None:
@@ -62,7 +62,7 @@ def _head_logits(head, hidden: torch.Tensor, config, columns: slice | None) -> t
             )
         bias = head.bias[columns] if head.bias is not None else None
         logits = torch.nn.functional.linear(hidden, head.weight[columns], bias)
-    return _finalise_logits(logits.to(score_dtype(logits.dtype)), config)
+    return finalise_logits(logits.to(score_dtype(logits.dtype)), config)
 
 
 def _vocab_slices(vocab: int, vocab_chunk: int | None) -> list[slice | None]:
