@@ -179,3 +179,24 @@ def test_growing_cache_holds_the_filled_columns_and_refuses_sliding_windows(poli
     )
     assert full_attention_layers(windowed) is None
     assert full_attention_layers(decoder.config) == 2
+
+
+def test_a_sliding_window_decoder_samples_through_model_generate(tokenizer):
+    """A decoder with sliding-window layers is not the loop's: ``generate`` hands it to
+    ``model.generate`` and returns what that gives, trimmed at the end token."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        sliding_window=4, vocab_size=128, max_position_embeddings=64, initializer_range=0.3,
+    )
+    model = MistralForCausalLM(config).to(torch.float64).eval()
+    assert full_attention_layers(config) is None
+    prompts = [[5, 6, 7, 8, 9, 10], [5, 6, 7, 11]]
+    ours = generate(model, tokenizer, prompts, max_new_tokens=6, do_sample=False, eos_token_id=NEVER)
+    for prompt, response in zip(prompts, ours.response_ids):
+        ids = torch.tensor([prompt])
+        alone = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+                               do_sample=False, eos_token_id=NEVER, pad_token_id=0)
+        assert response == alone[0, len(prompt):].tolist()
