@@ -121,9 +121,10 @@ def decode(
 
     ``cache`` is a :func:`growing_cache` holding the batch's first ``cache.get_seq_length()``
     columns (0 or more; the rest of the prompt runs in the first step) with room for
-    ``max_new_tokens`` more. ``pick`` maps ``[B, V]`` logits (float32, float64 for a float64 model) to ``[B]`` token ids. Returns
-    each row's tokens up to and including its first end-of-sequence token, and whether the row
-    ran out of ``max_new_tokens`` without one. Call under ``torch.no_grad()``.
+    ``max_new_tokens`` more. ``pick`` maps ``[B, V]`` logits (float32; float64 for a float64
+    model) to ``[B]`` token ids. Returns each row's tokens up to and including its first
+    end-of-sequence token, and whether the row ran out of ``max_new_tokens`` without one.
+    Call under ``torch.no_grad()``.
     """
     rows = batch.input_ids.shape[0]
     start = cache.get_seq_length()

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from transformers import Cache
 
 
-
 def split_decoder_and_head(model) -> tuple[torch.nn.Module, torch.nn.Module, object]:
     """The decoder stack, the output head and the config of a (PEFT-wrapped) causal LM.
 
