@@ -175,7 +175,10 @@ class RolloutDataModule(LightningDataModule):
         tokenizer_name: str | None = None,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        # kept in checkpoints and in the run's config.yaml, but not handed to the loggers: Lightning
+        # merges module and data hyperparameters there and refuses keys that differ, and both
+        # have a ``seed`` (model.seed and data.seed are separate settings)
+        self.save_hyperparameters(logger=False)
         check_data_settings(self.hparams)
         self.train_instances: list[Instance] = []
         self.val_instances: list[Instance] = []
