@@ -8,10 +8,10 @@ import torch
 from conftest import SMALL_VOCAB, build_tiny_model_dir, randomise_lora_b
 
 from memalpha.lm import generation
-from memalpha.lm.decode import GrowingLayer, full_attention_layers, growing_cache
+from memalpha.lm.decode import GrowingLayer, growing_cache
 from memalpha.lm.generation import generate
 from memalpha.lm.policy import LoraSettings, load_policy
-from memalpha.lm.prefix_cache import SharedPrefix, split_decoder_and_head
+from memalpha.lm.prefix_cache import SharedPrefix, full_attention_layers, split_decoder_and_head
 from memalpha.lm.sampling import draw, filter_logits, next_tokens
 
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]
@@ -112,7 +112,7 @@ def staggered_end_token(model, tokenizer) -> int:
         ends = [row.index(token) if token in row else None for row in free]
         if any(end is None or end > step for end in ends[1:]):
             return token
-    pytest.skip("the random model's greedy rows do not end apart")
+    pytest.fail("the random model's greedy rows do not end apart: pick another prompt set")
 
 
 @pytest.mark.parametrize("share_prefix", [True, False])
@@ -200,3 +200,20 @@ def test_a_sliding_window_decoder_samples_through_model_generate(tokenizer):
         alone = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
                                do_sample=False, eos_token_id=NEVER, pad_token_id=0)
         assert response == alone[0, len(prompt):].tolist()
+
+
+def test_growing_layer_crops_and_repeats_its_rows(policy):
+    model, _ = policy
+    decoder = split_decoder_and_head(model)[0]
+    with torch.no_grad():
+        prefix = SharedPrefix.compute(decoder, SYSTEM)
+    keys, values = prefix.layers[0]
+    layer = GrowingLayer(12)
+    layer.update(keys, values)
+    layer.batch_repeat_interleave(3)
+    assert torch.equal(layer.keys, keys.expand(3, -1, -1, -1))
+    layer.crop(-3)
+    assert layer.get_seq_length() == len(SYSTEM) - 3
+    assert torch.equal(layer.values, values[:, :, :-3].expand(3, -1, -1, -1))
+    with pytest.raises(ValueError, match="negative number"):
+        layer.crop(2)

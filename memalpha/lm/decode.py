@@ -22,16 +22,13 @@ sampling. Only decoders whose every layer is plain full attention qualify
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import torch
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer
 
 from memalpha.lm.layout import PaddedBatch
 from memalpha.lm.logprobs import finalise_logits, score_dtype
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedConfig
+from memalpha.lm.prefix_cache import full_attention_layers
 
 
 class GrowingLayer(DynamicLayer):
@@ -78,18 +75,18 @@ class GrowingLayer(DynamicLayer):
         self.batch_select_indices(beam_idx)
 
     def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("a GrowingLayer is not cropped")
+        """Forget the last ``-tokens_to_remove`` columns (the negative count ``transformers`` passes)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes the negative number of columns to drop, got {tokens_to_remove}")
+        self.filled = max(self.filled + tokens_to_remove, 0)
+        if self.is_initialized:
+            self._expose()
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        raise NotImplementedError("a GrowingLayer is not repeated; repeat the cache it is filled from")
-
-
-def full_attention_layers(config: PreTrainedConfig) -> int | None:
-    """The number of decoder layers when every one is plain full attention, else None."""
-    layers = DynamicCache(config=config).layers
-    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
-        return None
-    return len(layers)
+        if self.is_initialized:
+            self.key_buffer = self.key_buffer.repeat_interleave(repeats, dim=0)
+            self.value_buffer = self.value_buffer.repeat_interleave(repeats, dim=0)
+            self._expose()
 
 
 def growing_cache(decoder, capacity: int, filled: Cache | None = None) -> Cache | None:

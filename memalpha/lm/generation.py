@@ -124,23 +124,8 @@ def generate(
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
     check_pairs(prompt_ids, None)
-    from transformers import GenerationConfig
-
     eos_ids = resolve_eos_ids(model, tokenizer, eos_token_id)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-    sampling = (
-        {"do_sample": True, "temperature": float(temperature), "top_p": float(top_p), "top_k": int(top_k)}
-        if do_sample
-        else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
-    )
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        eos_token_id=eos_ids,
-        pad_token_id=pad_id,
-        use_cache=True,
-        num_beams=1,
-        **sampling,
-    )
     device = _model_device(model)
     decoder, head, model_config = split_decoder_and_head(model)
 
@@ -172,7 +157,9 @@ def generate(
                         max_new_tokens=max_new_tokens, eos_ids=eos_ids, pick=pick,
                     )
                 else:
-                    kept, cut = _hf_generate(model, padded, cache, config, eos_ids)
+                    kept, cut = _hf_generate(
+                        model, padded, eos_ids, pad_id, max_new_tokens, do_sample, temperature, top_k, top_p
+                    )
                 del cache, room
                 responses.extend(kept)
                 truncated.extend(cut)
@@ -181,13 +168,25 @@ def generate(
     return Generation(prompt_ids=[list(p) for p in prompt_ids], response_ids=responses, truncated=truncated)
 
 
-def _hf_generate(model, padded: PaddedBatch, cache, config, eos_ids: list[int]) -> tuple[list[list[int]], list[bool]]:
-    """``model.generate`` on one laid-out batch (``cache`` holding its first columns, or None)."""
+def _hf_generate(
+    model, padded: PaddedBatch, eos_ids: list[int], pad_id: int, max_new_tokens: int,
+    do_sample: bool, temperature: float, top_k: int, top_p: float,
+) -> tuple[list[list[int]], list[bool]]:
+    """``model.generate`` on one laid-out batch, for decoders :func:`~memalpha.lm.decode.decode`
+    does not take (they share no cache either: :func:`~memalpha.lm.prefix_cache.can_share_cache`)."""
+    from transformers import GenerationConfig
+
+    sampling = (
+        {"do_sample": True, "temperature": float(temperature), "top_p": float(top_p), "top_k": int(top_k)}
+        if do_sample
+        else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    )
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id, use_cache=True, num_beams=1,
+        **sampling,
+    )
     sequences = model.generate(
-        input_ids=padded.input_ids,
-        attention_mask=padded.attention_mask,
-        past_key_values=cache,
-        generation_config=config,
+        input_ids=padded.input_ids, attention_mask=padded.attention_mask, generation_config=config
     )
     kept, cut = [], []
     for tokens in sequences[:, padded.input_ids.shape[1] :].tolist():

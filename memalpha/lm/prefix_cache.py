@@ -184,11 +184,24 @@ class SharedPrefix:
         return torch.stack(terms).sum()
 
 
+def full_attention_layers(config) -> int | None:
+    """The number of decoder layers when every one is plain full attention (a
+    :class:`~transformers.DynamicLayer`), else None: sliding-window, chunked, indexed or
+    linear-attention layers keep or cut their caches in ways a copied cache cannot follow."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    layers = DynamicCache(config=config).layers
+    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        return None
+    return len(layers)
+
+
 def can_share_cache(decoder) -> bool:
     """Whether rows of a batch may share computed keys and values: not while the decoder drops
-    caches (gradient checkpointing in training), nor with sliding-window layers (a cut cache
-    could not be repeated and extended as one). Every sharing path asks this one question."""
-    return cache_is_kept(decoder) and not any(getattr(layer, "is_sliding", False) for layer in new_cache(decoder).layers)
+    caches (gradient checkpointing in training), nor unless every layer is plain full attention
+    (a sliding window's cut cache could not be repeated and extended as one). Every sharing path
+    asks this one question."""
+    return cache_is_kept(decoder) and full_attention_layers(decoder.config) is not None
 
 
 def shared_prefix(decoder, rows: Sequence[Sequence[int]]) -> SharedPrefix | None:
