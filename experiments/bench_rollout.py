@@ -193,6 +193,7 @@ def bench_step(
         seed=seed,
         group_size=group_size,
         share_prefix=module.lm_settings.share_prefix,
+        fold_adapters=module.lm_settings.fold_adapters_for_sampling,
         engine=engine,
     )
     gap = None

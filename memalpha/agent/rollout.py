@@ -303,13 +303,14 @@ def memorise_chunks(
     seed: int,
     do_sample: bool,
     share_prefix: bool,
+    fold_adapters: bool = False,
     engine: GenerateFn | None = None,
 ) -> int:
     """Phase 1: every rollout reads its instance chunk by chunk and writes its memory.
 
     For chunk index ``i`` the live rollouts (instances with fewer chunks have dropped out) get
     one batched ``generate`` (``engine`` when given, e.g. a vLLM server, else the policy in
-    this process); each response is parsed and executed on its own rollout's memory,
+    this process, with its LoRA layers folded when ``fold_adapters``); each response is parsed and executed on its own rollout's memory,
     and the turn is appended to the rollout (a :class:`TurnSample`, its calls, a log entry).
     Returns the number of generated tokens.
     """
@@ -331,7 +332,7 @@ def memorise_chunks(
                 )[1]
                 for r in live
             ]
-            generation = (engine or partial(generate, model, tokenizer))(
+            generation = (engine or partial(generate, model, tokenizer, fold_adapters=fold_adapters))(
                 prompts,
                 max_new_tokens=settings.max_new_tokens,
                 temperature=settings.temperature,
@@ -497,6 +498,7 @@ def run_rollouts(
     group_size: int | None = None,
     judge_reader: Reader | None = None,
     share_prefix: bool = True,
+    fold_adapters: bool = False,
     engine: GenerateFn | None = None,
 ) -> RolloutOutput:
     """``group_size`` rollouts for every instance (default ``settings.group_size``): memorise the
@@ -504,7 +506,8 @@ def run_rollouts(
 
     ``group_id`` of a sample is the instance's position in ``instances``. ``share_prefix`` lets
     each ``generate`` call compute the prompt tokens its rows share once
-    (:mod:`memalpha.lm.prefix_cache`). The answer metric of each source comes from
+    (:mod:`memalpha.lm.prefix_cache`); ``fold_adapters`` runs the policy's LoRA layers folded while
+    it samples (:mod:`memalpha.lm.folded_lora`). The answer metric of each source comes from
     ``weights.metric_overrides`` first; answers are compared in ``weights.metric_style``.
     ``engine`` generates the agent's turns instead of the policy (see :func:`memorise_chunks`).
     """
@@ -515,7 +518,7 @@ def run_rollouts(
     start = time.perf_counter()
     generated_tokens = memorise_chunks(
         rollouts, model, tokenizer, settings, seed=seed, do_sample=do_sample, share_prefix=share_prefix,
-        engine=engine,
+        fold_adapters=fold_adapters, engine=engine,
     )
     rollout_s = time.perf_counter() - start
     readers = [reader] if judge_reader is None or judge_reader is reader else [reader, judge_reader]

@@ -163,6 +163,7 @@ def train_single_turn(
             top_p=s.top_p,
             seed=s.seed * 100_003 + step,
             share_prefix=s.lm.share_prefix,
+            fold_adapters=s.lm.fold_adapters_for_sampling,
         )
         gen_s = time.perf_counter() - start
         completions = [tokenizer.decode(r, skip_special_tokens=True) for r in generation.response_ids]

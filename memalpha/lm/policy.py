@@ -80,12 +80,19 @@ class LMSettings:
             key/value cache: the system prompt every turn starts with, and prompts a group repeats
             (generation, reference and policy passes). Off runs every row in full; the results agree
             up to float rounding, so this is only for comparisons.
+        fold_adapters_for_sampling: While the policy samples, run each LoRA linear layer as one
+            product with the update folded into a temporary copy of its weight (``W + s B A``,
+            computed once per generation call) instead of the base product plus two thin ones;
+            ~15 % faster decoding on the embedded model on CPU, samples equal up to float
+            rounding. Costs one copy of the adapted weights during sampling: turn it off when
+            that does not fit. 4-bit bases and LoRA variants (DoRA) are never folded.
     """
 
     precision: Precision = "fp32"
     compute_dtype: ComputeDtype = "bfloat16"
     gradient_checkpointing: bool = False
     share_prefix: bool = True
+    fold_adapters_for_sampling: bool = True
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

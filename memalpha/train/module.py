@@ -201,6 +201,7 @@ class GRPOModule(PolicyModule):
             do_sample=not greedy,
             group_size=1 if greedy else None,
             share_prefix=self.lm_settings.share_prefix,
+            fold_adapters=self.lm_settings.fold_adapters_for_sampling,
             engine=self._engine(),
         )
 
