@@ -57,6 +57,27 @@ def folded_weight(module, adapters: list[str]) -> torch.Tensor:
     return weight
 
 
+def effective_weight(module) -> torch.Tensor | None:
+    """The weight ``module`` applies, adapters included: a ``torch.nn.Linear``'s own weight, a
+    PEFT LoRA layer's base weight while its adapters are off (or merged), its folded weight while
+    plain adapters are on; None for anything else (4-bit layers, DoRA, a LoRA bias, other types)."""
+    if type(module) is torch.nn.Linear:
+        return module.weight.detach()
+    adapters = _active_plain_adapters(module)
+    if adapters is not None:
+        return folded_weight(module, adapters)
+    try:
+        from peft.tuners.lora.layer import Linear as LoraLinear
+    except ImportError:
+        return None
+    if type(module) is LoraLinear:
+        base = module.get_base_layer()
+        idle = module.disable_adapters or module.merged or not any(a in module.lora_A for a in module.active_adapters)
+        if idle and type(base) is torch.nn.Linear and base.weight.is_floating_point():
+            return base.weight.detach()
+    return None
+
+
 @contextmanager
 def folded_adapters(model, enabled: bool = True) -> Iterator[int]:
     """Run every foldable LoRA layer of ``model`` as a single linear layer inside the block.

@@ -13,8 +13,16 @@ import torch
 
 from memalpha.lm.decode import decode, growing_cache
 from memalpha.lm.folded_lora import folded_adapters
+from memalpha.lm.fused_decode import FusedDecoder
+from memalpha.lm.fused_decode import decode as fused_decode
 from memalpha.lm.layout import PaddedBatch, check_pairs, pad_prompt_response
-from memalpha.lm.prefix_cache import can_share_cache, prompt_cache, shared_prefix, split_decoder_and_head
+from memalpha.lm.prefix_cache import (
+    can_share_cache,
+    distinct_prompt_cache,
+    prompt_cache,
+    shared_prefix,
+    split_decoder_and_head,
+)
 from memalpha.lm.sampling import next_tokens
 
 
@@ -119,10 +127,12 @@ def generate(
     they finish; decoders with sliding-window or other non-plain attention layers sample through
     ``model.generate`` instead, with the same filters.
 
-    With ``fold_adapters`` a PEFT model's LoRA layers run as single linear layers with the update
-    folded into a temporary copy of their weights (:mod:`memalpha.lm.folded_lora`): fewer
-    products per decoding step, the same samples up to float rounding, one more copy of the
-    adapted weights while it runs.
+    With ``fold_adapters`` the decoding steps of Llama, Mistral, Qwen2 and Qwen3 decoders run
+    from a copy of their linear weights with any LoRA update folded in and the prompt keys read
+    once per distinct prompt (:mod:`memalpha.lm.fused_decode`); other decoders run their LoRA
+    layers as single linear layers over folded copies (:mod:`memalpha.lm.folded_lora`). Either
+    way the samples are the same up to float rounding, at the cost of one more copy of the
+    weights while sampling runs.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -147,10 +157,11 @@ def generate(
     fork_devices = [device] if device.type == "cuda" else []
     try:
         share_prefix = share_prefix and can_share_cache(decoder)  # asked in eval mode, as generation runs
+        fused = FusedDecoder.build(decoder, head, model_config) if fold_adapters else None
         with (
             torch.no_grad(),
             torch.random.fork_rng(devices=fork_devices, enabled=seed is not None),
-            folded_adapters(model, fold_adapters),
+            folded_adapters(model, fold_adapters and fused is None),
         ):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -160,17 +171,25 @@ def generate(
                 padded = pad_prompt_response(
                     chunk, [[] for _ in chunk], pad_id, device, shared_prefix=prefix.length if prefix else 0
                 )
-                cache = prompt_cache(decoder, padded, chunk, prefix) if share_prefix else None
-                room = growing_cache(decoder, padded.input_ids.shape[1] + max_new_tokens, cache)
-                if room is not None:
-                    kept, cut = decode(
-                        decoder, head, model_config, padded, room,
+                if fused is not None:
+                    cache, prompt_of_row = distinct_prompt_cache(decoder, padded, chunk, prefix, dedupe=share_prefix)
+                    room = None
+                    kept, cut = fused_decode(
+                        fused, padded, cache, prompt_of_row,
                         max_new_tokens=max_new_tokens, eos_ids=eos_ids, pick=pick,
                     )
                 else:
-                    kept, cut = _hf_generate(
-                        model, padded, eos_ids, pad_id, max_new_tokens, do_sample, temperature, top_k, top_p
-                    )
+                    cache = prompt_cache(decoder, padded, chunk, prefix) if share_prefix else None
+                    room = growing_cache(decoder, padded.input_ids.shape[1] + max_new_tokens, cache)
+                    if room is not None:
+                        kept, cut = decode(
+                            decoder, head, model_config, padded, room,
+                            max_new_tokens=max_new_tokens, eos_ids=eos_ids, pick=pick,
+                        )
+                    else:
+                        kept, cut = _hf_generate(
+                            model, padded, eos_ids, pad_id, max_new_tokens, do_sample, temperature, top_k, top_p
+                        )
                 del cache, room
                 responses.extend(kept)
                 truncated.extend(cut)

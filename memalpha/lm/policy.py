@@ -80,12 +80,15 @@ class LMSettings:
             key/value cache: the system prompt every turn starts with, and prompts a group repeats
             (generation, reference and policy passes). Off runs every row in full; the results agree
             up to float rounding, so this is only for comparisons.
-        fold_adapters_for_sampling: While the policy samples, run each LoRA linear layer as one
-            product with the update folded into a temporary copy of its weight (``W + s B A``,
-            computed once per generation call) instead of the base product plus two thin ones;
-            ~15 % faster decoding on the embedded model on CPU, samples equal up to float
-            rounding. Costs one copy of the adapted weights during sampling: turn it off when
-            that does not fit. 4-bit bases and LoRA variants (DoRA) are never folded.
+        fold_adapters_for_sampling: While the policy samples, run the decoder from a copy of its
+            linear weights with the LoRA update folded in (``W + s B A``, made once per generation
+            call) instead of the base product plus two thin ones per layer; for float32/float64
+            Llama, Mistral, Qwen2 and Qwen3 decoders the decoding step is memalpha's own, and reads
+            a prompt's keys once for all the rows that sample it (``memalpha/lm/fused_decode.py``).
+            Samples equal the unfolded ones up to float rounding; decoding is ~20 % faster on the
+            embedded model on CPU. Costs one copy of the decoder's linear weights while sampling:
+            turn it off when that does not fit. 4-bit bases and LoRA variants (DoRA) are never
+            folded.
     """
 
     precision: Precision = "fp32"

@@ -222,15 +222,33 @@ def prompt_cache(
     (the caller then runs the plain path).
     """
     length = prefix.length if prefix is not None else 0
-    first, inverse = unique_rows([prompt[length:] for prompt in prompts])
-    stop = batch.prompt_width - 1
-    if (length == 0 and len(first) == len(prompts)) or stop <= 0:
+    first, _ = unique_rows([prompt[length:] for prompt in prompts])
+    if (length == 0 and len(first) == len(prompts)) or batch.prompt_width <= 1:
         return None
+    cache, inverse = distinct_prompt_cache(decoder, batch, prompts, prefix)
+    return repeat_rows(cache, inverse)
+
+
+def distinct_prompt_cache(
+    decoder, batch: PaddedBatch, prompts: Sequence[Sequence[int]], prefix: SharedPrefix | None, dedupe: bool = True
+) -> tuple[Cache | None, list[int]]:
+    """``(cache, prompt_of_row)``: the cache of every prompt column but the last for each distinct
+    prompt of ``batch`` once (rows in order of first appearance; None when the prompts are one
+    column wide), and for every row the index of its distinct prompt. With ``dedupe`` off every
+    row counts as distinct. ``batch`` is laid out with ``shared_prefix=prefix.length``."""
+    length = prefix.length if prefix is not None else 0
+    if dedupe:
+        first, inverse = unique_rows([prompt[length:] for prompt in prompts])
+    else:
+        first = inverse = list(range(len(prompts)))
+    stop = batch.prompt_width - 1
+    if stop <= 0:
+        return None, inverse
     cache = prefix.cache(decoder, len(first)) if prefix is not None else new_cache(decoder)
     if stop > length:
         distinct = PaddedBatch(*(tensor[first] for tensor in batch))
         extend_cache(decoder, cache, distinct, length, stop)
-    return repeat_rows(cache, inverse)
+    return cache, inverse
 
 
 def prompt_order(prompts: Sequence[Sequence[int]]) -> list[int]:

@@ -1,0 +1,168 @@
+"""The fused decoding step: its pieces by hand, and its tokens against ``model.generate`` (float64
+greedy) and against the unfolded path (seeded samples), for Llama with LoRA, Qwen2 and Qwen3."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import build_tiny_model_dir, randomise_lora_b
+
+from memalpha.lm import generation
+from memalpha.lm.fused_decode import FusedDecoder, PromptGroups, combine, rotate
+from memalpha.lm.generation import generate
+from memalpha.lm.policy import LoraSettings, load_policy
+from memalpha.lm.prefix_cache import split_decoder_and_head
+
+SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]
+# two groups of two, a single prompt, and a prompt shorter than the rest (left padding)
+PROMPTS = [SYSTEM + [20, 21, 22], SYSTEM + [20, 21, 22], SYSTEM + [30], SYSTEM + [30], SYSTEM + [40, 41], [19, 23]]
+NEVER = 10_000  # an end token no row emits
+
+
+def test_combine_equals_one_softmax_over_both_parts():
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 4, 8, dtype=torch.float64, generator=generator)
+    keys = torch.randn(3, 4, 10, 8, dtype=torch.float64, generator=generator)
+    values = torch.randn(3, 4, 10, 8, dtype=torch.float64, generator=generator)
+    valid = torch.ones(3, 10, dtype=torch.bool)
+    valid[0, :3] = False
+    valid[2, :6] = False  # row 2 sees nothing in the first part
+    scores = torch.einsum("bhd,bhkd->bhk", q, keys).masked_fill(~valid[:, None], float("-inf"))
+    expected = torch.einsum("bhk,bhkd->bhd", scores.softmax(-1), values)
+
+    def part(columns: slice):
+        s = scores[..., columns]
+        peak = s.amax(-1).clamp_min(torch.finfo(s.dtype).min)  # what a fully masked part reports
+        weights = torch.exp(s - peak[..., None])
+        return torch.einsum("bhk,bhkd->bhd", weights, values[:, :, columns]), peak, weights.sum(-1)
+
+    got = combine(part(slice(6, 10)), part(slice(0, 6)))
+    assert torch.allclose(got, expected, rtol=0, atol=1e-12)
+
+
+def test_rotate_equals_the_llama_rotary_embedding():
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    generator = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 3, 8, dtype=torch.float64, generator=generator)
+    cos = torch.randn(2, 8, dtype=torch.float64, generator=generator)
+    sin = torch.randn(2, 8, dtype=torch.float64, generator=generator)
+    expected, _ = apply_rotary_pos_emb(q[:, :, None], q[:, :, None], cos[:, None], sin[:, None])
+    signed_sin = torch.cat((-sin[:, :4], sin[:, 4:]), dim=-1)
+    assert torch.allclose(rotate(q, cos, signed_sin), expected[:, :, 0], rtol=0, atol=1e-14)
+
+
+def test_prompt_groups_index_the_rows_of_each_prompt():
+    groups = PromptGroups([0, 0, 1, 0, 2])
+    assert groups.width == 3
+    assert groups.gather.tolist() == [[0, 1, 3], [2, 0, 0], [4, 0, 0]]
+    assert groups.slot_of_row.tolist() == [0, 1, 3, 2, 6]
+    groups.update([1, 0])
+    assert groups.gather.tolist() == [[1], [0]] and groups.slot_of_row.tolist() == [1, 0]
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory, tokenizer):
+    """A float64 LoRA policy with peaked logits, so greedy tokens depend on the context."""
+    folder = build_tiny_model_dir(tmp_path_factory.mktemp("fused"), tokenizer, initializer_range=0.3)
+    torch.manual_seed(0)
+    model, tokenizer = load_policy(folder, lora=LoraSettings(r=4, alpha=8))
+    model.to(torch.float64)
+    randomise_lora_b(model, 0.2)
+    return model, tokenizer
+
+
+def hf_generation(monkeypatch, model, tokenizer, prompts, **kwargs):
+    """``generate`` through ``model.generate``, no fused or own loop."""
+    with monkeypatch.context() as patch:
+        patch.setattr(generation, "growing_cache", lambda *args, **kw: None)
+        return generate(model, tokenizer, prompts, fold_adapters=False, **kwargs)
+
+
+def ending_token(model, tokenizer) -> int:
+    """A token the first group emits early and the other rows later or never: the first prompt's
+    rows end together while others run on, so its prompt leaves the batch."""
+    free = generate(model, tokenizer, PROMPTS, max_new_tokens=10, do_sample=False, eos_token_id=NEVER).response_ids
+    for step in range(1, 6):
+        token = free[0][step]
+        if token in free[0][:step]:
+            continue
+        ends = [row.index(token) if token in row else None for row in free]
+        if all(end is None or end > step for end in ends[2:]):
+            return token
+    pytest.fail("the random model's greedy rows do not end apart: pick another prompt set")
+
+
+@pytest.mark.parametrize("share_prefix", [True, False])
+def test_greedy_tokens_equal_model_generate_while_groups_end_apart(policy, monkeypatch, share_prefix):
+    model, tokenizer = policy
+    model.eval()
+    assert FusedDecoder.build(*split_decoder_and_head(model)) is not None
+    end = ending_token(model, tokenizer)
+    kwargs = {"max_new_tokens": 10, "do_sample": False, "eos_token_id": end, "share_prefix": share_prefix}
+    ours = generate(model, tokenizer, PROMPTS, fold_adapters=True, **kwargs)
+    theirs = hf_generation(monkeypatch, model, tokenizer, PROMPTS, **kwargs)
+    assert ours.response_ids == theirs.response_ids
+    assert ours.truncated == theirs.truncated
+    assert ours.response_ids[0][-1] == end and len(ours.response_ids[0]) < max(ours.response_lengths)
+
+
+def test_seeded_samples_equal_the_unfolded_paths(policy, monkeypatch):
+    model, tokenizer = policy
+    kwargs = {"max_new_tokens": 12, "eos_token_id": NEVER, "seed": 5, "temperature": 1.3, "top_k": 40, "top_p": 0.95}
+    fused = generate(model, tokenizer, PROMPTS, fold_adapters=True, **kwargs)
+    own_loop = generate(model, tokenizer, PROMPTS, fold_adapters=False, **kwargs)
+    with monkeypatch.context() as patch:
+        patch.setattr(generation.FusedDecoder, "build", classmethod(lambda cls, *args: None))
+        folded_layers = generate(model, tokenizer, PROMPTS, fold_adapters=True, **kwargs)
+    assert fused.response_ids == own_loop.response_ids == folded_layers.response_ids
+
+
+def tiny_qwen(kind: str, path, tokenizer) -> str:
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    config_class, model_class = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[kind]
+    torch.manual_seed(0)
+    config = config_class(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+        initializer_range=0.3, tie_word_embeddings=True, use_sliding_window=False,
+    )
+    model = model_class(config)
+    with torch.no_grad():  # Qwen2's q/k/v biases start at zero; draw them so they count
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                parameter.normal_(1.0 if "norm" in name else 0.0, 0.3)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_qwen_decoders_give_model_generates_greedy_tokens(kind, tmp_path, tokenizer, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen(kind, tmp_path, tokenizer), dtype=torch.float64).eval()
+    assert FusedDecoder.build(*split_decoder_and_head(model)) is not None
+    if kind == "qwen2":
+        assert model.model.layers[0].self_attn.q_proj.bias is not None
+    else:
+        assert hasattr(model.model.layers[0].self_attn, "q_norm")
+    kwargs = {"max_new_tokens": 8, "do_sample": False, "eos_token_id": NEVER}
+    ours = generate(model, tokenizer, PROMPTS, fold_adapters=True, **kwargs)
+    theirs = hf_generation(monkeypatch, model, tokenizer, PROMPTS, **kwargs)
+    assert ours.response_ids == theirs.response_ids
+
+
+def test_half_precision_and_dora_decoders_are_not_fused(tmp_path, tokenizer):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    folder = build_tiny_model_dir(tmp_path / "plain", tokenizer)
+    half = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    assert FusedDecoder.build(*split_decoder_and_head(half)) is None
+    base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    dora = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], use_dora=True))
+    assert FusedDecoder.build(*split_decoder_and_head(dora)) is None
+    out = generate(dora, tokenizer, PROMPTS[:2], max_new_tokens=3, do_sample=False, fold_adapters=True)
+    assert len(out.response_ids) == 2
