@@ -18,6 +18,7 @@ EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 sys.path.insert(0, str(EXPERIMENTS))
 
 import _common
+import bench_decode
 import bench_rollout
 import bench_scale
 
@@ -74,6 +75,24 @@ def test_bench_rollout_smoke(tmp_path, tokenizer, one_thread):
         assert row["engine"] == "hf" and row["sampler_logprob_gap"] is None
         assert row["step_s"] == pytest.approx(row["sync_s"] + row["rollout_s"] + row["reader_s"] + row["train_s"])
     assert report["machine"]["load_average"] is not None
+
+
+def test_bench_decode_smoke_times_every_path_and_restores_generation(tmp_path, tokenizer, one_thread):
+    from memalpha.lm import generation
+
+    before = (generation.decode, generation.fused_decode, generation.FusedDecoder)
+    model_dir = build_tiny_model_dir(tmp_path / "tiny", tokenizer, hidden=32, layers=2, seed=1)
+    out = tmp_path / "bench_decode.json"
+    bench_decode.main(["--model", model_dir, "--max-new-tokens", "3", "--repeats", "1", "--out", str(out)])
+    written = json.loads(out.read_text())
+    assert set(written["summary"]) == {"peft", "folded", "fused"}
+    for records in written["runs"].values():
+        (record,) = records
+        assert record["tokens"] == 8 * 3  # 2 prompts x 4 rows, no row stops early
+        assert 0 < record["decode_s"] < record["total_s"]
+    assert (generation.decode, generation.fused_decode, generation.FusedDecoder) == before
+    with pytest.raises(SystemExit):
+        bench_decode.parse_args(["--paths", "peft,turbo"])
 
 
 def test_bench_rollout_engine_list_is_checked():
