@@ -310,8 +310,8 @@ def memorise_chunks(
 
     For chunk index ``i`` the live rollouts (instances with fewer chunks have dropped out) get
     one batched ``generate`` (``engine`` when given, e.g. a vLLM server, else the policy in
-    this process, with its LoRA layers folded when ``fold_adapters``); each response is parsed and executed on its own rollout's memory,
-    and the turn is appended to the rollout (a :class:`TurnSample`, its calls, a log entry).
+    this process, its LoRA update folded into its weights when ``fold_adapters``); each
+    response is parsed and executed on its own rollout's memory, and the turn is appended to the rollout (a :class:`TurnSample`, its calls, a log entry).
     Returns the number of generated tokens.
     """
     call_format = get_call_format(settings.call_format)
@@ -506,8 +506,8 @@ def run_rollouts(
 
     ``group_id`` of a sample is the instance's position in ``instances``. ``share_prefix`` lets
     each ``generate`` call compute the prompt tokens its rows share once
-    (:mod:`memalpha.lm.prefix_cache`); ``fold_adapters`` runs the policy's LoRA layers folded while
-    it samples (:mod:`memalpha.lm.folded_lora`). The answer metric of each source comes from
+    (:mod:`memalpha.lm.prefix_cache`); ``fold_adapters`` samples with the policy's LoRA update
+    folded into its weights (:func:`memalpha.lm.generation.generate`). The answer metric of each source comes from
     ``weights.metric_overrides`` first; answers are compared in ``weights.metric_style``.
     ``engine`` generates the agent's turns instead of the policy (see :func:`memorise_chunks`).
     """
