@@ -64,14 +64,27 @@ def rms_norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return module(x)
 
 
+def _plain_rms_norm(module) -> bool:
+    """Whether ``module`` is the family's RMSNorm (a ``weight`` and a ``variance_epsilon``)."""
+    return (
+        module is not None
+        and type(module).__name__.endswith("RMSNorm")
+        and hasattr(module, "variance_epsilon")
+        and isinstance(getattr(module, "weight", None), torch.Tensor)
+    )
+
+
 def _stacked(modules: Sequence[torch.nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """The effective weights of ``modules`` stacked along the output dimension, with their biases
-    (zeros where one has none; None when none has any); None if any module is not foldable."""
+    (zeros where one has none; None when none has any); None if any module is not foldable. A
+    single plain ``torch.nn.Linear`` is not copied."""
     weights = [effective_weight(module) for module in modules]
     if any(weight is None for weight in weights):
         return None
     biases = [getattr(module.get_base_layer() if hasattr(module, "get_base_layer") else module, "bias", None)
               for module in modules]
+    if len(modules) == 1:
+        return weights[0], None if biases[0] is None else biases[0].detach()
     bias = None
     if any(b is not None for b in biases):
         bias = torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
@@ -80,6 +93,8 @@ def _stacked(modules: Sequence[torch.nn.Module]) -> tuple[torch.Tensor, torch.Te
 
 @dataclass
 class FusedLayer:
+    """One decoder layer: its norms and activation, and ``(weight, bias)`` per product."""
+
     input_norm: torch.nn.Module
     post_attention_norm: torch.nn.Module
     qkv: tuple[torch.Tensor, torch.Tensor | None]
@@ -115,6 +130,8 @@ class FusedDecoder:
             return None
         if decoder.embed_tokens.weight.dtype not in (torch.float32, torch.float64):
             return None  # half-precision attention here would round more than the model's own kernels
+        if not _plain_rms_norm(getattr(decoder, "norm", None)):
+            return None
         layers = []
         with torch.no_grad():
             for layer in decoder.layers:
@@ -126,7 +143,7 @@ class FusedDecoder:
                     return None
                 norms = [layer.input_layernorm, layer.post_attention_layernorm]
                 norms += [getattr(attention, n) for n in ("q_norm", "k_norm") if hasattr(attention, n)]
-                if not all(type(n).__name__.endswith("RMSNorm") and hasattr(n, "variance_epsilon") for n in norms):
+                if not all(_plain_rms_norm(norm) for norm in norms):
                     return None
                 qkv = _stacked([attention.q_proj, attention.k_proj, attention.v_proj])
                 output = _stacked([attention.o_proj])
