@@ -52,6 +52,49 @@ def randomise_lora_b(model, std: float) -> None:
                 parameter.normal_(0.0, std)
 
 
+@pytest.fixture(scope="module")
+def peaked_policy(tmp_path_factory, tokenizer):
+    """A float64 LoRA policy with peaked logits, so greedy tokens depend on the context, and a drawn
+    adapter (B not zero), so the adapter changes them."""
+    import torch
+
+    from memalpha.lm.policy import LoraSettings, load_policy
+
+    folder = build_tiny_model_dir(tmp_path_factory.mktemp("peaked-policy"), tokenizer, initializer_range=0.3)
+    torch.manual_seed(0)
+    model, tokenizer = load_policy(folder, lora=LoraSettings(r=4, alpha=8))
+    model.to(torch.float64)
+    randomise_lora_b(model, 0.2)
+    return model, tokenizer
+
+
+def model_generate_path(monkeypatch, model, tokenizer, prompts, **kwargs):
+    """memalpha's ``generate`` through ``model.generate``: neither its own loop nor its fused step."""
+    from memalpha.lm import generation
+
+    with monkeypatch.context() as patch:
+        patch.setattr(generation, "growing_cache", lambda *args, **kw: None)
+        return generation.generate(model, tokenizer, prompts, fold_adapters=False, **kwargs)
+
+
+def early_end_token(model, tokenizer, prompts, *, others_from: int, all_others: bool, never: int = 10_000) -> int:
+    """A token that row 0 emits greedily among its first six tokens (not before that step) and the
+    rows from ``others_from`` on emit later or never (all of them with ``all_others``, at least one
+    otherwise): as the end token, it makes rows end at different steps."""
+    from memalpha.lm.generation import generate
+
+    free = generate(model, tokenizer, prompts, max_new_tokens=10, do_sample=False, eos_token_id=never).response_ids
+    test = all if all_others else any
+    for step in range(1, 6):
+        token = free[0][step]
+        if token in free[0][:step]:
+            continue
+        ends = [row.index(token) if token in row else None for row in free]
+        if test(end is None or end > step for end in ends[others_from:]):
+            return token
+    pytest.fail("the random model's greedy rows do not end apart: pick another prompt set")
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer):
     """Folder of a tiny random causal LM sharing the embedded tokenizer."""

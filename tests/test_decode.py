@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import SMALL_VOCAB, build_tiny_model_dir, randomise_lora_b
+from conftest import SMALL_VOCAB, early_end_token, model_generate_path
 
-from memalpha.lm import generation
 from memalpha.lm.decode import GrowingLayer, growing_cache
 from memalpha.lm.generation import generate
-from memalpha.lm.policy import LoraSettings, load_policy
 from memalpha.lm.prefix_cache import SharedPrefix, full_attention_layers, split_decoder_and_head
 from memalpha.lm.sampling import draw, filter_logits, next_tokens
 
@@ -84,44 +82,13 @@ def test_greedy_picks_the_argmax_and_top_k_one_samples_it():
 # ----------------------------------------------------------------------------- the loop
 
 
-@pytest.fixture(scope="module")
-def policy(tmp_path_factory, tokenizer):
-    """A float64 LoRA policy with peaked logits, so greedy tokens depend on the context."""
-    folder = build_tiny_model_dir(tmp_path_factory.mktemp("peaked-decode"), tokenizer, initializer_range=0.3)
-    torch.manual_seed(0)
-    model, tokenizer = load_policy(folder, lora=LoraSettings(r=4, alpha=8))
-    model.to(torch.float64)
-    randomise_lora_b(model, 0.2)
-    return model, tokenizer
-
-
-def hf_generation(monkeypatch, model, tokenizer, prompts, **kwargs):
-    """``generate`` through ``model.generate`` (the path of decoders the loop does not take)."""
-    with monkeypatch.context() as patch:
-        patch.setattr(generation, "growing_cache", lambda *args, **kw: None)
-        return generate(model, tokenizer, prompts, **kwargs)
-
-
-def staggered_end_token(model, tokenizer) -> int:
-    """A token that row 0 emits early and some other row emits later or never, so rows end apart."""
-    free = generate(model, tokenizer, PROMPTS, max_new_tokens=10, do_sample=False, eos_token_id=NEVER).response_ids
-    for step in range(1, 6):
-        token = free[0][step]
-        if token in free[0][:step]:
-            continue
-        ends = [row.index(token) if token in row else None for row in free]
-        if any(end is None or end > step for end in ends[1:]):
-            return token
-    pytest.fail("the random model's greedy rows do not end apart: pick another prompt set")
-
-
 @pytest.mark.parametrize("share_prefix", [True, False])
-def test_greedy_tokens_equal_model_generate_while_rows_end_apart(policy, monkeypatch, share_prefix):
-    model, tokenizer = policy
-    end = staggered_end_token(model, tokenizer)
+def test_greedy_tokens_equal_model_generate_while_rows_end_apart(peaked_policy, monkeypatch, share_prefix):
+    model, tokenizer = peaked_policy
+    end = early_end_token(model, tokenizer, PROMPTS, others_from=1, all_others=False)
     kwargs = {"max_new_tokens": 10, "do_sample": False, "eos_token_id": end, "share_prefix": share_prefix}
     ours = generate(model, tokenizer, PROMPTS, **kwargs)
-    theirs = hf_generation(monkeypatch, model, tokenizer, PROMPTS, **kwargs)
+    theirs = model_generate_path(monkeypatch, model, tokenizer, PROMPTS, **kwargs)
     assert ours.response_ids == theirs.response_ids
     assert ours.truncated == theirs.truncated
     lengths = ours.response_lengths
@@ -156,10 +123,10 @@ def test_sampled_tokens_follow_the_models_distribution(small_vocab_model_dir):
     assert (seen_second - expected_second).abs().max() < 2.5 / after.numel() ** 0.5
 
 
-def test_growing_cache_holds_the_filled_columns_and_refuses_sliding_windows(policy):
+def test_growing_cache_holds_the_filled_columns_and_refuses_sliding_windows(peaked_policy):
     from transformers import MistralConfig
 
-    model, _ = policy
+    model, _ = peaked_policy
     decoder = split_decoder_and_head(model)[0]
     with torch.no_grad():
         prefix = SharedPrefix.compute(decoder, SYSTEM)
@@ -202,8 +169,8 @@ def test_a_sliding_window_decoder_samples_through_model_generate(tokenizer):
         assert response == alone[0, len(prompt):].tolist()
 
 
-def test_growing_layer_crops_and_repeats_its_rows(policy):
-    model, _ = policy
+def test_growing_layer_crops_and_repeats_its_rows(peaked_policy):
+    model, _ = peaked_policy
     decoder = split_decoder_and_head(model)[0]
     with torch.no_grad():
         prefix = SharedPrefix.compute(decoder, SYSTEM)

@@ -9,7 +9,6 @@ from conftest import build_tiny_model_dir, randomise_lora_b
 
 from memalpha.lm.folded_lora import folded_adapters
 from memalpha.lm.generation import generate
-from memalpha.lm.policy import LoraSettings, load_policy
 
 PROMPTS = [[11, 12, 13, 14, 20, 21], [11, 12, 13, 14, 30], [11, 12, 13, 14, 40, 41, 42]]
 
@@ -20,24 +19,13 @@ def lora_layers(model) -> list[torch.nn.Module]:
     return [module for module in model.modules() if type(module) is LoraLinear]
 
 
-@pytest.fixture(scope="module")
-def policy(tmp_path_factory, tokenizer):
-    """A float64 LoRA policy whose adapter changes its outputs (B drawn, not zero)."""
-    folder = build_tiny_model_dir(tmp_path_factory.mktemp("folded"), tokenizer, initializer_range=0.3)
-    torch.manual_seed(0)
-    model, tokenizer = load_policy(folder, lora=LoraSettings(r=4, alpha=8))
-    model.to(torch.float64).eval()
-    randomise_lora_b(model, 0.2)
-    return model, tokenizer
-
-
 def logits_of(model, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model(input_ids=ids).logits
 
 
-def test_folded_layers_give_the_adapted_outputs_and_leave_the_base_alone(policy):
-    model, _ = policy
+def test_folded_layers_give_the_adapted_outputs_and_leave_the_base_alone(peaked_policy):
+    model, _ = peaked_policy
     ids = torch.tensor([PROMPTS[0]])
     base_before = {name: p.detach().clone() for name, p in model.named_parameters() if "base_layer" in name}
     adapted = logits_of(model, ids)
@@ -56,23 +44,23 @@ def test_folded_layers_give_the_adapted_outputs_and_leave_the_base_alone(policy)
     assert torch.equal(logits_of(model, ids), adapted)
 
 
-def test_nothing_is_folded_when_disabled_or_with_the_adapter_off(policy):
-    model, _ = policy
+def test_nothing_is_folded_when_disabled_or_with_the_adapter_off(peaked_policy):
+    model, _ = peaked_policy
     with folded_adapters(model, enabled=False) as count:
         assert count == 0
     with model.disable_adapter(), folded_adapters(model) as count:
         assert count == 0
 
 
-def test_an_exception_inside_the_block_restores_the_layers(policy):
-    model, _ = policy
+def test_an_exception_inside_the_block_restores_the_layers(peaked_policy):
+    model, _ = peaked_policy
     with pytest.raises(RuntimeError, match="boom"), folded_adapters(model):
         raise RuntimeError("boom")
     assert all("forward" not in vars(module) for module in lora_layers(model))
 
 
-def test_folded_sampling_gives_the_same_tokens(policy):
-    model, tokenizer = policy
+def test_folded_sampling_gives_the_same_tokens(peaked_policy):
+    model, tokenizer = peaked_policy
     kwargs = {"max_new_tokens": 8, "eos_token_id": 10_000}
     greedy = [generate(model, tokenizer, PROMPTS, do_sample=False, fold_adapters=f, **kwargs) for f in (False, True)]
     assert greedy[0].response_ids == greedy[1].response_ids

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import build_tiny_model_dir, randomise_lora_b
+from conftest import build_tiny_model_dir, early_end_token, model_generate_path
 
 from memalpha.lm import generation
 from memalpha.lm.fused_decode import FusedDecoder, PromptGroups, combine, rotate
 from memalpha.lm.generation import generate
-from memalpha.lm.policy import LoraSettings, load_policy
 from memalpha.lm.prefix_cache import split_decoder_and_head
 
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]
@@ -61,54 +60,22 @@ def test_prompt_groups_index_the_rows_of_each_prompt():
     assert groups.gather.tolist() == [[1], [0]] and groups.slot_of_row.tolist() == [1, 0]
 
 
-@pytest.fixture(scope="module")
-def policy(tmp_path_factory, tokenizer):
-    """A float64 LoRA policy with peaked logits, so greedy tokens depend on the context."""
-    folder = build_tiny_model_dir(tmp_path_factory.mktemp("fused"), tokenizer, initializer_range=0.3)
-    torch.manual_seed(0)
-    model, tokenizer = load_policy(folder, lora=LoraSettings(r=4, alpha=8))
-    model.to(torch.float64)
-    randomise_lora_b(model, 0.2)
-    return model, tokenizer
-
-
-def hf_generation(monkeypatch, model, tokenizer, prompts, **kwargs):
-    """``generate`` through ``model.generate``, no fused or own loop."""
-    with monkeypatch.context() as patch:
-        patch.setattr(generation, "growing_cache", lambda *args, **kw: None)
-        return generate(model, tokenizer, prompts, fold_adapters=False, **kwargs)
-
-
-def ending_token(model, tokenizer) -> int:
-    """A token the first group emits early and the other rows later or never: the first prompt's
-    rows end together while others run on, so its prompt leaves the batch."""
-    free = generate(model, tokenizer, PROMPTS, max_new_tokens=10, do_sample=False, eos_token_id=NEVER).response_ids
-    for step in range(1, 6):
-        token = free[0][step]
-        if token in free[0][:step]:
-            continue
-        ends = [row.index(token) if token in row else None for row in free]
-        if all(end is None or end > step for end in ends[2:]):
-            return token
-    pytest.fail("the random model's greedy rows do not end apart: pick another prompt set")
-
-
 @pytest.mark.parametrize("share_prefix", [True, False])
-def test_greedy_tokens_equal_model_generate_while_groups_end_apart(policy, monkeypatch, share_prefix):
-    model, tokenizer = policy
+def test_greedy_tokens_equal_model_generate_while_groups_end_apart(peaked_policy, monkeypatch, share_prefix):
+    model, tokenizer = peaked_policy
     model.eval()
     assert FusedDecoder.build(*split_decoder_and_head(model)) is not None
-    end = ending_token(model, tokenizer)
+    end = early_end_token(model, tokenizer, PROMPTS, others_from=2, all_others=True)
     kwargs = {"max_new_tokens": 10, "do_sample": False, "eos_token_id": end, "share_prefix": share_prefix}
     ours = generate(model, tokenizer, PROMPTS, fold_adapters=True, **kwargs)
-    theirs = hf_generation(monkeypatch, model, tokenizer, PROMPTS, **kwargs)
+    theirs = model_generate_path(monkeypatch, model, tokenizer, PROMPTS, **kwargs)
     assert ours.response_ids == theirs.response_ids
     assert ours.truncated == theirs.truncated
     assert ours.response_ids[0][-1] == end and len(ours.response_ids[0]) < max(ours.response_lengths)
 
 
-def test_seeded_samples_equal_the_unfolded_paths(policy, monkeypatch):
-    model, tokenizer = policy
+def test_seeded_samples_equal_the_unfolded_paths(peaked_policy, monkeypatch):
+    model, tokenizer = peaked_policy
     kwargs = {"max_new_tokens": 12, "eos_token_id": NEVER, "seed": 5, "temperature": 1.3, "top_k": 40, "top_p": 0.95}
     fused = generate(model, tokenizer, PROMPTS, fold_adapters=True, **kwargs)
     own_loop = generate(model, tokenizer, PROMPTS, fold_adapters=False, **kwargs)
@@ -150,7 +117,7 @@ def test_qwen_decoders_give_model_generates_greedy_tokens(kind, tmp_path, tokeni
         assert hasattr(model.model.layers[0].self_attn, "q_norm")
     kwargs = {"max_new_tokens": 8, "do_sample": False, "eos_token_id": NEVER}
     ours = generate(model, tokenizer, PROMPTS, fold_adapters=True, **kwargs)
-    theirs = hf_generation(monkeypatch, model, tokenizer, PROMPTS, **kwargs)
+    theirs = model_generate_path(monkeypatch, model, tokenizer, PROMPTS, **kwargs)
     assert ours.response_ids == theirs.response_ids
 
 

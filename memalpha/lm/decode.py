@@ -89,6 +89,31 @@ class GrowingLayer(DynamicLayer):
             self._expose()
 
 
+class Responses:
+    """What each row of a decoding batch has emitted, and which rows are still live."""
+
+    def __init__(self, rows: int, eos_ids: Sequence[int]):
+        self.tokens: list[list[int]] = [[] for _ in range(rows)]
+        self.truncated = [True] * rows  # until the row emits an end token
+        self.live = list(range(rows))
+        self.eos = {int(token) for token in eos_ids}
+
+    def add(self, picked: torch.Tensor) -> list[int]:
+        """Append each live row's token of ``picked`` ``[live]``; returns the slots (positions
+        among the live rows) of the rows that go on."""
+        keep = []
+        for slot, (row, token) in enumerate(zip(self.live, picked.tolist())):
+            self.tokens[row].append(token)
+            if token in self.eos:
+                self.truncated[row] = False
+            else:
+                keep.append(slot)
+        return keep
+
+    def keep_only(self, keep: list[int]) -> None:
+        self.live = [self.live[slot] for slot in keep]
+
+
 def growing_cache(decoder, capacity: int, filled: Cache | None = None) -> Cache | None:
     """A cache of :class:`GrowingLayer` for ``capacity`` columns holding ``filled``'s columns first;
     None for decoders with sliding-window, chunked or other non-plain layers."""
@@ -123,14 +148,10 @@ def decode(
     end-of-sequence token, and whether the row ran out of ``max_new_tokens`` without one.
     Call under ``torch.no_grad()``.
     """
-    rows = batch.input_ids.shape[0]
     start = cache.get_seq_length()
     if start >= batch.input_ids.shape[1]:
         raise ValueError("the cache must leave at least the last prompt column to run")
-    eos = {int(token) for token in eos_ids}
-    responses: list[list[int]] = [[] for _ in range(rows)]
-    truncated = [True] * rows
-    live = list(range(rows))
+    responses = Responses(batch.input_ids.shape[0], eos_ids)
     inputs = batch.input_ids[:, start:]
     positions = batch.position_ids[:, start:]
     mask = batch.attention_mask
@@ -140,21 +161,15 @@ def decode(
         ).last_hidden_state[:, -1:]
         logits = head(hidden)[:, -1]  # [B, 1, H] in, as model.forward calls the head
         tokens = pick(finalise_logits(logits.to(score_dtype(logits.dtype)), config))
-        keep = []
-        for slot, (row, token) in enumerate(zip(live, tokens.tolist())):
-            responses[row].append(token)
-            if token in eos:
-                truncated[row] = False
-            else:
-                keep.append(slot)
+        keep = responses.add(tokens)
         if not keep or step == max_new_tokens - 1:
             break
         inputs = tokens[:, None]
         positions = positions[:, -1:] + 1
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-        if len(keep) < len(live):
+        if len(keep) < len(responses.live):
             index = torch.tensor(keep, device=inputs.device)
             cache.batch_select_indices(index)
             inputs, positions, mask = inputs[index], positions[index], mask[index]
-            live = [live[slot] for slot in keep]
-    return responses, truncated
+            responses.keep_only(keep)
+    return responses.tokens, responses.truncated

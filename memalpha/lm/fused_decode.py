@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from memalpha.lm.decode import Responses
 from memalpha.lm.folded_lora import effective_weight
 from memalpha.lm.layout import PaddedBatch
 from memalpha.lm.logprobs import finalise_logits, score_dtype
@@ -273,10 +274,7 @@ def decode(
     sample = fused.layers[0].qkv[0]
     own_keys = [sample.new_empty((rows, fused.kv_heads, max_new_tokens, fused.head_dim)) for _ in fused.layers]
     own_values = [torch.empty_like(k) for k in own_keys]
-    eos = {int(token) for token in eos_ids}
-    responses: list[list[int]] = [[] for _ in range(rows)]
-    truncated = [True] * rows
-    live = list(range(rows))
+    responses = Responses(rows, eos_ids)
     tokens = batch.input_ids[:, -1]
     positions = batch.position_ids[:, -1]
     heads, kv_heads = fused.heads, fused.kv_heads
@@ -304,17 +302,11 @@ def decode(
             x = x + F.linear(layer.activation(F.linear(h, *layer.gate)) * F.linear(h, *layer.up), *layer.down)
         logits = fused.head(rms_norm(fused.decoder.norm, x)[:, None])[:, -1]  # [B, 1, H] in, as model.forward
         picked = pick(finalise_logits(logits.to(score_dtype(logits.dtype)), fused.config))
-        keep = []
-        for slot, (row, token) in enumerate(zip(live, picked.tolist())):
-            responses[row].append(token)
-            if token in eos:
-                truncated[row] = False
-            else:
-                keep.append(slot)
+        keep = responses.add(picked)
         if not keep or step == max_new_tokens - 1:
             break
         tokens, positions = picked, positions + 1
-        if len(keep) < len(live):
+        if len(keep) < len(responses.live):
             kept = torch.tensor(keep, device=device)
             tokens, positions = tokens[kept], positions[kept]
             own_keys = [k[kept] for k in own_keys]
@@ -328,5 +320,5 @@ def decode(
                 renumber = {p: i for i, p in enumerate(still_read)}
                 prompt_of_kept = [renumber[p] for p in prompt_of_kept]
             groups.update(prompt_of_kept)
-            live = [live[slot] for slot in keep]
-    return responses, truncated
+            responses.keep_only(keep)
+    return responses.tokens, responses.truncated
