@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -76,3 +77,40 @@ def test_paired_difference_uses_only_shared_instances():
     assert math.isclose(diff["half_width"], 12.706 * math.sqrt(0.5 / 2), rel_tol=1e-12)
     with pytest.raises(ValueError):
         paired_difference(before, {"t": {"z": {"mean_reward": 0.0}}}, "mean_reward")
+
+
+def _seed_report(seeds_and_gains, **settings):
+    """A learning_curve.py report whose every metric changed by the seed's gain ± 0.1."""
+
+    def change(gain):
+        return {m: {"mean": gain, "half_width": 0.1, "n": 48} for m in
+                ("accuracy", "tool_success", "memory_tokens", "compression", "mean_reward")}
+
+    return {
+        "settings": {"steps": 20, "val_instances": 48, "seeds": [s for s, _ in seeds_and_gains], **settings},
+        "seeds": [{"seed": s, "change_last_minus_start": change(g)} for s, g in seeds_and_gains],
+    }
+
+
+def test_learning_curve_seeds_combines_per_seed_changes_with_a_t_interval_over_seeds(tmp_path):
+    import learning_curve_seeds
+
+    reports = {"a": _seed_report([(0, 0.05)]), "b": _seed_report([(1, 0.20), (2, 0.35)])}
+    result = learning_curve_seeds.combine(reports)
+    across = result["across_seeds"]["mean_reward"]
+    # gains 0.05, 0.20, 0.35: mean 0.20, sd 0.15, half width t(2) * 0.15 / sqrt(3) = 4.303 * 0.0866
+    assert across["n"] == 3 and across["mean"] == pytest.approx(0.20)
+    assert across["half_width"] == pytest.approx(4.303 * 0.15 / math.sqrt(3), rel=1e-3)
+    assert result["seeds_rising_beyond_own_interval"]["mean_reward"] == 2  # 0.20 and 0.35 exceed their 0.1
+    paths = []
+    for name, report in reports.items():
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(report))
+    written = learning_curve_seeds.main([*map(str, paths), "--out", str(tmp_path / "seeds.json")])
+    assert json.loads((tmp_path / "seeds.json").read_text())["across_seeds"] == written["across_seeds"]
+    with pytest.raises(ValueError, match="steps"):
+        learning_curve_seeds.combine({"a": _seed_report([(0, 0.1)]), "b": _seed_report([(1, 0.1)], steps=40)})
+    with pytest.raises(ValueError, match="seed appears twice"):
+        learning_curve_seeds.combine({"a": _seed_report([(0, 0.1)]), "b": _seed_report([(0, 0.2)])})
+    with pytest.raises(ValueError, match="b: not a learning_curve.py report"):
+        learning_curve_seeds.combine({"a": _seed_report([(0, 0.1)]), "b": {"settings": reports["a"]["settings"]}})
