@@ -149,6 +149,22 @@ def generate(
     def pick(logits: torch.Tensor) -> torch.Tensor:
         return next_tokens(logits, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
 
+    def new_tokens(chunk: list[list[int]], fused: FusedDecoder | None) -> tuple[list[list[int]], list[bool]]:
+        """One batch's responses; its caches go when it returns."""
+        prefix = shared_prefix(decoder, chunk) if share_prefix else None
+        padded = pad_prompt_response(
+            chunk, [[] for _ in chunk], pad_id, device, shared_prefix=prefix.length if prefix else 0
+        )
+        limits = {"max_new_tokens": max_new_tokens, "eos_ids": eos_ids, "pick": pick}
+        if fused is not None:
+            cache, prompt_of_row = distinct_prompt_cache(decoder, padded, chunk, prefix, dedupe=share_prefix)
+            return fused_decode(fused, padded, cache, prompt_of_row, **limits)
+        cache = prompt_cache(decoder, padded, chunk, prefix) if share_prefix else None
+        room = growing_cache(decoder, padded.input_ids.shape[1] + max_new_tokens, cache)
+        if room is not None:
+            return decode(decoder, head, model_config, padded, room, **limits)
+        return _hf_generate(model, padded, eos_ids, pad_id, max_new_tokens, do_sample, temperature, top_k, top_p)
+
     step = batch_size or max(len(prompt_ids), 1)
     responses: list[list[int]] = []
     truncated: list[bool] = []
@@ -161,36 +177,12 @@ def generate(
         with (
             torch.no_grad(),
             torch.random.fork_rng(devices=fork_devices, enabled=seed is not None),
-            folded_adapters(model, fold_adapters and fused is None),
+            folded_adapters(model, enabled=fold_adapters and fused is None),  # the fused step folds its own copy
         ):
             if seed is not None:
                 torch.manual_seed(seed)
             for start in range(0, len(prompt_ids), step):
-                chunk = prompt_ids[start : start + step]
-                prefix = shared_prefix(decoder, chunk) if share_prefix else None
-                padded = pad_prompt_response(
-                    chunk, [[] for _ in chunk], pad_id, device, shared_prefix=prefix.length if prefix else 0
-                )
-                if fused is not None:
-                    cache, prompt_of_row = distinct_prompt_cache(decoder, padded, chunk, prefix, dedupe=share_prefix)
-                    room = None
-                    kept, cut = fused_decode(
-                        fused, padded, cache, prompt_of_row,
-                        max_new_tokens=max_new_tokens, eos_ids=eos_ids, pick=pick,
-                    )
-                else:
-                    cache = prompt_cache(decoder, padded, chunk, prefix) if share_prefix else None
-                    room = growing_cache(decoder, padded.input_ids.shape[1] + max_new_tokens, cache)
-                    if room is not None:
-                        kept, cut = decode(
-                            decoder, head, model_config, padded, room,
-                            max_new_tokens=max_new_tokens, eos_ids=eos_ids, pick=pick,
-                        )
-                    else:
-                        kept, cut = _hf_generate(
-                            model, padded, eos_ids, pad_id, max_new_tokens, do_sample, temperature, top_k, top_p
-                        )
-                del cache, room
+                kept, cut = new_tokens(prompt_ids[start : start + step], fused)
                 responses.extend(kept)
                 truncated.extend(cut)
     finally:

@@ -222,11 +222,10 @@ def prompt_cache(
     (the caller then runs the plain path).
     """
     length = prefix.length if prefix is not None else 0
-    first, _ = unique_rows([prompt[length:] for prompt in prompts])
+    first, inverse = unique_rows([prompt[length:] for prompt in prompts])
     if (length == 0 and len(first) == len(prompts)) or batch.prompt_width <= 1:
         return None
-    cache, inverse = distinct_prompt_cache(decoder, batch, prompts, prefix)
-    return repeat_rows(cache, inverse)
+    return repeat_rows(_rows_cache(decoder, batch, prefix, first), inverse)
 
 
 def distinct_prompt_cache(
@@ -241,14 +240,19 @@ def distinct_prompt_cache(
         first, inverse = unique_rows([prompt[length:] for prompt in prompts])
     else:
         first = inverse = list(range(len(prompts)))
-    stop = batch.prompt_width - 1
-    if stop <= 0:
+    if batch.prompt_width <= 1:
         return None, inverse
-    cache = prefix.cache(decoder, len(first)) if prefix is not None else new_cache(decoder)
+    return _rows_cache(decoder, batch, prefix, first), inverse
+
+
+def _rows_cache(decoder, batch: PaddedBatch, prefix: SharedPrefix | None, rows: list[int]) -> Cache:
+    """Every prompt column but the last of ``batch``'s ``rows``, on top of ``prefix`` (reused)."""
+    length = prefix.length if prefix is not None else 0
+    stop = batch.prompt_width - 1
+    cache = prefix.cache(decoder, len(rows)) if prefix is not None else new_cache(decoder)
     if stop > length:
-        distinct = PaddedBatch(*(tensor[first] for tensor in batch))
-        extend_cache(decoder, cache, distinct, length, stop)
-    return cache, inverse
+        extend_cache(decoder, cache, PaddedBatch(*(tensor[rows] for tensor in batch)), length, stop)
+    return cache
 
 
 def prompt_order(prompts: Sequence[Sequence[int]]) -> list[int]:
