@@ -8,7 +8,14 @@ import torch
 from conftest import build_tiny_model_dir, early_end_token, model_generate_path
 
 from memalpha.lm import generation
-from memalpha.lm.fused_decode import FusedDecoder, PromptGroups, combine, rotate
+from memalpha.lm.fused_decode import (
+    FusedDecoder,
+    PromptGroups,
+    additive_mask,
+    combine,
+    cpu_flash_attention,
+    rotate,
+)
 from memalpha.lm.generation import generate
 from memalpha.lm.prefix_cache import split_decoder_and_head
 
@@ -30,10 +37,11 @@ def test_combine_equals_one_softmax_over_both_parts():
     expected = torch.einsum("bhk,bhkd->bhd", scores.softmax(-1), values)
 
     def part(columns: slice):
-        s = scores[..., columns]
-        peak = s.amax(-1).clamp_min(torch.finfo(s.dtype).min)  # what a fully masked part reports
-        weights = torch.exp(s - peak[..., None])
-        return torch.einsum("bhk,bhkd->bhd", weights, values[:, :, columns]), peak, weights.sum(-1)
+        """The kernel's (output, log-sum-exp) for one part, each row of ``q`` a query of its own."""
+        mask = additive_mask(~valid[:, None, None, columns], q.dtype)
+        out, lse = cpu_flash_attention(q[:, :, None], keys[:, :, columns], values[:, :, columns], 0.0, False,
+                              attn_mask=mask, scale=1.0)
+        return out[:, :, 0], lse[:, :, 0]
 
     got = combine(part(slice(6, 10)), part(slice(0, 6)))
     assert torch.allclose(got, expected, rtol=0, atol=1e-12)
@@ -133,3 +141,26 @@ def test_half_precision_and_dora_decoders_are_not_fused(tmp_path, tokenizer):
     assert FusedDecoder.build(*split_decoder_and_head(dora)) is None
     out = generate(dora, tokenizer, PROMPTS[:2], max_new_tokens=3, do_sample=False, fold_adapters=True)
     assert len(out.response_ids) == 2
+
+
+def test_packed_float32_step_gives_model_generates_greedy_tokens(peaked_policy, monkeypatch):
+    """In float32 the fused step's products run packed for the batch's rows (MKL), padded while
+    rows end and plain once few are left; the greedy tokens stay those of ``model.generate``."""
+    import copy
+
+    from memalpha.lm import packed_linear
+
+    if not packed_linear.packing_available():
+        pytest.skip("this PyTorch build has no MKL packed product")
+    model = copy.deepcopy(peaked_policy[0]).to(torch.float32).eval()
+    tokenizer = peaked_policy[1]
+    rows_seen: list[int] = []
+    packed = torch.ops.mkl._mkl_linear
+    monkeypatch.setattr(torch.ops.mkl, "_mkl_linear", lambda x, *args: rows_seen.append(x.shape[0]) or packed(x, *args))
+    end = early_end_token(model, tokenizer, PROMPTS, others_from=2, all_others=True)
+    kwargs = {"max_new_tokens": 10, "do_sample": False, "eos_token_id": end}
+    ours = generate(model, tokenizer, PROMPTS, fold_adapters=True, **kwargs)
+    assert rows_seen and set(rows_seen) == {len(PROMPTS)}  # every packed call at the rows it was packed for
+    theirs = model_generate_path(monkeypatch, model, tokenizer, PROMPTS, **kwargs)
+    assert ours.response_ids == theirs.response_ids
+    assert len(ours.response_ids[0]) < max(ours.response_lengths)

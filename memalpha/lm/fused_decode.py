@@ -5,32 +5,34 @@ At one token per row per step, a decoding step of a small model is bound by read
 and keys, and by the number of operations more than by arithmetic. :func:`decode` therefore
 runs the layers itself instead of through the model's modules:
 
-* **LoRA folded, ``q/k/v`` stacked.** A LoRA update is folded into its weight (``W + s B A``,
-  :func:`memalpha.lm.folded_lora.folded_weight`) and ``q/k/v`` are one matrix: five products
-  per layer instead of seven, or twenty-one with PEFT's LoRA layers. (``gate/up`` stay two:
-  one ``3072 x 576`` product at 8 rows was slower than two ``1536 x 576`` ones here.) The
-  weights are a copy made when :meth:`FusedDecoder.build` runs (once per generation call);
+* **LoRA folded, ``q/k/v`` stacked, products packed.** A LoRA update is folded into its weight
+  (``W + s B A``, :func:`memalpha.lm.folded_lora.folded_weight`) and ``q/k/v`` are one matrix:
+  five products per layer instead of seven, or twenty-one with PEFT's LoRA layers. (``gate/up``
+  stay two: one ``3072 x 576`` product at 8 rows was slower than two ``1536 x 576`` ones here.)
+  In float32 on an MKL build each product's weight is also laid out once for the batch's rows
+  (:mod:`memalpha.lm.packed_linear`), which a thin product reads faster than the plain weight.
+  The weights are copies made when :meth:`FusedDecoder.build` runs (once per generation call);
   the model's own weights are never written.
 * **the prompt's keys are read once per distinct prompt.** A GRPO group samples one prompt
   ``n`` times. The prompt's keys and values are kept once per distinct prompt
   (``[U, kv_heads, P, head_dim]``) and the queries of its rows attend to them together, as
-  ``n x group`` query heads per key head (one batched product, the way grouped-query
-  attention already shares keys among heads); each row's own new tokens are attended
-  separately, and the two parts are combined through their log-sum-exp (the split softmax
-  of flash-decoding and of vLLM's cascade attention). A plain cache repeats the prompt's keys
-  to every row and reads them ``n`` times per step.
+  ``n x group`` query heads per key head (one kernel call, the way grouped-query attention
+  already shares keys among heads); each row's own new tokens are attended separately, and the
+  two parts are combined through their log-sum-exp (the split softmax of flash-decoding and of
+  vLLM's cascade attention). Both parts run PyTorch's CPU flash-attention kernel, which returns
+  that log-sum-exp. A plain cache repeats the prompt's keys to every row and reads them ``n``
+  times per step.
 
 The rotary embedding, activation and head are the model's own modules, the RMSNorms its own
 weights (one fused ``rms_norm`` for float32), and the tokens equal the model's (the tests compare
-greedy tokens with ``model.generate`` in float64 and seeded samples with the unfolded path).
-:meth:`FusedDecoder.build` takes float32/float64 Llama, Mistral (without sliding windows), Qwen2
-and Qwen3 decoders whose projections are ``torch.nn.Linear`` layers or plain PEFT LoRA layers
-over them, and returns None for anything else (half precision, 4-bit layers, DoRA, other
-architectures), which then decode through :mod:`memalpha.lm.decode`.
+greedy tokens with ``model.generate`` in float64, and in float32 with packed products, and
+seeded samples with the unfolded path). :meth:`FusedDecoder.build` takes float32/float64 Llama,
+Mistral (without sliding windows), Qwen2 and Qwen3 decoders on the CPU whose projections are
+``torch.nn.Linear`` layers or plain PEFT LoRA layers over them, and returns None for anything
+else (half precision, a GPU, 4-bit layers, DoRA, other architectures), which then decode
+through :mod:`memalpha.lm.decode`.
 
-On the embedded model at 8 rows (2 prompts x 4) on 2 CPU cores a step takes ~70 ms against
-~76 ms for the model's own layers with folded LoRA and ~89 ms with PEFT's layers; the products
-with the weights are ~41 ms of it.
+Measured by ``experiments/bench_decode.py`` (``docs/results.md``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from memalpha.lm.decode import Responses
 from memalpha.lm.folded_lora import effective_weight
 from memalpha.lm.layout import PaddedBatch
 from memalpha.lm.logprobs import finalise_logits, score_dtype
+from memalpha.lm.packed_linear import LinearProduct
 from memalpha.lm.prefix_cache import full_attention_layers
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -75,36 +78,37 @@ def _plain_rms_norm(module) -> bool:
     )
 
 
-def _stacked(modules: Sequence[torch.nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """The effective weights of ``modules`` stacked along the output dimension, with their biases
-    (zeros where one has none; None when none has any); None if any module is not foldable. A
-    single plain ``torch.nn.Linear`` is not copied."""
+def _stacked(modules: Sequence[torch.nn.Module], rows: int | None) -> LinearProduct | None:
+    """The product with the effective weights of ``modules`` stacked along the output dimension,
+    and their biases (zeros where one has none; None when none has any), packed for ``rows`` rows
+    (:class:`~memalpha.lm.packed_linear.LinearProduct`); None if any module is not foldable. A
+    single plain ``torch.nn.Linear``'s weight is not copied (its packed layout is)."""
     weights = [effective_weight(module) for module in modules]
     if any(weight is None for weight in weights):
         return None
     biases = [getattr(module.get_base_layer() if hasattr(module, "get_base_layer") else module, "bias", None)
               for module in modules]
     if len(modules) == 1:
-        return weights[0], None if biases[0] is None else biases[0].detach()
+        return LinearProduct.build(weights[0], biases[0], rows)
     bias = None
     if any(b is not None for b in biases):
         bias = torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
-    return torch.cat(weights, dim=0), bias
+    return LinearProduct.build(torch.cat(weights, dim=0), bias, rows)
 
 
 @dataclass
 class FusedLayer:
-    """One decoder layer: its norms and activation, and ``(weight, bias)`` per product."""
+    """One decoder layer: its norms and activation, and its products."""
 
     input_norm: torch.nn.Module
     post_attention_norm: torch.nn.Module
-    qkv: tuple[torch.Tensor, torch.Tensor | None]
+    qkv: LinearProduct
     q_norm: torch.nn.Module | None
     k_norm: torch.nn.Module | None
-    output: tuple[torch.Tensor, torch.Tensor | None]
-    gate: tuple[torch.Tensor, torch.Tensor | None]
-    up: tuple[torch.Tensor, torch.Tensor | None]
-    down: tuple[torch.Tensor, torch.Tensor | None]
+    output: LinearProduct
+    gate: LinearProduct
+    up: LinearProduct
+    down: LinearProduct
     activation: Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -120,15 +124,19 @@ class FusedDecoder:
     kv_heads: int
     head_dim: int
     scaling: float
+    packed_head: LinearProduct | None = None
 
     @classmethod
-    def build(cls, decoder, head, config) -> FusedDecoder | None:
-        """Stacked weights of every layer of ``decoder`` (LoRA folded in); None when the decoder is
-        not one this step reproduces exactly."""
+    def build(cls, decoder, head, config, rows: int | None = None) -> FusedDecoder | None:
+        """Stacked weights of every layer of ``decoder`` (LoRA folded in), packed for ``rows``
+        sampled rows where MKL's packed product serves them (:mod:`memalpha.lm.packed_linear`;
+        None: not packed); None when the decoder is not one this step reproduces exactly."""
         if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
             return None
         if full_attention_layers(config) is None or not hasattr(decoder, "rotary_emb"):
             return None
+        if decoder.embed_tokens.weight.device.type != "cpu":
+            return None  # its attention is PyTorch's CPU kernel
         if decoder.embed_tokens.weight.dtype not in (torch.float32, torch.float64):
             return None  # half-precision attention here would round more than the model's own kernels
         if not _plain_rms_norm(getattr(decoder, "norm", None)):
@@ -146,10 +154,10 @@ class FusedDecoder:
                 norms += [getattr(attention, n) for n in ("q_norm", "k_norm") if hasattr(attention, n)]
                 if not all(_plain_rms_norm(norm) for norm in norms):
                     return None
-                qkv = _stacked([attention.q_proj, attention.k_proj, attention.v_proj])
-                output = _stacked([attention.o_proj])
-                gate, up = _stacked([mlp.gate_proj]), _stacked([mlp.up_proj])
-                down = _stacked([mlp.down_proj])
+                qkv = _stacked([attention.q_proj, attention.k_proj, attention.v_proj], rows)
+                output = _stacked([attention.o_proj], rows)
+                gate, up = _stacked([mlp.gate_proj], rows), _stacked([mlp.up_proj], rows)
+                down = _stacked([mlp.down_proj], rows)
                 if qkv is None or output is None or gate is None or up is None or down is None:
                     return None
                 layers.append(
@@ -166,11 +174,14 @@ class FusedDecoder:
                         activation=mlp.act_fn,
                     )
                 )
+            # the head runs as the model runs it unless its product can be packed
+            head_product = _stacked([head], rows) if rows is not None else None
+        packed_head = head_product if head_product is not None and head_product.packed is not None else None
         first = decoder.layers[0].self_attn
         head_dim = int(first.head_dim)
         heads = config.num_attention_heads
         kv_heads = config.num_key_value_heads
-        return cls(decoder, head, config, layers, heads, kv_heads, head_dim, float(first.scaling))
+        return cls(decoder, head, config, layers, heads, kv_heads, head_dim, float(first.scaling), packed_head)
 
 
 class PromptGroups:
@@ -198,49 +209,57 @@ class PromptGroups:
         self.slot_of_row = torch.tensor(slot_of_row, dtype=torch.long, device=self.device)
 
 
-def _prompt_part(q, keys, values, masked, groups: PromptGroups, kv_heads: int):
-    """Attention of every row's (scaled) query to its prompt's keys: unnormalised output, max and
-    sum per row and head (``[B, H, D]``, ``[B, H]``, ``[B, H]``). ``masked`` ``[U, 1, 1, P]`` is
-    True on padding columns."""
+cpu_flash_attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+"""PyTorch's CPU flash-attention kernel (what ``F.scaled_dot_product_attention`` runs on the CPU):
+``(out, lse)`` for queries ``[N, heads, L, D]``, keys and values ``[N, heads, S, D]`` and an
+additive mask broadcast to ``[N, heads, L, S]``; ``lse`` ``[N, heads, L]`` is the natural
+log-sum-exp of each query's scaled, masked scores, which is what combining two parts needs."""
+
+
+def additive_mask(masked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """``masked`` (True on columns no query may see) as the additive mask the kernel takes: the
+    dtype's minimum there, 0 elsewhere; None when nothing is masked. A row whose columns are all
+    masked then reports a log-sum-exp near the dtype's minimum, so it weighs nothing in
+    :func:`combine`."""
+    if not bool(masked.any()):
+        return None
+    return torch.zeros(masked.shape, dtype=dtype, device=masked.device).masked_fill_(masked, torch.finfo(dtype).min)
+
+
+def _prompt_part(q, keys, values, mask, groups: PromptGroups, kv_heads: int, scale: float):
+    """Attention of every row's query ``[B, H, D]`` to its prompt's keys ``[U, KV, P, D]``: output
+    and log-sum-exp per row and head (``[B, H, D]``, ``[B, H]``). ``mask`` is None or additive,
+    ``[U, 1, 1, P]``."""
     heads, dim = q.shape[1:]
     per_kv = heads // kv_heads
     width = groups.width
     grouped = q[groups.gather].view(-1, width, kv_heads, per_kv, dim).transpose(1, 2)
     grouped = grouped.reshape(-1, kv_heads, width * per_kv, dim)  # [U, KV, W*G, D]
-    scores = torch.matmul(grouped, keys.transpose(-1, -2)).masked_fill_(masked, torch.finfo(q.dtype).min)
-    peak = scores.amax(dim=-1, keepdim=True)
-    weights = scores.sub_(peak).exp_()  # padding columns underflow to 0
-    total = weights.sum(dim=-1)
-    out = torch.matmul(weights, values)  # [U, KV, W*G, D]
+    out, lse = cpu_flash_attention(grouped, keys, values, 0.0, False, attn_mask=mask, scale=scale)
 
     def to_rows(t: torch.Tensor, trailing: tuple[int, ...]) -> torch.Tensor:
         t = t.reshape(-1, kv_heads, width, per_kv, *trailing).transpose(1, 2)  # [U, W, KV, G, ...]
         return t.reshape(-1, heads, *trailing)[groups.slot_of_row]  # [B, H, ...]
 
-    return to_rows(out, (dim,)), to_rows(peak, ()), to_rows(total, ())
+    return to_rows(out, (dim,)), to_rows(lse, ())
 
 
-def _own_part(q, keys, values, kv_heads: int):
-    """Attention of every row's (scaled) query to its own new tokens ``keys``/``values`` ``[B, KV, T, D]``."""
+def _own_part(q, keys, values, kv_heads: int, scale: float):
+    """Attention of every row's query ``[B, H, D]`` to its own new tokens ``keys``/``values``
+    ``[B, KV, T, D]``: output and log-sum-exp per row and head."""
     rows, heads, dim = q.shape
-    scores = torch.matmul(q.view(rows, kv_heads, heads // kv_heads, dim), keys.transpose(-1, -2))  # [B, KV, G, T]
-    peak = scores.amax(dim=-1, keepdim=True)
-    weights = scores.sub_(peak).exp_()
-    total = weights.sum(dim=-1)
-    out = torch.matmul(weights, values)  # [B, KV, G, D]
-    return out.view(rows, heads, dim), peak.view(rows, heads), total.view(rows, heads)
+    out, lse = cpu_flash_attention(q.view(rows, kv_heads, heads // kv_heads, dim), keys, values, 0.0, False, scale=scale)
+    return out.reshape(rows, heads, dim), lse.reshape(rows, heads)
 
 
 def combine(first, second) -> torch.Tensor:
-    """Softmax attention over the union of two parts' keys from each part's unnormalised output,
-    max and sum (``[B, H, D]``, ``[B, H]``, ``[B, H]``): the split softmax of flash-decoding. A
-    part whose keys were all masked (max at the dtype's minimum) weighs nothing."""
-    out_a, peak_a, total_a = first
-    out_b, peak_b, total_b = second
-    peak = torch.maximum(peak_a, peak_b)
-    scale_a, scale_b = torch.exp(peak_a - peak), torch.exp(peak_b - peak)
-    total = total_a * scale_a + total_b * scale_b
-    return (out_a * scale_a[..., None] + out_b * scale_b[..., None]) / total[..., None]
+    """Softmax attention over the union of two parts' keys from each part's normalised output and
+    log-sum-exp (``[B, H, D]``, ``[B, H]``): the split softmax of flash-decoding,
+    ``sum_i out_i exp(lse_i - lse)`` with ``lse`` the log-sum-exp over both parts."""
+    out_a, lse_a = first
+    out_b, lse_b = second
+    lse = torch.logaddexp(lse_a, lse_b)
+    return out_a * torch.exp(lse_a - lse)[..., None] + out_b * torch.exp(lse_b - lse)[..., None]
 
 
 def decode(
@@ -270,8 +289,9 @@ def decode(
         raise ValueError("prompt_of_row must number the distinct prompts 0..U-1")
     prompt_layers = [] if prompt_cache is None or stop == 0 else [(l.keys, l.values) for l in prompt_cache.layers]
     masked = ~batch.attention_mask[[first_row[p] for p in range(len(first_row))], :stop].bool()[:, None, None, :]
+    sample = fused.layers[0].qkv.weight
+    mask = additive_mask(masked, sample.dtype)
     groups = PromptGroups(prompt_of_row, device)
-    sample = fused.layers[0].qkv[0]
     own_keys = [sample.new_empty((rows, fused.kv_heads, max_new_tokens, fused.head_dim)) for _ in fused.layers]
     own_values = [torch.empty_like(k) for k in own_keys]
     responses = Responses(rows, eos_ids)
@@ -284,23 +304,28 @@ def decode(
         cos, sin = fused.decoder.rotary_emb(x[:, None], positions[:, None])
         cos, signed_sin = cos[:, 0], torch.cat((-sin[:, 0, :half], sin[:, 0, half:]), dim=-1)
         for index, layer in enumerate(fused.layers):
-            qkv = F.linear(rms_norm(layer.input_norm, x), *layer.qkv).view(x.shape[0], heads + 2 * kv_heads, -1)
+            qkv = layer.qkv(rms_norm(layer.input_norm, x)).view(x.shape[0], heads + 2 * kv_heads, -1)
             q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
             if layer.q_norm is not None:
                 q, k = rms_norm(layer.q_norm, q), rms_norm(layer.k_norm, k)
-            q = rotate(q, cos, signed_sin) * fused.scaling
+            q = rotate(q, cos, signed_sin)
             own_keys[index][:, :, step] = rotate(k, cos, signed_sin)
             own_values[index][:, :, step] = v
-            own = _own_part(q, own_keys[index][:, :, : step + 1], own_values[index][:, :, : step + 1], kv_heads)
+            own_keys_now, own_values_now = own_keys[index][:, :, : step + 1], own_values[index][:, :, : step + 1]
+            own = _own_part(q, own_keys_now, own_values_now, kv_heads, fused.scaling)
             if prompt_layers:
                 keys, values = prompt_layers[index]
-                attended = combine(own, _prompt_part(q, keys, values, masked, groups, kv_heads))
+                attended = combine(own, _prompt_part(q, keys, values, mask, groups, kv_heads, fused.scaling))
             else:
-                attended = own[0] / own[2][..., None]
-            x = x + F.linear(attended.reshape(x.shape[0], -1), *layer.output)
+                attended = own[0]
+            x = x + layer.output(attended.reshape(x.shape[0], -1))
             h = rms_norm(layer.post_attention_norm, x)
-            x = x + F.linear(layer.activation(F.linear(h, *layer.gate)) * F.linear(h, *layer.up), *layer.down)
-        logits = fused.head(rms_norm(fused.decoder.norm, x)[:, None])[:, -1]  # [B, 1, H] in, as model.forward
+            x = x + layer.down(layer.activation(layer.gate(h)) * layer.up(h))
+        final = rms_norm(fused.decoder.norm, x)
+        if fused.packed_head is not None:
+            logits = fused.packed_head(final)
+        else:
+            logits = fused.head(final[:, None])[:, -1]  # [B, 1, H] in, as model.forward
         picked = pick(finalise_logits(logits.to(score_dtype(logits.dtype)), fused.config))
         keep = responses.add(picked)
         if not keep or step == max_new_tokens - 1:
@@ -317,6 +342,7 @@ def decode(
                 chosen = torch.tensor(still_read, device=device)
                 prompt_layers = [(k[chosen], v[chosen]) for k, v in prompt_layers]
                 masked = masked[chosen]
+                mask = additive_mask(masked, sample.dtype)
                 renumber = {p: i for i, p in enumerate(still_read)}
                 prompt_of_kept = [renumber[p] for p in prompt_of_kept]
             groups.update(prompt_of_kept)

@@ -132,7 +132,8 @@ def generate(
     once per distinct prompt (:mod:`memalpha.lm.fused_decode`); other decoders run their LoRA
     layers as single linear layers over folded copies (:mod:`memalpha.lm.folded_lora`). Either
     way the samples are the same up to float rounding, at the cost of one more copy of the
-    weights while sampling runs.
+    weights while sampling runs (two for the fused step in float32, whose products are also
+    packed for the batch's rows: :mod:`memalpha.lm.packed_linear`).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -173,7 +174,8 @@ def generate(
     fork_devices = [device] if device.type == "cuda" else []
     try:
         share_prefix = share_prefix and can_share_cache(decoder)  # asked in eval mode, as generation runs
-        fused = FusedDecoder.build(decoder, head, model_config) if fold_adapters else None
+        rows = min(step, len(prompt_ids))  # the rows of a batch: what the fused step's products are packed for
+        fused = FusedDecoder.build(decoder, head, model_config, rows) if fold_adapters else None
         with (
             torch.no_grad(),
             torch.random.fork_rng(devices=fork_devices, enabled=seed is not None),

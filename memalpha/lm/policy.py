@@ -83,12 +83,13 @@ class LMSettings:
         fold_adapters_for_sampling: While the policy samples, run the decoder from a copy of its
             linear weights with the LoRA update folded in (``W + s B A``, made once per generation
             call) instead of the base product plus two thin ones per layer; for float32/float64
-            Llama, Mistral, Qwen2 and Qwen3 decoders the decoding step is memalpha's own, and reads
-            a prompt's keys once for all the rows that sample it (``memalpha/lm/fused_decode.py``).
-            Samples equal the unfolded ones up to float rounding; decoding is ~20 % faster on the
-            embedded model on CPU. Costs one copy of the decoder's linear weights while sampling:
-            turn it off when that does not fit. 4-bit bases and LoRA variants (DoRA) are never
-            folded.
+            Llama, Mistral, Qwen2 and Qwen3 decoders on the CPU the decoding step is memalpha's
+            own, reads a prompt's keys once for all the rows that sample it, and in float32 runs
+            its products through weights packed for the batch's rows
+            (``memalpha/lm/fused_decode.py``). Samples equal the unfolded ones up to float
+            rounding. Costs one copy of the decoder's linear weights while sampling (two with
+            packing): turn it off when that does not fit. 4-bit bases and LoRA variants (DoRA)
+            are never folded.
     """
 
     precision: Precision = "fp32"
