@@ -13,7 +13,9 @@ step compares like with like. The paths, in one process, alternating ``--repeats
 * ``folded``  -- the same loop with each LoRA layer run as one product over a folded copy of
                  its weight (:mod:`memalpha.lm.folded_lora`; what non-Llama decoders get);
 * ``fused``   -- ``fold_adapters=True``: memalpha's own decoding step
-                 (:mod:`memalpha.lm.fused_decode`), q/k/v stacked, prompt keys read once per prompt.
+                 (:mod:`memalpha.lm.fused_decode`), q/k/v stacked, prompt keys read once per
+                 prompt, float32 products packed for the batch's rows (:mod:`memalpha.lm.packed_linear`);
+* ``fused_plain`` -- the same step with its products through ``F.linear`` (packing off).
 
 Prefill (the prompts' keys, once per distinct prompt) is timed apart from the decoding steps.
 Without ``--adapter-path`` a fresh adapter with drawn B matrices stands in (same shapes, same
@@ -37,12 +39,12 @@ from _common import command_line, machine_info, print_table, write_json
 from bench_vs_trl import build_job
 
 from memalpha.lm import decode as own_loop
-from memalpha.lm import fused_decode, generation
+from memalpha.lm import fused_decode, generation, packed_linear
 from memalpha.lm.chat import chat_prompt_ids
 from memalpha.lm.policy import LoraSettings, load_policy
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_decode.json"
-PATHS = ("peft", "folded", "fused")
+PATHS = ("peft", "folded", "fused", "fused_plain")
 NO_END = 10**9  # an end token no row emits
 
 
@@ -77,6 +79,9 @@ def run_path(path: str, model, tokenizer, rows: list[list[int]], max_new_tokens:
     generation.fused_decode = timer.wrap(fused_decode.decode)
     if path == "folded":
         generation.FusedDecoder = NoFused
+    packing = packed_linear.packing_available
+    if path == "fused_plain":
+        packed_linear.packing_available = lambda: False
     try:
         start = time.perf_counter()
         out = generation.generate(
@@ -86,6 +91,7 @@ def run_path(path: str, model, tokenizer, rows: list[list[int]], max_new_tokens:
         total = time.perf_counter() - start
     finally:
         generation.decode, generation.fused_decode, generation.FusedDecoder = saved
+        packed_linear.packing_available = packing
     return {
         "total_s": total,
         "decode_s": timer.seconds,

@@ -21,6 +21,7 @@ import _common
 import bench_decode
 import bench_rollout
 import bench_scale
+import bench_update
 
 
 @pytest.fixture
@@ -78,21 +79,37 @@ def test_bench_rollout_smoke(tmp_path, tokenizer, one_thread):
 
 
 def test_bench_decode_smoke_times_every_path_and_restores_generation(tmp_path, tokenizer, one_thread):
-    from memalpha.lm import generation
+    from memalpha.lm import generation, packed_linear
 
     before = (generation.decode, generation.fused_decode, generation.FusedDecoder)
+    packing = packed_linear.packing_available
     model_dir = build_tiny_model_dir(tmp_path / "tiny", tokenizer, hidden=32, layers=2, seed=1)
     out = tmp_path / "bench_decode.json"
     bench_decode.main(["--model", model_dir, "--max-new-tokens", "3", "--repeats", "1", "--out", str(out)])
     written = json.loads(out.read_text())
-    assert set(written["summary"]) == {"peft", "folded", "fused"}
+    assert set(written["summary"]) == {"peft", "folded", "fused", "fused_plain"}
     for records in written["runs"].values():
         (record,) = records
         assert record["tokens"] == 8 * 3  # 2 prompts x 4 rows, no row stops early
         assert 0 < record["decode_s"] < record["total_s"]
     assert (generation.decode, generation.fused_decode, generation.FusedDecoder) == before
+    assert packed_linear.packing_available is packing
     with pytest.raises(SystemExit):
         bench_decode.parse_args(["--paths", "peft,turbo"])
+
+
+def test_bench_update_smoke_times_both_layouts_with_the_same_gradients(tmp_path, tokenizer, one_thread):
+    from memalpha.lm import logprobs
+
+    before = logprobs.packed_response_hidden
+    model_dir = build_tiny_model_dir(tmp_path / "tiny", tokenizer, hidden=32, layers=2, seed=1)
+    out = tmp_path / "bench_update.json"
+    bench_update.main(["--model", model_dir, "--max-new-tokens", "6", "--repeats", "1", "--out", str(out)])
+    written = json.loads(out.read_text())
+    assert set(written["summary"]) == {"padded", "packed"}
+    assert len(written["settings"]["response_tokens"]) == 8
+    assert written["gradient_relative_difference"] < 1e-4  # float32: the same update either way
+    assert logprobs.packed_response_hidden is before
 
 
 def test_bench_rollout_engine_list_is_checked():

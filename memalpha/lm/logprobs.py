@@ -22,6 +22,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from memalpha.lm.layout import pad_prompt_response
+from memalpha.lm.packed_responses import packed_response_hidden
 from memalpha.lm.prefix_cache import (
     SharedPrefix,
     can_share_cache,
@@ -166,6 +167,28 @@ class TokenScores(NamedTuple):
     argmax_hits: torch.Tensor | None
 
 
+def _padded_response_hidden(decoder, batch, prompts, prefix: SharedPrefix | None, share_prefix: bool) -> torch.Tensor:
+    """The hidden states predicting ``batch``'s real response tokens (row-major) from the padded
+    layout: on top of the prompts' shared cache where rows share one, else the plain forward."""
+    cache = prompt_cache(decoder, batch, prompts, prefix) if share_prefix else None
+    if cache is not None:  # every prompt column but the last is cached
+        first_column = batch.prompt_width - 1
+        hidden = extend_cache(decoder, cache, batch, first_column, batch.input_ids.shape[1])
+        del cache
+    else:
+        first_column = 0
+        hidden = decoder(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        ).last_hidden_state
+    # hidden at column t predicts the token at column t + 1 (hidden starts at first_column)
+    first = batch.prompt_width - 1 - first_column
+    predicting = hidden[:, first : first + batch.response_mask.shape[1]]
+    return predicting[batch.response_mask.bool()]
+
+
 def token_scores(
     model,
     prompt_ids: list[list[int]],
@@ -198,7 +221,9 @@ def token_scores(
     With ``share_prefix`` the prompt prefix common to all rows (the system prompt of every
     memorising turn) goes through the decoder once per call, and within a micro-batch each
     distinct prompt goes through once; their key/value cache serves every row that shares them
-    (:mod:`memalpha.lm.prefix_cache`). The values equal the plain path up to float rounding.
+    (:mod:`memalpha.lm.prefix_cache`), and where it saves work the responses of a prompt's rows
+    run as one row without padding (:mod:`memalpha.lm.packed_responses`). The values equal the
+    plain path up to float rounding.
     ``prefix`` hands in a prefix computed by the caller (it must start every prompt), so that
     several calls can share one; HF gradient checkpointing drops caches, so a checkpointed
     model in training mode takes the plain path.
@@ -238,25 +263,11 @@ def token_scores(
             for kind in kinds:
                 out[kind].append(torch.zeros(len(prompts), width, device=device, dtype=dtype))
             continue
-        cache = prompt_cache(decoder, batch, prompts, prefix) if share_prefix else None
-        if cache is not None:  # every prompt column but the last is cached
-            first_column = batch.prompt_width - 1
-            hidden = extend_cache(decoder, cache, batch, first_column, batch.input_ids.shape[1])
-            del cache
-        else:
-            first_column = 0
-            hidden = decoder(
-                input_ids=batch.input_ids,
-                attention_mask=batch.attention_mask,
-                position_ids=batch.position_ids,
-                use_cache=False,
-            ).last_hidden_state
-        # hidden at column t predicts the token at column t + 1 (hidden starts at first_column)
-        first = batch.prompt_width - 1 - first_column
-        predicting = hidden[:, first : first + local_width]
         mask = batch.response_mask.bool()
-        rows = predicting[mask]
         targets = batch.input_ids[:, batch.prompt_width :][mask]
+        rows = packed_response_hidden(decoder, batch, prompts, prefix) if share_prefix else None
+        if rows is None:
+            rows = _padded_response_hidden(decoder, batch, prompts, prefix, share_prefix)
         found: dict[str, list[torch.Tensor]] = {kind: [] for kind in kinds}
         for r0 in range(0, rows.shape[0], token_chunk):
             h, y = rows[r0 : r0 + token_chunk], targets[r0 : r0 + token_chunk]
@@ -281,7 +292,7 @@ def token_scores(
         for kind in kinds:
             columns = torch.zeros(len(prompts), width, device=device, dtype=dtype)
             out[kind].append(columns.masked_scatter(placed, torch.cat(found[kind])))
-        del hidden, predicting, rows
+        del rows
     return TokenScores(
         torch.cat(out["logprobs"]),
         torch.cat(out["entropy"]) if with_entropy else None,

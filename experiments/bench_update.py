@@ -1,0 +1,161 @@
+"""Time of one GRPO update on the parity job's batch, with the responses padded or packed.
+
+Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench_update.py [--adapter-path runs/learning_curve/sft/adapter]
+
+The batch is ``bench_vs_trl.py --parity``'s: the embedded model with an adapter samples
+``--prompts`` memorising prompts of the memory job (~560 tokens) ``--group-size`` times each, up
+to ``--max-new-tokens`` tokens, once, with a fixed seed; the advantages are drawn. Then
+:func:`memalpha.grpo.update.accumulate_grpo_gradients` (the loss's forward and backward, in
+micro-batches of ``--micro-batch-size`` with the prompt prefix shared) runs on that batch in
+two layouts, alternating ``--repeats`` times in one process:
+
+* ``padded`` -- every response padded to the longest of its micro-batch, the prompt's cache
+                repeated to each row (:func:`memalpha.lm.logprobs.token_scores` without the
+                packed layout);
+* ``packed`` -- the responses of each distinct prompt one after another in one row, without
+                padding (:mod:`memalpha.lm.packed_responses`; the default where it saves work).
+
+Both must give the same loss and gradients up to float32 rounding; the report holds the
+relative difference of their gradients. Without ``--adapter-path`` a fresh adapter with drawn B
+matrices stands in. Writes ``experiments/results/bench_update.json`` (``--out`` to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch
+from _common import command_line, machine_info, print_table, write_json
+from bench_vs_trl import build_job
+
+from memalpha.grpo.advantages import group_advantages
+from memalpha.grpo.batch import GRPOBatch
+from memalpha.grpo.settings import UpdateSettings
+from memalpha.grpo.update import accumulate_grpo_gradients
+from memalpha.lm import logprobs
+from memalpha.lm.chat import chat_prompt_ids
+from memalpha.lm.generation import generate
+from memalpha.lm.policy import LoraSettings, load_policy
+
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_update.json"
+LAYOUTS = ("padded", "packed")
+
+
+def run_layout(layout: str, model, batch: GRPOBatch, settings: UpdateSettings, pad_id: int, max_len: int):
+    """One update's forward and backward in ``layout``: seconds, loss and the gradients."""
+    packed = logprobs.packed_response_hidden
+    if layout == "padded":
+        logprobs.packed_response_hidden = lambda *args: None
+    try:
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        metrics, _ = accumulate_grpo_gradients(
+            model, batch, settings, temperature=1.0, max_response_len=max_len, share_prefix=True, pad_id=pad_id,
+            token_normaliser=float(batch.response_tokens), seq_normaliser=float(len(batch)),
+            backward=lambda loss: loss.backward(),
+        )
+        seconds = time.perf_counter() - start
+    finally:
+        logprobs.packed_response_hidden = packed
+    grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    model.zero_grad(set_to_none=True)
+    return seconds, metrics["loss"], grads
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="embedded model name or local HF folder")
+    parser.add_argument("--adapter-path", default=None, help="PEFT adapter folder (default: a fresh drawn adapter)")
+    parser.add_argument("--prompts", type=int, default=2, help="distinct prompts")
+    parser.add_argument("--group-size", type=int, default=4, help="rows per prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=112)
+    parser.add_argument("--micro-batch-size", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=4, help="rounds of both layouts, alternating")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", default=str(RESULTS), help="JSON report path")
+    args = parser.parse_args(argv)
+    for name in ("prompts", "group_size", "max_new_tokens", "micro_batch_size", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.adapter_path and not (Path(args.adapter_path) / "adapter_config.json").is_file():
+        parser.error(f"--adapter-path {args.adapter_path!r} is not a PEFT adapter folder (no adapter_config.json)")
+    return args
+
+
+def main(argv=None) -> dict[str, Any]:
+    args = parse_args(argv)
+    machine = machine_info()
+    torch.manual_seed(args.seed)
+    lora = LoraSettings(r=16, alpha=32, dropout=0.0, target_modules="all-linear")  # the parity job's
+    model, tokenizer = load_policy(args.model, lora=lora, adapter_path=args.adapter_path)
+    if not args.adapter_path:
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if "lora_B" in name:
+                    parameter.normal_(0.0, 0.01)
+    prompts = [chat_prompt_ids(tokenizer, m, {}) for m, _ in build_job(args.prompts, 0, args.max_new_tokens, "memory")]
+    rows = [prompt for prompt in prompts for _ in range(args.group_size)]
+    sampled = generate(model, tokenizer, rows, max_new_tokens=args.max_new_tokens, seed=args.seed, fold_adapters=True)
+    groups = torch.arange(args.prompts).repeat_interleave(args.group_size)
+    drawn = torch.randn(len(rows), generator=torch.Generator().manual_seed(args.seed))
+    batch = GRPOBatch(
+        prompt_ids=sampled.prompt_ids, response_ids=sampled.response_ids,
+        advantages=group_advantages(drawn, groups, scale="group"), ref_logps=None,
+    )
+    settings = UpdateSettings(kl_coef=0.0, loss_agg="token-mean", micro_batch_size=args.micro_batch_size)
+    seconds: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
+    losses: dict[str, float] = {}
+    grads: dict[str, torch.Tensor] = {}
+    model.train()
+    for repeat in range(args.repeats):
+        for layout in LAYOUTS:
+            took, losses[layout], grads[layout] = run_layout(
+                layout, model, batch, settings, tokenizer.pad_token_id, args.max_new_tokens
+            )
+            seconds[layout].append(took)
+            print(f"[bench_update] repeat {repeat + 1}/{args.repeats} {layout}: {took:.2f} s", flush=True)
+    gradient_difference = float((grads["packed"] - grads["padded"]).norm() / grads["padded"].norm())
+    summary = {
+        layout: {
+            "runs": len(values), "update_s_median": statistics.median(values),
+            "update_s_min": min(values), "update_s_max": max(values), "loss": losses[layout],
+        }
+        for layout, values in seconds.items()
+    }
+    lengths = [len(r) for r in batch.response_ids]
+    print_table(
+        ["layout", "runs", "update s med", "min", "max", "loss"],
+        [[layout, s["runs"], s["update_s_median"], s["update_s_min"], s["update_s_max"], s["loss"]]
+         for layout, s in summary.items()],
+        floats=3,
+    )
+    print(f"response lengths {lengths}; gradients differ by {gradient_difference:.2e} of their norm")
+    report = {
+        "benchmark": "bench_update",
+        "command": command_line(),
+        "settings": {
+            "model": args.model, "adapter_path": args.adapter_path, "prompts": args.prompts,
+            "group_size": args.group_size, "max_new_tokens": args.max_new_tokens,
+            "micro_batch_size": args.micro_batch_size, "repeats": args.repeats, "seed": args.seed,
+            "prompt_tokens": [len(p) for p in prompts], "response_tokens": lengths,
+        },
+        "summary": summary,
+        "ratio_packed_over_padded": summary["packed"]["update_s_median"] / summary["padded"]["update_s_median"],
+        "gradient_relative_difference": gradient_difference,
+        "runs": seconds,
+    }
+    path = write_json(report, args.out, machine=machine)
+    print(f"wrote {path}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
