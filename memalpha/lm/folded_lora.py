@@ -48,24 +48,41 @@ def _active_plain_adapters(module) -> list[str] | None:
     return active
 
 
-def folded_weight(module, adapters: list[str]) -> torch.Tensor:
-    """``W + sum_a s_a B_a A_a`` of a PEFT LoRA linear layer, as a new tensor in ``W``'s dtype."""
-    base = module.get_base_layer().weight
-    weight = base.detach().clone()
+def folded_weight(module, adapters: list[str], out: torch.Tensor | None = None) -> torch.Tensor:
+    """``W + sum_a s_a B_a A_a`` of a PEFT LoRA linear layer in ``W``'s dtype, written into ``out``
+    (a new tensor when None). Adapters in ``W``'s dtype are added by one ``addmm`` each, without
+    a temporary of the weight's size; others through PEFT's ``get_delta_weight``."""
+    base = module.get_base_layer().weight.detach()
+    weight = torch.empty_like(base) if out is None else out
+    weight.copy_(base)
     for name in adapters:
-        weight += module.get_delta_weight(name).detach().to(weight.dtype)
+        a, b = module.lora_A[name].weight.detach(), module.lora_B[name].weight.detach()
+        if not module.fan_in_fan_out and a.dtype == b.dtype == weight.dtype:
+            weight.addmm_(b, a, alpha=module.scaling[name])
+        else:
+            weight += module.get_delta_weight(name).detach().to(weight.dtype)
     return weight
 
 
-def effective_weight(module) -> torch.Tensor | None:
+def effective_weight(module, out: torch.Tensor | None = None) -> torch.Tensor | None:
     """The weight ``module`` applies, adapters included: a ``torch.nn.Linear``'s own weight, a
     PEFT LoRA layer's base weight while its adapters are off (or merged), its folded weight while
-    plain adapters are on; None for anything else (4-bit layers, DoRA, a LoRA bias, other types)."""
-    if type(module) is torch.nn.Linear:
-        return module.weight.detach()
+    plain adapters are on; None for anything else (4-bit layers, DoRA, a LoRA bias, other types).
+    With ``out`` the weight is written there (and ``out`` returned) instead of being returned
+    as the module's own tensor or a new one."""
     adapters = _active_plain_adapters(module)
     if adapters is not None:
-        return folded_weight(module, adapters)
+        return folded_weight(module, adapters, out)
+    weight = _own_weight(module)
+    if weight is None or out is None:
+        return weight
+    return out.copy_(weight)
+
+
+def _own_weight(module) -> torch.Tensor | None:
+    """The weight of a ``torch.nn.Linear``, or of a PEFT LoRA layer whose adapters are off."""
+    if type(module) is torch.nn.Linear:
+        return module.weight.detach()
     try:
         from peft.tuners.lora.layer import Linear as LoraLinear
     except ImportError:

@@ -57,7 +57,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torc
     """Rotary embedding of ``x`` ``[B, heads, D]`` as the Llama family applies it
     (``x cos + rotate_half(x) sin``): ``rotate_half(x)`` is ``x`` rolled by half its width with the
     first half negated, so ``signed_sin`` ``[B, D]`` is ``sin`` with its first half negated."""
-    return x * cos[:, None] + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin[:, None]
+    return torch.addcmul(x * cos[:, None], torch.roll(x, x.shape[-1] // 2, dims=-1), signed_sin[:, None])
 
 
 def rms_norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -83,17 +83,31 @@ def _stacked(modules: Sequence[torch.nn.Module], rows: int | None) -> LinearProd
     and their biases (zeros where one has none; None when none has any), packed for ``rows`` rows
     (:class:`~memalpha.lm.packed_linear.LinearProduct`); None if any module is not foldable. A
     single plain ``torch.nn.Linear``'s weight is not copied (its packed layout is)."""
-    weights = [effective_weight(module) for module in modules]
-    if any(weight is None for weight in weights):
-        return None
     biases = [getattr(module.get_base_layer() if hasattr(module, "get_base_layer") else module, "bias", None)
               for module in modules]
     if len(modules) == 1:
-        return LinearProduct.build(weights[0], biases[0], rows)
+        weight = effective_weight(modules[0])
+        return None if weight is None else LinearProduct.build(weight, biases[0], rows)
+    bases = [_base_weight(module) for module in modules]
+    if any(weight is None for weight in bases) or len({weight.shape[1] for weight in bases}) != 1:
+        return None
+    stacked = bases[0].new_empty(sum(weight.shape[0] for weight in bases), bases[0].shape[1])
+    start = 0
+    for module, base in zip(modules, bases):  # each folded straight into its rows of the stack
+        if effective_weight(module, out=stacked[start : start + base.shape[0]]) is None:
+            return None
+        start += base.shape[0]
     bias = None
     if any(b is not None for b in biases):
-        bias = torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
-    return LinearProduct.build(torch.cat(weights, dim=0), bias, rows)
+        bias = torch.cat([b.detach() if b is not None else stacked.new_zeros(w.shape[0]) for b, w in zip(biases, bases)])
+    return LinearProduct.build(stacked, bias, rows)
+
+
+def _base_weight(module) -> torch.Tensor | None:
+    """The 2-D weight of a linear module (of its base layer under PEFT); None when it has none."""
+    base = module.get_base_layer() if hasattr(module, "get_base_layer") else module
+    weight = getattr(base, "weight", None)
+    return weight.detach() if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
 
 
 @dataclass
@@ -254,12 +268,12 @@ def _own_part(q, keys, values, kv_heads: int, scale: float):
 
 def combine(first, second) -> torch.Tensor:
     """Softmax attention over the union of two parts' keys from each part's normalised output and
-    log-sum-exp (``[B, H, D]``, ``[B, H]``): the split softmax of flash-decoding,
-    ``sum_i out_i exp(lse_i - lse)`` with ``lse`` the log-sum-exp over both parts."""
+    log-sum-exp (``[B, H, D]``, ``[B, H]``): the split softmax of flash-decoding. The first part's
+    share of the whole is ``exp(lse_a) / (exp(lse_a) + exp(lse_b)) = sigmoid(lse_a - lse_b)``, so
+    the result is ``lerp(out_b, out_a, sigmoid(lse_a - lse_b))``."""
     out_a, lse_a = first
     out_b, lse_b = second
-    lse = torch.logaddexp(lse_a, lse_b)
-    return out_a * torch.exp(lse_a - lse)[..., None] + out_b * torch.exp(lse_b - lse)[..., None]
+    return torch.lerp(out_b, out_a, torch.sigmoid(lse_a - lse_b)[..., None])
 
 
 def decode(
@@ -305,12 +319,14 @@ def decode(
         cos, signed_sin = cos[:, 0], torch.cat((-sin[:, 0, :half], sin[:, 0, half:]), dim=-1)
         for index, layer in enumerate(fused.layers):
             qkv = layer.qkv(rms_norm(layer.input_norm, x)).view(x.shape[0], heads + 2 * kv_heads, -1)
-            q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
-            if layer.q_norm is not None:
-                q, k = rms_norm(layer.q_norm, q), rms_norm(layer.k_norm, k)
-            q = rotate(q, cos, signed_sin)
-            own_keys[index][:, :, step] = rotate(k, cos, signed_sin)
-            own_values[index][:, :, step] = v
+            if layer.q_norm is not None:  # Qwen3: q and k normed apart before the rotation
+                q = rotate(rms_norm(layer.q_norm, qkv[:, :heads]), cos, signed_sin)
+                k = rotate(rms_norm(layer.k_norm, qkv[:, heads : heads + kv_heads]), cos, signed_sin)
+            else:  # q and k side by side: one rotation
+                qk = rotate(qkv[:, : heads + kv_heads], cos, signed_sin)
+                q, k = qk[:, :heads], qk[:, heads:]
+            own_keys[index][:, :, step] = k
+            own_values[index][:, :, step] = qkv[:, heads + kv_heads :]
             own_keys_now, own_values_now = own_keys[index][:, :, : step + 1], own_values[index][:, :, : step + 1]
             own = _own_part(q, own_keys_now, own_values_now, kv_heads, fused.scaling)
             if prompt_layers:
