@@ -36,12 +36,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 from _common import command_line, machine_info, print_table, write_json
-from bench_vs_trl import build_job
+from _parity_job import add_job_arguments, check_job_arguments, load_job
 
 from memalpha.lm import decode as own_loop
 from memalpha.lm import fused_decode, generation, packed_linear
-from memalpha.lm.chat import chat_prompt_ids
-from memalpha.lm.policy import LoraSettings, load_policy
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_decode.json"
 PATHS = ("peft", "folded", "fused", "fused_plain")
@@ -116,26 +114,18 @@ def summarise(records: list[dict[str, float]]) -> dict[str, float]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="embedded model name or local HF folder")
-    parser.add_argument("--adapter-path", default=None, help="PEFT adapter folder (default: a fresh drawn adapter)")
-    parser.add_argument("--prompts", type=int, default=2, help="distinct prompts")
-    parser.add_argument("--group-size", type=int, default=4, help="rows per prompt")
-    parser.add_argument("--max-new-tokens", type=int, default=112)
+    add_job_arguments(parser)
     parser.add_argument("--repeats", type=int, default=3, help="rounds of all paths, alternating")
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {','.join(PATHS)}")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(RESULTS), help="JSON report path")
     args = parser.parse_args(argv)
-    for name in ("prompts", "group_size", "max_new_tokens", "repeats"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    check_job_arguments(parser, args, "repeats")
     paths = [p for p in args.paths.split(",") if p]
     unknown = sorted(set(paths) - set(PATHS))
     if unknown or not paths:
         parser.error(f"--paths: unknown {unknown or 'empty list'}; choose from {list(PATHS)}")
     args.paths = paths
-    if args.adapter_path and not (Path(args.adapter_path) / "adapter_config.json").is_file():
-        parser.error(f"--adapter-path {args.adapter_path!r} is not a PEFT adapter folder (no adapter_config.json)")
     return args
 
 
@@ -143,14 +133,7 @@ def main(argv=None) -> dict[str, Any]:
     args = parse_args(argv)
     machine = machine_info()
     torch.manual_seed(args.seed)
-    model, tokenizer = load_policy(args.model, lora=LoraSettings(), adapter_path=args.adapter_path)
-    if not args.adapter_path:
-        with torch.no_grad():
-            for name, parameter in model.named_parameters():
-                if "lora_B" in name:
-                    parameter.normal_(0.0, 0.01)
-    prompts = [chat_prompt_ids(tokenizer, messages, {}) for messages, _ in build_job(args.prompts, args.seed, args.max_new_tokens, "memory")]
-    rows = [prompt for prompt in prompts for _ in range(args.group_size)]
+    model, tokenizer, prompts, rows = load_job(args, job_seed=args.seed)
     records: dict[str, list[dict[str, float]]] = {path: [] for path in args.paths}
     for repeat in range(args.repeats):
         for path in args.paths:

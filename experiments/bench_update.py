@@ -34,16 +34,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 from _common import command_line, machine_info, print_table, write_json
-from bench_vs_trl import build_job
+from _parity_job import add_job_arguments, check_job_arguments, load_job
 
 from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import UpdateSettings
 from memalpha.grpo.update import accumulate_grpo_gradients
 from memalpha.lm import logprobs
-from memalpha.lm.chat import chat_prompt_ids
 from memalpha.lm.generation import generate
-from memalpha.lm.policy import LoraSettings, load_policy
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_update.json"
 LAYOUTS = ("padded", "packed")
@@ -72,21 +70,13 @@ def run_layout(layout: str, model, batch: GRPOBatch, settings: UpdateSettings, p
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="embedded model name or local HF folder")
-    parser.add_argument("--adapter-path", default=None, help="PEFT adapter folder (default: a fresh drawn adapter)")
-    parser.add_argument("--prompts", type=int, default=2, help="distinct prompts")
-    parser.add_argument("--group-size", type=int, default=4, help="rows per prompt")
-    parser.add_argument("--max-new-tokens", type=int, default=112)
+    add_job_arguments(parser)
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=4, help="rounds of both layouts, alternating")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default=str(RESULTS), help="JSON report path")
     args = parser.parse_args(argv)
-    for name in ("prompts", "group_size", "max_new_tokens", "micro_batch_size", "repeats"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.adapter_path and not (Path(args.adapter_path) / "adapter_config.json").is_file():
-        parser.error(f"--adapter-path {args.adapter_path!r} is not a PEFT adapter folder (no adapter_config.json)")
+    check_job_arguments(parser, args, "micro_batch_size", "repeats")
     return args
 
 
@@ -94,15 +84,7 @@ def main(argv=None) -> dict[str, Any]:
     args = parse_args(argv)
     machine = machine_info()
     torch.manual_seed(args.seed)
-    lora = LoraSettings(r=16, alpha=32, dropout=0.0, target_modules="all-linear")  # the parity job's
-    model, tokenizer = load_policy(args.model, lora=lora, adapter_path=args.adapter_path)
-    if not args.adapter_path:
-        with torch.no_grad():
-            for name, parameter in model.named_parameters():
-                if "lora_B" in name:
-                    parameter.normal_(0.0, 0.01)
-    prompts = [chat_prompt_ids(tokenizer, m, {}) for m, _ in build_job(args.prompts, 0, args.max_new_tokens, "memory")]
-    rows = [prompt for prompt in prompts for _ in range(args.group_size)]
+    model, tokenizer, prompts, rows = load_job(args, job_seed=0)
     sampled = generate(model, tokenizer, rows, max_new_tokens=args.max_new_tokens, seed=args.seed, fold_adapters=True)
     groups = torch.arange(args.prompts).repeat_interleave(args.group_size)
     drawn = torch.randn(len(rows), generator=torch.Generator().manual_seed(args.seed))
