@@ -149,7 +149,7 @@ class FusedDecoder:
             return None
         if full_attention_layers(config) is None or not hasattr(decoder, "rotary_emb"):
             return None
-        if decoder.embed_tokens.weight.device.type != "cpu":
+        if decoder.embed_tokens.weight.device.type != "cpu" or cpu_flash_attention is None:
             return None  # its attention is PyTorch's CPU kernel
         if decoder.embed_tokens.weight.dtype not in (torch.float32, torch.float64):
             return None  # half-precision attention here would round more than the model's own kernels
@@ -223,8 +223,9 @@ class PromptGroups:
         self.slot_of_row = torch.tensor(slot_of_row, dtype=torch.long, device=self.device)
 
 
-cpu_flash_attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-"""PyTorch's CPU flash-attention kernel (what ``F.scaled_dot_product_attention`` runs on the CPU):
+cpu_flash_attention = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+"""PyTorch's CPU flash-attention kernel (what ``F.scaled_dot_product_attention`` runs on the CPU;
+None in a build without it, where :meth:`FusedDecoder.build` declines):
 ``(out, lse)`` for queries ``[N, heads, L, D]``, keys and values ``[N, heads, S, D]`` and an
 additive mask broadcast to ``[N, heads, L, S]``; ``lse`` ``[N, heads, L]`` is the natural
 log-sum-exp of each query's scaled, masked scores, which is what combining two parts needs."""
