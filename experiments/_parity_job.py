@@ -53,3 +53,12 @@ def load_job(args: argparse.Namespace, job_seed: int):
     job = build_job(args.prompts, job_seed, args.max_new_tokens, "memory")
     prompts = [chat_prompt_ids(tokenizer, messages, {}) for messages, _ in job]
     return model, tokenizer, prompts, [prompt for prompt in prompts for _ in range(args.group_size)]
+
+
+def job_settings(args: argparse.Namespace, prompts: list[list[int]], **more) -> dict:
+    """The ``settings`` block of a report: the job's options, the prompts' lengths and ``more``."""
+    return {
+        "model": args.model, "adapter_path": args.adapter_path, "prompts": args.prompts,
+        "group_size": args.group_size, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+        "seed": args.seed, "prompt_tokens": [len(p) for p in prompts], **more,
+    }

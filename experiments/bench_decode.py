@@ -36,7 +36,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 from _common import command_line, machine_info, print_table, write_json
-from _parity_job import add_job_arguments, check_job_arguments, load_job
+from _parity_job import add_job_arguments, check_job_arguments, job_settings, load_job
 
 from memalpha.lm import decode as own_loop
 from memalpha.lm import fused_decode, generation, packed_linear
@@ -154,11 +154,7 @@ def main(argv=None) -> dict[str, Any]:
     report = {
         "benchmark": "bench_decode",
         "command": command_line(),
-        "settings": {
-            "model": args.model, "adapter_path": args.adapter_path, "prompts": args.prompts,
-            "group_size": args.group_size, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-            "prompt_tokens": [len(p) for p in prompts], "seed": args.seed,
-        },
+        "settings": job_settings(args, prompts),
         "summary": summary,
         "runs": records,
     }

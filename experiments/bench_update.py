@@ -34,7 +34,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 from _common import command_line, machine_info, print_table, write_json
-from _parity_job import add_job_arguments, check_job_arguments, load_job
+from _parity_job import add_job_arguments, check_job_arguments, job_settings, load_job
 
 from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch
@@ -123,12 +123,7 @@ def main(argv=None) -> dict[str, Any]:
     report = {
         "benchmark": "bench_update",
         "command": command_line(),
-        "settings": {
-            "model": args.model, "adapter_path": args.adapter_path, "prompts": args.prompts,
-            "group_size": args.group_size, "max_new_tokens": args.max_new_tokens,
-            "micro_batch_size": args.micro_batch_size, "repeats": args.repeats, "seed": args.seed,
-            "prompt_tokens": [len(p) for p in prompts], "response_tokens": lengths,
-        },
+        "settings": job_settings(args, prompts, micro_batch_size=args.micro_batch_size, response_tokens=lengths),
         "summary": summary,
         "ratio_packed_over_padded": summary["packed"]["update_s_median"] / summary["padded"]["update_s_median"],
         "gradient_relative_difference": gradient_difference,

@@ -11,12 +11,12 @@ from memalpha.lm import generation
 from memalpha.lm.fused_decode import (
     FusedDecoder,
     PromptGroups,
-    additive_mask,
     combine,
     cpu_flash_attention,
     rotate,
 )
 from memalpha.lm.generation import generate
+from memalpha.lm.layout import additive_mask
 from memalpha.lm.prefix_cache import split_decoder_and_head
 
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]

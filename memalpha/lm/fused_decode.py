@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from memalpha.lm.decode import Responses
 from memalpha.lm.folded_lora import effective_weight
-from memalpha.lm.layout import PaddedBatch
+from memalpha.lm.layout import PaddedBatch, additive_mask
 from memalpha.lm.logprobs import finalise_logits, score_dtype
 from memalpha.lm.packed_linear import LinearProduct
 from memalpha.lm.prefix_cache import full_attention_layers
@@ -229,16 +229,6 @@ None in a build without it, where :meth:`FusedDecoder.build` declines):
 ``(out, lse)`` for queries ``[N, heads, L, D]``, keys and values ``[N, heads, S, D]`` and an
 additive mask broadcast to ``[N, heads, L, S]``; ``lse`` ``[N, heads, L]`` is the natural
 log-sum-exp of each query's scaled, masked scores, which is what combining two parts needs."""
-
-
-def additive_mask(masked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
-    """``masked`` (True on columns no query may see) as the additive mask the kernel takes: the
-    dtype's minimum there, 0 elsewhere; None when nothing is masked. A row whose columns are all
-    masked then reports a log-sum-exp near the dtype's minimum, so it weighs nothing in
-    :func:`combine`."""
-    if not bool(masked.any()):
-        return None
-    return torch.zeros(masked.shape, dtype=dtype, device=masked.device).masked_fill_(masked, torch.finfo(dtype).min)
 
 
 def _prompt_part(q, keys, values, mask, groups: PromptGroups, kv_heads: int, scale: float):

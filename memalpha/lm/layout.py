@@ -110,3 +110,13 @@ def response_mask(
     :class:`PaddedBatch` for responses scored on their own)."""
     lengths = torch.tensor([len(r) for r in responses], device=device)
     return (torch.arange(width, device=device)[None, :] < lengths[:, None]).to(dtype)
+
+
+def additive_mask(masked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """``masked`` (True where a query may not attend) as an additive attention mask: the dtype's
+    minimum there, 0 elsewhere; None when nothing is masked. The minimum rather than ``-inf``
+    keeps a fully masked row finite: its log-sum-exp then lies near the dtype's minimum, so it
+    weighs nothing when two attention parts are combined (:func:`memalpha.lm.fused_decode.combine`)."""
+    if not bool(masked.any()):
+        return None
+    return torch.zeros(masked.shape, dtype=dtype, device=masked.device).masked_fill_(masked, torch.finfo(dtype).min)

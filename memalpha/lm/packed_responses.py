@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from memalpha.lm.layout import PaddedBatch
+from memalpha.lm.layout import PaddedBatch, additive_mask
 from memalpha.lm.prefix_cache import SharedPrefix, distinct_prompt_cache, unique_rows
 
 MASK_IMPLEMENTATIONS = ("sdpa", "eager")
@@ -123,12 +123,10 @@ def packed_response_hidden(
         return None
     cache, prompt_of_row = distinct_prompt_cache(decoder, batch, prompts, prefix)
     layout = SegmentLayout.build(batch, prompt_of_row)
-    dtype = cache.layers[0].keys.dtype
-    mask = torch.zeros(layout.visible.shape, dtype=dtype, device=layout.visible.device)
-    mask.masked_fill_(~layout.visible, torch.finfo(dtype).min)
+    mask = additive_mask(~layout.visible, cache.layers[0].keys.dtype)
     hidden = decoder(
         input_ids=layout.input_ids,
-        attention_mask=mask[:, None],
+        attention_mask=None if mask is None else mask[:, None],  # None: one query per row, it sees all
         position_ids=layout.position_ids,
         past_key_values=cache,
         use_cache=True,
