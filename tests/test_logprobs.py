@@ -10,7 +10,7 @@ from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
 from memalpha.lm.layout import pad_prompt_response
-from memalpha.lm.logprobs import token_logprobs
+from memalpha.lm.logprobs import HeadLogprob, streams_head, token_logprobs
 from memalpha.lm.policy import LoraSettings, load_policy
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14], [15, 16]]
@@ -77,7 +77,48 @@ def test_logprobs_equal_naive_log_softmax(policy64, temperature, token_chunk, vo
     assert torch.all(got[0, :4] < 0)
 
 
-def test_logprob_gradients_equal_naive(policy64):
+@pytest.mark.parametrize(("temperature", "vocab_chunk", "bias"), [(1.0, None, False), (0.7, 7, True), (1.3, 3, True)])
+def test_head_logprob_gradients_equal_finite_differences(temperature, vocab_chunk, bias):
+    """The streamed head's hand-written backward against float64 finite differences, for the
+    hidden rows, the head's weight and its bias; targets fall in every vocabulary slice."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(5, 20, bias=bias).double()
+    hidden = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+    targets = torch.tensor([0, 3, 6, 7, 13, 19, 19])
+
+    def logprob(h, weight, b=head.bias):  # gradcheck nudges these very tensors, which the head holds
+        return HeadLogprob.apply(h, weight, b, targets, head, None, temperature, vocab_chunk, True, True)[0]
+
+    inputs = (hidden, head.weight, head.bias) if bias else (hidden, head.weight)
+    assert torch.autograd.gradcheck(logprob, inputs)
+    value, entropy, hits = HeadLogprob.apply(hidden, head.weight, head.bias, targets, head, None, temperature,
+                                             vocab_chunk, True, True)
+    expected = torch.log_softmax(head(hidden) / temperature, dim=-1)
+    assert_close(value, expected.gather(1, targets[:, None]).squeeze(1), VALUE_REL, "log-probs")
+    assert_close(entropy, -(expected.exp() * expected).sum(-1), VALUE_REL, "entropy")
+    assert not entropy.requires_grad and not hits.requires_grad
+
+
+def test_only_plain_linear_heads_are_streamed():
+    class Config:
+        logit_scale = None
+        final_logit_softcapping = None
+
+    head = torch.nn.Linear(4, 6)
+    assert streams_head(head, Config())
+    Config.logit_scale = 0.5  # Cohere: the checkpointed path applies it
+    assert not streams_head(head, Config())
+    Config.logit_scale, Config.final_logit_softcapping = None, 30.0  # Gemma 2
+    assert not streams_head(head, Config())
+    assert not streams_head(torch.nn.Sequential(head), object())
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_logprob_gradients_equal_naive_on_both_head_paths(policy64, streamed, monkeypatch):
+    """The whole model's gradients through the streamed head and through the checkpointed one."""
+    from memalpha.lm import logprobs
+
+    monkeypatch.setattr(logprobs, "streams_head", lambda head, config: streamed)
     model, _ = policy64
     weights = torch.linspace(0.5, 2.0, 7, dtype=torch.float64)
 
@@ -86,8 +127,9 @@ def test_logprob_gradients_equal_naive(policy64):
         (fn() * weights).sum().backward()
         return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
 
-    ours = grads(lambda: token_logprobs(model, PROMPTS, RESPONSES, token_chunk=3, vocab_chunk=5000, micro_batch_size=2))
-    naive = grads(lambda: naive_logprobs(model, PROMPTS, RESPONSES)[0])
+    ours = grads(lambda: token_logprobs(model, PROMPTS, RESPONSES, temperature=0.8, token_chunk=3,
+                                         vocab_chunk=5000, micro_batch_size=2))
+    naive = grads(lambda: naive_logprobs(model, PROMPTS, RESPONSES, temperature=0.8)[0])
     model.zero_grad(set_to_none=True)
     assert_same_gradients(ours, naive)
     assert any(g.abs().sum() > 0 for g in ours.values())

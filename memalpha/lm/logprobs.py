@@ -9,8 +9,10 @@ float32 -- the same scaling ``transformers`` applies before sampling (top-k/top-
 is not part of the scored distribution). A full-vocabulary log-softmax is never built.
 
 Without grad the head chunk is transformed in place, so the extra memory is one chunk of
-logits plus row vectors. With grad each chunk runs under activation checkpointing: only its
-hidden rows are kept and its logits are recomputed during backward, one chunk at a time.
+logits plus row vectors. With grad only each chunk's hidden rows and log-sum-exps are kept and
+its logits are recomputed during backward, one chunk at a time: through :class:`HeadLogprob`
+(forward as without grad, a hand-written backward, both in place) for a plain linear head, and
+under activation checkpointing for any other head.
 """
 
 from __future__ import annotations
@@ -78,6 +80,14 @@ def _rows_logprob_nograd(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Log-prob (and entropy, and whether the target is the most likely token) of ``targets`` for rows
     of ``hidden``; in-place, no autograd."""
+    return _streamed_scores(hidden, targets, head, config, temperature, vocab_chunk, want_entropy, want_hits)[:3]
+
+
+def _streamed_scores(
+    hidden: torch.Tensor, targets: torch.Tensor, head, config, temperature: float, vocab_chunk, want_entropy: bool,
+    want_hits: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    """:func:`_rows_logprob_nograd`'s three results and each row's log-sum-exp of its scaled logits."""
     rows = hidden.shape[0]
     vocab = head.out_features if hasattr(head, "out_features") else None
     slices = _vocab_slices(vocab, vocab_chunk) if vocab is not None else [None]
@@ -122,7 +132,7 @@ def _rows_logprob_nograd(
     logprob = target_logit - log_norm
     entropy = log_norm - running_dot / running_sum if want_entropy else None
     hits = (target_logit >= running_max).to(logprob.dtype) if want_hits else None
-    return logprob, entropy, hits
+    return logprob, entropy, hits, log_norm
 
 
 def _rows_logprob_grad(
@@ -157,6 +167,74 @@ def _rows_logprob_grad(
         target_logit = torch.where(inside, picked, target_logit)
         norms.append(torch.logsumexp(logits, dim=1))
     return target_logit - torch.logsumexp(torch.stack(norms, dim=1), dim=1), None, None
+
+
+def streams_head(head, config) -> bool:
+    """Whether :class:`HeadLogprob` can score through ``head``: a plain ``torch.nn.Linear`` whose
+    logits the model uses as they come (no logit scale, no soft-capping)."""
+    return (
+        type(head) is torch.nn.Linear
+        and getattr(config, "logit_scale", None) is None
+        and getattr(config, "final_logit_softcapping", None) is None
+    )
+
+
+class HeadLogprob(torch.autograd.Function):
+    """Differentiable log-prob of ``targets`` under a linear head, with no logits kept for backward.
+
+    Forward is :func:`_rows_logprob_nograd` (the vocabulary streamed through in place, entropy and
+    argmax hits from the same pass). Backward recomputes each vocabulary slice's logits once and
+    turns them in place into the gradient of ``z_y - logsumexp(z)``, ``g * (onehot(y) - softmax(z))``
+    (divided by the temperature, as ``z = head(h) / T``), then multiplies it back through the head.
+    Checkpointing :func:`_rows_logprob_grad` does the same products but recomputes the forward's
+    elementwise passes under autograd and keeps their results; this is the path for plain heads.
+    Only ``hidden``, ``weight`` and ``bias`` receive gradients; entropy and hits carry none.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, head, config, temperature, vocab_chunk, want_entropy, want_hits):
+        logprob, entropy, hits, log_norm = _streamed_scores(
+            hidden, targets, head, config, temperature, vocab_chunk, want_entropy, want_hits
+        )
+        ctx.save_for_backward(hidden, targets, log_norm)
+        ctx.head, ctx.config, ctx.temperature, ctx.vocab_chunk = head, config, temperature, vocab_chunk
+        extras = [t for t in (entropy, hits) if t is not None]
+        ctx.mark_non_differentiable(*extras)
+        return logprob, entropy, hits
+
+    @staticmethod
+    def backward(ctx, grad, _entropy_grad, _hits_grad):
+        hidden, targets, log_norm = ctx.saved_tensors
+        head, temperature = ctx.head, ctx.temperature
+        want_hidden, want_weight, want_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.zeros_like(hidden) if want_hidden else None
+        grad_weight = torch.zeros_like(head.weight) if want_weight else None
+        grad_bias = torch.zeros_like(head.bias) if want_bias else None
+        grad = grad.to(log_norm.dtype)
+        for columns in _vocab_slices(head.out_features, ctx.vocab_chunk):
+            logits = _head_logits(head, hidden, ctx.config, columns)
+            if temperature != 1.0:
+                logits.div_(temperature)
+            start = 0 if columns is None else columns.start
+            local = targets - start
+            rows = torch.nonzero((local >= 0) & (local < logits.shape[1])).squeeze(1)
+            # d(z_y - lse z)/dz = onehot(y) - softmax(z), times the incoming gradient
+            logits.sub_(log_norm.unsqueeze(1)).exp_().mul_(-grad.unsqueeze(1))
+            logits.index_put_((rows, local[rows]), grad[rows], accumulate=True)
+            if temperature != 1.0:
+                logits.div_(temperature)
+            d_out = logits.to(hidden.dtype)
+            weight = head.weight if columns is None else head.weight[columns]
+            if want_hidden:
+                grad_hidden.addmm_(d_out, weight)
+            if want_weight:
+                target = grad_weight if columns is None else grad_weight[columns]
+                target.addmm_(d_out.t(), hidden)
+            if want_bias:
+                target = grad_bias if columns is None else grad_bias[columns]
+                target.add_(d_out.sum(dim=0))
+            del logits, d_out
+        return grad_hidden, grad_weight, grad_bias, *([None] * 7)
 
 
 class TokenScores(NamedTuple):
@@ -239,6 +317,7 @@ def token_scores(
     dtype = score_dtype(head.weight.dtype) if hasattr(head, "weight") else torch.float32
     width = max((len(r) for r in response_ids), default=0)
     grad = torch.is_grad_enabled()
+    streams = streams_head(head, config)
     # A checkpointed layer in training mode drops any cache it is given, so nothing can be shared then.
     share_prefix = share_prefix and can_share_cache(decoder)
     if not share_prefix:
@@ -271,7 +350,11 @@ def token_scores(
         found: dict[str, list[torch.Tensor]] = {kind: [] for kind in kinds}
         for r0 in range(0, rows.shape[0], token_chunk):
             h, y = rows[r0 : r0 + token_chunk], targets[r0 : r0 + token_chunk]
-            if grad:
+            if grad and streams:
+                value, ent, hit = HeadLogprob.apply(
+                    h, head.weight, head.bias, y, head, config, temperature, vocab_chunk, with_entropy, with_accuracy
+                )
+            elif grad:
                 value, ent, hit = checkpoint(
                     _rows_logprob_grad, h, y, head, config, temperature, vocab_chunk, with_entropy, with_accuracy,
                     use_reentrant=False,
