@@ -111,6 +111,11 @@ def test_only_plain_linear_heads_are_streamed():
     Config.logit_scale, Config.final_logit_softcapping = None, 30.0  # Gemma 2
     assert not streams_head(head, Config())
     assert not streams_head(torch.nn.Sequential(head), object())
+    Config.final_logit_softcapping = None
+    hook = head.register_forward_hook(lambda module, inputs, output: output * 2)  # e.g. a fault injector
+    assert not streams_head(head, Config())
+    hook.remove()
+    assert streams_head(head, Config())
 
 
 @pytest.mark.parametrize("streamed", [True, False])

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from memalpha.lm.accumulated_lora import accumulated_adapters
 from memalpha.lm.layout import pad_prompt_response
 from memalpha.lm.packed_responses import packed_response_hidden
 from memalpha.lm.prefix_cache import (
@@ -171,9 +172,16 @@ def _rows_logprob_grad(
 
 def streams_head(head, config) -> bool:
     """Whether :class:`HeadLogprob` can score through ``head``: a plain ``torch.nn.Linear`` whose
-    logits the model uses as they come (no logit scale, no soft-capping)."""
+    logits the model uses as they come (no logit scale, no soft-capping) and that no forward hook
+    watches (a hook may change the logits or hook their gradient, which a hand-written backward
+    cannot follow; such heads keep the checkpointed path, under autograd)."""
+    if type(head) is not torch.nn.Linear:
+        return False
+    every_module = torch.nn.modules.module
+    hooks = (head._forward_hooks, head._forward_pre_hooks,
+             every_module._global_forward_hooks, every_module._global_forward_pre_hooks)
     return (
-        type(head) is torch.nn.Linear
+        not any(hooks)
         and getattr(config, "logit_scale", None) is None
         and getattr(config, "final_logit_softcapping", None) is None
     )
@@ -312,6 +320,18 @@ def token_scores(
         raise ValueError(f"micro_batch_size and token_chunk must be >= 1, got {micro_batch_size}, {token_chunk}")
     if vocab_chunk is not None and vocab_chunk < 1:
         raise ValueError(f"vocab_chunk must be >= 1 or None, got {vocab_chunk}")
+    with accumulated_adapters(model):  # LoRA products added into the base outputs in place
+        return _token_scores(
+            model, prompt_ids, response_ids, temperature=temperature, micro_batch_size=micro_batch_size,
+            vocab_chunk=vocab_chunk, pad_id=pad_id, with_entropy=with_entropy, with_accuracy=with_accuracy,
+            token_chunk=token_chunk, share_prefix=share_prefix, prefix=prefix,
+        )
+
+
+def _token_scores(
+    model, prompt_ids, response_ids, *, temperature, micro_batch_size, vocab_chunk, pad_id, with_entropy,
+    with_accuracy, token_chunk, share_prefix, prefix,
+) -> TokenScores:
     decoder, head, config = split_decoder_and_head(model)
     device = next(model.parameters()).device
     dtype = score_dtype(head.weight.dtype) if hasattr(head, "weight") else torch.float32
