@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 
-def _active_plain_adapters(module) -> list[str] | None:
+def plain_adapters(module) -> list[str] | None:
     """The active adapters of a PEFT LoRA ``Linear`` over a float ``torch.nn.Linear`` when all of
     them are plain LoRA (no variant, no bias); None when the layer cannot be folded."""
     try:
@@ -70,7 +70,7 @@ def effective_weight(module, out: torch.Tensor | None = None) -> torch.Tensor | 
     plain adapters are on; None for anything else (4-bit layers, DoRA, a LoRA bias, other types).
     With ``out`` the weight is written there (and ``out`` returned) instead of being returned
     as the module's own tensor or a new one."""
-    adapters = _active_plain_adapters(module)
+    adapters = plain_adapters(module)
     if adapters is not None:
         return folded_weight(module, adapters, out)
     weight = _own_weight(module)
@@ -109,7 +109,7 @@ def folded_adapters(model, enabled: bool = True) -> Iterator[int]:
         if enabled:
             with torch.no_grad():
                 for module in model.modules():
-                    adapters = _active_plain_adapters(module)
+                    adapters = plain_adapters(module)
                     if adapters is None:
                         continue
                     bias = module.get_base_layer().bias

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from memalpha.lm.accumulated_lora import accumulated_adapters
 from memalpha.lm.layout import PaddedBatch
 
 if TYPE_CHECKING:
@@ -209,7 +210,10 @@ def shared_prefix(decoder, rows: Sequence[Sequence[int]]) -> SharedPrefix | None
     if not can_share_cache(decoder):
         return None
     length = shared_prefix_length(rows)
-    return SharedPrefix.compute(decoder, rows[0][:length]) if length else None
+    if not length:
+        return None
+    with accumulated_adapters(decoder):
+        return SharedPrefix.compute(decoder, rows[0][:length])
 
 
 def prompt_cache(
