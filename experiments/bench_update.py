@@ -1,4 +1,4 @@
-"""Time of one GRPO update on the parity job's batch, with the responses padded or packed.
+"""Time of one GRPO update on the parity job's batch, through the update's successive paths.
 
 Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench_update.py [--adapter-path runs/learning_curve/sft/adapter]
 
@@ -6,23 +6,30 @@ The batch is ``bench_vs_trl.py --parity``'s: the embedded model with an adapter 
 ``--prompts`` memorising prompts of the memory job (~560 tokens) ``--group-size`` times each, up
 to ``--max-new-tokens`` tokens, once, with a fixed seed; the advantages are drawn. Then
 :func:`memalpha.grpo.update.accumulate_grpo_gradients` (the loss's forward and backward, in
-micro-batches of ``--micro-batch-size`` with the prompt prefix shared) runs on that batch in
-two layouts, alternating ``--repeats`` times in one process:
+micro-batches of ``--micro-batch-size`` with the prompt prefix shared) runs on that batch along
+four paths, each adding one change to the one before, alternating ``--repeats`` times in one
+process:
 
-* ``padded`` -- every response padded to the longest of its micro-batch, the prompt's cache
-                repeated to each row (:func:`memalpha.lm.logprobs.token_scores` without the
-                packed layout);
-* ``packed`` -- the responses of each distinct prompt one after another in one row, without
-                padding (:mod:`memalpha.lm.packed_responses`; the default where it saves work).
+* ``padded``   -- every response padded to the longest of its micro-batch, the prompt's cache
+                  repeated to each row; the head's log-probs under activation checkpointing;
+                  PEFT's LoRA forward (the update before fix 5);
+* ``packed``   -- the responses of each distinct prompt one after another in one row, without
+                  padding (:mod:`memalpha.lm.packed_responses`; fix 5);
+* ``streamed`` -- the head's log-probs through its hand-written backward
+                  (:class:`memalpha.lm.logprobs.HeadLogprob`; fix 6);
+* ``accumulated`` -- each LoRA product added into its base output in place
+                  (:mod:`memalpha.lm.accumulated_lora`; fix 6): the default.
 
-Both must give the same loss and gradients up to float32 rounding; the report holds the
-relative difference of their gradients. Without ``--adapter-path`` a fresh adapter with drawn B
-matrices stands in. Writes ``experiments/results/bench_update.json`` (``--out`` to change).
+All must give the same loss and gradients up to float32 rounding; the report holds the
+relative difference of each path's gradients from ``padded``'s. Without ``--adapter-path`` a
+fresh adapter with drawn B matrices stands in. Writes ``experiments/results/bench_update.json``
+(``--out`` to change).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import time
@@ -40,18 +47,28 @@ from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import UpdateSettings
 from memalpha.grpo.update import accumulate_grpo_gradients
-from memalpha.lm import logprobs
+from memalpha.lm import logprobs, prefix_cache
 from memalpha.lm.generation import generate
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_update.json"
-LAYOUTS = ("padded", "packed")
+PATHS = ("padded", "packed", "streamed", "accumulated")
 
 
-def run_layout(layout: str, model, batch: GRPOBatch, settings: UpdateSettings, pad_id: int, max_len: int):
-    """One update's forward and backward in ``layout``: seconds, loss and the gradients."""
-    packed = logprobs.packed_response_hidden
-    if layout == "padded":
+def _no_switch(model):
+    return contextlib.nullcontext(0)
+
+
+def run_path(path: str, model, batch: GRPOBatch, settings: UpdateSettings, pad_id: int, max_len: int):
+    """One update's forward and backward along ``path``: seconds, loss and the gradients."""
+    level = PATHS.index(path)
+    saved = (logprobs.packed_response_hidden, logprobs.streams_head, logprobs.accumulated_adapters,
+             prefix_cache.accumulated_adapters)
+    if level < PATHS.index("packed"):
         logprobs.packed_response_hidden = lambda *args: None
+    if level < PATHS.index("streamed"):
+        logprobs.streams_head = lambda head, config: False
+    if level < PATHS.index("accumulated"):
+        logprobs.accumulated_adapters = prefix_cache.accumulated_adapters = _no_switch
     try:
         model.zero_grad(set_to_none=True)
         start = time.perf_counter()
@@ -62,7 +79,8 @@ def run_layout(layout: str, model, batch: GRPOBatch, settings: UpdateSettings, p
         )
         seconds = time.perf_counter() - start
     finally:
-        logprobs.packed_response_hidden = packed
+        (logprobs.packed_response_hidden, logprobs.streams_head, logprobs.accumulated_adapters,
+         prefix_cache.accumulated_adapters) = saved
     grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     model.zero_grad(set_to_none=True)
     return seconds, metrics["loss"], grads
@@ -72,7 +90,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_job_arguments(parser)
     parser.add_argument("--micro-batch-size", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=4, help="rounds of both layouts, alternating")
+    parser.add_argument("--repeats", type=int, default=4, help="rounds of the four paths, alternating")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default=str(RESULTS), help="JSON report path")
     args = parser.parse_args(argv)
@@ -93,40 +111,42 @@ def main(argv=None) -> dict[str, Any]:
         advantages=group_advantages(drawn, groups, scale="group"), ref_logps=None,
     )
     settings = UpdateSettings(kl_coef=0.0, loss_agg="token-mean", micro_batch_size=args.micro_batch_size)
-    seconds: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
+    seconds: dict[str, list[float]] = {path: [] for path in PATHS}
     losses: dict[str, float] = {}
     grads: dict[str, torch.Tensor] = {}
     model.train()
     for repeat in range(args.repeats):
-        for layout in LAYOUTS:
-            took, losses[layout], grads[layout] = run_layout(
-                layout, model, batch, settings, tokenizer.pad_token_id, args.max_new_tokens
+        for path in PATHS:
+            took, losses[path], grads[path] = run_path(
+                path, model, batch, settings, tokenizer.pad_token_id, args.max_new_tokens
             )
-            seconds[layout].append(took)
-            print(f"[bench_update] repeat {repeat + 1}/{args.repeats} {layout}: {took:.2f} s", flush=True)
-    gradient_difference = float((grads["packed"] - grads["padded"]).norm() / grads["padded"].norm())
+            seconds[path].append(took)
+            print(f"[bench_update] repeat {repeat + 1}/{args.repeats} {path}: {took:.2f} s", flush=True)
+    reference = grads["padded"]
     summary = {
-        layout: {
+        path: {
             "runs": len(values), "update_s_median": statistics.median(values),
-            "update_s_min": min(values), "update_s_max": max(values), "loss": losses[layout],
+            "update_s_min": min(values), "update_s_max": max(values), "loss": losses[path],
+            "over_padded": statistics.median(values) / statistics.median(seconds["padded"]),
+            "gradient_relative_difference": float((grads[path] - reference).norm() / reference.norm()),
         }
-        for layout, values in seconds.items()
+        for path, values in seconds.items()
     }
     lengths = [len(r) for r in batch.response_ids]
     print_table(
-        ["layout", "runs", "update s med", "min", "max", "loss"],
-        [[layout, s["runs"], s["update_s_median"], s["update_s_min"], s["update_s_max"], s["loss"]]
-         for layout, s in summary.items()],
+        ["path", "runs", "update s med", "min", "max", "x padded", "loss", "grad diff"],
+        [[path, s["runs"], s["update_s_median"], s["update_s_min"], s["update_s_max"], s["over_padded"], s["loss"],
+          f"{s['gradient_relative_difference']:.1e}"] for path, s in summary.items()],
         floats=3,
     )
-    print(f"response lengths {lengths}; gradients differ by {gradient_difference:.2e} of their norm")
+    print(f"response lengths {lengths}")
     report = {
         "benchmark": "bench_update",
         "command": command_line(),
         "settings": job_settings(args, prompts, micro_batch_size=args.micro_batch_size, response_tokens=lengths),
         "summary": summary,
-        "ratio_packed_over_padded": summary["packed"]["update_s_median"] / summary["padded"]["update_s_median"],
-        "gradient_relative_difference": gradient_difference,
+        "ratio_packed_over_padded": summary["packed"]["over_padded"],
+        "ratio_default_over_padded": summary["accumulated"]["over_padded"],
         "runs": seconds,
     }
     path = write_json(report, args.out, machine=machine)

@@ -98,18 +98,23 @@ def test_bench_decode_smoke_times_every_path_and_restores_generation(tmp_path, t
         bench_decode.parse_args(["--paths", "peft,turbo"])
 
 
-def test_bench_update_smoke_times_both_layouts_with_the_same_gradients(tmp_path, tokenizer, one_thread):
-    from memalpha.lm import logprobs
+def test_bench_update_smoke_times_the_four_paths_with_the_same_gradients(tmp_path, tokenizer, one_thread):
+    from memalpha.lm import logprobs, prefix_cache
 
-    before = logprobs.packed_response_hidden
+    def switches():
+        return (logprobs.packed_response_hidden, logprobs.streams_head, logprobs.accumulated_adapters,
+                prefix_cache.accumulated_adapters)
+
+    before = switches()
     model_dir = build_tiny_model_dir(tmp_path / "tiny", tokenizer, hidden=32, layers=2, seed=1)
     out = tmp_path / "bench_update.json"
     bench_update.main(["--model", model_dir, "--max-new-tokens", "6", "--repeats", "1", "--out", str(out)])
     written = json.loads(out.read_text())
-    assert set(written["summary"]) == {"padded", "packed"}
+    assert list(written["summary"]) == ["padded", "packed", "streamed", "accumulated"]
     assert len(written["settings"]["response_tokens"]) == 8
-    assert written["gradient_relative_difference"] < 1e-4  # float32: the same update either way
-    assert logprobs.packed_response_hidden is before
+    for path in written["summary"].values():  # float32: the same update along every path
+        assert path["gradient_relative_difference"] < 1e-4
+    assert switches() == before
 
 
 def test_bench_rollout_engine_list_is_checked():
