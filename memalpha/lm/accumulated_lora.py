@@ -51,8 +51,9 @@ def accumulated_adapters(model) -> Iterator[int]:
 
     Yields the number of layers switched (0 when the adapters are disabled, e.g. under
     ``model.disable_adapter()``, when none qualifies, or when the model uses gradient
-    checkpointing, whose recomputation in backward runs after the block). Gradients flow as through PEFT's forward.
-    The layers' own forwards are back when the block ends, also on an exception.
+    checkpointing, whose recomputation in backward runs after the block). Gradients flow as
+    through PEFT's forward. The layers' own forwards are back when the block ends, also on an
+    exception.
     """
     switched: list[torch.nn.Module] = []
     # a checkpointed layer reruns its forward during backward, outside the block: it must run the same way

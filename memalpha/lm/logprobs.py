@@ -197,6 +197,8 @@ class HeadLogprob(torch.autograd.Function):
     Checkpointing :func:`_rows_logprob_grad` does the same products but recomputes the forward's
     elementwise passes under autograd and keeps their results; this is the path for plain heads.
     Only ``hidden``, ``weight`` and ``bias`` receive gradients; entropy and hits carry none.
+    ``weight`` and ``bias`` must be ``head``'s own tensors: both passes read them through ``head``,
+    and they are inputs only so that autograd routes their gradients.
     """
 
     @staticmethod
