@@ -1,4 +1,5 @@
-"""The user docs stay true: the generated configuration reference is current, and no relative link is dead."""
+"""The user docs stay true: the generated configuration reference is current, and no relative link is dead
+(neither its file nor the heading its ``#anchor`` names)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,54 @@ def test_docstring_args_joins_continuation_lines():
         "second": "starts here and goes on here.",
         "third": "last: with a colon.",
     }
+
+
+def anchored_links(markdown: str) -> list[tuple[str, str]]:
+    """``(file, anchor)`` of the links in ``markdown`` that name a heading of a markdown page of the
+    repository (``file`` is "" for the page itself)."""
+    text = _INLINE_CODE.sub("", _FENCE.sub("", markdown))
+    pairs = []
+    for target in _LINK.findall(text):
+        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target) or "#" not in target:
+            continue
+        path, anchor = target.split("#", 1)
+        if path == "" or path.endswith(".md"):
+            pairs.append((path, anchor))
+    return pairs
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives the headings of ``markdown``: the heading's text without its links'
+    targets, lower-cased, every character but letters, digits, ``_``, ``-`` and spaces dropped,
+    spaces turned into ``-``; a repeated heading gets ``-1``, ``-2``, ... ."""
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    for line in _FENCE.sub("", markdown).splitlines():
+        heading = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not heading:
+            continue
+        words = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.group(1))
+        slug = re.sub(r"[^\w\- ]", "", words.strip().lower()).replace(" ", "-")
+        anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def test_heading_anchors_follow_github():
+    text = "# Fix 6: the head's backward (commits `576906a`)\n## bench_vs_trl: a [link](x.md) × 2\n## Again\n## Again\n"
+    assert heading_anchors(text) == {"fix-6-the-heads-backward-commits-576906a", "bench_vs_trl-a-link--2", "again", "again-1"}
+    assert anchored_links("[a](#top) [b](x.md#sec) [c](../y.py#L3) [d](https://e.org/#x) [e](z.md)") == [
+        ("", "top"), ("x.md", "sec")]
+
+
+@pytest.mark.parametrize("page", DOC_FILES, ids=lambda p: str(p.relative_to(REPO_ROOT)))
+def test_every_anchor_names_a_heading(page: Path):
+    dead = []
+    for path, anchor in anchored_links(page.read_text(encoding="utf-8")):
+        target = page if path == "" else page.parent / path
+        if target.exists() and anchor not in heading_anchors(target.read_text(encoding="utf-8")):
+            dead.append(f"{path}#{anchor}")
+    assert not dead, f"{page.relative_to(REPO_ROOT)} links to headings that do not exist: {dead}"
 
 
 def test_relative_links_are_found_and_urls_skipped():
