@@ -16,15 +16,15 @@ _INLINE_CODE = re.compile(r"`[^`\n]*`")
 _LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 
 
+def _link_targets(markdown: str) -> list[str]:
+    """Targets of the markdown links in ``markdown`` outside code, URLs left out."""
+    text = _INLINE_CODE.sub("", _FENCE.sub("", markdown))
+    return [t for t in _LINK.findall(text) if not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", t)]
+
+
 def relative_links(markdown: str) -> list[str]:
     """Targets of the markdown links in ``markdown`` that point into the repository (no URLs, no bare anchors)."""
-    text = _INLINE_CODE.sub("", _FENCE.sub("", markdown))
-    targets = []
-    for target in _LINK.findall(text):
-        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target) or target.startswith("#"):
-            continue
-        targets.append(target.split("#", 1)[0])
-    return targets
+    return [target.split("#", 1)[0] for target in _link_targets(markdown) if not target.startswith("#")]
 
 
 def test_configuration_reference_is_current():
@@ -89,15 +89,8 @@ def test_docstring_args_joins_continuation_lines():
 def anchored_links(markdown: str) -> list[tuple[str, str]]:
     """``(file, anchor)`` of the links in ``markdown`` that name a heading of a markdown page of the
     repository (``file`` is "" for the page itself)."""
-    text = _INLINE_CODE.sub("", _FENCE.sub("", markdown))
-    pairs = []
-    for target in _LINK.findall(text):
-        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target) or "#" not in target:
-            continue
-        path, anchor = target.split("#", 1)
-        if path == "" or path.endswith(".md"):
-            pairs.append((path, anchor))
-    return pairs
+    pairs = [tuple(target.split("#", 1)) for target in _link_targets(markdown) if "#" in target]
+    return [(path, anchor) for path, anchor in pairs if path == "" or path.endswith(".md")]
 
 
 def heading_anchors(markdown: str) -> set[str]:

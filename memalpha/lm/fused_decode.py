@@ -83,12 +83,12 @@ def _stacked(modules: Sequence[torch.nn.Module], rows: int | None) -> LinearProd
     and their biases (zeros where one has none; None when none has any), packed for ``rows`` rows
     (:class:`~memalpha.lm.packed_linear.LinearProduct`); None if any module is not foldable. A
     single plain ``torch.nn.Linear``'s weight is not copied (its packed layout is)."""
-    biases = [getattr(module.get_base_layer() if hasattr(module, "get_base_layer") else module, "bias", None)
-              for module in modules]
+    layers = [module.get_base_layer() if hasattr(module, "get_base_layer") else module for module in modules]
+    biases = [getattr(layer, "bias", None) for layer in layers]
     if len(modules) == 1:
         weight = effective_weight(modules[0])
         return None if weight is None else LinearProduct.build(weight, biases[0], rows)
-    bases = [_base_weight(module) for module in modules]
+    bases = [_weight_2d(layer) for layer in layers]
     if any(weight is None for weight in bases) or len({weight.shape[1] for weight in bases}) != 1:
         return None
     stacked = bases[0].new_empty(sum(weight.shape[0] for weight in bases), bases[0].shape[1])
@@ -103,10 +103,9 @@ def _stacked(modules: Sequence[torch.nn.Module], rows: int | None) -> LinearProd
     return LinearProduct.build(stacked, bias, rows)
 
 
-def _base_weight(module) -> torch.Tensor | None:
-    """The 2-D weight of a linear module (of its base layer under PEFT); None when it has none."""
-    base = module.get_base_layer() if hasattr(module, "get_base_layer") else module
-    weight = getattr(base, "weight", None)
+def _weight_2d(layer) -> torch.Tensor | None:
+    """The 2-D weight of a linear layer; None when it has none."""
+    weight = getattr(layer, "weight", None)
     return weight.detach() if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
 
 

@@ -78,17 +78,9 @@ def _vocab_slices(vocab: int, vocab_chunk: int | None) -> list[slice | None]:
 def _rows_logprob_nograd(
     hidden: torch.Tensor, targets: torch.Tensor, head, config, temperature: float, vocab_chunk, want_entropy: bool,
     want_hits: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Log-prob (and entropy, and whether the target is the most likely token) of ``targets`` for rows
-    of ``hidden``; in-place, no autograd."""
-    return _streamed_scores(hidden, targets, head, config, temperature, vocab_chunk, want_entropy, want_hits)[:3]
-
-
-def _streamed_scores(
-    hidden: torch.Tensor, targets: torch.Tensor, head, config, temperature: float, vocab_chunk, want_entropy: bool,
-    want_hits: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
-    """:func:`_rows_logprob_nograd`'s three results and each row's log-sum-exp of its scaled logits."""
+    """Log-prob (and entropy, and whether the target is the most likely token) of ``targets`` for rows
+    of ``hidden``, and each row's log-sum-exp of its scaled logits; in-place, no autograd."""
     rows = hidden.shape[0]
     vocab = head.out_features if hasattr(head, "out_features") else None
     slices = _vocab_slices(vocab, vocab_chunk) if vocab is not None else [None]
@@ -203,7 +195,7 @@ class HeadLogprob(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, head, config, temperature, vocab_chunk, want_entropy, want_hits):
-        logprob, entropy, hits, log_norm = _streamed_scores(
+        logprob, entropy, hits, log_norm = _rows_logprob_nograd(
             hidden, targets, head, config, temperature, vocab_chunk, want_entropy, want_hits
         )
         ctx.save_for_backward(hidden, targets, log_norm)
@@ -383,11 +375,11 @@ def _token_scores(
                 )
                 if (with_entropy and ent is None) or (with_accuracy and hit is None):  # chunked vocabulary
                     with torch.no_grad():
-                        _, ent, hit = _rows_logprob_nograd(
+                        _, ent, hit, _ = _rows_logprob_nograd(
                             h.detach(), y, head, config, temperature, vocab_chunk, with_entropy, with_accuracy
                         )
             else:
-                value, ent, hit = _rows_logprob_nograd(
+                value, ent, hit, _ = _rows_logprob_nograd(
                     h, y, head, config, temperature, vocab_chunk, with_entropy, with_accuracy
                 )
             for kind, piece in (("logprobs", value), ("entropy", ent), ("hits", hit)):
