@@ -30,10 +30,11 @@ from dataclasses import dataclass
 
 import torch
 
+from memalpha.lm.attention import IMPLEMENTATION
 from memalpha.lm.layout import PaddedBatch, additive_mask
 from memalpha.lm.prefix_cache import SharedPrefix, distinct_prompt_cache, unique_rows
 
-MASK_IMPLEMENTATIONS = ("sdpa", "eager")
+MASK_IMPLEMENTATIONS = ("sdpa", "eager", IMPLEMENTATION)
 
 
 def takes_custom_mask(decoder) -> bool:

@@ -13,6 +13,7 @@ from typing import Literal
 
 import torch
 
+from memalpha.lm.attention import use_bounded_attention
 from memalpha.lm.embedded import load_tokenizer, resolve_model_path
 
 PRECISIONS = ("fp32", "bf16", "nf4")
@@ -90,6 +91,10 @@ class LMSettings:
             rounding. Costs one copy of the decoder's linear weights while sampling (two with
             packing): turn it off when that does not fit. 4-bit bases and LoRA variants (DoRA)
             are never folded.
+        attention_score_mib: The most memory, in MiB, that one block of attention scores may take
+            where no fused attention kernel takes the inputs and PyTorch's math kernel runs (then
+            queries run in blocks of this size; ``memalpha/lm/attention.py``). Fused kernels never
+            hold the scores, so this only bounds that fallback.
     """
 
     precision: Precision = "fp32"
@@ -97,8 +102,11 @@ class LMSettings:
     gradient_checkpointing: bool = False
     share_prefix: bool = True
     fold_adapters_for_sampling: bool = True
+    attention_score_mib: int = 256
 
     def __post_init__(self) -> None:
+        if self.attention_score_mib < 1:
+            raise ValueError(f"lm.attention_score_mib must be >= 1, got {self.attention_score_mib}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"lm.precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
         if self.compute_dtype not in ("float32", "bfloat16", "float16"):
@@ -141,6 +149,7 @@ def load_policy(
     gradient_checkpointing: bool = False,
     adapter_path: str | None = None,
     device: str | torch.device = "cpu",
+    attention_score_mib: int = 256,
 ):
     """Load a causal LM and wrap it with a trainable LoRA adapter.
 
@@ -156,6 +165,9 @@ def load_policy(
         adapter_path: folder written by ``save_pretrained`` of a previous adapter; it is loaded
             trainable and ``lora`` is ignored.
         device: where the model lives.
+        attention_score_mib: bound on one block of attention scores where only PyTorch's math
+            kernel takes the inputs (:func:`memalpha.lm.attention.use_bounded_attention`; models
+            loaded with ``sdpa``, the default, switch to memalpha's attention).
 
     Returns:
         ``(model, tokenizer)``; the model is a ``peft.PeftModel`` in train mode whose only
@@ -181,6 +193,7 @@ def load_policy(
         )
     else:
         base = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(precision, "precision")).to(device)
+    use_bounded_attention(base, score_budget=attention_score_mib * 2**20)
     if base.generation_config.pad_token_id is None and tokenizer.pad_token_id is not None:
         base.generation_config.pad_token_id = tokenizer.pad_token_id
     if base.generation_config.eos_token_id is None and tokenizer.eos_token_id is not None:

@@ -432,12 +432,14 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from memalpha.lm.attention import use_bounded_attention
     from memalpha.lm.embedded import load_tokenizer, resolve_model_path
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     path = resolve_model_path(args.model)
     dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    use_bounded_attention(model)
     if torch.cuda.is_available():
         model = model.to("cuda")
     reader = LocalReader(model, load_tokenizer(path), max_new_tokens=args.max_new_tokens, batch_size=args.max_batch)

@@ -69,6 +69,7 @@ class PolicyModule(LightningModule):
             gradient_checkpointing=self.lm_settings.gradient_checkpointing,
             adapter_path=self.hparams.adapter_path,
             device=self.device,
+            attention_score_mib=self.lm_settings.attention_score_mib,
         )
         return True
 
