@@ -14,6 +14,7 @@ from typing import Literal
 import torch
 
 from memalpha.lm.embedded import load_tokenizer, resolve_model_path
+from memalpha.lm.nf4_cpu_packing import keep_nf4_layers_unpacked
 
 PRECISIONS = ("fp32", "bf16", "nf4")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -147,7 +148,9 @@ def load_policy(
     Args:
         model: embedded name (``smollm2-135m-instruct``), local folder or hub id.
         precision: ``fp32``, ``bf16`` or ``nf4`` (bitsandbytes 4-bit NormalFloat; the model is then
-            prepared with ``prepare_model_for_kbit_training``: norms and head in fp32, base frozen).
+            prepared with ``prepare_model_for_kbit_training``: norms and head in fp32, base frozen;
+            with an adapter, its 4-bit layers never take bitsandbytes' CPU inference kernel, which
+            has no backward, see :mod:`memalpha.lm.nf4_cpu_packing`).
         lora: adapter shape for a fresh adapter; None with no ``adapter_path`` returns the bare
             model in eval mode (an inference-only reader).
         compute_dtype: matmul dtype of the 4-bit layers (``nf4`` only).
@@ -193,6 +196,7 @@ def load_policy(
     if precision == "nf4":
         from peft import prepare_model_for_kbit_training
 
+        keep_nf4_layers_unpacked(base)  # trained through: no backward-less CPU inference kernel
         base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
     if gradient_checkpointing:
         _enable_checkpointing(base)
