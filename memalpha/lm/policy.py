@@ -74,6 +74,9 @@ class LMSettings:
     Args:
         precision: Base weights as ``fp32``, ``bf16`` or 4-bit ``nf4`` (QLoRA through bitsandbytes).
         compute_dtype: Compute dtype of the NF4 layers (``bfloat16`` on GPUs, ``float32`` on CPU).
+            On the CPU the policy's NF4 layers always dequantise and multiply, in sampling too:
+            bitsandbytes' faster CPU inference kernel has no backward and would corrupt the
+            LoRA gradients (``memalpha/lm/nf4_cpu_packing.py``).
         gradient_checkpointing: Recompute activations in backward to save memory (about one more
             forward pass of time). Without it the policy pass computes the prompt prefix that a
             mini-batch shares (the system prompt) once; with it, once per sequence.
