@@ -15,6 +15,7 @@ import torch
 
 from memalpha.lm.attention import use_bounded_attention
 from memalpha.lm.embedded import load_tokenizer, resolve_model_path
+from memalpha.lm.nf4_cpu_packing import keep_nf4_layers_unpacked
 
 PRECISIONS = ("fp32", "bf16", "nf4")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -74,6 +75,9 @@ class LMSettings:
     Args:
         precision: Base weights as ``fp32``, ``bf16`` or 4-bit ``nf4`` (QLoRA through bitsandbytes).
         compute_dtype: Compute dtype of the NF4 layers (``bfloat16`` on GPUs, ``float32`` on CPU).
+            On the CPU the policy's NF4 layers always dequantise and multiply, in sampling too:
+            bitsandbytes' faster CPU inference kernel has no backward and would corrupt the
+            LoRA gradients (``memalpha/lm/nf4_cpu_packing.py``).
         gradient_checkpointing: Recompute activations in backward to save memory (about one more
             forward pass of time). Without it the policy pass computes the prompt prefix that a
             mini-batch shares (the system prompt) once; with it, once per sequence.
@@ -156,7 +160,9 @@ def load_policy(
     Args:
         model: embedded name (``smollm2-135m-instruct``), local folder or hub id.
         precision: ``fp32``, ``bf16`` or ``nf4`` (bitsandbytes 4-bit NormalFloat; the model is then
-            prepared with ``prepare_model_for_kbit_training``: norms and head in fp32, base frozen).
+            prepared with ``prepare_model_for_kbit_training``: norms and head in fp32, base frozen;
+            with an adapter, its 4-bit layers never take bitsandbytes' CPU inference kernel, which
+            has no backward, see :mod:`memalpha.lm.nf4_cpu_packing`).
         lora: adapter shape for a fresh adapter; None with no ``adapter_path`` returns the bare
             model in eval mode (an inference-only reader).
         compute_dtype: matmul dtype of the 4-bit layers (``nf4`` only).
@@ -206,6 +212,7 @@ def load_policy(
     if precision == "nf4":
         from peft import prepare_model_for_kbit_training
 
+        keep_nf4_layers_unpacked(base)  # trained through: no backward-less CPU inference kernel
         base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
     if gradient_checkpointing:
         _enable_checkpointing(base)
