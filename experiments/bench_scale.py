@@ -9,14 +9,14 @@ Run (CPU, a scaled-down shape of the same structure):
 Memory and time of a step depend only on the model's shapes, so the architecture is built
 from Qwen3-4B's published config values (hidden 2560, 36 layers, 32 attention heads, 8 KV
 heads, head dim 128, intermediate 9728, vocabulary 151,936, tied embeddings) with random
-weights, saved to a temporary folder, and loaded through :func:`memalpha.lm.policy.load_policy`
+weights, saved to a temporary folder, and loaded through :func:`memalpha.lm.core.policy.load_policy`
 exactly as ``configs/qlora_4090.yaml`` does: NF4 base (double quantisation), LoRA r 32 / alpha
 64 on all linear layers, gradient checkpointing. One GRPO step at that config's lengths follows:
 
 1. ``generate``   ``group_size`` rollouts, each of its own ``prompt_tokens``-long random prompt
-                  (nothing shared, so :mod:`memalpha.lm.prefix_cache` saves nothing: the worst case), forced to
+                  (nothing shared, so :mod:`memalpha.lm.core.prefix_cache` saves nothing: the worst case), forced to
                   exactly ``response_tokens`` new tokens (the end-of-sequence id handed to
-                  :func:`memalpha.lm.generation.generate` is one past the vocabulary, so it can never
+                  :func:`memalpha.lm.sampling.generation.generate` is one past the vocabulary, so it can never
                   be sampled), ``generation_batch_size`` prompts per call;
 2. ``reference``  reference log-probs (adapter off, no grad), ``micro_batch_size`` at a time;
 3. ``policy``     per micro-batch: policy log-probs with grad and the clipped GRPO loss with the
@@ -66,10 +66,10 @@ from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.loss import policy_loss
 from memalpha.grpo.settings import OptimizerSettings
 from memalpha.grpo.update import build_optimizer, optimizer_step
-from memalpha.lm.embedded import load_tokenizer, resolve_model_path
-from memalpha.lm.generation import generate
-from memalpha.lm.logprobs import token_logprobs
-from memalpha.lm.policy import LoraSettings, load_policy
+from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
+from memalpha.lm.core.policy import SAMPLING_BACKENDS, LoraSettings, load_policy
+from memalpha.lm.sampling.generation import generate
+from memalpha.lm.scoring.logprobs import token_logprobs
 
 DEFAULT_OUT = RESULTS_DIR / "bench_scale.json"
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "qlora_4090.yaml"
@@ -172,6 +172,7 @@ class Phase:
         self.peak_allocated = 0
         self.peak_reserved = 0
         self.peak_rss = 0
+        self.device_used = 0  # total - free from the driver: counts the paged optimiser's unified memory too
         self.error: str | None = None
 
     def run(self, fn):
@@ -192,13 +193,16 @@ class Phase:
             if self.cuda:
                 self.peak_allocated = max(self.peak_allocated, torch.cuda.max_memory_allocated())
                 self.peak_reserved = max(self.peak_reserved, torch.cuda.max_memory_reserved())
+                free, total = torch.cuda.mem_get_info()
+                self.device_used = max(self.device_used, total - free)
             else:
                 self.peak_rss = max(self.peak_rss, sampler.peak_bytes)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"phase": self.name, "seconds": self.seconds}
         if self.cuda:
-            out.update(peak_allocated_gib=gib(self.peak_allocated), peak_reserved_gib=gib(self.peak_reserved))
+            out.update(peak_allocated_gib=gib(self.peak_allocated), peak_reserved_gib=gib(self.peak_reserved),
+                       device_used_gib=gib(self.device_used))
         else:
             out["peak_rss_gib"] = gib(self.peak_rss)
         if self.error:
@@ -230,6 +234,7 @@ def grpo_step(policy, tokenizer, recipe: dict[str, Any], phases: dict[str, Phase
         lambda: generate(
             policy, tokenizer, prompts, max_new_tokens=response_tokens, temperature=temperature,
             do_sample=True, seed=seed, batch_size=recipe["generation_batch_size"],
+            backend=recipe["sampling_backend"],
             eos_token_id=vocab_size,  # one past the vocabulary: never sampled, so no early stop
         )
     )
@@ -302,6 +307,7 @@ def run_benchmark(
     tokenizer: str = "smollm2-135m-instruct",
     out: str | os.PathLike | None = DEFAULT_OUT,
     verbose: bool = True,
+    sampling_backend: str = "auto",
 ) -> dict[str, Any]:
     """Build, quantise and step once; print the phase table; write the JSON to ``out`` (None: don't).
 
@@ -311,6 +317,7 @@ def run_benchmark(
     if cuda and not torch.cuda.is_available():
         raise RuntimeError("device cuda asked for but torch sees no GPU")
     recipe = read_recipe()
+    recipe["sampling_backend"] = sampling_backend
     if micro_batch_size is not None:
         recipe["micro_batch_size"] = micro_batch_size
     if group_size is not None:
@@ -346,6 +353,7 @@ def run_benchmark(
         "compute_dtype": compute_dtype,
         "lora": {"r": recipe["lora"].r, "alpha": recipe["lora"].alpha, "target_modules": recipe["lora"].target_modules},
         "gradient_checkpointing": recipe["gradient_checkpointing"],
+        "sampling_backend": sampling_backend,
         "recipe": str(CONFIG_PATH.relative_to(CONFIG_PATH.parent.parent)),
     }
     if cuda:
@@ -383,7 +391,10 @@ def run_benchmark(
     if cuda:
         report["peak_allocated_gib"] = max(gib(p.peak_allocated) for p in phases.values())
         report["peak_reserved_gib"] = max(gib(p.peak_reserved) for p in phases.values())
-        report["fits_24gib"] = status == "ok" and report["peak_reserved_gib"] <= gib(GPU_CAP_BYTES)
+        report["device_used_gib"] = max(gib(p.device_used) for p in phases.values())
+        report["fits_24gib"] = status == "ok" and max(report["peak_reserved_gib"], report["device_used_gib"]) <= gib(
+            GPU_CAP_BYTES
+        )
     else:
         report["peak_rss_gib"] = max(gib(p.peak_rss) for p in phases.values())
 
@@ -431,6 +442,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         help="tokenizer folder or the embedded model's name (default: the embedded one)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny run for tests: scale 0.03, vocab 2048, prompt 16, response 4, n 2, micro-batch 1")
+    parser.add_argument("--sampling-backend", default="auto", choices=SAMPLING_BACKENDS,
+                        help="the decoding loop (model.lm.sampling_backend; default auto)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON file to write")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -446,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         scale=args.scale, prompt_tokens=args.prompt_tokens, response_tokens=args.response_tokens,
         group_size=args.group_size, micro_batch_size=args.micro_batch_size, vocab_size=args.vocab_size,
         compute_dtype=args.compute_dtype, device=args.device, seed=args.seed, tokenizer=args.tokenizer,
-        out=args.out,
+        out=args.out, sampling_backend=args.sampling_backend,
     )
 
 

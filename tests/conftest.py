@@ -17,17 +17,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))  # 
 @pytest.fixture(scope="session")
 def embedded_model_dir():
     """The embedded SmolLM2-135M-Instruct as a plain HF folder (default memalpha cache)."""
-    from memalpha.lm.embedded import materialise_embedded_model
+    from memalpha.lm.core.embedded import materialise_embedded_model
 
     return materialise_embedded_model()
 
 
-@pytest.fixture(scope="session")
-def tokenizer(embedded_model_dir):
-    """The embedded model's tokenizer (vocab 49152, ChatML template), left padding."""
-    from memalpha.lm.embedded import load_tokenizer
+TEST_DEVICE = os.environ.get("MEMALPHA_TEST_DEVICE", "cpu")
+"""Where the tests that honour it put their models (experiments/gpu_check.sh runs them on cuda)."""
 
-    return load_tokenizer(str(embedded_model_dir))
+
+@pytest.fixture(scope="session")
+def tokenizer(request):
+    """The embedded model's tokenizer (vocab 49152, ChatML template), left padding; or the
+    tokenizer folder ``MEMALPHA_TEST_TOKENIZER`` names (a GPU machine without the embedded model)."""
+    from memalpha.lm.core.embedded import load_tokenizer
+
+    folder = os.environ.get("MEMALPHA_TEST_TOKENIZER") or str(request.getfixturevalue("embedded_model_dir"))
+    return load_tokenizer(folder)
 
 
 def build_tiny_model_dir(
@@ -58,7 +64,7 @@ def peaked_policy(tmp_path_factory, tokenizer):
     adapter (B not zero), so the adapter changes them."""
     import torch
 
-    from memalpha.lm.policy import LoraSettings, load_policy
+    from memalpha.lm.core.policy import LoraSettings, load_policy
 
     folder = build_tiny_model_dir(tmp_path_factory.mktemp("peaked-policy"), tokenizer, initializer_range=0.3)
     torch.manual_seed(0)
@@ -68,20 +74,18 @@ def peaked_policy(tmp_path_factory, tokenizer):
     return model, tokenizer
 
 
-def model_generate_path(monkeypatch, model, tokenizer, prompts, **kwargs):
+def model_generate_path(model, tokenizer, prompts, **kwargs):
     """memalpha's ``generate`` through ``model.generate``: neither its own loop nor its fused step."""
-    from memalpha.lm import generation
+    from memalpha.lm.sampling import generation
 
-    with monkeypatch.context() as patch:
-        patch.setattr(generation, "growing_cache", lambda *args, **kw: None)
-        return generation.generate(model, tokenizer, prompts, fold_adapters=False, **kwargs)
+    return generation.generate(model, tokenizer, prompts, fold_adapters=False, backend="hf-generate", **kwargs)
 
 
 def early_end_token(model, tokenizer, prompts, *, others_from: int, all_others: bool, never: int = 10_000) -> int:
     """A token that row 0 emits greedily among its first six tokens (not before that step) and the
     rows from ``others_from`` on emit later or never (all of them with ``all_others``, at least one
     otherwise): as the end token, it makes rows end at different steps."""
-    from memalpha.lm.generation import generate
+    from memalpha.lm.sampling.generation import generate
 
     free = generate(model, tokenizer, prompts, max_new_tokens=10, do_sample=False, eos_token_id=never).response_ids
     test = all if all_others else any

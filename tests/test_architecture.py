@@ -31,6 +31,13 @@ ALLOWED: dict[str, set[str]] = {
     "cli": {"train", "data", "templates"},
 }
 
+# inside lm: folder -> the lm folders it may import (besides itself); docs/architecture.md's lm table.
+LM_ALLOWED: dict[str, set[str]] = {
+    "core": set(),
+    "scoring": {"core"},
+    "sampling": {"core"},
+}
+
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
@@ -76,6 +83,26 @@ def test_layers_import_only_lower_layers(module):
     allowed = ALLOWED[layer] | {layer}
     wrong = sorted(target for target in GRAPH[module] if layer_of(target) not in allowed)
     assert not wrong, f"{module} (layer {layer!r}) imports {wrong}; {layer!r} may import only {sorted(allowed)}"
+
+
+def lm_folder(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[1] == "lm" else None
+
+
+def test_lm_has_only_its_three_folders():
+    loose = sorted(m for m in MODULES if m.startswith("memalpha.lm.") and lm_folder(m) is None
+                   and m.count(".") > 1 and not m.endswith(tuple(f".{f}" for f in LM_ALLOWED)))
+    assert not loose, f"modules directly in memalpha/lm/ (put each in one of {sorted(LM_ALLOWED)}): {loose}"
+    assert {lm_folder(m) for m in MODULES if lm_folder(m)} <= set(LM_ALLOWED)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if lm_folder(m)))
+def test_lm_folders_import_only_lower_folders(module):
+    folder = lm_folder(module)
+    allowed = LM_ALLOWED[folder] | {folder}
+    wrong = sorted(t for t in GRAPH[module] if lm_folder(t) not in allowed and t.startswith("memalpha.lm."))
+    assert not wrong, f"{module} (lm/{folder}) imports {wrong}; lm/{folder} may import only lm/{sorted(allowed)}"
 
 
 def test_no_import_circles():

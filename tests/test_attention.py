@@ -1,4 +1,4 @@
-"""memalpha's attention (memalpha/lm/attention.py): SDPA's values, never a full score tensor.
+"""memalpha's attention (memalpha/lm/core/attention.py): SDPA's values, never a full score tensor.
 
 The GPU run of configs/qlora_4090.yaml ran out of memory on one [8, 32, 6144, 6144] float32
 score tensor: every fused SDPA kernel refused its inputs (float32 grouped-query attention) and
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memalpha.lm.attention import (
+from memalpha.lm.core.attention import (
     IMPLEMENTATION,
     blocked_attention,
     bounded_attention,
@@ -135,7 +135,7 @@ def gqa_policy(tmp_path_factory, tokenizer):
     memalpha's attention."""
     from conftest import build_tiny_model_dir, randomise_lora_b
 
-    from memalpha.lm.policy import LoraSettings, load_policy
+    from memalpha.lm.core.policy import LoraSettings, load_policy
 
     folder = build_tiny_model_dir(tmp_path_factory.mktemp("gqa"), tokenizer)
     torch.manual_seed(0)
@@ -162,8 +162,8 @@ def test_no_pass_builds_a_full_score_tensor_when_only_math_runs(gqa_policy, shar
     log-probs with their backward and the reference's, at prompts of different lengths (61-96
     tokens), each row alone or through the prefix caches and packed responses: no score tensor
     over SCORE_BUDGET bytes, where a full one takes 3 * 4 * 96 * 96 * 4."""
-    from memalpha.lm.generation import generate
-    from memalpha.lm.logprobs import token_scores
+    from memalpha.lm.sampling.generation import generate
+    from memalpha.lm.scoring.logprobs import token_scores
     from memalpha.reader.local import base_weights
 
     model, tokenizer = gqa_policy
@@ -188,7 +188,7 @@ def test_no_pass_builds_a_full_score_tensor_when_only_math_runs(gqa_policy, shar
 def test_detector_sees_the_score_tensor_of_plain_sdpa(gqa_policy):
     """The same prefill through transformers' own ``sdpa`` builds the full scores: the test above
     would fail if the model ran it."""
-    from memalpha.lm.generation import generate
+    from memalpha.lm.sampling.generation import generate
 
     model, tokenizer = gqa_policy
     base = model.get_base_model()
@@ -203,7 +203,7 @@ def test_detector_sees_the_score_tensor_of_plain_sdpa(gqa_policy):
 
 def test_bounded_attention_keeps_the_models_outputs(gqa_policy):
     """Logits through memalpha's attention equal transformers' sdpa's (float64, padded rows)."""
-    from memalpha.lm.layout import pad_prompt_response
+    from memalpha.lm.core.layout import pad_prompt_response
 
     model, tokenizer = gqa_policy
     base = model.get_base_model()

@@ -7,17 +7,16 @@ import pytest
 import torch
 from conftest import build_tiny_model_dir, early_end_token, model_generate_path
 
-from memalpha.lm import generation
-from memalpha.lm.fused_decode import (
+from memalpha.lm.core.layout import additive_mask
+from memalpha.lm.core.prefix_cache import split_decoder_and_head
+from memalpha.lm.sampling.fused_decode import (
     FusedDecoder,
     PromptGroups,
     combine,
     cpu_flash_attention,
     rotate,
 )
-from memalpha.lm.generation import generate
-from memalpha.lm.layout import additive_mask
-from memalpha.lm.prefix_cache import split_decoder_and_head
+from memalpha.lm.sampling.generation import generate
 
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]
 # two groups of two, a single prompt, and a prompt shorter than the rest (left padding)
@@ -76,7 +75,7 @@ def test_greedy_tokens_equal_model_generate_while_groups_end_apart(peaked_policy
     end = early_end_token(model, tokenizer, PROMPTS, others_from=2, all_others=True)
     kwargs = {"max_new_tokens": 10, "do_sample": False, "eos_token_id": end, "share_prefix": share_prefix}
     ours = generate(model, tokenizer, PROMPTS, fold_adapters=True, **kwargs)
-    theirs = model_generate_path(monkeypatch, model, tokenizer, PROMPTS, **kwargs)
+    theirs = model_generate_path(model, tokenizer, PROMPTS, **kwargs)
     assert ours.response_ids == theirs.response_ids
     assert ours.truncated == theirs.truncated
     assert ours.response_ids[0][-1] == end and len(ours.response_ids[0]) < max(ours.response_lengths)
@@ -87,9 +86,7 @@ def test_seeded_samples_equal_the_unfolded_paths(peaked_policy, monkeypatch):
     kwargs = {"max_new_tokens": 12, "eos_token_id": NEVER, "seed": 5, "temperature": 1.3, "top_k": 40, "top_p": 0.95}
     fused = generate(model, tokenizer, PROMPTS, fold_adapters=True, **kwargs)
     own_loop = generate(model, tokenizer, PROMPTS, fold_adapters=False, **kwargs)
-    with monkeypatch.context() as patch:
-        patch.setattr(generation.FusedDecoder, "build", classmethod(lambda cls, *args: None))
-        folded_layers = generate(model, tokenizer, PROMPTS, fold_adapters=True, **kwargs)
+    folded_layers = generate(model, tokenizer, PROMPTS, fold_adapters=True, backend="growing-cache", **kwargs)
     assert fused.response_ids == own_loop.response_ids == folded_layers.response_ids
 
 
@@ -125,7 +122,7 @@ def test_qwen_decoders_give_model_generates_greedy_tokens(kind, tmp_path, tokeni
         assert hasattr(model.model.layers[0].self_attn, "q_norm")
     kwargs = {"max_new_tokens": 8, "do_sample": False, "eos_token_id": NEVER}
     ours = generate(model, tokenizer, PROMPTS, fold_adapters=True, **kwargs)
-    theirs = model_generate_path(monkeypatch, model, tokenizer, PROMPTS, **kwargs)
+    theirs = model_generate_path(model, tokenizer, PROMPTS, **kwargs)
     assert ours.response_ids == theirs.response_ids
 
 
@@ -148,7 +145,7 @@ def test_packed_float32_step_gives_model_generates_greedy_tokens(peaked_policy, 
     rows end and plain once few are left; the greedy tokens stay those of ``model.generate``."""
     import copy
 
-    from memalpha.lm import packed_linear
+    from memalpha.lm.sampling import packed_linear
 
     if not packed_linear.packing_available():
         pytest.skip("this PyTorch build has no MKL packed product")
@@ -161,6 +158,6 @@ def test_packed_float32_step_gives_model_generates_greedy_tokens(peaked_policy, 
     kwargs = {"max_new_tokens": 10, "do_sample": False, "eos_token_id": end}
     ours = generate(model, tokenizer, PROMPTS, fold_adapters=True, **kwargs)
     assert rows_seen and set(rows_seen) == {len(PROMPTS)}  # every packed call at the rows it was packed for
-    theirs = model_generate_path(monkeypatch, model, tokenizer, PROMPTS, **kwargs)
+    theirs = model_generate_path(model, tokenizer, PROMPTS, **kwargs)
     assert ours.response_ids == theirs.response_ids
     assert len(ours.response_ids[0]) < max(ours.response_lengths)

@@ -1,26 +1,27 @@
 """QLoRA gradients on the CPU: sampling and scoring without grad must leave them right.
 
 bitsandbytes repacks a 4-bit layer for its CPU inference kernel (no backward) the first time the
-layer runs in eval mode without grad, on CPUs with AVX-512 BF16 (``memalpha/lm/nf4_cpu_packing.py``).
+layer runs in eval mode without grad, on CPUs with AVX-512 BF16 (``memalpha/lm/core/nf4_cpu_packing.py``).
 A GRPO step samples before it trains, so the gradients after a ``generate`` are the ones that
 matter. On a CPU without that flag nothing is packed and these tests check the same equalities.
 
 The NF4 layers compute in float32 whatever the model's dtype (bitsandbytes has no float64
 compute dtype), so the NF4 gradients are compared by relative norm at float32 tolerances; the
-dequantised twin runs in float64.
+dequantised twin runs in float64. ``MEMALPHA_TEST_DEVICE=cuda`` runs them on a GPU
+(experiments/gpu_check.sh), where nothing is packed but the equalities must hold all the same.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-
-from conftest import build_tiny_model_dir, randomise_lora_b
-from memalpha.lm.generation import generate
-from memalpha.lm.logprobs import token_logprobs
-from memalpha.lm.nf4_cpu_packing import keep_nf4_layers_unpacked
-from memalpha.lm.policy import LoraSettings, load_policy, trainable_parameters
+from conftest import TEST_DEVICE, build_tiny_model_dir, randomise_lora_b
 from numerics import assert_same_gradients
+
+from memalpha.lm.core.nf4_cpu_packing import keep_nf4_layers_unpacked
+from memalpha.lm.core.policy import LoraSettings, load_policy, trainable_parameters
+from memalpha.lm.sampling.generation import generate
+from memalpha.lm.scoring.logprobs import token_logprobs
 
 bnb = pytest.importorskip("bitsandbytes")
 
@@ -42,7 +43,7 @@ def nf4_model_dir(tmp_path_factory, tokenizer):
 
 def _nf4_policy(folder):
     torch.manual_seed(0)
-    model, tokenizer = load_policy(folder, precision="nf4", compute_dtype="float32", lora=LORA)
+    model, tokenizer = load_policy(folder, precision="nf4", compute_dtype="float32", lora=LORA, device=TEST_DEVICE)
     randomise_lora_b(model, 0.2)  # a fresh B is zero, which would hide every A gradient
     return model, tokenizer
 
@@ -56,7 +57,7 @@ def _lora_gradients(model) -> dict[str, torch.Tensor]:
 def _dequantised_twin(folder, nf4_model):
     """The same policy in float64 with every NF4 weight dequantised into a plain ``nn.Linear``
     and the NF4 policy's LoRA weights."""
-    twin, _ = load_policy(folder, lora=LORA)
+    twin, _ = load_policy(folder, lora=LORA, device=TEST_DEVICE)
     nf4_parameters = dict(nf4_model.named_parameters())
     with torch.no_grad():
         for name, layer in nf4_model.named_modules():

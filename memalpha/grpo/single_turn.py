@@ -37,12 +37,12 @@ from memalpha.grpo.update import (
     first_nonfinite,
     optimizer_step,
 )
-from memalpha.lm.adapters import export_adapter
-from memalpha.lm.chat import chat_prompt_ids
-from memalpha.lm.generation import generate
-from memalpha.lm.logprobs import response_logprobs
-from memalpha.lm.policy import LMSettings, LoraSettings, load_policy
-from memalpha.lm.reference import load_reference_adapter, reference_weights
+from memalpha.lm.core.adapters import export_adapter
+from memalpha.lm.core.chat import chat_prompt_ids
+from memalpha.lm.core.policy import LMSettings, LoraSettings, load_policy
+from memalpha.lm.core.reference import load_reference_adapter, reference_weights
+from memalpha.lm.sampling.generation import generate
+from memalpha.lm.scoring.logprobs import response_logprobs
 
 RewardFn = Callable[[list[str], list[str]], Sequence[float]]
 
@@ -165,6 +165,7 @@ def train_single_turn(
             seed=s.seed * 100_003 + step,
             share_prefix=s.lm.share_prefix,
             fold_adapters=s.lm.fold_adapters_for_sampling,
+            backend=s.lm.sampling_backend,
         )
         gen_s = time.perf_counter() - start
         completions = [tokenizer.decode(r, skip_special_tokens=True) for r in generation.response_ids]

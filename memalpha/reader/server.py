@@ -432,8 +432,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from memalpha.lm.attention import use_bounded_attention
-    from memalpha.lm.embedded import load_tokenizer, resolve_model_path
+    from memalpha.lm.core.attention import use_bounded_attention
+    from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     path = resolve_model_path(args.model)

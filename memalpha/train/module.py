@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -30,10 +31,12 @@ from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch, cut_minibatches
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import accumulate_grpo_gradients, first_nonfinite
-from memalpha.lm.embedded import EMBEDDED_MODEL_NAME, resolve_model_path
-from memalpha.lm.logprobs import response_logprobs
-from memalpha.lm.policy import LMSettings, LoraSettings
-from memalpha.lm.reference import load_reference_adapter, reference_weights
+from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, resolve_model_path
+from memalpha.lm.core.policy import LMSettings, LoraSettings
+from memalpha.lm.core.reference import load_reference_adapter, reference_weights
+from memalpha.lm.sampling.backend import announce, choose_backend
+from memalpha.lm.sampling.generation import generate
+from memalpha.lm.scoring.logprobs import response_logprobs
 from memalpha.reader.base import Reader
 from memalpha.reader.settings import ReaderSettings
 from memalpha.seeding import stable_seed
@@ -118,6 +121,9 @@ class GRPOModule(PolicyModule):
                 self.policy, self.tokenizer, self.rollout_settings.templates, self._engine_endpoint()
             )
             self.content_judge = self.reward_settings.build_content_judge(self.reader)
+            if self.rollout_settings.engine != "vllm":  # the policy samples here: say how, or stop now
+                lm = self.lm_settings
+                announce(self.policy, choose_backend(self.policy, lm.sampling_backend, lm.fold_adapters_for_sampling))
 
     # ---------------------------------------------------- checkpoint content
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -201,8 +207,14 @@ class GRPOModule(PolicyModule):
             do_sample=not greedy,
             group_size=1 if greedy else None,
             share_prefix=self.lm_settings.share_prefix,
-            fold_adapters=self.lm_settings.fold_adapters_for_sampling,
-            engine=self._engine(),
+            engine=self._engine() or self._local_sampler(),
+        )
+
+    def _local_sampler(self):
+        """The policy's own ``generate`` with the backend and folding of ``model.lm``."""
+        return partial(
+            generate, self.policy, self.tokenizer, fold_adapters=self.lm_settings.fold_adapters_for_sampling,
+            backend=self.lm_settings.sampling_backend,
         )
 
     @torch.no_grad()

@@ -2,20 +2,20 @@
 
 The reference policy and the local reader are the same weights with the adapter switched
 off (``with model.disable_adapter(): ...``), or for the reference a frozen second adapter
-(:mod:`memalpha.lm.reference`); no second copy of the base model is ever loaded. Sampling lives in :mod:`memalpha.lm.generation` and per-token log-probs in
-:mod:`memalpha.lm.logprobs`.
+(:mod:`memalpha.lm.core.reference`); no second copy of the base model is ever loaded. Sampling lives in :mod:`memalpha.lm.sampling.generation` and per-token log-probs in
+:mod:`memalpha.lm.scoring.logprobs`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
-from memalpha.lm.attention import use_bounded_attention
-from memalpha.lm.embedded import load_tokenizer, resolve_model_path
-from memalpha.lm.nf4_cpu_packing import keep_nf4_layers_unpacked
+from memalpha.lm.core.attention import use_bounded_attention
+from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
+from memalpha.lm.core.nf4_cpu_packing import keep_nf4_layers_unpacked
 
 PRECISIONS = ("fp32", "bf16", "nf4")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -65,6 +65,8 @@ class LoraSettings:
 DEFAULT_LORA = LoraSettings()
 
 Precision = Literal["fp32", "bf16", "nf4"]
+SamplingBackend = Literal["auto", "cpu-fused", "growing-cache", "hf-generate"]
+SAMPLING_BACKENDS: tuple[str, ...] = get_args(SamplingBackend)
 ComputeDtype = Literal["float32", "bfloat16", "float16"]
 
 
@@ -77,7 +79,7 @@ class LMSettings:
         compute_dtype: Compute dtype of the NF4 layers (``bfloat16`` on GPUs, ``float32`` on CPU).
             On the CPU the policy's NF4 layers always dequantise and multiply, in sampling too:
             bitsandbytes' faster CPU inference kernel has no backward and would corrupt the
-            LoRA gradients (``memalpha/lm/nf4_cpu_packing.py``).
+            LoRA gradients (``memalpha/lm/core/nf4_cpu_packing.py``).
         gradient_checkpointing: Recompute activations in backward to save memory (about one more
             forward pass of time). Without it the policy pass computes the prompt prefix that a
             mini-batch shares (the system prompt) once; with it, once per sequence.
@@ -91,14 +93,20 @@ class LMSettings:
             Llama, Mistral, Qwen2 and Qwen3 decoders on the CPU the decoding step is memalpha's
             own, reads a prompt's keys once for all the rows that sample it, and in float32 runs
             its products through weights packed for the batch's rows
-            (``memalpha/lm/fused_decode.py``). Samples equal the unfolded ones up to float
+            (``memalpha/lm/sampling/fused_decode.py``). Samples equal the unfolded ones up to float
             rounding. Costs one copy of the decoder's linear weights while sampling (two with
             packing): turn it off when that does not fit. 4-bit bases and LoRA variants (DoRA)
             are never folded.
         attention_score_mib: The most memory, in MiB, that one block of attention scores may take
             where no fused attention kernel takes the inputs and PyTorch's math kernel runs (then
-            queries run in blocks of this size; ``memalpha/lm/attention.py``). Fused kernels never
-            hold the scores, so this only bounds that fallback.
+            queries run in blocks of this size; ``memalpha/lm/core/attention.py``). Fused kernels
+            never hold the scores, so this only bounds that fallback.
+        sampling_backend: The decoding loop that samples (``memalpha/lm/sampling/backend.py``):
+            ``auto`` (the best one that runs for the model and device, logged once at setup),
+            ``cpu-fused`` (memalpha's CPU step; float32/float64 Llama-family decoders with
+            ``fold_adapters_for_sampling``), ``growing-cache`` (the model's layers over a cache
+            that grows in place) or ``hf-generate`` (``model.generate``). A backend that cannot
+            run for the model stops the run when the model loads, naming the reason.
     """
 
     precision: Precision = "fp32"
@@ -107,8 +115,13 @@ class LMSettings:
     share_prefix: bool = True
     fold_adapters_for_sampling: bool = True
     attention_score_mib: int = 256
+    sampling_backend: SamplingBackend = "auto"
 
     def __post_init__(self) -> None:
+        if self.sampling_backend not in SAMPLING_BACKENDS:
+            raise ValueError(
+                f"lm.sampling_backend must be one of {list(SAMPLING_BACKENDS)}, got {self.sampling_backend!r}"
+            )
         if self.attention_score_mib < 1:
             raise ValueError(f"lm.attention_score_mib must be >= 1, got {self.attention_score_mib}")
         if self.precision not in PRECISIONS:
@@ -162,7 +175,7 @@ def load_policy(
         precision: ``fp32``, ``bf16`` or ``nf4`` (bitsandbytes 4-bit NormalFloat; the model is then
             prepared with ``prepare_model_for_kbit_training``: norms and head in fp32, base frozen;
             with an adapter, its 4-bit layers never take bitsandbytes' CPU inference kernel, which
-            has no backward, see :mod:`memalpha.lm.nf4_cpu_packing`).
+            has no backward, see :mod:`memalpha.lm.core.nf4_cpu_packing`).
         lora: adapter shape for a fresh adapter; None with no ``adapter_path`` returns the bare
             model in eval mode (an inference-only reader).
         compute_dtype: matmul dtype of the 4-bit layers (``nf4`` only).
@@ -172,7 +185,7 @@ def load_policy(
             trainable and ``lora`` is ignored.
         device: where the model lives.
         attention_score_mib: bound on one block of attention scores where only PyTorch's math
-            kernel takes the inputs (:func:`memalpha.lm.attention.use_bounded_attention`; models
+            kernel takes the inputs (:func:`memalpha.lm.core.attention.use_bounded_attention`; models
             loaded with ``sdpa``, the default, switch to memalpha's attention).
 
     Returns:

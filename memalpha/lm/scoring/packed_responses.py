@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-from memalpha.lm.attention import IMPLEMENTATION
-from memalpha.lm.layout import PaddedBatch, additive_mask
-from memalpha.lm.prefix_cache import SharedPrefix, distinct_prompt_cache, unique_rows
+from memalpha.lm.core.attention import IMPLEMENTATION
+from memalpha.lm.core.layout import PaddedBatch, additive_mask
+from memalpha.lm.core.prefix_cache import SharedPrefix, distinct_prompt_cache, unique_rows
 
 MASK_IMPLEMENTATIONS = ("sdpa", "eager", IMPLEMENTATION)
 

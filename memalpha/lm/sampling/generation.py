@@ -1,8 +1,8 @@
 """Batched sampling from a causal LM: left-padded prompts, shared prefixes, memalpha's decoding loop.
 
-Prompts are laid out as in :mod:`memalpha.lm.layout`; with ``share_prefix`` the tokens the
-prompts of a batch share are computed once (:mod:`memalpha.lm.prefix_cache`); the new tokens
-come from :func:`memalpha.lm.decode.decode` (``model.generate`` for decoders it does not take).
+Prompts are laid out as in :mod:`memalpha.lm.core.layout`; with ``share_prefix`` the tokens the
+prompts of a batch share are computed once (:mod:`memalpha.lm.core.prefix_cache`); the new tokens
+come from :func:`memalpha.lm.sampling.growing_cache.decode` (``model.generate`` for decoders it does not take).
 """
 
 from __future__ import annotations
@@ -11,19 +11,20 @@ from dataclasses import dataclass
 
 import torch
 
-from memalpha.lm.decode import decode, growing_cache
-from memalpha.lm.folded_lora import folded_adapters
-from memalpha.lm.fused_decode import FusedDecoder
-from memalpha.lm.fused_decode import decode as fused_decode
-from memalpha.lm.layout import PaddedBatch, check_pairs, pad_prompt_response
-from memalpha.lm.prefix_cache import (
+from memalpha.lm.core.folded_lora import folded_adapters
+from memalpha.lm.core.layout import PaddedBatch, check_pairs, pad_prompt_response
+from memalpha.lm.core.prefix_cache import (
     can_share_cache,
     distinct_prompt_cache,
     prompt_cache,
     shared_prefix,
     split_decoder_and_head,
 )
-from memalpha.lm.sampling import next_tokens
+from memalpha.lm.sampling.backend import BackendChoice, announce, choose_backend
+from memalpha.lm.sampling.filters import next_tokens
+from memalpha.lm.sampling.fused_decode import FusedDecoder
+from memalpha.lm.sampling.fused_decode import decode as fused_decode
+from memalpha.lm.sampling.growing_cache import decode, growing_cache
 
 
 @dataclass
@@ -107,6 +108,7 @@ def generate(
     eos_token_id: int | list[int] | None = None,
     share_prefix: bool = True,
     fold_adapters: bool = False,
+    backend: str = "auto",
 ) -> Generation:
     """Sample responses for token-id prompts, batched and left-padded, with the KV cache.
 
@@ -114,26 +116,30 @@ def generate(
     under ``torch.no_grad()`` and in eval mode (the training mode is restored afterwards, so
     dropout and gradient checkpointing are off while sampling). Sampling applies temperature,
     then top-k (0 = off), then top-p (1.0 = off), as ``transformers`` does
-    (:mod:`memalpha.lm.sampling`); ``do_sample=False`` is greedy. A row stops at the
+    (:mod:`memalpha.lm.sampling.filters`); ``do_sample=False`` is greedy. A row stops at the
     end-of-sequence token(s): ``eos_token_id`` if given, else the model's generation config,
     else the tokenizer's. With ``seed`` the global RNG is forked and seeded, so the same call
     returns the same samples and the caller's RNG is left untouched.
 
     With ``share_prefix`` (the default) the tokens that the prompts of a batch share -- their
     common prefix, and whole prompts repeated by a group -- are pre-filled once and their
-    key/value cache is repeated to every row (:mod:`memalpha.lm.prefix_cache`); the samples are
-    those of the plain batch up to float rounding. The loop (:func:`memalpha.lm.decode.decode`)
+    key/value cache is repeated to every row (:mod:`memalpha.lm.core.prefix_cache`); the samples are
+    those of the plain batch up to float rounding. The loop (:func:`memalpha.lm.sampling.growing_cache.decode`)
     writes into a cache allocated once for the prompt plus ``max_new_tokens`` and drops rows as
     they finish; decoders with sliding-window or other non-plain attention layers sample through
     ``model.generate`` instead, with the same filters.
 
     With ``fold_adapters`` the decoding steps of Llama, Mistral, Qwen2 and Qwen3 decoders run
     from a copy of their linear weights with any LoRA update folded in and the prompt keys read
-    once per distinct prompt (:mod:`memalpha.lm.fused_decode`); other decoders run their LoRA
-    layers as single linear layers over folded copies (:mod:`memalpha.lm.folded_lora`). Either
+    once per distinct prompt (:mod:`memalpha.lm.sampling.fused_decode`); other decoders run their LoRA
+    layers as single linear layers over folded copies (:mod:`memalpha.lm.core.folded_lora`). Either
     way the samples are the same up to float rounding, at the cost of one more copy of the
     weights while sampling runs (two for the fused step in float32, whose products are also
-    packed for the batch's rows: :mod:`memalpha.lm.packed_linear`).
+    packed for the batch's rows: :mod:`memalpha.lm.sampling.packed_linear`).
+
+    ``backend`` picks the decoding loop (:mod:`memalpha.lm.sampling.backend`): ``auto`` takes the
+    best one that runs for this model and device and logs its choice once; a named one that
+    cannot run is an error.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -150,19 +156,19 @@ def generate(
     def pick(logits: torch.Tensor) -> torch.Tensor:
         return next_tokens(logits, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
 
-    def new_tokens(chunk: list[list[int]], fused: FusedDecoder | None) -> tuple[list[list[int]], list[bool]]:
+    def new_tokens(chunk: list[list[int]], choice: str, fused: FusedDecoder | None):
         """One batch's responses; its caches go when it returns."""
         prefix = shared_prefix(decoder, chunk) if share_prefix else None
         padded = pad_prompt_response(
             chunk, [[] for _ in chunk], pad_id, device, shared_prefix=prefix.length if prefix else 0
         )
         limits = {"max_new_tokens": max_new_tokens, "eos_ids": eos_ids, "pick": pick}
-        if fused is not None:
+        if choice == "cpu-fused":
             cache, prompt_of_row = distinct_prompt_cache(decoder, padded, chunk, prefix, dedupe=share_prefix)
             return fused_decode(fused, padded, cache, prompt_of_row, **limits)
-        cache = prompt_cache(decoder, padded, chunk, prefix) if share_prefix else None
-        room = growing_cache(decoder, padded.input_ids.shape[1] + max_new_tokens, cache)
-        if room is not None:
+        if choice == "growing-cache":
+            cache = prompt_cache(decoder, padded, chunk, prefix) if share_prefix else None
+            room = growing_cache(decoder, padded.input_ids.shape[1] + max_new_tokens, cache)
             return decode(decoder, head, model_config, padded, room, **limits)
         return _hf_generate(model, padded, eos_ids, pad_id, max_new_tokens, do_sample, temperature, top_k, top_p)
 
@@ -174,17 +180,22 @@ def generate(
     fork_devices = [device] if device.type == "cuda" else []
     try:
         share_prefix = share_prefix and can_share_cache(decoder)  # asked in eval mode, as generation runs
+        choice = choose_backend(model, backend, fold_adapters)
+        announce(model, choice)
         rows = min(step, len(prompt_ids))  # the rows of a batch: what the fused step's products are packed for
-        fused = FusedDecoder.build(decoder, head, model_config, rows) if fold_adapters else None
+        fused = FusedDecoder.build(decoder, head, model_config, rows) if choice.name == "cpu-fused" else None
+        if choice.name == "cpu-fused" and fused is None:  # unsupported() passed, the weights did not stack
+            choice = BackendChoice("growing-cache", "the fused step declined the weights")
+        own_fold = choice.name == "cpu-fused"  # it folds its own copy
         with (
             torch.no_grad(),
             torch.random.fork_rng(devices=fork_devices, enabled=seed is not None),
-            folded_adapters(model, enabled=fold_adapters and fused is None),  # the fused step folds its own copy
+            folded_adapters(model, enabled=fold_adapters and not own_fold),
         ):
             if seed is not None:
                 torch.manual_seed(seed)
             for start in range(0, len(prompt_ids), step):
-                kept, cut = new_tokens(prompt_ids[start : start + step], fused)
+                kept, cut = new_tokens(prompt_ids[start : start + step], choice.name, fused)
                 responses.extend(kept)
                 truncated.extend(cut)
     finally:
@@ -196,8 +207,8 @@ def _hf_generate(
     model, padded: PaddedBatch, eos_ids: list[int], pad_id: int, max_new_tokens: int,
     do_sample: bool, temperature: float, top_k: int, top_p: float,
 ) -> tuple[list[list[int]], list[bool]]:
-    """``model.generate`` on one laid-out batch, for decoders :func:`~memalpha.lm.decode.decode`
-    does not take (they share no cache either: :func:`~memalpha.lm.prefix_cache.can_share_cache`)."""
+    """``model.generate`` on one laid-out batch (the ``hf-generate`` backend: decoders the other
+    loops do not take, which share no cache either: :func:`~memalpha.lm.core.prefix_cache.can_share_cache`)."""
     from transformers import GenerationConfig
 
     sampling = (

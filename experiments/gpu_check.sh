@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The GPU measurements of docs/real_model.md in one prepared run (issue 29, items 1-4), for a lent
+# GPU machine whose minutes are few: each stage has its own time limit, writes its JSON as soon as
+# it ends, and a stage that fails or times out does not stop the next one.
+#
+#   on this machine, once:  make test            (converts the embedded model: its tokenizer is packed)
+#                           bash experiments/gpu_pack.sh      (writes .device/, ~36 MB)
+#   on the GPU machine:     carry .device;  command: bash experiments/gpu_check.sh
+#
+# Stages (about 7 minutes in all on an H100 when each fits its limit):
+#   1. nf4_gradients  QLoRA gradients on the GPU before/after sampling and against the dequantised
+#                     weights (tests/test_nf4_gradients.py on cuda)                    item 4
+#   2. sampler        new tokens/s of 8 rows of Qwen3-4B NF4 + LoRA r32 after 1,024-token prompts,
+#                     per sampling backend (experiments/bench_graph_decode.py)          item 2
+#   3. scale          one GRPO step at configs/qlora_4090.yaml's sizes (8 x 6144 prompt tokens,
+#                     2048 response tokens, micro-batches of 2 x 8192) under a 24 GiB cap, every phase
+#                     timed, peak reserved and driver-side memory (experiments/bench_scale.py)  items 1, 3
+#   4. fit            `memalpha fit --config configs/qlora_4090.yaml` for 2 steps on a random-weight
+#                     Qwen3-4B folder with synthetic chunks that fill ~6k-token prompts
+#                     (experiments/gpu_fit_check.py)                                    item 3
+#
+# Results go to $OUT (the device tool's folder that comes back) or experiments/results/gpu/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ -f .device/env.sh ]; then source .device/env.sh; fi
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
+RESULTS=${OUT:-experiments/results/gpu}
+mkdir -p "$RESULTS"
+TOKENIZER=${MEMALPHA_TOKENIZER:-$( [ -d .device/tok ] && echo .device/tok || echo smollm2-135m-instruct )}
+STAGES=${GPU_CHECK_STAGES:-nf4_gradients sampler scale fit}
+declare -A LIMIT=([nf4_gradients]=60 [sampler]=120 [scale]=200 [fit]=240)
+
+run_stage() {  # name, command...: its own limit, its log beside its JSON, its exit status in the summary
+  local name=$1; shift
+  local start=$SECONDS
+  echo "== $name (limit ${LIMIT[$name]} s): $*"
+  timeout --kill-after=10 "${LIMIT[$name]}" "$@" > "$RESULTS/$name.log" 2>&1
+  local status=$?
+  tail -n 25 "$RESULTS/$name.log"
+  printf '%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - start))" >> "$RESULTS/stages.tsv"
+  echo "== $name: exit $status after $((SECONDS - start)) s"
+}
+
+"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
+printf 'stage\texit\tseconds\n' > "$RESULTS/stages.tsv"
+for stage in $STAGES; do
+  case $stage in
+    nf4_gradients) run_stage nf4_gradients env MEMALPHA_TEST_DEVICE=cuda MEMALPHA_TEST_TOKENIZER="$TOKENIZER" \
+                     "$PY" -m pytest -q -p no:cacheprovider tests/test_nf4_gradients.py \
+                     --junitxml="$RESULTS/nf4_gradients.xml" ;;
+    sampler) run_stage sampler "$PY" experiments/bench_graph_decode.py --device cuda --nf4 \
+               --tokenizer "$TOKENIZER" --out "$RESULTS/bench_graph_decode.json" ;;
+    scale) run_stage scale "$PY" experiments/bench_scale.py --device cuda --tokenizer "$TOKENIZER" \
+             --out "$RESULTS/bench_scale.json" ;;
+    fit) run_stage fit "$PY" experiments/gpu_fit_check.py --tokenizer "$TOKENIZER" \
+           --out "$RESULTS/gpu_fit_check.json" ;;
+    *) echo "unknown stage $stage (choose from: nf4_gradients sampler scale fit)"; exit 2 ;;
+  esac
+done
+cat "$RESULTS/stages.tsv"

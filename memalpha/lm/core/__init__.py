@@ -1,0 +1,1 @@
+"""What sampling and scoring share: loading, layout, attention, caches, LoRA handling."""

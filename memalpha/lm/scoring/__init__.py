@@ -1,0 +1,1 @@
+"""Per-token log-probs of given responses (policy, old policy, reference, SFT)."""

@@ -1,0 +1,91 @@
+"""One visible choice of decoding loop (memalpha/lm/sampling/backend.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from memalpha.lm.core.policy import SAMPLING_BACKENDS, LMSettings, LoraSettings, load_policy
+from memalpha.lm.sampling.backend import announce, candidates, choose_backend, why_not
+from memalpha.lm.sampling.generation import generate
+
+PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [5, 6, 7, 8]]
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir):
+    torch.manual_seed(0)
+    return load_policy(tiny_model_dir, lora=LoraSettings(r=4, alpha=8))
+
+
+def test_auto_on_the_cpu_takes_the_fused_step_only_when_adapters_fold(policy):
+    model, _ = policy
+    assert candidates(model, fold_adapters=True) == ["cpu-fused", "growing-cache", "hf-generate"]
+    assert choose_backend(model, "auto", fold_adapters=True).name == "cpu-fused"
+    unfolded = choose_backend(model, "auto", fold_adapters=False)
+    assert unfolded.name == "growing-cache" and unfolded.reason == "auto on cpu"
+
+
+def test_auto_says_what_the_better_backends_lacked(policy):
+    model, _ = policy
+    model.to(torch.bfloat16)
+    try:
+        choice = choose_backend(model, "auto", fold_adapters=True)
+    finally:
+        model.to(torch.float32)
+    assert choice.name == "growing-cache"
+    assert "cpu-fused: the weights are torch.bfloat16" in choice.reason
+
+
+def test_a_named_backend_that_cannot_run_is_an_error_naming_the_setting(policy):
+    model, _ = policy
+    with pytest.raises(ValueError, match=r"lm.sampling_backend='cpu-fused' cannot sample .*fold_adapters_for_sampling"):
+        choose_backend(model, "cpu-fused", fold_adapters=False)
+    with pytest.raises(ValueError, match="lm.sampling_backend must be one of"):
+        choose_backend(model, "fastest")
+    assert choose_backend(model, "hf-generate").reason == "named by lm.sampling_backend"
+
+
+def test_settings_refuse_an_unknown_backend():
+    assert LMSettings(sampling_backend="growing-cache").sampling_backend == "growing-cache"
+    with pytest.raises(ValueError, match=r"lm.sampling_backend must be one of \['auto'"):
+        LMSettings(sampling_backend="vllm")
+    assert SAMPLING_BACKENDS[0] == "auto"
+
+
+def test_sliding_window_decoders_go_to_model_generate(tmp_path, tokenizer):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=4,
+                           pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    MistralForCausalLM(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    model, _ = load_policy(str(tmp_path), lora=LoraSettings(r=2, alpha=4))
+    assert why_not("growing-cache", model) is not None
+    assert choose_backend(model, "auto").name == "hf-generate"
+    with pytest.raises(ValueError, match="sliding-window"):
+        choose_backend(model, "growing-cache")
+
+
+def test_every_backend_gives_the_same_greedy_tokens(policy):
+    model, tokenizer = policy
+    runs = {
+        backend: generate(model, tokenizer, PROMPTS, max_new_tokens=6, do_sample=False, fold_adapters=True,
+                          backend=backend, eos_token_id=10_000).response_ids
+        for backend in ("cpu-fused", "growing-cache", "hf-generate")
+    }
+    assert runs["cpu-fused"] == runs["growing-cache"] == runs["hf-generate"]
+
+
+def test_the_choice_is_logged_once_per_model(policy, caplog):
+    model, _ = policy
+    choice = choose_backend(model, "growing-cache")
+    with caplog.at_level(logging.INFO, logger="memalpha.lm.sampling.backend"):
+        announce(model, choice, who="a test")
+        announce(model, choice, who="a test")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["a test backend: growing-cache -- named by lm.sampling_backend"]
