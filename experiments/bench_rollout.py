@@ -11,7 +11,7 @@ memory, the second from the memory that rollout wrote), driving the real code:
 SmolLM2-135M-Instruct, fp32) and its local reader, :func:`memalpha.agent.rollout.run_rollouts`
 plays the memory agent chunk by chunk and lets the reader answer every question (it reports
 both times), and the update is the module's: reference log-probs with the adapter off, then
-:func:`memalpha.grpo.update.accumulate_grpo_gradients` on the round's
+:func:`memalpha.train.actor.accumulate_grpo_gradients` on the round's
 :class:`~memalpha.grpo.batch.GRPOBatch` (per micro-batch policy log-probs, the clipped GRPO
 loss with the k3 KL term, backward) and :func:`memalpha.grpo.update.optimizer_step`
 (gradient clipping and an AdamW step). Reported per pair: generated tokens/s and turns/s of
@@ -64,11 +64,12 @@ from memalpha.data.synthetic import generate_synthetic
 from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-from memalpha.grpo.update import accumulate_grpo_gradients, build_optimizer, optimizer_step
+from memalpha.grpo.update import build_optimizer, optimizer_step
 from memalpha.lm.core.policy import LMSettings, LoraSettings
 from memalpha.lm.sampling.vllm_settings import VllmSettings
 from memalpha.lm.scoring.logprobs import response_logprobs
 from memalpha.reader.settings import ReaderSettings
+from memalpha.train.actor import accumulate_grpo_gradients
 from memalpha.train.engine_sync import EngineSync, sampler_logprob_gap
 from memalpha.train.module import GRPOModule
 
@@ -119,7 +120,7 @@ def grpo_update(module: GRPOModule, samples: Sequence[TurnSample], optimizer: to
 
     The update :meth:`memalpha.train.module.GRPOModule.training_step` runs: the samples become a
     :class:`~memalpha.grpo.batch.GRPOBatch` with group-relative advantages and reference
-    log-probs (adapter off), :func:`~memalpha.grpo.update.accumulate_grpo_gradients` backwards
+    log-probs (adapter off), :func:`~memalpha.train.actor.accumulate_grpo_gradients` backwards
     the loss micro-batch by micro-batch, :func:`~memalpha.grpo.update.optimizer_step` clips and
     steps. Returns ``ref_s`` (reference log-probs), ``update_s`` (policy log-probs, loss,
     backward, clipping and the optimiser step), ``loss`` and ``tokens``.

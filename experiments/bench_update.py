@@ -5,7 +5,7 @@ Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench_update.py [--adapter-p
 The batch is ``bench_vs_trl.py --parity``'s: the embedded model with an adapter samples
 ``--prompts`` memorising prompts of the memory job (~560 tokens) ``--group-size`` times each, up
 to ``--max-new-tokens`` tokens, once, with a fixed seed; the advantages are drawn. Then
-:func:`memalpha.grpo.update.accumulate_grpo_gradients` (the loss's forward and backward, in
+:func:`memalpha.train.actor.accumulate_grpo_gradients` (the loss's forward and backward, in
 micro-batches of ``--micro-batch-size`` with the prompt prefix shared) runs on that batch along
 four paths, each adding one change to the one before, alternating ``--repeats`` times in one
 process:
@@ -46,10 +46,10 @@ from _parity_job import add_job_arguments, check_job_arguments, job_settings, lo
 from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import UpdateSettings
-from memalpha.grpo.update import accumulate_grpo_gradients
 from memalpha.lm.core import prefix_cache
 from memalpha.lm.sampling.generation import generate
 from memalpha.lm.scoring import logprobs
+from memalpha.train.actor import accumulate_grpo_gradients
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_update.json"
 PATHS = ("padded", "packed", "streamed", "accumulated")

@@ -9,7 +9,7 @@ prompt is one memorising turn: one synthetic chunk (``memalpha.data.synthetic``,
 wrapped in :func:`memalpha.agent.prompts.memorise_messages` with an empty memory and the ``hermes``
 call format. The reward, shared by both sides, is tool-call validity: the share of a reply's
 calls (parse errors count as failed calls) that execute on a fresh :class:`memalpha.memory.store.Memory`,
-0 for a reply without calls. The memalpha side is :func:`memalpha.grpo.single_turn.train_single_turn`.
+0 for a reply without calls. The memalpha side is :func:`memalpha.train.single_turn.train_single_turn`.
 
 Both sides get the same settings: fp32 on CPU, no gradient checkpointing, ``group_size``
 samples for each of ``prompts_per_step`` prompts per optimiser step (one generation round
@@ -242,10 +242,10 @@ def _lora(settings: BenchSettings):
 
 
 def run_memalpha(settings: BenchSettings) -> dict[str, Any]:
-    """Train with :func:`memalpha.grpo.single_turn.train_single_turn`; per-step records and setup time."""
+    """Train with :func:`memalpha.train.single_turn.train_single_turn`; per-step records and setup time."""
     from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-    from memalpha.grpo.single_turn import SingleTurnSettings, train_single_turn
     from memalpha.lm.core.policy import LMSettings
+    from memalpha.train.single_turn import SingleTurnSettings, train_single_turn
 
     start = time.perf_counter()
     job = build_job(settings.pool_size(), settings.seed, settings.max_new_tokens, settings.job)

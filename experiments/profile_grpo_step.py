@@ -7,7 +7,7 @@ LoRA r 16 on all linear layers, 2 memorising prompts x group 4, 48 new tokens, k
 micro-batch 2). One warm-up step runs unprofiled; the next runs under ``torch.profiler`` with
 a ``record_function`` label on each phase: generation, reference log-probs (adapter off),
 the policy pass (log-probs, loss and backward, micro-batch by micro-batch, through
-:func:`memalpha.grpo.update.accumulate_grpo_gradients` on a :class:`~memalpha.grpo.batch.GRPOBatch`)
+:func:`memalpha.train.actor.accumulate_grpo_gradients` on a :class:`~memalpha.grpo.batch.GRPOBatch`)
 and the optimiser step (:func:`memalpha.grpo.update.optimizer_step`, no clipping). Prints the
 phase table and the ten operators with the most self CPU time; writes
 ``experiments/results/profile_grpo_step[_no_share].json``. ``--no-share-prefix`` turns the
@@ -35,10 +35,11 @@ from bench_vs_trl import build_prompts, tool_call_validity
 from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-from memalpha.grpo.update import accumulate_grpo_gradients, build_optimizer, optimizer_step
+from memalpha.grpo.update import build_optimizer, optimizer_step
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.sampling.generation import generate
 from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.train.actor import accumulate_grpo_gradients
 
 PHASES = ("generate", "reference_logprobs", "policy_loss_backward", "optimizer_step")
 MAX_NEW_TOKENS = 48

@@ -24,7 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "tools": {"memory", "templates"},
     "lm": {"seeding"},
     "data": {"lm"},
-    "grpo": {"lm", "seeding"},
+    "grpo": {"seeding"},
     "reader": {"memory", "lm", "templates"},
     "agent": {"memory", "tools", "lm", "data", "reader", "seeding", "templates"},
     "train": {"memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "templates"},

@@ -8,11 +8,11 @@ from test_grpo import CHOSEN, _first_token_probability
 from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-from memalpha.grpo.single_turn import SingleTurnSettings, train_single_turn
-from memalpha.grpo.update import accumulate_grpo_gradients
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.sampling.generation import generate
 from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.train.actor import accumulate_grpo_gradients
+from memalpha.train.single_turn import SingleTurnSettings, train_single_turn
 
 
 def test_shared_update_raises_a_rewarded_token_over_micro_batches_with_kl(small_vocab_model_dir, tokenizer):

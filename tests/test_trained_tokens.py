@@ -17,12 +17,12 @@ from memalpha.agent.rollout import RolloutSettings, run_rollouts
 from memalpha.data.schema import QA, Instance
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import UpdateSettings
-from memalpha.grpo.update import accumulate_grpo_gradients
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.scoring.logprobs import response_logprobs, token_logprobs
 from memalpha.reader.local import LocalReader
 from memalpha.tools.formats import RESPONSE_OPEN, RESULT_MARK, get_call_format
 from memalpha.tools.schemas import INSERT
+from memalpha.train.actor import accumulate_grpo_gradients
 
 QWEN, HERMES = get_call_format("qwen"), get_call_format("hermes")
 FACT = {"memory_type": "semantic_memory", "content": "Anna lives in Oslo."}

@@ -1,12 +1,14 @@
-"""One GRPO update: the micro-batched backward of a mini-batch, the optimiser step, the optimiser.
+"""One GRPO update on a :class:`~memalpha.grpo.batch.GRPOBatch`, without the model: the loss of a
+micro-batch from its log-probs, the mini-batch's metrics, the optimiser step, the optimiser.
 
-``accumulate_grpo_gradients`` runs a :class:`~memalpha.grpo.batch.GRPOBatch` through the policy
-in micro-batches, computes the clipped GRPO loss with the mini-batch's global normaliser and
-calls ``backward`` on each micro-batch's loss. ``optimizer_step`` then clips and steps, or drops
-the gradients of a non-finite loss or gradient norm. ``build_optimizer`` makes the optimiser and
-its warm-up schedule from :class:`~memalpha.grpo.settings.OptimizerSettings` (its arithmetic:
-the pure :func:`schedule_length`, :func:`warmup_steps` and :func:`lr_multiplier`). Every trainer
-(the Lightning module, the single-turn trainer, the benchmarks) goes through these three functions.
+:func:`micro_batch_loss` is the clipped GRPO loss of one micro-batch with the mini-batch's
+global normaliser and :class:`LossMeter` adds its metrics up; the actor that runs the policy
+over the micro-batches (:mod:`memalpha.train.actor`, with its prefix caches and data-parallel
+details) calls both. ``optimizer_step`` then clips and steps, or drops the gradients of a
+non-finite loss or gradient norm. ``build_optimizer`` makes the optimiser and its warm-up
+schedule from :class:`~memalpha.grpo.settings.OptimizerSettings` (its arithmetic: the pure
+:func:`schedule_length`, :func:`warmup_steps` and :func:`lr_multiplier`). Every trainer (the
+Lightning module, the single-turn trainer, the benchmarks) goes through these functions.
 
 A step that meets a NaN or an infinity (in the rewards, the round's reference or old log-probs,
 the loss or the gradient norm) is skipped, never trained on; :class:`NonFiniteStreak` counts
@@ -18,17 +20,14 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from memalpha.grpo.batch import GRPOBatch
-from memalpha.grpo.loss import policy_loss
+from memalpha.grpo.loss import LossOutput, policy_loss
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings, WarmupStart
-from memalpha.lm.core.layout import response_mask
-from memalpha.lm.core.prefix_cache import prompt_order, shared_prefix, split_decoder_and_head
-from memalpha.lm.scoring.logprobs import token_logprobs
 
 NONFINITE_KINDS = ("rewards", "reference log-probs", "old log-probs", "loss", "grad norm")
 """What a GRPO step can find non-finite, in the order it meets them."""
@@ -97,107 +96,71 @@ def pad_rows(rows: list[torch.Tensor], width: int, device, dtype=torch.float32) 
     return out
 
 
-def accumulate_grpo_gradients(
-    policy,
+def response_mask_of(lengths: Sequence[int], width: int, device, dtype) -> torch.Tensor:
+    """``[B, width]`` mask, 1 on the first ``lengths[i]`` columns of row ``i``."""
+    counts = torch.tensor(list(lengths), device=device)
+    return (torch.arange(width, device=device)[None, :] < counts[:, None]).to(dtype)
+
+
+def micro_batch_loss(
+    logps: torch.Tensor,
+    entropy: torch.Tensor | None,
     batch: GRPOBatch,
     settings: UpdateSettings,
     *,
-    temperature: float,
-    max_response_len: int,
-    share_prefix: bool,
-    pad_id: int,
     token_normaliser: float,
     seq_normaliser: float,
-    backward: Callable[[torch.Tensor], None],
-    grad_scale: float = 1.0,
-) -> tuple[dict[str, float], bool]:
-    """Backward the GRPO loss of one mini-batch, micro-batch by micro-batch.
-
-    ``batch`` without ``old_logps`` takes the ratio on-policy; without ``ref_logps`` it has no KL
-    term. ``temperature`` scales the logits as sampling did; ``max_response_len`` is the constant
-    of the ``seq-mean-token-sum-norm`` aggregation (the response cap). The normalisers are the
-    mini-batch's global response-token and sequence counts, so summing the micro-batch losses gives the mini-batch loss (and the
-    order of the rows does not matter).
-
-    With ``share_prefix`` the rows are put in :func:`~memalpha.lm.core.prefix_cache.prompt_order`
-    and the prompt prefix they all share runs through the policy once for the whole mini-batch:
-    each micro-batch reads it through detached leaves that collect its gradient, and the last
-    micro-batch's backward carries the sum through the prefix's pass
-    (:meth:`~memalpha.lm.core.prefix_cache.SharedPrefix.pullback`). ``backward`` is therefore still
-    called exactly once per micro-batch. ``grad_scale`` is the factor ``backward`` multiplies
-    a loss by (a mixed-precision grad scaler's current scale; 1 otherwise).
-
-    Returns token-weighted metrics and whether every micro-batch loss was finite.
-    """
-    n = len(batch)
-    if share_prefix:
-        batch = batch.select(prompt_order(batch.prompt_ids))
-    device = next(p.device for p in policy.parameters())
-    normaliser = token_normaliser if settings.loss_agg == "token-mean" else seq_normaliser
-    prefix = leaves = None
-    if share_prefix and any(batch.response_ids):
-        prefix = shared_prefix(split_decoder_and_head(policy)[0], batch.prompt_ids)
-        if prefix is not None and n > settings.micro_batch_size:
-            leaves = prefix.detached()
-    sums: dict[str, float] = defaultdict(float)
-    finite = True
-    for lo in range(0, n, settings.micro_batch_size):
-        last = lo + settings.micro_batch_size >= n
-        sl = slice(lo, lo + settings.micro_batch_size)
-        responses = batch.response_ids[sl]
-        logps, entropy = token_logprobs(
-            policy,
-            batch.prompt_ids[sl],
-            responses,
-            temperature=temperature,
-            micro_batch_size=settings.micro_batch_size,
-            pad_id=pad_id,
-            with_entropy=True,
-            share_prefix=share_prefix,
-            prefix=prefix if leaves is None or last else leaves,
-        )
-        width = logps.shape[1]
-        mask = response_mask(responses, width, device, logps.dtype)
-        old = None if batch.old_logps is None else pad_rows(batch.old_logps[sl], width, device, logps.dtype)
-        ref = None if batch.ref_logps is None else pad_rows(batch.ref_logps[sl], width, device, logps.dtype)
-        out = policy_loss(
-            logps,
-            old,
-            ref,
-            batch.advantages[sl].to(device),
-            mask,
-            clip_low=settings.clip_low,
-            clip_high=settings.clip_high,
-            clip_ratio_c=settings.clip_ratio_c,
-            kl_coef=settings.kl_coef if ref is not None else 0.0,
-            agg=settings.loss_agg,
-            token_normaliser=normaliser,
-            max_len=max_response_len,
-        )
-        finite = finite and out.finite
-        loss = out.loss
-        if not loss.requires_grad:  # no trained token (responses cut to nothing at a result marker):
-            # still one backward per micro-batch, reaching every trainable weight, as DDP expects
-            loss = loss + sum(p.sum() for p in policy.parameters() if p.requires_grad) * 0.0
-        if last and leaves is not None:
-            backward(loss + prefix.pullback(leaves, grad_scale))
-        else:
-            backward(loss)
-        tokens = float(mask.sum().item())
-        sums["loss"] += float(out.loss.detach())
-        sums["tokens"] += tokens
-        for key in ("kl", "clip_ratio/low", "clip_ratio/high", "clip_ratio/dual", "ratio_mean"):
-            sums[key] += out.metrics[key] * tokens
-        sums["entropy"] += float((entropy * mask).sum().item())
-    weight = max(sums["tokens"], 1.0)
-    metrics = {"loss": sums["loss"], "tokens": sums["tokens"]}
-    metrics.update(
-        {
-            key: sums[key] / weight
-            for key in ("kl", "clip_ratio/low", "clip_ratio/high", "clip_ratio/dual", "ratio_mean", "entropy")
-        }
+    max_response_len: int,
+) -> tuple[LossOutput, torch.Tensor]:
+    """The clipped GRPO loss of one micro-batch whose policy log-probs (``[B, T]``, response
+    columns) are ``logps``: the sampling and reference log-probs of ``batch`` padded to ``T``,
+    the mini-batch's global normaliser for ``settings.loss_agg`` (so the micro-batch losses add
+    up to the mini-batch's), the KL term only when ``batch`` has reference log-probs. Returns
+    the loss and the response mask it used."""
+    width = logps.shape[1]
+    mask = response_mask_of([len(r) for r in batch.response_ids], width, logps.device, logps.dtype)
+    old = None if batch.old_logps is None else pad_rows(batch.old_logps, width, logps.device, logps.dtype)
+    ref = None if batch.ref_logps is None else pad_rows(batch.ref_logps, width, logps.device, logps.dtype)
+    out = policy_loss(
+        logps,
+        old,
+        ref,
+        batch.advantages.to(logps.device),
+        mask,
+        clip_low=settings.clip_low,
+        clip_high=settings.clip_high,
+        clip_ratio_c=settings.clip_ratio_c,
+        kl_coef=settings.kl_coef if ref is not None else 0.0,
+        agg=settings.loss_agg,
+        token_normaliser=token_normaliser if settings.loss_agg == "token-mean" else seq_normaliser,
+        max_len=max_response_len,
+        entropy=entropy,
     )
-    return metrics, finite
+    return out, mask
+
+
+TOKEN_WEIGHTED = ("kl", "clip_ratio/low", "clip_ratio/high", "clip_ratio/dual", "ratio_mean", "entropy")
+"""The per-micro-batch metrics a mini-batch reports as means over all its response tokens."""
+
+
+class LossMeter:
+    """A mini-batch's metrics from its micro-batches: the loss summed (the micro-batch losses
+    carry the global normaliser already), the :data:`TOKEN_WEIGHTED` ones weighted by tokens."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = defaultdict(float)
+
+    def add(self, out: LossOutput) -> None:
+        tokens = out.metrics["tokens"]
+        self.sums["loss"] += float(out.loss.detach())
+        self.sums["tokens"] += tokens
+        for key in TOKEN_WEIGHTED:
+            self.sums[key] += out.metrics.get(key, 0.0) * tokens
+
+    def metrics(self) -> dict[str, float]:
+        weight = max(self.sums["tokens"], 1.0)
+        return {"loss": self.sums["loss"], "tokens": self.sums["tokens"],
+                **{key: self.sums[key] / weight for key in TOKEN_WEIGHTED}}
 
 
 def optimizer_step(

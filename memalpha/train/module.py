@@ -30,7 +30,7 @@ from memalpha.data.schema import Instance
 from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch, cut_minibatches
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-from memalpha.grpo.update import accumulate_grpo_gradients, first_nonfinite
+from memalpha.grpo.update import first_nonfinite
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, resolve_model_path
 from memalpha.lm.core.policy import LMSettings, LoraSettings
 from memalpha.lm.core.reference import load_reference_adapter, reference_weights
@@ -40,6 +40,7 @@ from memalpha.lm.scoring.logprobs import response_logprobs
 from memalpha.reader.base import Reader
 from memalpha.reader.settings import ReaderSettings
 from memalpha.seeding import stable_seed
+from memalpha.train.actor import accumulate_grpo_gradients
 from memalpha.train.datamodule import InstanceRound
 from memalpha.train.engine_sync import EngineShutdown, EngineSync, check_versions, sampler_logprob_gap
 from memalpha.train.policy_module import PolicyModule, typed

@@ -5,7 +5,7 @@ over the same pieces the Lightning module uses (policy loading,
 batched generation, chunked log-probs, group advantages, the clipped loss), for
 single-turn tasks and for comparing against other GRPO trainers::
 
-    from memalpha.grpo.single_turn import SingleTurnSettings, train_single_turn
+    from memalpha.train.single_turn import SingleTurnSettings, train_single_turn
 
     def reward(prompts, completions):
         return [float("<tool_call>" in c) for c in completions]
@@ -20,7 +20,7 @@ import math
 import random
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,19 +30,14 @@ import torch
 from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-from memalpha.grpo.update import (
-    NonFiniteStreak,
-    accumulate_grpo_gradients,
-    build_optimizer,
-    first_nonfinite,
-    optimizer_step,
-)
+from memalpha.grpo.update import NonFiniteStreak, build_optimizer, first_nonfinite, optimizer_step
 from memalpha.lm.core.adapters import export_adapter
 from memalpha.lm.core.chat import chat_prompt_ids
 from memalpha.lm.core.policy import LMSettings, LoraSettings, load_policy
 from memalpha.lm.core.reference import load_reference_adapter, reference_weights
 from memalpha.lm.sampling.generation import generate
 from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.train.actor import accumulate_grpo_gradients
 
 RewardFn = Callable[[list[str], list[str]], Sequence[float]]
 
@@ -111,6 +106,115 @@ def _prompt_ids(tokenizer, prompt: str | list[dict[str, str]], chat_kwargs: dict
     return chat_prompt_ids(tokenizer, messages, chat_kwargs)
 
 
+@dataclass
+class _Setup:
+    """What the loop trains with: the policy, its prompts as ids and texts, the optimiser."""
+
+    policy: Any
+    tokenizer: Any
+    encoded: list[list[int]]
+    texts: list[str]
+    params: list[torch.nn.Parameter]
+    optimizer: Any
+    scheduler: Any
+
+
+def _setup(model: str, prompts: Sequence[str | list[dict[str, str]]], s: SingleTurnSettings) -> _Setup:
+    torch.manual_seed(s.seed)
+    policy, tokenizer = load_policy(
+        model, precision=s.lm.precision, lora=s.lora, compute_dtype=s.lm.compute_dtype,
+        gradient_checkpointing=s.lm.gradient_checkpointing, adapter_path=s.adapter_path,
+        attention_score_mib=s.lm.attention_score_mib,
+    )
+    if s.update.kl_reference == "start" and s.adapter_path:
+        load_reference_adapter(policy, s.adapter_path)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    optimizer, scheduler = build_optimizer(params, s.optimizer, max_steps=s.steps)
+    return _Setup(
+        policy, tokenizer, [_prompt_ids(tokenizer, p, s.chat_template_kwargs) for p in prompts],
+        [p if isinstance(p, str) else p[-1]["content"] for p in prompts], params, optimizer, scheduler,
+    )
+
+
+def _prompt_batches(count: int, s: SingleTurnSettings) -> Iterator[list[int]]:
+    """Endless batches of ``s.prompts_per_step`` prompt indices: seeded passes over all prompts."""
+    rng = random.Random(s.seed)
+    order: list[int] = []
+    while True:
+        picked = []
+        for _ in range(s.prompts_per_step):
+            if not order:
+                order = list(range(count))
+                rng.shuffle(order)
+            picked.append(order.pop())
+        yield picked
+
+
+def _sample(run: _Setup, picked: list[int], step: int, s: SingleTurnSettings, reward_fn: RewardFn):
+    """``s.group_size`` completions of every picked prompt and their rewards."""
+    generation = generate(
+        run.policy,
+        run.tokenizer,
+        [run.encoded[i] for i in picked for _ in range(s.group_size)],
+        max_new_tokens=s.max_new_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        seed=s.seed * 100_003 + step,
+        share_prefix=s.lm.share_prefix,
+        fold_adapters=s.lm.fold_adapters_for_sampling,
+        backend=s.lm.sampling_backend,
+    )
+    completions = [run.tokenizer.decode(r, skip_special_tokens=True) for r in generation.response_ids]
+    texts = [run.texts[i] for i in picked for _ in range(s.group_size)]
+    rewards = torch.tensor([float(r) for r in reward_fn(texts, completions)])
+    if rewards.numel() != len(completions):
+        raise ValueError(f"reward_fn returned {rewards.numel()} rewards for {len(completions)} completions")
+    return generation, rewards
+
+
+def _update(run: _Setup, generation, rewards: torch.Tensor, groups: int, s: SingleTurnSettings):
+    """Reference log-probs, advantages, the accumulated GRPO gradients and the optimiser step;
+    returns the metrics, the gradient norm and what was non-finite (None: nothing)."""
+    metrics = {"loss": math.nan, "kl": math.nan, "entropy": math.nan}
+    problem = first_nonfinite({"rewards": rewards})
+    ref_logps = None
+    if problem is None and s.update.kl_coef > 0:
+        with reference_weights(run.policy):
+            ref_logps = response_logprobs(
+                run.policy, generation.prompt_ids, generation.response_ids, temperature=s.temperature,
+                micro_batch_size=s.update.micro_batch_size, pad_id=run.tokenizer.pad_token_id,
+                share_prefix=s.lm.share_prefix,
+            )
+        problem = first_nonfinite({"reference log-probs": ref_logps})
+    if problem is not None:
+        return metrics, math.nan, problem
+    group_ids = torch.arange(groups).repeat_interleave(s.group_size)
+    batch = GRPOBatch(
+        prompt_ids=generation.prompt_ids,
+        response_ids=generation.response_ids,
+        advantages=group_advantages(rewards, group_ids, scale=s.update.advantage_scale),
+        ref_logps=ref_logps,
+    )
+    run.optimizer.zero_grad(set_to_none=True)
+    metrics, finite = accumulate_grpo_gradients(
+        run.policy,
+        batch,
+        s.update,
+        temperature=s.temperature,
+        max_response_len=s.max_new_tokens,
+        share_prefix=s.lm.share_prefix,
+        pad_id=run.tokenizer.pad_token_id,
+        token_normaliser=max(float(batch.response_tokens), 1.0),
+        seq_normaliser=float(len(batch)),
+        backward=lambda loss: loss.backward(),
+    )
+    grad_norm = optimizer_step(
+        run.optimizer, run.params, finite=finite, grad_clip=s.optimizer.grad_clip, scheduler=run.scheduler
+    )
+    run.optimizer.zero_grad(set_to_none=True)
+    return metrics, grad_norm, "loss" if not finite else None if math.isfinite(grad_norm) else "grad norm"
+
+
 def train_single_turn(
     model: str,
     prompts: Sequence[str | list[dict[str, str]]],
@@ -130,97 +234,15 @@ def train_single_turn(
     s = settings or SingleTurnSettings()
     if not prompts:
         raise ValueError("train_single_turn needs at least one prompt")
-    torch.manual_seed(s.seed)
-    policy, tokenizer = load_policy(
-        model, precision=s.lm.precision, lora=s.lora, compute_dtype=s.lm.compute_dtype,
-        gradient_checkpointing=s.lm.gradient_checkpointing, adapter_path=s.adapter_path,
-        attention_score_mib=s.lm.attention_score_mib,
-    )
-    if s.update.kl_reference == "start" and s.adapter_path:
-        load_reference_adapter(policy, s.adapter_path)
-    encoded = [_prompt_ids(tokenizer, p, s.chat_template_kwargs) for p in prompts]
-    texts = [p if isinstance(p, str) else p[-1]["content"] for p in prompts]
-    params = [p for p in policy.parameters() if p.requires_grad]
-    optimizer, scheduler = build_optimizer(params, s.optimizer, max_steps=s.steps)
-    order: list[int] = []
-    rng = random.Random(s.seed)
+    run = _setup(model, prompts, s)
+    batches = _prompt_batches(len(run.encoded), s)
     history: list[dict[str, float]] = []
     streak = NonFiniteStreak(s.optimizer.max_consecutive_nonfinite)
-    for step in range(s.steps):
+    for step, picked in zip(range(s.steps), batches):
         start = time.perf_counter()
-        picked = []
-        for _ in range(s.prompts_per_step):
-            if not order:
-                order = list(range(len(encoded)))
-                rng.shuffle(order)
-            picked.append(order.pop())
-        group_prompts = [encoded[i] for i in picked for _ in range(s.group_size)]
-        generation = generate(
-            policy,
-            tokenizer,
-            group_prompts,
-            max_new_tokens=s.max_new_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            seed=s.seed * 100_003 + step,
-            share_prefix=s.lm.share_prefix,
-            fold_adapters=s.lm.fold_adapters_for_sampling,
-            backend=s.lm.sampling_backend,
-        )
+        generation, rewards = _sample(run, picked, step, s, reward_fn)
         gen_s = time.perf_counter() - start
-        completions = [tokenizer.decode(r, skip_special_tokens=True) for r in generation.response_ids]
-        rewards = torch.tensor(
-            [
-                float(r)
-                for r in reward_fn([texts[i] for i in picked for _ in range(s.group_size)], completions)
-            ]
-        )
-        if rewards.numel() != len(completions):
-            raise ValueError(
-                f"reward_fn returned {rewards.numel()} rewards for {len(completions)} completions"
-            )
-        group_ids = torch.arange(len(picked)).repeat_interleave(s.group_size)
-        problem = first_nonfinite({"rewards": rewards})
-        ref_logps = None
-        if problem is None and s.update.kl_coef > 0:
-            with reference_weights(policy):
-                ref_logps = response_logprobs(
-                    policy,
-                    generation.prompt_ids,
-                    generation.response_ids,
-                    temperature=s.temperature,
-                    micro_batch_size=s.update.micro_batch_size,
-                    pad_id=tokenizer.pad_token_id,
-                    share_prefix=s.lm.share_prefix,
-                )
-            problem = first_nonfinite({"reference log-probs": ref_logps})
-        metrics = {"loss": math.nan, "kl": math.nan, "entropy": math.nan}
-        grad_norm = math.nan
-        if problem is None:
-            batch = GRPOBatch(
-                prompt_ids=generation.prompt_ids,
-                response_ids=generation.response_ids,
-                advantages=group_advantages(rewards, group_ids, scale=s.update.advantage_scale),
-                ref_logps=ref_logps,
-            )
-            optimizer.zero_grad(set_to_none=True)
-            metrics, finite = accumulate_grpo_gradients(
-                policy,
-                batch,
-                s.update,
-                temperature=s.temperature,
-                max_response_len=s.max_new_tokens,
-                share_prefix=s.lm.share_prefix,
-                pad_id=tokenizer.pad_token_id,
-                token_normaliser=max(float(batch.response_tokens), 1.0),
-                seq_normaliser=float(len(batch)),
-                backward=lambda loss: loss.backward(),
-            )
-            grad_norm = optimizer_step(
-                optimizer, params, finite=finite, grad_clip=s.optimizer.grad_clip, scheduler=scheduler
-            )
-            optimizer.zero_grad(set_to_none=True)
-            problem = "loss" if not finite else None if math.isfinite(grad_norm) else "grad norm"
+        metrics, grad_norm, problem = _update(run, generation, rewards, len(picked), s)
         step_s = time.perf_counter() - start
         record = {
             "step": float(step),
@@ -242,5 +264,5 @@ def train_single_turn(
         warning = streak.update(problem, step)
         if warning is not None:
             warnings.warn(f"train_single_turn: {warning}", RuntimeWarning, stacklevel=2)
-    adapter_dir = export_adapter(policy, tokenizer, output_dir) if output_dir is not None else None
+    adapter_dir = export_adapter(run.policy, run.tokenizer, output_dir) if output_dir is not None else None
     return SingleTurnResult(adapter_dir=adapter_dir, history=history)
