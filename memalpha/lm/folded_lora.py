@@ -46,12 +46,16 @@ def lora_linear_types() -> tuple[type, ...]:
 
 
 def is_four_bit(layer) -> bool:
-    """Whether ``layer`` is a bitsandbytes ``Linear4bit`` holding a quantised weight."""
+    """Whether ``layer`` is a bitsandbytes ``Linear4bit`` whose quantised weight ``dequantize_4bit``
+    reads. Not one that bitsandbytes repacked for its AVX512-BF16 CPU kernel (at its first
+    eval-mode forward on such a CPU): that layout only the kernel reads, and undoing it
+    re-quantises the double-quantised scales, which would change the model."""
     try:
         from bitsandbytes.nn import Linear4bit
     except ImportError:
         return False
-    return type(layer) is Linear4bit and getattr(layer.weight, "quant_state", None) is not None
+    state = getattr(layer.weight, "quant_state", None) if type(layer) is Linear4bit else None
+    return state is not None and not getattr(state, "packing_format_for_cpu", False)
 
 
 def base_weight(layer, quantised: bool = False) -> torch.Tensor | None:

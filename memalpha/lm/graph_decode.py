@@ -92,6 +92,8 @@ def _unfoldable(module) -> str | None:
             return "a LoRA variant (DoRA), a LoRA bias or a base layer that does not fold"
         return None
     if isinstance(module, torch.nn.Linear) and type(module) is not torch.nn.Linear and not is_four_bit(module):
+        if getattr(getattr(module.weight, "quant_state", None), "packing_format_for_cpu", False):
+            return "a 4-bit layer that bitsandbytes repacked for its CPU kernel (turn its support_avx512bf16_for_cpu off)"
         return f"a {type(module).__name__} layer, which has no dense copy here"
     if type(module) is torch.nn.Linear and not module.weight.is_floating_point():
         return "a linear layer with a non-float weight"
