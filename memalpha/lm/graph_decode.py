@@ -81,8 +81,8 @@ def _unfoldable(module) -> str | None:
     try:
         from peft.tuners.tuners_utils import BaseTunerLayer
     except ImportError:
-        BaseTunerLayer = ()  # noqa: N806 - no PEFT: no adapter layers to check
-    if BaseTunerLayer and isinstance(module, BaseTunerLayer):
+        BaseTunerLayer = ()  # no PEFT: no adapter layer to check (isinstance of () is False)
+    if isinstance(module, BaseTunerLayer):
         if type(module) not in lora_linear_types():
             return f"a {type(module).__name__} adapter layer (only LoRA linear layers fold)"
         if module.merged:
@@ -186,7 +186,7 @@ class ReplayedStep:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 output = self.step()
-        except Exception as error:  # noqa: BLE001 - any capture failure falls back unless strict
+        except Exception as error:  # any capture failure falls back, unless strict
             if self.strict:
                 raise
             warnings.warn(f"CUDA graph capture failed, decoding eagerly: {error}", RuntimeWarning, stacklevel=3)
@@ -289,8 +289,8 @@ def decode(
 
     ``capture`` None captures the step on CUDA (falling back to eager with a warning if the
     capture fails) and runs it eagerly elsewhere; True insists on capturing, False never
-    captures. ``stats``, when given, receives ``captured``, ``prefill_s``, ``capture_s`` and
-    ``steps``. Call under ``torch.no_grad()``, in eval mode (dropout cannot be replayed), and
+    captures. ``stats``, when given, receives ``captured``, ``prefill_s``, ``decode_s`` (the
+    token loop, capture included), ``capture_s`` and ``steps`` (forwards after the prefill). Call under ``torch.no_grad()``, in eval mode (dropout cannot be replayed), and
     inside ``folded_adapters(model, quantised=True)`` for the dense weights (:func:`sample`
     does all three).
     """
@@ -306,7 +306,9 @@ def decode(
     responses = Responses(batch.input_ids.shape[0], eos_ids)
     start = time.perf_counter()
     logits = fixed.prefill()
-    prefill_s = time.perf_counter() - start
+    if on_cuda:
+        torch.cuda.synchronize(batch.input_ids.device)  # once, so that prefill_s is the prefill's
+    loop_start = time.perf_counter()
     rows: torch.Tensor | None = None  # the live rows' indices; None while every row is live
     steps = 0
     try:
@@ -323,8 +325,11 @@ def decode(
             steps += 1
     finally:
         runner.close()
-    if stats is not None:
-        stats.update(captured=runner.captured, prefill_s=prefill_s, capture_s=runner.capture_s, steps=steps)
+    if stats is not None:  # the loop ends on a host read of the tokens: its time is the device's too
+        stats.update(
+            captured=runner.captured, prefill_s=loop_start - start, decode_s=time.perf_counter() - loop_start,
+            capture_s=runner.capture_s, steps=steps,
+        )
     return responses.tokens, responses.truncated
 
 
@@ -346,7 +351,8 @@ def sample(
     The dense weights are made once for the whole call and freed when it returns; the model runs
     in eval mode under ``torch.no_grad()`` and its training mode is restored afterwards. Seeding
     is the caller's (``memalpha.lm.generation.generate`` forks and seeds the global RNG). Raises
-    ValueError naming the reason when :func:`supports` refuses the model.
+    ValueError naming the reason when :func:`supports` refuses the model. ``stats`` receives the
+    last batch's (:func:`decode`).
     """
     reason = supports(model)
     if reason is not None:
