@@ -129,16 +129,22 @@ def test_end_tokens_stop_rows_and_only_live_rows_are_picked(peaked_policy):
     assert seen_rows == [3, 2, 2, 1]
 
 
-def test_one_step_at_a_time_and_a_step_run_twice_give_the_same_tokens(peaked_policy):
-    """The capture's warm-up runs the step on the same buffers before its replay: running a step
-    twice must change nothing (its cache column is written again with the same values)."""
+def test_a_step_run_twice_changes_nothing_and_reads_buffers_that_never_move(peaked_policy):
+    """What a CUDA graph needs of the step, checked eagerly: the capture's warm-up runs the step on
+    the same buffers before its replay, so running a step twice must change nothing (its cache
+    column is written again with the same values); and a replay reads the addresses seen at
+    capture, so the step's inputs and the cache must be written in place, never rebound."""
     model, tokenizer = peaked_policy
     decoder, head, config = split_decoder_and_head(model.eval())
     batch = pad_prompt_response(PROMPTS, [[] for _ in PROMPTS], tokenizer.pad_token_id)
     greedy = {"max_new_tokens": 6, "eos_ids": [NEVER], "pick": lambda logits: logits.argmax(-1)}
     original = graph_decode.FixedStep.step
+    addresses = []
 
     def twice(self):
+        tensors = [self.tokens, self.positions, self.column, self.padding, self.open]
+        tensors += [b for layer in self.cache.layers for b in (layer.key_buffer, layer.value_buffer)]
+        addresses.append([t.data_ptr() for t in tensors])
         first = original(self)
         second = original(self)
         assert torch.equal(first, second)
@@ -152,6 +158,22 @@ def test_one_step_at_a_time_and_a_step_run_twice_give_the_same_tokens(peaked_pol
         finally:
             graph_decode.FixedStep.step = original
     assert repeated == expected
+    assert len(addresses) == 5 and all(a == addresses[0] for a in addresses)
+
+
+def test_a_shared_prefix_layout_gives_the_same_tokens(peaked_policy):
+    """The batch may come laid out with a shared prefix (a masked hole after it), as generation
+    lays it out when it shares the prefix's cache."""
+    model, tokenizer = peaked_policy
+    decoder, head, config = split_decoder_and_head(model.eval())
+    prompts = PROMPTS[:4]
+    greedy = {"max_new_tokens": 6, "eos_ids": [NEVER], "pick": lambda logits: logits.argmax(-1)}
+    with torch.no_grad():
+        plain = pad_prompt_response(prompts, [[] for _ in prompts], tokenizer.pad_token_id)
+        holed = pad_prompt_response(prompts, [[] for _ in prompts], tokenizer.pad_token_id, shared_prefix=len(SYSTEM))
+        assert not torch.equal(plain.attention_mask, holed.attention_mask)
+        expected, _ = graph_decode.decode(decoder, head, config, plain, **greedy)
+        assert graph_decode.decode(decoder, head, config, holed, **greedy)[0] == expected
 
 
 # ----------------------------------------------------------------------------- dense weights
