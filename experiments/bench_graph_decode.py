@@ -75,6 +75,7 @@ def build_model(device: torch.device, *, tiny: bool, nf4: bool, lora_rank: int, 
     torch.manual_seed(seed)
     with torch.device(device):
         model = Qwen3ForCausalLM._from_config(config, dtype=dtype)
+    model.to(device)  # a no-op when the weights were drawn there, as they should be
     if nf4:
         quantise_decoder(model, dtype)
     if lora_rank:
