@@ -22,10 +22,11 @@ Two paths, each sampling at temperature 1 with no end token (every row decodes i
 
 Decode tokens/s counts the tokens of whole decoding steps over their time, clocked the same way
 for both paths at the token picker (:class:`PickClock`: no prefill, no capture); total tokens/s
-counts every token over the whole call (weights folded, prefill, capture included). Before timing, ``--check-steps`` steps of both paths run with the
-same scripted tokens fed back (teacher forcing) and their logits are compared step by step:
-the relative norm difference should be bf16 rounding (~1e-2), a wrong mask, position or cache
-column moves it to ~1. Writes ``experiments/results/bench_graph_decode.json`` (``--out``).
+counts every token over the whole call (weights folded, prefill, capture included). Before timing, ``--check-steps`` steps of each path run with the
+same scripted tokens fed back (teacher forcing) and their logits are compared step by step
+(:func:`check_logits`): the backend against the loop should differ by the folded weights' bf16
+rounding (a few 1e-2 at most; a wrong mask, position or cache column gives ~1), and the captured
+step against the same step run eagerly by nothing (a stale buffer in the graph shows there). Writes ``experiments/results/bench_graph_decode.json`` (``--out``).
 """
 
 from __future__ import annotations
@@ -189,9 +190,12 @@ def record(rows: int, tokens: int, total: float, clock: PickClock, **extra) -> d
     }
 
 
-def check_logits(model, prompts, steps: int, capture: bool | None, seed: int) -> list[float]:
-    """Per step, the relative norm difference between the two paths' logits when both are fed the
-    same scripted tokens."""
+def check_logits(model, prompts, steps: int, capture: bool | None, seed: int) -> dict[str, list[float]]:
+    """Per step, the relative norm difference of the logits when every path is fed the same
+    scripted tokens: ``graph_vs_loop`` (the backend, captured as ``capture`` says, against
+    memalpha's loop: the rounding of the folded bf16 weights, a few 1e-2 at most; ~1 is a bug)
+    and ``captured_vs_eager`` (the same backend with and without the capture: 0 up to kernel
+    choice; anything else is a stale buffer in the graph)."""
     from memalpha.lm.folded_lora import folded_adapters
 
     decoder, head, config = split_decoder_and_head(model)
@@ -205,17 +209,24 @@ def check_logits(model, prompts, steps: int, capture: bool | None, seed: int) ->
             return script[len(seen) - 1]
         return pick
 
+    def difference(ours: list[torch.Tensor], theirs: list[torch.Tensor]) -> list[float]:
+        return [((a - b).norm() / b.norm()).item() for a, b in zip(ours, theirs)]
+
     batch = pad_prompt_response(prompts, [[] for _ in prompts], 0, device)
+    limits = {"max_new_tokens": steps, "eos_ids": [NO_END]}
     loop_logits: list[torch.Tensor] = []
     graph_logits: list[torch.Tensor] = []
+    eager_logits: list[torch.Tensor] = []
     with torch.no_grad():
         cache = own_loop.growing_cache(decoder, batch.input_ids.shape[1] + steps)
-        own_loop.decode(decoder, head, config, batch, cache, max_new_tokens=steps, eos_ids=[NO_END],
-                        pick=recorder(loop_logits))
+        own_loop.decode(decoder, head, config, batch, cache, pick=recorder(loop_logits), **limits)
         with folded_adapters(model, quantised=True):
-            graph_decode.decode(decoder, head, config, batch, max_new_tokens=steps, eos_ids=[NO_END],
-                                pick=recorder(graph_logits), capture=capture)
-    return [((g - r).norm() / r.norm()).item() for g, r in zip(graph_logits, loop_logits)]
+            graph_decode.decode(decoder, head, config, batch, pick=recorder(graph_logits), capture=capture, **limits)
+            graph_decode.decode(decoder, head, config, batch, pick=recorder(eager_logits), capture=False, **limits)
+    return {
+        "graph_vs_loop": difference(graph_logits, loop_logits),
+        "captured_vs_eager": difference(graph_logits, eager_logits),
+    }
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -264,10 +275,10 @@ def main(argv=None) -> dict[str, Any]:
     print(f"[bench_graph_decode] model built in {build_s:.1f} s on {device}; "
           f"4-bit layers {sum(is_four_bit(m) for m in model.modules())}; graph backend: {refused or 'supported'}",
           flush=True)
-    check = check_logits(model, prompts, args.check_steps, args.capture, args.seed) if args.check_steps else []
-    if check:
-        print(f"[bench_graph_decode] teacher-forced logits, relative difference graph vs loop: "
-              f"max {max(check):.3g}, per step {[round(c, 4) for c in check]}", flush=True)
+    check = check_logits(model, prompts, args.check_steps, args.capture, args.seed) if args.check_steps else {}
+    for name, differences in check.items():
+        print(f"[bench_graph_decode] teacher-forced logits, relative difference {name.replace('_', ' ')}: "
+              f"max {max(differences):.3g}, per step {[float(f'{d:.3g}') for d in differences]}", flush=True)
     tokens = {"loop": args.loop_max_new_tokens, "graph": args.max_new_tokens}
     records: dict[str, list[dict[str, Any]]] = {path: [] for path in args.paths}
     for repeat in range(args.repeats):
