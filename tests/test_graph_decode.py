@@ -161,6 +161,49 @@ def test_a_step_run_twice_changes_nothing_and_reads_buffers_that_never_move(peak
     assert len(addresses) == 5 and all(a == addresses[0] for a in addresses)
 
 
+HOST_READS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_dim"}
+"""Operators that read a device tensor on the host (``item``, ``bool``, ``tolist``) or size their
+output by its data: a CUDA graph cannot capture them."""
+
+
+def step_operators(model, tokenizer, prompts) -> set[str]:
+    """``namespace::name`` of every operator one decoding step of ``model`` runs (after the prefill),
+    inside the backend's dense weights."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Operators(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.add(f"{func.namespace}::{func.overloadpacket.__name__}")
+            return func(*args, **(kwargs or {}))
+
+    decoder, head, config = split_decoder_and_head(model.eval())
+    batch = pad_prompt_response(prompts, [[] for _ in prompts], tokenizer.pad_token_id)
+    with torch.no_grad(), folded_adapters(model, quantised=True):
+        fixed = graph_decode.FixedStep(decoder, head, config, batch, max_new_tokens=3)
+        fixed.advance(fixed.prefill().argmax(-1), None)
+        with Operators() as operators:
+            fixed.step()
+        with Operators() as probe:  # the probe sees a host read when there is one
+            torch.ones(1).item()
+    assert "aten::_local_scalar_dense" in probe.seen
+    return operators.seen
+
+
+@pytest.mark.parametrize("which", ["float64", "nf4"])
+def test_the_step_never_reads_a_tensor_on_the_host_nor_runs_a_4bit_kernel(which, peaked_policy, nf4_policy):
+    """What capture needs, checked on the CPU: no operator of the step waits for the device or
+    sizes a tensor by its data, and with NF4 layers none dequantises (the dense copies serve)."""
+    model, tokenizer = peaked_policy if which == "float64" else nf4_policy
+    seen = step_operators(model, tokenizer, PROMPTS)
+    assert "aten::index_copy_" in seen and seen & {"aten::mm", "aten::addmm", "aten::bmm"}
+    assert not {name for name in seen if name.split("::")[1] in HOST_READS}
+    assert not {name for name in seen if name.startswith("bitsandbytes::")}
+
+
 def test_a_shared_prefix_layout_gives_the_same_tokens(peaked_policy):
     """The batch may come laid out with a shared prefix (a masked hole after it), as generation
     lays it out when it shares the prefix's cache."""
