@@ -81,9 +81,10 @@ def test_greedy_tokens_equal_generate_and_model_generate_while_rows_end_apart(pe
     kwargs = {"max_new_tokens": 10, "do_sample": False, "eos_token_id": end}
     ours, cut = graph_sample(model, tokenizer, PROMPTS, **kwargs)
     own_loop = generate(model, tokenizer, PROMPTS, **kwargs)
-    theirs = model_generate_path(monkeypatch, model, tokenizer, PROMPTS, **kwargs)
-    assert ours == own_loop.response_ids == theirs.response_ids
-    assert cut == own_loop.truncated == theirs.truncated
+    assert ours == own_loop.response_ids and cut == own_loop.truncated
+    if dtype == torch.float64:  # model.generate too (in float32 once is enough: it is the slow one)
+        theirs = model_generate_path(monkeypatch, model, tokenizer, PROMPTS, **kwargs)
+        assert ours == theirs.response_ids and cut == theirs.truncated
     lengths = [len(r) for r in ours]
     assert min(lengths) < max(lengths) == 10, "the rows should end at different steps, some never"
     assert ours[0][-1] == end and not cut[0] and cut[lengths.index(10)]
