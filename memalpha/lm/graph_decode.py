@@ -353,6 +353,11 @@ def sample(
     is the caller's (``memalpha.lm.generation.generate`` forks and seeds the global RNG). Raises
     ValueError naming the reason when :func:`supports` refuses the model. ``stats`` receives the
     last batch's (:func:`decode`).
+
+    This is the whole of backend ``cuda-graph`` for ``memalpha.lm.generation.generate``: called
+    inside its seeded RNG fork with its ``pick``, it returns what its batch loop collects. A
+    caller that lays out its own batches (a shared prefix, say) opens
+    ``folded_adapters(model, quantised=True)`` once itself and calls :func:`decode` per batch.
     """
     reason = supports(model)
     if reason is not None:
