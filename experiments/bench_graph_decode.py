@@ -19,9 +19,9 @@ fold to nothing). The prompts are ``--rows`` random token sequences of ``--promp
 
 Two paths, each sampling at temperature 1 with no end token (every row decodes in full):
 
-* ``loop``  -- ``memalpha.lm.generation.generate``: memalpha's loop (:mod:`memalpha.lm.decode`)
+* ``loop``  -- ``memalpha.lm.sampling.generation.generate``: memalpha's loop (:mod:`memalpha.lm.sampling.growing_cache`)
                through PEFT's layers (4-bit bases dequantised at every step on a GPU);
-* ``graph`` -- :func:`memalpha.lm.graph_decode.sample`: dense weights folded once, a static
+* ``graph`` -- :func:`memalpha.lm.sampling.graph_decode.sample`: dense weights folded once, a static
                cache, the step captured as a CUDA graph on a GPU (eager on the CPU).
 
 Decode tokens/s counts the tokens of whole decoding steps over their time, clocked the same way
@@ -48,12 +48,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 from _common import command_line, machine_info, print_table, write_json
 
-from memalpha.lm import decode as own_loop
-from memalpha.lm import generation, graph_decode
-from memalpha.lm.folded_lora import is_four_bit
-from memalpha.lm.layout import pad_prompt_response
-from memalpha.lm.prefix_cache import split_decoder_and_head
-from memalpha.lm.sampling import next_tokens
+from memalpha.lm.sampling import growing_cache as own_loop
+from memalpha.lm.sampling import generation, graph_decode
+from memalpha.lm.core.folded_lora import is_four_bit
+from memalpha.lm.core.layout import pad_prompt_response
+from memalpha.lm.core.prefix_cache import split_decoder_and_head
+from memalpha.lm.sampling.filters import next_tokens
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_graph_decode.json"
 PATHS = ("loop", "graph")
@@ -200,7 +200,7 @@ def check_logits(model, prompts, steps: int, capture: bool | None, seed: int) ->
     memalpha's loop: the rounding of the folded bf16 weights, a few 1e-2 at most; ~1 is a bug)
     and ``captured_vs_eager`` (the same backend with and without the capture: 0 up to kernel
     choice; anything else is a stale buffer in the graph)."""
-    from memalpha.lm.folded_lora import folded_adapters
+    from memalpha.lm.core.folded_lora import folded_adapters
 
     decoder, head, config = split_decoder_and_head(model)
     device = decoder.get_input_embeddings().weight.device

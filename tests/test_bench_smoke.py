@@ -80,7 +80,7 @@ def test_bench_rollout_smoke(tmp_path, tokenizer, one_thread):
 
 
 def test_bench_decode_smoke_times_every_path_and_restores_generation(tmp_path, tokenizer, one_thread):
-    from memalpha.lm import generation, packed_linear
+    from memalpha.lm.sampling import generation, packed_linear
 
     before = (generation.decode, generation.fused_decode, generation.FusedDecoder)
     packing = packed_linear.packing_available
@@ -102,8 +102,8 @@ def test_bench_decode_smoke_times_every_path_and_restores_generation(tmp_path, t
 def test_bench_graph_decode_smoke_checks_and_times_both_paths(tmp_path, one_thread):
     """A tiny NF4 Qwen3 with LoRA: the teacher-forced logits agree, both paths decode every token,
     the step runs eagerly on the CPU, and generation's sampler is put back."""
-    from memalpha.lm import generation
-    from memalpha.lm.sampling import next_tokens
+    from memalpha.lm.sampling import generation
+    from memalpha.lm.sampling.filters import next_tokens
 
     out = tmp_path / "bench_graph_decode.json"
     bench_graph_decode.main([
@@ -124,7 +124,8 @@ def test_bench_graph_decode_smoke_checks_and_times_both_paths(tmp_path, one_thre
 
 
 def test_bench_update_smoke_times_the_four_paths_with_the_same_gradients(tmp_path, tokenizer, one_thread):
-    from memalpha.lm import logprobs, prefix_cache
+    from memalpha.lm.core import prefix_cache
+    from memalpha.lm.scoring import logprobs
 
     def switches():
         return (logprobs.packed_response_hidden, logprobs.streams_head, logprobs.accumulated_adapters,

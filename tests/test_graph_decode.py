@@ -21,12 +21,12 @@ from conftest import (
 )
 from numerics import assert_close
 
-from memalpha.lm import graph_decode
-from memalpha.lm.folded_lora import folded_adapters, folded_weight, is_four_bit, plain_adapters
-from memalpha.lm.generation import generate
-from memalpha.lm.layout import pad_prompt_response
-from memalpha.lm.prefix_cache import split_decoder_and_head
-from memalpha.lm.sampling import next_tokens
+from memalpha.lm.sampling import graph_decode
+from memalpha.lm.core.folded_lora import folded_adapters, folded_weight, is_four_bit, plain_adapters
+from memalpha.lm.sampling.generation import generate
+from memalpha.lm.core.layout import pad_prompt_response
+from memalpha.lm.core.prefix_cache import split_decoder_and_head
+from memalpha.lm.sampling.filters import next_tokens
 
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]
 # repeated prompts, a single one, and one far shorter than the rest (left padding)
@@ -57,7 +57,7 @@ def lora_and_four_bit_layers(model) -> list[torch.nn.Module]:
 @pytest.fixture(scope="module")
 def nf4_policy(tmp_path_factory, tokenizer):
     """The peaked tiny Llama loaded in NF4 (float32 compute) with a drawn LoRA adapter."""
-    from memalpha.lm.policy import LoraSettings, load_policy
+    from memalpha.lm.core.policy import LoraSettings, load_policy
 
     folder = build_tiny_model_dir(tmp_path_factory.mktemp("nf4-policy"), tokenizer, initializer_range=0.3)
     torch.manual_seed(0)

@@ -5,7 +5,7 @@ Qwen3-4B in NF4) but by launching some two thousand small kernels from Python an
 dequantising every NF4 weight again at every token: ~150 ms a step. This backend removes both:
 
 * **dense weights, made once per call.** Inside ``folded_adapters(model, quantised=True)``
-  (:mod:`memalpha.lm.folded_lora`) every LoRA layer runs one ``F.linear`` over ``W + s B A`` and
+  (:mod:`memalpha.lm.core.folded_lora`) every LoRA layer runs one ``F.linear`` over ``W + s B A`` and
   every other 4-bit layer over its dequantised weight, in the layer's compute dtype (bf16 on a
   GPU). :func:`sample` opens that block around the whole call, so the copies are made once and
   freed before the policy's update.
@@ -19,9 +19,9 @@ dequantising every NF4 weight again at every token: ~150 ms a step. This backend
   which is how the tests check the whole loop without a GPU.
 
 The draw happens outside the graph: the step's output is the ``[B, V]`` logits (float32, as the
-other loops give them to ``pick``), and :func:`memalpha.lm.sampling.next_tokens` (through the
+other loops give them to ``pick``), and :func:`memalpha.lm.sampling.filters.next_tokens` (through the
 caller's ``pick``) filters and draws for the live rows only, in their order. That keeps the
-random stream the one :func:`memalpha.lm.decode.decode` consumes (one variate per live row per
+random stream the one :func:`memalpha.lm.sampling.growing_cache.decode` consumes (one variate per live row per
 step), so a seeded call samples the same tokens as the reference loop up to float rounding,
 and it keeps the graph free of random-number state.
 
@@ -41,11 +41,11 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from memalpha.lm.decode import Responses
-from memalpha.lm.folded_lora import folded_adapters, is_four_bit, lora_linear_types, plain_adapters
-from memalpha.lm.layout import PaddedBatch, pad_prompt_response
-from memalpha.lm.logprobs import finalise_logits, score_dtype
-from memalpha.lm.prefix_cache import full_attention_layers, split_decoder_and_head
+from memalpha.lm.sampling.growing_cache import Responses
+from memalpha.lm.core.folded_lora import folded_adapters, is_four_bit, lora_linear_types, plain_adapters
+from memalpha.lm.core.layout import PaddedBatch, pad_prompt_response
+from memalpha.lm.core.logits import finalise_logits, score_dtype
+from memalpha.lm.core.prefix_cache import full_attention_layers, split_decoder_and_head
 
 BACKEND = "cuda-graph"
 """The name generation's backend selector knows this path by."""
@@ -281,8 +281,8 @@ def decode(
     capture: bool | None = None,
     stats: dict | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
-    """New tokens for every row of ``batch`` (laid out by :func:`memalpha.lm.layout.pad_prompt_response`,
-    any shared prefix included), as :func:`memalpha.lm.decode.decode` returns them: each row's
+    """New tokens for every row of ``batch`` (laid out by :func:`memalpha.lm.core.layout.pad_prompt_response`,
+    any shared prefix included), as :func:`memalpha.lm.sampling.growing_cache.decode` returns them: each row's
     tokens up to and including its first end-of-sequence token, and whether it ran out of
     ``max_new_tokens`` without one. ``pick`` maps ``[live, V]`` logits (float32; float64 for a
     float64 model) to ``[live]`` token ids.
@@ -346,15 +346,15 @@ def sample(
     stats: dict | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
     """Responses and truncation flags for every prompt, ``batch_size`` prompts per :func:`decode`
-    (all in one when None), left-padded as :mod:`memalpha.lm.layout` lays them out.
+    (all in one when None), left-padded as :mod:`memalpha.lm.core.layout` lays them out.
 
     The dense weights are made once for the whole call and freed when it returns; the model runs
     in eval mode under ``torch.no_grad()`` and its training mode is restored afterwards. Seeding
-    is the caller's (``memalpha.lm.generation.generate`` forks and seeds the global RNG). Raises
+    is the caller's (``memalpha.lm.sampling.generation.generate`` forks and seeds the global RNG). Raises
     ValueError naming the reason when :func:`supports` refuses the model. ``stats`` receives the
     last batch's (:func:`decode`).
 
-    This is the whole of backend ``cuda-graph`` for ``memalpha.lm.generation.generate``: called
+    This is the whole of backend ``cuda-graph`` for ``memalpha.lm.sampling.generation.generate``: called
     inside its seeded RNG fork with its ``pick``, it returns what its batch loop collects. A
     caller that lays out its own batches (a shared prefix, say) opens
     ``folded_adapters(model, quantised=True)`` once itself and calls :func:`decode` per batch.

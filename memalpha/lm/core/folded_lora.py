@@ -5,7 +5,7 @@ products, a scaling and an addition per adapted layer. At one token per row they
 overhead: ~15 % of a decoding step of the embedded model with every linear layer adapted, on
 2 CPU cores. Inside :func:`folded_adapters` each such layer instead runs one ``F.linear`` with
 ``W + s B A``, computed once when the block starts; :func:`effective_weight` gives the same
-weights to memalpha's own decoding step (:mod:`memalpha.lm.fused_decode`).
+weights to memalpha's own decoding step (:mod:`memalpha.lm.sampling.fused_decode`).
 
 The base weights are never written: PEFT's own ``merge()``/``unmerge()`` adds and then
 subtracts the update in place, which leaves float rounding in the frozen base after every
@@ -16,7 +16,7 @@ adapted weight for the duration of the block, so it is a setting
 
 4-bit bases (bitsandbytes ``Linear4bit``) are folded only when asked (``quantised=True``): their
 copy is dequantised, in the layer's compute dtype, and so four times the size of the weight it
-replaces. That is what a CUDA-graph sampler wants (:mod:`memalpha.lm.graph_decode`): a decoding
+replaces. That is what a CUDA-graph sampler wants (:mod:`memalpha.lm.sampling.graph_decode`): a decoding
 step that reads plain bf16 weights instead of dequantising every NF4 weight at every token.
 """
 
