@@ -99,6 +99,37 @@ def early_end_token(model, tokenizer, prompts, *, others_from: int, all_others: 
     pytest.fail("the random model's greedy rows do not end apart: pick another prompt set")
 
 
+SAMPLING_PROMPT = [1, 3, 4, 6]
+SAMPLING_ROWS = 6_000
+SAMPLING_FILTERS = {"temperature": 0.8, "top_k": 6}
+
+
+def assert_follows_the_models_distribution(model, tokens) -> None:
+    """``tokens`` ``[SAMPLING_ROWS, 2]``: two tokens sampled with ``SAMPLING_FILTERS`` after
+    ``SAMPLING_PROMPT`` by the small-vocabulary model. The first token's share and the second
+    token's share after the most common first token must match the model's filtered softmax
+    within five standard errors, and tokens the filters drop must never appear."""
+    import torch
+
+    from memalpha.lm.sampling.filters import filter_logits
+
+    temperature, top_k = SAMPLING_FILTERS["temperature"], SAMPLING_FILTERS["top_k"]
+    rows = tokens.shape[0]
+    with torch.no_grad():
+        first = model(torch.tensor([SAMPLING_PROMPT])).logits[0, -1]
+        expected_first = filter_logits(first[None], temperature, top_k).softmax(-1)[0]
+        seen_first = torch.bincount(tokens[:, 0], minlength=SMALL_VOCAB).double() / rows
+        common = int(seen_first.argmax())
+        second = model(torch.tensor([SAMPLING_PROMPT + [common]])).logits[0, -1]
+        expected_second = filter_logits(second[None], temperature, top_k).softmax(-1)[0]
+    after = tokens[tokens[:, 0] == common, 1]
+    seen_second = torch.bincount(after, minlength=SMALL_VOCAB).double() / after.numel()
+    assert (seen_first[expected_first == 0] == 0).all() and (seen_second[expected_second == 0] == 0).all()
+    # standard errors <= 0.0065 (first) and <= 0.5 / sqrt(len(after)) (second); allow 5 of them
+    assert (seen_first - expected_first).abs().max() < 0.033
+    assert (seen_second - expected_second).abs().max() < 2.5 / after.numel() ** 0.5
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer):
     """Folder of a tiny random causal LM sharing the embedded tokenizer."""

@@ -19,6 +19,7 @@ sys.path.insert(0, str(EXPERIMENTS))
 
 import _common
 import bench_decode
+import bench_graph_decode
 import bench_rollout
 import bench_scale
 import bench_update
@@ -96,6 +97,30 @@ def test_bench_decode_smoke_times_every_path_and_restores_generation(tmp_path, t
     assert packed_linear.packing_available is packing
     with pytest.raises(SystemExit):
         bench_decode.parse_args(["--paths", "peft,turbo"])
+
+
+def test_bench_graph_decode_smoke_checks_and_times_both_paths(tmp_path, one_thread):
+    """A tiny NF4 Qwen3 with LoRA: the teacher-forced logits agree, both paths decode every token,
+    the step runs eagerly on the CPU, and generation's sampler is put back."""
+    from memalpha.lm.sampling import generation
+    from memalpha.lm.sampling.filters import next_tokens
+
+    out = tmp_path / "bench_graph_decode.json"
+    bench_graph_decode.main([
+        "--device", "cpu", "--tiny", "--nf4", "--rows", "3", "--prompt-tokens", "24", "--max-new-tokens", "5",
+        "--loop-max-new-tokens", "5", "--check-steps", "4", "--out", str(out),
+    ])
+    written = json.loads(out.read_text())
+    assert set(written["best"]) == {"loop", "graph"} and written["settings"]["backend_refusal"] is None
+    for path, result in written["best"].items():
+        assert result["tokens"] == 3 * 5 and result["timed_steps"] == 3, path
+        assert result["decode_tokens_per_s"] > 0
+    assert written["best"]["graph"]["captured"] is False
+    for differences in written["check_relative_difference"].values():
+        assert len(differences) == 4 and max(differences) < 1e-4
+    assert generation.next_tokens is next_tokens
+    with pytest.raises(SystemExit):
+        bench_graph_decode.parse_args(["--paths", "loop,turbo"])
 
 
 def test_bench_update_smoke_times_the_four_paths_with_the_same_gradients(tmp_path, tokenizer, one_thread):

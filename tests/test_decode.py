@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import SMALL_VOCAB, early_end_token, model_generate_path
+from conftest import (
+    SAMPLING_FILTERS,
+    SAMPLING_PROMPT,
+    SAMPLING_ROWS,
+    assert_follows_the_models_distribution,
+    early_end_token,
+    model_generate_path,
+)
 
 from memalpha.lm.core.prefix_cache import SharedPrefix, full_attention_layers, split_decoder_and_head
 from memalpha.lm.sampling.filters import draw, filter_logits, next_tokens
@@ -97,30 +104,15 @@ def test_greedy_tokens_equal_model_generate_while_rows_end_apart(peaked_policy, 
 
 
 def test_sampled_tokens_follow_the_models_distribution(small_vocab_model_dir):
-    """Many rows of one prompt, two sampled tokens each: the first token's share and the second
-    token's share after a given first token match the model's softmax (temperature 0.8, top-k 6)."""
+    """Many rows of one prompt, two sampled tokens each: the shares of the first token, and of the
+    second after a given first, match the model's filtered softmax (conftest's check)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(small_vocab_model_dir, dtype=torch.float64)
     tokenizer = AutoTokenizer.from_pretrained(small_vocab_model_dir)
-    prompt = [1, 3, 4, 6]
-    rows = 6_000
-    out = generate(model, tokenizer, [prompt] * rows, max_new_tokens=2, temperature=0.8, top_k=6, seed=0,
-                   eos_token_id=NEVER)
-    tokens = torch.tensor(out.response_ids)
-    with torch.no_grad():
-        first = model(torch.tensor([prompt])).logits[0, -1]
-        expected_first = filter_logits(first[None], 0.8, 6).softmax(-1)[0]
-        seen_first = torch.bincount(tokens[:, 0], minlength=SMALL_VOCAB).double() / rows
-        common = int(seen_first.argmax())
-        second = model(torch.tensor([prompt + [common]])).logits[0, -1]
-        expected_second = filter_logits(second[None], 0.8, 6).softmax(-1)[0]
-    after = tokens[tokens[:, 0] == common, 1]
-    seen_second = torch.bincount(after, minlength=SMALL_VOCAB).double() / after.numel()
-    assert (seen_first[expected_first == 0] == 0).all() and (seen_second[expected_second == 0] == 0).all()
-    # standard errors <= 0.0065 (first) and <= 0.5 / sqrt(len(after)) (second); allow 5 of them
-    assert (seen_first - expected_first).abs().max() < 0.033
-    assert (seen_second - expected_second).abs().max() < 2.5 / after.numel() ** 0.5
+    out = generate(model, tokenizer, [SAMPLING_PROMPT] * SAMPLING_ROWS, max_new_tokens=2, seed=0, eos_token_id=NEVER,
+                   **SAMPLING_FILTERS)
+    assert_follows_the_models_distribution(model, torch.tensor(out.response_ids))
 
 
 def test_growing_cache_holds_the_filled_columns_and_refuses_sliding_windows(peaked_policy):

@@ -76,9 +76,16 @@ def test_every_backend_gives_the_same_greedy_tokens(policy):
     runs = {
         backend: generate(model, tokenizer, PROMPTS, max_new_tokens=6, do_sample=False, fold_adapters=True,
                           backend=backend, eos_token_id=10_000).response_ids
-        for backend in ("cpu-fused", "growing-cache", "hf-generate")
+        for backend in ("cpu-fused", "cuda-graph", "growing-cache", "hf-generate")
     }
-    assert runs["cpu-fused"] == runs["growing-cache"] == runs["hf-generate"]
+    assert runs["cpu-fused"] == runs["cuda-graph"] == runs["growing-cache"] == runs["hf-generate"]
+
+
+def test_the_graph_needs_the_folded_copy(policy):
+    model, _ = policy
+    with pytest.raises(ValueError, match="cuda-graph.*fold_adapters_for_sampling is off"):
+        choose_backend(model, "cuda-graph", fold_adapters=False)
+    assert choose_backend(model, "cuda-graph", fold_adapters=True).name == "cuda-graph"  # eager on the CPU
 
 
 def test_the_choice_is_logged_once_per_model(policy, caplog):

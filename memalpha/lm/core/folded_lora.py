@@ -11,8 +11,13 @@ The base weights are never written: PEFT's own ``merge()``/``unmerge()`` adds an
 subtracts the update in place, which leaves float rounding in the frozen base after every
 round (and the base is also the KL reference and the reader). The cost is a copy of every
 adapted weight for the duration of the block, so it is a setting
-(``lm.fold_adapters_for_sampling``) that a user short of memory turns off; 4-bit bases and
-LoRA variants (DoRA, a LoRA bias) keep their own forward.
+(``lm.fold_adapters_for_sampling``) that a user short of memory turns off; LoRA variants
+(DoRA, a LoRA bias) keep their own forward.
+
+4-bit bases (bitsandbytes ``Linear4bit``) are folded only when asked (``quantised=True``): their
+copy is dequantised, in the layer's compute dtype, and so four times the size of the weight it
+replaces. That is what a CUDA-graph sampler wants (:mod:`memalpha.lm.sampling.graph_decode`): a decoding
+step that reads plain bf16 weights instead of dequantising every NF4 weight at every token.
 """
 
 from __future__ import annotations
@@ -25,17 +30,59 @@ import torch
 import torch.nn.functional as F
 
 
-def plain_adapters(module) -> list[str] | None:
-    """The active adapters of a PEFT LoRA ``Linear`` over a float ``torch.nn.Linear`` when all of
-    them are plain LoRA (no variant, no bias); None when the layer cannot be folded."""
+def lora_linear_types() -> tuple[type, ...]:
+    """PEFT's LoRA linear layer classes that fold: over a ``torch.nn.Linear`` and, where PEFT
+    has it (bitsandbytes installed), over a 4-bit ``Linear4bit`` (PEFT wraps a 4-bit layer in
+    its plain ``Linear`` when the model was not loaded quantised, as in a hand-made one)."""
     try:
         from peft.tuners.lora.layer import Linear as LoraLinear
     except ImportError:  # no PEFT installed: nothing to fold
-        return None
-    if type(module) is not LoraLinear or module.disable_adapters or module.merged:
+        return ()
+    try:
+        from peft.tuners.lora.bnb import Linear4bit as LoraLinear4bit
+    except (ImportError, AttributeError):
+        return (LoraLinear,)
+    return (LoraLinear, LoraLinear4bit)
+
+
+def is_four_bit(layer) -> bool:
+    """Whether ``layer`` is a bitsandbytes ``Linear4bit`` whose quantised weight ``dequantize_4bit``
+    reads. Not one that bitsandbytes repacked for its AVX512-BF16 CPU kernel (at its first
+    eval-mode forward on such a CPU): that layout only the kernel reads, and undoing it
+    re-quantises the double-quantised scales, which would change the model."""
+    try:
+        from bitsandbytes.nn import Linear4bit
+    except ImportError:
+        return False
+    state = getattr(layer.weight, "quant_state", None) if type(layer) is Linear4bit else None
+    return state is not None and not getattr(state, "packing_format_for_cpu", False)
+
+
+def base_weight(layer, quantised: bool = False) -> torch.Tensor | None:
+    """The dense weight of a base linear layer: a float ``torch.nn.Linear``'s own weight (not a
+    copy); with ``quantised`` a 4-bit layer's weight dequantised, as a new tensor in the layer's
+    compute dtype (what its own forward multiplies in); None for anything else."""
+    if type(layer) is torch.nn.Linear and layer.weight.is_floating_point():
+        return layer.weight.detach()
+    if quantised and is_four_bit(layer):
+        from bitsandbytes.functional import dequantize_4bit
+
+        weight = dequantize_4bit(layer.weight.data, layer.weight.quant_state)
+        dtype = getattr(layer, "compute_dtype", None) or weight.dtype
+        return weight.to(dtype)
+    return None
+
+
+def plain_adapters(module, quantised: bool = False) -> list[str] | None:
+    """The active adapters of a PEFT LoRA linear layer over a float ``torch.nn.Linear`` (or, with
+    ``quantised``, over a 4-bit ``Linear4bit``) when all of them are plain LoRA (no variant, no
+    bias); None when the layer cannot be folded."""
+    types = lora_linear_types()
+    if type(module) not in types or module.disable_adapters or module.merged:
         return None
     base = module.get_base_layer()
-    if type(base) is not torch.nn.Linear or not base.weight.is_floating_point():
+    float_base = type(base) is torch.nn.Linear and base.weight.is_floating_point()
+    if not (float_base or (quantised and is_four_bit(base))):
         return None
     active = [name for name in module.active_adapters if name in module.lora_A]
     if not active:
@@ -50,11 +97,18 @@ def plain_adapters(module) -> list[str] | None:
 
 def folded_weight(module, adapters: list[str], out: torch.Tensor | None = None) -> torch.Tensor:
     """``W + sum_a s_a B_a A_a`` of a PEFT LoRA linear layer in ``W``'s dtype, written into ``out``
-    (a new tensor when None). Adapters in ``W``'s dtype are added by one ``addmm`` each, without
-    a temporary of the weight's size; others through PEFT's ``get_delta_weight``."""
-    base = module.get_base_layer().weight.detach()
-    weight = torch.empty_like(base) if out is None else out
-    weight.copy_(base)
+    (a new tensor when None). ``W`` is a float base's weight or a 4-bit base's dequantised one
+    (:func:`base_weight`, in its compute dtype). Adapters in ``W``'s dtype are added by one
+    ``addmm`` each, without a temporary of the weight's size; others (float32 adapters over a
+    bf16 weight, say) through PEFT's ``get_delta_weight``, rounded to ``W``'s dtype once."""
+    layer = module.get_base_layer()
+    base = base_weight(layer, quantised=True)
+    if out is not None:
+        weight = out.copy_(base)
+    elif is_four_bit(layer):
+        weight = base  # already a fresh tensor
+    else:
+        weight = base.clone()
     for name in adapters:
         a, b = module.lora_A[name].weight.detach(), module.lora_B[name].weight.detach()
         if not module.fan_in_fan_out and a.dtype == b.dtype == weight.dtype:
@@ -100,25 +154,48 @@ def _own_weight(module) -> torch.Tensor | None:
     return None
 
 
+def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear`` in ``weight``'s dtype, returned in ``x``'s: the casts a 4-bit layer's own
+    forward makes (its inputs may be float32 next to bf16 weights after
+    ``prepare_model_for_kbit_training``); no cast when the dtypes agree."""
+    if x.dtype == weight.dtype:
+        return F.linear(x, weight, bias)
+    return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
+
+
+def _bias(layer, weight: torch.Tensor) -> torch.Tensor | None:
+    bias = getattr(layer, "bias", None)
+    return None if bias is None else bias.detach().to(weight.dtype)
+
+
 @contextmanager
-def folded_adapters(model, enabled: bool = True) -> Iterator[int]:
+def folded_adapters(model, enabled: bool = True, quantised: bool = False) -> Iterator[int]:
     """Run every foldable LoRA layer of ``model`` as a single linear layer inside the block.
 
     Yields the number of layers folded (0 when ``enabled`` is False, when the adapters are
-    disabled -- e.g. under ``model.disable_adapter()`` -- or when none qualifies). For
-    inference only: the folded weights carry no gradient to the adapter. The layers' own
-    forwards are back when the block ends, also on an exception.
+    disabled -- e.g. under ``model.disable_adapter()`` -- or when none qualifies). With
+    ``quantised`` LoRA layers over 4-bit bases are folded too, and every other 4-bit layer (no
+    adapter, or its adapter off) runs from a dequantised copy, counted as well: the whole model
+    then multiplies dense weights. For inference only: the folded weights carry no gradient to
+    the adapter. The copies are made when the block starts and dropped when it ends; the
+    layers' own forwards are back then, also on an exception.
     """
     folded: list[torch.nn.Module] = []
     try:
         if enabled:
             with torch.no_grad():
+                covered: set[int] = set()  # base layers whose LoRA layer runs folded
                 for module in model.modules():
-                    adapters = plain_adapters(module)
-                    if adapters is None:
+                    adapters = plain_adapters(module, quantised)
+                    if adapters is not None:
+                        weight = folded_weight(module, adapters)
+                        base = module.get_base_layer()
+                        covered.add(id(base))
+                    elif quantised and is_four_bit(module) and id(module) not in covered:
+                        weight, base = base_weight(module, quantised=True), module
+                    else:
                         continue
-                    bias = module.get_base_layer().bias
-                    module.forward = partial(F.linear, weight=folded_weight(module, adapters), bias=bias)
+                    module.forward = partial(dense_linear, weight=weight, bias=_bias(base, weight))
                     folded.append(module)
         yield len(folded)
     finally:

@@ -65,7 +65,7 @@ class LoraSettings:
 DEFAULT_LORA = LoraSettings()
 
 Precision = Literal["fp32", "bf16", "nf4"]
-SamplingBackend = Literal["auto", "cpu-fused", "growing-cache", "hf-generate"]
+SamplingBackend = Literal["auto", "cpu-fused", "cuda-graph", "growing-cache", "hf-generate"]
 SAMPLING_BACKENDS: tuple[str, ...] = get_args(SamplingBackend)
 ComputeDtype = Literal["float32", "bfloat16", "float16"]
 
@@ -95,7 +95,9 @@ class LMSettings:
             its products through weights packed for the batch's rows
             (``memalpha/lm/sampling/fused_decode.py``). Samples equal the unfolded ones up to float
             rounding. Costs one copy of the decoder's linear weights while sampling (two with
-            packing): turn it off when that does not fit. 4-bit bases and LoRA variants (DoRA)
+            packing): turn it off when that does not fit. On a GPU the ``cuda-graph`` backend
+            samples from such a copy too, with 4-bit bases dequantised into it (for Qwen3-4B
+            about 7 GB in bf16 while sampling runs); off, it is not chosen. LoRA variants (DoRA)
             are never folded.
         attention_score_mib: The most memory, in MiB, that one block of attention scores may take
             where no fused attention kernel takes the inputs and PyTorch's math kernel runs (then
@@ -104,8 +106,10 @@ class LMSettings:
         sampling_backend: The decoding loop that samples (``memalpha/lm/sampling/backend.py``):
             ``auto`` (the best one that runs for the model and device, logged once at setup),
             ``cpu-fused`` (memalpha's CPU step; float32/float64 Llama-family decoders with
-            ``fold_adapters_for_sampling``), ``growing-cache`` (the model's layers over a cache
-            that grows in place) or ``hf-generate`` (``model.generate``). A backend that cannot
+            ``fold_adapters_for_sampling``), ``cuda-graph`` (a static cache and a decoding step
+            captured as a CUDA graph over a dense copy of the weights, LoRA folded in; runs
+            eagerly on the CPU), ``growing-cache`` (the model's layers over a cache that grows in
+            place) or ``hf-generate`` (``model.generate``). A backend that cannot
             run for the model stops the run when the model loads, naming the reason.
     """
 

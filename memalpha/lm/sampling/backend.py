@@ -1,6 +1,6 @@
 """Which decoding loop samples for a model: one choice, made in one place, said once.
 
-Three in-process backends produce new tokens (the ``vllm`` rollout engine, a server, is chosen by
+Four in-process backends produce new tokens (the ``vllm`` rollout engine, a server, is chosen by
 ``model.rollout.engine`` instead):
 
 ========================  =============================================================  ==========================
@@ -9,6 +9,10 @@ backend                   what runs                                             
 ``cpu-fused``             memalpha's own decoding step over stacked weights with the     float32/float64 Llama,
                           LoRA folded in, prompt keys read once for all their rows       Mistral, Qwen2/3 on the CPU,
                           (:mod:`memalpha.lm.sampling.fused_decode`)                    with ``fold_adapters``
+``cuda-graph``            one decoding step of fixed shapes over a static cache,         plain-attention decoders on
+                          captured once as a CUDA graph and replayed per token, over a   CUDA (eager on the CPU,
+                          dense copy of the weights with the LoRA folded in (4-bit       where it is tested)
+                          bases dequantised) (:mod:`memalpha.lm.sampling.graph_decode`)
 ``growing-cache``         the model's layers over a cache that grows in place, ended     plain-attention decoders
                           rows leaving the batch (:mod:`memalpha.lm.sampling.growing_cache`)
 ``hf-generate``           ``transformers``' ``model.generate``                           any causal LM
@@ -16,7 +20,7 @@ backend                   what runs                                             
 
 ``auto`` takes the first in the order of :func:`candidates` that can run; a named backend
 that cannot run is an error naming the setting (``model.lm.sampling_backend``) and the reason.
-All three sample the same distribution (temperature, then top-k, then top-p:
+All four sample the same distribution (temperature, then top-k, then top-p:
 :mod:`memalpha.lm.sampling.filters`).
 """
 
@@ -29,6 +33,7 @@ import torch
 
 from memalpha.lm.core.policy import SAMPLING_BACKENDS
 from memalpha.lm.core.prefix_cache import full_attention_layers, split_decoder_and_head
+from memalpha.lm.sampling import graph_decode
 from memalpha.lm.sampling.fused_decode import FusedDecoder
 
 logger = logging.getLogger(__name__)
@@ -47,9 +52,10 @@ def _device(model) -> torch.device:
 
 
 def candidates(model, fold_adapters: bool) -> list[str]:
-    """The backends ``auto`` tries for ``model``, best first: on the CPU the fused step (only with
-    ``fold_adapters``: it folds the LoRA), then the two general loops."""
-    first = ["cpu-fused"] if fold_adapters and _device(model).type == "cpu" else []
+    """The backends ``auto`` tries for ``model``, best first: on CUDA the captured graph, on the
+    CPU the fused step (each only with ``fold_adapters``: both sample from a folded copy of the
+    weights), then the two general loops."""
+    first = {"cuda": ["cuda-graph"], "cpu": ["cpu-fused"]}.get(_device(model).type, []) if fold_adapters else []
     return [*first, "growing-cache", "hf-generate"]
 
 
@@ -66,6 +72,10 @@ def why_not(backend: str, model, fold_adapters: bool = True) -> str | None:
         if not fold_adapters:
             return "it folds the LoRA into the weights, and lm.fold_adapters_for_sampling is off"
         return FusedDecoder.unsupported(decoder, config)
+    if backend == "cuda-graph":
+        if not fold_adapters:
+            return "it samples from a dense copy of the weights, and lm.fold_adapters_for_sampling is off"
+        return graph_decode.supports(model)
     raise ValueError(f"unknown sampling backend {backend!r}; choose one of {list(SAMPLING_BACKENDS)}")
 
 

@@ -20,6 +20,7 @@ from memalpha.lm.core.prefix_cache import (
     shared_prefix,
     split_decoder_and_head,
 )
+from memalpha.lm.sampling import graph_decode
 from memalpha.lm.sampling.backend import BackendChoice, announce, choose_backend
 from memalpha.lm.sampling.filters import next_tokens
 from memalpha.lm.sampling.fused_decode import FusedDecoder
@@ -158,7 +159,7 @@ def generate(
 
     def new_tokens(chunk: list[list[int]], choice: str, fused: FusedDecoder | None):
         """One batch's responses; its caches go when it returns."""
-        prefix = shared_prefix(decoder, chunk) if share_prefix else None
+        prefix = shared_prefix(decoder, chunk) if share_prefix and choice != "cuda-graph" else None
         padded = pad_prompt_response(
             chunk, [[] for _ in chunk], pad_id, device, shared_prefix=prefix.length if prefix else 0
         )
@@ -166,6 +167,8 @@ def generate(
         if choice == "cpu-fused":
             cache, prompt_of_row = distinct_prompt_cache(decoder, padded, chunk, prefix, dedupe=share_prefix)
             return fused_decode(fused, padded, cache, prompt_of_row, **limits)
+        if choice == "cuda-graph":  # the prompt prefilled whole into the static cache
+            return graph_decode.decode(decoder, head, model_config, padded, **limits)
         if choice == "growing-cache":
             cache = prompt_cache(decoder, padded, chunk, prefix) if share_prefix else None
             room = growing_cache(decoder, padded.input_ids.shape[1] + max_new_tokens, cache)
@@ -186,11 +189,11 @@ def generate(
         fused = FusedDecoder.build(decoder, head, model_config, rows) if choice.name == "cpu-fused" else None
         if choice.name == "cpu-fused" and fused is None:  # unsupported() passed, the weights did not stack
             choice = BackendChoice("growing-cache", "the fused step declined the weights")
-        own_fold = choice.name == "cpu-fused"  # it folds its own copy
+        graph = choice.name == "cuda-graph"  # dense weights, 4-bit bases dequantised, whatever fold_adapters says
         with (
             torch.no_grad(),
             torch.random.fork_rng(devices=fork_devices, enabled=seed is not None),
-            folded_adapters(model, enabled=fold_adapters and not own_fold),
+            folded_adapters(model, enabled=graph or (fold_adapters and choice.name != "cpu-fused"), quantised=graph),
         ):
             if seed is not None:
                 torch.manual_seed(seed)

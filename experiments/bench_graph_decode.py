@@ -1,0 +1,331 @@
+"""New tokens per second of memalpha's decoding loop and of the CUDA-graph backend, on a
+random-weight Qwen3 (Qwen3-4B's shapes by default), optionally NF4 with a LoRA adapter.
+
+Run on a GPU:  .venv/bin/python experiments/bench_graph_decode.py --device cuda --nf4
+Smoke on CPU:  .venv/bin/python experiments/bench_graph_decode.py --device cpu --tiny --nf4
+
+On an H100 the GPU run should take a minute or two (drawing and quantising the weights, the
+check, ``--loop-max-new-tokens`` 64 steps of the loop at ~150 ms, the graph's 256 steps);
+``--capture on`` makes a failed capture an error instead of a warning and an eager run.
+
+The model is built in place (no checkpoint to read): ``Qwen3ForCausalLM`` from
+``transformers.Qwen3Config`` under ``with torch.device(device)``, so 4B random weights are drawn
+on the GPU in seconds, in bf16 (float32 on the CPU). With ``--nf4`` every linear layer of the
+decoder becomes a bitsandbytes NF4 ``Linear4bit`` (double-quantised, compute dtype as the
+weights) and the model is prepared as memalpha's policy loader prepares it
+(``prepare_model_for_kbit_training``: embeddings, norms and head in float32). ``--lora-rank`` r
+(0: none) adds a LoRA adapter on every linear layer with B drawn (a fresh B is zero and would
+fold to nothing). The prompts are ``--rows`` random token sequences of ``--prompt-tokens``.
+
+Two paths, each sampling at temperature 1 with no end token (every row decodes in full):
+
+* ``loop``  -- ``memalpha.lm.sampling.generation.generate``: memalpha's loop (:mod:`memalpha.lm.sampling.growing_cache`)
+               through PEFT's layers (4-bit bases dequantised at every step on a GPU);
+* ``graph`` -- :func:`memalpha.lm.sampling.graph_decode.sample`: dense weights folded once, a static
+               cache, the step captured as a CUDA graph on a GPU (eager on the CPU).
+
+Decode tokens/s counts the tokens of whole decoding steps over their time, clocked the same way
+for both paths at the token picker (:class:`PickClock`: no prefill, no capture); total tokens/s
+counts every token over the whole call (weights folded, prefill, capture included). Before timing, ``--check-steps`` steps of each path run with the
+same scripted tokens fed back (teacher forcing) and their logits are compared step by step
+(:func:`check_logits`): the backend against the loop should differ by the folded weights' bf16
+rounding (a few 1e-2 at most; a wrong mask, position or cache column gives ~1), and the captured
+step against the same step run eagerly by nothing (a stale buffer in the graph shows there). Writes ``experiments/results/bench_graph_decode.json`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch
+from _common import command_line, machine_info, print_table, write_json
+
+from memalpha.lm.core.folded_lora import is_four_bit
+from memalpha.lm.core.layout import pad_prompt_response
+from memalpha.lm.core.prefix_cache import split_decoder_and_head
+from memalpha.lm.sampling import generation, graph_decode
+from memalpha.lm.sampling import growing_cache as own_loop
+from memalpha.lm.sampling.filters import next_tokens
+
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_graph_decode.json"
+PATHS = ("loop", "graph")
+NO_END = 10**9  # an end token no row emits
+
+QWEN3_4B = {
+    "vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960,
+    "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+}
+TINY = {
+    "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 4096,
+    "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+}
+
+
+def build_model(device: torch.device, *, tiny: bool, nf4: bool, lora_rank: int, seed: int):
+    """The random Qwen3 the module docstring describes, in eval mode."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    config = Qwen3Config(**(TINY if tiny else QWEN3_4B), use_sliding_window=False, attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen3ForCausalLM._from_config(config, dtype=dtype)
+    model.to(device)  # a no-op when the weights were drawn there, as they should be
+    if nf4:
+        quantise_decoder(model, dtype)
+    if lora_rank:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules="all-linear"))
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if "lora_B" in name:
+                    parameter.normal_(0.0, 0.02)
+    return model.eval()
+
+
+def quantise_decoder(model, compute_dtype: torch.dtype) -> None:
+    """Every ``torch.nn.Linear`` of the decoder layers as an NF4 ``Linear4bit`` (quantised as it
+    is moved to its device), then memalpha's k-bit preparation."""
+    import bitsandbytes as bnb
+    from peft import prepare_model_for_kbit_training
+
+    for layer in model.model.layers:
+        for name, module in list(layer.named_modules()):
+            if type(module) is not torch.nn.Linear:
+                continue
+            parent = layer.get_submodule(name.rpartition(".")[0]) if "." in name else layer
+            quantised = bnb.nn.Linear4bit(
+                module.in_features, module.out_features, bias=module.bias is not None, compute_dtype=compute_dtype,
+                compress_statistics=True, quant_type="nf4", device="meta",
+            )
+            quantised.weight = bnb.nn.Params4bit(
+                module.weight.data, requires_grad=False, compress_statistics=True, quant_type="nf4"
+            )
+            if module.bias is not None:
+                quantised.bias = torch.nn.Parameter(module.bias.data, requires_grad=False)
+            quantised = quantised.to(module.weight.device)
+            if module.weight.device.type == "cpu":  # its AVX512-BF16 repacking would compute in bf16
+                quantised.support_avx512bf16_for_cpu = False
+            setattr(parent, name.rpartition(".")[2], quantised)
+    model.is_loaded_in_4bit = True  # so PEFT wraps the layers in its 4-bit LoRA class, as for a loaded model
+    prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+
+
+def synchronise(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class PickClock:
+    """Wraps the token picker and notes when each call starts. Each step ends on a host read of
+    its tokens (``Responses.add``), so from the second call on a call starts after the previous
+    step has really finished: the span from the second call to the last covers whole steps only
+    (no prefill, no capture), and both paths are measured alike."""
+
+    def __init__(self, pick):
+        self.pick = pick
+        self.stamps: list[float] = []
+
+    def __call__(self, logits: torch.Tensor, **settings) -> torch.Tensor:
+        self.stamps.append(time.perf_counter())
+        return self.pick(logits, **settings)
+
+    def decode_seconds(self) -> tuple[float, int]:
+        """Seconds of the steps between the second pick and the last, and how many there were."""
+        if len(self.stamps) < 3:
+            return 0.0, 0
+        return self.stamps[-1] - self.stamps[1], len(self.stamps) - 2
+
+
+def run_loop(model, prompts, max_new_tokens: int, seed: int, device: torch.device) -> dict[str, Any]:
+    """memalpha's ``generate``, its sampler clocked (``generation.next_tokens`` wrapped)."""
+    saved = generation.next_tokens
+    clock = PickClock(saved)
+    generation.next_tokens = clock
+    try:
+        synchronise(device)
+        start = time.perf_counter()
+        out = generation.generate(
+            model, SimpleNamespace(pad_token_id=0, eos_token_id=None), prompts, max_new_tokens=max_new_tokens,
+            seed=seed, eos_token_id=NO_END,
+        )
+        synchronise(device)
+        total = time.perf_counter() - start
+    finally:
+        generation.next_tokens = saved
+    return record(len(prompts), out.num_generated_tokens, total, clock, captured=None)
+
+
+def run_graph(model, prompts, max_new_tokens: int, seed: int, device: torch.device, capture: bool | None):
+    """The CUDA-graph backend (the weights folded inside the call)."""
+    stats: dict[str, Any] = {}
+    clock = PickClock(lambda logits: next_tokens(logits, do_sample=True))
+    synchronise(device)
+    start = time.perf_counter()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        tokens, _ = graph_decode.sample(
+            model, prompts, pad_id=0, max_new_tokens=max_new_tokens, eos_ids=[NO_END], pick=clock, capture=capture,
+            stats=stats,
+        )
+    synchronise(device)
+    total = time.perf_counter() - start
+    return record(len(prompts), sum(len(t) for t in tokens), total, clock, captured=stats["captured"],
+                  capture_s=stats["capture_s"], prefill_s=stats["prefill_s"])
+
+
+def record(rows: int, tokens: int, total: float, clock: PickClock, **extra) -> dict[str, Any]:
+    seconds, steps = clock.decode_seconds()
+    return {
+        "tokens": tokens, "total_s": total, "tokens_per_s": tokens / total, "timed_steps": steps,
+        "decode_s": seconds, "decode_tokens_per_s": rows * steps / seconds if seconds > 0 else None,
+        "ms_per_step": 1000 * seconds / steps if steps else None, **extra,
+    }
+
+
+def check_logits(model, prompts, steps: int, capture: bool | None, seed: int) -> dict[str, list[float]]:
+    """Per step, the relative norm difference of the logits when every path is fed the same
+    scripted tokens: ``graph_vs_loop`` (the backend, captured as ``capture`` says, against
+    memalpha's loop: the rounding of the folded bf16 weights, a few 1e-2 at most; ~1 is a bug)
+    and ``captured_vs_eager`` (the same backend with and without the capture: 0 up to kernel
+    choice; anything else is a stale buffer in the graph)."""
+    from memalpha.lm.core.folded_lora import folded_adapters
+
+    decoder, head, config = split_decoder_and_head(model)
+    device = decoder.get_input_embeddings().weight.device
+    generator = torch.Generator().manual_seed(seed)
+    script = torch.randint(0, config.vocab_size, (steps, len(prompts)), generator=generator).to(device)
+
+    def recorder(seen: list[torch.Tensor]):
+        def pick(logits: torch.Tensor) -> torch.Tensor:
+            seen.append(logits.double().cpu())
+            return script[len(seen) - 1]
+        return pick
+
+    def difference(ours: list[torch.Tensor], theirs: list[torch.Tensor]) -> list[float]:
+        return [((a - b).norm() / b.norm()).item() for a, b in zip(ours, theirs)]
+
+    batch = pad_prompt_response(prompts, [[] for _ in prompts], 0, device)
+    limits = {"max_new_tokens": steps, "eos_ids": [NO_END]}
+    loop_logits: list[torch.Tensor] = []
+    graph_logits: list[torch.Tensor] = []
+    eager_logits: list[torch.Tensor] = []
+    with torch.no_grad():
+        cache = own_loop.growing_cache(decoder, batch.input_ids.shape[1] + steps)
+        own_loop.decode(decoder, head, config, batch, cache, pick=recorder(loop_logits), **limits)
+        with folded_adapters(model, quantised=True):
+            graph_decode.decode(decoder, head, config, batch, pick=recorder(graph_logits), capture=capture, **limits)
+            graph_decode.decode(decoder, head, config, batch, pick=recorder(eager_logits), capture=False, **limits)
+    return {
+        "graph_vs_loop": difference(graph_logits, loop_logits),
+        "captured_vs_eager": difference(graph_logits, eager_logits),
+    }
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer, 64-wide Qwen3 instead of Qwen3-4B's shapes")
+    parser.add_argument("--nf4", action="store_true", help="NF4 decoder layers (bitsandbytes), as memalpha's QLoRA")
+    parser.add_argument("--lora-rank", type=int, default=32, help="LoRA rank on every linear layer (0: no adapter)")
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=1024)
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="tokens per row for the graph path")
+    parser.add_argument("--loop-max-new-tokens", type=int, default=64,
+                        help="tokens per row for the loop (~150 ms a step on an H100 at Qwen3-4B NF4)")
+    parser.add_argument("--check-steps", type=int, default=16, help="teacher-forced steps compared (0: skip)")
+    parser.add_argument("--capture", choices=("auto", "on", "off"), default="auto",
+                        help="auto: capture on CUDA, eager if capture fails; on: fail if it does; off: eager")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {','.join(PATHS)}")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(RESULTS), help="JSON report path")
+    args = parser.parse_args(argv)
+    paths = [p for p in args.paths.split(",") if p]
+    unknown = sorted(set(paths) - set(PATHS))
+    if unknown or not paths:
+        parser.error(f"--paths: unknown {unknown or 'empty list'}; choose from {list(PATHS)}")
+    for name in ("rows", "prompt_tokens", "max_new_tokens", "loop_max_new_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    args.paths = paths
+    args.capture = {"auto": None, "on": True, "off": False}[args.capture]
+    return args
+
+
+def main(argv=None) -> dict[str, Any]:
+    args = parse_args(argv)
+    machine = machine_info()
+    device = torch.device(args.device)
+    start = time.perf_counter()
+    model = build_model(device, tiny=args.tiny, nf4=args.nf4, lora_rank=args.lora_rank, seed=args.seed)
+    synchronise(device)
+    build_s = time.perf_counter() - start
+    vocab = model.config.vocab_size
+    generator = torch.Generator().manual_seed(args.seed)
+    prompts = torch.randint(2, vocab, (args.rows, args.prompt_tokens), generator=generator).tolist()
+    refused = graph_decode.supports(model)
+    print(f"[bench_graph_decode] model built in {build_s:.1f} s on {device}; "
+          f"4-bit layers {sum(is_four_bit(m) for m in model.modules())}; graph backend: {refused or 'supported'}",
+          flush=True)
+    check = check_logits(model, prompts, args.check_steps, args.capture, args.seed) if args.check_steps else {}
+    for name, differences in check.items():
+        print(f"[bench_graph_decode] teacher-forced logits, relative difference {name.replace('_', ' ')}: "
+              f"max {max(differences):.3g}, per step {[float(f'{d:.3g}') for d in differences]}", flush=True)
+    tokens = {"loop": args.loop_max_new_tokens, "graph": args.max_new_tokens}
+    records: dict[str, list[dict[str, Any]]] = {path: [] for path in args.paths}
+    for repeat in range(args.repeats):
+        for path in args.paths:
+            seed = args.seed + repeat
+            if path == "loop":
+                result = run_loop(model, prompts, tokens[path], seed, device)
+            else:
+                result = run_graph(model, prompts, tokens[path], seed, device, args.capture)
+            records[path].append(result)
+            print(f"[bench_graph_decode] repeat {repeat + 1}/{args.repeats} {path}: "
+                  f"{result['decode_tokens_per_s'] or 0:.1f} new tokens/s decoding, {result['tokens_per_s']:.1f} overall",
+                  flush=True)
+    best = {path: max(recs, key=lambda r: r["decode_tokens_per_s"] or 0) for path, recs in records.items()}
+    print_table(
+        ["path", "rows", "new tokens", "ms/step", "decode tok/s", "total s", "tok/s overall", "captured"],
+        [
+            [path, args.rows, tokens[path], r["ms_per_step"], r["decode_tokens_per_s"], r["total_s"], r["tokens_per_s"],
+             str(r["captured"]) if r["captured"] is not None else "-"]
+            for path, r in best.items()
+        ],
+        floats=1,
+    )
+    if "loop" in best and "graph" in best:
+        print(f"speed-up of decoding: {best['graph']['decode_tokens_per_s'] / best['loop']['decode_tokens_per_s']:.1f}x")
+    report = {
+        "benchmark": "bench_graph_decode",
+        "command": command_line(),
+        "settings": {
+            "device": str(device), "tiny": args.tiny, "nf4": args.nf4, "lora_rank": args.lora_rank,
+            "rows": args.rows, "prompt_tokens": args.prompt_tokens, "max_new_tokens": tokens,
+            "capture": args.capture, "model_config": TINY if args.tiny else QWEN3_4B, "build_s": build_s,
+            "backend_refusal": refused,
+        },
+        "check_relative_difference": check,
+        "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+        "best": best,
+        "runs": records,
+    }
+    path = write_json(report, args.out, machine=machine)
+    print(f"wrote {path}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

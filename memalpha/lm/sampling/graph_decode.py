@@ -1,0 +1,386 @@
+"""Sampling with a decoding step of fixed shapes over a static cache, replayed as a CUDA graph.
+
+On a GPU a decoding step of a 4-bit LoRA policy is not bound by reading its weights (~1 ms for
+Qwen3-4B in NF4) but by launching some two thousand small kernels from Python and by
+dequantising every NF4 weight again at every token: ~150 ms a step. This backend removes both:
+
+* **dense weights, made once per call.** Inside ``folded_adapters(model, quantised=True)``
+  (:mod:`memalpha.lm.core.folded_lora`) every LoRA layer runs one ``F.linear`` over ``W + s B A`` and
+  every other 4-bit layer over its dequantised weight, in the layer's compute dtype (bf16 on a
+  GPU). :func:`sample` opens that block around the whole call, so the copies are made once and
+  freed before the policy's update.
+* **a step whose tensors never move or change shape.** :class:`FixedCache` holds each layer's
+  keys and values for the prompt plus ``max_new_tokens`` columns and writes a step's column
+  where a device tensor says; the step reads only fixed buffers (the tokens ``[B, 1]``, their
+  positions, that column) and builds its additive mask ``[B, 1, 1, S]`` from them inside the
+  step. Rows that end keep running (their tokens are ignored), so the batch never shrinks.
+  Such a step can be captured once with ``torch.cuda.CUDAGraph`` and replayed per token: one
+  launch instead of thousands (:class:`ReplayedStep`). On the CPU the same step runs eagerly,
+  which is how the tests check the whole loop without a GPU.
+
+The draw happens outside the graph: the step's output is the ``[B, V]`` logits (float32, as the
+other loops give them to ``pick``), and :func:`memalpha.lm.sampling.filters.next_tokens` (through the
+caller's ``pick``) filters and draws for the live rows only, in their order. That keeps the
+random stream the one :func:`memalpha.lm.sampling.growing_cache.decode` consumes (one variate per live row per
+step), so a seeded call samples the same tokens as the reference loop up to float rounding,
+and it keeps the graph free of random-number state.
+
+The keys of a step span the whole static length (masked beyond the tokens written): attention
+reads ``S`` columns per step where the growing cache reads the filled ones, the price of fixed
+shapes. Decoders qualify when :func:`supports` says so: every layer plain full attention, an
+attention implementation that takes a 4-D additive mask (``sdpa``, ``eager``), linear layers
+that are ``torch.nn.Linear``, bitsandbytes ``Linear4bit`` or plain LoRA over those.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Sequence
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from memalpha.lm.core.attention import IMPLEMENTATION
+from memalpha.lm.core.folded_lora import folded_adapters, is_four_bit, lora_linear_types, plain_adapters
+from memalpha.lm.core.layout import PaddedBatch, pad_prompt_response
+from memalpha.lm.core.logits import finalise_logits, score_dtype
+from memalpha.lm.core.prefix_cache import full_attention_layers, split_decoder_and_head
+from memalpha.lm.sampling.growing_cache import Responses
+
+BACKEND = "cuda-graph"
+"""The name generation's backend selector knows this path by."""
+
+MASKED_ATTENTION = ("sdpa", "eager", IMPLEMENTATION)
+"""Attention implementations that take the step's 4-D additive mask as it is."""
+
+
+def supports(model) -> str | None:
+    """Why this backend cannot sample from ``model``; None when it can."""
+    try:
+        decoder, _, config = split_decoder_and_head(model)
+    except ValueError as error:
+        return str(error)
+    if full_attention_layers(config) is None:
+        return "the decoder has sliding-window, chunked or other non-plain attention layers"
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation not in MASKED_ATTENTION:
+        return f"attention implementation {implementation!r} takes no 4-D additive mask (use one of {MASKED_ATTENTION})"
+    device = decoder.get_input_embeddings().weight.device
+    if device.type not in ("cpu", "cuda"):
+        return f"the decoder is on {device.type}; this backend runs on cuda (captured) or cpu (eager)"
+    for name, module in model.named_modules():
+        reason = _unfoldable(module)
+        if reason is not None:
+            return f"{name}: {reason}"
+    return None
+
+
+def _unfoldable(module) -> str | None:
+    """Why ``module`` cannot run from a dense weight inside the step; None when it can (or is no
+    linear layer)."""
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:
+        BaseTunerLayer = ()  # no PEFT: no adapter layer to check (isinstance of () is False)
+    if isinstance(module, BaseTunerLayer):
+        if type(module) not in lora_linear_types():
+            return f"a {type(module).__name__} adapter layer (only LoRA linear layers fold)"
+        if module.merged:
+            return "a LoRA layer merged into its base (unmerge it: the fold adds the update itself)"
+        active = [name for name in module.active_adapters if name in module.lora_A]
+        if active and not module.disable_adapters and plain_adapters(module, quantised=True) is None:
+            return "a LoRA variant (DoRA), a LoRA bias or a base layer that does not fold"
+        return None
+    if isinstance(module, torch.nn.Linear) and type(module) is not torch.nn.Linear and not is_four_bit(module):
+        if getattr(getattr(module.weight, "quant_state", None), "packing_format_for_cpu", False):
+            return "a 4-bit layer that bitsandbytes repacked for its CPU kernel (turn its support_avx512bf16_for_cpu off)"
+        return f"a {type(module).__name__} layer, which has no dense copy here"
+    if type(module) is torch.nn.Linear and not module.weight.is_floating_point():
+        return "a linear layer with a non-float weight"
+    return None
+
+
+class FixedLayer(DynamicLayer):
+    """One layer's keys and values in buffers of ``capacity`` columns, allocated at the first
+    write and never moved. A write goes to the columns the owning :class:`FixedCache` names (a
+    device tensor, so a captured step writes where the tensor says at replay); attention sees
+    the first ``width`` columns. Unwritten columns hold zeros, never garbage: they are masked,
+    and a masked NaN would still poison the sum (0 x NaN)."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.columns: torch.Tensor | None = None
+        self.width = capacity
+        self.key_buffer: torch.Tensor | None = None
+        self.value_buffer: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        rows, heads = key_states.shape[:2]
+        self.key_buffer = key_states.new_zeros((rows, heads, self.capacity, key_states.shape[-1]))
+        self.value_buffer = value_states.new_zeros((rows, heads, self.capacity, value_states.shape[-1]))
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.key_buffer.index_copy_(2, self.columns, key_states)
+        self.value_buffer.index_copy_(2, self.columns, value_states)
+        self.keys = self.key_buffer[:, :, : self.width]
+        self.values = self.value_buffer[:, :, : self.width]
+        return self.keys, self.values
+
+
+class FixedCache(Cache):
+    """:class:`FixedLayer` per decoder layer, all written at the same columns."""
+
+    def __init__(self, layers: int, capacity: int):
+        super().__init__(layers=[FixedLayer(capacity) for _ in range(layers)])
+        self.capacity = capacity
+
+    def write_at(self, columns: torch.Tensor, width: int) -> None:
+        """Make the next forward write its tokens at ``columns`` and attend over ``width`` columns."""
+        for layer in self.layers:
+            layer.columns, layer.width = columns, width
+
+
+class ReplayedStep:
+    """Runs ``step`` -- a function of fixed buffers that returns a tensor -- eagerly, or, with
+    ``capture``, records it once as a CUDA graph (after warm-up runs on a side stream, which
+    also settle lazy allocations and kernel choices) and replays it on every later call.
+
+    A replay rewrites the tensor the capture returned, so read it before the next call. The
+    warm-up runs really execute ``step``: it must be idempotent for buffers that do not change
+    between calls (a step writing its cache column is: it writes the same values again).
+    ``capture=None`` captures and, if capture fails, warns and runs eagerly (``captured`` says
+    which); ``capture=True`` lets the failure raise."""
+
+    def __init__(self, step: Callable[[], torch.Tensor], capture: bool | None, warmup: int = 2):
+        self.step = step
+        self.strict = capture is True
+        self.capture = capture is not False
+        self.warmup = warmup
+        self.graph = None
+        self.output: torch.Tensor | None = None
+        self.captured = False
+        self.capture_s = 0.0
+
+    def __call__(self) -> torch.Tensor:
+        if self.capture and self.graph is None:
+            self._record()
+        if self.graph is None:
+            return self.step()
+        self.graph.replay()
+        return self.output
+
+    def _record(self) -> None:
+        start = time.perf_counter()
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(self.warmup):
+                    self.step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                output = self.step()
+        except Exception as error:  # any capture failure falls back, unless strict
+            if self.strict:
+                raise
+            warnings.warn(f"CUDA graph capture failed, decoding eagerly: {error}", RuntimeWarning, stacklevel=3)
+            self.capture = False
+            return
+        finally:
+            self.capture_s = time.perf_counter() - start
+        self.graph, self.output, self.captured = graph, output, True
+
+    def close(self) -> None:
+        """Drop the graph and its memory pool."""
+        self.graph = self.output = None
+
+
+class FixedStep:
+    """The buffers of one batch's decoding and the step that reads them.
+
+    ``tokens`` ``[B, 1]`` and ``positions`` ``[B, 1]`` are the step's inputs, ``column`` ``[1]`` the
+    cache column they are written at; ``padding`` ``[B, 1, 1, S]`` is True on the prompt's padded
+    columns. A query may attend to a column unless it is padding or lies after ``column``: the
+    rule of the growing cache's mask, rebuilt inside the step from these buffers."""
+
+    def __init__(self, decoder, head, config, batch: PaddedBatch, max_new_tokens: int):
+        self.decoder, self.head, self.config = decoder, head, config
+        rows, self.prompt_width = batch.input_ids.shape
+        device = batch.input_ids.device
+        self.capacity = self.prompt_width + max_new_tokens
+        count = full_attention_layers(config)
+        if count is None:
+            raise ValueError("graph decoding takes decoders whose every layer is plain full attention")
+        self.cache = FixedCache(count, self.capacity)
+        self.dtype = decoder.get_input_embeddings().weight.dtype  # the activations', so the mask's
+        self.batch = batch
+        padding = torch.zeros((rows, self.capacity), dtype=torch.bool, device=device)
+        padding[:, : self.prompt_width] = batch.attention_mask == 0
+        self.padding = padding[:, None, None, :]
+        self.span = torch.arange(self.capacity, device=device)
+        self.tokens = batch.input_ids[:, -1:].clone()
+        self.positions = batch.position_ids[:, -1:].clone()
+        self.column = torch.full((1,), self.prompt_width - 1, dtype=torch.long, device=device)
+        self.open = torch.zeros((rows, 1, 1, self.capacity), dtype=self.dtype, device=device)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.head(hidden[:, -1:])[:, -1]  # [B, 1, H] in, as model.forward calls the head
+        return finalise_logits(logits.to(score_dtype(logits.dtype)), self.config)
+
+    def prefill(self) -> torch.Tensor:
+        """Run every prompt column (eagerly, once); the ``[B, V]`` logits of the first new token."""
+        width = self.prompt_width
+        span = self.span[:width]
+        blocked = self.padding[..., :width] | (span[None, :] > span[:, None])  # [B, 1, P, P]
+        mask = self.open[..., :width].expand(-1, -1, width, -1).masked_fill(blocked, torch.finfo(self.dtype).min)
+        self.cache.write_at(span, width)
+        hidden = self.decoder(
+            input_ids=self.batch.input_ids, attention_mask=mask, position_ids=self.batch.position_ids,
+            past_key_values=self.cache, use_cache=True,
+        ).last_hidden_state
+        self.cache.write_at(self.column, self.capacity)
+        return self._logits(hidden)
+
+    def step(self) -> torch.Tensor:
+        """One token per row from the buffers; the ``[B, V]`` logits of the next. Fixed shapes,
+        no host synchronisation: capturable."""
+        blocked = self.padding | (self.span > self.column)
+        mask = self.open.masked_fill(blocked, torch.finfo(self.dtype).min)
+        hidden = self.decoder(
+            input_ids=self.tokens, attention_mask=mask, position_ids=self.positions,
+            past_key_values=self.cache, use_cache=True,
+        ).last_hidden_state
+        return self._logits(hidden)
+
+    def advance(self, picked: torch.Tensor, rows: torch.Tensor | None) -> None:
+        """Feed ``picked`` (the tokens of ``rows``, all rows when None) to the next step, one
+        column further; the other rows' tokens stay as they were (their outputs are ignored)."""
+        if rows is None:
+            self.tokens.copy_(picked[:, None])
+        else:
+            self.tokens[rows, 0] = picked
+        self.positions.add_(1)
+        self.column.add_(1)
+
+
+def decode(
+    decoder,
+    head: torch.nn.Module,
+    config,
+    batch: PaddedBatch,
+    *,
+    max_new_tokens: int,
+    eos_ids: Sequence[int],
+    pick: Callable[[torch.Tensor], torch.Tensor],
+    capture: bool | None = None,
+    stats: dict | None = None,
+) -> tuple[list[list[int]], list[bool]]:
+    """New tokens for every row of ``batch`` (laid out by :func:`memalpha.lm.core.layout.pad_prompt_response`,
+    any shared prefix included), as :func:`memalpha.lm.sampling.growing_cache.decode` returns them: each row's
+    tokens up to and including its first end-of-sequence token, and whether it ran out of
+    ``max_new_tokens`` without one. ``pick`` maps ``[live, V]`` logits (float32; float64 for a
+    float64 model) to ``[live]`` token ids.
+
+    ``capture`` None captures the step on CUDA (falling back to eager with a warning if the
+    capture fails) and runs it eagerly elsewhere; True insists on capturing, False never
+    captures. ``stats``, when given, receives ``captured``, ``prefill_s``, ``decode_s`` (the
+    token loop, capture included), ``capture_s`` and ``steps`` (forwards after the prefill). Call under ``torch.no_grad()``, in eval mode (dropout cannot be replayed), and
+    inside ``folded_adapters(model, quantised=True)`` for the dense weights (:func:`sample`
+    does all three).
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if any(module.training for module in decoder.modules()):
+        raise ValueError("graph decoding runs in eval mode: dropout in training mode cannot be replayed")
+    on_cuda = batch.input_ids.device.type == "cuda"
+    if capture and not on_cuda:
+        raise ValueError("capture=True needs the batch on a CUDA device")
+    fixed = FixedStep(decoder, head, config, batch, max_new_tokens)
+    runner = ReplayedStep(fixed.step, capture if on_cuda else False)
+    responses = Responses(batch.input_ids.shape[0], eos_ids)
+    start = time.perf_counter()
+    logits = fixed.prefill()
+    if on_cuda:
+        torch.cuda.synchronize(batch.input_ids.device)  # once, so that prefill_s is the prefill's
+    loop_start = time.perf_counter()
+    rows: torch.Tensor | None = None  # the live rows' indices; None while every row is live
+    steps = 0
+    try:
+        for step in range(max_new_tokens):
+            picked = pick(logits if rows is None else logits[rows])
+            keep = responses.add(picked)
+            if not keep or step == max_new_tokens - 1:
+                break
+            fixed.advance(picked, rows)
+            if len(keep) < len(responses.live):
+                responses.keep_only(keep)
+                rows = torch.tensor(responses.live, device=batch.input_ids.device)
+            logits = runner()
+            steps += 1
+    finally:
+        runner.close()
+    if stats is not None:  # the loop ends on a host read of the tokens: its time is the device's too
+        stats.update(
+            captured=runner.captured, prefill_s=loop_start - start, decode_s=time.perf_counter() - loop_start,
+            capture_s=runner.capture_s, steps=steps,
+        )
+    return responses.tokens, responses.truncated
+
+
+def sample(
+    model,
+    prompt_ids: list[list[int]],
+    *,
+    pad_id: int,
+    max_new_tokens: int,
+    eos_ids: Sequence[int],
+    pick: Callable[[torch.Tensor], torch.Tensor],
+    batch_size: int | None = None,
+    capture: bool | None = None,
+    stats: dict | None = None,
+) -> tuple[list[list[int]], list[bool]]:
+    """Responses and truncation flags for every prompt, ``batch_size`` prompts per :func:`decode`
+    (all in one when None), left-padded as :mod:`memalpha.lm.core.layout` lays them out.
+
+    The dense weights are made once for the whole call and freed when it returns; the model runs
+    in eval mode under ``torch.no_grad()`` and its training mode is restored afterwards. Seeding
+    is the caller's (``memalpha.lm.sampling.generation.generate`` forks and seeds the global RNG). Raises
+    ValueError naming the reason when :func:`supports` refuses the model. ``stats`` receives the
+    last batch's (:func:`decode`).
+
+    This is the whole of backend ``cuda-graph`` for ``memalpha.lm.sampling.generation.generate``: called
+    inside its seeded RNG fork with its ``pick``, it returns what its batch loop collects. A
+    caller that lays out its own batches (a shared prefix, say) opens
+    ``folded_adapters(model, quantised=True)`` once itself and calls :func:`decode` per batch.
+    """
+    reason = supports(model)
+    if reason is not None:
+        raise ValueError(f"the {BACKEND} backend cannot sample from this model: {reason}")
+    decoder, head, config = split_decoder_and_head(model)
+    device = decoder.get_input_embeddings().weight.device
+    step = batch_size or max(len(prompt_ids), 1)
+    responses: list[list[int]] = []
+    truncated: list[bool] = []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), folded_adapters(model, quantised=True):
+            for start in range(0, len(prompt_ids), step):
+                chunk = prompt_ids[start : start + step]
+                padded = pad_prompt_response(chunk, [[] for _ in chunk], pad_id, device)
+                kept, cut = decode(
+                    decoder, head, config, padded, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pick=pick,
+                    capture=capture, stats=stats,
+                )
+                responses.extend(kept)
+                truncated.extend(cut)
+    finally:
+        model.train(was_training)
+    return responses, truncated

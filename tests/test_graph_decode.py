@@ -1,0 +1,334 @@
+"""The CUDA-graph sampling backend on the CPU: its step runs eagerly here (no capture), so these
+tests check everything but the capture itself: the same greedy tokens as memalpha's loop and
+``model.generate``, the same seeded samples and distribution, end tokens, the dense copies of
+float and NF4 weights, and the models it refuses."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import (
+    SAMPLING_FILTERS,
+    SAMPLING_PROMPT,
+    SAMPLING_ROWS,
+    assert_follows_the_models_distribution,
+    build_tiny_model_dir,
+    early_end_token,
+    model_generate_path,
+    randomise_lora_b,
+)
+from numerics import assert_close
+
+from memalpha.lm.core.folded_lora import folded_adapters, folded_weight, is_four_bit, plain_adapters
+from memalpha.lm.core.layout import pad_prompt_response
+from memalpha.lm.core.prefix_cache import split_decoder_and_head
+from memalpha.lm.sampling import graph_decode
+from memalpha.lm.sampling.filters import next_tokens
+from memalpha.lm.sampling.generation import generate
+
+SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]
+# repeated prompts, a single one, and one far shorter than the rest (left padding)
+PROMPTS = [SYSTEM + [20, 21, 22], SYSTEM + [20, 21, 22], SYSTEM + [30], SYSTEM + [40, 41], [19, 23]]
+NEVER = 10_000  # an end token no row emits
+
+
+def graph_sample(model, tokenizer, prompts, *, max_new_tokens, eos_token_id, do_sample=True, seed=None, **filters):
+    """The backend on ``prompts`` with :func:`generate`'s arguments: seeded the way ``generate``
+    seeds (a forked global RNG), drawing through the same :func:`next_tokens`."""
+
+    def pick(logits):
+        return next_tokens(logits, do_sample=do_sample, **filters)
+
+    with torch.random.fork_rng(enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        return graph_decode.sample(
+            model, prompts, pad_id=tokenizer.pad_token_id, max_new_tokens=max_new_tokens, eos_ids=[eos_token_id],
+            pick=pick,
+        )
+
+
+def lora_and_four_bit_layers(model) -> list[torch.nn.Module]:
+    return [m for m in model.modules() if plain_adapters(m, quantised=True) is not None or is_four_bit(m)]
+
+
+@pytest.fixture(scope="module")
+def nf4_policy(tmp_path_factory, tokenizer):
+    """The peaked tiny Llama loaded in NF4 (float32 compute) with a drawn LoRA adapter."""
+    from memalpha.lm.core.policy import LoraSettings, load_policy
+
+    folder = build_tiny_model_dir(tmp_path_factory.mktemp("nf4-policy"), tokenizer, initializer_range=0.3)
+    torch.manual_seed(0)
+    model, tokenizer = load_policy(folder, precision="nf4", compute_dtype="float32", lora=LoraSettings(r=4, alpha=8))
+    randomise_lora_b(model, 0.2)
+    for module in model.modules():  # bitsandbytes' AVX512-BF16 CPU kernel would multiply in bf16
+        if is_four_bit(module):
+            module.support_avx512bf16_for_cpu = False
+    return model.eval(), tokenizer
+
+
+# ----------------------------------------------------------------------------- tokens
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_greedy_tokens_equal_generate_and_model_generate_while_rows_end_apart(peaked_policy, monkeypatch, dtype):
+    model, tokenizer = peaked_policy
+    model = copy.deepcopy(model).to(dtype).eval()
+    assert graph_decode.supports(model) is None
+    end = early_end_token(model, tokenizer, PROMPTS, others_from=1, all_others=False)
+    kwargs = {"max_new_tokens": 10, "do_sample": False, "eos_token_id": end}
+    ours, cut = graph_sample(model, tokenizer, PROMPTS, **kwargs)
+    own_loop = generate(model, tokenizer, PROMPTS, **kwargs)
+    assert ours == own_loop.response_ids and cut == own_loop.truncated
+    if dtype == torch.float64:  # model.generate too (in float32 once is enough: it is the slow one)
+        theirs = model_generate_path(model, tokenizer, PROMPTS, **kwargs)
+        assert ours == theirs.response_ids and cut == theirs.truncated
+    lengths = [len(r) for r in ours]
+    assert min(lengths) < max(lengths) == 10, "the rows should end at different steps, some never"
+    assert ours[0][-1] == end and not cut[0] and cut[lengths.index(10)]
+
+
+def test_seeded_samples_equal_memalphas_loop_while_rows_end(peaked_policy):
+    """Only live rows draw, in their order, so the random stream is the reference loop's."""
+    model, tokenizer = peaked_policy
+    end = early_end_token(model, tokenizer, PROMPTS, others_from=1, all_others=False)
+    kwargs = {"max_new_tokens": 12, "eos_token_id": end, "seed": 5, "temperature": 1.3, "top_k": 40, "top_p": 0.95}
+    ours, cut = graph_sample(model, tokenizer, PROMPTS, **kwargs)
+    theirs = generate(model, tokenizer, PROMPTS, **kwargs)
+    assert ours == theirs.response_ids and cut == theirs.truncated
+
+
+def test_sampled_tokens_follow_the_models_distribution(small_vocab_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(small_vocab_model_dir, dtype=torch.float64).eval()
+    tokenizer = AutoTokenizer.from_pretrained(small_vocab_model_dir)
+    ours, _ = graph_sample(model, tokenizer, [SAMPLING_PROMPT] * SAMPLING_ROWS, max_new_tokens=2, seed=0,
+                           eos_token_id=NEVER, **SAMPLING_FILTERS)
+    assert_follows_the_models_distribution(model, torch.tensor(ours))
+
+
+def test_end_tokens_stop_rows_and_only_live_rows_are_picked(peaked_policy):
+    """A scripted pick: row 1 ends at once, row 0 at the third token, row 2 never; the tokens after
+    an end are dropped, the flags say who ran out, and ``pick`` sees only the live rows."""
+    model, tokenizer = peaked_policy
+    decoder, head, config = split_decoder_and_head(model.eval())
+    batch = pad_prompt_response(PROMPTS[2:5], [[], [], []], tokenizer.pad_token_id)
+    script = iter([[5, 99, 6], [7, 8], [99, 9], [10]])
+    seen_rows = []
+
+    def pick(logits):
+        seen_rows.append(logits.shape[0])
+        return torch.tensor(next(script))
+
+    with torch.no_grad():
+        tokens, cut = graph_decode.decode(decoder, head, config, batch, max_new_tokens=4, eos_ids=[99], pick=pick)
+    assert tokens == [[5, 7, 99], [99], [6, 8, 9, 10]]
+    assert cut == [False, False, True]
+    assert seen_rows == [3, 2, 2, 1]
+
+
+def test_a_step_run_twice_changes_nothing_and_reads_buffers_that_never_move(peaked_policy):
+    """What a CUDA graph needs of the step, checked eagerly: the capture's warm-up runs the step on
+    the same buffers before its replay, so running a step twice must change nothing (its cache
+    column is written again with the same values); and a replay reads the addresses seen at
+    capture, so the step's inputs and the cache must be written in place, never rebound."""
+    model, tokenizer = peaked_policy
+    decoder, head, config = split_decoder_and_head(model.eval())
+    batch = pad_prompt_response(PROMPTS, [[] for _ in PROMPTS], tokenizer.pad_token_id)
+    greedy = {"max_new_tokens": 6, "eos_ids": [NEVER], "pick": lambda logits: logits.argmax(-1)}
+    original = graph_decode.FixedStep.step
+    addresses = []
+
+    def twice(self):
+        tensors = [self.tokens, self.positions, self.column, self.padding, self.open]
+        tensors += [b for layer in self.cache.layers for b in (layer.key_buffer, layer.value_buffer)]
+        addresses.append([t.data_ptr() for t in tensors])
+        first = original(self)
+        second = original(self)
+        assert torch.equal(first, second)
+        return second
+
+    with torch.no_grad():
+        expected, _ = graph_decode.decode(decoder, head, config, batch, **greedy)
+        graph_decode.FixedStep.step = twice
+        try:
+            repeated, _ = graph_decode.decode(decoder, head, config, batch, **greedy)
+        finally:
+            graph_decode.FixedStep.step = original
+    assert repeated == expected
+    assert len(addresses) == 5 and all(a == addresses[0] for a in addresses)
+
+
+HOST_READS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_dim"}
+"""Operators that read a device tensor on the host (``item``, ``bool``, ``tolist``) or size their
+output by its data: a CUDA graph cannot capture them."""
+
+
+def step_operators(model, tokenizer, prompts) -> set[str]:
+    """``namespace::name`` of every operator one decoding step of ``model`` runs (after the prefill),
+    inside the backend's dense weights."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Operators(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.add(f"{func.namespace}::{func.overloadpacket.__name__}")
+            return func(*args, **(kwargs or {}))
+
+    decoder, head, config = split_decoder_and_head(model.eval())
+    batch = pad_prompt_response(prompts, [[] for _ in prompts], tokenizer.pad_token_id)
+    with torch.no_grad(), folded_adapters(model, quantised=True):
+        fixed = graph_decode.FixedStep(decoder, head, config, batch, max_new_tokens=3)
+        fixed.advance(fixed.prefill().argmax(-1), None)
+        with Operators() as operators:
+            fixed.step()
+        with Operators() as probe:  # the probe sees a host read when there is one
+            torch.ones(1).item()
+    assert "aten::_local_scalar_dense" in probe.seen
+    return operators.seen
+
+
+@pytest.mark.parametrize("which", ["float64", "nf4"])
+def test_the_step_never_reads_a_tensor_on_the_host_nor_runs_a_4bit_kernel(which, peaked_policy, nf4_policy):
+    """What capture needs, checked on the CPU: no operator of the step waits for the device or
+    sizes a tensor by its data, and with NF4 layers none dequantises (the dense copies serve)."""
+    model, tokenizer = peaked_policy if which == "float64" else nf4_policy
+    seen = step_operators(model, tokenizer, PROMPTS)
+    assert "aten::index_copy_" in seen and seen & {"aten::mm", "aten::addmm", "aten::bmm"}
+    assert not {name for name in seen if name.split("::")[1] in HOST_READS}
+    assert not {name for name in seen if name.startswith("bitsandbytes::")}
+
+
+def test_a_shared_prefix_layout_gives_the_same_tokens(peaked_policy):
+    """The batch may come laid out with a shared prefix (a masked hole after it), as generation
+    lays it out when it shares the prefix's cache."""
+    model, tokenizer = peaked_policy
+    decoder, head, config = split_decoder_and_head(model.eval())
+    prompts = PROMPTS[:4]
+    greedy = {"max_new_tokens": 6, "eos_ids": [NEVER], "pick": lambda logits: logits.argmax(-1)}
+    with torch.no_grad():
+        plain = pad_prompt_response(prompts, [[] for _ in prompts], tokenizer.pad_token_id)
+        holed = pad_prompt_response(prompts, [[] for _ in prompts], tokenizer.pad_token_id, shared_prefix=len(SYSTEM))
+        assert not torch.equal(plain.attention_mask, holed.attention_mask)
+        expected, _ = graph_decode.decode(decoder, head, config, plain, **greedy)
+        assert graph_decode.decode(decoder, head, config, holed, **greedy)[0] == expected
+
+
+# ----------------------------------------------------------------------------- dense weights
+
+
+def test_folded_weight_is_w_plus_s_b_a_in_float64(peaked_policy):
+    model, _ = peaked_policy
+    layer = model.get_base_model().model.layers[0].self_attn.q_proj
+    (name,) = plain_adapters(layer)
+    a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
+    expected = layer.get_base_layer().weight + layer.scaling[name] * b @ a
+    assert expected.dtype == torch.float64 and (b @ a).norm() > 0
+    assert_close(folded_weight(layer, [name]), expected, 1e-14, "folded weight")
+
+
+def test_nf4_folded_weight_is_the_dequantised_weight_plus_s_b_a(nf4_policy):
+    from bitsandbytes.functional import dequantize_4bit
+
+    model, _ = nf4_policy
+    layer = model.get_base_model().model.layers[1].mlp.down_proj
+    base = layer.get_base_layer()
+    assert is_four_bit(base) and plain_adapters(layer) is None  # not folded unless asked
+    (name,) = plain_adapters(layer, quantised=True)
+    a, b = layer.lora_A[name].weight.double(), layer.lora_B[name].weight.double()
+    dequantised = dequantize_4bit(base.weight.data, base.weight.quant_state).double()
+    expected = dequantised + layer.scaling[name] * b @ a
+    folded = folded_weight(layer, [name])
+    assert folded.dtype == torch.float32  # the layer's compute dtype
+    assert_close(folded.double(), expected, 1e-6, "folded NF4 weight")
+
+
+def test_nf4_layers_run_dense_inside_the_block_and_get_their_forwards_back(nf4_policy):
+    model, _ = nf4_policy
+    ids = torch.tensor([PROMPTS[0]])
+    layers = lora_and_four_bit_layers(model)
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        with folded_adapters(model, quantised=True) as count:
+            dense = model(input_ids=ids).logits
+            swapped = [m for m in model.modules() if "forward" in vars(m)]
+    lora = [m for m in layers if plain_adapters(m, quantised=True) is not None]
+    assert count == len(swapped) == len(lora) == 14  # every 4-bit base sits under a LoRA layer
+    assert all(not is_four_bit(m) for m in swapped)
+    assert_close(dense, expected, 1e-5, "logits from dense copies")
+    assert all("forward" not in vars(m) for m in model.modules())
+    with pytest.raises(RuntimeError, match="boom"), folded_adapters(model, quantised=True):
+        raise RuntimeError("boom")
+    assert all("forward" not in vars(m) for m in model.modules())
+    with model.disable_adapter(), folded_adapters(model, quantised=True) as count:  # bare 4-bit layers
+        assert count == 14 and all(is_four_bit(m) for m in model.modules() if "forward" in vars(m))
+
+
+def test_nf4_greedy_tokens_equal_generate(nf4_policy):
+    model, tokenizer = nf4_policy
+    assert graph_decode.supports(model) is None
+    kwargs = {"max_new_tokens": 8, "do_sample": False, "eos_token_id": NEVER}
+    ours, _ = graph_sample(model, tokenizer, PROMPTS, **kwargs)
+    assert ours == generate(model, tokenizer, PROMPTS, **kwargs).response_ids
+    assert all("forward" not in vars(m) for m in model.modules())  # the dense copies are gone
+
+
+# ----------------------------------------------------------------------------- what it refuses
+
+
+def test_dora_sliding_windows_and_training_mode_are_refused(tmp_path, tokenizer, peaked_policy):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
+
+    folder = build_tiny_model_dir(tmp_path / "dora", tokenizer)
+    dora = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], use_dora=True),
+    )
+    assert "DoRA" in graph_decode.supports(dora)
+    with pytest.raises(ValueError, match="cannot sample from this model: .*DoRA"):
+        graph_decode.sample(dora, PROMPTS, pad_id=0, max_new_tokens=2, eos_ids=[NEVER], pick=lambda x: x.argmax(-1))
+    windowed = MistralForCausalLM(MistralConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        sliding_window=4, vocab_size=64,
+    ))
+    assert "sliding-window" in graph_decode.supports(windowed)
+    model, tokenizer = peaked_policy
+    decoder, head, config = split_decoder_and_head(model)
+    batch = pad_prompt_response(PROMPTS, [[] for _ in PROMPTS], tokenizer.pad_token_id)
+    model.train()
+    try:
+        with pytest.raises(ValueError, match="eval mode"):
+            graph_decode.decode(decoder, head, config, batch, max_new_tokens=2, eos_ids=[NEVER], pick=lambda x: x)
+    finally:
+        model.eval()
+    with pytest.raises(ValueError, match="CUDA device"):
+        graph_decode.decode(decoder, head, config, batch, max_new_tokens=2, eos_ids=[NEVER], pick=lambda x: x,
+                            capture=True)
+
+
+def test_a_failed_capture_warns_and_runs_eagerly_unless_strict():
+    """On this CPU-only machine the capture fails at its first CUDA call, which exercises the
+    fallback: ``capture=None`` warns and runs the step eagerly, ``capture=True`` raises."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU would capture")
+    calls = []
+
+    def step():
+        calls.append(1)
+        return torch.ones(2)
+
+    lenient = graph_decode.ReplayedStep(step, capture=None)
+    with pytest.warns(RuntimeWarning, match="capture failed"):
+        assert torch.equal(lenient(), torch.ones(2))
+    assert not lenient.captured and len(calls) == 1
+    lenient()
+    assert len(calls) == 2
+    with pytest.raises((RuntimeError, AssertionError)):
+        graph_decode.ReplayedStep(step, capture=True)()
