@@ -67,7 +67,7 @@ from memalpha.grpo.loss import policy_loss
 from memalpha.grpo.settings import OptimizerSettings
 from memalpha.grpo.update import build_optimizer, optimizer_step
 from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
-from memalpha.lm.core.policy import SAMPLING_BACKENDS, LoraSettings, load_policy
+from memalpha.lm.core.policy import SAMPLING_BACKENDS, LMSettings, LoraSettings, load_policy
 from memalpha.lm.sampling.generation import generate
 from memalpha.lm.scoring.logprobs import token_logprobs
 
@@ -110,6 +110,7 @@ def read_recipe(path: Path = CONFIG_PATH) -> dict[str, Any]:
                              target_modules=lora["target_modules"]),
         "compute_dtype": lm["compute_dtype"],
         "gradient_checkpointing": bool(lm["gradient_checkpointing"]),
+        "fold_adapters": bool(lm.get("fold_adapters_for_sampling", LMSettings.fold_adapters_for_sampling)),
         "optimizer": optimizer["name"],
         "learning_rate": float(optimizer["learning_rate"]),
         "weight_decay": float(optimizer["weight_decay"]),
@@ -234,7 +235,7 @@ def grpo_step(policy, tokenizer, recipe: dict[str, Any], phases: dict[str, Phase
         lambda: generate(
             policy, tokenizer, prompts, max_new_tokens=response_tokens, temperature=temperature,
             do_sample=True, seed=seed, batch_size=recipe["generation_batch_size"],
-            backend=recipe["sampling_backend"],
+            backend=recipe["sampling_backend"], fold_adapters=recipe["fold_adapters"],
             eos_token_id=vocab_size,  # one past the vocabulary: never sampled, so no early stop
         )
     )

@@ -11,7 +11,8 @@
 #   1. nf4_gradients  QLoRA gradients on the GPU before/after sampling and against the dequantised
 #                     weights (tests/test_nf4_gradients.py on cuda)                    item 4
 #   2. sampler        new tokens/s of 8 rows of Qwen3-4B NF4 + LoRA r32 after 1,024-token prompts,
-#                     per sampling backend (experiments/bench_graph_decode.py)          item 2
+#                     today's loop against cuda-graph (experiments/bench_graph_decode.py)  item 2
+#      sampler32      the same with 32 rows, cuda-graph only
 #   3. scale          one GRPO step at configs/qlora_4090.yaml's sizes (8 x 6144 prompt tokens,
 #                     2048 response tokens, micro-batches of 2 x 8192) under a 24 GiB cap, every phase
 #                     timed, peak reserved and driver-side memory (experiments/bench_scale.py)  items 1, 3
@@ -29,8 +30,8 @@ PY=${PYTHON:-python3}
 RESULTS=${OUT:-experiments/results/gpu}
 mkdir -p "$RESULTS"
 TOKENIZER=${MEMALPHA_TOKENIZER:-$( [ -d .device/tok ] && echo .device/tok || echo smollm2-135m-instruct )}
-STAGES=${GPU_CHECK_STAGES:-nf4_gradients sampler scale fit}
-declare -A LIMIT=([nf4_gradients]=60 [sampler]=120 [scale]=200 [fit]=240)
+STAGES=${GPU_CHECK_STAGES:-nf4_gradients sampler sampler32 scale fit}
+declare -A LIMIT=([nf4_gradients]=60 [sampler]=100 [sampler32]=60 [scale]=180 [fit]=220)
 
 run_stage() {  # name, command...: its own limit, its log beside its JSON, its exit status in the summary
   local name=$1; shift
@@ -50,13 +51,15 @@ for stage in $STAGES; do
     nf4_gradients) run_stage nf4_gradients env MEMALPHA_TEST_DEVICE=cuda MEMALPHA_TEST_TOKENIZER="$TOKENIZER" \
                      "$PY" -m pytest -q -p no:cacheprovider tests/test_nf4_gradients.py \
                      --junitxml="$RESULTS/nf4_gradients.xml" ;;
-    sampler) run_stage sampler "$PY" experiments/bench_graph_decode.py --device cuda --nf4 \
-               --tokenizer "$TOKENIZER" --out "$RESULTS/bench_graph_decode.json" ;;
+    sampler) run_stage sampler "$PY" experiments/bench_graph_decode.py --device cuda --nf4 --rows 8 \
+               --out "$RESULTS/bench_graph_decode.json" ;;
+    sampler32) run_stage sampler32 "$PY" experiments/bench_graph_decode.py --device cuda --nf4 --rows 32 \
+                 --paths graph --check-steps 0 --out "$RESULTS/bench_graph_decode_32.json" ;;
     scale) run_stage scale "$PY" experiments/bench_scale.py --device cuda --tokenizer "$TOKENIZER" \
              --out "$RESULTS/bench_scale.json" ;;
     fit) run_stage fit "$PY" experiments/gpu_fit_check.py --tokenizer "$TOKENIZER" \
            --out "$RESULTS/gpu_fit_check.json" ;;
-    *) echo "unknown stage $stage (choose from: nf4_gradients sampler scale fit)"; exit 2 ;;
+    *) echo "unknown stage $stage (choose from: nf4_gradients sampler sampler32 scale fit)"; exit 2 ;;
   esac
 done
 cat "$RESULTS/stages.tsv"
