@@ -109,6 +109,7 @@ def read_recipe(path: Path = CONFIG_PATH) -> dict[str, Any]:
         "lora": LoraSettings(r=int(lora["r"]), alpha=int(lora["alpha"]), dropout=float(lora["dropout"]),
                              target_modules=lora["target_modules"]),
         "compute_dtype": lm["compute_dtype"],
+        "upcast_unquantised": bool(lm.get("upcast_unquantised", LMSettings.upcast_unquantised)),
         "gradient_checkpointing": bool(lm["gradient_checkpointing"]),
         "fold_adapters": bool(lm.get("fold_adapters_for_sampling", LMSettings.fold_adapters_for_sampling)),
         "optimizer": optimizer["name"],
@@ -355,6 +356,7 @@ def run_benchmark(
         "lora": {"r": recipe["lora"].r, "alpha": recipe["lora"].alpha, "target_modules": recipe["lora"].target_modules},
         "gradient_checkpointing": recipe["gradient_checkpointing"],
         "sampling_backend": sampling_backend,
+        "upcast_unquantised": recipe["upcast_unquantised"],
         "recipe": str(CONFIG_PATH.relative_to(CONFIG_PATH.parent.parent)),
     }
     if cuda:
@@ -373,6 +375,7 @@ def run_benchmark(
                 lambda: load_policy(
                     folder, precision="nf4", lora=recipe["lora"], compute_dtype=compute_dtype,
                     gradient_checkpointing=recipe["gradient_checkpointing"], device="cuda" if cuda else "cpu",
+                    upcast_unquantised=recipe["upcast_unquantised"],
                 )
             )
             report["step"] = grpo_step(

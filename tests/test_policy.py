@@ -141,6 +141,24 @@ def test_checkpointed_training_step_updates_only_lora(tiny_model_dir, precision)
     assert {n for n in before if "lora_B" in n} == changed
 
 
+@pytest.mark.parametrize("upcast", [True, False])
+def test_nf4_unquantised_weights_follow_upcast_unquantised(tiny_model_dir, upcast):
+    """Upcast: embedding, norms and head in float32 (PEFT's preparation), so the residual stream
+    is float32; without: they stay in the bfloat16 compute dtype. LoRA weights are float32 and
+    take gradients either way."""
+    torch.manual_seed(0)
+    model, _ = load_policy(tiny_model_dir, precision="nf4", lora=LoraSettings(r=4), compute_dtype="bfloat16",
+                           upcast_unquantised=upcast)
+    base = model.get_base_model()
+    rest = torch.float32 if upcast else torch.bfloat16
+    assert base.get_input_embeddings().weight.dtype == rest
+    assert base.model.norm.weight.dtype == rest
+    lora = trainable_parameters(model)
+    assert lora and all(p.dtype == torch.float32 for p in lora.values())
+    (-token_logprobs(model, PROMPTS, RESPONSES).sum()).backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in lora.values())
+
+
 # ---------------------------------------------------------------- generation
 
 

@@ -70,6 +70,7 @@ class PolicyModule(LightningModule):
             adapter_path=self.hparams.adapter_path,
             device=self.device,
             attention_score_mib=self.lm_settings.attention_score_mib,
+            upcast_unquantised=self.lm_settings.upcast_unquantised,
         )
         return True
 

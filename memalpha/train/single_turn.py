@@ -124,7 +124,7 @@ def _setup(model: str, prompts: Sequence[str | list[dict[str, str]]], s: SingleT
     policy, tokenizer = load_policy(
         model, precision=s.lm.precision, lora=s.lora, compute_dtype=s.lm.compute_dtype,
         gradient_checkpointing=s.lm.gradient_checkpointing, adapter_path=s.adapter_path,
-        attention_score_mib=s.lm.attention_score_mib,
+        attention_score_mib=s.lm.attention_score_mib, upcast_unquantised=s.lm.upcast_unquantised,
     )
     if s.update.kl_reference == "start" and s.adapter_path:
         load_reference_adapter(policy, s.adapter_path)

@@ -99,6 +99,13 @@ class LMSettings:
             samples from such a copy too, with 4-bit bases dequantised into it (for Qwen3-4B
             about 7 GB in bf16 while sampling runs); off, it is not chosen. LoRA variants (DoRA)
             are never folded.
+        upcast_unquantised: With ``precision: nf4``, keep the weights bitsandbytes does not
+            quantise (embedding, norms, output head) in float32, as PEFT's
+            ``prepare_model_for_kbit_training`` does: the residual stream, attention and the
+            key/value cache then run in float32 too (for Qwen3-4B a cache of 8 rows x 8192 tokens
+            takes ~19 GB instead of ~9.6 GB in bf16, and CUDA's flash attention takes no float32).
+            Off keeps them in ``compute_dtype``, as the 4-bit layers compute; the head's logits are
+            then rounded to that dtype before memalpha turns them into float32 log-probs.
         attention_score_mib: The most memory, in MiB, that one block of attention scores may take
             where no fused attention kernel takes the inputs and PyTorch's math kernel runs (then
             queries run in blocks of this size; ``memalpha/lm/core/attention.py``). Fused kernels
@@ -118,6 +125,7 @@ class LMSettings:
     gradient_checkpointing: bool = False
     share_prefix: bool = True
     fold_adapters_for_sampling: bool = True
+    upcast_unquantised: bool = True
     attention_score_mib: int = 256
     sampling_backend: SamplingBackend = "auto"
 
@@ -171,13 +179,15 @@ def load_policy(
     adapter_path: str | None = None,
     device: str | torch.device = "cpu",
     attention_score_mib: int = 256,
+    upcast_unquantised: bool = True,
 ):
     """Load a causal LM and wrap it with a trainable LoRA adapter.
 
     Args:
         model: embedded name (``smollm2-135m-instruct``), local folder or hub id.
-        precision: ``fp32``, ``bf16`` or ``nf4`` (bitsandbytes 4-bit NormalFloat; the model is then
-            prepared with ``prepare_model_for_kbit_training``: norms and head in fp32, base frozen;
+        precision: ``fp32``, ``bf16`` or ``nf4`` (bitsandbytes 4-bit NormalFloat; with
+            ``upcast_unquantised`` the model is prepared with ``prepare_model_for_kbit_training``:
+            embedding, norms and head in fp32; without, they stay in ``compute_dtype``; base frozen;
             with an adapter, its 4-bit layers never take bitsandbytes' CPU inference kernel, which
             has no backward, see :mod:`memalpha.lm.core.nf4_cpu_packing`).
         lora: adapter shape for a fresh adapter; None with no ``adapter_path`` returns the bare
@@ -188,6 +198,7 @@ def load_policy(
         adapter_path: folder written by ``save_pretrained`` of a previous adapter; it is loaded
             trainable and ``lora`` is ignored.
         device: where the model lives.
+        upcast_unquantised: see :class:`LMSettings` (``nf4`` only).
         attention_score_mib: bound on one block of attention scores where only PyTorch's math
             kernel takes the inputs (:func:`memalpha.lm.core.attention.use_bounded_attention`; models
             loaded with ``sdpa``, the default, switch to memalpha's attention).
@@ -230,7 +241,8 @@ def load_policy(
         from peft import prepare_model_for_kbit_training
 
         keep_nf4_layers_unpacked(base)  # trained through: no backward-less CPU inference kernel
-        base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
+        if upcast_unquantised:  # (the base is frozen above either way)
+            base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
     if gradient_checkpointing:
         _enable_checkpointing(base)
 
