@@ -117,6 +117,29 @@ def test_math_only_attention_runs_in_query_blocks():
     assert shapes.seen, "the detector must see plain math SDPA's scores"
 
 
+def test_a_decoding_step_repeats_no_key_or_value():
+    """One query per head: the query heads of a group become that key/value head's queries, so the
+    cache is read as it is (no ``[B, H, S, D]`` copy), with the values of grouped SDPA."""
+    query, key, value = _inputs(queries=1, keys=40, kv_heads=2)
+    mask = torch.rand(2, 1, 1, 40) > 0.3
+    mask[..., 0] = True
+    expected = _reference(query, key, value, mask)
+    copies = []
+
+    class Repeats(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and out.dim() == 4 and tuple(out.shape[1:3]) == (4, 40):
+                copies.append(str(func))
+            return out
+
+    for backends in ([SDPBackend.MATH], None):
+        with sdpa_kernel(backends) if backends else torch.enable_grad(), Repeats():
+            got = bounded_attention(query, key, value, mask)
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    assert copies == []
+
+
 def test_blocked_attention_checkpoints_each_block_under_autograd():
     query, key, value = _inputs(queries=32, keys=32, kv_heads=4, dtype=torch.float32, grad=True)
     saved = []

@@ -135,6 +135,8 @@ def bounded_attention(
     at most ``score_budget`` bytes of scores."""
     groups = query.shape[1] // key.shape[1]
     grouped = groups > 1
+    if grouped and query.shape[2] == 1 and (mask is None or mask.shape[1] == 1):
+        return _one_query_per_group(query, key, value, mask, scale, score_budget)
     if sdpa_kernel_choice(query, key, value, mask, is_causal, scale, grouped) != SDPBackend.MATH:
         return F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=grouped
@@ -147,6 +149,20 @@ def bounded_attention(
     if block >= length:
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale)
     return blocked_attention(query, key, value, mask, is_causal, scale, block)
+
+
+def _one_query_per_group(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float | None,
+    score_budget: int,
+) -> torch.Tensor:
+    """A decoding step's attention (one query per head) with the query heads of each key/value
+    head laid out as that head's queries: ``[B, H, 1, D]`` as ``[B, KV, H / KV, D]``, so no key or
+    value is repeated (a copy of the whole cache per layer per token); a mask shared by the heads
+    broadcasts over the new query axis."""
+    rows, heads, _, width = query.shape
+    packed = query.reshape(rows, key.shape[1], heads // key.shape[1], width)
+    out = bounded_attention(packed, key, value, mask, scale=scale, score_budget=score_budget)
+    return out.reshape(rows, heads, 1, value.shape[-1])
 
 
 def _attention_forward(
