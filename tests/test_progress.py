@@ -117,6 +117,31 @@ def test_a_two_step_fit_counts_steps_and_shows_each_phase(tmp_path, tiny_model_d
         assert set(values[tag]) == {0, 1}, tag
 
 
+def test_on_a_terminal_the_running_bar_is_redrawn_until_teardown(monkeypatch):
+    import time
+
+    import memalpha.train.progress_bar as progress_bar
+
+    class Bar:
+        disable, redraws = False, 0
+
+        def refresh(self):
+            self.redraws += 1
+
+    monkeypatch.setattr(progress_bar, "_on_terminal", lambda: True)
+    monkeypatch.setattr(progress_bar, "TICK_S", 0.02)
+    trainer = SimpleNamespace(is_global_zero=True, validating=False, sanity_checking=False)
+    bar, callback = Bar(), StepProgressBar()
+    callback._train_progress_bar = bar
+    callback.setup(trainer, None, "fit")
+    time.sleep(0.3)
+    callback.teardown(trainer, None, "fit")
+    time.sleep(0.1)
+    redraws = bar.redraws
+    time.sleep(0.2)
+    assert redraws >= 3 and bar.redraws == redraws
+
+
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [

@@ -28,8 +28,8 @@ import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from memalpha.train.profiles import PROFILES, ProfileName, profile_named

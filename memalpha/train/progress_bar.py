@@ -9,11 +9,15 @@ says which phase of the step runs now, as :mod:`memalpha.agent.progress` reports
 
 The postfix holds the last step's values (what the module logs with ``prog_bar=True``: the
 round's mean reward, its tool-call success and the step's seconds). During validation the
-validation bar shows the phases in the same way.
+validation bar shows the phases in the same way. On a terminal the running bar is redrawn every
+second, so its clock moves through a phase that takes minutes; written to a file it is drawn only
+when something changes.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 from typing import Any
 
 from lightning.pytorch.callbacks import TQDMProgressBar
@@ -28,6 +32,10 @@ OPEN_FORMAT = "{desc} {n_fmt} steps [{elapsed}{postfix}]"
 BATCHES_FORMAT = "{desc} {percentage:3.0f}%|{bar:10}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
 DESCRIPTION_WIDTH = 40
 """Descriptions are padded to this width, so the bar stays put while the phases change."""
+
+
+TICK_S = 1.0
+"""Seconds between redraws of the running bar on a terminal."""
 
 
 def run_steps(trainer: Any, module: Any) -> int | None:
@@ -53,6 +61,37 @@ class StepProgressBar(TQDMProgressBar):
     def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = False) -> None:
         super().__init__(refresh_rate=refresh_rate, process_position=process_position, leave=leave)
         self.last_phase: Phase | None = None
+        self._ticking: threading.Event | None = None
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "_ticking": None}  # a thread's event does not pickle (ddp_spawn)
+
+    # ---------------------------------------------------------------- clock
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if self._ticking is None and self.is_enabled and trainer.is_global_zero and _on_terminal():
+            self._ticking = threading.Event()
+            threading.Thread(target=self._tick, args=(self._ticking,), name="memalpha-progress", daemon=True).start()
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        self._stop_ticking()
+        super().teardown(trainer, pl_module, stage)
+
+    def _stop_ticking(self) -> None:
+        if self._ticking is not None:
+            self._ticking.set()
+            self._ticking = None
+
+    def _tick(self, stopped: threading.Event) -> None:
+        """Redraw the running bar every :data:`TICK_S` (its elapsed time and estimate) until stopped."""
+        while not stopped.wait(TICK_S):
+            trainer = self._trainer
+            if trainer is None:
+                continue
+            evaluating = trainer.validating or trainer.sanity_checking
+            bar = self._val_progress_bar if evaluating else self._train_progress_bar
+            if bar is not None and not bar.disable:
+                bar.refresh()
 
     # ------------------------------------------------------------- training
     def init_train_tqdm(self):
@@ -123,6 +162,13 @@ class StepProgressBar(TQDMProgressBar):
     # --------------------------------------------------------------- errors
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         """Close the bars, so an error message starts on a line of its own."""
+        self._stop_ticking()
         for bar in (self._val_progress_bar, self._train_progress_bar):
             if bar is not None and not bar.disable:
                 bar.close()
+
+
+def _on_terminal() -> bool:
+    """Whether the bars (drawn on ``sys.stdout``) go to a terminal."""
+    isatty = getattr(sys.stdout, "isatty", None)
+    return bool(isatty and isatty())
