@@ -442,4 +442,4 @@ class GRPOModule(PolicyModule):
                 else f"validation_step{self.global_step}.json"
             )
             table = write_validation_report(summary, records, log_dir / name)
-            print(table, flush=True)
+            self.print(table)  # through the progress bar, which moves its bars below the table
