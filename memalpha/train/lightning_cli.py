@@ -11,7 +11,7 @@ no traceback (docs/troubleshooting.md lists each case): a parse error, a setting
 (raised by the settings groups and modules while they are built, before any model loads), a
 ``--ckpt_path`` that is not a checkpoint of this command, a damaged data file, a checkpoint that
 cannot be written and a run stopped by non-finite steps. memalpha's own errors raised while the
-run goes on (:data:`RUN_ERRORS`: an instance over the prompt budget, a stale vLLM sample, ...)
+run goes on (:func:`run_errors`: an instance over the prompt budget, a stale vLLM sample, ...)
 end it the same way, their setting names written as the options a user types. With
 ``MEMALPHA_DEBUG=1`` in the environment each of these errors is raised with its traceback instead.
 
