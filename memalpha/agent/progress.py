@@ -41,7 +41,9 @@ class Phase:
         """The phase in a few words: ``sampling chunk 2/4, 310 tok/s``, ``reader, 16 questions``."""
         if self.name == "sampling":
             text = f"sampling chunk {self.index}/{self.total}"
-            return text if self.tokens_per_s is None else f"{text}, {self.tokens_per_s:.0f} tok/s"
+            if self.tokens_per_s is None:
+                return text
+            return f"{text}, {self.tokens_per_s:.{1 if self.tokens_per_s < 10 else 0}f} tok/s"
         if self.name == "reader" and self.total is not None:
             return f"reader, {self.total} questions"
         return self.name
