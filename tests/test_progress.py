@@ -120,7 +120,7 @@ def test_a_two_step_fit_counts_steps_and_shows_each_phase(tmp_path, tiny_model_d
 def test_on_a_terminal_the_running_bar_is_redrawn_until_teardown(monkeypatch):
     import time
 
-    import memalpha.train.progress_bar as progress_bar
+    from memalpha.train import progress_bar
 
     class Bar:
         disable, redraws = False, 0
