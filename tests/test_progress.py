@@ -46,7 +46,7 @@ def long_instance_file(folder: Path) -> Path:
 def test_rollouts_report_their_phases_in_order(tiny_model_dir, tokenizer):
     from transformers import AutoModelForCausalLM
 
-    from memalpha.lm.policy import LoraSettings, load_policy
+    from memalpha.lm.core.policy import LoraSettings, load_policy
     from memalpha.reader.local import LocalReader
 
     policy, _ = load_policy(tiny_model_dir, lora=LoraSettings(r=4, alpha=8))
