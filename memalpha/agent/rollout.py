@@ -9,6 +9,9 @@
 2. :func:`answer_questions`: the reader answers every question of every rollout from its final
    memory in one batch, and the answers are scored per data source.
 3. :func:`assign_rewards`: the reward ``R_t`` of ``docs/metrics_and_rewards.md`` for every turn.
+
+Each phase, and each chunk index of the first, is reported as it starts to an optional
+:data:`~memalpha.agent.progress.PhaseHook` (what the progress bar shows).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
+from memalpha.agent.progress import Phase, PhaseHook, report
 from memalpha.agent.prompts import PROMPT_PROFILES, memorise_messages, stated_response_limit
 from memalpha.agent.rewards import ContentJudge, RewardSettings, TurnCalls, rollout_rewards
 from memalpha.agent.scoring import score_answers_checked
@@ -195,9 +199,10 @@ class RolloutRecord:
 
 @dataclass
 class RolloutOutput:
-    """One round: its turn samples, one record per rollout, timings, and ``reader_failed_calls``,
-    the requests to the reader (and to a separate judge reader) that failed during the round:
-    answers, answer judgements and content judgements alike."""
+    """One round: its turn samples, one record per rollout, timings (``rewards_s``: assigning the
+    rewards, content judgements included), and ``reader_failed_calls``, the requests to the reader
+    (and to a separate judge reader) that failed during the round: answers, answer judgements and
+    content judgements alike."""
 
     samples: list[TurnSample]
     records: list[RolloutRecord]
@@ -205,6 +210,7 @@ class RolloutOutput:
     reader_s: float
     generated_tokens: int
     reader_failed_calls: int = 0
+    rewards_s: float = 0.0
 
 
 def make_token_counter(tokenizer) -> Callable[[str], int]:
@@ -244,7 +250,7 @@ def turn_prompt(
         if k == 0:
             raise RolloutError(
                 f"{where}: the prompt needs {len(ids)} tokens with no memory entries shown, over "
-                f"max_prompt_tokens={settings.max_prompt_tokens}; raise the budget or use smaller chunks"
+                f"rollout.max_prompt_tokens={settings.max_prompt_tokens}; raise it or cut smaller chunks"
             )
         k //= 2
 
@@ -305,6 +311,7 @@ def memorise_chunks(
     share_prefix: bool,
     fold_adapters: bool = False,
     engine: GenerateFn | None = None,
+    on_phase: PhaseHook | None = None,
 ) -> int:
     """Phase 1: every rollout reads its instance chunk by chunk and writes its memory.
 
@@ -312,14 +319,20 @@ def memorise_chunks(
     one batched ``generate`` (``engine`` when given, e.g. a vLLM server, else the policy in
     this process, its LoRA update folded into its weights when ``fold_adapters``); each
     response is parsed and executed on its own rollout's memory, and the turn is appended to the rollout (a :class:`TurnSample`, its calls, a log entry).
+    ``on_phase`` hears ``sampling`` as each chunk index starts, with the tokens per second so far.
     Returns the number of generated tokens.
     """
     call_format = get_call_format(settings.call_format)
     generated_tokens = 0
+    chunks = max((len(r.instance.chunks) for r in rollouts), default=0)
+    start = time.perf_counter()
     was_training = model.training
     model.eval()
     try:
-        for chunk_index in range(max((len(r.instance.chunks) for r in rollouts), default=0)):
+        for chunk_index in range(chunks):
+            elapsed = time.perf_counter() - start
+            rate = generated_tokens / elapsed if chunk_index and elapsed > 0 else None
+            report(on_phase, Phase("sampling", chunk_index + 1, chunks, rate))
             live = [r for r in rollouts if chunk_index < len(r.instance.chunks)]
             prompts = [
                 turn_prompt(
@@ -500,6 +513,7 @@ def run_rollouts(
     share_prefix: bool = True,
     fold_adapters: bool = False,
     engine: GenerateFn | None = None,
+    on_phase: PhaseHook | None = None,
 ) -> RolloutOutput:
     """``group_size`` rollouts for every instance (default ``settings.group_size``): memorise the
     chunks, answer the questions, assign the rewards. Returns the turn samples and one record per rollout.
@@ -510,6 +524,7 @@ def run_rollouts(
     folded into its weights (:func:`memalpha.lm.sampling.generation.generate`). The answer metric of each source comes from
     ``weights.metric_overrides`` first; answers are compared in ``weights.metric_style``.
     ``engine`` generates the agent's turns instead of the policy (see :func:`memorise_chunks`).
+    ``on_phase`` hears each phase as it starts (:mod:`memalpha.agent.progress`).
     """
     count_tokens = make_token_counter(tokenizer)
     rollouts = start_rollouts(
@@ -518,9 +533,10 @@ def run_rollouts(
     start = time.perf_counter()
     generated_tokens = memorise_chunks(
         rollouts, model, tokenizer, settings, seed=seed, do_sample=do_sample, share_prefix=share_prefix,
-        fold_adapters=fold_adapters, engine=engine,
+        fold_adapters=fold_adapters, engine=engine, on_phase=on_phase,
     )
     rollout_s = time.perf_counter() - start
+    report(on_phase, Phase("reader", total=sum(len(r.instance.questions) for r in rollouts)))
     readers = [reader] if judge_reader is None or judge_reader is reader else [reader, judge_reader]
     failures_before = sum(r.failures for r in readers)
     start = time.perf_counter()
@@ -529,7 +545,10 @@ def run_rollouts(
         metric_style=weights.metric_style,
     )
     reader_s = time.perf_counter() - start
+    report(on_phase, Phase("rewards"))
+    start = time.perf_counter()
     samples, records = assign_rewards(rollouts, answers, weights, content_judge, count_tokens)
+    rewards_s = time.perf_counter() - start
     return RolloutOutput(
         samples=samples,
         records=records,
@@ -537,4 +556,5 @@ def run_rollouts(
         reader_s=reader_s,
         generated_tokens=generated_tokens,
         reader_failed_calls=sum(r.failures for r in readers) - failures_before,
+        rewards_s=rewards_s,
     )

@@ -227,6 +227,18 @@ class RolloutDataModule(LightningDataModule):
                 else self._synthetic("val", hp.synthetic_val)
             )
 
+    def loaded_splits(self) -> list[tuple[str, list[Instance]]]:
+        """The instances :meth:`setup` loaded, each list with where it came from, for messages:
+        ``data.train_path=<path>`` or ``synthetic train data``."""
+        hp = self.hparams
+        return [
+            (f"data.{split}_path={path}" if path else f"synthetic {split} data", instances)
+            for split, path, instances in (
+                ("train", hp.train_path, self.train_instances), ("val", hp.val_path, self.val_instances)
+            )
+            if instances
+        ]
+
     # ---------------------------------------------------------------- stream
     def _rank_and_world(self) -> tuple[int, int]:
         if self.trainer is None:

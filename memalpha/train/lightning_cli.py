@@ -10,16 +10,25 @@ Bad input ends the process with one line naming the option, the value and what i
 no traceback (docs/troubleshooting.md lists each case): a parse error, a setting out of range
 (raised by the settings groups and modules while they are built, before any model loads), a
 ``--ckpt_path`` that is not a checkpoint of this command, a damaged data file, a checkpoint that
-cannot be written and a run stopped by non-finite steps.
+cannot be written and a run stopped by non-finite steps. memalpha's own errors raised while the
+run goes on (:func:`run_errors`: an instance over the prompt budget, a stale vLLM sample, ...)
+end it the same way, their setting names written as the options a user types. With
+``MEMALPHA_DEBUG=1`` in the environment each of these errors is raised with its traceback instead.
+
+The training progress bar is :class:`~memalpha.train.progress_bar.StepProgressBar` unless the
+config names a progress bar of its own or ``trainer.enable_progress_bar`` is false.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
+from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
 
@@ -95,6 +104,30 @@ def check_renamed_keys(args: list[str]) -> None:
         raise SystemExit("error: " + "\nerror: ".join(problems) + " (see docs/configuration.md)")
 
 
+DEBUG_ENV = "MEMALPHA_DEBUG"
+"""Set (to anything but ``""`` or ``0``) to get the traceback behind a one-line error."""
+
+
+def debugging() -> bool:
+    """Whether :data:`DEBUG_ENV` asks for tracebacks instead of one-line errors."""
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def run_errors() -> tuple[type[BaseException], ...]:
+    """memalpha's errors that mean "this input or setting cannot work", raised before or during a
+    run: each ends the process with its one-line message (:func:`run_cli`, :meth:`MemAlphaCLI._run_subcommand`)."""
+    from memalpha.agent.rollout import RolloutError
+    from memalpha.data.schema import DataValidationError
+    from memalpha.grpo.update import NonFiniteTrainingError
+    from memalpha.train.checkpoint_io import CheckpointWriteError
+    from memalpha.train.engine_sync import SamplerDriftError, StaleSamplesError
+
+    return (
+        DataValidationError, CheckpointWriteError, NonFiniteTrainingError, RolloutError, StaleSamplesError,
+        SamplerDriftError,
+    )
+
+
 class OneLineErrorParser(LightningArgumentParser):
     """Lightning's argument parser, reporting a bad option in one line instead of the whole usage."""
 
@@ -152,6 +185,8 @@ class MemAlphaCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except (ValueError, TypeError) as exc:
+            if debugging():
+                raise
             keys = list(self.config[self.subcommand].keys()) if self.subcommand else list(self.config.keys())
             raise SystemExit(f"{self._prog()}: error: {qualify_option(str(exc), keys)}") from None
 
@@ -171,11 +206,33 @@ class MemAlphaCLI(LightningCLI):
             self.config_init[self.subcommand]["trainer"][key] = None
         configured = self.config_init[self.subcommand]["trainer"].get("callbacks") if self.subcommand else None
         configured = list(configured) if isinstance(configured, (list, tuple)) else ([configured] if configured else [])
-        kwargs["callbacks"] = [*configured, CheckpointOnSigterm()]
+        kwargs["callbacks"] = [*configured, CheckpointOnSigterm(), *self._default_progress_bar(configured)]
         try:
             return super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ValueError) as exc:
+            if debugging():
+                raise
             raise SystemExit(f"{self._prog()}: error: trainer: {exc}") from None
+
+    def _default_progress_bar(self, configured: list[Any]) -> list[ProgressBar]:
+        """:class:`StepProgressBar`, unless the config brings a progress bar or turns it off."""
+        from memalpha.train.progress_bar import StepProgressBar
+
+        enabled = self.config_init[self.subcommand]["trainer"].get("enable_progress_bar") if self.subcommand else None
+        if enabled is False or any(isinstance(c, ProgressBar) for c in configured):
+            return []
+        return [StepProgressBar()]
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Run ``fit``/``validate``; one of :func:`run_errors` ends the process with one line, its
+        setting names qualified (``rollout.max_prompt_tokens`` becomes ``model.rollout.max_prompt_tokens``)."""
+        try:
+            super()._run_subcommand(subcommand)
+        except run_errors() as exc:
+            if debugging():
+                raise
+            keys = list(self.config[subcommand].keys())
+            raise SystemExit(f"{self._prog()}: error: {qualify_options(str(exc), keys)}") from None
 
     def _prog(self) -> str:
         return f"memalpha {self.subcommand}"
@@ -199,6 +256,8 @@ class MemAlphaCLI(LightningCLI):
             try:
                 check_checkpoint(str(path), self.model_class.__name__, self._prog())
             except ValueError as exc:
+                if debugging():
+                    raise
                 raise SystemExit(f"{self._prog()}: error: {exc}") from None
 
 
@@ -217,16 +276,30 @@ def qualify_option(message: str, keys: list[str]) -> str:
     return matches[0] + name[len(bare):] + sep + rest
 
 
-def run_cli(prog: str, cli_class: type[MemAlphaCLI], *args: Any, **kwargs: Any) -> MemAlphaCLI:
-    """Run ``cli_class(*args, **kwargs)``; a user-facing error (bad data, an unwritable checkpoint,
-    a run stopped by non-finite steps) ends the process with its one-line message instead of a traceback."""
-    from memalpha.data.schema import DataValidationError
-    from memalpha.grpo.update import NonFiniteTrainingError
-    from memalpha.train.checkpoint_io import CheckpointWriteError
+_SETTING = re.compile(r"(?<![\w./-])([a-z_]+(?:\.[a-z_]+)+)(?![\w/-])")
 
+
+def qualify_options(message: str, keys: list[str]) -> str:
+    """``message`` with every setting name in it (``rollout.max_prompt_tokens``) written as the one
+    config key ending in that name (``model.rollout.max_prompt_tokens``); other words stay as they are."""
+
+    def full(match: re.Match) -> str:
+        name = match.group(1)
+        hits = [key for key in keys if key == name or key.endswith("." + name)]
+        return hits[0] if len(hits) == 1 else name
+
+    return _SETTING.sub(full, message)
+
+
+def run_cli(prog: str, cli_class: type[MemAlphaCLI], *args: Any, **kwargs: Any) -> MemAlphaCLI:
+    """Run ``cli_class(*args, **kwargs)``; one of :func:`run_errors` (bad data, an unwritable checkpoint,
+    a run stopped by non-finite steps, ...) raised outside the subcommand's run ends the process
+    with its one-line message instead of a traceback (unless :func:`debugging`)."""
     try:
         return cli_class(*args, **kwargs)
-    except (DataValidationError, CheckpointWriteError, NonFiniteTrainingError) as exc:
+    except run_errors() as exc:
+        if debugging():
+            raise
         raise SystemExit(f"{prog}: error: {exc}") from None
 
 

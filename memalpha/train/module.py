@@ -11,6 +11,11 @@ with the adapters disabled, or the frozen starting adapter: ``update.kl_referenc
 own, so a resumed run trains exactly what the interrupted one would have. A round whose rewards
 or reference/old log-probs hold a NaN or an infinity is dropped whole (on every rank) and its
 step skipped, as is a step whose loss or gradient norm is non-finite (``docs/metrics_and_rewards.md``).
+
+Before any model loads (:meth:`GRPOModule.setup`) every loaded instance's chunks are checked
+against the prompt budget (:func:`~memalpha.agent.prompt_budget.check_prompt_budget`). While a
+step runs its phases go to the progress bar, when it shows them
+(:class:`~memalpha.train.progress_bar.StepProgressBar`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from typing import Any, NamedTuple
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from memalpha.agent.progress import Phase, PhaseHook, report
+from memalpha.agent.prompt_budget import check_prompt_budget
 from memalpha.agent.rewards import RewardSettings
 from memalpha.agent.rollout import RolloutOutput, RolloutRecord, RolloutSettings, run_rollouts
 from memalpha.data.schema import Instance
@@ -31,7 +38,7 @@ from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch, cut_minibatches
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import first_nonfinite
-from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, resolve_model_path
+from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer, resolve_model_path
 from memalpha.lm.core.policy import LMSettings, LoraSettings
 from memalpha.lm.core.reference import load_reference_adapter, reference_weights
 from memalpha.lm.sampling.backend import announce, choose_backend
@@ -114,6 +121,18 @@ class GRPOModule(PolicyModule):
         self.engine_sync: EngineSync | None = None  # rollout.engine: vllm (started at the first rollout)
 
     # ----------------------------------------------------------------- setup
+    def setup(self, stage: str) -> None:
+        """Check the DataModule's instances against the prompt budget, with the policy's tokenizer
+        only: Lightning sets the DataModule up first and loads the model after this
+        (``configure_model``), so a chunk that cannot fit stops the run before the model costs anything."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        splits = datamodule.loaded_splits() if hasattr(datamodule, "loaded_splits") else []
+        if not splits:
+            return
+        tokenizer = self.tokenizer or load_tokenizer(self.hparams.model)
+        for source, instances in splits:
+            check_prompt_budget(instances, tokenizer, self.rollout_settings, source)
+
     def configure_model(self) -> None:
         if self.load_policy():
             if self.update_settings.kl_reference == "start" and self.hparams.adapter_path:
@@ -209,6 +228,7 @@ class GRPOModule(PolicyModule):
             group_size=1 if greedy else None,
             share_prefix=self.lm_settings.share_prefix,
             engine=self._engine() or self._local_sampler(),
+            on_phase=self._phase_hook(),
         )
 
     def _local_sampler(self):
@@ -217,6 +237,11 @@ class GRPOModule(PolicyModule):
             generate, self.policy, self.tokenizer, fold_adapters=self.lm_settings.fold_adapters_for_sampling,
             backend=self.lm_settings.sampling_backend,
         )
+
+    def _phase_hook(self) -> PhaseHook | None:
+        """Where the step's phases go: the progress bar's ``show_phase``, when it has one."""
+        bar = self._trainer.progress_bar_callback if self._trainer is not None else None
+        return getattr(bar, "show_phase", None)
 
     @torch.no_grad()
     def experience_round(self, round_: InstanceRound) -> RoundExperience:
@@ -252,6 +277,7 @@ class GRPOModule(PolicyModule):
         prompts = [s.prompt_ids for s in samples]
         responses = [s.response_ids for s in samples]
 
+        report(self._phase_hook(), Phase("logprobs"))
         start = time.perf_counter()
         update = self.update_settings
         logprob_kwargs = {
@@ -315,6 +341,7 @@ class GRPOModule(PolicyModule):
         ``trainer.max_steps`` (Lightning counts optimiser steps). When the stream has served its
         ``data.epochs`` rounds the step trains nothing and stops the run.
         """
+        self._step_start = time.perf_counter()  # step_s: this step's own seconds, not a load or a validation
         round_metrics_, text, problem = {}, None, None
         if not self.experience:
             try:
@@ -332,6 +359,7 @@ class GRPOModule(PolicyModule):
             self._end_round(self.lr_schedulers())
             return
         batch = self.experience.pop(0)
+        report(self._phase_hook(), Phase("update"))
         start = time.perf_counter()
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
@@ -374,11 +402,13 @@ class GRPOModule(PolicyModule):
         """Log a step's metrics, the learning rate, its round's metrics (on a round's first step) and text."""
         logged = {**logged, "lr": self.optimizers().param_groups[0]["lr"], **round_metrics_}
         self.log_dict(logged, on_step=True, on_epoch=False, batch_size=n)
-        now = time.perf_counter()
-        self.log("step_s", now - self._step_start, prog_bar=True, on_step=True, batch_size=n)
-        self._step_start = now
+        self.log("step_s", time.perf_counter() - self._step_start, prog_bar=True, on_step=True, batch_size=n)
         if "train/reward" in round_metrics_:
             self.log("reward", round_metrics_["train/reward"], prog_bar=True, on_step=True, batch_size=n, logger=False)
+            self.log(
+                "tool_success", round_metrics_["train/tool_success"], prog_bar=True, on_step=True, batch_size=n,
+                logger=False,
+            )
         if text is not None:
             self._log_text("rollout/sample", text)
 
@@ -425,4 +455,4 @@ class GRPOModule(PolicyModule):
                 else f"validation_step{self.global_step}.json"
             )
             table = write_validation_report(summary, records, log_dir / name)
-            print(table, flush=True)
+            self.print(table)  # through the progress bar, which moves its bars below the table

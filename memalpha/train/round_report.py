@@ -46,6 +46,7 @@ def round_metrics(out: RolloutOutput, rewards: torch.Tensor, group_ids: torch.Te
         "reader/failed_calls": float(out.reader_failed_calls),
         "perf/rollout_s": out.rollout_s,
         "perf/reader_s": out.reader_s,
+        "perf/rewards_s": out.rewards_s,
         "perf/gen_tokens_per_s": out.generated_tokens / out.rollout_s if out.rollout_s > 0 else 0.0,
         "perf/rollout_total_s": out.rollout_s + out.reader_s,
     }

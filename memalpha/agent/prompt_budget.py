@@ -1,0 +1,55 @@
+"""Chunks against the prompt budget, checked when the data loads instead of mid-run.
+
+A memorising turn's prompt holds the system prompt, the rendered memory and one chunk; when it
+is over ``rollout.max_prompt_tokens`` the rollout shows fewer memory entries, down to none, and
+then stops with a :class:`~memalpha.agent.rollout.RolloutError`. Whether a chunk fits with an
+empty memory depends only on the data, the tokenizer and the rollout settings, so
+:func:`check_prompt_budget` finds such a chunk before any model loads. It builds the prompts with
+the rollout's own :func:`~memalpha.agent.rollout.turn_prompt`, so the verdict is the rollout's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from memalpha.agent.rollout import RolloutSettings, make_token_counter, turn_prompt
+from memalpha.data.schema import Instance
+from memalpha.memory.store import Memory
+from memalpha.tools.formats import get_call_format
+
+MARGIN = 16
+"""Tokens a chunk's count may differ from its count inside the prompt (merges at its edges):
+chunks this close to the budget get their whole prompt built."""
+
+
+def empty_memory(tokenizer, settings: RolloutSettings) -> Memory:
+    """A memory with nothing in it, as every rollout starts."""
+    return Memory(token_counter=make_token_counter(tokenizer), core_token_limit=settings.core_token_limit)
+
+
+def check_prompt_budget(instances: Sequence[Instance], tokenizer, settings: RolloutSettings, source: str) -> None:
+    """Raise a :class:`RolloutError` naming ``source``, the instance and the chunk when a chunk's
+    prompt is over ``settings.max_prompt_tokens`` with an empty memory.
+
+    The prompt's own tokens are counted once (with an empty chunk); a chunk counted on its own
+    plus those tokens within :data:`MARGIN` of the budget gets its real prompt built, so the
+    check costs one tokenizer pass over the chunks and agrees exactly with the rollout.
+    """
+    if not instances:
+        return
+    call_format = get_call_format(settings.call_format)
+    memory = empty_memory(tokenizer, settings)
+
+    def prompt_tokens(chunk: str, where: str) -> int:
+        return len(turn_prompt(tokenizer, memory, chunk, call_format, settings, where)[1])
+
+    overhead = prompt_tokens("", f"{source}: the prompt without a chunk")
+    chunks = [(instance, index, chunk) for instance in instances for index, chunk in enumerate(instance.chunks)]
+    counts = tokenizer([chunk for _, _, chunk in chunks], add_special_tokens=False)["input_ids"]
+    for (instance, index, chunk), ids in zip(chunks, counts):
+        if overhead + len(ids) <= settings.max_prompt_tokens - MARGIN:
+            continue
+        where = f"{source}: instance {instance.instance_id!r}, chunk {index} ({len(ids)} tokens)"
+        if "chunk_tokens" in instance.metadata:
+            where += f", cut at data.chunk_tokens={instance.metadata['chunk_tokens']}"
+        prompt_tokens(chunk, where)
