@@ -23,6 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from memalpha.lm.core.layout import pad_prompt_response
 from memalpha.lm.scoring.logprobs import token_logprobs
+from memalpha.lm.scoring.spec import ScoringSpec
 
 
 def peak_allocated_bytes(fn) -> tuple[int, object]:
@@ -83,13 +84,17 @@ def memory_table(batch: int = 2, prompt_len: int = 16, response_len: int = 1024,
         ):
             peak, ours = peak_allocated_bytes(
                 lambda kw=kwargs: token_logprobs(
-                    model, prompts, responses, micro_batch_size=batch, token_chunk=token_chunk, **kw
+                    model, prompts, responses, ScoringSpec(
+                        micro_batch_size=batch, token_chunk=token_chunk, **kw,
+                    )
                 )
             )
             diff = (ours - reference).abs().max().item()
             print(f"| {label} | {peak / 2**20:.1f} | {peak / unit:.2f} (of its chunk) | {diff:.2e} |")
     grad_peak, _ = peak_allocated_bytes(
-        lambda: token_logprobs(model, prompts, responses, micro_batch_size=batch, token_chunk=token_chunk)
+        lambda: token_logprobs(
+            model, prompts, responses, ScoringSpec(micro_batch_size=batch, token_chunk=token_chunk),
+        )
         .sum()
         .backward()
     )

@@ -68,6 +68,7 @@ from memalpha.grpo.update import build_optimizer, optimizer_step
 from memalpha.lm.core.policy import LMSettings, LoraSettings
 from memalpha.lm.sampling.vllm_settings import VllmSettings
 from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.reader.settings import ReaderSettings
 from memalpha.train.actor import accumulate_grpo_gradients
 from memalpha.train.engine_sync import EngineSync, sampler_logprob_gap
@@ -138,10 +139,12 @@ def grpo_update(module: GRPOModule, samples: Sequence[TurnSample], optimizer: to
             policy,
             prompts,
             responses,
-            temperature=temperature,
-            micro_batch_size=update.micro_batch_size,
-            pad_id=pad_id,
-            share_prefix=share_prefix,
+            ScoringSpec(
+                temperature=temperature,
+                micro_batch_size=update.micro_batch_size,
+                pad_id=pad_id,
+                share_prefix=share_prefix,
+            ),
         )
     batch = GRPOBatch(
         prompt_ids=prompts,
@@ -157,10 +160,13 @@ def grpo_update(module: GRPOModule, samples: Sequence[TurnSample], optimizer: to
             policy,
             batch,
             update,
-            temperature=temperature,
+            ScoringSpec(
+                temperature=temperature,
+                micro_batch_size=update.micro_batch_size,
+                pad_id=pad_id,
+                share_prefix=share_prefix,
+            ),
             max_response_len=module.rollout_settings.max_new_tokens,
-            share_prefix=share_prefix,
-            pad_id=pad_id,
             token_normaliser=tokens,
             seq_normaliser=float(len(batch)),
             backward=lambda loss: loss.backward(),
@@ -200,9 +206,15 @@ def bench_step(
     gap = None
     if engine_sync is not None:  # not timed: the check training runs, reported for the record
         trainer_logps = response_logprobs(
-            module.policy, [s.prompt_ids for s in out.samples], [s.response_ids for s in out.samples],
-            temperature=module.rollout_settings.temperature, micro_batch_size=module.update_settings.micro_batch_size,
-            pad_id=module.tokenizer.pad_token_id, share_prefix=module.lm_settings.share_prefix,
+            module.policy,
+            [s.prompt_ids for s in out.samples],
+            [s.response_ids for s in out.samples],
+            ScoringSpec(
+                temperature=module.rollout_settings.temperature,
+                micro_batch_size=module.update_settings.micro_batch_size,
+                pad_id=module.tokenizer.pad_token_id,
+                share_prefix=module.lm_settings.share_prefix,
+            ),
         )  # fmt: skip
         gap = sampler_logprob_gap([s.sampler_logprobs for s in out.samples], trainer_logps)
     update = grpo_update(module, out.samples, optimizer)

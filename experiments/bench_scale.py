@@ -70,6 +70,7 @@ from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
 from memalpha.lm.core.policy import SAMPLING_BACKENDS, LMSettings, LoraSettings, load_policy
 from memalpha.lm.sampling.generation import generate
 from memalpha.lm.scoring.logprobs import token_logprobs
+from memalpha.lm.scoring.spec import ScoringSpec
 
 DEFAULT_OUT = RESULTS_DIR / "bench_scale.json"
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "qlora_4090.yaml"
@@ -249,8 +250,12 @@ def grpo_step(policy, tokenizer, recipe: dict[str, Any], phases: dict[str, Phase
         with torch.no_grad(), policy.disable_adapter():
             policy.eval()
             try:
-                return token_logprobs(policy, prompts, responses, temperature=temperature,
-                                      micro_batch_size=mbs, pad_id=pad_id)
+                return token_logprobs(
+                    policy,
+                    prompts,
+                    responses,
+                    ScoringSpec(temperature=temperature, micro_batch_size=mbs, pad_id=pad_id),
+                )
             finally:
                 policy.train()
 
@@ -270,8 +275,12 @@ def grpo_step(policy, tokenizer, recipe: dict[str, Any], phases: dict[str, Phase
         device = ref.device
 
         def forward(part=part, device=device):
-            logps = token_logprobs(policy, prompts[part], responses[part], temperature=temperature,
-                                   micro_batch_size=mbs, pad_id=pad_id)
+            logps = token_logprobs(
+                policy,
+                prompts[part],
+                responses[part],
+                ScoringSpec(temperature=temperature, micro_batch_size=mbs, pad_id=pad_id),
+            )
             mask = torch.ones_like(logps)
             return policy_loss(
                 logps, logps.detach(), ref[part].to(logps.device), advantages[part].to(logps.device), mask,

@@ -49,6 +49,7 @@ from memalpha.grpo.settings import UpdateSettings
 from memalpha.lm.core import prefix_cache
 from memalpha.lm.sampling.generation import generate
 from memalpha.lm.scoring import logprobs
+from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.train.actor import accumulate_grpo_gradients
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_update.json"
@@ -74,8 +75,15 @@ def run_path(path: str, model, batch: GRPOBatch, settings: UpdateSettings, pad_i
         model.zero_grad(set_to_none=True)
         start = time.perf_counter()
         metrics, _ = accumulate_grpo_gradients(
-            model, batch, settings, temperature=1.0, max_response_len=max_len, share_prefix=True, pad_id=pad_id,
-            token_normaliser=float(batch.response_tokens), seq_normaliser=float(len(batch)),
+            model,
+            batch,
+            settings,
+            ScoringSpec(
+                temperature=1.0, micro_batch_size=settings.micro_batch_size, pad_id=pad_id, share_prefix=True,
+            ),
+            max_response_len=max_len,
+            token_normaliser=float(batch.response_tokens),
+            seq_normaliser=float(len(batch)),
             backward=lambda loss: loss.backward(),
         )
         seconds = time.perf_counter() - start

@@ -39,6 +39,7 @@ from memalpha.grpo.update import build_optimizer, optimizer_step
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.sampling.generation import generate
 from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.train.actor import accumulate_grpo_gradients
 
 PHASES = ("generate", "reference_logprobs", "policy_loss_backward", "optimizer_step")
@@ -62,8 +63,12 @@ def one_step(
     group_ids = torch.arange(len(prompts)).repeat_interleave(group_size)
     with torch.profiler.record_function("reference_logprobs"), policy.disable_adapter():
         ref_logps = response_logprobs(
-            policy, out.prompt_ids, out.response_ids, temperature=1.0, micro_batch_size=UPDATE.micro_batch_size,
-            pad_id=pad_id, share_prefix=share,
+            policy,
+            out.prompt_ids,
+            out.response_ids,
+            ScoringSpec(
+                temperature=1.0, micro_batch_size=UPDATE.micro_batch_size, pad_id=pad_id, share_prefix=share,
+            ),
         )
     batch = GRPOBatch(
         prompt_ids=out.prompt_ids,
@@ -76,10 +81,10 @@ def one_step(
             policy,
             batch,
             UPDATE,
-            temperature=1.0,
+            ScoringSpec(
+                temperature=1.0, micro_batch_size=UPDATE.micro_batch_size, pad_id=pad_id, share_prefix=share,
+            ),
             max_response_len=MAX_NEW_TOKENS,
-            share_prefix=share,
-            pad_id=pad_id,
             token_normaliser=max(float(batch.response_tokens), 1.0),
             seq_normaliser=float(len(batch)),
             backward=lambda loss: loss.backward(),

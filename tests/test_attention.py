@@ -187,6 +187,7 @@ def test_no_pass_builds_a_full_score_tensor_when_only_math_runs(gqa_policy, shar
     over SCORE_BUDGET bytes, where a full one takes 3 * 4 * 96 * 96 * 4."""
     from memalpha.lm.sampling.generation import generate
     from memalpha.lm.scoring.logprobs import token_scores
+    from memalpha.lm.scoring.spec import ScoringSpec
     from memalpha.reader.local import base_weights
 
     model, tokenizer = gqa_policy
@@ -198,9 +199,19 @@ def test_no_pass_builds_a_full_score_tensor_when_only_math_runs(gqa_policy, shar
             with base_weights(model):  # the reader: the base, adapters off
                 generate(model, tokenizer, prompts, max_new_tokens=4, do_sample=False, share_prefix=share_prefix)
             with torch.no_grad(), model.disable_adapter():  # the reference
-                token_scores(model, prompts, sampled.response_ids, micro_batch_size=3, share_prefix=share_prefix)
+                token_scores(
+                    model,
+                    prompts,
+                    sampled.response_ids,
+                    ScoringSpec(micro_batch_size=3, share_prefix=share_prefix),
+                )
             model.train()
-            scores = token_scores(model, prompts, sampled.response_ids, micro_batch_size=3, share_prefix=share_prefix)
+            scores = token_scores(
+                model,
+                prompts,
+                sampled.response_ids,
+                ScoringSpec(micro_batch_size=3, share_prefix=share_prefix),
+            )
             scores.logprobs.sum().backward()
     finally:
         use_bounded_attention(model)

@@ -193,6 +193,7 @@ def _grpo_run(model_dir, tokenizer, reward_sign: int, steps: int = 5) -> tuple[f
     from memalpha.lm.core.policy import LoraSettings, load_policy
     from memalpha.lm.sampling.generation import generate
     from memalpha.lm.scoring.logprobs import token_logprobs
+    from memalpha.lm.scoring.spec import ScoringSpec
 
     torch.manual_seed(0)
     model, _ = load_policy(model_dir, lora=LoraSettings(r=4, alpha=8))
@@ -207,9 +208,9 @@ def _grpo_run(model_dir, tokenizer, reward_sign: int, steps: int = 5) -> tuple[f
         rewards = hits if reward_sign > 0 else 1.0 - hits
         advantages = group_advantages(rewards, [i // group for i in range(len(batch_prompts))])
         with torch.no_grad():
-            old = token_logprobs(model, out.prompt_ids, out.response_ids, micro_batch_size=16)
+            old = token_logprobs(model, out.prompt_ids, out.response_ids, ScoringSpec(micro_batch_size=16))
         for _epoch in range(2):  # a second epoch makes the ratio differ from 1
-            logps = token_logprobs(model, out.prompt_ids, out.response_ids, micro_batch_size=16)
+            logps = token_logprobs(model, out.prompt_ids, out.response_ids, ScoringSpec(micro_batch_size=16))
             loss = policy_loss(logps, old, None, advantages, out.response_mask())
             assert loss.finite
             optimiser.zero_grad()

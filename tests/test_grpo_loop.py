@@ -11,6 +11,7 @@ from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.sampling.generation import generate
 from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.train.actor import accumulate_grpo_gradients
 from memalpha.train.single_turn import SingleTurnSettings, train_single_turn
 
@@ -44,10 +45,10 @@ def test_shared_update_raises_a_rewarded_token_over_micro_batches_with_kl(small_
                 model,
                 batch,
                 settings,
-                temperature=1.0,
+                ScoringSpec(
+                    temperature=1.0, micro_batch_size=settings.micro_batch_size, pad_id=0, share_prefix=True,
+                ),
                 max_response_len=2,
-                share_prefix=True,
-                pad_id=0,
                 token_normaliser=float(sum(map(len, out.response_ids))),
                 seq_normaliser=float(len(out.response_ids)),
                 backward=lambda loss: loss.backward(),

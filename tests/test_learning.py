@@ -19,6 +19,7 @@ from memalpha.grpo.update import build_optimizer, optimizer_step
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.sampling.generation import generate
 from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.train.actor import accumulate_grpo_gradients
 
 STEPS, GROUP, NEW_TOKENS = 20, 8, 3
@@ -49,8 +50,15 @@ def test_grpo_raises_a_learnable_reward_over_20_steps(small_vocab_model_dir, tok
         )
         optimizer.zero_grad(set_to_none=True)
         _, finite = accumulate_grpo_gradients(
-            model, batch, update, temperature=1.0, max_response_len=NEW_TOKENS, share_prefix=True, pad_id=0,
-            token_normaliser=float(batch.response_tokens), seq_normaliser=float(len(batch)),
+            model,
+            batch,
+            update,
+            ScoringSpec(
+                temperature=1.0, micro_batch_size=update.micro_batch_size, pad_id=0, share_prefix=True,
+            ),
+            max_response_len=NEW_TOKENS,
+            token_normaliser=float(batch.response_tokens),
+            seq_normaliser=float(len(batch)),
             backward=lambda loss: loss.backward(),
         )
         assert finite

@@ -12,6 +12,7 @@ from torch.profiler import ProfilerActivity, profile
 from memalpha.lm.core.layout import pad_prompt_response
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.scoring.logprobs import HeadLogprob, streams_head, token_logprobs
+from memalpha.lm.scoring.spec import ScoringSpec
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14], [15, 16]]
 RESPONSES = [[100, 200, 300, 2], [400], [500, 600, 700, 800, 900, 1000, 1100], []]
@@ -64,11 +65,28 @@ def test_logprobs_equal_naive_log_softmax(policy64, temperature, token_chunk, vo
     with torch.no_grad():
         expected, expected_entropy = naive_logprobs(model, PROMPTS, RESPONSES, temperature)
         got, entropy = token_logprobs(
-            model, PROMPTS, RESPONSES, temperature=temperature, micro_batch_size=micro_batch_size,
-            token_chunk=token_chunk, vocab_chunk=vocab_chunk, with_entropy=True,
+            model,
+            PROMPTS,
+            RESPONSES,
+            ScoringSpec(
+                temperature=temperature,
+                micro_batch_size=micro_batch_size,
+                token_chunk=token_chunk,
+                vocab_chunk=vocab_chunk,
+            ),
+            with_entropy=True,
         )
-        plain = token_logprobs(model, PROMPTS, RESPONSES, temperature=temperature, token_chunk=token_chunk,
-                               vocab_chunk=vocab_chunk, micro_batch_size=micro_batch_size)
+        plain = token_logprobs(
+            model,
+            PROMPTS,
+            RESPONSES,
+            ScoringSpec(
+                temperature=temperature,
+                token_chunk=token_chunk,
+                vocab_chunk=vocab_chunk,
+                micro_batch_size=micro_batch_size,
+            ),
+        )
     assert got.shape == (4, 7) and got.dtype == torch.float64
     assert_close(got, expected, VALUE_REL, "log-probs")
     assert_close(entropy, expected_entropy, VALUE_REL, "entropy")
@@ -132,8 +150,12 @@ def test_logprob_gradients_equal_naive_on_both_head_paths(policy64, streamed, mo
         (fn() * weights).sum().backward()
         return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
 
-    ours = grads(lambda: token_logprobs(model, PROMPTS, RESPONSES, temperature=0.8, token_chunk=3,
-                                         vocab_chunk=5000, micro_batch_size=2))
+    ours = grads(lambda: token_logprobs(
+        model,
+        PROMPTS,
+        RESPONSES,
+        ScoringSpec(temperature=0.8, token_chunk=3, vocab_chunk=5000, micro_batch_size=2),
+    ))
     naive = grads(lambda: naive_logprobs(model, PROMPTS, RESPONSES, temperature=0.8)[0])
     model.zero_grad(set_to_none=True)
     assert_same_gradients(ours, naive)
@@ -154,8 +176,10 @@ def test_temperature_is_the_sampling_temperature(policy):
         )
         response = out.sequences[0, 4:].tolist()
         sampled = torch.stack([torch.log_softmax(s[0].float(), -1)[t] for s, t in zip(out.scores, response)])
-        ours = token_logprobs(model, [prompt[0].tolist()], [response], temperature=temperature)[0]
-        wrong = token_logprobs(model, [prompt[0].tolist()], [response], temperature=1.0)[0]
+        ours = token_logprobs(
+            model, [prompt[0].tolist()], [response], ScoringSpec(temperature=temperature),
+        )[0]
+        wrong = token_logprobs(model, [prompt[0].tolist()], [response], ScoringSpec(temperature=1.0))[0]
     assert len(response) == 5
     assert torch.allclose(ours, sampled, atol=1e-4)
     assert not torch.allclose(wrong, sampled, atol=1e-3)
@@ -192,11 +216,17 @@ def test_peak_memory_is_one_logit_chunk_with_32k_vocab():
     chunk_bytes = token_chunk * vocab * 4
     with torch.no_grad():
         ours = _peak_allocated(
-            lambda: token_logprobs(model, prompts, responses, micro_batch_size=2, token_chunk=token_chunk)
+            lambda: token_logprobs(
+                model, prompts, responses, ScoringSpec(micro_batch_size=2, token_chunk=token_chunk),
+            )
         )
         vocab_chunked = _peak_allocated(
-            lambda: token_logprobs(model, prompts, responses, micro_batch_size=2, token_chunk=token_chunk,
-                                   vocab_chunk=4000)
+            lambda: token_logprobs(
+                model,
+                prompts,
+                responses,
+                ScoringSpec(micro_batch_size=2, token_chunk=token_chunk, vocab_chunk=4000),
+            )
         )
         naive = _peak_allocated(lambda: naive_logprobs(model, prompts, responses))
     assert ours <= 1.5 * chunk_bytes, (ours, chunk_bytes)
@@ -211,4 +241,4 @@ def test_rejects_mismatched_rows(policy):
     with pytest.raises(ValueError, match=r"prompt_ids\[1\] is empty"):
         token_logprobs(model, [[1], []], [[2], [3]])
     with pytest.raises(ValueError, match="temperature"):
-        token_logprobs(model, PROMPTS, RESPONSES, temperature=0.0)
+        token_logprobs(model, PROMPTS, RESPONSES, ScoringSpec(temperature=0.0))

@@ -15,6 +15,7 @@ from memalpha.lm.core.layout import pad_prompt_response
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.scoring import logprobs
 from memalpha.lm.scoring.packed_responses import SegmentLayout, packed_response_hidden, worth_packing
+from memalpha.lm.scoring.spec import ScoringSpec
 
 SYSTEM = [11, 12, 13, 14, 15]
 # two groups whose response lengths differ, one of them with an empty response, and a short prompt
@@ -73,7 +74,9 @@ def _scores_and_gradients(model, monkeypatch, packed: bool):
 
     monkeypatch.setattr(logprobs, "packed_response_hidden", counted)
     model.zero_grad(set_to_none=True)
-    scores = logprobs.token_scores(model, PROMPTS, RESPONSES, micro_batch_size=6, with_entropy=True)
+    scores = logprobs.token_scores(
+        model, PROMPTS, RESPONSES, ScoringSpec(micro_batch_size=6), with_entropy=True,
+    )
     weights = torch.linspace(0.5, 2.0, scores.logprobs.shape[1], dtype=torch.float64)
     (scores.logprobs * weights).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}

@@ -9,6 +9,7 @@ from memalpha.lm.core.layout import pad_prompt_response
 from memalpha.lm.core.policy import LoraSettings, load_policy, trainable_parameters
 from memalpha.lm.sampling.generation import Generation, generate, trim_at_eos
 from memalpha.lm.scoring.logprobs import token_logprobs
+from memalpha.lm.scoring.spec import ScoringSpec
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14]]
 RESPONSES = [[100, 200, 300], [400, 500], [600, 700, 800, 900]]
@@ -83,7 +84,9 @@ def test_continue_from_a_saved_adapter(tiny_model_dir, tmp_path):
     assert reloaded.training and trainable_parameters(reloaded)
     reloaded.eval()
     with torch.no_grad():
-        assert torch.equal(token_logprobs(model, PROMPTS, RESPONSES), token_logprobs(reloaded, PROMPTS, RESPONSES))
+        assert torch.equal(token_logprobs(
+            model, PROMPTS, RESPONSES,
+        ), token_logprobs(reloaded, PROMPTS, RESPONSES))
 
 
 def test_bf16_and_bare_model(tiny_model_dir):
@@ -235,8 +238,13 @@ def test_embedded_model_greedy_tokens_are_the_argmax(embedded_model_dir):
     out = generate(model, tokenizer, prompts, max_new_tokens=12, do_sample=False)
     assert "Paris" in tokenizer.decode(out.response_ids[0])
     with torch.no_grad():
-        logps, entropy = token_logprobs(model, out.prompt_ids, out.response_ids, with_entropy=True,
-                                        pad_id=tokenizer.pad_token_id)
+        logps, entropy = token_logprobs(
+            model,
+            out.prompt_ids,
+            out.response_ids,
+            ScoringSpec(pad_id=tokenizer.pad_token_id),
+            with_entropy=True,
+        )
     mask = out.response_mask().bool()
     # a greedy token is the mode, so its probability is at least exp(-entropy) of its distribution
     assert torch.all(logps[mask] >= -entropy[mask] - 1e-4)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import build_tiny_model_dir, randomise_lora_b
@@ -21,6 +23,7 @@ from memalpha.lm.core.prefix_cache import (
 )
 from memalpha.lm.sampling.generation import generate
 from memalpha.lm.scoring.logprobs import response_logprobs, token_logprobs
+from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.train.actor import accumulate_grpo_gradients
 
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]
@@ -89,15 +92,21 @@ def test_logprobs_with_shared_prefix_equal_the_plain_path(policy, micro_batch_si
     model.eval()
     with torch.no_grad():
         plain, plain_entropy = token_logprobs(
-            model, PROMPTS, RESPONSES, micro_batch_size=micro_batch_size, with_entropy=True, share_prefix=False
+            model,
+            PROMPTS,
+            RESPONSES,
+            ScoringSpec(micro_batch_size=micro_batch_size, share_prefix=False),
+            with_entropy=True,
         )
         shared, shared_entropy = token_logprobs(
-            model, PROMPTS, RESPONSES, micro_batch_size=micro_batch_size, with_entropy=True
+            model, PROMPTS, RESPONSES, ScoringSpec(micro_batch_size=micro_batch_size), with_entropy=True,
         )
         with model.disable_adapter():
-            reference = token_logprobs(model, PROMPTS, RESPONSES, micro_batch_size=micro_batch_size)
+            reference = token_logprobs(
+                model, PROMPTS, RESPONSES, ScoringSpec(micro_batch_size=micro_batch_size),
+            )
             reference_plain = token_logprobs(
-                model, PROMPTS, RESPONSES, micro_batch_size=micro_batch_size, share_prefix=False
+                model, PROMPTS, RESPONSES, ScoringSpec(micro_batch_size=micro_batch_size, share_prefix=False),
             )
     assert shared.dtype == torch.float64
     assert_close(shared, plain, VALUE_REL, "log-probs")
@@ -109,7 +118,9 @@ def test_logprobs_with_shared_prefix_equal_the_plain_path(policy, micro_batch_si
 def _adapter_gradients(model, share_prefix: bool) -> dict[str, torch.Tensor]:
     model.zero_grad(set_to_none=True)
     weights = torch.linspace(-1.0, 1.0, 4, dtype=torch.float64)
-    logps = token_logprobs(model, PROMPTS, RESPONSES, micro_batch_size=2, share_prefix=share_prefix)
+    logps = token_logprobs(
+        model, PROMPTS, RESPONSES, ScoringSpec(micro_batch_size=2, share_prefix=share_prefix),
+    )
     (logps * weights).sum().backward()
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -172,13 +183,15 @@ def test_a_handed_in_prefix_must_start_every_prompt(policy):
         prefix = SharedPrefix.compute(decoder, SYSTEM)
         assert prefix.length == len(SYSTEM) and len(prefix.layers) == 2
         assert prefix.layers[0][0].shape[:3] == (1, 2, len(SYSTEM))  # [batch, kv heads, tokens]
-        handed = token_logprobs(model, PROMPTS, RESPONSES, micro_batch_size=2, prefix=prefix)
-        own = token_logprobs(model, PROMPTS, RESPONSES, micro_batch_size=2)
+        handed = token_logprobs(model, PROMPTS, RESPONSES, ScoringSpec(micro_batch_size=2), prefix=prefix)
+        own = token_logprobs(model, PROMPTS, RESPONSES, ScoringSpec(micro_batch_size=2))
         assert_close(handed, own, VALUE_REL, "log-probs")
         with pytest.raises(ValueError, match=r"prompt_ids\[0\] does not extend the 8-token shared prefix"):
             token_logprobs(model, [[99] + SYSTEM], [[1]], prefix=prefix)
         with pytest.raises(ValueError, match=r"prompt_ids\[1\]"):
-            token_logprobs(model, [SYSTEM + [1], SYSTEM], [[1], [2]], prefix=prefix)  # nothing after the prefix
+            token_logprobs(
+                model, [SYSTEM + [1], SYSTEM], [[1], [2]], prefix=prefix,
+            )  # nothing after the prefix
 
 
 # Rows in no particular order: the update sorts them so that equal prompts share a micro-batch.
@@ -189,7 +202,9 @@ def _update_batch(model, order=UPDATE_ORDER):
     prompts = [PROMPTS[i] for i in order]
     responses = [RESPONSES[i] if RESPONSES[i] else [7] for i in order]
     with torch.no_grad(), model.disable_adapter():
-        ref = response_logprobs(model, prompts, responses, temperature=1.0, micro_batch_size=2, pad_id=0)
+        ref = response_logprobs(
+            model, prompts, responses, ScoringSpec(temperature=1.0, micro_batch_size=2, pad_id=0),
+        )
     return GRPOBatch(
         prompt_ids=prompts,
         response_ids=responses,
@@ -203,8 +218,15 @@ def _update_gradients(model, batch, share: bool, micro_batch_size: int, scale: f
     model.zero_grad(set_to_none=True)
     settings = UpdateSettings(kl_coef=0.1, micro_batch_size=micro_batch_size)
     metrics, finite = accumulate_grpo_gradients(
-        model, batch, settings, temperature=1.0, max_response_len=8, share_prefix=share, pad_id=0,
-        token_normaliser=float(batch.response_tokens), seq_normaliser=5.0,
+        model,
+        batch,
+        settings,
+        ScoringSpec(
+            temperature=1.0, micro_batch_size=settings.micro_batch_size, pad_id=0, share_prefix=share,
+        ),
+        max_response_len=8,
+        token_normaliser=float(batch.response_tokens),
+        seq_normaliser=5.0,
         backward=lambda loss: (loss * scale).backward(),
         grad_scale=scale if grad_scale is None else grad_scale,
     )
@@ -250,9 +272,9 @@ def test_reference_pass_keeps_the_callers_row_order(policy):
     model, _ = policy
     prompts = [PROMPTS[i] for i in UPDATE_ORDER]
     responses = [RESPONSES[i] for i in UPDATE_ORDER]
-    kwargs = {"temperature": 1.0, "micro_batch_size": 2, "pad_id": 0}
-    shared = response_logprobs(model, prompts, responses, **kwargs)
-    plain = response_logprobs(model, prompts, responses, share_prefix=False, **kwargs)
+    spec = ScoringSpec(temperature=1.0, micro_batch_size=2, pad_id=0)
+    shared = response_logprobs(model, prompts, responses, spec)
+    plain = response_logprobs(model, prompts, responses, replace(spec, share_prefix=False))
     assert [len(r) for r in shared] == [len(r) for r in responses]
     for a, b in zip(shared, plain):
         assert a.dtype == torch.float64

@@ -20,6 +20,7 @@ from memalpha.grpo.settings import OptimizerSettings
 from memalpha.grpo.update import build_optimizer, optimizer_step
 from memalpha.lm.core.layout import pad_prompt_response
 from memalpha.lm.core.policy import LoraSettings, load_policy
+from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.memory.store import Memory
 from memalpha.tools.executor import execute_call
 from memalpha.tools.formats import get_call_format
@@ -70,7 +71,7 @@ def test_sft_loss_and_gradients_equal_the_naive_masked_cross_entropy(tiny_model_
     losses: list[torch.Tensor] = []
     metrics, ours = grads(
         lambda: accumulate_sft_gradients(
-            model, PROMPTS, RESPONSES, micro_batch_size=2, token_normaliser=tokens, pad_id=0,
+            model, PROMPTS, RESPONSES, ScoringSpec(micro_batch_size=2, pad_id=0), token_normaliser=tokens,
             backward=lambda loss: (losses.append(loss.detach()), loss.backward()),
         )[0]
     )
@@ -98,7 +99,7 @@ def test_sft_memorises_four_demonstrations(small_vocab_model_dir):
     for _ in range(100):
         optimizer.zero_grad(set_to_none=True)
         metrics, finite = accumulate_sft_gradients(
-            model, prompts, responses, micro_batch_size=4, token_normaliser=tokens, pad_id=0,
+            model, prompts, responses, ScoringSpec(micro_batch_size=4, pad_id=0), token_normaliser=tokens,
             backward=lambda loss: loss.backward(),
         )
         optimizer_step(optimizer, params, finite=finite, grad_clip=1.0)

@@ -19,6 +19,7 @@ from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import UpdateSettings
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.scoring.logprobs import response_logprobs, token_logprobs
+from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.reader.local import LocalReader
 from memalpha.tools.formats import RESPONSE_OPEN, RESULT_MARK, get_call_format
 from memalpha.tools.schemas import INSERT
@@ -218,9 +219,18 @@ def test_a_rollout_trains_nothing_after_the_marker_and_still_executes_the_calls(
     for share_prefix in (False, True):
         policy.zero_grad()
         metrics, finite = accumulate_grpo_gradients(
-            policy, batch, UpdateSettings(micro_batch_size=1, kl_coef=0.001),
-            temperature=1.0, max_response_len=64, share_prefix=share_prefix, pad_id=tokenizer.pad_token_id,
-            token_normaliser=float(batch.response_tokens), seq_normaliser=3.0,
+            policy,
+            batch,
+            UpdateSettings(micro_batch_size=1, kl_coef=0.001),
+            ScoringSpec(
+                temperature=1.0,
+                micro_batch_size=UpdateSettings(micro_batch_size=1, kl_coef=0.001).micro_batch_size,
+                pad_id=tokenizer.pad_token_id,
+                share_prefix=share_prefix,
+            ),
+            max_response_len=64,
+            token_normaliser=float(batch.response_tokens),
+            seq_normaliser=3.0,
             backward=lambda loss: loss.backward(),
         )
         assert finite and metrics["tokens"] == cut + len(script[2])

@@ -25,6 +25,7 @@ from memalpha.lm.sampling.generation import resolve_eos_ids
 from memalpha.lm.sampling.vllm_engine import VllmEngine, VllmEngineError
 from memalpha.lm.sampling.vllm_server import VllmServer
 from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.memory.store import Memory
 from memalpha.reader.local import LocalReader
 from memalpha.reader.openai_compat import OpenAIReader
@@ -88,8 +89,10 @@ def engine_fn(engine, policy, tokenizer):
 
 def trainer_logprobs(policy, tokenizer, samples, temperature=1.0):
     return response_logprobs(
-        policy, [s.prompt_ids for s in samples], [s.response_ids for s in samples], temperature=temperature,
-        micro_batch_size=4, pad_id=tokenizer.pad_token_id,
+        policy,
+        [s.prompt_ids for s in samples],
+        [s.response_ids for s in samples],
+        ScoringSpec(temperature=temperature, micro_batch_size=4, pad_id=tokenizer.pad_token_id),
     )  # fmt: skip
 
 

@@ -19,17 +19,16 @@ from memalpha.grpo.settings import UpdateSettings
 from memalpha.grpo.update import LossMeter, micro_batch_loss
 from memalpha.lm.core.prefix_cache import prompt_order, shared_prefix, split_decoder_and_head
 from memalpha.lm.scoring.logprobs import token_logprobs
+from memalpha.lm.scoring.spec import ScoringSpec
 
 
 def accumulate_grpo_gradients(
     policy,
     batch: GRPOBatch,
     settings: UpdateSettings,
+    scoring: ScoringSpec,
     *,
-    temperature: float,
     max_response_len: int,
-    share_prefix: bool,
-    pad_id: int,
     token_normaliser: float,
     seq_normaliser: float,
     backward: Callable[[torch.Tensor], None],
@@ -38,12 +37,13 @@ def accumulate_grpo_gradients(
     """Backward the GRPO loss of one mini-batch, micro-batch by micro-batch.
 
     ``batch`` without ``old_logps`` takes the ratio on-policy; without ``ref_logps`` it has no KL
-    term. ``temperature`` scales the logits as sampling did; ``max_response_len`` is the constant
+    term. ``scoring`` says how the policy's log-probs are computed (the temperature sampling
+    used, the pad id, whether prefixes are shared); ``max_response_len`` is the constant
     of the ``seq-mean-token-sum-norm`` aggregation (the response cap). The normalisers are the
     mini-batch's global response-token and sequence counts, so summing the micro-batch losses gives the mini-batch loss (and the
     order of the rows does not matter).
 
-    With ``share_prefix`` the rows are put in :func:`~memalpha.lm.core.prefix_cache.prompt_order`
+    With ``scoring.share_prefix`` the rows are put in :func:`~memalpha.lm.core.prefix_cache.prompt_order`
     and the prompt prefix they all share runs through the policy once for the whole mini-batch:
     each micro-batch reads it through detached leaves that collect its gradient, and the last
     micro-batch's backward carries the sum through the prefix's pass
@@ -54,6 +54,7 @@ def accumulate_grpo_gradients(
     Returns token-weighted metrics and whether every micro-batch loss was finite.
     """
     n = len(batch)
+    share_prefix = scoring.share_prefix
     if share_prefix:
         batch = batch.select(prompt_order(batch.prompt_ids))
     prefix = leaves = None
@@ -67,14 +68,7 @@ def accumulate_grpo_gradients(
         last = lo + settings.micro_batch_size >= n
         part = batch.select(list(range(lo, min(lo + settings.micro_batch_size, n))))
         logps, entropy = token_logprobs(
-            policy,
-            part.prompt_ids,
-            part.response_ids,
-            temperature=temperature,
-            micro_batch_size=settings.micro_batch_size,
-            pad_id=pad_id,
-            with_entropy=True,
-            share_prefix=share_prefix,
+            policy, part.prompt_ids, part.response_ids, scoring, with_entropy=True,
             prefix=prefix if leaves is None or last else leaves,
         )
         out, _ = micro_batch_loss(

@@ -44,6 +44,7 @@ from memalpha.lm.core.reference import load_reference_adapter, reference_weights
 from memalpha.lm.sampling.backend import announce, choose_backend
 from memalpha.lm.sampling.generation import generate
 from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.reader.base import Reader
 from memalpha.reader.settings import ReaderSettings
 from memalpha.seeding import stable_seed
@@ -115,6 +116,7 @@ class GRPOModule(PolicyModule):
         self.update_settings: UpdateSettings = typed(UpdateSettings, update)
         self.reader: Reader | None = None
         self.content_judge = None
+        self.scoring: ScoringSpec | None = None  # how log-probs are computed, set with the policy
         self.experience: list[GRPOBatch] = []  # this rank's unserved mini-batches of the current round
         self._val_records: list[RolloutRecord] = []
         self._step_start = time.perf_counter()
@@ -141,6 +143,10 @@ class GRPOModule(PolicyModule):
                 self.policy, self.tokenizer, self.rollout_settings.templates, self._engine_endpoint()
             )
             self.content_judge = self.reward_settings.build_content_judge(self.reader)
+            self.scoring = ScoringSpec(
+                temperature=self.rollout_settings.temperature, micro_batch_size=self.update_settings.micro_batch_size,
+                pad_id=self.tokenizer.pad_token_id, share_prefix=self.lm_settings.share_prefix,
+            )
             if self.rollout_settings.engine != "vllm":  # the policy samples here: say how, or stop now
                 lm = self.lm_settings
                 announce(self.policy, choose_backend(self.policy, lm.sampling_backend, lm.fold_adapters_for_sampling))
@@ -280,23 +286,17 @@ class GRPOModule(PolicyModule):
         report(self._phase_hook(), Phase("logprobs"))
         start = time.perf_counter()
         update = self.update_settings
-        logprob_kwargs = {
-            "temperature": self.rollout_settings.temperature,
-            "micro_batch_size": update.micro_batch_size,
-            "pad_id": self.tokenizer.pad_token_id,
-            "share_prefix": self.lm_settings.share_prefix,
-        }
         ref_logps = old_logps = None
         if update.kl_coef > 0:
             with reference_weights(self.policy):
-                ref_logps = response_logprobs(self.policy, prompts, responses, **logprob_kwargs)
+                ref_logps = response_logprobs(self.policy, prompts, responses, self.scoring)
         if update.needs_old_logps(round_samples):
-            old_logps = response_logprobs(self.policy, prompts, responses, **logprob_kwargs)
+            old_logps = response_logprobs(self.policy, prompts, responses, self.scoring)
         metrics["perf/ref_old_logprob_s"] = time.perf_counter() - start
         if self.engine_sync is not None:  # the server sampled: was it the policy being trained?
             trainer_logps = (
                 old_logps if old_logps is not None
-                else response_logprobs(self.policy, prompts, responses, **logprob_kwargs)
+                else response_logprobs(self.policy, prompts, responses, self.scoring)
             )
             gap = sampler_logprob_gap([s.sampler_logprobs for s in samples], trainer_logps)
             metrics["rollout/sampler_logprob_gap"] = gap
@@ -372,10 +372,8 @@ class GRPOModule(PolicyModule):
             self.policy,
             batch,
             self.update_settings,
-            temperature=self.rollout_settings.temperature,
+            self.scoring,
             max_response_len=self.rollout_settings.max_new_tokens,
-            share_prefix=self.lm_settings.share_prefix,
-            pad_id=self.tokenizer.pad_token_id,
             token_normaliser=normaliser,
             seq_normaliser=seq_normaliser,
             backward=self.manual_backward,

@@ -14,6 +14,7 @@ import torch
 
 from memalpha.lm.core.layout import response_mask
 from memalpha.lm.scoring.logprobs import token_scores
+from memalpha.lm.scoring.spec import ScoringSpec
 
 
 def masked_nll(logprobs: torch.Tensor, mask: torch.Tensor, normaliser: float) -> torch.Tensor:
@@ -34,30 +35,24 @@ def accumulate_sft_gradients(
     policy,
     prompt_ids: list[list[int]],
     response_ids: list[list[int]],
+    scoring: ScoringSpec,
     *,
-    micro_batch_size: int,
     token_normaliser: float,
-    pad_id: int,
     backward: Callable[[torch.Tensor], None],
-    share_prefix: bool = True,
 ) -> tuple[dict[str, float], bool]:
-    """Backward the token-mean NLL of a batch, micro-batch by micro-batch.
+    """Backward the token-mean NLL of a batch, ``scoring.micro_batch_size`` rows at a time.
 
     ``token_normaliser`` is the batch's response-token count (averaged over ranks under data
     parallelism), so the micro-batch losses add up to the batch's token mean. Returns the summed
     ``loss``, ``token_accuracy`` (the share of response tokens that are the most likely next
     token), ``tokens``, and whether every micro-batch loss was finite.
     """
-    if micro_batch_size < 1:
-        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    micro_batch_size = scoring.micro_batch_size
     loss_sum, hits, tokens, finite = 0.0, 0.0, 0.0, True
     for start in range(0, len(prompt_ids), micro_batch_size):
         prompts = prompt_ids[start : start + micro_batch_size]
         responses = response_ids[start : start + micro_batch_size]
-        scores = token_scores(
-            policy, prompts, responses, micro_batch_size=micro_batch_size, pad_id=pad_id,
-            with_accuracy=True, share_prefix=share_prefix,
-        )
+        scores = token_scores(policy, prompts, responses, scoring, with_accuracy=True)
         mask = response_mask(responses, scores.logprobs.shape[1], scores.logprobs.device, torch.bool)
         loss = masked_nll(scores.logprobs, mask, token_normaliser)
         finite = finite and bool(torch.isfinite(loss.detach()))
@@ -69,14 +64,12 @@ def accumulate_sft_gradients(
 
 
 @torch.no_grad()
-def sft_eval(policy, prompt_ids: list[list[int]], response_ids: list[list[int]], *, micro_batch_size: int, pad_id: int):
+def sft_eval(policy, prompt_ids: list[list[int]], response_ids: list[list[int]], scoring: ScoringSpec):
     """Summed NLL, argmax hits and token count of a batch, without grad (for ``val/loss``)."""
     was_training = policy.training
     policy.eval()
     try:
-        scores = token_scores(
-            policy, prompt_ids, response_ids, micro_batch_size=micro_batch_size, pad_id=pad_id, with_accuracy=True
-        )
+        scores = token_scores(policy, prompt_ids, response_ids, scoring, with_accuracy=True)
     finally:
         policy.train(was_training)
     mask = response_mask(response_ids, scores.logprobs.shape[1], scores.logprobs.device, torch.bool)

@@ -16,6 +16,7 @@ import torch
 from memalpha.grpo.settings import OptimizerSettings
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME
 from memalpha.lm.core.policy import LMSettings, LoraSettings
+from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.train.demo_datamodule import TokenizedDemo
 from memalpha.train.policy_module import PolicyModule
 from memalpha.train.sft_loss import accumulate_sft_gradients, sft_eval
@@ -58,6 +59,10 @@ class SFTModule(PolicyModule):
         if self.policy is None:
             torch.manual_seed(self.hparams.seed)
             self.load_policy()
+            self.scoring = ScoringSpec(
+                micro_batch_size=self.hparams.micro_batch_size, pad_id=self.tokenizer.pad_token_id,
+                share_prefix=self.lm_settings.share_prefix,
+            )
 
     def training_step(self, dataloader_iter: Iterator) -> None:
         """One optimiser step on the next batch, fetched here so the stream's saved position never runs ahead
@@ -73,11 +78,9 @@ class SFTModule(PolicyModule):
             self.policy,
             prompts,
             responses,
-            micro_batch_size=self.hparams.micro_batch_size,
+            self.scoring,
             token_normaliser=max(tokens, 1.0),
-            pad_id=self.tokenizer.pad_token_id,
             backward=self.manual_backward,
-            share_prefix=self.lm_settings.share_prefix,
         )
         grad_norm, problem = self.finish_step(optimizer, scheduler, finite)  # a non-finite loss or norm skips
         train_s = time.perf_counter() - start
@@ -108,8 +111,7 @@ class SFTModule(PolicyModule):
             self.policy,
             [demo.prompt_ids for demo in batch],
             [demo.response_ids for demo in batch],
-            micro_batch_size=self.hparams.micro_batch_size,
-            pad_id=self.tokenizer.pad_token_id,
+            self.scoring,
         )
         for index, value in enumerate((nll, hits, tokens)):
             self._val_sums[index] += value

@@ -37,6 +37,7 @@ from memalpha.lm.core.policy import LMSettings, LoraSettings, load_policy
 from memalpha.lm.core.reference import load_reference_adapter, reference_weights
 from memalpha.lm.sampling.generation import generate
 from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.train.actor import accumulate_grpo_gradients
 
 RewardFn = Callable[[list[str], list[str]], Sequence[float]]
@@ -108,7 +109,8 @@ def _prompt_ids(tokenizer, prompt: str | list[dict[str, str]], chat_kwargs: dict
 
 @dataclass
 class _Setup:
-    """What the loop trains with: the policy, its prompts as ids and texts, the optimiser."""
+    """What the loop trains with: the policy, its prompts as ids and texts, the optimiser, how
+    log-probs are computed."""
 
     policy: Any
     tokenizer: Any
@@ -117,6 +119,7 @@ class _Setup:
     params: list[torch.nn.Parameter]
     optimizer: Any
     scheduler: Any
+    scoring: ScoringSpec
 
 
 def _setup(model: str, prompts: Sequence[str | list[dict[str, str]]], s: SingleTurnSettings) -> _Setup:
@@ -133,6 +136,8 @@ def _setup(model: str, prompts: Sequence[str | list[dict[str, str]]], s: SingleT
     return _Setup(
         policy, tokenizer, [_prompt_ids(tokenizer, p, s.chat_template_kwargs) for p in prompts],
         [p if isinstance(p, str) else p[-1]["content"] for p in prompts], params, optimizer, scheduler,
+        ScoringSpec(temperature=s.temperature, micro_batch_size=s.update.micro_batch_size,
+                    pad_id=tokenizer.pad_token_id, share_prefix=s.lm.share_prefix),
     )
 
 
@@ -181,9 +186,7 @@ def _update(run: _Setup, generation, rewards: torch.Tensor, groups: int, s: Sing
     if problem is None and s.update.kl_coef > 0:
         with reference_weights(run.policy):
             ref_logps = response_logprobs(
-                run.policy, generation.prompt_ids, generation.response_ids, temperature=s.temperature,
-                micro_batch_size=s.update.micro_batch_size, pad_id=run.tokenizer.pad_token_id,
-                share_prefix=s.lm.share_prefix,
+                run.policy, generation.prompt_ids, generation.response_ids, run.scoring,
             )
         problem = first_nonfinite({"reference log-probs": ref_logps})
     if problem is not None:
@@ -200,10 +203,8 @@ def _update(run: _Setup, generation, rewards: torch.Tensor, groups: int, s: Sing
         run.policy,
         batch,
         s.update,
-        temperature=s.temperature,
+        run.scoring,
         max_response_len=s.max_new_tokens,
-        share_prefix=s.lm.share_prefix,
-        pad_id=run.tokenizer.pad_token_id,
         token_normaliser=max(float(batch.response_tokens), 1.0),
         seq_normaliser=float(len(batch)),
         backward=lambda loss: loss.backward(),

@@ -36,8 +36,7 @@ from memalpha.lm.core.prefix_cache import (
     split_decoder_and_head,
 )
 from memalpha.lm.scoring.packed_responses import packed_response_hidden
-
-DEFAULT_TOKEN_CHUNK = 512
+from memalpha.lm.scoring.spec import DEFAULT_SCORING, ScoringSpec
 
 
 def _head_logits(head, hidden: torch.Tensor, config, columns: slice | None) -> torch.Tensor:
@@ -258,15 +257,10 @@ def token_scores(
     model,
     prompt_ids: list[list[int]],
     response_ids: list[list[int]],
+    spec: ScoringSpec = DEFAULT_SCORING,
     *,
-    temperature: float = 1.0,
-    micro_batch_size: int = 4,
-    vocab_chunk: int | None = None,
-    pad_id: int = 0,
     with_entropy: bool = False,
     with_accuracy: bool = False,
-    token_chunk: int = DEFAULT_TOKEN_CHUNK,
-    share_prefix: bool = True,
     prefix: SharedPrefix | None = None,
 ) -> TokenScores:
     """Log-prob of every response token given its prompt and the preceding response tokens.
@@ -279,7 +273,8 @@ def token_scores(
 
     Gradients flow into the result when grad mode is on (the policy); call it under
     ``torch.no_grad()`` for old/reference log-probs, and inside ``model.disable_adapter()``
-    for the reference policy. ``micro_batch_size`` sequences go through the decoder at a
+    for the reference policy. ``spec`` (:class:`~memalpha.lm.scoring.spec.ScoringSpec`) holds the
+    temperature and the sizes: ``micro_batch_size`` sequences go through the decoder at a
     time; ``token_chunk`` response rows (times ``vocab_chunk`` vocabulary columns, when set)
     bound the logits held at once. Padding uses ``pad_id`` and is masked out of attention.
 
@@ -293,24 +288,15 @@ def token_scores(
     several calls can share one; HF gradient checkpointing drops caches, so a checkpointed
     model in training mode takes the plain path.
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if micro_batch_size < 1 or token_chunk < 1:
-        raise ValueError(f"micro_batch_size and token_chunk must be >= 1, got {micro_batch_size}, {token_chunk}")
-    if vocab_chunk is not None and vocab_chunk < 1:
-        raise ValueError(f"vocab_chunk must be >= 1 or None, got {vocab_chunk}")
     with accumulated_adapters(model):  # LoRA products added into the base outputs in place
-        return _token_scores(
-            model, prompt_ids, response_ids, temperature=temperature, micro_batch_size=micro_batch_size,
-            vocab_chunk=vocab_chunk, pad_id=pad_id, with_entropy=with_entropy, with_accuracy=with_accuracy,
-            token_chunk=token_chunk, share_prefix=share_prefix, prefix=prefix,
-        )
+        return _token_scores(model, prompt_ids, response_ids, spec, with_entropy, with_accuracy, prefix)
 
 
 def _token_scores(
-    model, prompt_ids, response_ids, *, temperature, micro_batch_size, vocab_chunk, pad_id, with_entropy,
-    with_accuracy, token_chunk, share_prefix, prefix,
+    model, prompt_ids, response_ids, spec: ScoringSpec, with_entropy: bool, with_accuracy: bool,
+    prefix: SharedPrefix | None,
 ) -> TokenScores:
+    temperature, vocab_chunk, token_chunk = spec.temperature, spec.vocab_chunk, spec.token_chunk
     decoder, head, config = split_decoder_and_head(model)
     device = next(model.parameters()).device
     dtype = score_dtype(head.weight.dtype) if hasattr(head, "weight") else torch.float32
@@ -318,7 +304,7 @@ def _token_scores(
     grad = torch.is_grad_enabled()
     streams = streams_head(head, config)
     # A checkpointed layer in training mode drops any cache it is given, so nothing can be shared then.
-    share_prefix = share_prefix and can_share_cache(decoder)
+    share_prefix = spec.share_prefix and can_share_cache(decoder)
     if not share_prefix:
         if prefix is not None:
             raise ValueError(
@@ -332,10 +318,10 @@ def _token_scores(
     shared_len = prefix.length if prefix is not None else 0
     kinds = ["logprobs"] + ["entropy"] * with_entropy + ["hits"] * with_accuracy
     out: dict[str, list[torch.Tensor]] = {kind: [torch.zeros(0, width, device=device, dtype=dtype)] for kind in kinds}
-    for start in range(0, len(prompt_ids), micro_batch_size):
-        prompts = prompt_ids[start : start + micro_batch_size]
-        responses = response_ids[start : start + micro_batch_size]
-        batch = pad_prompt_response(prompts, responses, pad_id, device, shared_prefix=shared_len)
+    for start in range(0, len(prompt_ids), spec.micro_batch_size):
+        prompts = prompt_ids[start : start + spec.micro_batch_size]
+        responses = response_ids[start : start + spec.micro_batch_size]
+        batch = pad_prompt_response(prompts, responses, spec.pad_id, device, shared_prefix=shared_len)
         local_width = batch.response_mask.shape[1]
         if local_width == 0:
             for kind in kinds:
@@ -386,12 +372,13 @@ def token_logprobs(
     model,
     prompt_ids: list[list[int]],
     response_ids: list[list[int]],
+    spec: ScoringSpec = DEFAULT_SCORING,
     *,
     with_entropy: bool = False,
-    **kwargs,
+    prefix: SharedPrefix | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """:func:`token_scores`' log-probs ``[B, R]``, or ``(logprobs, entropy)`` with ``with_entropy``."""
-    scores = token_scores(model, prompt_ids, response_ids, with_entropy=with_entropy, **kwargs)
+    scores = token_scores(model, prompt_ids, response_ids, spec, with_entropy=with_entropy, prefix=prefix)
     return (scores.logprobs, scores.entropy) if with_entropy else scores.logprobs
 
 
@@ -400,18 +387,14 @@ def response_logprobs(
     policy,
     prompts: list[list[int]],
     responses: list[list[int]],
-    *,
-    temperature: float,
-    micro_batch_size: int,
-    pad_id: int,
-    share_prefix: bool = True,
+    spec: ScoringSpec,
 ) -> list[torch.Tensor]:
     """Per-sample response log-probs (no grad, eval mode) as CPU float tensors of each response's length.
 
     The rows go through in :func:`memalpha.lm.core.prefix_cache.prompt_order`, so the prompt prefix all of
     them share runs once for the whole call and identical prompts land in the same micro-batch.
     """
-    order = prompt_order(prompts) if share_prefix else list(range(len(prompts)))
+    order = prompt_order(prompts) if spec.share_prefix else list(range(len(prompts)))
     result: list[torch.Tensor | None] = [None] * len(prompts)
     was_training = policy.training
     policy.eval()
@@ -420,10 +403,7 @@ def response_logprobs(
             policy,
             [prompts[i] for i in order],
             [responses[i] for i in order],
-            temperature=temperature,
-            micro_batch_size=micro_batch_size,
-            pad_id=pad_id,
-            share_prefix=share_prefix,
+            spec,
         )
     finally:
         policy.train(was_training)
