@@ -84,6 +84,8 @@ class ToolResult:
     call: ToolCall | None
     code: str = ""
     memory_id: str | None = None
+    replaced: str | None = None
+    """The text an ``ok`` update overwrote (the old core or entry), for the reward's support rule."""
 
     @property
     def success(self) -> bool:
@@ -167,9 +169,10 @@ def _update(memory: Memory, call: ToolCall) -> ToolResult:
     if memory_type == CORE:
         if memory.core == content:
             return ToolResult("skipped", "core_memory already holds this text", call)
+        old = memory.core
         truncated = memory.set_core(content)
         note = f" (cut to {memory.core_token_limit} tokens)" if truncated else ""
-        return ToolResult("ok", f"core_memory replaced{note}", call)
+        return ToolResult("ok", f"core_memory replaced{note}", call, replaced=old)
     memory_id, problem = _id_or_error(call, memory, memory_type)
     if problem:
         return problem
@@ -178,8 +181,9 @@ def _update(memory: Memory, call: ToolCall) -> ToolResult:
         where = "this item" if same.id == memory_id else f"item [{same.id}]"
         return ToolResult("skipped", f"identical content already in {where} of {memory_type}", call,
                           memory_id=memory_id)
+    old = memory.find(memory_type, memory_id).content
     memory.update(memory_type, memory_id, content)
-    return ToolResult("ok", f"updated [{memory_id}] in {memory_type}", call, memory_id=memory_id)
+    return ToolResult("ok", f"updated [{memory_id}] in {memory_type}", call, memory_id=memory_id, replaced=old)
 
 
 def _delete(memory: Memory, call: ToolCall) -> ToolResult:
