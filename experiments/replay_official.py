@@ -58,10 +58,12 @@ def profile_settings(profile: str) -> tuple[str, RewardSettings]:
     defaults equal)."""
     values = PROFILES[profile]
     call_repair = values.get("model.rollout.call_repair", RolloutSettings().call_repair)
+    prefix = "model.reward."
     reward = RewardSettings(
         content_judge="rule",
-        call_success=values.get("model.reward.call_success", RewardSettings().call_success),
-        metric_style=values.get("model.reward.metric_style", RewardSettings().metric_style),
+        **{key[len(prefix):]: value for key, value in values.items()
+           if key[len(prefix):] in ("call_success", "metric_style", "content_grounding", "compression_gate")
+           and key.startswith(prefix)},
     )
     return call_repair, reward
 
@@ -139,7 +141,9 @@ def replay_profile(profile: str, tokenizer: Any) -> dict[str, Any]:
         "profile": profile,
         "settings": {"rollout.call_repair": call_repair, "reward.call_success": reward.call_success,
                      "reward.metric_style": reward.metric_style, "reward.beta": reward.beta,
-                     "reward.gamma": reward.gamma, "reward.content_judge": reward.content_judge},
+                     "reward.gamma": reward.gamma, "reward.content_judge": reward.content_judge,
+                     "reward.content_grounding": reward.content_grounding,
+                     "reward.compression_gate": reward.compression_gate},
         "instances": rows,
         "all": summary,
     }
