@@ -167,3 +167,32 @@ def test_fact_recall_reads_the_notes_and_knows_when_there_are_none():
     memory.set_core("Notes: " + SUPPORTED)
     assert memory_fact_recall({"notes": notes}, memory) == 0.5
     assert memory_fact_recall({"source": "squad"}, memory) is None  # no facts: no recall, not 0
+
+
+def _record(instance_id: str, source: str, recall: float | None):
+    from memalpha.agent.rollout import RolloutRecord
+
+    return RolloutRecord(instance_id, source, 0, [{"chunk_index": 0, "response": "", "results": [], "reward": 1.0}],
+                         {}, 10, 100, [{"score": 1.0}], fact_recall=recall)
+
+
+def test_fact_recall_is_logged_per_round_and_reported_beside_accuracy():
+    import torch
+
+    from memalpha.agent.rollout import RolloutOutput, TurnSample
+    from memalpha.train.round_report import round_metrics
+    from memalpha.train.validation_report import format_table, summarise_records
+
+    records = [_record("a", "synth_personal", 1.0), _record("b", "synth_personal", 0.5), _record("c", "squad", None)]
+    summary = summarise_records(records)
+    assert summary["overall"]["fact_recall"] == 0.75 and summary["overall"]["fact_recall_rollouts"] == 2
+    assert summary["per_source"]["squad"]["fact_recall"] is None  # no known facts: nothing, not 0
+    lines = {line.split()[0]: line.split() for line in format_table(summary).splitlines()}
+    assert lines["source"][5] == "fact_recall"
+    assert lines["synth_personal"][5] == "0.750" and lines["squad"][5] == "-" and lines["ALL"][5] == "0.750"
+    sample = TurnSample(0, 0, 0, [1], [2], False, 0, 0)
+    out = RolloutOutput([sample], records, rollout_s=1.0, reader_s=0.0, generated_tokens=1)
+    metrics = round_metrics(out, torch.tensor([1.0]), torch.tensor([0]))
+    assert metrics["train/fact_recall"] == 0.75
+    out.records = records[2:]
+    assert "train/fact_recall" not in round_metrics(out, torch.tensor([1.0]), torch.tensor([0]))
