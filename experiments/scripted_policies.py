@@ -1,7 +1,7 @@
 """What the reward pays scripted policies: does it order memories by what they hold (issue 30)?
 
 Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/scripted_policies.py [--val 48] [--questions 4]
-      [--readers echo,local] [--out experiments/results/scripted_policies.json]
+      [--readers echo,local] [--threads N] [--out experiments/results/scripted_policies.json]
 
 Four scripted policies (:mod:`memalpha.agent.scripted`) write every chunk turn of the held-out
 synthetic instances of ``configs/tiny_cpu.yaml`` (personal facts and dated events; by default 48
@@ -104,7 +104,12 @@ def main() -> None:
     parser.add_argument("--readers", default="echo,local", help="comma-separated: echo, local")
     parser.add_argument("--rules", default="memalpha,status,official")
     parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     config = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
     data = {**config["data"], "synthetic_questions": args.questions}
@@ -122,6 +127,8 @@ def main() -> None:
                 out = run_scripted(policy, instances, tokenizer, reader, settings, rule_settings(rule))
                 terms = reward_terms(out)
                 rows.append({"reader": reader_kind, "policy": policy, "rule": rule, **terms})
+                print(f"  {reader_kind} {policy} {rule}: R {terms['R']:.3f} ({time.perf_counter() - start:.0f} s)",
+                      flush=True)
                 table.append([policy, rule, *(terms[t] for t in TERMS)])
         print(f"\nreader: {reader_kind} ({len(instances)} instances, {args.questions} questions each)")
         print_table(["policy", "rule", *TERMS], table, floats=3)

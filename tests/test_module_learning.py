@@ -5,9 +5,9 @@ three fixed prompts sampled ``group_size`` times for 3 tokens, rewarded with the
 chosen token (1/8 at the start). Everything after the rollout is the module's own: the round's
 advantages, reference log-probs with the adapter off, the mini-batch, the micro-batched clipped
 loss with its KL term, gradient clipping, the optimiser and scheduler steps, under a Lightning
-Trainer. 16 steps must raise the mean reward of the last 4 rounds well above that of the first 4
-(each mean over 4 rounds x 24 samples x 3 tokens). With a learning rate of 1e-12 the same test
-fails (mean rewards 0.13 and 0.14), so it measures the update, not the sampling.
+Trainer. 10 steps must raise the mean reward of the last 3 rounds well above that of the first 3
+(each mean over 3 rounds x 24 samples x 3 tokens: 216 sampled tokens). With a learning rate of
+1e-12 (the optimiser refuses 0) the same test fails, so it measures the update, not the sampling.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.lm.generation import generate
 from memalpha.lm.policy import LoraSettings
 
-STEPS, GROUP, NEW_TOKENS, WINDOW = 16, 8, 3, 4
+STEPS, GROUP, NEW_TOKENS, WINDOW = 10, 8, 3, 3
 PROMPTS = [[1, 3, 4], [6, 7], [4, 4, 1, 6]]
 
 
@@ -73,6 +73,11 @@ def train_toy(model_dir: str, tmp_path, learning_rate: float) -> list[float]:
 
 
 def test_training_step_raises_the_reward_of_a_learnable_toy_task(small_vocab_model_dir, tmp_path):
-    rewards = train_toy(small_vocab_model_dir, tmp_path, learning_rate=3e-3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 32-wide model: one thread is faster, and far faster on a busy machine
+    try:
+        rewards = train_toy(small_vocab_model_dir, tmp_path, learning_rate=3e-3)
+    finally:
+        torch.set_num_threads(threads)
     first, last = sum(rewards[:WINDOW]) / WINDOW, sum(rewards[-WINDOW:]) / WINDOW
     assert last > first + 0.2 and last > 0.4, [round(r, 3) for r in rewards]
