@@ -13,7 +13,13 @@ import pytest
 
 from memalpha.agent.fact_recall import fact_recall, instance_facts, memory_fact_recall
 from memalpha.agent.grounding import chunk_tokens, is_supported
-from memalpha.agent.rewards import RewardSettings, RuleContentJudge, TurnCalls, rollout_rewards, tool_success_reward
+from memalpha.agent.rewards import (
+    RewardSettings,
+    RuleContentJudge,
+    TurnCalls,
+    rollout_rewards,
+    tool_success_reward,
+)
 from memalpha.data.wrapping import wrap_chunk
 from memalpha.memory.store import Memory
 from memalpha.tools.executor import execute_call

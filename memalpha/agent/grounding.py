@@ -27,13 +27,16 @@ import re
 from memalpha.data.wrapping import parse_wrapped_chunk
 
 STOP_WORDS = frozenset(
-    """
-    a an the and or but if then than so of to in on at by for with from into onto over under about as
-    is are was were be been being am do does did has have had having will would shall should can could
-    may might must not no nor it its this that these those there here i me my we our you your he him his
-    she her they them their what which who whom whose when where why how all any some each every also
-    just very too only own same such up down out off again once
-    """.split()
+    (
+        "a", "an", "the", "and", "or", "but", "if", "then", "than", "so", "of", "to", "in", "on", "at",
+        "by", "for", "with", "from", "into", "onto", "over", "under", "about", "as", "is", "are", "was",
+        "were", "be", "been", "being", "am", "do", "does", "did", "has", "have", "had", "having", "will",
+        "would", "shall", "should", "can", "could", "may", "might", "must", "not", "no", "nor", "it", "its",
+        "this", "that", "these", "those", "there", "here", "i", "me", "my", "we", "our", "you", "your",
+        "he", "him", "his", "she", "her", "they", "them", "their", "what", "which", "who", "whom", "whose",
+        "when", "where", "why", "how", "all", "any", "some", "each", "every", "also", "just", "very", "too",
+        "only", "own", "same", "such", "up", "down", "out", "off", "again", "once"
+    )
 )
 """Function words that carry no content of their own; they never count as support."""
 
