@@ -225,7 +225,7 @@ def tiny_model_folder(path: str | os.PathLike, *, tokenizer: Any = None, hidden:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     if tokenizer is None:
-        from memalpha.lm.embedded import load_tokenizer, materialise_embedded_model
+        from memalpha.lm.core.embedded import load_tokenizer, materialise_embedded_model
 
         tokenizer = load_tokenizer(str(materialise_embedded_model()))
     torch.manual_seed(seed)

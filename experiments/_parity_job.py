@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from bench_vs_trl import build_job
 
-from memalpha.lm.chat import chat_prompt_ids
-from memalpha.lm.policy import LoraSettings, load_policy
+from memalpha.lm.core.chat import chat_prompt_ids
+from memalpha.lm.core.policy import LoraSettings, load_policy
 
 PARITY_LORA = LoraSettings(r=16, alpha=32, dropout=0.0, target_modules="all-linear")
 """The LoRA shape of ``bench_vs_trl.py``'s jobs."""

@@ -8,13 +8,13 @@ memorising prompts of the memory job (~560 tokens) sampled ``--group-size`` time
 full length), so every path runs the same number of steps at the same batch and the time per
 step compares like with like. The paths, in one process, alternating ``--repeats`` times:
 
-* ``peft``    -- ``fold_adapters=False``: memalpha's loop (:mod:`memalpha.lm.decode`) through
+* ``peft``    -- ``fold_adapters=False``: memalpha's loop (:mod:`memalpha.lm.sampling.growing_cache`) through
                  PEFT's LoRA layers (base product plus two thin ones per adapted layer);
 * ``folded``  -- the same loop with each LoRA layer run as one product over a folded copy of
-                 its weight (:mod:`memalpha.lm.folded_lora`; what non-Llama decoders get);
+                 its weight (:mod:`memalpha.lm.core.folded_lora`; what non-Llama decoders get);
 * ``fused``   -- ``fold_adapters=True``: memalpha's own decoding step
-                 (:mod:`memalpha.lm.fused_decode`), q/k/v stacked, prompt keys read once per
-                 prompt, float32 products packed for the batch's rows (:mod:`memalpha.lm.packed_linear`);
+                 (:mod:`memalpha.lm.sampling.fused_decode`), q/k/v stacked, prompt keys read once per
+                 prompt, float32 products packed for the batch's rows (:mod:`memalpha.lm.sampling.packed_linear`);
 * ``fused_plain`` -- the same step with its products through ``F.linear`` (packing off).
 
 Prefill (the prompts' keys, once per distinct prompt) is timed apart from the decoding steps.
@@ -38,8 +38,8 @@ import torch
 from _common import command_line, machine_info, print_table, write_json
 from _parity_job import add_job_arguments, check_job_arguments, job_settings, load_job
 
-from memalpha.lm import decode as own_loop
-from memalpha.lm import fused_decode, generation, packed_linear
+from memalpha.lm.sampling import growing_cache as own_loop
+from memalpha.lm.sampling import fused_decode, generation, packed_linear
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_decode.json"
 PATHS = ("peft", "folded", "fused", "fused_plain")
@@ -47,7 +47,7 @@ NO_END = 10**9  # an end token no row emits
 
 
 class DecodeTimer:
-    """Times the decoding loops that :func:`memalpha.lm.generation.generate` calls (not the prefill)."""
+    """Times the decoding loops that :func:`memalpha.lm.sampling.generation.generate` calls (not the prefill)."""
 
     def __init__(self) -> None:
         self.seconds = 0.0

@@ -21,8 +21,8 @@ import torch
 from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
-from memalpha.lm.layout import pad_prompt_response
-from memalpha.lm.logprobs import token_logprobs
+from memalpha.lm.core.layout import pad_prompt_response
+from memalpha.lm.scoring.logprobs import token_logprobs
 
 
 def peak_allocated_bytes(fn) -> tuple[int, object]:
@@ -103,8 +103,8 @@ def throughput_table(batches=(1, 4, 16), threads=(1, 2), new_tokens: int = 64, r
     """Generated tokens/s of the embedded model; every row runs to ``new_tokens`` (eos disabled)."""
     from transformers.utils import logging as hf_logging
 
-    from memalpha.lm.generation import generate
-    from memalpha.lm.policy import load_policy
+    from memalpha.lm.sampling.generation import generate
+    from memalpha.lm.core.policy import load_policy
 
     hf_logging.set_verbosity_error()  # eos_token_id=-1 (never sampled) would warn on every call
     model, tokenizer = load_policy("smollm2-135m-instruct", lora=None)

@@ -36,7 +36,7 @@ import torch
 
 from memalpha.agent.scoring import score_answers
 from memalpha.data.synthetic import generate_synthetic
-from memalpha.lm.embedded import load_tokenizer, resolve_model_path
+from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
 from memalpha.memory.store import EPISODIC, SEMANTIC, Memory
 from memalpha.reader.local import LocalReader
 

@@ -65,9 +65,9 @@ from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import accumulate_grpo_gradients, build_optimizer, optimizer_step
-from memalpha.lm.logprobs import response_logprobs
-from memalpha.lm.policy import LMSettings, LoraSettings
-from memalpha.lm.vllm_settings import VllmSettings
+from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.lm.core.policy import LMSettings, LoraSettings
+from memalpha.lm.sampling.vllm_settings import VllmSettings
 from memalpha.reader.settings import ReaderSettings
 from memalpha.train.engine_sync import EngineSync, sampler_logprob_gap
 from memalpha.train.module import GRPOModule

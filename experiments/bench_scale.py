@@ -9,14 +9,14 @@ Run (CPU, a scaled-down shape of the same structure):
 Memory and time of a step depend only on the model's shapes, so the architecture is built
 from Qwen3-4B's published config values (hidden 2560, 36 layers, 32 attention heads, 8 KV
 heads, head dim 128, intermediate 9728, vocabulary 151,936, tied embeddings) with random
-weights, saved to a temporary folder, and loaded through :func:`memalpha.lm.policy.load_policy`
+weights, saved to a temporary folder, and loaded through :func:`memalpha.lm.core.policy.load_policy`
 exactly as ``configs/qlora_4090.yaml`` does: NF4 base (double quantisation), LoRA r 32 / alpha
 64 on all linear layers, gradient checkpointing. One GRPO step at that config's lengths follows:
 
 1. ``generate``   ``group_size`` rollouts, each of its own ``prompt_tokens``-long random prompt
-                  (nothing shared, so :mod:`memalpha.lm.prefix_cache` saves nothing: the worst case), forced to
+                  (nothing shared, so :mod:`memalpha.lm.core.prefix_cache` saves nothing: the worst case), forced to
                   exactly ``response_tokens`` new tokens (the end-of-sequence id handed to
-                  :func:`memalpha.lm.generation.generate` is one past the vocabulary, so it can never
+                  :func:`memalpha.lm.sampling.generation.generate` is one past the vocabulary, so it can never
                   be sampled), ``generation_batch_size`` prompts per call;
 2. ``reference``  reference log-probs (adapter off, no grad), ``micro_batch_size`` at a time;
 3. ``policy``     per micro-batch: policy log-probs with grad and the clipped GRPO loss with the
@@ -66,10 +66,10 @@ from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.loss import policy_loss
 from memalpha.grpo.settings import OptimizerSettings
 from memalpha.grpo.update import build_optimizer, optimizer_step
-from memalpha.lm.embedded import load_tokenizer, resolve_model_path
-from memalpha.lm.generation import generate
-from memalpha.lm.logprobs import token_logprobs
-from memalpha.lm.policy import LoraSettings, load_policy
+from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
+from memalpha.lm.sampling.generation import generate
+from memalpha.lm.scoring.logprobs import token_logprobs
+from memalpha.lm.core.policy import LoraSettings, load_policy
 
 DEFAULT_OUT = RESULTS_DIR / "bench_scale.json"
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "qlora_4090.yaml"

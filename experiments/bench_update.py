@@ -14,11 +14,11 @@ process:
                   repeated to each row; the head's log-probs under activation checkpointing;
                   PEFT's LoRA forward (the update before fix 5);
 * ``packed``   -- the responses of each distinct prompt one after another in one row, without
-                  padding (:mod:`memalpha.lm.packed_responses`; fix 5);
+                  padding (:mod:`memalpha.lm.scoring.packed_responses`; fix 5);
 * ``streamed`` -- the head's log-probs through its hand-written backward
-                  (:class:`memalpha.lm.logprobs.HeadLogprob`; fix 6);
+                  (:class:`memalpha.lm.scoring.logprobs.HeadLogprob`; fix 6);
 * ``accumulated`` -- each LoRA product added into its base output in place
-                  (:mod:`memalpha.lm.accumulated_lora`; fix 6): the default.
+                  (:mod:`memalpha.lm.core.accumulated_lora`; fix 6): the default.
 
 All must give the same loss and gradients up to float32 rounding; the report holds the
 relative difference of each path's gradients from ``padded``'s. Without ``--adapter-path`` a
@@ -47,8 +47,9 @@ from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import UpdateSettings
 from memalpha.grpo.update import accumulate_grpo_gradients
-from memalpha.lm import logprobs, prefix_cache
-from memalpha.lm.generation import generate
+from memalpha.lm.core import prefix_cache
+from memalpha.lm.scoring import logprobs
+from memalpha.lm.sampling.generation import generate
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_update.json"
 PATHS = ("padded", "packed", "streamed", "accumulated")

@@ -236,7 +236,7 @@ def job_reward(settings: BenchSettings, prompts: list[tuple[list[dict[str, str]]
 
 
 def _lora(settings: BenchSettings):
-    from memalpha.lm.policy import LoraSettings
+    from memalpha.lm.core.policy import LoraSettings
 
     return LoraSettings(r=settings.lora_r, alpha=settings.lora_alpha, dropout=0.0, target_modules="all-linear")
 
@@ -245,7 +245,7 @@ def run_memalpha(settings: BenchSettings) -> dict[str, Any]:
     """Train with :func:`memalpha.grpo.single_turn.train_single_turn`; per-step records and setup time."""
     from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
     from memalpha.grpo.single_turn import SingleTurnSettings, train_single_turn
-    from memalpha.lm.policy import LMSettings
+    from memalpha.lm.core.policy import LMSettings
 
     start = time.perf_counter()
     job = build_job(settings.pool_size(), settings.seed, settings.max_new_tokens, settings.job)
@@ -301,7 +301,7 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from memalpha.lm.embedded import load_tokenizer, resolve_model_path
+    from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
 
     start = time.perf_counter()
     path = str(resolve_model_path(settings.model))

@@ -36,9 +36,9 @@ from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import accumulate_grpo_gradients, build_optimizer, optimizer_step
-from memalpha.lm.generation import generate
-from memalpha.lm.logprobs import response_logprobs
-from memalpha.lm.policy import LoraSettings, load_policy
+from memalpha.lm.sampling.generation import generate
+from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.lm.core.policy import LoraSettings, load_policy
 
 PHASES = ("generate", "reference_logprobs", "policy_loss_backward", "optimizer_step")
 MAX_NEW_TOKENS = 48

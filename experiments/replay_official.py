@@ -38,7 +38,7 @@ from memalpha.agent.rewards import (
 )
 from memalpha.agent.rollout import RolloutSettings, make_token_counter
 from memalpha.agent.scoring import score_answers
-from memalpha.lm.embedded import load_tokenizer
+from memalpha.lm.core.embedded import load_tokenizer
 from memalpha.memory.store import Memory
 from memalpha.tools.executor import execute_response
 from memalpha.tools.formats import get_call_format

@@ -45,7 +45,7 @@ from memalpha.agent.rewards import RewardSettings
 from memalpha.agent.rollout import RolloutSettings
 from memalpha.agent.scripted import POLICIES, MemoryEchoReader, reward_terms, run_scripted
 from memalpha.data.synthetic import generate_synthetic
-from memalpha.lm.embedded import EMBEDDED_MODEL_NAME, load_tokenizer, resolve_model_path
+from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer, resolve_model_path
 from memalpha.reader.settings import ReaderSettings
 from memalpha.train.datamodule import synthetic_options
 from memalpha.train.profiles import PROFILES

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))  # 
 @pytest.fixture(scope="session")
 def embedded_model_dir():
     """The embedded SmolLM2-135M-Instruct as a plain HF folder (default memalpha cache)."""
-    from memalpha.lm.embedded import materialise_embedded_model
+    from memalpha.lm.core.embedded import materialise_embedded_model
 
     return materialise_embedded_model()
 
@@ -25,7 +25,7 @@ def embedded_model_dir():
 @pytest.fixture(scope="session")
 def tokenizer(embedded_model_dir):
     """The embedded model's tokenizer (vocab 49152, ChatML template), left padding."""
-    from memalpha.lm.embedded import load_tokenizer
+    from memalpha.lm.core.embedded import load_tokenizer
 
     return load_tokenizer(str(embedded_model_dir))
 
@@ -58,7 +58,7 @@ def peaked_policy(tmp_path_factory, tokenizer):
     adapter (B not zero), so the adapter changes them."""
     import torch
 
-    from memalpha.lm.policy import LoraSettings, load_policy
+    from memalpha.lm.core.policy import LoraSettings, load_policy
 
     folder = build_tiny_model_dir(tmp_path_factory.mktemp("peaked-policy"), tokenizer, initializer_range=0.3)
     torch.manual_seed(0)
@@ -70,7 +70,7 @@ def peaked_policy(tmp_path_factory, tokenizer):
 
 def model_generate_path(monkeypatch, model, tokenizer, prompts, **kwargs):
     """memalpha's ``generate`` through ``model.generate``: neither its own loop nor its fused step."""
-    from memalpha.lm import generation
+    from memalpha.lm.sampling import generation
 
     with monkeypatch.context() as patch:
         patch.setattr(generation, "growing_cache", lambda *args, **kw: None)
@@ -81,7 +81,7 @@ def early_end_token(model, tokenizer, prompts, *, others_from: int, all_others: 
     """A token that row 0 emits greedily among its first six tokens (not before that step) and the
     rows from ``others_from`` on emit later or never (all of them with ``all_others``, at least one
     otherwise): as the end token, it makes rows end at different steps."""
-    from memalpha.lm.generation import generate
+    from memalpha.lm.sampling.generation import generate
 
     free = generate(model, tokenizer, prompts, max_new_tokens=10, do_sample=False, eos_token_id=never).response_ids
     test = all if all_others else any

@@ -79,7 +79,7 @@ def test_bench_rollout_smoke(tmp_path, tokenizer, one_thread):
 
 
 def test_bench_decode_smoke_times_every_path_and_restores_generation(tmp_path, tokenizer, one_thread):
-    from memalpha.lm import generation, packed_linear
+    from memalpha.lm.sampling import generation, packed_linear
 
     before = (generation.decode, generation.fused_decode, generation.FusedDecoder)
     packing = packed_linear.packing_available
@@ -99,7 +99,8 @@ def test_bench_decode_smoke_times_every_path_and_restores_generation(tmp_path, t
 
 
 def test_bench_update_smoke_times_the_four_paths_with_the_same_gradients(tmp_path, tokenizer, one_thread):
-    from memalpha.lm import logprobs, prefix_cache
+    from memalpha.lm.core import prefix_cache
+    from memalpha.lm.scoring import logprobs
 
     def switches():
         return (logprobs.packed_response_hidden, logprobs.streams_head, logprobs.accumulated_adapters,

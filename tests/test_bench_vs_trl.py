@@ -127,7 +127,7 @@ def test_an_adapter_start_needs_an_adapter_folder(tmp_path):
 
 def test_parity_mode_starts_from_an_adapter_and_varies_the_seed(tiny_model_dir, tmp_path, capsys):
     """memalpha's side of the parity mode (TRL's side is the same code path as the timing run)."""
-    from memalpha.lm.policy import LoraSettings, load_policy
+    from memalpha.lm.core.policy import LoraSettings, load_policy
 
     policy, _ = load_policy(tiny_model_dir, lora=LoraSettings(r=2, alpha=4, dropout=0.0, target_modules="all-linear"))
     policy.save_pretrained(str(tmp_path / "adapter"))

@@ -7,10 +7,10 @@ import pytest
 import torch
 from conftest import SMALL_VOCAB, early_end_token, model_generate_path
 
-from memalpha.lm.decode import GrowingLayer, growing_cache
-from memalpha.lm.generation import generate
-from memalpha.lm.prefix_cache import SharedPrefix, full_attention_layers, split_decoder_and_head
-from memalpha.lm.sampling import draw, filter_logits, next_tokens
+from memalpha.lm.sampling.growing_cache import GrowingLayer, growing_cache
+from memalpha.lm.sampling.generation import generate
+from memalpha.lm.core.prefix_cache import SharedPrefix, full_attention_layers, split_decoder_and_head
+from memalpha.lm.sampling.filters import draw, filter_logits, next_tokens
 
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]
 PROMPTS = [SYSTEM + [20, 21, 22], SYSTEM + [20, 21, 22], SYSTEM + [30], SYSTEM + [30], SYSTEM + [40, 41]]

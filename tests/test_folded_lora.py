@@ -7,8 +7,8 @@ import pytest
 import torch
 from conftest import build_tiny_model_dir, randomise_lora_b
 
-from memalpha.lm.folded_lora import folded_adapters
-from memalpha.lm.generation import generate
+from memalpha.lm.core.folded_lora import folded_adapters
+from memalpha.lm.sampling.generation import generate
 
 PROMPTS = [[11, 12, 13, 14, 20, 21], [11, 12, 13, 14, 30], [11, 12, 13, 14, 40, 41, 42]]
 

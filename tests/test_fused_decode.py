@@ -7,17 +7,17 @@ import pytest
 import torch
 from conftest import build_tiny_model_dir, early_end_token, model_generate_path
 
-from memalpha.lm import generation
-from memalpha.lm.fused_decode import (
+from memalpha.lm.sampling import generation
+from memalpha.lm.sampling.fused_decode import (
     FusedDecoder,
     PromptGroups,
     combine,
     cpu_flash_attention,
     rotate,
 )
-from memalpha.lm.generation import generate
-from memalpha.lm.layout import additive_mask
-from memalpha.lm.prefix_cache import split_decoder_and_head
+from memalpha.lm.sampling.generation import generate
+from memalpha.lm.core.layout import additive_mask
+from memalpha.lm.core.prefix_cache import split_decoder_and_head
 
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]
 # two groups of two, a single prompt, and a prompt shorter than the rest (left padding)
@@ -148,7 +148,7 @@ def test_packed_float32_step_gives_model_generates_greedy_tokens(peaked_policy, 
     rows end and plain once few are left; the greedy tokens stay those of ``model.generate``."""
     import copy
 
-    from memalpha.lm import packed_linear
+    from memalpha.lm.sampling import packed_linear
 
     if not packed_linear.packing_available():
         pytest.skip("this PyTorch build has no MKL packed product")

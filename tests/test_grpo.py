@@ -190,9 +190,9 @@ def _first_token_probability(model, prompts) -> float:
 
 
 def _grpo_run(model_dir, tokenizer, reward_sign: int, steps: int = 5) -> tuple[float, float]:
-    from memalpha.lm.generation import generate
-    from memalpha.lm.logprobs import token_logprobs
-    from memalpha.lm.policy import LoraSettings, load_policy
+    from memalpha.lm.sampling.generation import generate
+    from memalpha.lm.scoring.logprobs import token_logprobs
+    from memalpha.lm.core.policy import LoraSettings, load_policy
 
     torch.manual_seed(0)
     model, _ = load_policy(model_dir, lora=LoraSettings(r=4, alpha=8))

@@ -10,9 +10,9 @@ from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.single_turn import SingleTurnSettings, train_single_turn
 from memalpha.grpo.update import accumulate_grpo_gradients
-from memalpha.lm.generation import generate
-from memalpha.lm.logprobs import response_logprobs
-from memalpha.lm.policy import LoraSettings, load_policy
+from memalpha.lm.sampling.generation import generate
+from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.lm.core.policy import LoraSettings, load_policy
 
 
 def test_shared_update_raises_a_rewarded_token_over_micro_batches_with_kl(small_vocab_model_dir, tokenizer):

@@ -16,9 +16,9 @@ from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import accumulate_grpo_gradients, build_optimizer, optimizer_step
-from memalpha.lm.generation import generate
-from memalpha.lm.logprobs import response_logprobs
-from memalpha.lm.policy import LoraSettings, load_policy
+from memalpha.lm.sampling.generation import generate
+from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.lm.core.policy import LoraSettings, load_policy
 
 STEPS, GROUP, NEW_TOKENS = 20, 8, 3
 PROMPTS = [[1, 3, 4], [6, 7], [4, 4, 1, 6]]

@@ -9,9 +9,9 @@ from numerics import VALUE_REL, assert_close, assert_same_gradients
 from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
-from memalpha.lm.layout import pad_prompt_response
-from memalpha.lm.logprobs import HeadLogprob, streams_head, token_logprobs
-from memalpha.lm.policy import LoraSettings, load_policy
+from memalpha.lm.core.layout import pad_prompt_response
+from memalpha.lm.scoring.logprobs import HeadLogprob, streams_head, token_logprobs
+from memalpha.lm.core.policy import LoraSettings, load_policy
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14], [15, 16]]
 RESPONSES = [[100, 200, 300, 2], [400], [500, 600, 700, 800, 900, 1000, 1100], []]
@@ -121,7 +121,7 @@ def test_only_plain_linear_heads_are_streamed():
 @pytest.mark.parametrize("streamed", [True, False])
 def test_logprob_gradients_equal_naive_on_both_head_paths(policy64, streamed, monkeypatch):
     """The whole model's gradients through the streamed head and through the checkpointed one."""
-    from memalpha.lm import logprobs
+    from memalpha.lm.scoring import logprobs
 
     monkeypatch.setattr(logprobs, "streams_head", lambda head, config: streamed)
     model, _ = policy64

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from memalpha.lm import embedded
-from memalpha.lm.embedded import (
+from memalpha.lm.core import embedded
+from memalpha.lm.core.embedded import (
     EMBEDDED_GGUF_SHA256,
     EmbeddedModelError,
     embedded_model_dir,
@@ -21,7 +21,7 @@ from memalpha.lm.embedded import (
 def test_materialise_into_fresh_cache_then_generate(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from memalpha.lm.embedded import load_tokenizer
+    from memalpha.lm.core.embedded import load_tokenizer
 
     start = time.perf_counter()
     folder = materialise_embedded_model(cache_dir=tmp_path)

@@ -18,8 +18,8 @@ from lightning.pytorch import Trainer
 
 from memalpha.agent.rollout import RolloutOutput, RolloutRecord, TurnSample
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-from memalpha.lm.generation import generate
-from memalpha.lm.policy import LoraSettings
+from memalpha.lm.sampling.generation import generate
+from memalpha.lm.core.policy import LoraSettings
 
 STEPS, GROUP, NEW_TOKENS, WINDOW = 10, 8, 3, 3
 PROMPTS = [[1, 3, 4], [6, 7], [4, 4, 1, 6]]

@@ -146,7 +146,7 @@ def test_the_recorded_run_replays_under_both_profiles_as_documented():
     spec = importlib.util.spec_from_file_location("replay_official", path)
     replay = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(replay)
-    from memalpha.lm.embedded import load_tokenizer
+    from memalpha.lm.core.embedded import load_tokenizer
 
     tokenizer = load_tokenizer("smollm2-135m-instruct")
     default, official = (replay.replay_profile(name, tokenizer)["all"] for name in ("memalpha", "official"))

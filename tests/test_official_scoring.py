@@ -20,7 +20,7 @@ from memalpha.agent.rewards import (
 from memalpha.agent.rollout import RolloutSettings, answer_questions, run_rollouts, start_rollouts
 from memalpha.agent.scoring import score_answer, score_answers, score_answers_checked
 from memalpha.data.schema import QA, Instance
-from memalpha.lm.policy import LoraSettings, load_policy
+from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader, ReaderAnswer
 from memalpha.tools.executor import execute_call, execute_response

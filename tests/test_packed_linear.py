@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from memalpha.lm.packed_linear import LinearProduct, can_pack, packing_available
+from memalpha.lm.sampling.packed_linear import LinearProduct, can_pack, packing_available
 
 needs_mkl = pytest.mark.skipif(not packing_available(), reason="this PyTorch build has no MKL packed product")
 

@@ -11,10 +11,10 @@ import torch
 from conftest import randomise_lora_b
 from numerics import GRADIENT_REL, VALUE_REL, assert_close, assert_same_gradients
 
-from memalpha.lm import logprobs
-from memalpha.lm.layout import pad_prompt_response
-from memalpha.lm.packed_responses import SegmentLayout, packed_response_hidden, worth_packing
-from memalpha.lm.policy import LoraSettings, load_policy
+from memalpha.lm.scoring import logprobs
+from memalpha.lm.core.layout import pad_prompt_response
+from memalpha.lm.scoring.packed_responses import SegmentLayout, packed_response_hidden, worth_packing
+from memalpha.lm.core.policy import LoraSettings, load_policy
 
 SYSTEM = [11, 12, 13, 14, 15]
 # two groups whose response lengths differ, one of them with an empty response, and a short prompt

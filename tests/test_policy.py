@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memalpha.lm.generation import Generation, generate, trim_at_eos
-from memalpha.lm.layout import pad_prompt_response
-from memalpha.lm.logprobs import token_logprobs
-from memalpha.lm.policy import LoraSettings, load_policy, trainable_parameters
+from memalpha.lm.sampling.generation import Generation, generate, trim_at_eos
+from memalpha.lm.core.layout import pad_prompt_response
+from memalpha.lm.scoring.logprobs import token_logprobs
+from memalpha.lm.core.policy import LoraSettings, load_policy, trainable_parameters
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14]]
 RESPONSES = [[100, 200, 300], [400, 500], [600, 700, 800, 900]]

@@ -10,11 +10,11 @@ from numerics import VALUE_REL, assert_close, assert_same_gradients, relative_di
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import UpdateSettings
 from memalpha.grpo.update import accumulate_grpo_gradients
-from memalpha.lm.generation import generate
-from memalpha.lm.layout import pad_prompt_response
-from memalpha.lm.logprobs import response_logprobs, token_logprobs
-from memalpha.lm.policy import LoraSettings, load_policy
-from memalpha.lm.prefix_cache import (
+from memalpha.lm.sampling.generation import generate
+from memalpha.lm.core.layout import pad_prompt_response
+from memalpha.lm.scoring.logprobs import response_logprobs, token_logprobs
+from memalpha.lm.core.policy import LoraSettings, load_policy
+from memalpha.lm.core.prefix_cache import (
     SharedPrefix,
     cache_is_kept,
     prompt_order,

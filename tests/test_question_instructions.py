@@ -203,7 +203,7 @@ def test_the_reader_model_receives_the_instruction_before_the_question(tiny_mode
     import torch
     from transformers import AutoModelForCausalLM
 
-    from memalpha.lm import generation
+    from memalpha.lm.sampling import generation
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     seen: list[list[int]] = []

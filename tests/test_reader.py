@@ -93,7 +93,7 @@ def test_local_reader_batches_and_respects_the_prompt_budget(tiny_model, tokeniz
 def test_local_reader_complete_takes_per_call_sampling(tiny_model, tokenizer, monkeypatch):
     """A ``Sampling`` given to ``complete`` reaches ``generate`` for that call only; every other
     call keeps the reader's own settings (greedy, 2 tokens here)."""
-    from memalpha.lm import generation
+    from memalpha.lm.sampling import generation
 
     real = generation.generate
     seen = []

@@ -23,7 +23,7 @@ from memalpha.agent.rollout import (
 )
 from memalpha.cli import main
 from memalpha.data.schema import QA, Instance
-from memalpha.lm.http_post import backoff_delay
+from memalpha.lm.core.http_post import backoff_delay
 from memalpha.memory.store import SEMANTIC, Memory
 from memalpha.reader.local import LocalReader
 from memalpha.reader.openai_compat import OpenAIReader

@@ -9,10 +9,10 @@ from numerics import VALUE_REL, assert_close
 
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.single_turn import SingleTurnSettings, train_single_turn
-from memalpha.lm.adapters import export_adapter
-from memalpha.lm.logprobs import response_logprobs
-from memalpha.lm.policy import LoraSettings, load_policy
-from memalpha.lm.reference import REFERENCE_ADAPTER, load_reference_adapter, reference_weights
+from memalpha.lm.core.adapters import export_adapter
+from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.lm.core.policy import LoraSettings, load_policy
+from memalpha.lm.core.reference import REFERENCE_ADAPTER, load_reference_adapter, reference_weights
 
 LORA = LoraSettings(r=4, alpha=8, dropout=0.0, target_modules="all-linear")
 PROMPTS = [[5, 6, 7, 8], [5, 6, 9]]

@@ -13,7 +13,7 @@ from memalpha.agent.rollout import RolloutSettings
 from memalpha.grpo.batch import GRPOBatch, cut_minibatches
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import build_optimizer, optimizer_step, warmup_steps
-from memalpha.lm.policy import LMSettings, LoraSettings
+from memalpha.lm.core.policy import LMSettings, LoraSettings
 from memalpha.reader.settings import ReaderSettings
 from memalpha.train.lightning_cli import RENAMED_MODEL_KEYS, check_renamed_keys
 

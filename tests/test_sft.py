@@ -18,9 +18,9 @@ from memalpha.data.schema import DataValidationError
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.grpo.settings import OptimizerSettings
 from memalpha.grpo.update import build_optimizer, optimizer_step
-from memalpha.lm.layout import pad_prompt_response
-from memalpha.lm.policy import LoraSettings, load_policy
-from memalpha.lm.sft import accumulate_sft_gradients, masked_nll
+from memalpha.lm.core.layout import pad_prompt_response
+from memalpha.lm.core.policy import LoraSettings, load_policy
+from memalpha.train.sft_loss import accumulate_sft_gradients, masked_nll
 from memalpha.memory.store import Memory
 from memalpha.tools.executor import execute_call
 from memalpha.tools.formats import get_call_format

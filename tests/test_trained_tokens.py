@@ -18,8 +18,8 @@ from memalpha.data.schema import QA, Instance
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import UpdateSettings
 from memalpha.grpo.update import accumulate_grpo_gradients
-from memalpha.lm.logprobs import response_logprobs, token_logprobs
-from memalpha.lm.policy import LoraSettings, load_policy
+from memalpha.lm.scoring.logprobs import response_logprobs, token_logprobs
+from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.reader.local import LocalReader
 from memalpha.tools.formats import RESPONSE_OPEN, RESULT_MARK, get_call_format
 from memalpha.tools.schemas import INSERT
@@ -156,7 +156,7 @@ def script_generation(monkeypatch, tokenizer, responses: list[str]) -> list[list
     tokens are scripted; everything around them (the prompts, the batched generation with its
     prefix cache, parsing, execution, samples, rewards, log-probs, the update) runs for real.
     """
-    from memalpha.lm import generation
+    from memalpha.lm.sampling import generation
 
     script = [ids_of(tokenizer, text) + [tokenizer.eos_token_id] for text in responses]
 

@@ -199,7 +199,7 @@ def test_corrupt_data_fails_before_training(tmp_path, tiny_model_dir):
 
 def nonzero_adapter(tmp_path: Path, model_dir: str) -> Path:
     """A LoRA adapter with random B, so the policy differs from the reference and the KL term has a gradient."""
-    from memalpha.lm.policy import LoraSettings, load_policy
+    from memalpha.lm.core.policy import LoraSettings, load_policy
 
     policy, _ = load_policy(model_dir, lora=LoraSettings(r=8, alpha=16))
     torch.manual_seed(1)

@@ -21,15 +21,15 @@ from vllm_fake_server import EOS, fake_response
 
 from memalpha.agent.rollout import RolloutSettings
 from memalpha.cli import main
-from memalpha.lm.vllm_engine import (
+from memalpha.lm.sampling.vllm_engine import (
     SampledGeneration,
     VllmEngine,
     VllmEngineError,
     completion_body,
     parse_completion,
 )
-from memalpha.lm.vllm_server import VllmServer, VllmServerError, health_ok, log_tail, server_command
-from memalpha.lm.vllm_settings import VllmSettings, lora_rank_for_server
+from memalpha.lm.sampling.vllm_server import VllmServer, VllmServerError, health_ok, log_tail, server_command
+from memalpha.lm.sampling.vllm_settings import VllmSettings, lora_rank_for_server
 from memalpha.train.engine_sync import (
     EngineSync,
     SamplerDriftError,

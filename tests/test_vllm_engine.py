@@ -19,12 +19,12 @@ from test_training import scalars, version_dirs, write_config
 from memalpha.agent.rollout import RolloutSettings, make_token_counter, memorise_chunks, start_rollouts
 from memalpha.cli import main
 from memalpha.data.synthetic import generate_synthetic
-from memalpha.lm.adapters import export_adapter
-from memalpha.lm.generation import resolve_eos_ids
-from memalpha.lm.logprobs import response_logprobs
-from memalpha.lm.policy import LoraSettings, load_policy, trainable_parameters
-from memalpha.lm.vllm_engine import VllmEngine, VllmEngineError
-from memalpha.lm.vllm_server import VllmServer
+from memalpha.lm.core.adapters import export_adapter
+from memalpha.lm.sampling.generation import resolve_eos_ids
+from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.lm.core.policy import LoraSettings, load_policy, trainable_parameters
+from memalpha.lm.sampling.vllm_engine import VllmEngine, VllmEngineError
+from memalpha.lm.sampling.vllm_server import VllmServer
 from memalpha.memory.store import Memory
 from memalpha.reader.local import LocalReader
 from memalpha.reader.openai_compat import OpenAIReader

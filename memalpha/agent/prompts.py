@@ -10,7 +10,7 @@ Memorising (docs/method.md: memorising): every chunk gets a fresh two-message pr
 No earlier chunk or response is kept in context. The memory is the only part of the system
 prompt that differs between rollouts, so memalpha's texts put it last: everything before it (about 800
 tokens with a tool block) is a prefix every turn of a batch shares, which
-:mod:`memalpha.lm.prefix_cache` computes once instead of once per row.
+:mod:`memalpha.lm.core.prefix_cache` computes once instead of once per row.
 """
 
 from __future__ import annotations

@@ -24,10 +24,10 @@ from memalpha.agent.prompts import PROMPT_PROFILES, memorise_messages, stated_re
 from memalpha.agent.rewards import ContentJudge, RewardSettings, TurnCalls, rollout_rewards
 from memalpha.agent.scoring import score_answers_checked
 from memalpha.data.schema import Instance
-from memalpha.lm.chat import chat_prompt_ids
-from memalpha.lm.generation import Generation, generate
-from memalpha.lm.vllm_engine import SampledGeneration
-from memalpha.lm.vllm_settings import VllmSettings
+from memalpha.lm.core.chat import chat_prompt_ids
+from memalpha.lm.sampling.generation import Generation, generate
+from memalpha.lm.sampling.vllm_engine import SampledGeneration
+from memalpha.lm.sampling.vllm_settings import VllmSettings
 from memalpha.memory.render import render_memorise
 from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader
@@ -40,8 +40,8 @@ from memalpha.tools.jsonfix import CALL_REPAIRS
 ROLLOUT_ENGINES = ("hf", "vllm")
 
 GenerateFn = Callable[..., Generation]
-"""Generates like :func:`memalpha.lm.generation.generate` without its model and tokenizer
-arguments (the ``vllm`` engine's bound :meth:`~memalpha.lm.vllm_engine.VllmEngine.generate`)."""
+"""Generates like :func:`memalpha.lm.sampling.generation.generate` without its model and tokenizer
+arguments (the ``vllm`` engine's bound :meth:`~memalpha.lm.sampling.vllm_engine.VllmEngine.generate`)."""
 
 
 class RolloutError(ValueError):
@@ -513,8 +513,8 @@ def run_rollouts(
 
     ``group_id`` of a sample is the instance's position in ``instances``. ``share_prefix`` lets
     each ``generate`` call compute the prompt tokens its rows share once
-    (:mod:`memalpha.lm.prefix_cache`); ``fold_adapters`` samples with the policy's LoRA update
-    folded into its weights (:func:`memalpha.lm.generation.generate`). The answer metric of each source comes from
+    (:mod:`memalpha.lm.core.prefix_cache`); ``fold_adapters`` samples with the policy's LoRA update
+    folded into its weights (:func:`memalpha.lm.sampling.generation.generate`). The answer metric of each source comes from
     ``weights.metric_overrides`` first; answers are compared in ``weights.metric_style``.
     ``engine`` generates the agent's turns instead of the policy (see :func:`memorise_chunks`).
     """

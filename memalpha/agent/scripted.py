@@ -27,7 +27,7 @@ from memalpha.agent.demos import note_contents
 from memalpha.agent.rewards import RewardSettings
 from memalpha.agent.rollout import RolloutOutput, RolloutSettings, run_rollouts
 from memalpha.data.schema import Instance
-from memalpha.lm.generation import Generation
+from memalpha.lm.sampling.generation import Generation
 from memalpha.memory.store import CORE, EPISODIC, SEMANTIC
 from memalpha.reader.base import Reader, ReaderAnswer
 from memalpha.seeding import stable_seed

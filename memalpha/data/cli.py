@@ -145,7 +145,7 @@ def _run_synth(args: argparse.Namespace) -> None:
 def _tokenizer_from(name: str) -> Any:
     if name.lower() == "none":
         return None
-    from memalpha.lm.embedded import load_tokenizer
+    from memalpha.lm.core.embedded import load_tokenizer
 
     return load_tokenizer(name)
 

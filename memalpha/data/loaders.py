@@ -93,7 +93,7 @@ def load_instances(
     Args:
         source: file, folder or hub dataset name.
         layout: ``auto``, ``jsonl``, ``memalpha`` or ``memoryagentbench``.
-        tokenizer: tokenizer (object, or a model name / path for :func:`memalpha.lm.embedded.load_tokenizer`)
+        tokenizer: tokenizer (object, or a model name / path for :func:`memalpha.lm.core.embedded.load_tokenizer`)
             used to chunk MemoryAgentBench contexts; required for that layout only.
         chunk_tokens: chunk size in tokens for MemoryAgentBench contexts (official: 2048; 1024 for the
             test-time-learning sets).
@@ -414,7 +414,7 @@ def _resolve_tokenizer(tokenizer: Any, label: str) -> Any:
             label, "the memoryagentbench layout is chunked by tokens: pass tokenizer= (a tokenizer or a model name)"
         )
     if isinstance(tokenizer, (str, Path)):
-        from memalpha.lm.embedded import load_tokenizer
+        from memalpha.lm.core.embedded import load_tokenizer
 
         return load_tokenizer(str(tokenizer))
     return tokenizer

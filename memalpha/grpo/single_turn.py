@@ -37,12 +37,12 @@ from memalpha.grpo.update import (
     first_nonfinite,
     optimizer_step,
 )
-from memalpha.lm.adapters import export_adapter
-from memalpha.lm.chat import chat_prompt_ids
-from memalpha.lm.generation import generate
-from memalpha.lm.logprobs import response_logprobs
-from memalpha.lm.policy import LMSettings, LoraSettings, load_policy
-from memalpha.lm.reference import load_reference_adapter, reference_weights
+from memalpha.lm.core.adapters import export_adapter
+from memalpha.lm.core.chat import chat_prompt_ids
+from memalpha.lm.sampling.generation import generate
+from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.lm.core.policy import LMSettings, LoraSettings, load_policy
+from memalpha.lm.core.reference import load_reference_adapter, reference_weights
 
 RewardFn = Callable[[list[str], list[str]], Sequence[float]]
 

@@ -26,9 +26,9 @@ import torch
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.loss import policy_loss
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings, WarmupStart
-from memalpha.lm.layout import response_mask
-from memalpha.lm.logprobs import token_logprobs
-from memalpha.lm.prefix_cache import prompt_order, shared_prefix, split_decoder_and_head
+from memalpha.lm.core.layout import response_mask
+from memalpha.lm.scoring.logprobs import token_logprobs
+from memalpha.lm.core.prefix_cache import prompt_order, shared_prefix, split_decoder_and_head
 
 NONFINITE_KINDS = ("rewards", "reference log-probs", "old log-probs", "loss", "grad norm")
 """What a GRPO step can find non-finite, in the order it meets them."""
@@ -119,11 +119,11 @@ def accumulate_grpo_gradients(
     mini-batch's global response-token and sequence counts, so summing the micro-batch losses gives the mini-batch loss (and the
     order of the rows does not matter).
 
-    With ``share_prefix`` the rows are put in :func:`~memalpha.lm.prefix_cache.prompt_order`
+    With ``share_prefix`` the rows are put in :func:`~memalpha.lm.core.prefix_cache.prompt_order`
     and the prompt prefix they all share runs through the policy once for the whole mini-batch:
     each micro-batch reads it through detached leaves that collect its gradient, and the last
     micro-batch's backward carries the sum through the prefix's pass
-    (:meth:`~memalpha.lm.prefix_cache.SharedPrefix.pullback`). ``backward`` is therefore still
+    (:meth:`~memalpha.lm.core.prefix_cache.SharedPrefix.pullback`). ``backward`` is therefore still
     called exactly once per micro-batch. ``grad_scale`` is the factor ``backward`` multiplies
     a loss by (a mixed-precision grad scaler's current scale; 1 otherwise).
 

@@ -149,7 +149,7 @@ class LocalReader(Reader):
         enable_thinking: bool | None = None,
     ) -> list[LocalGeneration]:
         """Generate one reply per conversation; a failing batch yields failed items, not an exception."""
-        from memalpha.lm.generation import generate
+        from memalpha.lm.sampling.generation import generate
 
         max_new_tokens = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         temperature = self.temperature if temperature is None else temperature

@@ -3,7 +3,7 @@
 Requests go out concurrently (``max_concurrency`` threads, stdlib HTTP only). A request
 that times out, cannot connect, loses its connection, gets a 5xx/429 reply, or returns a
 malformed body (not JSON, no ``choices``) is retried up to ``max_retries`` times, waiting
-:func:`~memalpha.lm.http_post.backoff_delay` before each retry; other 4xx replies are not retried. What still fails
+:func:`~memalpha.lm.core.http_post.backoff_delay` before each retry; other 4xx replies are not retried. What still fails
 becomes a failed :class:`ReaderAnswer`: nothing a server does can raise out of this reader, so
 a reader outage costs a training run its scores for that while, never the run.
 
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from memalpha.lm.http_post import RefusedRequestError, RetryableRequestError, backoff_delay, post_json
+from memalpha.lm.core.http_post import RefusedRequestError, RetryableRequestError, backoff_delay, post_json
 from memalpha.reader.base import Conversation, Reader, ReaderAnswer, Sampling
 from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.reader.retrieval import DEFAULT_SYSTEM_PROMPT_LIMIT, DEFAULT_TOP_K
@@ -48,7 +48,7 @@ class OpenAIReader(Reader):
         timeout_s: per-request socket timeout.
         max_retries: retries after the first attempt for timeouts, refused or dropped
             connections, 5xx/429 and malformed replies.
-        backoff_s: ceiling of the first backoff; doubles with every retry (see :func:`~memalpha.lm.http_post.backoff_delay`).
+        backoff_s: ceiling of the first backoff; doubles with every retry (see :func:`~memalpha.lm.core.http_post.backoff_delay`).
         backoff_max_s: the ceiling stops doubling here.
         temperature, max_tokens, top_p: sampling settings sent with each request
             (paper: temperature 0.7, thinking off); a :class:`~memalpha.reader.base.Sampling`
@@ -123,7 +123,7 @@ class OpenAIReader(Reader):
         self.extra_body = dict(extra_body or {})
         self._tokenizer = None
         if tokenizer is not None:
-            from memalpha.lm.embedded import load_tokenizer
+            from memalpha.lm.core.embedded import load_tokenizer
 
             self._tokenizer = load_tokenizer(tokenizer)
 

@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from memalpha.lm.embedded import load_tokenizer, resolve_model_path
+    from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     path = resolve_model_path(args.model)

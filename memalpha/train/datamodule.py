@@ -191,7 +191,7 @@ class RolloutDataModule(LightningDataModule):
         """The policy's tokenizer (for token-sized chunking), or None when no model is linked."""
         if self.hparams.tokenizer_name is None:
             return None
-        from memalpha.lm.embedded import load_tokenizer
+        from memalpha.lm.core.embedded import load_tokenizer
 
         return load_tokenizer(self.hparams.tokenizer_name)
 

@@ -24,7 +24,7 @@ from memalpha.agent.demos import DEFAULT_REPLY_SHARE, OracleError, oracle_demons
 from memalpha.agent.rollout import RolloutSettings
 from memalpha.data.demos import save_demonstrations
 from memalpha.data.synthetic import FAMILIES, generate_synthetic
-from memalpha.lm.embedded import EMBEDDED_MODEL_NAME, load_tokenizer
+from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer
 from memalpha.train.datamodule import synthetic_options
 
 

@@ -39,7 +39,7 @@ from memalpha.agent.rollout import RolloutSettings
 from memalpha.data.demos import Demonstration, save_demonstrations
 from memalpha.data.loaders import load_instances
 from memalpha.data.schema import DataValidationError, Instance
-from memalpha.lm.embedded import EMBEDDED_MODEL_NAME, load_tokenizer
+from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer
 from memalpha.seeding import stable_seed
 from memalpha.train.datamodule import RolloutDataModule
 from memalpha.train.demos_command import config_sections, demonstrations_parser

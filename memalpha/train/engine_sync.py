@@ -4,7 +4,7 @@
 rollout and stops it with the run. The trainer counts adapter versions: every optimiser step
 that trained bumps :attr:`EngineSync.policy_version`. Before a round generates, a server behind
 that version gets the adapter exported to ``<adapter_dir>/v<version>`` and loaded under a new
-name, and the previous version is unloaded (:meth:`~memalpha.lm.vllm_engine.VllmEngine.sync`),
+name, and the previous version is unloaded (:meth:`~memalpha.lm.sampling.vllm_engine.VllmEngine.sync`),
 so every round samples from the weights being trained, however many optimiser steps the round
 before fed. Two checks guard against a sync that failed silently: :func:`check_versions`
 refuses a round whose samples carry another version than the policy's, and
@@ -25,12 +25,12 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from memalpha.agent.rollout import GenerateFn, RolloutSettings
-from memalpha.lm.adapters import export_adapter
-from memalpha.lm.embedded import resolve_model_path
-from memalpha.lm.generation import resolve_eos_ids
-from memalpha.lm.vllm_engine import VllmEngine
-from memalpha.lm.vllm_server import VllmServer
-from memalpha.lm.vllm_settings import lora_rank_for_server
+from memalpha.lm.core.adapters import export_adapter
+from memalpha.lm.core.embedded import resolve_model_path
+from memalpha.lm.sampling.generation import resolve_eos_ids
+from memalpha.lm.sampling.vllm_engine import VllmEngine
+from memalpha.lm.sampling.vllm_server import VllmServer
+from memalpha.lm.sampling.vllm_settings import lora_rank_for_server
 
 
 class StaleSamplesError(RuntimeError):

@@ -30,10 +30,10 @@ from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch, cut_minibatches
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import accumulate_grpo_gradients, first_nonfinite
-from memalpha.lm.embedded import EMBEDDED_MODEL_NAME, resolve_model_path
-from memalpha.lm.logprobs import response_logprobs
-from memalpha.lm.policy import LMSettings, LoraSettings
-from memalpha.lm.reference import load_reference_adapter, reference_weights
+from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, resolve_model_path
+from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.lm.core.policy import LMSettings, LoraSettings
+from memalpha.lm.core.reference import load_reference_adapter, reference_weights
 from memalpha.reader.base import Reader
 from memalpha.reader.settings import ReaderSettings
 from memalpha.seeding import stable_seed

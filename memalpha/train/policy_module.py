@@ -27,9 +27,9 @@ from memalpha.grpo.update import (
     optimizer_step,
     schedule_length,
 )
-from memalpha.lm.adapters import export_adapter
-from memalpha.lm.embedded import check_model_source
-from memalpha.lm.policy import LMSettings, LoraSettings, load_policy
+from memalpha.lm.core.adapters import export_adapter
+from memalpha.lm.core.embedded import check_model_source
+from memalpha.lm.core.policy import LMSettings, LoraSettings, load_policy
 from memalpha.train.checkpoint_io import MODULE_KEY
 
 NONFINITE_STREAK_KEY = "memalpha_nonfinite_streak"

@@ -2,7 +2,7 @@
 
 The cold start before GRPO (``docs/cold_start.md``): the same policy loading, LoRA shape and
 optimiser as :class:`~memalpha.train.module.GRPOModule`, a token-mean negative log-likelihood
-of the response tokens (:mod:`memalpha.lm.sft`), and the adapter exported at the end as the
+of the response tokens (:mod:`memalpha.train.sft_loss`), and the adapter exported at the end as the
 PEFT folder that ``memalpha fit --model.adapter_path`` starts from.
 """
 
@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import torch
 
 from memalpha.grpo.settings import OptimizerSettings
-from memalpha.lm.embedded import EMBEDDED_MODEL_NAME
-from memalpha.lm.policy import LMSettings, LoraSettings
-from memalpha.lm.sft import accumulate_sft_gradients, sft_eval
+from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME
+from memalpha.lm.core.policy import LMSettings, LoraSettings
+from memalpha.train.sft_loss import accumulate_sft_gradients, sft_eval
 from memalpha.train.demo_datamodule import TokenizedDemo
 from memalpha.train.policy_module import PolicyModule
 

@@ -3,7 +3,7 @@
 PEFT's LoRA ``Linear`` computes ``base(x) + lora_B(lora_A(x)) * s``: after the thin products it
 scales the adapter's output and adds it to the base output, two passes over a ``[tokens, out]``
 tensor, and a third (the scaling's gradient) in backward. On the CPU with a small model those
-passes are a visible share of an update (:mod:`memalpha.lm.logprobs` scores ~1.3k tokens per
+passes are a visible share of an update (:mod:`memalpha.lm.scoring.logprobs` scores ~1.3k tokens per
 GRPO micro-batch of the parity job through 210 adapted layers). Inside
 :func:`accumulated_adapters` each plain LoRA layer instead adds ``s (x A^T) B^T`` into its base
 output in place, by one ``addmm_`` whose ``alpha`` is the scaling: the same value up to float
@@ -24,7 +24,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from memalpha.lm.folded_lora import plain_adapters
+from memalpha.lm.core.folded_lora import plain_adapters
 
 
 def _accumulating_forward(module, adapters: list[str], x: torch.Tensor, *args, **kwargs) -> torch.Tensor:

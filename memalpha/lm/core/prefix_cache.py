@@ -2,7 +2,7 @@
 
 A GRPO batch repeats itself: every memorising turn starts with the same ~1k-token system
 prompt, and a group samples the same prompt ``n`` times. Running the decoder over each
-copy is pure waste, so the batch is laid out as (see :func:`memalpha.lm.layout.pad_prompt_response`
+copy is pure waste, so the batch is laid out as (see :func:`memalpha.lm.core.layout.pad_prompt_response`
 with ``shared_prefix``)::
 
     [ shared prefix (L) | pad .. pad, prompt suffix_i | response_i, pad .. pad ]
@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from memalpha.lm.accumulated_lora import accumulated_adapters
-from memalpha.lm.layout import PaddedBatch
+from memalpha.lm.core.accumulated_lora import accumulated_adapters
+from memalpha.lm.core.layout import PaddedBatch
 
 if TYPE_CHECKING:
     from transformers import Cache

@@ -14,7 +14,7 @@ during generation, so a left-padded row is scored as if it had no padding at all
 With ``shared_prefix=L`` the first ``L`` tokens, identical in every prompt, stay in columns
 ``[0, L)`` and only the rest of each prompt is left-padded after them; the padding hole is
 masked and skipped by the position ids, so each row still reads as unpadded. That layout
-lets :mod:`memalpha.lm.prefix_cache` compute the shared tokens once for the whole batch.
+lets :mod:`memalpha.lm.core.prefix_cache` compute the shared tokens once for the whole batch.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def additive_mask(masked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | No
     """``masked`` (True where a query may not attend) as an additive attention mask: the dtype's
     minimum there, 0 elsewhere; None when nothing is masked. The minimum rather than ``-inf``
     keeps a fully masked row finite: its log-sum-exp then lies near the dtype's minimum, so it
-    weighs nothing when two attention parts are combined (:func:`memalpha.lm.fused_decode.combine`)."""
+    weighs nothing when two attention parts are combined (:func:`memalpha.lm.sampling.fused_decode.combine`)."""
     if not bool(masked.any()):
         return None
     return torch.zeros(masked.shape, dtype=dtype, device=masked.device).masked_fill_(masked, torch.finfo(dtype).min)

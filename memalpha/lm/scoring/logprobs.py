@@ -1,7 +1,7 @@
 """Per-token log-probabilities of responses, with logits computed only where they are needed.
 
 For each micro-batch the decoder runs once over prompt+response (layout of
-:mod:`memalpha.lm.generation`); the hidden states that predict response tokens are gathered
+:mod:`memalpha.lm.sampling.generation`); the hidden states that predict response tokens are gathered
 (padding dropped) and pushed through the output head ``token_chunk`` rows at a time,
 optionally ``vocab_chunk`` vocabulary columns at a time with a running log-sum-exp. The
 log-prob of token ``y`` is ``z_y - logsumexp(z)`` with ``z = head(h) / temperature`` in
@@ -23,10 +23,10 @@ from typing import NamedTuple
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from memalpha.lm.accumulated_lora import accumulated_adapters
-from memalpha.lm.layout import pad_prompt_response
-from memalpha.lm.packed_responses import packed_response_hidden
-from memalpha.lm.prefix_cache import (
+from memalpha.lm.core.accumulated_lora import accumulated_adapters
+from memalpha.lm.core.layout import pad_prompt_response
+from memalpha.lm.scoring.packed_responses import packed_response_hidden
+from memalpha.lm.core.prefix_cache import (
     SharedPrefix,
     can_share_cache,
     extend_cache,
@@ -301,8 +301,8 @@ def token_scores(
     With ``share_prefix`` the prompt prefix common to all rows (the system prompt of every
     memorising turn) goes through the decoder once per call, and within a micro-batch each
     distinct prompt goes through once; their key/value cache serves every row that shares them
-    (:mod:`memalpha.lm.prefix_cache`), and where it saves work the responses of a prompt's rows
-    run as one row without padding (:mod:`memalpha.lm.packed_responses`). The values equal the
+    (:mod:`memalpha.lm.core.prefix_cache`), and where it saves work the responses of a prompt's rows
+    run as one row without padding (:mod:`memalpha.lm.scoring.packed_responses`). The values equal the
     plain path up to float rounding.
     ``prefix`` hands in a prefix computed by the caller (it must start every prompt), so that
     several calls can share one; HF gradient checkpointing drops caches, so a checkpointed
@@ -423,7 +423,7 @@ def response_logprobs(
 ) -> list[torch.Tensor]:
     """Per-sample response log-probs (no grad, eval mode) as CPU float tensors of each response's length.
 
-    The rows go through in :func:`memalpha.lm.prefix_cache.prompt_order`, so the prompt prefix all of
+    The rows go through in :func:`memalpha.lm.core.prefix_cache.prompt_order`, so the prompt prefix all of
     them share runs once for the whole call and identical prompts land in the same micro-batch.
     """
     order = prompt_order(prompts) if share_prefix else list(range(len(prompts)))

@@ -1,14 +1,14 @@
 """Sampling through a vLLM server: token ids in, the sampled token ids and their log-probs out.
 
-:meth:`VllmEngine.generate` takes the inputs of :func:`memalpha.lm.generation.generate` and
-returns a :class:`SampledGeneration`, a :class:`~memalpha.lm.generation.Generation` that also
+:meth:`VllmEngine.generate` takes the inputs of :func:`memalpha.lm.sampling.generation.generate` and
+returns a :class:`SampledGeneration`, a :class:`~memalpha.lm.sampling.generation.Generation` that also
 holds each kept token's log-prob as the server sampled it and the adapter version it was
 sampled with. Prompts go to ``/v1/completions`` as token ids, one request per prompt (each with
 its own seed, so the identical prompts of a GRPO group draw different samples; the server
 batches the requests), and the response token ids come back as the server sampled them
 (``return_token_ids``), so training sees exactly the sampled tokens: nothing is decoded and
 re-tokenised. Responses are cut after their first end-of-sequence token and ``truncated`` set
-as :func:`~memalpha.lm.generation.generate` does.
+as :func:`~memalpha.lm.sampling.generation.generate` does.
 
 Adapters are loaded at run time (:meth:`VllmEngine.sync`): each version gets a new name, the
 previous one is unloaded, and samples carry the version they were drawn with. A request that
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memalpha.lm.generation import Generation, trim_at_eos
-from memalpha.lm.http_post import RefusedRequestError, RetryableRequestError, backoff_delay, post_json
-from memalpha.lm.vllm_server import VllmServer, VllmServerError
+from memalpha.lm.sampling.generation import Generation, trim_at_eos
+from memalpha.lm.core.http_post import RefusedRequestError, RetryableRequestError, backoff_delay, post_json
+from memalpha.lm.sampling.vllm_server import VllmServer, VllmServerError
 from memalpha.seeding import stable_seed
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class VllmEngineError(RuntimeError):
 
 @dataclass
 class SampledGeneration(Generation):
-    """A :class:`~memalpha.lm.generation.Generation` sampled by a server.
+    """A :class:`~memalpha.lm.sampling.generation.Generation` sampled by a server.
 
     ``response_logprobs[i][t]`` is the server's log-prob of ``response_ids[i][t]`` (after the
     temperature; the raw distribution when greedy); ``adapter_version`` the adapter version the
@@ -140,9 +140,9 @@ class VllmEngine:
         server: the server (started by memalpha or given by URL).
         adapter_prefix: served adapter names are ``<prefix>-v<version>``; make it unique per run
             when several runs share a server.
-        timeout_s, max_retries, max_concurrency: see :class:`~memalpha.lm.vllm_settings.VllmSettings`.
+        timeout_s, max_retries, max_concurrency: see :class:`~memalpha.lm.sampling.vllm_settings.VllmSettings`.
         backoff_s, backoff_max_s: the first retry waits up to ``backoff_s``, each later one up to
-            twice as long, at most ``backoff_max_s`` (:func:`~memalpha.lm.http_post.backoff_delay`).
+            twice as long, at most ``backoff_max_s`` (:func:`~memalpha.lm.core.http_post.backoff_delay`).
         sleep: waits between attempts (tests pass a recorder).
     """
 
@@ -218,7 +218,7 @@ class VllmEngine:
         use_adapter: bool = True,
     ) -> SampledGeneration:
         """Sample a response for every token-id prompt, with the current adapter (``use_adapter``)
-        or the base model. Arguments as :func:`memalpha.lm.generation.generate`'s (``eos_token_id``
+        or the base model. Arguments as :func:`memalpha.lm.sampling.generation.generate`'s (``eos_token_id``
         is required: the trainer's eos ids, sent as ``stop_token_ids``); ``batch_size`` and
         ``share_prefix`` are accepted and ignored (the server batches and caches prefixes itself).
         Prompt ``i`` is sampled with seed ``stable_seed(seed, i)``.

@@ -2,7 +2,7 @@
 
 memalpha never imports vLLM: the server runs in a separate virtual environment (``make
 vllm-env`` builds ``.venv-vllm``, whose pins differ from the training stack's) and memalpha
-talks to it over HTTP only (:mod:`memalpha.lm.vllm_engine`). :meth:`VllmServer.launch` starts
+talks to it over HTTP only (:mod:`memalpha.lm.sampling.vllm_engine`). :meth:`VllmServer.launch` starts
 ``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 at a free port with LoRA and
 runtime adapter loading enabled, in a process group of its own, writes its output to the log
 file the caller names and returns once ``/health`` answers. :meth:`VllmServer.close` (also run

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from memalpha.lm.layout import PaddedBatch, additive_mask
-from memalpha.lm.prefix_cache import SharedPrefix, distinct_prompt_cache, unique_rows
+from memalpha.lm.core.layout import PaddedBatch, additive_mask
+from memalpha.lm.core.prefix_cache import SharedPrefix, distinct_prompt_cache, unique_rows
 
 MASK_IMPLEMENTATIONS = ("sdpa", "eager")
 

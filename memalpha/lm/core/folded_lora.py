@@ -5,7 +5,7 @@ products, a scaling and an addition per adapted layer. At one token per row they
 overhead: ~15 % of a decoding step of the embedded model with every linear layer adapted, on
 2 CPU cores. Inside :func:`folded_adapters` each such layer instead runs one ``F.linear`` with
 ``W + s B A``, computed once when the block starts; :func:`effective_weight` gives the same
-weights to memalpha's own decoding step (:mod:`memalpha.lm.fused_decode`).
+weights to memalpha's own decoding step (:mod:`memalpha.lm.sampling.fused_decode`).
 
 The base weights are never written: PEFT's own ``merge()``/``unmerge()`` adds and then
 subtracts the update in place, which leaves float rounding in the frozen base after every

@@ -6,11 +6,11 @@ and keys, and by the number of operations more than by arithmetic. :func:`decode
 runs the layers itself instead of through the model's modules:
 
 * **LoRA folded, ``q/k/v`` stacked, products packed.** A LoRA update is folded into its weight
-  (``W + s B A``, :func:`memalpha.lm.folded_lora.folded_weight`) and ``q/k/v`` are one matrix:
+  (``W + s B A``, :func:`memalpha.lm.core.folded_lora.folded_weight`) and ``q/k/v`` are one matrix:
   five products per layer instead of seven, or twenty-one with PEFT's LoRA layers. (``gate/up``
   stay two: one ``3072 x 576`` product at 8 rows was slower than two ``1536 x 576`` ones here.)
   In float32 on an MKL build each product's weight is also laid out once for the batch's rows
-  (:mod:`memalpha.lm.packed_linear`), which a thin product reads faster than the plain weight.
+  (:mod:`memalpha.lm.sampling.packed_linear`), which a thin product reads faster than the plain weight.
   The weights are copies made when :meth:`FusedDecoder.build` runs (once per generation call);
   the model's own weights are never written.
 * **the prompt's keys are read once per distinct prompt.** A GRPO group samples one prompt
@@ -30,7 +30,7 @@ seeded samples with the unfolded path). :meth:`FusedDecoder.build` takes float32
 Mistral (without sliding windows), Qwen2 and Qwen3 decoders on the CPU whose projections are
 ``torch.nn.Linear`` layers or plain PEFT LoRA layers over them, and returns None for anything
 else (half precision, a GPU, 4-bit layers, DoRA, other architectures), which then decode
-through :mod:`memalpha.lm.decode`.
+through :mod:`memalpha.lm.sampling.growing_cache`.
 
 Measured by ``experiments/bench_decode.py`` (``docs/results.md``).
 """
@@ -43,12 +43,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from memalpha.lm.decode import Responses
-from memalpha.lm.folded_lora import effective_weight
-from memalpha.lm.layout import PaddedBatch, additive_mask
-from memalpha.lm.logprobs import finalise_logits, score_dtype
-from memalpha.lm.packed_linear import LinearProduct
-from memalpha.lm.prefix_cache import full_attention_layers
+from memalpha.lm.sampling.growing_cache import Responses
+from memalpha.lm.core.folded_lora import effective_weight
+from memalpha.lm.core.layout import PaddedBatch, additive_mask
+from memalpha.lm.core.logits import finalise_logits, score_dtype
+from memalpha.lm.sampling.packed_linear import LinearProduct
+from memalpha.lm.core.prefix_cache import full_attention_layers
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -81,7 +81,7 @@ def _plain_rms_norm(module) -> bool:
 def _stacked(modules: Sequence[torch.nn.Module], rows: int | None) -> LinearProduct | None:
     """The product with the effective weights of ``modules`` stacked along the output dimension,
     and their biases (zeros where one has none; None when none has any), packed for ``rows`` rows
-    (:class:`~memalpha.lm.packed_linear.LinearProduct`); None if any module is not foldable. A
+    (:class:`~memalpha.lm.sampling.packed_linear.LinearProduct`); None if any module is not foldable. A
     single plain ``torch.nn.Linear``'s weight is not copied (its packed layout is)."""
     layers = [module.get_base_layer() if hasattr(module, "get_base_layer") else module for module in modules]
     biases = [getattr(layer, "bias", None) for layer in layers]
@@ -142,7 +142,7 @@ class FusedDecoder:
     @classmethod
     def build(cls, decoder, head, config, rows: int | None = None) -> FusedDecoder | None:
         """Stacked weights of every layer of ``decoder`` (LoRA folded in), packed for ``rows``
-        sampled rows where MKL's packed product serves them (:mod:`memalpha.lm.packed_linear`;
+        sampled rows where MKL's packed product serves them (:mod:`memalpha.lm.sampling.packed_linear`;
         None: not packed); None when the decoder is not one this step reproduces exactly."""
         if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
             return None
@@ -276,7 +276,7 @@ def decode(
     eos_ids: Sequence[int],
     pick: Callable[[torch.Tensor], torch.Tensor],
 ) -> tuple[list[list[int]], list[bool]]:
-    """New tokens for every row of ``batch``, as :func:`memalpha.lm.decode.decode` returns them.
+    """New tokens for every row of ``batch``, as :func:`memalpha.lm.sampling.growing_cache.decode` returns them.
 
     ``prompt_cache`` holds, for each distinct prompt, the keys and values of every prompt column
     but the last (``[U, kv_heads, P - 1, head_dim]`` per layer, laid out as ``batch``'s columns;

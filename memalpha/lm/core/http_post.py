@@ -1,7 +1,7 @@
 """One JSON POST to a model server, its failures sorted into retry or not, and the retry backoff.
 
 Shared by the two HTTP clients: the ``openai`` reader (:mod:`memalpha.reader.openai_compat`)
-and the vLLM rollout engine (:mod:`memalpha.lm.vllm_engine`). Standard library only.
+and the vLLM rollout engine (:mod:`memalpha.lm.sampling.vllm_engine`). Standard library only.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ add to that. :func:`decode` runs the decoder and the output head directly:
   prompt plus ``max_new_tokens``, and hands attention a view of the columns filled so far;
 * a row that emits an end-of-sequence token is dropped from the batch (its cache rows, mask
   and positions), so the last steps of a batch cost what its live rows cost;
-* the next token comes from :func:`memalpha.lm.sampling.next_tokens`.
+* the next token comes from :func:`memalpha.lm.sampling.filters.next_tokens`.
 
 Every row sees the keys, positions and mask it would see alone, so the tokens are those of
 ``model.generate`` for greedy decoding (the tests compare them) and the same distribution when
@@ -26,9 +26,9 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from memalpha.lm.layout import PaddedBatch
-from memalpha.lm.logprobs import finalise_logits, score_dtype
-from memalpha.lm.prefix_cache import full_attention_layers
+from memalpha.lm.core.layout import PaddedBatch
+from memalpha.lm.core.logits import finalise_logits, score_dtype
+from memalpha.lm.core.prefix_cache import full_attention_layers
 
 
 class GrowingLayer(DynamicLayer):
@@ -139,7 +139,7 @@ def decode(
     eos_ids: Sequence[int],
     pick: Callable[[torch.Tensor], torch.Tensor],
 ) -> tuple[list[list[int]], list[bool]]:
-    """New tokens for every row of ``batch`` (laid out as :mod:`memalpha.lm.layout` says).
+    """New tokens for every row of ``batch`` (laid out as :mod:`memalpha.lm.core.layout` says).
 
     ``cache`` is a :func:`growing_cache` holding the batch's first ``cache.get_seq_length()``
     columns (0 or more; the rest of the prompt runs in the first step) with room for

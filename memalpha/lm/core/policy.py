@@ -2,8 +2,8 @@
 
 The reference policy and the local reader are the same weights with the adapter switched
 off (``with model.disable_adapter(): ...``), or for the reference a frozen second adapter
-(:mod:`memalpha.lm.reference`); no second copy of the base model is ever loaded. Sampling lives in :mod:`memalpha.lm.generation` and per-token log-probs in
-:mod:`memalpha.lm.logprobs`.
+(:mod:`memalpha.lm.core.reference`); no second copy of the base model is ever loaded. Sampling lives in :mod:`memalpha.lm.sampling.generation` and per-token log-probs in
+:mod:`memalpha.lm.scoring.logprobs`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from memalpha.lm.embedded import load_tokenizer, resolve_model_path
+from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
 
 PRECISIONS = ("fp32", "bf16", "nf4")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -86,7 +86,7 @@ class LMSettings:
             Llama, Mistral, Qwen2 and Qwen3 decoders on the CPU the decoding step is memalpha's
             own, reads a prompt's keys once for all the rows that sample it, and in float32 runs
             its products through weights packed for the batch's rows
-            (``memalpha/lm/fused_decode.py``). Samples equal the unfolded ones up to float
+            (``memalpha/lm/sampling/fused_decode.py``). Samples equal the unfolded ones up to float
             rounding. Costs one copy of the decoder's linear weights while sampling (two with
             packing): turn it off when that does not fit. 4-bit bases and LoRA variants (DoRA)
             are never folded.

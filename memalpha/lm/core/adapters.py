@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from memalpha.lm.reference import has_reference_adapter
+from memalpha.lm.core.reference import has_reference_adapter
 
 
 def export_adapter(policy, tokenizer, target: str | os.PathLike) -> Path:

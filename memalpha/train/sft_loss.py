@@ -1,6 +1,6 @@
 """Supervised fine-tuning's loss: the negative log-likelihood of response tokens only.
 
-Prompt tokens are never scored: :func:`~memalpha.lm.logprobs.token_scores` gives the log-prob
+Prompt tokens are never scored: :func:`~memalpha.lm.scoring.logprobs.token_scores` gives the log-prob
 of response tokens alone (chunked over the vocabulary, never a full-vocabulary log-softmax), so
 the loss needs no label mask over the prompt. With ``share_prefix`` the system prompt the rows
 of a micro-batch share runs through the decoder once per micro-batch.
@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import torch
 
-from memalpha.lm.layout import response_mask
-from memalpha.lm.logprobs import token_scores
+from memalpha.lm.core.layout import response_mask
+from memalpha.lm.scoring.logprobs import token_scores
 
 
 def masked_nll(logprobs: torch.Tensor, mask: torch.Tensor, normaliser: float) -> torch.Tensor:

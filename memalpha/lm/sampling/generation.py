@@ -1,8 +1,8 @@
 """Batched sampling from a causal LM: left-padded prompts, shared prefixes, memalpha's decoding loop.
 
-Prompts are laid out as in :mod:`memalpha.lm.layout`; with ``share_prefix`` the tokens the
-prompts of a batch share are computed once (:mod:`memalpha.lm.prefix_cache`); the new tokens
-come from :func:`memalpha.lm.decode.decode` (``model.generate`` for decoders it does not take).
+Prompts are laid out as in :mod:`memalpha.lm.core.layout`; with ``share_prefix`` the tokens the
+prompts of a batch share are computed once (:mod:`memalpha.lm.core.prefix_cache`); the new tokens
+come from :func:`memalpha.lm.sampling.growing_cache.decode` (``model.generate`` for decoders it does not take).
 """
 
 from __future__ import annotations
@@ -11,19 +11,19 @@ from dataclasses import dataclass
 
 import torch
 
-from memalpha.lm.decode import decode, growing_cache
-from memalpha.lm.folded_lora import folded_adapters
-from memalpha.lm.fused_decode import FusedDecoder
-from memalpha.lm.fused_decode import decode as fused_decode
-from memalpha.lm.layout import PaddedBatch, check_pairs, pad_prompt_response
-from memalpha.lm.prefix_cache import (
+from memalpha.lm.sampling.growing_cache import decode, growing_cache
+from memalpha.lm.core.folded_lora import folded_adapters
+from memalpha.lm.sampling.fused_decode import FusedDecoder
+from memalpha.lm.sampling.fused_decode import decode as fused_decode
+from memalpha.lm.core.layout import PaddedBatch, check_pairs, pad_prompt_response
+from memalpha.lm.core.prefix_cache import (
     can_share_cache,
     distinct_prompt_cache,
     prompt_cache,
     shared_prefix,
     split_decoder_and_head,
 )
-from memalpha.lm.sampling import next_tokens
+from memalpha.lm.sampling.filters import next_tokens
 
 
 @dataclass
@@ -114,26 +114,26 @@ def generate(
     under ``torch.no_grad()`` and in eval mode (the training mode is restored afterwards, so
     dropout and gradient checkpointing are off while sampling). Sampling applies temperature,
     then top-k (0 = off), then top-p (1.0 = off), as ``transformers`` does
-    (:mod:`memalpha.lm.sampling`); ``do_sample=False`` is greedy. A row stops at the
+    (:mod:`memalpha.lm.sampling.filters`); ``do_sample=False`` is greedy. A row stops at the
     end-of-sequence token(s): ``eos_token_id`` if given, else the model's generation config,
     else the tokenizer's. With ``seed`` the global RNG is forked and seeded, so the same call
     returns the same samples and the caller's RNG is left untouched.
 
     With ``share_prefix`` (the default) the tokens that the prompts of a batch share -- their
     common prefix, and whole prompts repeated by a group -- are pre-filled once and their
-    key/value cache is repeated to every row (:mod:`memalpha.lm.prefix_cache`); the samples are
-    those of the plain batch up to float rounding. The loop (:func:`memalpha.lm.decode.decode`)
+    key/value cache is repeated to every row (:mod:`memalpha.lm.core.prefix_cache`); the samples are
+    those of the plain batch up to float rounding. The loop (:func:`memalpha.lm.sampling.growing_cache.decode`)
     writes into a cache allocated once for the prompt plus ``max_new_tokens`` and drops rows as
     they finish; decoders with sliding-window or other non-plain attention layers sample through
     ``model.generate`` instead, with the same filters.
 
     With ``fold_adapters`` the decoding steps of Llama, Mistral, Qwen2 and Qwen3 decoders run
     from a copy of their linear weights with any LoRA update folded in and the prompt keys read
-    once per distinct prompt (:mod:`memalpha.lm.fused_decode`); other decoders run their LoRA
-    layers as single linear layers over folded copies (:mod:`memalpha.lm.folded_lora`). Either
+    once per distinct prompt (:mod:`memalpha.lm.sampling.fused_decode`); other decoders run their LoRA
+    layers as single linear layers over folded copies (:mod:`memalpha.lm.core.folded_lora`). Either
     way the samples are the same up to float rounding, at the cost of one more copy of the
     weights while sampling runs (two for the fused step in float32, whose products are also
-    packed for the batch's rows: :mod:`memalpha.lm.packed_linear`).
+    packed for the batch's rows: :mod:`memalpha.lm.sampling.packed_linear`).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -196,8 +196,8 @@ def _hf_generate(
     model, padded: PaddedBatch, eos_ids: list[int], pad_id: int, max_new_tokens: int,
     do_sample: bool, temperature: float, top_k: int, top_p: float,
 ) -> tuple[list[list[int]], list[bool]]:
-    """``model.generate`` on one laid-out batch, for decoders :func:`~memalpha.lm.decode.decode`
-    does not take (they share no cache either: :func:`~memalpha.lm.prefix_cache.can_share_cache`)."""
+    """``model.generate`` on one laid-out batch, for decoders :func:`~memalpha.lm.sampling.growing_cache.decode`
+    does not take (they share no cache either: :func:`~memalpha.lm.core.prefix_cache.can_share_cache`)."""
     from transformers import GenerationConfig
 
     sampling = (
