@@ -33,8 +33,8 @@ from memalpha.agent.rewards import (
     RewardSettings,
     RuleContentJudge,
     TurnCalls,
-    call_succeeded,
     rollout_rewards,
+    turn_call_successes,
 )
 from memalpha.agent.rollout import RolloutSettings, make_token_counter
 from memalpha.agent.scoring import score_answers
@@ -58,10 +58,12 @@ def profile_settings(profile: str) -> tuple[str, RewardSettings]:
     defaults equal)."""
     values = PROFILES[profile]
     call_repair = values.get("model.rollout.call_repair", RolloutSettings().call_repair)
+    prefix = "model.reward."
     reward = RewardSettings(
         content_judge="rule",
-        call_success=values.get("model.reward.call_success", RewardSettings().call_success),
-        metric_style=values.get("model.reward.metric_style", RewardSettings().metric_style),
+        **{key[len(prefix):]: value for key, value in values.items()
+           if key[len(prefix):] in ("call_success", "metric_style", "content_grounding", "compression_gate")
+           and key.startswith(prefix)},
     )
     return call_repair, reward
 
@@ -95,7 +97,8 @@ def replay_profile(profile: str, tokenizer: Any) -> dict[str, Any]:
         calls: list[TurnCalls] = []
         for turn in sorted(turns[instance_id], key=lambda t: t["chunk_idx"]):
             outcome = execute_response(memory, turn["raw_response"], call_format, call_repair)
-            calls.append(TurnCalls(results=outcome.results, parse_errors=list(outcome.errors)))
+            calls.append(TurnCalls(results=outcome.results, parse_errors=list(outcome.errors),
+                                   chunk=instance["chunks"][turn["chunk_idx"]]))
         recorded = answers[instance_id]
         scores = score_answers(
             instance["data_source"], [r["reader_response"] for r in recorded], [r["answer"] for r in recorded],
@@ -104,14 +107,14 @@ def replay_profile(profile: str, tokenizer: Any) -> dict[str, Any]:
         chunk_tokens = sum(count_tokens(chunk) for chunk in instance["chunks"])
         result = rollout_rewards(scores, calls, memory.total_tokens(), chunk_tokens, reward, RuleContentJudge())
         attempted = sum(len(t.results) + len(t.parse_errors) for t in calls)
-        succeeded = sum(call_succeeded(r, reward.call_success) for t in calls for r in t.results)
+        succeeded = sum(turn_call_successes(t, reward) for t in calls)
         rows.append({
             "instance_id": instance_id,
             "turns": len(calls),
             "calls": attempted,
             "successful_calls": succeeded,
             "turns_all_successful": sum(1 for t in calls if not t.parse_errors
-                                        and all(call_succeeded(r, reward.call_success) for r in t.results)),
+                                        and turn_call_successes(t, reward) == len(t.results)),
             "questions": len(scores),
             "r1": result.r1,
             "r2": sum(result.r2) / len(result.r2),
@@ -138,7 +141,9 @@ def replay_profile(profile: str, tokenizer: Any) -> dict[str, Any]:
         "profile": profile,
         "settings": {"rollout.call_repair": call_repair, "reward.call_success": reward.call_success,
                      "reward.metric_style": reward.metric_style, "reward.beta": reward.beta,
-                     "reward.gamma": reward.gamma, "reward.content_judge": reward.content_judge},
+                     "reward.gamma": reward.gamma, "reward.content_judge": reward.content_judge,
+                     "reward.content_grounding": reward.content_grounding,
+                     "reward.compression_gate": reward.compression_gate},
         "instances": rows,
         "all": summary,
     }

@@ -150,12 +150,14 @@ def test_the_recorded_run_replays_under_both_profiles_as_documented():
 
     tokenizer = load_tokenizer("smollm2-135m-instruct")
     default, official = (replay.replay_profile(name, tokenizer)["all"] for name in ("memalpha", "official"))
-    assert (default["calls"], default["successful_calls"], default["turns_all_successful"]) == (80, 68, 18)
+    # memalpha's r2 (issue 30): the 24 updates to an unchanged text and 3 vague core rewrites its
+    # chunk does not support no longer succeed, besides the 12 refused calls
+    assert (default["calls"], default["successful_calls"], default["turns_all_successful"]) == (80, 41, 1)
     assert (official["calls"], official["successful_calls"], official["turns_all_successful"]) == (79, 79, 30)
     # the recorded answers score the same under both metric styles (all boxed or bare digits)
     assert default["r1"] == official["r1"] == pytest.approx(0.6267, abs=1e-4)
-    assert default["r2"] == pytest.approx(0.8111, abs=1e-4) and official["r2"] == 1.0
+    assert default["r2"] == pytest.approx(0.4667, abs=1e-4) and official["r2"] == 1.0
     # the 11 cut-off entries the default profile refuses are what its memory lacks
     assert official["memory_tokens"] - default["memory_tokens"] == 888
-    assert default["mean_reward"] == pytest.approx(1.559, abs=1e-3)
+    assert default["mean_reward"] == pytest.approx(1.177, abs=1e-3)
     assert official["mean_reward"] == pytest.approx(1.747, abs=1e-3)

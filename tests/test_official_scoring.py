@@ -5,6 +5,7 @@ successful (``reward.call_success``) and how answers are compared with golds
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,7 @@ def test_normal_calls_succeed_under_both_rules():
         call("memory_delete", memory_type="semantic_memory", memory_id=inserted.memory_id),
     )
     assert [r.status for r in results] == ["ok"] * 4
-    for rule in ("memalpha", "official"):
+    for rule in ("status", "official"):
         assert all(call_succeeded(r, rule) for r in results)
         assert tool_success_reward(TurnCalls(results=results), rule) == 1.0
 
@@ -60,9 +61,9 @@ def test_duplicate_insert_fails_only_under_the_official_rule():
     memory = Memory()
     first, again = run(memory, INSERT_TEA, INSERT_TEA)
     assert (first.status, again.status) == ("ok", "skipped")
-    assert call_succeeded(again, "memalpha") and not call_succeeded(again, "official")
+    assert call_succeeded(again, "status") and not call_succeeded(again, "official")
     turn = TurnCalls(results=[first, again])
-    assert tool_success_reward(turn, "memalpha") == 1.0
+    assert tool_success_reward(turn, "status") == 1.0
     assert tool_success_reward(turn, "official") == 0.5
 
 
@@ -76,7 +77,7 @@ def test_deleting_an_unknown_id_succeeds_only_under_the_official_rule():
     assert (unknown.code, no_id.code) == ("unknown_id", "missing_argument")
     assert memory.semantic == [] and memory.episodic == []  # executed the same way: nothing deleted
     for result in (unknown, no_id):
-        assert not call_succeeded(result, "memalpha") and call_succeeded(result, "official")
+        assert not call_succeeded(result, "status") and call_succeeded(result, "official")
     # a delete missing its memory_type is an error in the official code as well
     no_type = execute_call(memory, call("memory_delete", memory_id="zz99"))
     assert not call_succeeded(no_type, "official")
@@ -87,7 +88,7 @@ def test_updating_an_unknown_id_fails_under_both_rules():
         Memory(), call("memory_update", memory_type="semantic_memory", new_content="New text here.", memory_id="zz99")
     )
     assert result.code == "unknown_id"
-    assert not call_succeeded(result, "memalpha") and not call_succeeded(result, "official")
+    assert not call_succeeded(result, "status") and not call_succeeded(result, "official")
 
 
 def test_skips_the_official_code_reports_as_executed_succeed_under_both_rules():
@@ -100,7 +101,7 @@ def test_skips_the_official_code_reports_as_executed_succeed_under_both_rules():
         call("memory_delete", memory_type="core_memory"),
     )
     assert (same_text.status, empty_core.status) == ("skipped", "skipped")
-    for rule in ("memalpha", "official"):
+    for rule in ("status", "official"):
         assert call_succeeded(same_text, rule) and call_succeeded(empty_core, rule)
 
 
@@ -115,15 +116,19 @@ def test_r2_of_a_mixed_turn_under_both_rules_and_the_settings():
         call("memory_insert_all", content="x"),  # unknown tool
     )
     turn = TurnCalls(results=results, parse_errors=[ParseError(reason="arguments are not JSON", raw="{oops")])
-    # memalpha: ok + skipped of 6; official: ok + unknown-id delete of 6
-    assert tool_success_reward(turn, "memalpha") == pytest.approx(2 / 6)
+    # status: ok + skipped of 6; official: ok + unknown-id delete of 6
+    assert tool_success_reward(turn, "status") == pytest.approx(2 / 6)
     assert tool_success_reward(turn, "official") == pytest.approx(2 / 6)
     duplicate_only = TurnCalls(results=results[:2])
     by_rule = {
         rule: rollout_rewards([1.0], [duplicate_only], 0, 10, RewardSettings(gamma=0.0, call_success=rule), None).r2
-        for rule in ("memalpha", "official")
+        for rule in ("status", "official")
     }
-    assert by_rule == {"memalpha": [1.0], "official": [0.5]}
+    assert by_rule == {"status": [1.0], "official": [0.5]}
+    # memalpha's rule: the duplicate (skipped) changes nothing, so it fails as under the official rule
+    supported = replace(duplicate_only, chunk=INSERT_TEA.arguments["content"])
+    memalpha = RewardSettings(gamma=0.0, call_success="memalpha")
+    assert rollout_rewards([1.0], [supported], 0, 10, memalpha, None).r2 == [0.5]
     assert RewardSettings().call_success == "memalpha"  # the default profile keeps memalpha's rule
     with pytest.raises(ValueError, match="reward.call_success"):
         RewardSettings(call_success="verl")
@@ -283,7 +288,7 @@ def test_both_rules_give_the_recorded_run_the_same_r2(call_repair, mean_r2):
     """No duplicate insert and no deletion in the recorded run: the rules agree on it (the numbers
     in docs/metrics_and_rewards.md)."""
     turns = [calls for _, calls in replay_turns(call_repair)]
-    for rule in ("memalpha", "official"):
+    for rule in ("status", "official"):
         r2 = [tool_success_reward(calls, rule) for calls in turns]
         assert sum(r2) / len(r2) == pytest.approx(mean_r2, abs=5e-4)
 

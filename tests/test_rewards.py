@@ -37,6 +37,11 @@ CAT = call(
 )
 
 
+# the terms without memalpha's support rule and accuracy gate (memalpha before issue 30): the
+# paper's r3 and r4, r2 counting ok and skipped calls; test_memory_reward.py checks memalpha's rule
+UNGROUNDED = {"call_success": "status", "content_grounding": "none", "compression_gate": "none"}
+
+
 def two_turns() -> list[TurnCalls]:
     turn1 = TurnCalls(
         results=[ToolResult("ok", "", SISTER), ToolResult("ok", "", HIKE)],
@@ -58,7 +63,7 @@ def test_hand_computed_two_turn_two_question_rollout():
         turns=two_turns(),
         memory_tokens=200,
         chunk_tokens=1000,
-        weights=RewardSettings(beta=0.05, gamma=0.1),
+        weights=RewardSettings(beta=0.05, gamma=0.1, **UNGROUNDED),
         content_judge=RuleContentJudge(),
     )
     # r1 = (1 + 0.5) / 2; r3 = 1 - 200/1000
@@ -76,18 +81,18 @@ def test_hand_computed_two_turn_two_question_rollout():
 def test_weights_turns_without_calls_and_compression_sign():
     empty = TurnCalls()
     reward = rollout_rewards([0.0, 1.0], [empty], memory_tokens=1500, chunk_tokens=1000,
-                             weights=RewardSettings(beta=0.2, gamma=1.0), content_judge=RuleContentJudge())
+                             weights=RewardSettings(beta=0.2, gamma=1.0, **UNGROUNDED), content_judge=RuleContentJudge())
     assert reward.r2 == [0.0] and reward.r4 == [0.0]
     assert reward.r3 == pytest.approx(-0.5)  # memory larger than the input: negative
     assert reward.total == pytest.approx([0.5 - 0.1])
     # gamma = 0 or no judge: r4 reported as 0 without judging
-    no_judge = rollout_rewards([1.0], two_turns(), 0, 10, RewardSettings(gamma=0.0), RuleContentJudge())
+    no_judge = rollout_rewards([1.0], two_turns(), 0, 10, RewardSettings(gamma=0.0, **UNGROUNDED), RuleContentJudge())
     assert no_judge.r4 == [0.0, 0.0]
-    assert rollout_rewards([], two_turns(), 0, 10, RewardSettings(), None).r1 == 0.0
+    assert rollout_rewards([], two_turns(), 0, 10, RewardSettings(**UNGROUNDED), None).r1 == 0.0
     # a result without a call counts in r2's and r4's denominators with score 0
     odd = rollout_rewards([1.0], [TurnCalls(results=[ToolResult("error", "not an object", None),
                                                       ToolResult("ok", "", SISTER)])],
-                          0, 10, RewardSettings(), RuleContentJudge())
+                          0, 10, RewardSettings(**UNGROUNDED), RuleContentJudge())
     assert odd.r2 == [0.5] and odd.r4 == [0.5]
     with pytest.raises(ValueError, match="chunk_tokens"):
         rollout_rewards([1.0], [], 10, 0, RewardSettings(), None)
@@ -106,9 +111,14 @@ def test_rewards_from_real_parsed_turns():
     turn = TurnCalls(results=outcome.results, parse_errors=outcome.errors)
     assert [r.status for r in outcome.results] == ["ok", "skipped", "error"]
     assert len(outcome.errors) == 1
-    reward = rollout_rewards([1.0], [turn], memory.total_tokens(), 100, RewardSettings(), RuleContentJudge())
+    reward = rollout_rewards([1.0], [turn], memory.total_tokens(), 100, RewardSettings(**UNGROUNDED), RuleContentJudge())
     assert reward.r2 == pytest.approx([2 / 4])
     assert reward.r4 == pytest.approx([2 / 3])
+    # memalpha's rule, the chunk telling the fact: only the first insert changed the memory
+    told = replace(turn, chunk="We learned in class that Paris is the capital of France.")
+    reward = rollout_rewards([1.0], [told], memory.total_tokens(), 100, RewardSettings(), RuleContentJudge())
+    assert reward.r2 == pytest.approx([1 / 4])
+    assert reward.r4 == pytest.approx([2 / 3])  # both inserts write a supported, valid text; the delete 0
 
 
 @pytest.mark.parametrize(
@@ -196,7 +206,7 @@ def test_llm_content_judge_batches_and_scores_malformed_as_zero():
     assert len(reader.prompts) == 4 and reader.requests == 4  # one batch, four prompts
     assert "episodic memory" in reader.prompts[0] and "semantic memory" in reader.prompts[1]
     assert judge.malformed == 2
-    reward = rollout_rewards([1.0], two_turns(), 0, 10, RewardSettings(), judge)
+    reward = rollout_rewards([1.0], two_turns(), 0, 10, RewardSettings(**UNGROUNDED), judge)
     # turn 1: sister 0, hike 0 ; turn 2: core 0, delete 0, cat 1
     assert reward.r4 == pytest.approx([0.0, 1 / 3])
 

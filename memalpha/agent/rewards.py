@@ -6,12 +6,16 @@ For chunk turn ``t`` of one rollout::
 
 * ``r1``   mean question score of the reader over the final memory (per rollout);
 * ``r2_t`` successful calls / calls in turn ``t`` (every parse error of the turn is one failed
-  call); 0 without calls. What succeeds is ``reward.call_success`` (:func:`call_succeeded`):
-  ``memalpha`` counts the statuses ``ok`` and ``skipped``; ``official`` counts what the
-  official code reports as executed and not skipped;
+  call); 0 without calls. What succeeds is ``reward.call_success`` (:func:`turn_call_successes`):
+  ``memalpha`` counts a call that changed the memory (status ``ok``) and, when it writes, writes
+  something its turn's chunk supports (:mod:`memalpha.agent.grounding`), and gives the turn 0 when
+  none of its calls stores such a text; ``status`` counts the statuses ``ok`` and ``skipped``;
+  ``official`` counts what the official code reports as executed and not skipped;
 * ``r3``   ``1 - memory_tokens / chunk_tokens`` (per rollout; negative when memory outgrows
-  the input);
-* ``r4_t`` mean content validity of turn ``t``'s parsed calls, 0 without parsed calls.
+  the input); under ``reward.compression_gate: accuracy`` (memalpha) a positive value is
+  multiplied by r1, so a memory that answers nothing earns no compression;
+* ``r4_t`` mean content validity of turn ``t``'s parsed calls, 0 without parsed calls; under
+  ``reward.content_grounding: chunk`` (memalpha) a write its chunk does not support scores 0.
 
 Content validity is judged per call by a pluggable judge:
 
@@ -38,6 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from memalpha.agent.grounding import chunk_tokens, is_supported
 from memalpha.agent.prompts import content_judge_messages
 from memalpha.agent.scoring import MetricStyle, check_metric_overrides, check_metric_style, strip_thinking
 from memalpha.reader.base import Sampling
@@ -69,10 +74,28 @@ class RewardSettings:
             answer; perltqa parts in the prediction as written; a boxed label only when it is
             digits; the judge's yes only when no ``no`` appears anywhere in its reply).
         call_success: What r2 counts as a successful call (official difference 7). ``memalpha``:
-            the statuses ``ok`` and ``skipped``, so repeating a stored insert is no failure and
-            every refused call is. ``official``: what the official code reports as executed and
-            not skipped, so a duplicate insert fails and deleting an unknown id succeeds (its
-            code deletes nothing and reports success); the executor runs the same either way.
+            a call that changed the memory (status ``ok``: no ``skipped`` repeat or no-op, no
+            error) and, for an insert or update, whose written text the turn's chunk supports
+            (``support_min_share``, ``support_min_tokens``); a turn none of whose calls stores
+            such a text gets r2 = 0, so deleting and rewriting alone earn nothing. ``status``
+            (memalpha before issue 30): the statuses ``ok`` and ``skipped``. ``official``: what
+            the official code reports as executed and not skipped, so a duplicate insert fails
+            and deleting an unknown id succeeds (its code deletes nothing and reports success);
+            the executor runs the same under all three.
+        support_min_share: The support rule's share (``call_success: memalpha``, ``content_grounding:
+            chunk``): of the content tokens a write adds to the memory (lower-cased words and
+            numbers, function words dropped, those of the text it replaces removed), at least
+            this share must occur in the turn's chunk (its text without memalpha's dated
+            wrapper). In (0, 1].
+        support_min_tokens: The support rule's count: at least this many of the added content
+            tokens must occur in the chunk (>= 1), so a one-word write is never supported.
+        content_grounding: ``chunk`` (memalpha): r4 scores a write 0 when the support rule says
+            its chunk does not support it, so a valid-looking sentence about nothing in the chunk
+            earns no content reward; ``none`` (official): r4 is the judge's verdict alone.
+        compression_gate: ``accuracy`` (memalpha): a positive compression r3 is multiplied by r1,
+            so an empty or useless memory (r1 = 0) earns no compression reward, while a memory
+            larger than the input keeps its whole negative r3; ``none`` (official): r3 as the
+            paper defines it, ``1 - memory / input`` (an empty memory earns 1).
         content_judge_attempts: The most asks the ``llm`` judge spends on one write: a write
             whose judgement is malformed (or whose reader call failed) is asked again until this
             many asks in all, then scores 0; 1 asks once. Each ask after a malformed reply appends
@@ -97,7 +120,11 @@ class RewardSettings:
     content_judge: Literal["rule", "llm"] = "rule"
     metric_overrides: dict[str, str] | None = None
     metric_style: MetricStyle = "memalpha"
-    call_success: Literal["memalpha", "official"] = "memalpha"
+    call_success: Literal["memalpha", "status", "official"] = "memalpha"
+    support_min_share: float = 0.5
+    support_min_tokens: int = 2
+    content_grounding: Literal["chunk", "none"] = "chunk"
+    compression_gate: Literal["accuracy", "none"] = "accuracy"
     content_judge_attempts: int = 1
     content_judge_temperature: float | None = None
     content_judge_max_tokens: int | None = None
@@ -114,6 +141,18 @@ class RewardSettings:
         if self.call_success not in CALL_SUCCESS_RULES:
             raise ValueError(
                 f"reward.call_success must be one of {list(CALL_SUCCESS_RULES)}, got {self.call_success!r}"
+            )
+        if not 0.0 < self.support_min_share <= 1.0:
+            raise ValueError(f"reward.support_min_share must be in (0, 1], got {self.support_min_share}")
+        if isinstance(self.support_min_tokens, bool) or self.support_min_tokens < 1:
+            raise ValueError(f"reward.support_min_tokens must be >= 1, got {self.support_min_tokens}")
+        if self.content_grounding not in CONTENT_GROUNDINGS:
+            raise ValueError(
+                f"reward.content_grounding must be one of {list(CONTENT_GROUNDINGS)}, got {self.content_grounding!r}"
+            )
+        if self.compression_gate not in COMPRESSION_GATES:
+            raise ValueError(
+                f"reward.compression_gate must be one of {list(COMPRESSION_GATES)}, got {self.compression_gate!r}"
             )
         if isinstance(self.content_judge_attempts, bool) or self.content_judge_attempts < 1:
             raise ValueError(f"reward.content_judge_attempts must be >= 1, got {self.content_judge_attempts}")
@@ -143,10 +182,13 @@ class RewardSettings:
 
 @dataclass
 class TurnCalls:
-    """What one chunk turn's response did: executed calls and the calls that did not parse."""
+    """What one chunk turn's response did: executed calls, the calls that did not parse, and the
+    chunk the turn read (the support rule's source; needed by ``call_success: memalpha`` and
+    ``content_grounding: chunk``)."""
 
     results: list[ToolResult] = field(default_factory=list)
     parse_errors: list[ParseError] = field(default_factory=list)
+    chunk: str | None = None
 
 
 @dataclass
@@ -179,13 +221,16 @@ def accuracy_reward(question_scores: Sequence[float]) -> float:
     return float(sum(question_scores) / len(question_scores)) if question_scores else 0.0
 
 
-CALL_SUCCESS_RULES = ("memalpha", "official")
+CALL_SUCCESS_RULES = ("memalpha", "status", "official")
+CONTENT_GROUNDINGS = ("chunk", "none")
+COMPRESSION_GATES = ("accuracy", "none")
 
 
-def call_succeeded(result: ToolResult, rule: str = "memalpha") -> bool:
-    """Whether r2 counts ``result`` as a successful call under ``rule`` (``reward.call_success``).
+def call_succeeded(result: ToolResult, rule: str = "status") -> bool:
+    """Whether r2 counts ``result`` as a successful call under a rule that looks at the call alone
+    (``status`` or ``official``; ``memalpha`` needs the turn's chunk: :func:`turn_call_successes`).
 
-    ``memalpha``: status ``ok`` or ``skipped``. ``official`` models what the official code
+    ``status``: status ``ok`` or ``skipped``. ``official`` models what the official code
     reports for the same call, whose tools differ from memalpha's executor in three places:
     its insert of a text already stored reports ``skipped``, which it counts as a failure;
     its update to an unchanged text and its deletion of an empty core report success (memalpha:
@@ -193,10 +238,10 @@ def call_succeeded(result: ToolResult, rule: str = "memalpha") -> bool:
     and reports success (memalpha: an error). Every other error is a failure there too
     (updating an unknown id raises in the official store).
     """
-    if rule == "memalpha":
+    if rule == "status":
         return result.status in SUCCESS_STATUSES
     if rule != "official":
-        raise ValueError(f"reward.call_success must be one of {list(CALL_SUCCESS_RULES)}, got {rule!r}")
+        raise ValueError(f"call_succeeded takes the rules 'status' and 'official', got {rule!r}")
     call = result.call
     if result.status == "ok":
         return True
@@ -211,20 +256,78 @@ def call_succeeded(result: ToolResult, rule: str = "memalpha") -> bool:
     return result.code == "unknown_id" or memory_id_missing
 
 
-def tool_success_reward(turn: TurnCalls, rule: str = "memalpha") -> float:
-    """r2_t: successful calls (:func:`call_succeeded` under ``rule``) over all calls of the turn
-    (parse errors are failed calls)."""
+def written_text(call: ToolCall | None) -> str | None:
+    """The text an insert (``content``) or update (``new_content``) writes; None for any other call."""
+    if call is None or not isinstance(call.arguments, dict):
+        return None
+    key = {INSERT: "content", UPDATE: "new_content"}.get(call.name)
+    text = call.arguments.get(key) if key else None
+    return text if isinstance(text, str) else None
+
+
+def supported_write(result: ToolResult, source: frozenset[str], weights: RewardSettings) -> bool:
+    """Whether ``result``'s call writes a text that the chunk with content tokens ``source``
+    supports (:func:`memalpha.agent.grounding.is_supported`; an executed update is judged by what
+    it adds to the text it replaced)."""
+    text = written_text(result.call)
+    if text is None:
+        return False
+    return is_supported(
+        text, source, replaced=result.replaced,
+        min_share=weights.support_min_share, min_tokens=weights.support_min_tokens,
+    )
+
+
+def _chunk_source(turn: TurnCalls, setting: str) -> frozenset[str]:
+    if turn.chunk is None:
+        raise ValueError(f"{setting} needs each turn's chunk (TurnCalls.chunk) to judge what its calls write")
+    return chunk_tokens(turn.chunk)
+
+
+def turn_call_successes(turn: TurnCalls, weights: RewardSettings) -> int:
+    """The calls of ``turn`` that r2 counts as successful under ``weights.call_success``.
+
+    ``memalpha``: a call succeeds when it changed the memory (status ``ok``) and, if it writes,
+    its chunk supports what it writes; a deletion succeeds only in a turn where some call stored
+    a supported text, and so does nothing else: a turn without one has no success at all.
+    """
+    rule = weights.call_success
+    if rule != "memalpha":
+        return sum(call_succeeded(r, rule) for r in turn.results)
+    source = _chunk_source(turn, "reward.call_success: memalpha")
+    changed = [r for r in turn.results if r.status == "ok" and r.call is not None]
+    stored = [r for r in changed if supported_write(r, source, weights)]
+    if not stored:
+        return 0
+    deletions = [r for r in changed if r.call.name == DELETE]
+    return len(stored) + len(deletions)
+
+
+def tool_success_reward(turn: TurnCalls, weights: RewardSettings | str | None = None) -> float:
+    """r2_t: successful calls (:func:`turn_call_successes`) over all calls of the turn (parse
+    errors are failed calls); 0 for a turn without calls. ``weights`` may be a rule's name alone
+    (the support rule's thresholds then their defaults)."""
+    if not isinstance(weights, RewardSettings):
+        weights = RewardSettings() if weights is None else RewardSettings(call_success=weights)
     total = len(turn.results) + len(turn.parse_errors)
     if total == 0:
         return 0.0
-    return sum(call_succeeded(r, rule) for r in turn.results) / total
+    return turn_call_successes(turn, weights) / total
 
 
 def compression_reward(memory_tokens: int, chunk_tokens: int) -> float:
-    """r3: ``1 - memory_tokens / chunk_tokens``."""
+    """r3 as the paper defines it: ``1 - memory_tokens / chunk_tokens``."""
     if chunk_tokens <= 0:
         raise ValueError(f"chunk_tokens must be > 0 to compute the compression reward, got {chunk_tokens}")
     return 1.0 - memory_tokens / chunk_tokens
+
+
+def gated_compression(compression: float, accuracy: float, gate: str) -> float:
+    """r3 under ``reward.compression_gate``: ``accuracy`` scales a positive compression by r1 (a
+    negative one stays whole); ``none`` leaves it as it is."""
+    if gate == "none" or compression < 0:
+        return compression
+    return accuracy * compression
 
 
 def rollout_rewards(
@@ -238,13 +341,16 @@ def rollout_rewards(
     """All components and ``R_t`` for one rollout (see the module docstring).
 
     The content judge sees every parsed call of the rollout in one batch. With
-    ``weights.gamma == 0`` or no judge, r4 is reported as 0 without judging.
+    ``weights.gamma == 0`` or no judge, r4 is reported as 0 without judging. Under
+    ``content_grounding: chunk`` a call's verdict counts only when it writes a text its turn's
+    chunk supports.
     """
     r1 = accuracy_reward(question_scores)
-    r3 = compression_reward(memory_tokens, chunk_tokens)
-    r2 = [tool_success_reward(t, weights.call_success) for t in turns]
+    r3 = gated_compression(compression_reward(memory_tokens, chunk_tokens), r1, weights.compression_gate)
+    r2 = [tool_success_reward(t, weights) for t in turns]
     calls = [res.call for t in turns for res in t.results if res.call is not None]
-    if content_judge is not None and weights.gamma != 0 and calls:
+    judging = content_judge is not None and weights.gamma != 0 and bool(calls)
+    if judging:
         verdicts = list(content_judge.judge(calls))
         if len(verdicts) != len(calls):
             raise RuntimeError(f"content judge returned {len(verdicts)} scores for {len(calls)} calls")
@@ -252,9 +358,17 @@ def rollout_rewards(
         verdicts = [0.0] * len(calls)
     judged = iter(verdicts)
     r4: list[float] = []
+    grounded = judging and weights.content_grounding == "chunk"
     for t in turns:
+        source = _chunk_source(t, "reward.content_grounding: chunk") if grounded and t.results else frozenset()
         # a result without a call (nothing to judge) scores 0 but still counts in the mean
-        turn_scores = [next(judged) if res.call is not None else 0.0 for res in t.results]
+        turn_scores = []
+        for res in t.results:
+            if res.call is None:
+                turn_scores.append(0.0)
+                continue
+            verdict = next(judged)
+            turn_scores.append(verdict if not grounded or supported_write(res, source, weights) else 0.0)
         r4.append(sum(turn_scores) / len(turn_scores) if turn_scores else 0.0)
     total = [r1 + a + weights.beta * r3 + weights.gamma * b for a, b in zip(r2, r4)]
     return RolloutReward(r1=r1, r3=r3, r2=r2, r4=r4, total=total)

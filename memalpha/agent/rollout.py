@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
+from memalpha.agent.fact_recall import memory_fact_recall
 from memalpha.agent.progress import Phase, PhaseHook, report
 from memalpha.agent.prompts import PROMPT_PROFILES, memorise_messages, stated_response_limit
 from memalpha.agent.rewards import ContentJudge, RewardSettings, TurnCalls, rollout_rewards
@@ -182,7 +183,9 @@ class TurnSample:
 
 @dataclass
 class RolloutRecord:
-    """Everything one rollout did, for logging and validation tables."""
+    """Everything one rollout did, for logging and validation tables. ``fact_recall`` is the share
+    of the instance's gold facts in the final memory (:mod:`memalpha.agent.fact_recall`), None
+    for an instance that knows none."""
 
     instance_id: str
     data_source: str
@@ -195,6 +198,7 @@ class RolloutRecord:
     r1: float = 0.0
     r3: float = 0.0
     reader_failures: int = 0
+    fact_recall: float | None = None
 
 
 @dataclass
@@ -364,7 +368,9 @@ def memorise_chunks(
                 text = tokenizer.decode(response_ids, skip_special_tokens=True)
                 parsed = call_format.parse(text, settings.call_repair)
                 results = [execute_call(rollout.memory, call, settings.call_repair) for call in parsed.calls]
-                rollout.calls.append(TurnCalls(results=results, parse_errors=list(parsed.errors)))
+                rollout.calls.append(
+                    TurnCalls(results=results, parse_errors=list(parsed.errors), chunk=rollout.instance.chunks[chunk_index])
+                )
                 rollout.samples.append(
                     TurnSample(
                         group_id=rollout.group_id,
@@ -492,6 +498,7 @@ def assign_rewards(
                 r1=reward.r1,
                 r3=reward.r3,
                 reader_failures=answered.failures,
+                fact_recall=memory_fact_recall(instance.metadata, rollout.memory),
             )
         )
     return samples, records

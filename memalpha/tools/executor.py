@@ -17,17 +17,16 @@ A reason quotes model-written names, keys and values only clipped (to 40-200 cha
 rollout records every reason, and a 10 MB key must not become a 10 MB reason.
 
 **Counting successful calls (reward r2).** A rollout turn's calls are the parsed
-calls plus the parse errors of its response. Under memalpha's rule (the default
-``reward.call_success``), successful calls are the executed calls with status in
-:data:`SUCCESS_STATUSES` (``ok`` or ``skipped``); every
-:class:`~memalpha.tools.formats.ParseError` counts as one failed call. So
-``r2 = successes / (len(calls) + len(errors))``, and 0 when that is 0 – see
-:func:`turn_call_counts` and :class:`TurnOutcome`. The official code counts
-otherwise: a call succeeds when its result says it executed and was not
-``skipped``, so repeating a stored insert is a failed call there;
-:func:`memalpha.agent.rewards.call_succeeded` models that rule from these
-results (``reward.call_success: official``), and this executor runs the same
-under both rules.
+calls plus the parse errors of its response; every
+:class:`~memalpha.tools.formats.ParseError` counts as one failed call. Which executed
+calls succeed is ``reward.call_success``
+(:func:`memalpha.agent.rewards.turn_call_successes`): memalpha's rule (the default)
+counts a call with status ``ok`` whose written text its chunk supports (the
+``replaced`` text of an executed update tells what the update adds), ``status``
+counts the statuses in :data:`SUCCESS_STATUSES` (``ok`` or ``skipped``, as
+:func:`turn_call_counts` and :class:`TurnOutcome` do), and ``official`` counts
+what the official code reports as executed and not skipped. This executor runs
+the same under every rule.
 
 **Differences from the official executor, on purpose:**
 
@@ -84,6 +83,8 @@ class ToolResult:
     call: ToolCall | None
     code: str = ""
     memory_id: str | None = None
+    replaced: str | None = None
+    """The text an ``ok`` update overwrote (the old core or entry), for the reward's support rule."""
 
     @property
     def success(self) -> bool:
@@ -167,9 +168,10 @@ def _update(memory: Memory, call: ToolCall) -> ToolResult:
     if memory_type == CORE:
         if memory.core == content:
             return ToolResult("skipped", "core_memory already holds this text", call)
+        old = memory.core
         truncated = memory.set_core(content)
         note = f" (cut to {memory.core_token_limit} tokens)" if truncated else ""
-        return ToolResult("ok", f"core_memory replaced{note}", call)
+        return ToolResult("ok", f"core_memory replaced{note}", call, replaced=old)
     memory_id, problem = _id_or_error(call, memory, memory_type)
     if problem:
         return problem
@@ -178,8 +180,9 @@ def _update(memory: Memory, call: ToolCall) -> ToolResult:
         where = "this item" if same.id == memory_id else f"item [{same.id}]"
         return ToolResult("skipped", f"identical content already in {where} of {memory_type}", call,
                           memory_id=memory_id)
+    old = memory.find(memory_type, memory_id).content
     memory.update(memory_type, memory_id, content)
-    return ToolResult("ok", f"updated [{memory_id}] in {memory_type}", call, memory_id=memory_id)
+    return ToolResult("ok", f"updated [{memory_id}] in {memory_type}", call, memory_id=memory_id, replaced=old)
 
 
 def _delete(memory: Memory, call: ToolCall) -> ToolResult:

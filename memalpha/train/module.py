@@ -433,8 +433,10 @@ class GRPOModule(PolicyModule):
             records = [r for part in gathered for r in part]
         summary = summarise_records(records)
         overall = summary["overall"]
+        recall = {} if overall["fact_recall"] is None else {"val/fact_recall": overall["fact_recall"]}
         self.log_dict(
             {
+                **recall,
                 "val/accuracy": overall["accuracy"],
                 "val/memory_tokens": overall["memory_tokens"],
                 "val/compression": overall["compression"],

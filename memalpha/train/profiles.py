@@ -45,6 +45,9 @@ PROFILES: dict[str, dict[str, Any]] = {
         "model.reader.k_reduction": "official",
         # r2: a duplicate insert fails, deleting an unknown id succeeds (what the official code reports)
         "model.reward.call_success": "official",
+        # r4 is the judge's verdict alone, and r3 the paper's 1 - memory/input (an empty memory earns it)
+        "model.reward.content_grounding": "none",
+        "model.reward.compression_gate": "none",
         # answers compared as the official code does: first gold lower-cased, boxed digits, ...
         "model.reward.metric_style": "official",
         # the content judge (r4, `reward.content_judge: llm`) as the official /analyze_function asks

@@ -14,13 +14,16 @@ from memalpha.agent.rollout import RolloutOutput, RolloutRecord
 
 
 def round_metrics(out: RolloutOutput, rewards: torch.Tensor, group_ids: torch.Tensor) -> dict[str, float]:
-    """Reward, reward spread, response, tool-call, reward-term, memory, reader-failure and timing metrics of one round.
+    """Reward, reward spread, response, tool-call, reward-term, memory, fact-recall, reader-failure
+    and timing metrics of one round.
 
     ``rewards`` and ``group_ids`` are the ``[N]`` per-sample rewards and group labels of
     ``out.samples``; ``train/frac_reward_zero_std`` is the share of groups whose rewards are all
     equal (their advantages are 0: they teach nothing). ``reader/failures`` counts the round's
     questions that scored 0 because the reader's answer or its judgement failed (after retries);
     ``reader/failed_calls`` every failed reader request of the round, content judgements included.
+    ``train/fact_recall`` is the mean fact recall of the round's rollouts whose instance knows its
+    facts (:mod:`memalpha.agent.fact_recall`), and absent when none does.
     """
     samples, records = out.samples, out.records
     zero_std = []
@@ -29,7 +32,10 @@ def round_metrics(out: RolloutOutput, rewards: torch.Tensor, group_ids: torch.Te
         zero_std.append(float(member.numel() < 2 or member.std(unbiased=False) < 1e-6))
     calls = sum(s.num_calls for s in samples)
     lengths = [len(s.response_ids) for s in samples]
+    recalls = [r.fact_recall for r in records if r.fact_recall is not None]
+    known = {"train/fact_recall": sum(recalls) / len(recalls)} if recalls else {}
     return {
+        **known,
         "train/reward": rewards.mean().item(),
         "train/reward_std": rewards.std(unbiased=False).item(),
         "train/frac_reward_zero_std": sum(zero_std) / len(zero_std),

@@ -5,6 +5,11 @@ questions: ``accuracy`` is the mean over all questions (every question weighs th
 ``accuracy_by_instance`` the mean over instances of each instance's question mean (every instance
 weighs the same), which is how the official Mem-alpha evaluation averages within a source
 (docs/official_compatibility.md, difference 11).
+
+``fact_recall`` beside them measures the memory without the reader: the mean, over rollouts whose
+instance knows its gold facts (the synthetic tasks), of the share of those facts in the final
+memory (:mod:`memalpha.agent.fact_recall`); ``null`` in the JSON and ``-`` in the table when no
+rollout of the row knows its facts, and ``fact_recall_rollouts`` says over how many it is taken.
 """
 
 from __future__ import annotations
@@ -21,8 +26,8 @@ from typing import Any
 from memalpha.tools.executor import SUCCESS_STATUSES
 
 COLUMNS = (
-    "source", "instances", "questions", "accuracy", "accuracy_by_instance", "memory_tokens", "compression",
-    "tool_success", "mean_reward",
+    "source", "instances", "questions", "accuracy", "accuracy_by_instance", "fact_recall", "memory_tokens",
+    "compression", "tool_success", "mean_reward",
 )
 
 
@@ -41,11 +46,14 @@ def _summarise(records: Sequence[Any]) -> dict[str, float]:
     rewards = [turn.get("reward", 0.0) for r in records for turn in r.turns]
     results = [res for r in records for turn in r.turns for res in turn["results"]]
     ok = sum(res["status"] in SUCCESS_STATUSES for res in results)
+    recalls = [r.fact_recall for r in records if getattr(r, "fact_recall", None) is not None]
     return {
         "instances": len({r.instance_id for r in records}),
         "questions": len(scores),
         "accuracy": sum(scores) / len(scores) if scores else 0.0,
         "accuracy_by_instance": instance_mean_accuracy(records),
+        "fact_recall": sum(recalls) / len(recalls) if recalls else None,
+        "fact_recall_rollouts": len(recalls),
         "memory_tokens": sum(r.memory_tokens for r in records) / len(records) if records else 0.0,
         "compression": sum(r.r3 for r in records) / len(records) if records else 0.0,
         "tool_success": ok / len(results) if results else 0.0,
@@ -56,8 +64,8 @@ def _summarise(records: Sequence[Any]) -> dict[str, float]:
 
 
 def summarise_records(records: Sequence[Any]) -> dict[str, Any]:
-    """Overall and per-``data_source`` accuracy, memory size, compression (r3), tool success, the
-    mean per-turn reward ``R_t``, and the questions that scored 0 because the reader failed."""
+    """Overall and per-``data_source`` accuracy, fact recall, memory size, compression (r3), tool
+    success, the mean per-turn reward ``R_t``, and the questions that scored 0 because the reader failed."""
     by_source: dict[str, list[Any]] = defaultdict(list)
     for record in records:
         by_source[record.data_source].append(record)
@@ -76,6 +84,7 @@ def format_table(summary: dict[str, Any]) -> str:
             str(s["questions"]),
             f"{s['accuracy']:.3f}",
             f"{s['accuracy_by_instance']:.3f}",
+            "-" if s["fact_recall"] is None else f"{s['fact_recall']:.3f}",
             f"{s['memory_tokens']:.0f}",
             f"{s['compression']:.3f}",
             f"{s['tool_success']:.3f}",
