@@ -29,14 +29,14 @@ def test_shared_update_raises_a_rewarded_token_over_micro_batches_with_kl(small_
             model, tokenizer, [p for p in prompts for _ in range(group)], max_new_tokens=2, seed=100 + step
         )
         rewards = torch.tensor([float(r[0] == CHOSEN) for r in out.response_ids])
-        kwargs = {"temperature": 1.0, "micro_batch_size": 8, "pad_id": 0}
+        scoring = ScoringSpec(temperature=1.0, micro_batch_size=8, pad_id=0)
         with model.disable_adapter():
-            ref_logps = response_logprobs(model, out.prompt_ids, out.response_ids, **kwargs)
+            ref_logps = response_logprobs(model, out.prompt_ids, out.response_ids, scoring)
         batch = GRPOBatch(
             prompt_ids=out.prompt_ids,
             response_ids=out.response_ids,
             advantages=group_advantages(rewards, [i // group for i in range(len(rewards))]),
-            old_logps=response_logprobs(model, out.prompt_ids, out.response_ids, **kwargs),
+            old_logps=response_logprobs(model, out.prompt_ids, out.response_ids, scoring),
             ref_logps=ref_logps,
         )
         for _epoch in range(2):

@@ -39,9 +39,9 @@ def test_grpo_raises_a_learnable_reward_over_20_steps(small_vocab_model_dir, tok
         prompts = [p for p in PROMPTS for _ in range(GROUP)]
         out = generate(model, tokenizer, prompts, max_new_tokens=NEW_TOKENS, seed=1000 + step, eos_token_id=2)
         rewards = torch.tensor([sum(t == CHOSEN for t in r) / NEW_TOKENS for r in out.response_ids])
-        kwargs = {"temperature": 1.0, "micro_batch_size": 8, "pad_id": 0}
+        scoring = ScoringSpec(temperature=1.0, micro_batch_size=8, pad_id=0)
         with model.disable_adapter():
-            ref = response_logprobs(model, out.prompt_ids, out.response_ids, **kwargs)
+            ref = response_logprobs(model, out.prompt_ids, out.response_ids, scoring)
         batch = GRPOBatch(
             prompt_ids=out.prompt_ids,
             response_ids=out.response_ids,

@@ -84,9 +84,7 @@ def test_continue_from_a_saved_adapter(tiny_model_dir, tmp_path):
     assert reloaded.training and trainable_parameters(reloaded)
     reloaded.eval()
     with torch.no_grad():
-        assert torch.equal(token_logprobs(
-            model, PROMPTS, RESPONSES,
-        ), token_logprobs(reloaded, PROMPTS, RESPONSES))
+        assert torch.equal(token_logprobs(model, PROMPTS, RESPONSES), token_logprobs(reloaded, PROMPTS, RESPONSES))
 
 
 def test_bf16_and_bare_model(tiny_model_dir):

@@ -189,9 +189,7 @@ def test_a_handed_in_prefix_must_start_every_prompt(policy):
         with pytest.raises(ValueError, match=r"prompt_ids\[0\] does not extend the 8-token shared prefix"):
             token_logprobs(model, [[99] + SYSTEM], [[1]], prefix=prefix)
         with pytest.raises(ValueError, match=r"prompt_ids\[1\]"):
-            token_logprobs(
-                model, [SYSTEM + [1], SYSTEM], [[1], [2]], prefix=prefix,
-            )  # nothing after the prefix
+            token_logprobs(model, [SYSTEM + [1], SYSTEM], [[1], [2]], prefix=prefix)  # nothing after the prefix
 
 
 # Rows in no particular order: the update sorts them so that equal prompts share a micro-batch.
