@@ -97,7 +97,7 @@ def replay_profile(profile: str, tokenizer: Any) -> dict[str, Any]:
             outcome = execute_response(memory, turn["raw_response"], call_format, call_repair)
             calls.append(TurnCalls(results=outcome.results, parse_errors=list(outcome.errors)))
         recorded = answers[instance_id]
-        scores = score_answers(
+        scores, _ = score_answers(
             instance["data_source"], [r["reader_response"] for r in recorded], [r["answer"] for r in recorded],
             style=reward.metric_style,
         )

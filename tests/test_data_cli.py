@@ -71,7 +71,7 @@ def test_convert_memoryagentbench_to_our_jsonl(tmp_path, embedded_model_dir, cap
     main(["convert", str(source), str(out), "--tokenizer", str(embedded_model_dir), "--chunk-tokens", "512",
           "--wrap", "dialogue"])
     assert "wrote 1 instances (memoryagentbench layout)" in capsys.readouterr().out
-    (instance,) = load_instances(out, layout="jsonl")
+    (instance,), _ = load_instances(out, layout="jsonl")
     assert instance.instance_id == "eventqa-0" and len(instance.chunks) > 1
     assert "".join(unwrap_chunk(c) for c in instance.chunks) == context
 
@@ -79,7 +79,7 @@ def test_convert_memoryagentbench_to_our_jsonl(tmp_path, embedded_model_dir, cap
 def test_convert_official_parquet(tmp_path):
     out = tmp_path / "pubmed.jsonl"
     main(["convert", str(FIXTURES / "memalpha_pubmed.parquet"), str(out), "--limit", "2"])
-    assert load_instances(out) == load_instances(FIXTURES / "memalpha_pubmed.parquet", limit=2)
+    assert load_instances(out)[0] == load_instances(FIXTURES / "memalpha_pubmed.parquet", limit=2)[0]
 
 
 def test_bad_input_exits_2_with_file_record_field(tmp_path, capsys):

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from memalpha.cli import main
-from memalpha.data.loaders import load_instances_with_report
+from memalpha.data.loaders import load_instances
 
 AGENT_TOKENS = 2048  # the official evaluation's agent budget (rollout.max_new_tokens' default)
 
@@ -135,7 +135,7 @@ def write_validate_config(tmp_path: Path, data: Path) -> Path:
 
 def test_the_official_layout_loads_with_its_sources(tmp_path):
     data = write_official_parquet(tmp_path / "test.parquet")
-    instances, report = load_instances_with_report(data)  # auto-detected
+    instances, report = load_instances(data)  # auto-detected
     assert report.layout == "memalpha" and report.loaded == len(ROWS)
     assert [i.data_source for i in instances] == [row[0] for row in ROWS]
     assert [i.instance_id for i in instances] == ["0", "1", "2", "3"]

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from memalpha.agent.prompts import PROMPT_PROFILES, memorise_messages, stated_response_limit
 from memalpha.agent.rewards import ContentJudge, RewardSettings, TurnCalls, rollout_rewards
-from memalpha.agent.scoring import score_answers_checked
+from memalpha.agent.scoring import score_answers
 from memalpha.data.schema import Instance
 from memalpha.lm.core.chat import chat_prompt_ids
 from memalpha.lm.sampling.generation import Generation, generate
@@ -413,7 +413,7 @@ def answer_questions(
     item_errors = [answer.error for answer in answers]
     for source, ks in by_source.items():
         qas = [owners[k][1] for k in ks]
-        scored, judge_errors = score_answers_checked(
+        scored, judge_errors = score_answers(
             source,
             [answers[k].text for k in ks],
             [qa.answer for qa in qas],

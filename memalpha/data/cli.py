@@ -27,7 +27,7 @@ from memalpha.data.loaders import (
     LAYOUTS,
     is_saved_dataset,
     list_data_files,
-    load_instances_with_report,
+    load_instances,
     save_jsonl,
 )
 from memalpha.data.official_processing import (
@@ -151,7 +151,7 @@ def _tokenizer_from(name: str) -> Any:
 
 
 def _load(args: argparse.Namespace, source: str, tokenizer: Any) -> tuple[list[Instance], Any]:
-    return load_instances_with_report(
+    return load_instances(
         source,
         layout=args.layout,
         tokenizer=tokenizer,

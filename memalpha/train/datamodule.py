@@ -197,7 +197,7 @@ class RolloutDataModule(LightningDataModule):
 
     def _load(self, path: str, limit: int | None) -> list[Instance]:
         hp = self.hparams
-        return load_instances(
+        instances, _ = load_instances(
             path,
             layout=hp.layout,
             tokenizer=self._tokenizer() if hp.layout in ("auto", "memoryagentbench") else None,
@@ -206,6 +206,7 @@ class RolloutDataModule(LightningDataModule):
             skip_bad=hp.skip_bad,
             limit=limit,
         )
+        return instances
 
     def _synthetic(self, split: str, count: int) -> list[Instance]:
         return generate_synthetic(count, split=split, seed=self.hparams.seed, **synthetic_options(self.hparams))

@@ -130,7 +130,10 @@ def run(args: argparse.Namespace) -> tuple[int, DistillStats]:
         if args.instances is None:
             raise ValueError("--official-responses needs --instances (the instances the responses were recorded on)")
         trajectories, source, source_format = official_trajectories(args.official_responses), "official", "qwen"
-    instances = load_instances(args.instances) if args.instances is not None else config_instances(model, data)
+    if args.instances is not None:
+        instances, _ = load_instances(args.instances)
+    else:
+        instances = config_instances(model, data)
     by_id = {instance.instance_id: instance for instance in instances}
     tokenizer = load_tokenizer(model.get("model", EMBEDDED_MODEL_NAME))
     demos: list[Demonstration] = []
