@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from memalpha.agent.prompts import PROMPT_PROFILES, memorise_messages, stated_response_limit
+from memalpha.agent.prompts import PROMPT_PROFILES, PromptProfile, memorise_messages, stated_response_limit
 from memalpha.agent.rewards import ContentJudge, RewardSettings, TurnCalls, rollout_rewards
 from memalpha.agent.scoring import score_answers
 from memalpha.data.schema import Instance
@@ -33,10 +33,11 @@ from memalpha.reader.base import Reader
 from memalpha.seeding import stable_seed
 from memalpha.templates.loader import PromptTemplates, load_templates
 from memalpha.tools.executor import SUCCESS_STATUSES, execute_call
-from memalpha.tools.formats import CallFormat, get_call_format
-from memalpha.tools.jsonfix import CALL_REPAIRS
+from memalpha.tools.formats import CallFormat, CallFormatName, get_call_format
+from memalpha.tools.jsonfix import CALL_REPAIRS, CallRepair
 
-ROLLOUT_ENGINES = ("hf", "vllm")
+RolloutEngine = Literal["hf", "vllm"]
+ROLLOUT_ENGINES: tuple[str, ...] = get_args(RolloutEngine)
 
 GenerateFn = Callable[..., Generation]
 """Generates like :func:`memalpha.lm.sampling.generation.generate` without its model and tokenizer
@@ -96,15 +97,15 @@ class RolloutSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    call_format: Literal["qwen", "hermes"] = "qwen"
+    call_format: CallFormatName = "qwen"
     memory_view_k: int = 5
     core_token_limit: int = 512
     generation_batch_size: int | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    prompt_profile: Literal["full", "compact"] = "full"
-    call_repair: Literal["strict", "json_repair"] = "strict"
+    prompt_profile: PromptProfile = "full"
+    call_repair: CallRepair = "strict"
     prompt_templates: str | None = None
-    engine: Literal["hf", "vllm"] = "hf"
+    engine: RolloutEngine = "hf"
     vllm: VllmSettings = field(default_factory=VllmSettings)
 
     def __post_init__(self) -> None:

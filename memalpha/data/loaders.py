@@ -34,7 +34,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from memalpha.data.chunking import DEFAULT_CHUNK_TOKENS, chunk_by_tokens
 from memalpha.data.schema import QA, DataValidationError, Instance, RecordChecker, parse_record
@@ -42,7 +42,8 @@ from memalpha.data.wrapping import WRAP_STYLES, wrap_chunks
 
 logger = logging.getLogger("memalpha.data")
 
-LAYOUTS = ("auto", "jsonl", "memalpha", "memoryagentbench")
+Layout = Literal["auto", "jsonl", "memalpha", "memoryagentbench"]
+LAYOUTS: tuple[str, ...] = get_args(Layout)
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _MEMALPHA_FIELDS = ("chunks", "questions_and_answers", "data_source")

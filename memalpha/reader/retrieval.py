@@ -37,7 +37,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, get_args
 
 import numpy as np
 
@@ -47,9 +47,11 @@ if TYPE_CHECKING:
 _TOKEN = re.compile(r"\w+")
 
 DEFAULT_TOP_K = 20
-BM25_VARIANTS = ("lucene", "okapi")
+BM25Variant = Literal["lucene", "okapi"]
+BM25_VARIANTS: tuple[str, ...] = get_args(BM25Variant)
 """``reader.bm25``: ``lucene`` (bm25s) or ``okapi`` (rank_bm25's BM25Okapi, the official scoring)."""
-K_REDUCTIONS = ("budget", "official")
+KReduction = Literal["budget", "official"]
+K_REDUCTIONS: tuple[str, ...] = get_args(KReduction)
 """``reader.k_reduction``: bisect k to fit the whole prompt, or the official one-by-one rule on the system prompt."""
 DEFAULT_SYSTEM_PROMPT_LIMIT = 30_000
 """The official server's limit on the reader's system prompt, in tokens."""

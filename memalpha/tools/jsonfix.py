@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from json_repair import repair_json  # a pure string parser here: no file, network or eval (see above)
 
-CALL_REPAIRS = ("strict", "json_repair")
+CallRepair = Literal["strict", "json_repair"]
+CALL_REPAIRS: tuple[str, ...] = get_args(CallRepair)
 """The call-repair policies: memalpha's (cut-off arguments refused) and the official code's."""
 _REPAIRED_BY_PACKAGE = "repaired with json-repair (the official policy)"
 
