@@ -24,6 +24,7 @@ from memalpha.agent.rewards import ContentJudge, RewardSettings, TurnCalls, roll
 from memalpha.agent.scoring import score_answers
 from memalpha.data.schema import Instance
 from memalpha.lm.core.chat import chat_prompt_ids
+from memalpha.lm.core.modes import eval_mode
 from memalpha.lm.sampling.generation import Generation, generate
 from memalpha.lm.sampling.vllm_engine import SampledGeneration
 from memalpha.lm.sampling.vllm_settings import VllmSettings
@@ -317,9 +318,7 @@ def memorise_chunks(
     """
     call_format = get_call_format(settings.call_format)
     generated_tokens = 0
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         for chunk_index in range(max((len(r.instance.chunks) for r in rollouts), default=0)):
             live = [r for r in rollouts if chunk_index < len(r.instance.chunks)]
             prompts = [
@@ -379,8 +378,6 @@ def memorise_chunks(
                         + [{"tool": None, "status": "error", "reason": e.reason} for e in parsed.errors],
                     }
                 )
-    finally:
-        model.train(was_training)
     return generated_tokens
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from memalpha.lm.core.layout import response_mask
+from memalpha.lm.core.modes import eval_mode
 from memalpha.lm.scoring.logprobs import token_scores
 
 
@@ -71,14 +72,10 @@ def accumulate_sft_gradients(
 @torch.no_grad()
 def sft_eval(policy, prompt_ids: list[list[int]], response_ids: list[list[int]], *, micro_batch_size: int, pad_id: int):
     """Summed NLL, argmax hits and token count of a batch, without grad (for ``val/loss``)."""
-    was_training = policy.training
-    policy.eval()
-    try:
+    with eval_mode(policy):
         scores = token_scores(
             policy, prompt_ids, response_ids, micro_batch_size=micro_batch_size, pad_id=pad_id, with_accuracy=True
         )
-    finally:
-        policy.train(was_training)
     mask = response_mask(response_ids, scores.logprobs.shape[1], scores.logprobs.device, torch.bool)
     nll = float(-torch.where(mask, scores.logprobs, 0.0).sum())
     return nll, float(torch.where(mask, scores.argmax_hits, 0.0).sum()), float(mask.sum())
