@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from memalpha.data.cli import main
+from memalpha.commands.data import main
 from memalpha.data.loaders import load_instances
 from memalpha.data.official_processing import (
     drop_reason,

@@ -36,13 +36,13 @@ import yaml
 
 from memalpha.agent.distill import DistillStats, RecordedTurn, replay_trajectory
 from memalpha.agent.rollout import RolloutSettings
+from memalpha.commands.demos import config_sections, demonstrations_parser
 from memalpha.data.demos import Demonstration, save_demonstrations
 from memalpha.data.loaders import load_instances
 from memalpha.data.schema import DataValidationError, Instance
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer
 from memalpha.seeding import stable_seed
 from memalpha.train.datamodule import RolloutDataModule
-from memalpha.train.demos_command import config_sections, demonstrations_parser
 
 
 def _field(record: dict[str, Any], name: str, kind: type | tuple[type, ...], file: str, index: int) -> Any:
