@@ -139,8 +139,8 @@ def main() -> None:
         by_family: dict[str, list[float]] = defaultdict(list)
         for source in sorted({s for s, _ in meta}):
             idx = [i for i, (s, _) in enumerate(meta) if s == source]
-            scores = score_answers(source, [answers8[i].text for i in idx], [meta[i][1].answer for i in idx],
-                                   [meta[i][1].question for i in idx], ok=[answers8[i].ok for i in idx])
+            scores, _ = score_answers(source, [answers8[i].text for i in idx], [meta[i][1].answer for i in idx],
+                                      [meta[i][1].question for i in idx], ok=[answers8[i].ok for i in idx])
             by_family[source] = scores
         all_scores = [s for v in by_family.values() for s in v]
         prompt_tokens = [reader(8).conversation_tokens(c) for c in reader(8).answer_conversations(items)]

@@ -100,7 +100,7 @@ def replay_profile(profile: str, tokenizer: Any) -> dict[str, Any]:
             calls.append(TurnCalls(results=outcome.results, parse_errors=list(outcome.errors),
                                    chunk=instance["chunks"][turn["chunk_idx"]]))
         recorded = answers[instance_id]
-        scores = score_answers(
+        scores, _ = score_answers(
             instance["data_source"], [r["reader_response"] for r in recorded], [r["answer"] for r in recorded],
             style=reward.metric_style,
         )

@@ -5,9 +5,9 @@
 :class:`~memalpha.train.module.GRPOModule` and :class:`~memalpha.train.datamodule.RolloutDataModule`);
 ``memalpha sft`` is Lightning's ``fit`` over :class:`~memalpha.train.sft_module.SFTModule` and
 :class:`~memalpha.train.demo_datamodule.DemoDataModule` (the cold start from demonstrations).
-``memalpha data ...`` holds the dataset tools (synth, inspect, convert start without importing
-Lightning; ``demos`` writes oracle demonstrations for a training config, ``distill``
-demonstrations from recorded trajectories). ``memalpha demo`` runs the cold-start demo's
+``memalpha data ...`` holds the dataset tools, all in :mod:`memalpha.commands.data` (synth,
+inspect, convert start without importing Lightning; ``demos`` writes oracle demonstrations for a
+training config, ``distill`` demonstrations from recorded trajectories). ``memalpha demo`` runs the cold-start demo's
 commands (:data:`DEMO_STAGES`) in one process.
 """
 
@@ -61,23 +61,13 @@ def run(argv: list[str] | None = None):
     if args and args[0] == "demo":
         run_demo(args[1:])
         return None
-    if args[:2] == ["data", "demos"]:
-        from memalpha.train.demos_command import main as demos_main
-
-        demos_main(args[2:])
-        return None
-    if args[:2] == ["data", "distill"]:
-        from memalpha.train.distill_command import main as distill_main
-
-        distill_main(args[2:])
-        return None
     if args and args[0] == "prompts":
         from memalpha.templates.official import main as prompts_main
 
         prompts_main(args[1:])
         return None
     if args and args[0] == "data":
-        from memalpha.data.cli import main as data_main
+        from memalpha.commands.data import main as data_main
 
         data_main(args[1:])
         return None

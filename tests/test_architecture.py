@@ -28,7 +28,8 @@ ALLOWED: dict[str, set[str]] = {
     "reader": {"memory", "lm", "templates"},
     "agent": {"memory", "tools", "lm", "data", "reader", "seeding", "templates"},
     "train": {"memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "templates"},
-    "cli": {"train", "data", "templates"},
+    "commands": {"memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "templates", "train"},
+    "cli": {"commands", "train", "templates"},
 }
 
 # inside lm: folder -> the lm folders it may import (besides itself); docs/architecture.md's lm table.

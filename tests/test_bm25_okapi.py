@@ -1,21 +1,22 @@
-"""The official reader's retrieval: BM25Okapi scoring (rank_bm25's definition) and the k rule.
+"""The official reader's retrieval: BM25Okapi scoring (the ``rank_bm25`` package, pinned at 0.2.2,
+as the official server imports it) and the k rule.
 
-The scores are checked against numbers worked out by hand below; the comparison with the
-``rank_bm25`` package itself runs only where that package happens to be importable (it is not a
-dependency of memalpha).
+The package's scores are checked against numbers worked out by hand below, and its rankings and
+scores on the recorded Mem-α-4B memories against those memalpha's own BM25Okapi (before it gave way
+to the package) recorded in ``tests/fixtures/memalpha4b_pubmed/okapi_top20.jsonl``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import random
 from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rank_bm25 import BM25Okapi
 
 from memalpha.memory.render import render_answer
 from memalpha.memory.store import EPISODIC, SEMANTIC, Memory, MemoryEntry
@@ -23,9 +24,7 @@ from memalpha.reader.base import Reader, ReaderAnswer
 from memalpha.reader.prompts import answer_messages
 from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.reader.retrieval import (
-    bm25_okapi_scores,
     fit_to_budget,
-    okapi_index,
     rank_entries,
     reduce_k,
     shrink_while_over,
@@ -49,13 +48,14 @@ def test_three_documents_by_hand():
     # Mean idf over the six words, before the floor: (2 log 0.6 + 4 log(5/3)) / 6 = log(5/3) / 3
     # (log 0.6 = -log(5/3)); floor = 0.25 * log(5/3) / 3 = log(5/3) / 12 for "the" and "cat".
     floor = math.log(5 / 3) / 12
-    index = okapi_index(corpus)
+    index = BM25Okapi(corpus)
     assert index.idf["the"] == pytest.approx(floor, abs=1e-15)
     assert index.idf["cat"] == pytest.approx(floor, abs=1e-15)
     assert index.idf["sat"] == pytest.approx(math.log(5 / 3), abs=1e-15)
     # Length norm k1 * (1 - b + b * dl / avgdl) with k1 = 1.5, b = 0.75:
     #   dl 3: 1.5 * (0.25 + 0.75)  = 1.5;  dl 4: 1.5 * (0.25 + 1.0) = 1.875;  dl 2: 1.5 * (0.25 + 0.5) = 1.125
-    np.testing.assert_allclose(index.length_norm, [1.5, 1.875, 1.125], rtol=0, atol=1e-15)
+    length_norm = index.k1 * (1 - index.b + index.b * np.array(index.doc_len) / index.avgdl)
+    np.testing.assert_allclose(length_norm, [1.5, 1.875, 1.125], rtol=0, atol=1e-15)
     # Query "cat cat bird fish": "cat" counts twice, "fish" is in no document (idf 0).
     #   tf part tf * 2.5 / (tf + norm): cat in d0 2.5 / 2.5 = 1; cat in d1 2.5 / 2.875 = 20/23;
     #   bird in d2 2.5 / 2.125 = 20/17.
@@ -63,11 +63,11 @@ def test_three_documents_by_hand():
     #   d1 = 2 * floor * 20/23 = log(5/3) / 6 * 20/23
     #   d2 = log(5/3) * 20/17
     expected = [math.log(5 / 3) / 6, math.log(5 / 3) / 6 * 20 / 23, math.log(5 / 3) * 20 / 17]
-    scores = bm25_okapi_scores(corpus, ["cat", "cat", "bird", "fish"])
+    scores = index.get_scores(["cat", "cat", "bird", "fish"])
     assert scores.dtype == np.float64
     np.testing.assert_allclose(scores, expected, rtol=1e-14, atol=0)
     # the repeat counts: one "cat" gives exactly half of d0's and d1's scores
-    np.testing.assert_allclose(bm25_okapi_scores(corpus, ["cat"]), [expected[0] / 2, expected[1] / 2, 0.0],
+    np.testing.assert_allclose(index.get_scores(["cat"]), [expected[0] / 2, expected[1] / 2, 0.0],
                                rtol=1e-14, atol=0)
 
 
@@ -77,21 +77,27 @@ def test_the_floor_is_negative_when_the_mean_idf_is_and_a_zero_idf_is_kept():
     #        y in 1 document:  idf = log(1.5) - log(1.5) = 0, not below 0, so not floored.
     # Mean idf = log(0.2) / 2; floor = 0.25 * log(0.2) / 2 = log(0.2) / 8 (negative).
     floor = math.log(0.2) / 8
-    index = okapi_index(corpus)
+    index = BM25Okapi(corpus)
     assert index.idf["y"] == 0.0
     assert index.idf["x"] == pytest.approx(floor, abs=1e-15)
     # avgdl = 1.5; norms 1.5 * (0.25 + 0.75 * 1 / 1.5) = 1.125 and 1.5 * (0.25 + 0.75 * 2 / 1.5) = 1.875
     # x: d0 = floor * 2.5 / 2.125 = floor * 20/17; d1 = floor * 2.5 / 2.875 = floor * 20/23
-    np.testing.assert_allclose(bm25_okapi_scores(corpus, ["x"]), [floor * 20 / 17, floor * 20 / 23],
+    np.testing.assert_allclose(index.get_scores(["x"]), [floor * 20 / 17, floor * 20 / 23],
                                rtol=1e-14, atol=0)
-    np.testing.assert_array_equal(bm25_okapi_scores(corpus, ["y"]), [0.0, 0.0])
+    np.testing.assert_array_equal(index.get_scores(["y"]), [0.0, 0.0])
 
 
-def test_degenerate_corpora_score_zero():
-    assert bm25_okapi_scores([], ["a"]).shape == (0,)
-    np.testing.assert_array_equal(bm25_okapi_scores([[], []], ["a"]), [0.0, 0.0])  # no word at all
-    np.testing.assert_array_equal(bm25_okapi_scores([["a"], ["b"]], []), [0.0, 0.0])
-    np.testing.assert_array_equal(bm25_okapi_scores([["a"], ["b"]], ["zzz"]), [0.0, 0.0])
+def test_degenerate_lists_keep_memory_order():
+    """A list without any word (where the package itself divides by zero) scores 0 everywhere, as
+    does a query word in no entry: memory order; an empty list or a query without words gives nothing."""
+    wordless = [MemoryEntry(str(i), text) for i, text in enumerate(["?!", "", "..."])]
+    assert [e.id for e in rank_entries(wordless, ["a"], 3, bm25="okapi")[0]] == ["0", "1", "2"]
+    with pytest.raises(ZeroDivisionError):  # the case memalpha guards
+        BM25Okapi([tokenize(e.content) for e in wordless])
+    words = [MemoryEntry("0", "a"), MemoryEntry("1", "b")]
+    assert [e.id for e in rank_entries(words, ["zzz"], 2, bm25="okapi")[0]] == ["0", "1"]
+    assert rank_entries([], ["a"], 3, bm25="okapi") == [[]]
+    assert rank_entries(words, ["?!"], 3, bm25="okapi") == [[]]
 
 
 def _recorded_lists():
@@ -105,20 +111,22 @@ def _recorded_lists():
                 yield [MemoryEntry(*next(iter(item.items()))) for item in items], row["question"]
 
 
-def test_equal_to_rank_bm25_where_installed():
-    rank_bm25 = pytest.importorskip("rank_bm25")
-    rng = random.Random(0)
-    vocab = [f"w{i}" for i in range(10)]
-    for _ in range(300):
-        corpus = [[rng.choice(vocab[: rng.randint(1, 10)]) for _ in range(rng.randint(1, 8))]
-                  for _ in range(rng.randint(1, 10))]
-        query = [rng.choice(vocab) for _ in range(rng.randint(1, 5))]
-        np.testing.assert_array_equal(bm25_okapi_scores(corpus, query),
-                                      rank_bm25.BM25Okapi(corpus).get_scores(query))
-    for entries, question in _recorded_lists():  # and the official server's ranking (a stable sort)
-        reference = rank_bm25.BM25Okapi([tokenize(e.content) for e in entries]).get_scores(tokenize(question))
-        official = [entries[i] for i, _ in sorted(enumerate(reference), key=lambda t: t[1], reverse=True)][:20]
-        assert rank_entries(entries, [question], 20, bm25="okapi")[0] == official
+def test_rank_bm25_gives_the_recorded_top20_and_scores():
+    """The package against memalpha's own BM25Okapi, which it replaced: on all 600 lists of the
+    recorded memories (300 questions x semantic, episodic) the same top 20 in the same order, with
+    the same scores (recorded by the old code; equal bit for bit when recorded, compared here with a
+    float tolerance), and the official server's ranking (a stable sort on the package's scores)."""
+    recorded = [json.loads(line) for line in (FIXTURE / "okapi_top20.jsonl").read_text(encoding="utf-8").splitlines()]
+    lists = list(_recorded_lists())
+    assert len(recorded) == len(lists) == 600
+    for (entries, question), want in zip(lists, recorded):
+        top = rank_entries(entries, [question], 20, bm25="okapi")[0]
+        assert [e.id for e in top] == want["ids"], want
+        scores = BM25Okapi([tokenize(e.content) for e in entries]).get_scores(tokenize(question))
+        by_id = {e.id: float(score) for e, score in zip(entries, scores)}
+        np.testing.assert_allclose([by_id[i] for i in want["ids"]], want["scores"], rtol=1e-12, atol=1e-12)
+        official = [entries[i] for i, _ in sorted(enumerate(scores), key=lambda t: t[1], reverse=True)][:20]
+        assert top == official
 
 
 def test_lucene_and_okapi_orders_on_the_recorded_memories():

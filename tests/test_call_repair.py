@@ -53,6 +53,27 @@ def test_cut_off_call_is_refused_by_strict_and_stored_as_its_prefix_by_json_repa
     assert [entry.content for entry in memory.semantic] == ["Marta lives in Lis"]
 
 
+@pytest.mark.parametrize(("text", "value"), [
+    ('{"content": "cut off', {"content": "cut off"}),  # cut inside a string: strict says truncated
+    ('{"a":', {"a": ""}),  # cut after a key: strict says truncated
+    ('{"a" "b"}', {"a": "b"}),  # not JSON: strict says invalid_json
+    ('{"a": tru}', {"a": "tru"}),
+])
+def test_the_json_repair_package_cannot_refuse_so_strict_keeps_its_own_pass(text, value):
+    """Why ``strict`` does not call the package (the comment above ``jsonfix._repair``): it makes a
+    value of every text, and logs no repair for single quotes, trailing commas or missing brackets.
+    If a release changes that, this test says so."""
+    from json_repair import repair_json
+
+    from memalpha.tools.jsonfix import read_json_object
+
+    assert repair_json(text, return_objects=True) == value
+    assert read_json_object(text).code in ("truncated", "invalid_json")
+    for repaired in ("{'a': 'b'}", '{"a": [1, 2,],}', '{"a": {"b": 1'):
+        assert repair_json(repaired, return_objects=True, logging=True)[1] == []
+        assert read_json_object(repaired).repairs
+
+
 def test_json_repair_cuts_after_the_last_brace_as_the_official_code_does():
     """A cut-off content holding ``}`` keeps only the text before that brace: the official code trims
     after the last ``}``, and the package then reads that brace as the end of the object."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from memalpha.data.cli import main
+from memalpha.commands.data import main
 from memalpha.data.loaders import load_instances, save_jsonl
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.data.wrapping import unwrap_chunk
@@ -71,7 +71,7 @@ def test_convert_memoryagentbench_to_our_jsonl(tmp_path, embedded_model_dir, cap
     main(["convert", str(source), str(out), "--tokenizer", str(embedded_model_dir), "--chunk-tokens", "512",
           "--wrap", "dialogue"])
     assert "wrote 1 instances (memoryagentbench layout)" in capsys.readouterr().out
-    (instance,) = load_instances(out, layout="jsonl")
+    (instance,), _ = load_instances(out, layout="jsonl")
     assert instance.instance_id == "eventqa-0" and len(instance.chunks) > 1
     assert "".join(unwrap_chunk(c) for c in instance.chunks) == context
 
@@ -79,7 +79,7 @@ def test_convert_memoryagentbench_to_our_jsonl(tmp_path, embedded_model_dir, cap
 def test_convert_official_parquet(tmp_path):
     out = tmp_path / "pubmed.jsonl"
     main(["convert", str(FIXTURES / "memalpha_pubmed.parquet"), str(out), "--limit", "2"])
-    assert load_instances(out) == load_instances(FIXTURES / "memalpha_pubmed.parquet", limit=2)
+    assert load_instances(out)[0] == load_instances(FIXTURES / "memalpha_pubmed.parquet", limit=2)[0]
 
 
 def test_bad_input_exits_2_with_file_record_field(tmp_path, capsys):
@@ -96,3 +96,27 @@ def test_bad_input_exits_2_with_file_record_field(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["synth", "--out", str(tmp_path), "--families", "synth_poetry"])
     assert info.value.code == 2
+
+
+def test_every_data_command_goes_through_one_module_and_synth_starts_without_lightning(tmp_path, capsys):
+    """``memalpha data`` is :mod:`memalpha.commands.data` for all five commands; ``demos`` and
+    ``distill`` (and with them Lightning) are imported only when they run."""
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import sys; from memalpha.cli import main; "
+        "main(['data', 'synth', '--out', sys.argv[1], '--num-train', '1', '--num-val', '1']); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'memalpha') "
+        "and m.split('.')[:2] in (['lightning'], ['memalpha', 'train'], ['memalpha', 'agent'])))"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], check=False, capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "{synth,inspect,convert,demos,distill}" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demos", "--help"])
+    assert exit_info.value.code == 0 and "memalpha data demos" in capsys.readouterr().out

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from memalpha.data.loaders import load_instances, load_instances_with_report, save_jsonl
+from memalpha.data.loaders import load_instances, save_jsonl
 from memalpha.data.schema import DataValidationError, Instance
 from memalpha.data.wrapping import parse_wrapped_chunk, unwrap_chunk
 
@@ -43,7 +43,7 @@ def _own(i: int, answer="a") -> dict:
 
 
 def test_official_parquet_fixture_loads_the_real_instances():
-    instances, report = load_instances_with_report(PUBMED_PARQUET)
+    instances, report = load_instances(PUBMED_PARQUET)
     assert report.layout == "memalpha" and report.loaded == 3 and not report.skipped
     assert [i.instance_id for i in instances] == [f"memalpha-pubmed-rct-{k}" for k in range(3)]
     for instance in instances:
@@ -92,7 +92,7 @@ def test_official_layout_decodes_and_coerces(tmp_path):
             data_source="trec-coarse",
         ),
     ]
-    instances = load_instances(_write_parquet(tmp_path / "official.parquet", rows))
+    instances, _ = load_instances(_write_parquet(tmp_path / "official.parquet", rows))
     assert instances[0].chunks == ["c0", "c1"] and instances[0].questions[0].answer == "a"
     assert instances[0].metadata == {"prompt": "Remember things.", "origin": "test"}
     assert instances[1].questions[0].answer == ["3", "three"]  # "answers" accepted, numbers made strings
@@ -138,8 +138,8 @@ def test_own_layout_loads_identically_from_every_container(tmp_path):
     _write_parquet(tmp_path / "d.parquet", records)
     datasets.Dataset.from_list(records).save_to_disk(str(tmp_path / "saved"))
     for name in ("a.jsonl", "b.json", "c.json", "d.parquet", "saved"):
-        assert load_instances(tmp_path / name) == expected, name
-    assert load_instances(tmp_path / "a.jsonl", limit=2) == expected[:2]
+        assert load_instances(tmp_path / name)[0] == expected, name
+    assert load_instances(tmp_path / "a.jsonl", limit=2)[0] == expected[:2]
 
 
 def test_folder_and_dataset_dict_splits(tmp_path):
@@ -149,8 +149,8 @@ def test_folder_and_dataset_dict_splits(tmp_path):
     val = [Instance.from_dict(_own(i + 10)) for i in range(1)]
     save_jsonl(train, tmp_path / "plain" / "train.jsonl")
     save_jsonl(val, tmp_path / "plain" / "validation.jsonl")
-    assert load_instances(tmp_path / "plain", split="train") == train
-    assert load_instances(tmp_path / "plain", split="validation") == val
+    assert load_instances(tmp_path / "plain", split="train")[0] == train
+    assert load_instances(tmp_path / "plain", split="validation")[0] == val
     with pytest.raises(DataValidationError, match="several data files .*choose one with split="):
         load_instances(tmp_path / "plain")
     with pytest.raises(DataValidationError, match="no data file for split 'test'"):
@@ -163,7 +163,7 @@ def test_folder_and_dataset_dict_splits(tmp_path):
         }
     )
     dd.save_to_disk(str(tmp_path / "dd"))
-    assert load_instances(tmp_path / "dd", split="validation") == val
+    assert load_instances(tmp_path / "dd", split="validation")[0] == val
     with pytest.raises(DataValidationError, match="several splits \\(train, validation\\)"):
         load_instances(tmp_path / "dd")
     with pytest.raises(DataValidationError, match="no split 'test'"):
@@ -212,7 +212,7 @@ def test_memoryagentbench_chunks_by_tokens_without_losing_text(tmp_path, tokeniz
     path = tmp_path / "mab.jsonl"
     records = [_mab(i, answers=[["street 3", "3"], "crème brûlée"]) for i in range(2)]  # JSON may mix answer kinds
     path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in records) + "\n", encoding="utf-8")
-    instances, report = load_instances_with_report(path, tokenizer=tokenizer, chunk_tokens=256)
+    instances, report = load_instances(path, tokenizer=tokenizer, chunk_tokens=256)
     assert report.layout == "memoryagentbench"
     assert [i.instance_id for i in instances] == ["ruler_qa-0", "ruler_qa-1"]
     first = instances[0]
@@ -229,12 +229,12 @@ def test_memoryagentbench_chunks_by_tokens_without_losing_text(tmp_path, tokeniz
 def test_memoryagentbench_wrapping_keeps_the_text(tmp_path, tokenizer):
     path = tmp_path / "mab.parquet"
     _write_parquet(path, [_mab(0, instance_id="given-id")])
-    (instance,) = load_instances(path, tokenizer=tokenizer, chunk_tokens=300, wrap="dialogue")
+    (instance,), _ = load_instances(path, tokenizer=tokenizer, chunk_tokens=300, wrap="dialogue")
     assert instance.instance_id == "given-id" and instance.metadata["wrap"] == "dialogue"
     parsed = [parse_wrapped_chunk(c) for c in instance.chunks]
     assert [p.day for p in parsed] == [date(2024, 1, 1) + timedelta(days=k) for k in range(len(parsed))]
     assert "".join(p.text for p in parsed) == CONTEXT
-    (reading,) = load_instances(path, tokenizer=tokenizer, chunk_tokens=300, wrap="reading")
+    (reading,), _ = load_instances(path, tokenizer=tokenizer, chunk_tokens=300, wrap="reading")
     assert reading.chunks[1].startswith("[Reading event on 2024-01-02: the user is reading a book]\n<User> ")
     assert "".join(unwrap_chunk(c) for c in reading.chunks) == CONTEXT
 
@@ -249,7 +249,7 @@ def test_memoryagentbench_saved_dataset_dict(tmp_path, tokenizer):
         }
     )
     dd.save_to_disk(str(tmp_path / "mab"))
-    (instance,) = load_instances(tmp_path / "mab", split="Test_Time_Learning", tokenizer=tokenizer, chunk_tokens=1024)
+    (instance,), _ = load_instances(tmp_path / "mab", split="Test_Time_Learning", tokenizer=tokenizer, chunk_tokens=1024)
     assert instance.data_source == "icl_banking77" and "".join(instance.chunks) == CONTEXT
 
 

@@ -148,5 +148,5 @@ def test_summary_keywords_come_from_the_asked_range():
 def test_synthetic_files_load_back(tmp_path):
     instances = generate_synthetic(4, split="validation", seed=9)
     save_jsonl(instances, tmp_path / "validation.jsonl")
-    assert load_instances(tmp_path, split="validation") == instances
+    assert load_instances(tmp_path, split="validation")[0] == instances
     assert Path(tmp_path / "validation.jsonl").read_text(encoding="utf-8").count("\n") == 4

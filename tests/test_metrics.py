@@ -155,7 +155,7 @@ def test_llm_judge_through_a_reader():
     assert "What do I drink?" in judge.seen[0]
     # batched: one judge call for all live answers; failed reader answers are not judged
     judge.seen.clear()
-    scores = score_answers(
+    scores, errors = score_answers(
         "lme_train",
         ["green tea", "coffee", "green tea"],
         ["green tea", "green tea", "green tea"],
@@ -163,7 +163,7 @@ def test_llm_judge_through_a_reader():
         judge=judge,
         ok=[True, True, False],
     )
-    assert scores == [1.0, 0.0, 0.0]
+    assert scores == [1.0, 0.0, 0.0] and errors == [None, None, None]
     assert len(judge.seen) == 2
     with pytest.raises(ValueError, match="needs a judge"):
         score_answer("lme_train", "x", "y")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from memalpha.data.cli import main
+from memalpha.commands.data import main
 from memalpha.data.loaders import load_instances
 from memalpha.data.official_processing import (
     drop_reason,
@@ -162,7 +162,7 @@ def test_convert_with_official_processing(tmp_path, embedded_model_dir, capsys):
     printed = capsys.readouterr().out
     assert "wrote 2 instances (official processing)" in printed
     assert "dropped 1 ruler_niah_mk_8k (a needle-in-a-haystack source)" in printed
-    ttl, summary = load_instances(out)
+    (ttl, summary), _ = load_instances(out)
     assert ttl.data_source == "icl_trec_coarse_6600shot_balance" and ttl.metadata["chunk_tokens"] == 1024
     texts = [parse_wrapped_chunk(c).text for c in ttl.chunks]
     # 60 examples of ~14 tokens: a few 1,024-token chunks, every kept example rewritten whole

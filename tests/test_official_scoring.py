@@ -18,7 +18,7 @@ from memalpha.agent.rewards import (
     tool_success_reward,
 )
 from memalpha.agent.rollout import RolloutSettings, answer_questions, run_rollouts, start_rollouts
-from memalpha.agent.scoring import score_answer, score_answers, score_answers_checked
+from memalpha.agent.scoring import score_answer, score_answers
 from memalpha.data.schema import QA, Instance
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.memory.store import Memory
@@ -165,7 +165,7 @@ def test_rule_metrics_under_both_styles(source, prediction, gold, memalpha, offi
     assert score_answer(source, prediction, gold) == memalpha
     assert score_answer(source, prediction, gold, style="memalpha") == memalpha
     assert score_answer(source, prediction, gold, style="official") == official
-    assert score_answers(source, [prediction], [gold], style="official") == [official]
+    assert score_answers(source, [prediction], [gold], style="official") == ([official], [None])
 
 
 class ScriptedJudge(Reader):
@@ -198,7 +198,7 @@ def test_the_judges_yes_under_both_styles(reply, memalpha, official):
     for source in ("lme_train", "longmemeval_s"):
         assert score_answer(source, "You like tea.", "tea", "What do I drink?", judge=judge) == memalpha
         assert score_answer(source, "You like tea.", "tea", "What do I drink?", judge=judge, style="official") == official
-    scores, errors = score_answers_checked(
+    scores, errors = score_answers(
         "lme_train", ["a", "b"], ["tea", "tea"], ["q", "q"], judge, ok=[True, False], style="official"
     )
     assert scores == [official, 0.0] and errors == [None, None]
@@ -300,6 +300,6 @@ def test_both_styles_reproduce_the_recorded_official_pubmed_scores():
     records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     assert len(records) == 300
     for style in ("memalpha", "official"):
-        scores = score_answers("pubmed-rct", [r["reader_response"] for r in records],
-                               [r["answer"] for r in records], style=style)
+        scores, _ = score_answers("pubmed-rct", [r["reader_response"] for r in records],
+                                  [r["answer"] for r in records], style=style)
         assert scores == [r["official_score"] for r in records], style

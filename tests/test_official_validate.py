@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from memalpha.cli import main
-from memalpha.data.loaders import load_instances_with_report
+from memalpha.data.loaders import load_instances
 
 AGENT_TOKENS = 2048  # the official evaluation's agent budget (rollout.max_new_tokens' default)
 
@@ -135,7 +135,7 @@ def write_validate_config(tmp_path: Path, data: Path) -> Path:
 
 def test_the_official_layout_loads_with_its_sources(tmp_path):
     data = write_official_parquet(tmp_path / "test.parquet")
-    instances, report = load_instances_with_report(data)  # auto-detected
+    instances, report = load_instances(data)  # auto-detected
     assert report.layout == "memalpha" and report.loaded == len(ROWS)
     assert [i.data_source for i in instances] == [row[0] for row in ROWS]
     assert [i.instance_id for i in instances] == ["0", "1", "2", "3"]
@@ -151,10 +151,10 @@ def test_the_official_layout_loads_with_its_sources(tmp_path):
 
 
 def test_validate_with_the_official_profile_on_a_tiny_qwen3(tmp_path, tokenizer, capsys, monkeypatch):
-    import memalpha.agent.rollout as rollout_module
+    import memalpha.train.module as module_module  # where the agent's local sampler is bound
 
     calls: list[dict] = []  # the agent's generate calls: their decoding options and what came out
-    real_generate = rollout_module.generate
+    real_generate = module_module.generate
 
     lora_b: list = []  # the adapter's B matrices as the agent generated with them
 
@@ -166,7 +166,7 @@ def test_validate_with_the_official_profile_on_a_tiny_qwen3(tmp_path, tokenizer,
         calls.append({**options, "lengths": [len(r) for r in generation.response_ids]})
         return generation
 
-    monkeypatch.setattr(rollout_module, "generate", spy)
+    monkeypatch.setattr(module_module, "generate", spy)
     data = write_official_parquet(tmp_path / "test.parquet")
     model_dir = tiny_qwen3_folder(tmp_path / "qwen3-tiny", tokenizer)
     config = write_validate_config(tmp_path, data)

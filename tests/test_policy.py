@@ -247,3 +247,17 @@ def test_embedded_model_greedy_tokens_are_the_argmax(embedded_model_dir):
     # a greedy token is the mode, so its probability is at least exp(-entropy) of its distribution
     assert torch.all(logps[mask] >= -entropy[mask] - 1e-4)
     assert torch.all(logps[~mask] == 0) and torch.all(logps[mask] < 0)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_eval_mode_gives_back_the_mode_the_model_had(training):
+    """Sampling and scoring run in eval mode (dropout off); the caller's mode comes back, also on an error."""
+    from memalpha.lm.core.modes import eval_mode
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5)).train(training)
+    with eval_mode(model) as inside:
+        assert inside is model and not any(m.training for m in model.modules())
+    assert all(m.training is training for m in model.modules())
+    with pytest.raises(RuntimeError, match="boom"), eval_mode(model):
+        raise RuntimeError("boom")
+    assert all(m.training is training for m in model.modules())

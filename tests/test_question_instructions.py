@@ -59,7 +59,7 @@ def test_other_sources_get_the_bare_question(builtin, source):
 
 
 def test_the_loaders_source_names_find_their_instructions(builtin, tmp_path, tokenizer):
-    pubmed = load_instances(PUBMED_PARQUET, limit=1)[0]  # the official parquet layout
+    (pubmed,), _ = load_instances(PUBMED_PARQUET, limit=1)  # the official parquet layout
     assert pubmed.data_source == "pubmed-rct" and BOXED in builtin.for_source(pubmed.data_source)
     path = tmp_path / "mab.jsonl"  # the MemoryAgentBench layout: data_source is metadata.source
     sources = ["icl_banking77_5900shot_balance", "infbench_sum_eng_shots2", "ruler_qa1_197K"]
@@ -71,7 +71,7 @@ def test_the_loaders_source_names_find_their_instructions(builtin, tmp_path, tok
         ),
         encoding="utf-8",
     )
-    loaded = load_instances(path, tokenizer=tokenizer, chunk_tokens=64)
+    loaded, _ = load_instances(path, tokenizer=tokenizer, chunk_tokens=64)
     assert [i.data_source for i in loaded] == sources
     found = [builtin.for_source(i.data_source) for i in loaded]
     assert BOXED in found[0] and "summary of the book" in found[1] and found[2] is None
@@ -214,7 +214,7 @@ def test_the_reader_model_receives_the_instruction_before_the_question(tiny_mode
         return original(model, tokenizer, prompt_ids, **kwargs)
 
     monkeypatch.setattr(generation, "generate", recording_generate)
-    pubmed = load_instances(PUBMED_PARQUET, limit=1)[0]
+    (pubmed,), _ = load_instances(PUBMED_PARQUET, limit=1)
     pubmed = Instance(pubmed.instance_id, pubmed.data_source, pubmed.chunks[:1], pubmed.questions[:2])
     squad = Instance("squad-1", "squad", ["Oslo is in Norway."], [QA("Where is Oslo?", "Norway")])
     rollouts = start_rollouts([pubmed, squad], 1, RolloutSettings(), lambda text: len(text.split()), seed=0)

@@ -166,3 +166,22 @@ def test_cli_refuses_old_keys_and_bad_values_before_any_model_loads(tmp_path, ca
     with pytest.raises(SystemExit) as info:  # the settings are checked before the model's path
         main(["fit", "--model.model", missing_model, "--model.update.clip_low", "1.5", "--trainer.accelerator", "cpu"])
     assert str(info.value) == "memalpha fit: error: model.update.clip_low must be in [0, 1), got 1.5"
+
+
+def test_each_registry_and_its_literal_name_the_same_choices():
+    """A choice list kept as a registry's keys (a dict of implementations) is also a ``Literal`` for
+    the settings' type; the two must name the same choices (every other list is derived from its
+    ``Literal`` with ``typing.get_args``)."""
+    from typing import get_args
+
+    from memalpha.agent.scoring import METRICS_BY_STYLE, YES_NO_BY_STYLE, MetricStyle
+    from memalpha.tools.formats import CALL_FORMATS, CallFormatName
+    from memalpha.train.profiles import PROFILES, ProfileName
+
+    for literal, registry in (
+        (CallFormatName, CALL_FORMATS),
+        (ProfileName, PROFILES),
+        (MetricStyle, METRICS_BY_STYLE),
+        (MetricStyle, YES_NO_BY_STYLE),
+    ):
+        assert list(get_args(literal)) == list(registry), (literal, list(registry))

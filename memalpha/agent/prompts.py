@@ -15,14 +15,15 @@ tokens with a tool block) is a prefix every turn of a batch shares, which
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, get_args
 
 from memalpha.templates.loader import PromptTemplates, default_templates
 
 if TYPE_CHECKING:
     from memalpha.tools.formats import CallFormat
 
-PROMPT_PROFILES = ("full", "compact")
+PromptProfile = Literal["full", "compact"]
+PROMPT_PROFILES: tuple[str, ...] = get_args(PromptProfile)
 
 
 def stated_response_limit(max_new_tokens: int, share: float = 1.0) -> int:

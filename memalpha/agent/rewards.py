@@ -40,7 +40,7 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 from memalpha.agent.grounding import chunk_tokens, is_supported
 from memalpha.agent.prompts import content_judge_messages
@@ -48,6 +48,17 @@ from memalpha.agent.scoring import MetricStyle, check_metric_overrides, check_me
 from memalpha.reader.base import Sampling
 from memalpha.tools.executor import SUCCESS_STATUSES
 from memalpha.tools.schemas import DELETE, INSERT, UPDATE
+
+ContentJudgeKind = Literal["rule", "llm"]
+CONTENT_JUDGES: tuple[str, ...] = get_args(ContentJudgeKind)
+CallSuccessRule = Literal["memalpha", "status", "official"]
+CALL_SUCCESS_RULES: tuple[str, ...] = get_args(CallSuccessRule)
+ContentGrounding = Literal["chunk", "none"]
+CONTENT_GROUNDINGS: tuple[str, ...] = get_args(ContentGrounding)
+CompressionGate = Literal["accuracy", "none"]
+COMPRESSION_GATES: tuple[str, ...] = get_args(CompressionGate)
+JudgementParse = Literal["memalpha", "official"]
+JUDGEMENT_PARSES: tuple[str, ...] = get_args(JudgementParse)
 
 if TYPE_CHECKING:
     from memalpha.reader.base import Reader
@@ -117,22 +128,22 @@ class RewardSettings:
 
     beta: float = 0.05
     gamma: float = 0.1
-    content_judge: Literal["rule", "llm"] = "rule"
+    content_judge: ContentJudgeKind = "rule"
     metric_overrides: dict[str, str] | None = None
     metric_style: MetricStyle = "memalpha"
-    call_success: Literal["memalpha", "status", "official"] = "memalpha"
+    call_success: CallSuccessRule = "memalpha"
     support_min_share: float = 0.5
     support_min_tokens: int = 2
-    content_grounding: Literal["chunk", "none"] = "chunk"
-    compression_gate: Literal["accuracy", "none"] = "accuracy"
+    content_grounding: ContentGrounding = "chunk"
+    compression_gate: CompressionGate = "accuracy"
     content_judge_attempts: int = 1
     content_judge_temperature: float | None = None
     content_judge_max_tokens: int | None = None
-    content_judge_parse: Literal["memalpha", "official"] = "memalpha"
+    content_judge_parse: JudgementParse = "memalpha"
 
     def __post_init__(self) -> None:
-        if self.content_judge not in ("rule", "llm"):
-            raise ValueError(f"reward.content_judge must be one of ['rule', 'llm'], got {self.content_judge!r}")
+        if self.content_judge not in CONTENT_JUDGES:
+            raise ValueError(f"reward.content_judge must be one of {list(CONTENT_JUDGES)}, got {self.content_judge!r}")
         if self.beta < 0 or self.gamma < 0:
             raise ValueError(f"reward.beta and reward.gamma must be >= 0, got {self.beta}, {self.gamma}")
         if self.metric_overrides:
@@ -219,11 +230,6 @@ class ContentJudge(Protocol):
 def accuracy_reward(question_scores: Sequence[float]) -> float:
     """r1: the mean question score (0 for an instance without questions)."""
     return float(sum(question_scores) / len(question_scores)) if question_scores else 0.0
-
-
-CALL_SUCCESS_RULES = ("memalpha", "status", "official")
-CONTENT_GROUNDINGS = ("chunk", "none")
-COMPRESSION_GATES = ("accuracy", "none")
 
 
 def call_succeeded(result: ToolResult, rule: str = "status") -> bool:
@@ -467,7 +473,6 @@ class RuleContentJudge:
 
 _JSON_BLOCK = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.DOTALL)
 _JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
-JUDGEMENT_PARSES = ("memalpha", "official")
 
 
 def parse_validity_judgement(reply: str, parse: str = "memalpha") -> bool | None:

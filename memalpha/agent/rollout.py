@@ -20,15 +20,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from memalpha.agent.fact_recall import memory_fact_recall
 from memalpha.agent.progress import Phase, PhaseHook, report
-from memalpha.agent.prompts import PROMPT_PROFILES, memorise_messages, stated_response_limit
+from memalpha.agent.prompts import PROMPT_PROFILES, PromptProfile, memorise_messages, stated_response_limit
 from memalpha.agent.rewards import ContentJudge, RewardSettings, TurnCalls, rollout_rewards
-from memalpha.agent.scoring import score_answers_checked
+from memalpha.agent.scoring import score_answers
 from memalpha.data.schema import Instance
 from memalpha.lm.core.chat import chat_prompt_ids
+from memalpha.lm.core.modes import eval_mode
 from memalpha.lm.sampling.generation import Generation, generate
 from memalpha.lm.sampling.vllm_engine import SampledGeneration
 from memalpha.lm.sampling.vllm_settings import VllmSettings
@@ -38,10 +39,11 @@ from memalpha.reader.base import Reader
 from memalpha.seeding import stable_seed
 from memalpha.templates.loader import PromptTemplates, load_templates
 from memalpha.tools.executor import SUCCESS_STATUSES, execute_call
-from memalpha.tools.formats import CallFormat, get_call_format
-from memalpha.tools.jsonfix import CALL_REPAIRS
+from memalpha.tools.formats import CallFormat, CallFormatName, get_call_format
+from memalpha.tools.jsonfix import CALL_REPAIRS, CallRepair
 
-ROLLOUT_ENGINES = ("hf", "vllm")
+RolloutEngine = Literal["hf", "vllm"]
+ROLLOUT_ENGINES: tuple[str, ...] = get_args(RolloutEngine)
 
 GenerateFn = Callable[..., Generation]
 """Generates like :func:`memalpha.lm.sampling.generation.generate` without its model and tokenizer
@@ -101,15 +103,15 @@ class RolloutSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    call_format: Literal["qwen", "hermes"] = "qwen"
+    call_format: CallFormatName = "qwen"
     memory_view_k: int = 5
     core_token_limit: int = 512
     generation_batch_size: int | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    prompt_profile: Literal["full", "compact"] = "full"
-    call_repair: Literal["strict", "json_repair"] = "strict"
+    prompt_profile: PromptProfile = "full"
+    call_repair: CallRepair = "strict"
     prompt_templates: str | None = None
-    engine: Literal["hf", "vllm"] = "hf"
+    engine: RolloutEngine = "hf"
     vllm: VllmSettings = field(default_factory=VllmSettings)
 
     def __post_init__(self) -> None:
@@ -330,9 +332,7 @@ def memorise_chunks(
     generated_tokens = 0
     chunks = max((len(r.instance.chunks) for r in rollouts), default=0)
     start = time.perf_counter()
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         for chunk_index in range(chunks):
             elapsed = time.perf_counter() - start
             rate = generated_tokens / elapsed if chunk_index and elapsed > 0 else None
@@ -397,8 +397,6 @@ def memorise_chunks(
                         + [{"tool": None, "status": "error", "reason": e.reason} for e in parsed.errors],
                     }
                 )
-    finally:
-        model.train(was_training)
     return generated_tokens
 
 
@@ -432,7 +430,7 @@ def answer_questions(
     item_errors = [answer.error for answer in answers]
     for source, ks in by_source.items():
         qas = [owners[k][1] for k in ks]
-        scored, judge_errors = score_answers_checked(
+        scored, judge_errors = score_answers(
             source,
             [answers[k].text for k in ks],
             [qa.answer for qa in qas],

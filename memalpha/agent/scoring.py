@@ -421,27 +421,16 @@ def score_answers(
     overrides: dict[str, str] | None = None,
     ok: Sequence[bool] | None = None,
     style: str = "memalpha",
-) -> list[float]:
+) -> tuple[list[float], list[str | None]]:
     """Score many answers of one source in the metric ``style``; LLM-judge calls go to the judge
     as one batch.
 
     ``ok[i] == False`` (a failed reader call) scores 0 without being judged.
+
+    Returns:
+        The scores, and for each answer the error of its failed judge call (None when none failed),
+        so a 0 the judge never gave is counted as a reader failure, not as a wrong answer.
     """
-    return score_answers_checked(data_source, predictions, golds, questions, judge, overrides, ok, style)[0]
-
-
-def score_answers_checked(
-    data_source: str,
-    predictions: Sequence[str],
-    golds: Sequence[Gold],
-    questions: Sequence[str] | None = None,
-    judge: Reader | None = None,
-    overrides: dict[str, str] | None = None,
-    ok: Sequence[bool] | None = None,
-    style: str = "memalpha",
-) -> tuple[list[float], list[str | None]]:
-    """:func:`score_answers`, and for each answer the error of its failed judge call (None when
-    none failed), so a 0 the judge never gave is counted as a reader failure, not as a wrong answer."""
     n = len(predictions)
     if len(golds) != n:
         raise ValueError(f"score_answers: {n} predictions but {len(golds)} golds")

@@ -34,7 +34,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from memalpha.data.chunking import DEFAULT_CHUNK_TOKENS, chunk_by_tokens
 from memalpha.data.schema import QA, DataValidationError, Instance, RecordChecker, parse_record
@@ -42,7 +42,8 @@ from memalpha.data.wrapping import WRAP_STYLES, wrap_chunks
 
 logger = logging.getLogger("memalpha.data")
 
-LAYOUTS = ("auto", "jsonl", "memalpha", "memoryagentbench")
+Layout = Literal["auto", "jsonl", "memalpha", "memoryagentbench"]
+LAYOUTS: tuple[str, ...] = get_args(Layout)
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _MEMALPHA_FIELDS = ("chunks", "questions_and_answers", "data_source")
@@ -87,7 +88,7 @@ def load_instances(
     skip_bad: bool = False,
     split: str | None = None,
     limit: int | None = None,
-) -> list[Instance]:
+) -> tuple[list[Instance], LoadReport]:
     """Load and validate instances from ``source`` (see the module docstring for sources and layouts).
 
     Args:
@@ -103,34 +104,13 @@ def load_instances(
         split: which split of a folder, a ``DatasetDict`` or a hub dataset; ignored for a single file.
         limit: read only the first ``limit`` records.
 
+    Returns:
+        The instances, and the :class:`LoadReport` of the load (layout, counts, skip reasons).
+
     Raises:
         DataValidationError: naming the file, record and field, for the first bad record (unless
             ``skip_bad``) or when the source cannot be read at all.
     """
-    instances, _ = load_instances_with_report(
-        source,
-        layout=layout,
-        tokenizer=tokenizer,
-        chunk_tokens=chunk_tokens,
-        wrap=wrap,
-        skip_bad=skip_bad,
-        split=split,
-        limit=limit,
-    )
-    return instances
-
-
-def load_instances_with_report(
-    source: str | Path,
-    layout: str = "auto",
-    tokenizer: Any = None,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    wrap: str | None = None,
-    skip_bad: bool = False,
-    split: str | None = None,
-    limit: int | None = None,
-) -> tuple[list[Instance], LoadReport]:
-    """:func:`load_instances` that also returns the :class:`LoadReport` (counts and skip reasons)."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
     if wrap is not None and wrap not in WRAP_STYLES:

@@ -26,8 +26,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, timedelta
+from typing import Literal, get_args
 
-WRAP_STYLES = ("dialogue", "reading")
+WrapStyle = Literal["dialogue", "reading"]
+WRAP_STYLES: tuple[str, ...] = get_args(WrapStyle)
 
 #: First day of a wrapped sequence, as in the official data (2024-01-01, one day per chunk).
 DEFAULT_START = date(2024, 1, 1)

@@ -7,10 +7,12 @@ instance's rollouts is one group). Pure tensor functions, tested on hand-compute
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 import torch
 
-ADVANTAGE_SCALES = ("group", "batch", "none")
+AdvantageScale = Literal["group", "batch", "none"]
+ADVANTAGE_SCALES: tuple[str, ...] = get_args(AdvantageScale)
 
 
 def _group_index(group_ids: torch.Tensor | Sequence, size: int) -> torch.Tensor:

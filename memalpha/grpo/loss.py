@@ -7,10 +7,12 @@ on real response tokens. Everything here is differentiable with respect to ``log
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import torch
 
-LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+LOSS_AGGREGATIONS: tuple[str, ...] = get_args(LossAggregation)
 LOG_RATIO_CLAMP = 20.0
 KL_MAX = 10.0
 

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
-AdvantageScale = Literal["group", "batch", "none"]
-LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+from memalpha.grpo.advantages import AdvantageScale
+from memalpha.grpo.loss import LossAggregation
+
 KLReference = Literal["base", "start"]
 OptimizerName = Literal["adamw", "paged_adamw_8bit"]
 ScheduleUnit = Literal["optimizer_step", "round"]
 WarmupStart = Literal["one_step", "zero"]
 
 
-def _choice(group: str, name: str, value: object, allowed: tuple) -> None:
+def _choice(group: str, name: str, value: object, choices: object) -> None:
+    """Raise ValueError naming ``group.name`` when ``value`` is not one of the ``Literal`` ``choices``."""
+    allowed = get_args(choices)
     if value not in allowed:
         raise ValueError(f"{group}.{name} must be one of {list(allowed)}, got {value!r}")
 
@@ -72,9 +75,9 @@ class UpdateSettings:
     micro_batch_size: int = 4
 
     def __post_init__(self) -> None:
-        _choice("update", "advantage_scale", self.advantage_scale, ("group", "batch", "none"))
-        _choice("update", "kl_reference", self.kl_reference, ("base", "start"))
-        _choice("update", "loss_agg", self.loss_agg, ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
+        _choice("update", "advantage_scale", self.advantage_scale, AdvantageScale)
+        _choice("update", "kl_reference", self.kl_reference, KLReference)
+        _choice("update", "loss_agg", self.loss_agg, LossAggregation)
         if not 0.0 <= self.clip_low < 1.0:
             raise ValueError(f"update.clip_low must be in [0, 1), got {self.clip_low}")
         if self.clip_high < 0.0:
@@ -155,9 +158,9 @@ class OptimizerSettings:
     max_consecutive_nonfinite: int = 3
 
     def __post_init__(self) -> None:
-        _choice("optimizer", "name", self.name, ("adamw", "paged_adamw_8bit"))
-        _choice("optimizer", "schedule_unit", self.schedule_unit, ("optimizer_step", "round"))
-        _choice("optimizer", "warmup_start", self.warmup_start, ("one_step", "zero"))
+        _choice("optimizer", "name", self.name, OptimizerName)
+        _choice("optimizer", "schedule_unit", self.schedule_unit, ScheduleUnit)
+        _choice("optimizer", "warmup_start", self.warmup_start, WarmupStart)
         if not self.learning_rate > 0.0:
             raise ValueError(f"optimizer.learning_rate must be > 0, got {self.learning_rate}")
         if self.weight_decay < 0.0:

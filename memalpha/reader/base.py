@@ -29,7 +29,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, get_args
 
 from memalpha.memory.render import render_answer
 from memalpha.reader.prompts import answer_messages
@@ -54,7 +54,8 @@ Conversation = list[Message]
 
 PER_MESSAGE_OVERHEAD_TOKENS = 8
 """Tokens a chat template adds around each message (role markers), for estimated counts."""
-BM25_QUERIES = ("question", "with_instruction")
+BM25Query = Literal["question", "with_instruction"]
+BM25_QUERIES: tuple[str, ...] = get_args(BM25Query)
 """What BM25 is queried with: the bare question, or the source's instruction, an empty line and the question."""
 
 

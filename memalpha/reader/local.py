@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from memalpha.lm.core.modes import eval_mode
 from memalpha.reader.base import Conversation, Reader, ReaderAnswer, Sampling
 from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.reader.retrieval import DEFAULT_SYSTEM_PROMPT_LIMIT, DEFAULT_TOP_K
@@ -59,14 +60,8 @@ def base_weights(model: Any, disable_adapters: bool = True) -> Iterator[None]:
             PeftModel = ()
         if isinstance(model, PeftModel):
             adapter_off = model.disable_adapter()
-    was_training = model.training
-    model.eval()
-    try:
-        with adapter_off, torch.no_grad():
-            yield
-    finally:
-        if was_training:
-            model.train()
+    with eval_mode(model), adapter_off, torch.no_grad():
+        yield
 
 
 class LocalReader(Reader):

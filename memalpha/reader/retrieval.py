@@ -9,11 +9,11 @@ Two scorings, chosen by ``reader.bm25`` (:data:`BM25_VARIANTS`):
 
 - ``lucene`` (default): ``bm25s``'s Lucene BM25 (k1 = 1.5, b = 0.75), whose idf
   ``log(1 + (N - n + 0.5) / (n + 0.5))`` is never negative.
-- ``okapi``: the BM25Okapi definition of the ``rank_bm25`` package (0.2.2), which the official
-  Mem-α server uses, computed here by :func:`bm25_okapi_scores` (k1 = 1.5, b = 0.75,
-  epsilon = 0.25). Its idf ``log(N - n + 0.5) - log(n + 0.5)`` is negative for a word in more
-  than half of the entries; every such idf is replaced by ``epsilon`` times the mean idf of all
-  the list's words (the mean taken before the replacement, negative ones included).
+- ``okapi``: ``BM25Okapi`` of the ``rank_bm25`` package (pinned at 0.2.2), the scorer the official
+  Mem-α server imports, with its defaults (k1 = 1.5, b = 0.75, epsilon = 0.25). Its idf
+  ``log(N - n + 0.5) - log(n + 0.5)`` is negative for a word in more than half of the entries;
+  every such idf is replaced by ``epsilon`` times the mean idf of all the list's words (the mean
+  taken before the replacement, negative ones included).
 
 Under both, entries with equal scores keep their memory order (older entries first among
 ties), as the official server's stable sort does.
@@ -33,13 +33,12 @@ How many entries are kept, ``reader.k_reduction`` (:data:`K_REDUCTIONS`, applied
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, get_args
 
 import numpy as np
+from rank_bm25 import BM25Okapi
 
 if TYPE_CHECKING:
     from memalpha.memory.store import Memory, MemoryEntry
@@ -47,9 +46,11 @@ if TYPE_CHECKING:
 _TOKEN = re.compile(r"\w+")
 
 DEFAULT_TOP_K = 20
-BM25_VARIANTS = ("lucene", "okapi")
+BM25Variant = Literal["lucene", "okapi"]
+BM25_VARIANTS: tuple[str, ...] = get_args(BM25Variant)
 """``reader.bm25``: ``lucene`` (bm25s) or ``okapi`` (rank_bm25's BM25Okapi, the official scoring)."""
-K_REDUCTIONS = ("budget", "official")
+KReduction = Literal["budget", "official"]
+K_REDUCTIONS: tuple[str, ...] = get_args(KReduction)
 """``reader.k_reduction``: bisect k to fit the whole prompt, or the official one-by-one rule on the system prompt."""
 DEFAULT_SYSTEM_PROMPT_LIMIT = 30_000
 """The official server's limit on the reader's system prompt, in tokens."""
@@ -67,86 +68,14 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN.findall(text.lower())
 
 
-@dataclass
-class OkapiIndex:
-    """BM25Okapi statistics of one tokenised corpus (see :func:`okapi_index`)."""
-
-    postings: dict[str, tuple[np.ndarray, np.ndarray]]
-    """word -> (ids of the documents holding it, its count in each)"""
-    idf: dict[str, float]
-    """word -> idf after the floor"""
-    length_norm: np.ndarray
-    """per document: ``k1 * (1 - b + b * dl / avgdl)``"""
-    k1: float
-
-    def scores(self, query_tokens: Sequence[str]) -> np.ndarray:
-        """One float64 score per document: the sum over query tokens, repeats included."""
-        total = np.zeros(len(self.length_norm), dtype=np.float64)
-        for token in query_tokens:
-            posting = self.postings.get(token)
-            if posting is None:  # idf 0: adds nothing
-                continue
-            docs, tf = posting
-            total[docs] += self.idf[token] * (tf * (self.k1 + 1) / (tf + self.length_norm[docs]))
-        return total
-
-
-def okapi_index(
-    corpus_tokens: Sequence[Sequence[str]], k1: float = 1.5, b: float = 0.75, epsilon: float = 0.25
-) -> OkapiIndex:
-    """Document frequencies, floored idfs and length norms of ``corpus_tokens`` for BM25Okapi.
-
-    ``idf(w) = log(N - n + 0.5) - log(n + 0.5)`` for a word in ``n`` of ``N`` documents; the idf of
-    every word with ``idf < 0`` becomes ``epsilon * mean idf``, the mean over all words before that
-    replacement (so it may itself be negative). Sums run in the order words first appear, so the
-    floats equal rank_bm25's bit for bit. A corpus without any word scores 0 everywhere (rank_bm25
-    itself fails on it with a division by zero).
-    """
-    n_docs = len(corpus_tokens)
-    doc_len = np.array([len(doc) for doc in corpus_tokens], dtype=np.float64)
-    counts: dict[str, dict[int, int]] = {}
-    for d, doc in enumerate(corpus_tokens):
-        for token in doc:
-            per_doc = counts.setdefault(token, {})
-            per_doc[d] = per_doc.get(d, 0) + 1
-    if not counts:
-        return OkapiIndex({}, {}, np.ones(n_docs, dtype=np.float64), k1)
-    idf = {w: math.log(n_docs - len(docs) + 0.5) - math.log(len(docs) + 0.5) for w, docs in counts.items()}
-    idf_sum = 0.0
-    for value in idf.values():
-        idf_sum += value
-    floor = epsilon * (idf_sum / len(idf))
-    idf = {w: (floor if value < 0 else value) for w, value in idf.items()}
-    avgdl = float(doc_len.sum()) / n_docs
-    postings = {
-        w: (np.fromiter(docs.keys(), dtype=np.int64), np.fromiter(docs.values(), dtype=np.float64))
-        for w, docs in counts.items()
-    }
-    return OkapiIndex(postings, idf, k1 * (1 - b + b * doc_len / avgdl), k1)
-
-
-def bm25_okapi_scores(
-    corpus_tokens: Sequence[Sequence[str]],
-    query_tokens: Sequence[str],
-    k1: float = 1.5,
-    b: float = 0.75,
-    epsilon: float = 0.25,
-) -> np.ndarray:
-    """BM25Okapi score of each document of ``corpus_tokens`` for ``query_tokens`` (float64).
-
-    ``score(d) = sum over query tokens q (repeats counted) of
-    idf(q) * tf(q, d) * (k1 + 1) / (tf(q, d) + k1 * (1 - b + b * |d| / avgdl))``, with the floored
-    idf of :func:`okapi_index` (0 for a word in no document): rank_bm25's ``BM25Okapi.get_scores``.
-    """
-    return okapi_index(corpus_tokens, k1, b, epsilon).scores(query_tokens)
-
-
 def _score_rows(documents: list[list[str]], queries: list[list[str]], bm25: str) -> list[np.ndarray]:
     """Every document's score for each (non-empty) query, float64."""
     n = len(documents)
     if bm25 == "okapi":
-        index = okapi_index(documents)
-        return [index.scores(q) for q in queries]
+        if not any(documents):  # rank_bm25 divides by zero on a list without a word; nothing matches
+            return [np.zeros(n, dtype=np.float64) for _ in queries]
+        index = BM25Okapi(documents)
+        return [index.get_scores(q) for q in queries]
     import bm25s
 
     retriever = bm25s.BM25()

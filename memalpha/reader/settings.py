@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 from urllib.parse import urlparse
 
-from memalpha.reader.base import BM25_QUERIES, Reader
+from memalpha.reader.base import BM25_QUERIES, BM25Query, Reader
 from memalpha.reader.local import LocalReader
 from memalpha.reader.openai_compat import OpenAIReader
 from memalpha.reader.question_instructions import BUILTIN, load_question_instructions
-from memalpha.reader.retrieval import BM25_VARIANTS, K_REDUCTIONS
+from memalpha.reader.retrieval import BM25_VARIANTS, K_REDUCTIONS, BM25Variant, KReduction
 from memalpha.templates.loader import PromptTemplates
 
-READER_KINDS = ("local", "openai", "engine")
+ReaderKind = Literal["local", "openai", "engine"]
+READER_KINDS: tuple[str, ...] = get_args(ReaderKind)
 
 
 @dataclass
@@ -57,7 +58,7 @@ class ReaderSettings:
             training and validation alike; see docs/method.md, "Answering".
     """
 
-    kind: Literal["local", "openai", "engine"] = "local"
+    kind: ReaderKind = "local"
     max_new_tokens: int = 64
     temperature: float = 0.0
     top_k_entries: int = 20
@@ -70,10 +71,10 @@ class ReaderSettings:
     openai_timeout_s: float = 60.0
     openai_max_retries: int = 3
     question_instructions: str | None = BUILTIN
-    bm25: Literal["lucene", "okapi"] = "lucene"
-    k_reduction: Literal["budget", "official"] = "budget"
+    bm25: BM25Variant = "lucene"
+    k_reduction: KReduction = "budget"
     system_prompt_limit: int = 30000
-    bm25_query: Literal["question", "with_instruction"] = "question"
+    bm25_query: BM25Query = "question"
 
     def __post_init__(self) -> None:
         if self.kind not in READER_KINDS:

@@ -73,7 +73,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from memalpha.templates.loader import PromptTemplates, default_templates
 from memalpha.tools.jsonfix import CALL_REPAIRS, read_arguments
@@ -449,6 +449,8 @@ class HermesFormat(CallFormat):
         return ToolCall(name=name, arguments=arguments, raw=raw, repaired=bool(repairs), repairs=repairs)
 
 
+CallFormatName = Literal["qwen", "hermes"]
+"""The call formats' names, the keys of :data:`CALL_FORMATS` (tests check they agree)."""
 CALL_FORMATS: dict[str, CallFormat] = {"qwen": QwenFormat(), "hermes": HermesFormat()}
 
 

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from json_repair import repair_json  # a pure string parser here: no file, network or eval (see above)
 
-CALL_REPAIRS = ("strict", "json_repair")
+CallRepair = Literal["strict", "json_repair"]
+CALL_REPAIRS: tuple[str, ...] = get_args(CallRepair)
 """The call-repair policies: memalpha's (cut-off arguments refused) and the official code's."""
 _REPAIRED_BY_PACKAGE = "repaired with json-repair (the official policy)"
 
@@ -139,6 +140,16 @@ def repair_object_as_official(text: str) -> JsonRead:
     return JsonRead(value=value, repairs=repairs)
 
 
+# Why the strict policy keeps its own pass instead of the json-repair package (which the
+# json_repair policy above uses): the package turns any text into a value and cannot refuse,
+# and refusing is this policy's job. It closes a string cut off by the token limit
+# ('{"content": "cut off' -> {"content": "cut off"}), gives a dangling key a value
+# ('{"a":' -> {"a": ""}), and accepts what is not JSON at all ('{"a" "b"}' -> {"a": "b"},
+# '{"a": tru}' -> {"a": "tru"}); its log names no repair for single quotes, trailing commas or
+# missing brackets, so ToolCall.repairs could not say what changed. Built on it, the default
+# profile's 11 recorded cut-off calls would no longer fail as truncated: one stores its cut prefix
+# as a success, ten fail on the keys the package made up (69 of the 80 calls succeed, not 68).
+# tests/test_call_repair.py pins both readings and these package behaviours.
 def _repair(body: str) -> tuple[str, list[str], str, str]:
     """One pass over ``body``; returns (fixed text, repairs, problem, problem code)."""
     out: list[str] = []

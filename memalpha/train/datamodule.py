@@ -14,14 +14,15 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Mapping
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
-from memalpha.data.loaders import check_source, load_instances
+from memalpha.data.loaders import Layout, check_source, load_instances
 from memalpha.data.schema import DataValidationError, Instance
 from memalpha.data.synthetic import generate_synthetic
+from memalpha.data.wrapping import WrapStyle
 from memalpha.train.stream import PassCursor, as_is, endless_loader, pass_order
 
 SYNTHETIC_FAMILIES = ("synth_personal", "synth_timeline", "synth_icl", "synth_summary")
@@ -152,9 +153,9 @@ class RolloutDataModule(LightningDataModule):
         self,
         train_path: str | None = None,
         val_path: str | None = None,
-        layout: Literal["auto", "jsonl", "memalpha", "memoryagentbench"] = "auto",
+        layout: Layout = "auto",
         chunk_tokens: int = 2048,
-        wrap: Literal["dialogue", "reading"] | None = None,
+        wrap: WrapStyle | None = None,
         skip_bad: bool = False,
         train_limit: int | None = None,
         val_limit: int | None = None,
@@ -197,7 +198,7 @@ class RolloutDataModule(LightningDataModule):
 
     def _load(self, path: str, limit: int | None) -> list[Instance]:
         hp = self.hparams
-        return load_instances(
+        instances, _ = load_instances(
             path,
             layout=hp.layout,
             tokenizer=self._tokenizer() if hp.layout in ("auto", "memoryagentbench") else None,
@@ -206,6 +207,7 @@ class RolloutDataModule(LightningDataModule):
             skip_bad=hp.skip_bad,
             limit=limit,
         )
+        return instances
 
     def _synthetic(self, split: str, count: int) -> list[Instance]:
         return generate_synthetic(count, split=split, seed=self.hparams.seed, **synthetic_options(self.hparams))

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from memalpha.lm.core.layout import response_mask
+from memalpha.lm.core.modes import eval_mode
 from memalpha.lm.scoring.logprobs import token_scores
 from memalpha.lm.scoring.spec import ScoringSpec
 
@@ -66,12 +67,8 @@ def accumulate_sft_gradients(
 @torch.no_grad()
 def sft_eval(policy, prompt_ids: list[list[int]], response_ids: list[list[int]], scoring: ScoringSpec):
     """Summed NLL, argmax hits and token count of a batch, without grad (for ``val/loss``)."""
-    was_training = policy.training
-    policy.eval()
-    try:
+    with eval_mode(policy):
         scores = token_scores(policy, prompt_ids, response_ids, scoring, with_accuracy=True)
-    finally:
-        policy.train(was_training)
     mask = response_mask(response_ids, scores.logprobs.shape[1], scores.logprobs.device, torch.bool)
     nll = float(-torch.where(mask, scores.logprobs, 0.0).sum())
     return nll, float(torch.where(mask, scores.argmax_hits, 0.0).sum()), float(mask.sum())

@@ -17,7 +17,6 @@ from memalpha.lm.core.attention import use_bounded_attention
 from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
 from memalpha.lm.core.nf4_cpu_packing import keep_nf4_layers_unpacked
 
-PRECISIONS = ("fp32", "bf16", "nf4")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
 
@@ -65,9 +64,11 @@ class LoraSettings:
 DEFAULT_LORA = LoraSettings()
 
 Precision = Literal["fp32", "bf16", "nf4"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 SamplingBackend = Literal["auto", "cpu-fused", "cuda-graph", "growing-cache", "hf-generate"]
 SAMPLING_BACKENDS: tuple[str, ...] = get_args(SamplingBackend)
 ComputeDtype = Literal["float32", "bfloat16", "float16"]
+COMPUTE_DTYPES: tuple[str, ...] = get_args(ComputeDtype)
 
 
 @dataclass
@@ -138,10 +139,8 @@ class LMSettings:
             raise ValueError(f"lm.attention_score_mib must be >= 1, got {self.attention_score_mib}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"lm.precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
-        if self.compute_dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(
-                f"lm.compute_dtype must be one of ['float32', 'bfloat16', 'float16'], got {self.compute_dtype!r}"
-            )
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"lm.compute_dtype must be one of {list(COMPUTE_DTYPES)}, got {self.compute_dtype!r}")
 
 
 def _dtype(name: str, what: str) -> torch.dtype:

@@ -13,6 +13,7 @@ import torch
 
 from memalpha.lm.core.folded_lora import folded_adapters
 from memalpha.lm.core.layout import PaddedBatch, check_pairs, pad_prompt_response
+from memalpha.lm.core.modes import eval_mode
 from memalpha.lm.core.prefix_cache import (
     can_share_cache,
     distinct_prompt_cache,
@@ -178,10 +179,8 @@ def generate(
     step = batch_size or max(len(prompt_ids), 1)
     responses: list[list[int]] = []
     truncated: list[bool] = []
-    was_training = model.training
-    model.eval()
     fork_devices = [device] if device.type == "cuda" else []
-    try:
+    with eval_mode(model):
         share_prefix = share_prefix and can_share_cache(decoder)  # asked in eval mode, as generation runs
         choice = choose_backend(model, backend, fold_adapters)
         announce(model, choice)
@@ -201,8 +200,6 @@ def generate(
                 kept, cut = new_tokens(prompt_ids[start : start + step], choice.name, fused)
                 responses.extend(kept)
                 truncated.extend(cut)
-    finally:
-        model.train(was_training)
     return Generation(prompt_ids=[list(p) for p in prompt_ids], response_ids=responses, truncated=truncated)
 
 

@@ -45,6 +45,7 @@ from memalpha.lm.core.attention import IMPLEMENTATION
 from memalpha.lm.core.folded_lora import folded_adapters, is_four_bit, lora_linear_types, plain_adapters
 from memalpha.lm.core.layout import PaddedBatch, pad_prompt_response
 from memalpha.lm.core.logits import finalise_logits, score_dtype
+from memalpha.lm.core.modes import eval_mode
 from memalpha.lm.core.prefix_cache import full_attention_layers, split_decoder_and_head
 from memalpha.lm.sampling.growing_cache import Responses
 
@@ -368,19 +369,14 @@ def sample(
     step = batch_size or max(len(prompt_ids), 1)
     responses: list[list[int]] = []
     truncated: list[bool] = []
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), folded_adapters(model, quantised=True):
-            for start in range(0, len(prompt_ids), step):
-                chunk = prompt_ids[start : start + step]
-                padded = pad_prompt_response(chunk, [[] for _ in chunk], pad_id, device)
-                kept, cut = decode(
-                    decoder, head, config, padded, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pick=pick,
-                    capture=capture, stats=stats,
-                )
-                responses.extend(kept)
-                truncated.extend(cut)
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad(), folded_adapters(model, quantised=True):
+        for start in range(0, len(prompt_ids), step):
+            chunk = prompt_ids[start : start + step]
+            padded = pad_prompt_response(chunk, [[] for _ in chunk], pad_id, device)
+            kept, cut = decode(
+                decoder, head, config, padded, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pick=pick,
+                capture=capture, stats=stats,
+            )
+            responses.extend(kept)
+            truncated.extend(cut)
     return responses, truncated

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 from urllib.parse import urlparse
 
-VLLM_DTYPES = ("float32", "bfloat16", "float16", "auto")
+VllmDtype = Literal["float32", "bfloat16", "float16", "auto"]
+VLLM_DTYPES: tuple[str, ...] = get_args(VllmDtype)
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM accepts for ``--max-lora-rank``."""
 
@@ -58,7 +59,7 @@ class VllmSettings:
     venv: str = ".venv-vllm"
     log_file: str | None = None
     adapter_dir: str | None = None
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    dtype: VllmDtype = "float32"
     max_model_len: int | None = None
     max_lora_rank: int | None = None
     cpu_kv_cache_gb: int = 1

@@ -26,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 from memalpha.lm.core.accumulated_lora import accumulated_adapters
 from memalpha.lm.core.layout import pad_prompt_response
 from memalpha.lm.core.logits import finalise_logits, score_dtype
+from memalpha.lm.core.modes import eval_mode
 from memalpha.lm.core.prefix_cache import (
     SharedPrefix,
     can_share_cache,
@@ -396,17 +397,13 @@ def response_logprobs(
     """
     order = prompt_order(prompts) if spec.share_prefix else list(range(len(prompts)))
     result: list[torch.Tensor | None] = [None] * len(prompts)
-    was_training = policy.training
-    policy.eval()
-    try:
+    with eval_mode(policy):
         logps = token_logprobs(
             policy,
             [prompts[i] for i in order],
             [responses[i] for i in order],
             spec,
         )
-    finally:
-        policy.train(was_training)
     for row, i in enumerate(order):
         result[i] = logps[row, : len(responses[i])].cpu()
     return result  # type: ignore[return-value]

@@ -1,4 +1,4 @@
-"""``memalpha data``: make, look at and convert instance files.
+"""``memalpha data``: make, look at and convert instance files, and write demonstrations.
 
     memalpha data synth --out DIR --num-train N --num-val M --seed S
     memalpha data inspect PATH [--tokenizer NAME|none]
@@ -10,6 +10,9 @@ data source, the instance count and min/median/max of chunks per instance, token
 chunk and questions per instance; ``convert`` writes memalpha JSONL from any supported
 source and layout (with ``--processing official``, raw MemoryAgentBench processed as the Mem-α
 evaluation set is: :mod:`memalpha.data.official_processing`). Bad input exits with status 2 and a message naming file, record and field.
+
+``demos`` and ``distill`` (:mod:`memalpha.commands.demos`, :mod:`memalpha.commands.distill`) have their
+own parsers; :func:`main` hands them their arguments, importing them (and Lightning) only then.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from memalpha.data.loaders import (
     LAYOUTS,
     is_saved_dataset,
     list_data_files,
-    load_instances_with_report,
+    load_instances,
     save_jsonl,
 )
 from memalpha.data.official_processing import (
@@ -45,8 +48,19 @@ DEFAULT_TOKENIZER = "smollm2-135m-instruct"
 
 def main(argv: list[str] | None = None) -> None:
     """Run ``memalpha data`` with ``argv`` (the arguments after ``data``). Exits with status 2 on bad input."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["demos"]:
+        from memalpha.commands.demos import main as demos_main
+
+        demos_main(argv[1:])
+        return
+    if argv[:1] == ["distill"]:
+        from memalpha.commands.distill import main as distill_main
+
+        distill_main(argv[1:])
+        return
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     try:
         args.run(args)
     except (DataValidationError, ValueError, TypeError) as exc:
@@ -64,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
             "trajectories."
         ),
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{synth,inspect,convert}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{synth,inspect,convert,demos,distill}")
 
     synth = sub.add_parser("synth", help="write synthetic train/validation JSONL (deterministic from --seed)")
     synth.add_argument("--out", required=True, type=Path, help="folder for train.jsonl and validation.jsonl")
@@ -151,7 +165,7 @@ def _tokenizer_from(name: str) -> Any:
 
 
 def _load(args: argparse.Namespace, source: str, tokenizer: Any) -> tuple[list[Instance], Any]:
-    return load_instances_with_report(
+    return load_instances(
         source,
         layout=args.layout,
         tokenizer=tokenizer,

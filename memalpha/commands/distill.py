@@ -36,13 +36,13 @@ import yaml
 
 from memalpha.agent.distill import DistillStats, RecordedTurn, replay_trajectory
 from memalpha.agent.rollout import RolloutSettings
+from memalpha.commands.demos import config_sections, demonstrations_parser
 from memalpha.data.demos import Demonstration, save_demonstrations
 from memalpha.data.loaders import load_instances
 from memalpha.data.schema import DataValidationError, Instance
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer
 from memalpha.seeding import stable_seed
 from memalpha.train.datamodule import RolloutDataModule
-from memalpha.train.demos_command import config_sections, demonstrations_parser
 
 
 def _field(record: dict[str, Any], name: str, kind: type | tuple[type, ...], file: str, index: int) -> Any:
@@ -130,7 +130,10 @@ def run(args: argparse.Namespace) -> tuple[int, DistillStats]:
         if args.instances is None:
             raise ValueError("--official-responses needs --instances (the instances the responses were recorded on)")
         trajectories, source, source_format = official_trajectories(args.official_responses), "official", "qwen"
-    instances = load_instances(args.instances) if args.instances is not None else config_instances(model, data)
+    if args.instances is not None:
+        instances, _ = load_instances(args.instances)
+    else:
+        instances = config_instances(model, data)
     by_id = {instance.instance_id: instance for instance in instances}
     tokenizer = load_tokenizer(model.get("model", EMBEDDED_MODEL_NAME))
     demos: list[Demonstration] = []
