@@ -259,9 +259,9 @@ def tiny_fit_config(run_dir: Path, model_dir: str, *, steps: int, val_every: int
     config["model"]["reader"].update(max_new_tokens=6)
     config["model"]["rollout"].update(group_size=2, max_new_tokens=12, max_prompt_tokens=2048)
     config["model"]["update"].update(micro_batch_size=4)
-    config["data"].update(synthetic_train=train_instances, synthetic_val=val_instances, synthetic_chunks=2,
-                          synthetic_questions=2, synthetic_chunk_words=30, instances_per_step=2,
-                          val_batch_size=val_instances)
+    config["data"].setdefault("synthetic", {}).update(train=train_instances, val=val_instances, chunks=2, questions=2,
+                                                      chunk_words=30)
+    config["data"].update(instances_per_step=2, val_batch_size=val_instances)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "config.yaml"
     path.write_text(yaml.safe_dump(config))

@@ -39,6 +39,7 @@ from memalpha.data.synthetic import generate_synthetic
 from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
 from memalpha.memory.store import EPISODIC, SEMANTIC, Memory
 from memalpha.reader.local import LocalReader
+from memalpha.reader.options import RetrievalSettings
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_reader.json"
 DATED_FAMILIES = {"synth_timeline", "synth_summary"}
@@ -104,7 +105,7 @@ def main() -> None:
 
     def reader(batch_size: int) -> LocalReader:
         return LocalReader(model, tokenizer, max_new_tokens=args.max_new_tokens, temperature=0.0,
-                           prompt_budget_tokens=args.prompt_budget, batch_size=batch_size)
+                           retrieval=RetrievalSettings(prompt_tokens=args.prompt_budget), batch_size=batch_size)
 
     report: dict = {
         "command": "HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench_reader.py"

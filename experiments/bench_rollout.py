@@ -69,6 +69,7 @@ from memalpha.lm.core.policy import LMSettings, LoraSettings
 from memalpha.lm.sampling.vllm_settings import VllmSettings
 from memalpha.lm.scoring.logprobs import response_logprobs
 from memalpha.lm.scoring.spec import ScoringSpec
+from memalpha.reader.options import RetrievalSettings
 from memalpha.reader.settings import ReaderSettings
 from memalpha.train.actor import accumulate_grpo_gradients
 from memalpha.train.engine_sync import EngineSync, sampler_logprob_gap
@@ -106,7 +107,8 @@ def build_module(
             memory_view_k=5,
             core_token_limit=128,
         ),
-        reader=ReaderSettings(kind="local", max_new_tokens=reader_max_new_tokens, prompt_tokens=1024, batch_size=16),
+        reader=ReaderSettings(kind="local", max_new_tokens=reader_max_new_tokens, batch_size=16,
+                              retrieval=RetrievalSettings(prompt_tokens=1024)),
         reward=RewardSettings(),
         update=UpdateSettings(kl_coef=0.001, micro_batch_size=micro_batch_size),
         optimizer=OptimizerSettings(learning_rate=learning_rate, weight_decay=0.01, warmup_ratio=0.0),

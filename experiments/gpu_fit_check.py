@@ -113,12 +113,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         trainer["callbacks"][0]["init_args"]["dirpath"] = str(folder / "checkpoints")
         trainer["callbacks"].append({"class_path": "gpu_fit_check.StepClock"})
         config["model"]["model"] = str(folder / "model")
-        config["data"].update(train_path=str(train), chunk_tokens=args.chunk_tokens,
-                              instances_per_step=args.instances)
+        config["data"].update(train_path=str(train), instances_per_step=args.instances)
+        config["data"].setdefault("load", {})["chunk_tokens"] = args.chunk_tokens
         config_path = folder / "qlora_4090_check.yaml"
         config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
         report["overrides"] = {"trainer": {"max_steps": args.steps, "limit_val_batches": 0},
-                               "data": {"chunk_tokens": args.chunk_tokens, "instances_per_step": args.instances}}
+                               "data": {"load": {"chunk_tokens": args.chunk_tokens},
+                                        "instances_per_step": args.instances}}
         start = time.perf_counter()
         try:
             cli = run_lightning_cli(["fit", "--config", str(config_path)])

@@ -133,9 +133,9 @@ def fit_config(base: dict[str, Any], run_dir: Path, args: argparse.Namespace, se
     config["model"]["log_text_every_n_steps"] = 0
     if args.learning_rate is not None:
         config["model"].setdefault("optimizer", {})["learning_rate"] = args.learning_rate
-    config["data"]["synthetic_val"] = args.val
+    config["data"].setdefault("synthetic", {})["val"] = args.val
     if args.questions is not None:  # more questions per instance make r1 (and accuracy) finer-grained
-        config["data"]["synthetic_questions"] = args.questions
+        config["data"]["synthetic"]["questions"] = args.questions
     config["data"]["val_path"] = None
     return config
 
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0", help="comma-separated GRPO seeds (the SFT start is shared)")
     parser.add_argument("--learning-rate", type=float, default=None, help="override model.optimizer.learning_rate")
     parser.add_argument("--questions", type=int, default=None,
-                        help="override data.synthetic_questions (questions per training and validation instance)")
+                        help="override data.synthetic.questions (questions per training and validation instance)")
     parser.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "learning_curve")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "learning_curve.json")
     parser.add_argument("--reuse", action="store_true", help="keep the stages whose outputs exist")

@@ -44,10 +44,9 @@ from _common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, print_ta
 from memalpha.agent.rewards import RewardSettings
 from memalpha.agent.rollout import RolloutSettings
 from memalpha.agent.scripted import POLICIES, MemoryEchoReader, reward_terms, run_scripted
-from memalpha.data.synthetic import generate_synthetic
+from memalpha.data.synthetic import SyntheticSettings
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer, resolve_model_path
 from memalpha.reader.settings import ReaderSettings
-from memalpha.train.datamodule import synthetic_options
 from memalpha.train.profiles import PROFILES
 
 CONFIG = REPO_ROOT / "configs" / "tiny_cpu.yaml"
@@ -112,8 +111,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     config = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
-    data = {**config["data"], "synthetic_questions": args.questions}
-    instances = generate_synthetic(args.val, split="validation", seed=0, **synthetic_options(data))
+    synthetic = SyntheticSettings(**{**config["data"].get("synthetic", {}), "questions": args.questions})
+    instances = synthetic.generate("validation", 0, count=args.val)
     settings = RolloutSettings(**{**config["model"]["rollout"], "group_size": 1})
     tokenizer = load_tokenizer(EMBEDDED_MODEL_NAME)
     machine = machine_info()
@@ -140,7 +139,7 @@ def main() -> None:
             "config": str(CONFIG.relative_to(REPO_ROOT)),
             "val_instances": args.val,
             "questions": args.questions,
-            "families": list(data["synthetic_families"]),
+            "families": list(synthetic.families),
             "rules": {rule: {k: getattr(rule_settings(rule), k) for k in (
                 "call_success", "content_grounding", "compression_gate", "support_min_share", "support_min_tokens",
                 "beta", "gamma", "content_judge")} for rule in args.rules.split(",")},

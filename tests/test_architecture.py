@@ -187,3 +187,38 @@ def test_docstring_cross_references_resolve():
         }
     )
     assert not broken, f"references to names that do not exist: {broken}"
+
+
+MAX_INIT_ARGUMENTS = 12
+"""The most arguments (besides ``self``) a constructor of the package takes; docs/architecture.md.
+
+A group of settings that belong together travels as one settings object (``reader.retrieval``,
+``reader.openai``, ``data.synthetic``) instead of one argument each."""
+
+
+def _argument_count(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    args = function.args
+    named = len(args.posonlyargs) + len(args.args) + len(args.kwonlyargs)
+    return named - 1 + (args.vararg is not None) + (args.kwarg is not None)  # less self
+
+
+def test_no_constructor_takes_more_than_twelve_arguments():
+    """Every ``__init__`` written in the package takes at most :data:`MAX_INIT_ARGUMENTS` arguments
+    (``*args`` and ``**kwargs`` count one each). Settings dataclasses, whose ``__init__`` is
+    generated from their fields, are config groups rather than call signatures and are not counted."""
+    over = sorted(
+        (f"{path.relative_to(PACKAGE.parent)}:{node.name}.__init__", _argument_count(function))
+        for path in MODULES.values()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef)
+        for function in node.body
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) and function.name == "__init__"
+        and _argument_count(function) > MAX_INIT_ARGUMENTS
+    )
+    assert not over, f"constructors over {MAX_INIT_ARGUMENTS} arguments (group settings into an object): {over}"
+
+
+def test_the_argument_limit_check_counts_what_it_should():
+    source = "class A:\n    def __init__(self, a, b=1, *rest, c, d=2, **more):\n        pass\n"
+    function = ast.parse(source).body[0].body[0]
+    assert _argument_count(function) == 6

@@ -212,7 +212,8 @@ def test_learning_curve_smoke(tmp_path, tiny_model_dir, monkeypatch):
     fit = yaml.safe_load((repo / "configs" / "tiny_cpu.yaml").read_text())
     fit["model"]["model"] = tiny_model_dir
     fit["model"]["reader"].update(max_new_tokens=4, batch_size=4)
-    fit["data"].update(synthetic_val=2, val_batch_size=2)
+    fit["data"]["synthetic"]["val"] = 2
+    fit["data"]["val_batch_size"] = 2
     sft = yaml.safe_load((repo / "configs" / "sft_tiny_cpu.yaml").read_text())
     sft["model"]["model"] = tiny_model_dir
     sft["data"].update(batch_size=2, val_batch_size=2)

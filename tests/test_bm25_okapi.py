@@ -21,6 +21,7 @@ from rank_bm25 import BM25Okapi
 from memalpha.memory.render import render_answer
 from memalpha.memory.store import EPISODIC, SEMANTIC, Memory, MemoryEntry
 from memalpha.reader.base import Reader, ReaderAnswer
+from memalpha.reader.options import RetrievalSettings
 from memalpha.reader.prompts import answer_messages
 from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.reader.retrieval import (
@@ -267,7 +268,8 @@ def _system_words(memory: Memory, k: int, question: str) -> int:
 def test_reader_official_rule_counts_the_system_prompt_against_its_limit():
     memory, question = _memory(), "garden"
     limit = _system_words(memory, 2, question)
-    reader = WordReader(top_k_entries=5, prompt_budget_tokens=1, k_reduction="official", system_prompt_limit=limit)
+    reader = WordReader(retrieval=RetrievalSettings(top_k_entries=5, prompt_tokens=1, k_reduction="official",
+                                                 system_prompt_limit=limit))
     system = reader.answer_conversations([(memory, question)])[0][0]["content"]
     assert len(system.split()) == limit  # k = 2 fits exactly; the 1-token prompt budget plays no part
     assert "note 1 about" in system and "note 2 about" not in system
@@ -278,7 +280,7 @@ def test_reader_official_rule_counts_the_system_prompt_against_its_limit():
     system = reader.answer_conversations([(memory, question)])[0][0]["content"]
     assert "note 0 about" in system and "note 1 about" not in system
     # the budget rule measures the whole prompt against prompt_budget_tokens instead
-    budget = WordReader(top_k_entries=5, prompt_budget_tokens=1, system_prompt_limit=limit)
+    budget = WordReader(retrieval=RetrievalSettings(top_k_entries=5, prompt_tokens=1, system_prompt_limit=limit))
     system = budget.answer_conversations([(memory, question)])[0][0]["content"]
     assert "note 0" not in system and budget.over_budget == 1
 
@@ -292,33 +294,33 @@ def test_reader_threads_the_bm25_variant_and_the_query():
         system = reader.answer_conversations([(memory, "dog")], sources)[0][0]["content"]
         return system.split("<semantic_memory>\n", 1)[1].split("\n", 1)[0]
 
-    assert first_entry(WordReader(bm25="lucene")).endswith("dog")
-    assert first_entry(WordReader(bm25="okapi")).endswith("sun")
+    assert first_entry(WordReader(retrieval=RetrievalSettings(bm25="lucene"))).endswith("dog")
+    assert first_entry(WordReader(retrieval=RetrievalSettings(bm25="okapi"))).endswith("sun")
     table = QuestionInstructions({"src": "Mind the moon."})
     memory.insert(SEMANTIC, "the moon")
     # the bare question ranks "dog" first; with the instruction, "moon" matches too and wins
     assert first_entry(WordReader(question_instructions=table), ["src"]).endswith("dog")
-    with_instruction = WordReader(question_instructions=table, bm25_query="with_instruction")
+    with_instruction = WordReader(question_instructions=table, retrieval=RetrievalSettings(bm25_query="with_instruction"))
     assert first_entry(with_instruction, ["src"]).endswith("the moon")
     assert with_instruction.bm25_query_text("dog", "Mind the moon.") == "Mind the moon.\n\ndog"
     assert with_instruction.bm25_query_text("dog", None) == "dog"
 
 
 def test_reader_settings_validate_and_reach_the_reader():
-    reader = ReaderSettings(kind="openai", bm25="okapi", k_reduction="official", system_prompt_limit=123,
-                            bm25_query="with_instruction", question_instructions=None).build(None, None)
+    retrieval = {"bm25": "okapi", "k_reduction": "official", "system_prompt_limit": 123, "bm25_query": "with_instruction"}
+    reader = ReaderSettings(kind="openai", retrieval=retrieval, question_instructions=None).build(None, None)
     assert (reader.bm25, reader.k_reduction, reader.system_prompt_limit, reader.bm25_query) == (
         "okapi", "official", 123, "with_instruction")
-    defaults = ReaderSettings(question_instructions=None)
+    defaults = ReaderSettings(question_instructions=None).retrieval
     assert (defaults.bm25, defaults.k_reduction, defaults.system_prompt_limit, defaults.bm25_query) == (
         "lucene", "budget", 30000, "question")
     for option, value, message in [
-        ("bm25", "bm25plus", "reader.bm25 must be one of"),
-        ("k_reduction", "halve", "reader.k_reduction must be one of"),
-        ("bm25_query", "all", "reader.bm25_query must be one of"),
-        ("system_prompt_limit", 0, "reader.system_prompt_limit must be >= 1"),
+        ("bm25", "bm25plus", "reader.retrieval.bm25 must be one of"),
+        ("k_reduction", "halve", "reader.retrieval.k_reduction must be one of"),
+        ("bm25_query", "all", "reader.retrieval.bm25_query must be one of"),
+        ("system_prompt_limit", 0, "reader.retrieval.system_prompt_limit must be >= 1"),
     ]:
         with pytest.raises(ValueError, match=message):
-            ReaderSettings(**{option: value})
-    with pytest.raises(ValueError, match="k_reduction must be one of"):
-        WordReader(k_reduction="halve")
+            ReaderSettings(retrieval={option: value})
+        with pytest.raises(ValueError, match=message):
+            RetrievalSettings(**{option: value})

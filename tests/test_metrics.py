@@ -22,6 +22,7 @@ from memalpha.agent.scoring import (
     substring_match,
 )
 from memalpha.reader.base import Reader, ReaderAnswer
+from memalpha.reader.options import RetrievalSettings
 
 PUBMED_RESULTS = Path(__file__).resolve().parent / "fixtures" / "memalpha4b_pubmed" / "reader_results.jsonl"
 
@@ -126,7 +127,7 @@ class RubricReader(Reader):
     """
 
     def __init__(self, fail_on: str | None = None):
-        super().__init__(top_k_entries=5, prompt_budget_tokens=10_000)
+        super().__init__(retrieval=RetrievalSettings(top_k_entries=5, prompt_tokens=10_000))
         self.fail_on = fail_on
         self.seen: list[str] = []
 

@@ -172,8 +172,8 @@ def test_a_round_of_eight_samples_with_size_four_trains_two_steps(tmp_path, tiny
     model["optimizer"].update(learning_rate=5e-3)
     data = config["data"]
     # 2 instances x 2 rollouts x 2 chunk turns = 8 turn samples a round
-    data.update(synthetic_train=8, synthetic_val=1, synthetic_chunks=2, synthetic_questions=2,
-                synthetic_chunk_words=20, instances_per_step=2, tokenizer_name=tiny_model_dir)
+    data["synthetic"].update(train=8, val=1, chunks=2, questions=2, chunk_words=20)
+    data.update(instances_per_step=2, tokenizer_name=tiny_model_dir)
     log = StepLog()
     trainer = Trainer(
         accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False,

@@ -17,6 +17,7 @@ from conftest import SMALL_VOCAB_CHOSEN as CHOSEN
 from lightning.pytorch import Trainer
 
 from memalpha.agent.rollout import RolloutOutput, RolloutRecord, TurnSample
+from memalpha.data.synthetic import SyntheticSettings
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.lm.core.policy import LoraSettings
 from memalpha.lm.sampling.generation import generate
@@ -62,8 +63,8 @@ def train_toy(model_dir: str, tmp_path, learning_rate: float) -> list[float]:
     )
     rewards: list[float] = []
     module._rollouts = toy_rollouts(module, rewards)
-    data = RolloutDataModule(synthetic_train=4, synthetic_val=1, synthetic_chunks=1, synthetic_questions=1,
-                             synthetic_chunk_words=10, instances_per_step=1, tokenizer_name=model_dir)
+    synthetic = SyntheticSettings(train=4, val=1, chunks=1, questions=1, chunk_words=10)
+    data = RolloutDataModule(synthetic=synthetic, instances_per_step=1, tokenizer_name=model_dir)
     trainer = Trainer(accelerator="cpu", devices=1, max_steps=STEPS, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
                       num_sanity_val_steps=0, default_root_dir=str(tmp_path))

@@ -108,8 +108,8 @@ def grpo(model_dir: str, out: Path, update: dict | None = None):
     model["rollout"].update(group_size=2, max_new_tokens=8, max_prompt_tokens=2048)
     model["update"].update({"micro_batch_size": 4, **(update or {})})
     data = config["data"]
-    data.update(synthetic_train=8, synthetic_val=1, synthetic_chunks=1, synthetic_questions=2,
-                synthetic_chunk_words=20, instances_per_step=2, tokenizer_name=model_dir)
+    data["synthetic"].update(train=8, val=1, chunks=1, questions=2, chunk_words=20)
+    data.update(instances_per_step=2, tokenizer_name=model_dir)
     return GRPOModule(**model), RolloutDataModule(**data)
 
 

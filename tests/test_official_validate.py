@@ -124,9 +124,9 @@ def write_validate_config(tmp_path: Path, data: Path) -> Path:
         "model": {
             "lm": {"precision": "fp32"},
             "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"},
-            "reader": {"kind": "local", "max_new_tokens": 4, "prompt_tokens": 4096},
+            "reader": {"kind": "local", "max_new_tokens": 4, "retrieval": {"prompt_tokens": 4096}},
         },
-        "data": {"val_path": str(data), "layout": "memalpha", "val_batch_size": len(ROWS)},
+        "data": {"val_path": str(data), "load": {"layout": "memalpha"}, "val_batch_size": len(ROWS)},
     }
     path = tmp_path / "validate.yaml"
     path.write_text(yaml.safe_dump(config))

@@ -84,8 +84,11 @@ def test_the_docs_table_lists_exactly_what_the_profile_sets():
         if key.startswith("data."):
             assert data_defaults[key.split(".", 1)[1]] == yaml.safe_load(default), key
             continue
-        _, group, name = key.split(".")
-        assert getattr(groups[group], name) == yaml.safe_load(default), key
+        _, group, *path = key.split(".")  # model.<group>.<field> or model.<group>.<nested group>.<field>
+        value = groups[group]
+        for name in path:
+            value = getattr(value, name)
+        assert value == yaml.safe_load(default), key
 
 
 def test_the_documented_one_step_command_of_the_official_config_resolves(capsys):

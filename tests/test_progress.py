@@ -177,7 +177,7 @@ def test_the_budget_check_agrees_with_the_rollout_to_the_token(tokenizer):
 
 def test_a_token_chunked_instance_names_data_chunk_tokens(tokenizer):
     instance = Instance("ctx-0", "icl", [LONG_CHUNK], [QA("q", "a")], {"chunk_tokens": 8192})
-    with pytest.raises(RolloutError, match=r"cut at data.chunk_tokens=8192: the prompt needs \d+ tokens"):
+    with pytest.raises(RolloutError, match=r"cut at data.load.chunk_tokens=8192: the prompt needs \d+ tokens"):
         check_prompt_budget([instance], tokenizer, RolloutSettings(max_prompt_tokens=2048), "data.train_path=b.json")
 
 
@@ -218,12 +218,14 @@ def test_a_rollout_error_mid_run_is_one_line_naming_instance_and_setting(tmp_pat
 
 
 def test_qualify_options_writes_setting_names_as_options():
-    keys = ["model.rollout.max_prompt_tokens", "model.rollout.vllm.max_logprob_gap", "data.chunk_tokens", "data.val_path"]
+    keys = ["model.rollout.max_prompt_tokens", "model.rollout.vllm.max_logprob_gap", "data.load.chunk_tokens",
+            "data.val_path"]
     assert qualify_options(
-        "data.val_path=/x/a.jsonl: over rollout.max_prompt_tokens=5; data.chunk_tokens=2, rollout.vllm.max_logprob_gap 1",
+        "data.val_path=/x/a.jsonl: over rollout.max_prompt_tokens=5; data.load.chunk_tokens=2, "
+        "rollout.vllm.max_logprob_gap 1",
         keys,
     ) == (
-        "data.val_path=/x/a.jsonl: over model.rollout.max_prompt_tokens=5; data.chunk_tokens=2, "
+        "data.val_path=/x/a.jsonl: over model.rollout.max_prompt_tokens=5; data.load.chunk_tokens=2, "
         "model.rollout.vllm.max_logprob_gap 1"
     )
     assert qualify_options("e.g. a.jsonl or max_prompt_tokens", keys) == "e.g. a.jsonl or max_prompt_tokens"

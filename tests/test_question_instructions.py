@@ -16,6 +16,7 @@ from memalpha.data.loaders import load_instances
 from memalpha.data.schema import QA, Instance
 from memalpha.memory.store import EPISODIC, SEMANTIC, Memory
 from memalpha.reader.local import LocalReader
+from memalpha.reader.options import RetrievalSettings
 from memalpha.reader.prompts import answer_messages
 from memalpha.reader.question_instructions import BUILTIN, BUILTIN_FILE, load_question_instructions
 from memalpha.reader.settings import ReaderSettings
@@ -186,7 +187,7 @@ def labelled_memory() -> Memory:
 
 def test_the_prompt_budget_counts_the_instruction_and_retrieval_ignores_it(builtin, tokenizer):
     memory, question = labelled_memory(), "Sentence: the trial 3 enrolled 30 patients.\n\nWhich label?"
-    reader = LocalReader(None, tokenizer, top_k_entries=8, question_instructions=builtin)
+    reader = LocalReader(None, tokenizer, retrieval=RetrievalSettings(top_k_entries=8), question_instructions=builtin)
     instruction = builtin.for_source("pubmed-rct")
     bare = reader.answer_conversations([(memory, question)])[0]
     told = reader.answer_conversations([(memory, question)], ["pubmed-rct"])[0]

@@ -14,6 +14,7 @@ from memalpha.memory.store import EPISODIC, SEMANTIC, Memory
 from memalpha.reader.base import ReaderAnswer, Sampling
 from memalpha.reader.local import LocalReader
 from memalpha.reader.openai_compat import OpenAIReader
+from memalpha.reader.options import OpenAISettings, RetrievalSettings
 from memalpha.reader.prompts import answer_messages
 from memalpha.reader.retrieval import retrieve_for_questions
 
@@ -60,7 +61,8 @@ def numbered_lines(conversation) -> int:
 def test_local_reader_batches_and_respects_the_prompt_budget(tiny_model, tokenizer):
     memory = fact_memory(10)
     question = "Who opened locker number 3?"
-    reader = LocalReader(tiny_model, tokenizer, max_new_tokens=4, batch_size=2, top_k_entries=10)
+    reader = LocalReader(tiny_model, tokenizer, max_new_tokens=4, batch_size=2,
+                         retrieval=RetrievalSettings(top_k_entries=10))
     base = reader.conversation_tokens(answer_messages(render_answer(memory, [], []), question))
     reader.prompt_budget_tokens = base + 150
     conversation = reader.answer_conversations([(memory, question)])[0]
@@ -80,8 +82,8 @@ def test_local_reader_batches_and_respects_the_prompt_budget(tiny_model, tokeniz
     answers = reader.answer(items)
     assert len(answers) == 5 and all(isinstance(a, ReaderAnswer) and a.ok for a in answers)
     # greedy decoding is deterministic and independent of batching
-    single = LocalReader(tiny_model, tokenizer, max_new_tokens=4, batch_size=1, top_k_entries=10,
-                         prompt_budget_tokens=reader.prompt_budget_tokens)
+    single = LocalReader(tiny_model, tokenizer, max_new_tokens=4, batch_size=1,
+                         retrieval=RetrievalSettings(top_k_entries=10, prompt_tokens=reader.prompt_budget_tokens))
     assert [a.text for a in single.answer(items)] == [a.text for a in answers]
 
     # core + question alone over budget: answered anyway, counted
@@ -123,7 +125,8 @@ def test_openai_reader_complete_sends_per_call_sampling(tiny_model, tokenizer):
     and the loopback server generates with them."""
     from memalpha.reader.server import ChatCompletionServer
 
-    client = OpenAIReader("http://127.0.0.1:1/v1", "tiny", temperature=0.0, max_tokens=3, extra_body={"seed": 1})
+    client = OpenAIReader(OpenAISettings("http://127.0.0.1:1/v1", "tiny"), temperature=0.0, max_tokens=3,
+                          extra_body={"seed": 1})
     body = client.request_body([{"role": "user", "content": "q"}], Sampling(temperature=0.1, max_tokens=512))
     assert (body["temperature"], body["max_tokens"], body["top_p"], body["seed"]) == (0.1, 512, 1.0, 1)
     body = client.request_body([{"role": "user", "content": "q"}], Sampling(max_tokens=9))
@@ -135,7 +138,8 @@ def test_openai_reader_complete_sends_per_call_sampling(tiny_model, tokenizer):
         received = []
         submit = server.submit
         server.submit = lambda messages, params: received.append(params) or submit(messages, params)
-        client = OpenAIReader(server.base_url, "tiny", temperature=0.0, max_tokens=3, max_retries=0, max_concurrency=2)
+        client = OpenAIReader(OpenAISettings(server.base_url, "tiny", max_retries=0, max_concurrency=2),
+                              temperature=0.0, max_tokens=3)
         prompts = ["Is the sky blue?", "Name a colour."]
         assert all(a.ok for a in client.complete(prompts))
         assert all(a.ok for a in client.complete(prompts, sampling=Sampling(temperature=0.1, max_tokens=7)))
@@ -197,11 +201,12 @@ def server(embedded_model, tokenizer):
 
 
 def make_client(server, **kwargs) -> OpenAIReader:
-    options = {"base_url": server.base_url, "model": "smollm2", "timeout_s": 30, "max_retries": 0,
-               "backoff_s": 0.01, "temperature": 0.0, "max_tokens": 16, "max_concurrency": 4,
-               "api_key_env": "MEMALPHA_TEST_KEY"}
-    options.update(kwargs)
-    return OpenAIReader(**options)
+    endpoint = {"base_url": server.base_url, "model": "smollm2", "timeout_s": 30, "max_retries": 0,
+                "backoff_s": 0.01, "max_concurrency": 4, "api_key_env": "MEMALPHA_TEST_KEY"}
+    options = {"temperature": 0.0, "max_tokens": 16}
+    for key, value in kwargs.items():
+        (endpoint if key in OpenAISettings.__dataclass_fields__ else options)[key] = value
+    return OpenAIReader(OpenAISettings(**endpoint), **options)
 
 
 @pytest.mark.embedded
@@ -263,5 +268,5 @@ def test_openai_reader_timeout_and_server_errors(server):
     assert server.requests_seen - seen == 1
 
     # nobody listening: connection refused, retried, failed
-    dead = OpenAIReader("http://127.0.0.1:9/v1", "m", max_retries=1, backoff_s=0.01, timeout_s=2)
+    dead = OpenAIReader(OpenAISettings("http://127.0.0.1:9/v1", "m", max_retries=1, backoff_s=0.01, timeout_s=2))
     assert not dead.answer(item)[0].ok and dead.failures == 1

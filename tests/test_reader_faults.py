@@ -27,6 +27,7 @@ from memalpha.lm.core.http_post import backoff_delay
 from memalpha.memory.store import SEMANTIC, Memory
 from memalpha.reader.local import LocalReader
 from memalpha.reader.openai_compat import OpenAIReader
+from memalpha.reader.options import OpenAISettings
 from memalpha.reader.server import ChatCompletionServer
 from memalpha.reader.settings import ReaderSettings
 from memalpha.tools.formats import ToolCall
@@ -54,10 +55,11 @@ def server(tiny_model, tokenizer):
 
 
 def client(server: ChatCompletionServer, **options) -> OpenAIReader:
-    settings = {"max_retries": 0, "timeout_s": 10.0, "max_concurrency": 1, "max_tokens": 4,
-                "temperature": 0.0, "api_key_env": KEY_ENV, "sleep": lambda _s: None}
-    settings.update(options)
-    return OpenAIReader(server.base_url, "tiny", **settings)
+    endpoint = {"max_retries": 0, "timeout_s": 10.0, "max_concurrency": 1, "api_key_env": KEY_ENV}
+    settings = {"max_tokens": 4, "temperature": 0.0, "sleep": lambda _s: None}
+    for key, value in options.items():
+        (endpoint if key in OpenAISettings.__dataclass_fields__ else settings)[key] = value
+    return OpenAIReader(OpenAISettings(server.base_url, "tiny", **endpoint), **settings)
 
 
 def memory_items(n: int) -> list[tuple[Memory, str]]:
@@ -88,7 +90,7 @@ def test_backoff_doubles_with_jitter_up_to_its_cap():
         assert all(ceiling / 2 <= d <= ceiling for d in draws), (retry, min(draws), max(draws))
         assert max(draws) - min(draws) > 0.3 * ceiling  # jittered, not one fixed wait
     with pytest.raises(ValueError, match="backoff_s"):
-        OpenAIReader("http://127.0.0.1:1/v1", "m", backoff_s=2.0, backoff_max_s=1.0)
+        OpenAISettings("http://127.0.0.1:1/v1", "m", backoff_s=2.0, backoff_max_s=1.0)
 
 
 def test_a_500_storm_is_retried_with_growing_backoff_then_fails_one_question(server):
@@ -116,8 +118,8 @@ def test_the_real_sleep_waits_the_backoff(server):
 
 def test_settings_retry_count_and_timeout_are_honoured(server):
     reader = ReaderSettings(
-        kind="openai", openai_base_url=server.base_url, openai_model="tiny", openai_timeout_s=0.3,
-        openai_max_retries=2, openai_max_concurrency=1, max_new_tokens=4,
+        kind="openai", max_new_tokens=4,
+        openai=OpenAISettings(base_url=server.base_url, model="tiny", timeout_s=0.3, max_retries=2, max_concurrency=1),
     ).build(None, None)
     waits: list[float] = []
     reader.sleep = waits.append
@@ -176,8 +178,8 @@ def test_a_client_error_is_not_retried(server):
 
 def test_nobody_listening_fails_every_question_without_raising():
     waits: list[float] = []
-    reader = OpenAIReader(f"http://127.0.0.1:{free_port()}/v1", "m", max_retries=2, sleep=waits.append,
-                          max_concurrency=4)
+    reader = OpenAIReader(OpenAISettings(f"http://127.0.0.1:{free_port()}/v1", "m", max_retries=2, max_concurrency=4),
+                          sleep=waits.append)
     answers = reader.answer(memory_items(5))
     assert not any(a.ok for a in answers) and all("refused" in a.error for a in answers)
     assert reader.failures == 5 and len(waits) == 5 * 2
@@ -227,7 +229,7 @@ def test_a_failed_answer_judgement_scores_zero_and_counts_as_a_failure(server, t
         questions=[QA("What does the user drink?", "green tea"), QA("Where does the user live?", "Oslo")],
     )
     rollouts = start_rollouts([instance], 2, RolloutSettings(), lambda text: len(text.split()), seed=0)
-    dead_judge = OpenAIReader(f"http://127.0.0.1:{free_port()}/v1", "judge", max_retries=0)
+    dead_judge = OpenAIReader(OpenAISettings(f"http://127.0.0.1:{free_port()}/v1", "judge", max_retries=0))
     answered = answer_questions(rollouts, client(server), judge=dead_judge)
     for result in answered:
         assert result.scores == [0.0, 0.0] and result.failures == 2
@@ -240,7 +242,7 @@ def test_a_failed_answer_judgement_scores_zero_and_counts_as_a_failure(server, t
 
 
 def test_the_content_judge_scores_zero_when_its_reader_fails():
-    dead = OpenAIReader(f"http://127.0.0.1:{free_port()}/v1", "judge", max_retries=1, sleep=lambda _s: None)
+    dead = OpenAIReader(OpenAISettings(f"http://127.0.0.1:{free_port()}/v1", "judge", max_retries=1), sleep=lambda _s: None)
     judge = LLMContentJudge(dead)
     calls = [
         ToolCall(INSERT, {"memory_type": "semantic_memory", "content": f"Fact {i}: the user owns {i} bikes."}, raw="")
@@ -256,7 +258,7 @@ def test_a_round_against_a_dead_reader_completes_and_counts_every_question(tiny_
                  [QA("Where does Anna live?", "Oslo"), QA("What does Anna own?", "a red bike")])
         for i in range(2)
     ]
-    dead = OpenAIReader(f"http://127.0.0.1:{free_port()}/v1", "m", max_retries=1, sleep=lambda _s: None)
+    dead = OpenAIReader(OpenAISettings(f"http://127.0.0.1:{free_port()}/v1", "m", max_retries=1), sleep=lambda _s: None)
     out = run_rollouts(
         instances, tiny_model, tokenizer, dead,
         RolloutSettings(group_size=2, max_new_tokens=8, max_prompt_tokens=2048), RewardSettings(), None, seed=0,
@@ -301,10 +303,10 @@ def test_fit_survives_reader_faults_logs_them_and_never_writes_the_api_key(
         main([
             "fit", "--config", str(config),
             "--model.reader.kind", "openai",
-            "--model.reader.openai_base_url", srv.base_url,
-            "--model.reader.openai_model", "tiny",
-            "--model.reader.openai_api_key_env", KEY_ENV,
-            "--model.reader.openai_max_retries", "0",
+            "--model.reader.openai.base_url", srv.base_url,
+            "--model.reader.openai.model", "tiny",
+            "--model.reader.openai.api_key_env", KEY_ENV,
+            "--model.reader.openai.max_retries", "0",
         ])
         seen = srv.requests_seen
 

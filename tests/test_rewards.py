@@ -19,6 +19,7 @@ from memalpha.agent.rewards import (
 )
 from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader, ReaderAnswer, Sampling
+from memalpha.reader.options import RetrievalSettings
 from memalpha.templates.loader import default_templates
 from memalpha.tools.executor import ToolResult, execute_response
 from memalpha.tools.formats import ParseError, ToolCall, get_call_format
@@ -169,7 +170,7 @@ class ScriptedJudge(Reader):
     """A deterministic reader backend: judges an entry valid when it contains a digit."""
 
     def __init__(self):
-        super().__init__(top_k_entries=5, prompt_budget_tokens=10_000)
+        super().__init__(retrieval=RetrievalSettings(top_k_entries=5, prompt_tokens=10_000))
         self.prompts: list[str] = []
 
     def count_tokens(self, text: str) -> int:

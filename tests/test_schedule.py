@@ -143,7 +143,7 @@ def test_drop_last_skips_the_tenth_of_ten_in_rounds_of_three():
 
 
 def _datamodule(**kwargs) -> RolloutDataModule:
-    options = {"synthetic_train": 10, "synthetic_val": 1, "instances_per_step": 3, "drop_last": True, "epochs": 2}
+    options = {"synthetic": {"train": 10, "val": 1}, "instances_per_step": 3, "drop_last": True, "epochs": 2}
     module = RolloutDataModule(**{**options, **kwargs})
     module.setup("fit")
     return module
@@ -233,9 +233,8 @@ def _fit_settings(tmp_path: Path, model_dir: str) -> tuple[dict, dict]:
     model["optimizer"].update(learning_rate=5e-3, warmup_ratio=0.67, schedule_unit="round", warmup_start="zero")
     data = config["data"]
     # 7 instances, 2 a round, drop_last: 3 rounds a pass, the 7th instance of the pass skipped
-    data.update(synthetic_train=7, synthetic_val=1, synthetic_chunks=2, synthetic_questions=2,
-                synthetic_chunk_words=20, instances_per_step=2, drop_last=True, epochs=1,
-                tokenizer_name=model_dir)
+    data["synthetic"].update(train=7, val=1, chunks=2, questions=2, chunk_words=20)
+    data.update(instances_per_step=2, drop_last=True, epochs=1, tokenizer_name=model_dir)
     return model, data
 
 

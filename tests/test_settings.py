@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
 
 import pytest
@@ -10,12 +12,16 @@ import yaml
 
 from memalpha.agent.rewards import RewardSettings
 from memalpha.agent.rollout import RolloutSettings
+from memalpha.data.synthetic import SyntheticSettings
 from memalpha.grpo.batch import GRPOBatch, cut_minibatches
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import build_optimizer, optimizer_step, warmup_steps
 from memalpha.lm.core.policy import LMSettings, LoraSettings
+from memalpha.reader.options import OpenAISettings, RetrievalSettings
 from memalpha.reader.settings import ReaderSettings
-from memalpha.train.lightning_cli import RENAMED_MODEL_KEYS, check_renamed_keys
+from memalpha.train.datamodule import RolloutDataModule
+from memalpha.train.lightning_cli import RENAMED_GROUP_KEYS, RENAMED_MODEL_KEYS, check_renamed_keys
+from memalpha.train.module import GRPOModule
 
 
 @pytest.mark.parametrize(
@@ -33,7 +39,16 @@ from memalpha.train.lightning_cli import RENAMED_MODEL_KEYS, check_renamed_keys
         (ReaderSettings, {"kind": "remote"}, "reader.kind"),
         (ReaderSettings, {"max_new_tokens": 0}, "reader.max_new_tokens"),
         (ReaderSettings, {"temperature": -1.0}, "reader.temperature"),
-        (ReaderSettings, {"openai_base_url": "localhost:8000"}, "reader.openai_base_url"),
+        (ReaderSettings, {"openai": {"base_url": "localhost:8000"}}, "reader.openai.base_url"),
+        (ReaderSettings, {"retrieval": {"top_k_entries": -1}}, "reader.retrieval.top_k_entries"),
+        (OpenAISettings, {"max_concurrency": 0}, "reader.openai.max_concurrency"),
+        (OpenAISettings, {"timeout_s": 0.0}, "reader.openai.timeout_s"),
+        (OpenAISettings, {"backoff_s": 5.0, "backoff_max_s": 1.0}, "reader.openai.backoff_s"),
+        (RetrievalSettings, {"prompt_tokens": 0}, "reader.retrieval.prompt_tokens"),
+        (SyntheticSettings, {"train": 0}, "data.synthetic.train"),
+        (SyntheticSettings, {"distractors_per_chunk": -1}, "data.synthetic.distractors_per_chunk"),
+        (SyntheticSettings, {"families": ("synth_poetry",)}, "data.synthetic.families"),
+        (SyntheticSettings, {"families": ()}, "data.synthetic.families"),
         (RewardSettings, {"content_judge": "human"}, "reward.content_judge"),
         (RewardSettings, {"metric_overrides": {"squad": "bleu"}}, "reward.metric_overrides"),
         (RolloutSettings, {"group_size": 0}, "rollout.group_size"),
@@ -150,8 +165,55 @@ def test_every_renamed_key_points_at_a_real_option():
         "update": UpdateSettings, "optimizer": OptimizerSettings,
     }
     for old, new in RENAMED_MODEL_KEYS.items():
-        group, field = new.split(".")
-        assert field in groups[group].__dataclass_fields__, (old, new)
+        group, *path = new.split(".")
+        assert _is_option(groups[group](), path), (old, new)
+    sections = {"model": GRPOModule, "data": RolloutDataModule}
+    for old, new in RENAMED_GROUP_KEYS.items():
+        section, argument, *path = new.split(".")
+        default = inspect.signature(sections[section]).parameters[argument].default
+        assert _is_option(default, path), (old, new)
+        *outer, name = old.split(".")
+        options = set(inspect.signature(sections[outer[0]]).parameters)
+        if len(outer) > 1:  # model.reader.<name>
+            options = set(inspect.signature(sections[outer[0]]).parameters[outer[1]].default.__dataclass_fields__)
+        assert name not in options, f"{old} is still an option"
+
+
+def _is_option(settings, path: list[str]) -> bool:
+    """Whether ``path`` (field names, outermost first) leads from ``settings`` to a field."""
+    for name in path[:-1]:
+        settings = getattr(settings, name, None)
+    return dataclasses.is_dataclass(settings) and path[-1] in settings.__dataclass_fields__
+
+
+def test_prefixed_keys_name_their_nested_group(tmp_path):
+    config = tmp_path / "old.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"reader": {"kind": "openai", "openai_base_url": "http://x:1/v1", "bm25": "okapi"}},
+        "data": {"synthetic_train": 4, "synthetic": {"val": 2}},
+    }, sort_keys=False))
+    with pytest.raises(SystemExit) as info:
+        check_renamed_keys(["fit", "--config", str(config), "--data.synthetic_families=[synth_icl]",
+                            "--model.reader.top_k_entries", "5", "--model.openai_model", "m"])
+    lines = str(info.value).removesuffix(" (see docs/configuration.md)").split("\n")
+    assert lines == [
+        f"error: {config}: model.reader.openai_base_url is now model.reader.openai.base_url",
+        f"error: {config}: model.reader.bm25 is now model.reader.retrieval.bm25",
+        f"error: {config}: data.synthetic_train is now data.synthetic.train",
+        "error: command line: data.synthetic_families is now data.synthetic.families",
+        "error: command line: model.reader.top_k_entries is now model.reader.retrieval.top_k_entries",
+        "error: command line: model.openai_model is now model.reader.openai.model",
+    ]
+    check_renamed_keys(["fit", "--model.reader.retrieval.bm25", "okapi", "--data.synthetic.train", "3",
+                        "--model.reader.openai.base_url", "http://x:1/v1"])  # current keys pass
+
+
+def test_nested_groups_arrive_as_dicts_and_keep_their_defaults():
+    reader = ReaderSettings(retrieval={"bm25": "okapi"}, openai={"model": "m"})
+    assert reader.retrieval == RetrievalSettings(bm25="okapi") and reader.openai == OpenAISettings(model="m")
+    data = RolloutDataModule(synthetic={"train": 3, "families": ["synth_icl"]})
+    assert data.synthetic == SyntheticSettings(train=3, families=("synth_icl",))
+    assert (SyntheticSettings().train, SyntheticSettings().val, SyntheticSettings().chunk_words) == (64, 16, 100)
 
 
 def test_cli_refuses_old_keys_and_bad_values_before_any_model_loads(tmp_path, capsys):

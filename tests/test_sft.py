@@ -263,13 +263,13 @@ def test_data_demos_command_writes_demonstrations_for_a_fit_config(tmp_path, tin
     config = yaml.safe_load((REPO / "configs" / "tiny_cpu.yaml").read_text())
     config["model"]["model"] = tiny_model_dir
     config["model"]["rollout"]["max_new_tokens"] = 160
-    config["data"].update(synthetic_families=["synth_personal", "synth_timeline"])
+    config["data"]["synthetic"]["families"] = ["synth_personal", "synth_timeline"]
     path = tmp_path / "fit.yaml"
     path.write_text(yaml.safe_dump(config))
     out = tmp_path / "demos" / "train.jsonl"
     main(["data", "demos", "--config", str(path), "--out", str(out), "--count", "2"])
     demos = load_demonstrations(out)
-    assert len(demos) == 2 * config["data"]["synthetic_chunks"]
+    assert len(demos) == 2 * config["data"]["synthetic"]["chunks"]
     assert "wrote 4 demonstrations" in capsys.readouterr().out
     config["model"]["rollout"]["max_new_tokens"] = 16
     path.write_text(yaml.safe_dump(config))

@@ -59,15 +59,8 @@ def write_config(tmp_path: Path, model_dir: str, *, max_steps: int = 2, **data_o
     config["model"]["reader"].update(max_new_tokens=6)
     config["model"]["update"].update(micro_batch_size=3)
     config["model"]["rollout"].update(group_size=2, max_new_tokens=12, max_prompt_tokens=2048)
-    config["data"].update(
-        synthetic_train=8,
-        synthetic_val=2,
-        synthetic_chunks=2,
-        synthetic_questions=2,
-        synthetic_chunk_words=30,
-        instances_per_step=2,
-        val_batch_size=2,
-    )
+    config["data"]["synthetic"].update(train=8, val=2, chunks=2, questions=2, chunk_words=30)
+    config["data"].update(instances_per_step=2, val_batch_size=2)
     config["data"].update(data_overrides)
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "config.yaml"

@@ -29,6 +29,7 @@ from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.memory.store import Memory
 from memalpha.reader.local import LocalReader
 from memalpha.reader.openai_compat import OpenAIReader
+from memalpha.reader.options import OpenAISettings
 from memalpha.train.engine_sync import (
     EngineSync,
     SamplerDriftError,
@@ -164,7 +165,7 @@ def test_reader_on_the_server_answers_as_the_local_reader(server, policy):
         memory.insert("semantic", sentence)
     items = [(memory, q.question) for q in instance.questions]
     local = LocalReader(model, tokenizer, max_new_tokens=24, temperature=0.0, batch_size=3)
-    served = OpenAIReader(server.base_url + "/v1", server.served_name, temperature=0.0, max_tokens=24,
+    served = OpenAIReader(OpenAISettings(server.base_url + "/v1", server.served_name), temperature=0.0, max_tokens=24,
                           tokenizer=tokenizer.name_or_path)  # fmt: skip
     local_answers = [a.text for a in local.answer(items)]
     assert [a.text for a in served.answer(items)] == local_answers and all(local_answers)

@@ -51,5 +51,5 @@ def check_prompt_budget(instances: Sequence[Instance], tokenizer, settings: Roll
             continue
         where = f"{source}: instance {instance.instance_id!r}, chunk {index} ({len(ids)} tokens)"
         if "chunk_tokens" in instance.metadata:
-            where += f", cut at data.chunk_tokens={instance.metadata['chunk_tokens']}"
+            where += f", cut at data.load.chunk_tokens={instance.metadata['chunk_tokens']}"
         prompt_tokens(chunk, where)

@@ -23,9 +23,8 @@ import yaml
 from memalpha.agent.demos import DEFAULT_REPLY_SHARE, OracleError, oracle_demonstrations
 from memalpha.agent.rollout import RolloutSettings
 from memalpha.data.demos import save_demonstrations
-from memalpha.data.synthetic import FAMILIES, generate_synthetic
+from memalpha.data.synthetic import SyntheticSettings
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer
-from memalpha.train.datamodule import synthetic_options
 
 
 def config_sections(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -46,11 +45,11 @@ def run(args: argparse.Namespace) -> int:
     model, data = config_sections(args.config)
     rollout = RolloutSettings(**(model.get("rollout") or {}))
     seed = args.seed if args.seed is not None else int(data.get("seed", 0))
-    options = synthetic_options(data)
-    unknown = sorted(set(options["families"]) - set(FAMILIES))
-    if unknown:
-        raise ValueError(f"{args.config}: data.synthetic_families: unknown families {unknown}; known: {list(FAMILIES)}")
-    instances = generate_synthetic(args.count, split=args.split, seed=seed, **options)
+    try:
+        synthetic = SyntheticSettings(**(data.get("synthetic") or {}))
+    except ValueError as exc:
+        raise ValueError(f"{args.config}: {exc}") from None
+    instances = synthetic.generate(args.split, seed, count=args.count)
     tokenizer = load_tokenizer(model.get("model", EMBEDDED_MODEL_NAME))
     demos = oracle_demonstrations(instances, tokenizer, rollout, seed=seed, reply_share=args.reply_share)
     count = save_demonstrations(args.out, demos)

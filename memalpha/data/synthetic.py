@@ -33,7 +33,7 @@ import itertools
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, timedelta
 from functools import cache
 
@@ -63,6 +63,55 @@ class SynthConfig:
         for name in ("distractors_per_chunk", "chunk_words"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass
+class SyntheticSettings:
+    """The synthetic data a run generates when it names no data files (``data.synthetic.*``).
+
+    Args:
+        train: Synthetic training instances when ``data.train_path`` is ``None``.
+        val: Synthetic validation instances when ``data.val_path`` is ``None``.
+        chunks: Chunks per synthetic instance.
+        facts_per_chunk: Facts per synthetic chunk.
+        distractors_per_chunk: Distractor facts per synthetic chunk.
+        questions: Questions per synthetic instance.
+        chunk_words: Approximate words per synthetic chunk.
+        families: Synthetic task families to mix.
+    """
+
+    train: int = 64
+    val: int = 16
+    chunks: int = 3
+    facts_per_chunk: int = 3
+    distractors_per_chunk: int = 1
+    questions: int = 4
+    chunk_words: int = 100
+    families: tuple[str, ...] = field(default=FAMILIES)
+
+    def __post_init__(self) -> None:
+        at_least = {"train": 1, "val": 1, "chunks": 1, "facts_per_chunk": 1, "distractors_per_chunk": 0,
+                    "questions": 1, "chunk_words": 1}
+        for name, low in at_least.items():
+            value = getattr(self, name)
+            if value < low:
+                raise ValueError(f"data.synthetic.{name} must be >= {low}, got {value}")
+        self.families = tuple(self.families)
+        if not self.families or any(family not in FAMILIES for family in self.families):
+            raise ValueError(
+                f"data.synthetic.families must be a non-empty list of {list(FAMILIES)}, got {list(self.families)}"
+            )
+
+    def generate(self, split: str, seed: int, count: int | None = None) -> list[Instance]:
+        """:func:`generate_synthetic` with these settings: ``count`` instances of ``split`` (``None``:
+        ``train`` for the training split, ``val`` for any other)."""
+        if count is None:
+            count = self.train if split == "train" else self.val
+        return generate_synthetic(
+            count, split=split, seed=seed, num_chunks=self.chunks, facts_per_chunk=self.facts_per_chunk,
+            distractors_per_chunk=self.distractors_per_chunk, questions_per_instance=self.questions,
+            chunk_words=self.chunk_words, families=self.families,
+        )
 
 
 @dataclass(frozen=True)

@@ -29,19 +29,13 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING
 
 from memalpha.memory.render import render_answer
+from memalpha.reader.options import RetrievalSettings
 from memalpha.reader.prompts import answer_messages
 from memalpha.reader.question_instructions import QuestionInstructions
-from memalpha.reader.retrieval import (
-    BM25_VARIANTS,
-    DEFAULT_SYSTEM_PROMPT_LIMIT,
-    DEFAULT_TOP_K,
-    K_REDUCTIONS,
-    reduce_k,
-    retrieve_for_questions,
-)
+from memalpha.reader.retrieval import reduce_k, retrieve_for_questions
 from memalpha.templates.loader import PromptTemplates, default_templates
 
 if TYPE_CHECKING:
@@ -54,9 +48,6 @@ Conversation = list[Message]
 
 PER_MESSAGE_OVERHEAD_TOKENS = 8
 """Tokens a chat template adds around each message (role markers), for estimated counts."""
-BM25Query = Literal["question", "with_instruction"]
-BM25_QUERIES: tuple[str, ...] = get_args(BM25Query)
-"""What BM25 is queried with: the bare question, or the source's instruction, an empty line and the question."""
 
 
 @dataclass(frozen=True)
@@ -96,17 +87,14 @@ class Reader(ABC):
     """Answers ``(memory, question)`` items through a chat backend.
 
     Args:
-        top_k_entries: entries retrieved from each of the semantic and episodic lists.
-        prompt_budget_tokens: the longest prompt (system + question, chat-formatted) to send;
-            ``k`` shrinks until the prompt fits (``k_reduction="budget"``).
+        retrieval: what reaches the answer prompt (:class:`~memalpha.reader.options.RetrievalSettings`:
+            ``top_k_entries`` entries from each of the semantic and episodic lists, ranked as
+            ``bm25`` and ``bm25_query`` say, their number cut by ``k_reduction`` to fit
+            ``prompt_tokens`` or ``system_prompt_limit``; see :mod:`memalpha.reader.retrieval`);
+            ``None``: its defaults. The reader copies the values (``top_k_entries``,
+            ``prompt_budget_tokens``, ``bm25``, ``k_reduction``, ``system_prompt_limit``,
+            ``bm25_query``).
         question_instructions: the per-source instruction table; ``None`` gives every question bare.
-        bm25: ``lucene`` (bm25s) or ``okapi`` (rank_bm25's BM25Okapi, as the official server).
-        k_reduction: ``budget`` (the largest ``k`` whose whole prompt fits ``prompt_budget_tokens``)
-            or ``official`` (``k`` lowered by one while the system prompt is over
-            ``system_prompt_limit``); see :mod:`memalpha.reader.retrieval`.
-        system_prompt_limit: the system-prompt token limit of ``k_reduction="official"``.
-        bm25_query: ``question`` (rank for the bare question) or ``with_instruction`` (for the
-            source's instruction and the question, as the official code does).
         templates: the prompt texts of the answer prompt, the memory view and the judges that
             use this reader (:mod:`memalpha.templates`; ``None``: memalpha's own).
     """
@@ -114,33 +102,17 @@ class Reader(ABC):
     def __init__(
         self,
         *,
-        top_k_entries: int = DEFAULT_TOP_K,
-        prompt_budget_tokens: int = 4096,
+        retrieval: RetrievalSettings | None = None,
         question_instructions: QuestionInstructions | None = None,
-        bm25: str = "lucene",
-        k_reduction: str = "budget",
-        system_prompt_limit: int = DEFAULT_SYSTEM_PROMPT_LIMIT,
-        bm25_query: str = "question",
         templates: PromptTemplates | None = None,
     ) -> None:
-        if top_k_entries < 0:
-            raise ValueError(f"top_k_entries must be >= 0, got {top_k_entries}")
-        if prompt_budget_tokens <= 0:
-            raise ValueError(f"prompt_budget_tokens must be > 0, got {prompt_budget_tokens}")
-        if bm25 not in BM25_VARIANTS:
-            raise ValueError(f"bm25 must be one of {list(BM25_VARIANTS)}, got {bm25!r}")
-        if k_reduction not in K_REDUCTIONS:
-            raise ValueError(f"k_reduction must be one of {list(K_REDUCTIONS)}, got {k_reduction!r}")
-        if system_prompt_limit <= 0:
-            raise ValueError(f"system_prompt_limit must be > 0, got {system_prompt_limit}")
-        if bm25_query not in BM25_QUERIES:
-            raise ValueError(f"bm25_query must be one of {list(BM25_QUERIES)}, got {bm25_query!r}")
-        self.top_k_entries = top_k_entries
-        self.prompt_budget_tokens = prompt_budget_tokens
-        self.bm25 = bm25
-        self.k_reduction = k_reduction
-        self.system_prompt_limit = system_prompt_limit
-        self.bm25_query = bm25_query
+        retrieval = retrieval if retrieval is not None else RetrievalSettings()
+        self.top_k_entries = retrieval.top_k_entries
+        self.prompt_budget_tokens = retrieval.prompt_tokens
+        self.bm25 = retrieval.bm25
+        self.k_reduction = retrieval.k_reduction
+        self.system_prompt_limit = retrieval.system_prompt_limit
+        self.bm25_query = retrieval.bm25_query
         self.templates = templates or default_templates()
         self.question_instructions = question_instructions or QuestionInstructions()
         self.requests = 0

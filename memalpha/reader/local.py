@@ -19,8 +19,8 @@ from typing import Any
 
 from memalpha.lm.core.modes import eval_mode
 from memalpha.reader.base import Conversation, Reader, ReaderAnswer, Sampling
+from memalpha.reader.options import RetrievalSettings
 from memalpha.reader.question_instructions import QuestionInstructions
-from memalpha.reader.retrieval import DEFAULT_SYSTEM_PROMPT_LIMIT, DEFAULT_TOP_K
 from memalpha.templates.loader import PromptTemplates
 
 logger = logging.getLogger(__name__)
@@ -73,8 +73,7 @@ class LocalReader(Reader):
         max_new_tokens: reply length limit (answers are short).
         temperature: 0 decodes greedily; > 0 samples.
         top_p: nucleus sampling when sampling.
-        top_k_entries, prompt_budget_tokens, question_instructions, bm25, k_reduction,
-            system_prompt_limit, bm25_query, templates: see :class:`~memalpha.reader.base.Reader`.
+        retrieval, question_instructions, templates: see :class:`~memalpha.reader.base.Reader`.
         batch_size: prompts per forward batch.
         disable_adapters: answer with the base weights of a PEFT model.
         enable_thinking: passed to the chat template (Qwen3's thinking switch).
@@ -88,29 +87,15 @@ class LocalReader(Reader):
         max_new_tokens: int = 64,
         temperature: float = 0.0,
         top_p: float = 1.0,
-        top_k_entries: int = DEFAULT_TOP_K,
-        prompt_budget_tokens: int = 4096,
+        retrieval: RetrievalSettings | None = None,
         batch_size: int = 8,
         disable_adapters: bool = True,
         enable_thinking: bool = False,
         seed: int | None = None,
         question_instructions: QuestionInstructions | None = None,
-        bm25: str = "lucene",
-        k_reduction: str = "budget",
-        system_prompt_limit: int = DEFAULT_SYSTEM_PROMPT_LIMIT,
-        bm25_query: str = "question",
         templates: PromptTemplates | None = None,
     ) -> None:
-        super().__init__(
-            top_k_entries=top_k_entries,
-            prompt_budget_tokens=prompt_budget_tokens,
-            question_instructions=question_instructions,
-            bm25=bm25,
-            k_reduction=k_reduction,
-            system_prompt_limit=system_prompt_limit,
-            bm25_query=bm25_query,
-            templates=templates,
-        )
+        super().__init__(retrieval=retrieval, question_instructions=question_instructions, templates=templates)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if max_new_tokens < 1:

@@ -26,8 +26,8 @@ from typing import Any
 
 from memalpha.lm.core.http_post import RefusedRequestError, RetryableRequestError, backoff_delay, post_json
 from memalpha.reader.base import Conversation, Reader, ReaderAnswer, Sampling
+from memalpha.reader.options import OpenAISettings, RetrievalSettings
 from memalpha.reader.question_instructions import QuestionInstructions
-from memalpha.reader.retrieval import DEFAULT_SYSTEM_PROMPT_LIMIT, DEFAULT_TOP_K
 from memalpha.templates.loader import PromptTemplates
 
 logger = logging.getLogger(__name__)
@@ -41,15 +41,17 @@ class OpenAIReader(Reader):
     """Reader served over HTTP by an OpenAI-compatible ``/chat/completions`` endpoint.
 
     Args:
-        base_url: endpoint root, e.g. ``http://localhost:8000/v1`` (``/chat/completions`` is appended).
-        model: the model name the server expects.
-        api_key_env: environment variable holding the API key.
-        max_concurrency: simultaneous requests.
-        timeout_s: per-request socket timeout.
-        max_retries: retries after the first attempt for timeouts, refused or dropped
-            connections, 5xx/429 and malformed replies.
-        backoff_s: ceiling of the first backoff; doubles with every retry (see :func:`~memalpha.lm.core.http_post.backoff_delay`).
-        backoff_max_s: the ceiling stops doubling here.
+        endpoint: the endpoint and its request options (:class:`~memalpha.reader.options.OpenAISettings`):
+            ``base_url`` (the root, e.g. ``http://localhost:8000/v1``; ``/chat/completions`` is
+            appended), ``model`` (the name the server expects), ``api_key_env`` (the environment
+            variable holding the API key), ``max_concurrency`` (simultaneous requests),
+            ``timeout_s`` (per-request socket timeout), ``max_retries`` (retries after the first
+            attempt for timeouts, refused or dropped connections, 5xx/429 and malformed replies),
+            ``backoff_s`` (ceiling of the first backoff, doubling with every retry; see
+            :func:`~memalpha.lm.core.http_post.backoff_delay`) and ``backoff_max_s`` (where the
+            ceiling stops doubling).
+        retrieval: what reaches the prompt; see :class:`~memalpha.reader.base.Reader` (``None``:
+            :class:`~memalpha.reader.options.RetrievalSettings`'s defaults).
         temperature, max_tokens, top_p: sampling settings sent with each request
             (paper: temperature 0.7, thinking off); a :class:`~memalpha.reader.base.Sampling`
             given to :meth:`chat` replaces ``temperature`` and ``max_tokens`` for its call.
@@ -58,62 +60,34 @@ class OpenAIReader(Reader):
         extra_body: more JSON fields merged into every request.
         sleep: waits between attempts (tests pass a recorder instead of :func:`time.sleep`).
         rng: draws the backoff jitter; ``None`` seeds one from the operating system.
-        top_k_entries, prompt_budget_tokens, question_instructions, bm25, k_reduction,
-            system_prompt_limit, bm25_query, templates: see :class:`~memalpha.reader.base.Reader`.
+        question_instructions, templates: see :class:`~memalpha.reader.base.Reader`.
     """
 
     def __init__(
         self,
-        base_url: str,
-        model: str,
-        api_key_env: str = "OPENAI_API_KEY",
-        max_concurrency: int = 8,
-        timeout_s: float = 60.0,
-        max_retries: int = 3,
-        backoff_s: float = 1.0,
-        backoff_max_s: float = 30.0,
+        endpoint: OpenAISettings,
+        retrieval: RetrievalSettings | None = None,
         temperature: float = 0.7,
         max_tokens: int = 256,
         top_p: float = 1.0,
-        top_k_entries: int = DEFAULT_TOP_K,
-        prompt_budget_tokens: int = 30_000,
         enable_thinking: bool | None = False,
         tokenizer: str | None = None,
         extra_body: dict[str, Any] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
         question_instructions: QuestionInstructions | None = None,
-        bm25: str = "lucene",
-        k_reduction: str = "budget",
-        system_prompt_limit: int = DEFAULT_SYSTEM_PROMPT_LIMIT,
-        bm25_query: str = "question",
         templates: PromptTemplates | None = None,
     ) -> None:
-        super().__init__(
-            top_k_entries=top_k_entries,
-            prompt_budget_tokens=prompt_budget_tokens,
-            question_instructions=question_instructions,
-            bm25=bm25,
-            k_reduction=k_reduction,
-            system_prompt_limit=system_prompt_limit,
-            bm25_query=bm25_query,
-            templates=templates,
-        )
-        if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
-        if not 0 <= backoff_s <= backoff_max_s:
-            raise ValueError(f"backoff_s and backoff_max_s must satisfy 0 <= backoff_s <= backoff_max_s, "
-                             f"got {backoff_s} and {backoff_max_s}")
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model = model
-        self.api_key_env = api_key_env
-        self.max_concurrency = max_concurrency
-        self.timeout_s = timeout_s
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
-        self.backoff_max_s = backoff_max_s
+        super().__init__(retrieval=retrieval, question_instructions=question_instructions, templates=templates)
+        self.endpoint = endpoint
+        self.url = endpoint.base_url.rstrip("/") + "/chat/completions"
+        self.model = endpoint.model
+        self.api_key_env = endpoint.api_key_env
+        self.max_concurrency = endpoint.max_concurrency
+        self.timeout_s = endpoint.timeout_s
+        self.max_retries = endpoint.max_retries
+        self.backoff_s = endpoint.backoff_s
+        self.backoff_max_s = endpoint.backoff_max_s
         self.sleep = sleep
         self.rng = rng if rng is not None else random.Random()
         self.temperature = temperature

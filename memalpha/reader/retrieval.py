@@ -5,7 +5,7 @@ entries of each list (official k = 20). Entries are tokenised into lower-cased w
 tokens (``\\w+``, as the official server does); one BM25 index is built per list of one
 memory and queried for all of that memory's questions.
 
-Two scorings, chosen by ``reader.bm25`` (:data:`BM25_VARIANTS`):
+Two scorings, chosen by ``reader.retrieval.bm25`` (:data:`BM25_VARIANTS`):
 
 - ``lucene`` (default): ``bm25s``'s Lucene BM25 (k1 = 1.5, b = 0.75), whose idf
   ``log(1 + (N - n + 0.5) / (n + 0.5))`` is never negative.
@@ -18,14 +18,14 @@ Two scorings, chosen by ``reader.bm25`` (:data:`BM25_VARIANTS`):
 Under both, entries with equal scores keep their memory order (older entries first among
 ties), as the official server's stable sort does.
 
-How many entries are kept, ``reader.k_reduction`` (:data:`K_REDUCTIONS`, applied by
+How many entries are kept, ``reader.retrieval.k_reduction`` (:data:`K_REDUCTIONS`, applied by
 :func:`reduce_k`):
 
 - ``budget`` (default): :func:`fit_to_budget` keeps the largest ``k`` for which the whole
-  chat-formatted prompt fits ``reader.prompt_tokens``. Prompt length only grows with ``k``, so
+  chat-formatted prompt fits ``reader.retrieval.prompt_tokens``. Prompt length only grows with ``k``, so
   it is found by bisection; the result is the same as shrinking ``k`` one step at a time.
 - ``official``: :func:`shrink_while_over` lowers ``k`` (of both lists together) by one while
-  the system prompt alone is longer than ``reader.system_prompt_limit`` tokens (official
+  the system prompt alone is longer than ``reader.retrieval.system_prompt_limit`` tokens (official
   30,000), as the official server does. The official loop stops at ``k = 1`` and aborts the
   batch if that is still too long; here ``k`` goes on to 0 instead, so the two agree wherever
   the official code runs.
@@ -48,10 +48,10 @@ _TOKEN = re.compile(r"\w+")
 DEFAULT_TOP_K = 20
 BM25Variant = Literal["lucene", "okapi"]
 BM25_VARIANTS: tuple[str, ...] = get_args(BM25Variant)
-"""``reader.bm25``: ``lucene`` (bm25s) or ``okapi`` (rank_bm25's BM25Okapi, the official scoring)."""
+"""``reader.retrieval.bm25``: ``lucene`` (bm25s) or ``okapi`` (rank_bm25's BM25Okapi, the official scoring)."""
 KReduction = Literal["budget", "official"]
 K_REDUCTIONS: tuple[str, ...] = get_args(KReduction)
-"""``reader.k_reduction``: bisect k to fit the whole prompt, or the official one-by-one rule on the system prompt."""
+"""``reader.retrieval.k_reduction``: bisect k to fit the whole prompt, or the official one-by-one rule on the system prompt."""
 DEFAULT_SYSTEM_PROMPT_LIMIT = 30_000
 """The official server's limit on the reader's system prompt, in tokens."""
 

@@ -11,7 +11,7 @@ Use it to put a local reader or judge behind the ``openai`` reader backend, or t
 that backend end to end::
 
     python -m memalpha.reader.server --model smollm2-135m-instruct --port 8000
-    # reader: OpenAIReader(base_url="http://127.0.0.1:8000/v1", model="smollm2-135m-instruct")
+    # reader: OpenAIReader(OpenAISettings(base_url="http://127.0.0.1:8000/v1", model="smollm2-135m-instruct"))
 
 With an API key (``api_key``, or ``--api-key-env NAME`` on the command line) every request
 must carry ``Authorization: Bearer <key>``; others get HTTP 401.

@@ -146,13 +146,14 @@ def _settings_table(kind: type, prefix: str) -> list[str]:
     return lines
 
 
-def _group_tables(cls: type) -> list[str]:
-    """One table per settings group (a dataclass default) of ``cls.__init__``, in signature order."""
+def _group_tables(cls: type, section: str = "model") -> list[str]:
+    """One table per settings group (a dataclass default) of ``cls.__init__``, in signature order,
+    each at ``section.<argument>``."""
     lines: list[str] = []
     for name, param in inspect.signature(cls).parameters.items():
         group = param.default
         if dataclasses.is_dataclass(group) and not isinstance(group, type):
-            lines += _settings_table(type(group), f"model.{name}")
+            lines += _settings_table(type(group), f"{section}.{name}")
     return lines
 
 
@@ -214,6 +215,7 @@ def render_reference(config_text: str | None = None) -> str:
         "",
         *_table(argument_rows(RolloutDataModule, "data.")),
         "",
+        *_group_tables(RolloutDataModule, "data"),
         "## `memalpha sft`: the cold start on demonstrations (`SFTModule`, `DemoDataModule`)",
         "",
         ("`memalpha sft --config configs/sft_tiny_cpu.yaml` takes the same `trainer` section and these "

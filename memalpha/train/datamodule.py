@@ -11,63 +11,65 @@ resumed run continues on exactly the instances it would have seen.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
-from memalpha.data.loaders import Layout, check_source, load_instances
+from memalpha.data.loaders import LAYOUTS, Layout, check_source, load_instances
 from memalpha.data.schema import DataValidationError, Instance
-from memalpha.data.synthetic import generate_synthetic
-from memalpha.data.wrapping import WrapStyle
+from memalpha.data.synthetic import SyntheticSettings
+from memalpha.data.wrapping import WRAP_STYLES, WrapStyle
 from memalpha.train.stream import PassCursor, as_is, endless_loader, pass_order
 
-SYNTHETIC_FAMILIES = ("synth_personal", "synth_timeline", "synth_icl", "synth_summary")
 
+@dataclass
+class LoadSettings:
+    """How the data files are read (``data.load.*``).
 
-SYNTHETIC_OPTIONS = {
-    "synthetic_chunks": "num_chunks",
-    "synthetic_facts_per_chunk": "facts_per_chunk",
-    "synthetic_distractors_per_chunk": "distractors_per_chunk",
-    "synthetic_questions": "questions_per_instance",
-    "synthetic_chunk_words": "chunk_words",
-    "synthetic_families": "families",
-}
-"""RolloutDataModule's ``synthetic_*`` settings and the :func:`generate_synthetic` argument each sets."""
+    Args:
+        layout: ``auto``, ``jsonl``, ``memalpha`` or ``memoryagentbench``.
+        chunk_tokens: Chunk size in policy tokens for layouts that hold one long context (MemoryAgentBench).
+        wrap: Wrap chunks as dated ``dialogue`` turns or dated ``reading`` events (``None`` keeps them as is).
+        skip_bad: Skip (and report) malformed records instead of refusing the whole file.
+        train_limit: Use at most this many training instances.
+        val_limit: Use at most this many validation instances.
+    """
 
+    layout: Layout = "auto"
+    chunk_tokens: int = 2048
+    wrap: WrapStyle | None = None
+    skip_bad: bool = False
+    train_limit: int | None = None
+    val_limit: int | None = None
 
-def synthetic_options(data: Mapping[str, Any]) -> dict[str, Any]:
-    """:func:`generate_synthetic` keyword arguments from a ``data`` section (the DataModule's own
-    defaults for the settings it does not name)."""
-    defaults = inspect.signature(RolloutDataModule).parameters
-    options = {target: data.get(key, defaults[key].default) for key, target in SYNTHETIC_OPTIONS.items()}
-    options["families"] = tuple(options["families"])
-    return options
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"data.load.layout must be one of {list(LAYOUTS)}, got {self.layout!r}")
+        if self.wrap is not None and self.wrap not in WRAP_STYLES:
+            raise ValueError(f"data.load.wrap must be one of {list(WRAP_STYLES)} or null, got {self.wrap!r}")
+        if self.chunk_tokens < 1:
+            raise ValueError(f"data.load.chunk_tokens must be >= 1, got {self.chunk_tokens}")
+        for name in ("train_limit", "val_limit"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"data.load.{name} must be >= 1 or null, got {value}")
 
 
 def check_data_settings(data: Mapping[str, Any]) -> None:
     """Refuse out-of-range ``data`` settings and missing data files when the config is read,
-    before any model loads (the messages name the ``data.*`` option)."""
-    at_least = {"chunk_tokens": 1, "instances_per_step": 1, "val_batch_size": 1, "train_limit": 1, "val_limit": 1,
-                "synthetic_train": 1, "synthetic_val": 1, "synthetic_chunks": 1, "synthetic_facts_per_chunk": 1,
-                "synthetic_questions": 1, "synthetic_chunk_words": 1, "synthetic_distractors_per_chunk": 0}
-    for name, low in at_least.items():
-        value = data[name]
-        if value is not None and value < low:
-            allowed = f">= {low}" + (" or null" if name.endswith("_limit") else "")
-            raise ValueError(f"data.{name} must be {allowed}, got {value}")
+    before any model loads (the messages name the ``data.*`` option; ``data.load.*`` and
+    ``data.synthetic.*`` check themselves: :class:`LoadSettings`,
+    :class:`~memalpha.data.synthetic.SyntheticSettings`)."""
+    for name in ("instances_per_step", "val_batch_size"):
+        if data[name] < 1:
+            raise ValueError(f"data.{name} must be >= 1, got {data[name]}")
     epochs = data.get("epochs")
     if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
         raise ValueError(f"data.epochs must be an integer >= 1 or null, got {epochs!r}")
-    unknown = [family for family in data["synthetic_families"] if family not in SYNTHETIC_FAMILIES]
-    if unknown or not data["synthetic_families"]:
-        raise ValueError(
-            f"data.synthetic_families must be a non-empty list of {list(SYNTHETIC_FAMILIES)}, "
-            f"got {list(data['synthetic_families'])}"
-        )
     for name in ("train_path", "val_path"):
         if data[name]:
             try:
@@ -115,20 +117,10 @@ class RolloutDataModule(LightningDataModule):
         train_path: Training data: our JSONL/JSON, an official Mem-alpha parquet, a MemoryAgentBench file,
             a ``load_from_disk`` folder or a hub dataset name. ``None`` generates synthetic memory tasks.
         val_path: Validation data, same kinds; ``None`` generates a synthetic validation split (disjoint entities).
-        layout: ``auto``, ``jsonl``, ``memalpha`` or ``memoryagentbench``.
-        chunk_tokens: Chunk size in policy tokens for layouts that hold one long context (MemoryAgentBench).
-        wrap: Wrap chunks as dated ``dialogue`` turns or dated ``reading`` events (``None`` keeps them as is).
-        skip_bad: Skip (and report) malformed records instead of refusing the whole file.
-        train_limit: Use at most this many training instances.
-        val_limit: Use at most this many validation instances.
-        synthetic_train: Synthetic training instances when ``train_path`` is ``None``.
-        synthetic_val: Synthetic validation instances when ``val_path`` is ``None``.
-        synthetic_chunks: Chunks per synthetic instance.
-        synthetic_facts_per_chunk: Facts per synthetic chunk.
-        synthetic_distractors_per_chunk: Distractor facts per synthetic chunk.
-        synthetic_questions: Questions per synthetic instance.
-        synthetic_chunk_words: Approximate words per synthetic chunk.
-        synthetic_families: Synthetic task families to mix.
+        load: How the data files are read (``data.load.*``: layout, chunking, wrapping, bad
+            records, instance limits).
+        synthetic: The synthetic data generated where ``train_path`` or ``val_path`` is ``None``
+            (``data.synthetic.*``: instance counts, sizes, families).
         instances_per_step: Instances rolled out per round on each rank (each gives ``group_size`` rollouts).
         drop_last: Keep every round inside one pass, as a DataLoader with ``drop_last`` (official):
             a pass that cannot fill a whole round (``instances_per_step`` on every rank) ends, its
@@ -153,20 +145,8 @@ class RolloutDataModule(LightningDataModule):
         self,
         train_path: str | None = None,
         val_path: str | None = None,
-        layout: Layout = "auto",
-        chunk_tokens: int = 2048,
-        wrap: WrapStyle | None = None,
-        skip_bad: bool = False,
-        train_limit: int | None = None,
-        val_limit: int | None = None,
-        synthetic_train: int = 64,
-        synthetic_val: int = 16,
-        synthetic_chunks: int = 3,
-        synthetic_facts_per_chunk: int = 3,
-        synthetic_distractors_per_chunk: int = 1,
-        synthetic_questions: int = 4,
-        synthetic_chunk_words: int = 100,
-        synthetic_families: tuple[str, ...] = SYNTHETIC_FAMILIES,
+        load: LoadSettings = LoadSettings(),  # noqa: B008 - a value object; jsonargparse shows its fields
+        synthetic: SyntheticSettings = SyntheticSettings(),  # noqa: B008 - a value object; jsonargparse shows its fields
         instances_per_step: int = 2,
         drop_last: bool = False,
         epochs: int | None = None,
@@ -181,6 +161,9 @@ class RolloutDataModule(LightningDataModule):
         # have a ``seed`` (model.seed and data.seed are separate settings)
         self.save_hyperparameters(logger=False)
         check_data_settings(self.hparams)
+        # Lightning's CLI and checkpoints hand the groups over as dicts
+        self.load = LoadSettings(**load) if isinstance(load, Mapping) else load
+        self.synthetic = SyntheticSettings(**synthetic) if isinstance(synthetic, Mapping) else synthetic
         self.train_instances: list[Instance] = []
         self.val_instances: list[Instance] = []
         self._position = PassCursor()
@@ -197,36 +180,36 @@ class RolloutDataModule(LightningDataModule):
         return load_tokenizer(self.hparams.tokenizer_name)
 
     def _load(self, path: str, limit: int | None) -> list[Instance]:
-        hp = self.hparams
+        load = self.load
         instances, _ = load_instances(
             path,
-            layout=hp.layout,
-            tokenizer=self._tokenizer() if hp.layout in ("auto", "memoryagentbench") else None,
-            chunk_tokens=hp.chunk_tokens,
-            wrap=hp.wrap,
-            skip_bad=hp.skip_bad,
+            layout=load.layout,
+            tokenizer=self._tokenizer() if load.layout in ("auto", "memoryagentbench") else None,
+            chunk_tokens=load.chunk_tokens,
+            wrap=load.wrap,
+            skip_bad=load.skip_bad,
             limit=limit,
         )
         return instances
 
-    def _synthetic(self, split: str, count: int) -> list[Instance]:
-        return generate_synthetic(count, split=split, seed=self.hparams.seed, **synthetic_options(self.hparams))
+    def _synthetic(self, split: str) -> list[Instance]:
+        return self.synthetic.generate(split, self.hparams.seed)
 
     def setup(self, stage: str) -> None:
         hp = self.hparams
         if stage == "fit" and not self.train_instances:
             self.train_instances = (
-                self._load(hp.train_path, hp.train_limit)
+                self._load(hp.train_path, self.load.train_limit)
                 if hp.train_path
-                else self._synthetic("train", hp.synthetic_train)
+                else self._synthetic("train")
             )
             if not self.train_instances:
                 raise ValueError(f"no training instances in {hp.train_path or 'the synthetic generator'}")
         if stage in ("fit", "validate") and not self.val_instances:
             self.val_instances = (
-                self._load(hp.val_path, hp.val_limit)
+                self._load(hp.val_path, self.load.val_limit)
                 if hp.val_path
-                else self._synthetic("val", hp.synthetic_val)
+                else self._synthetic("val")
             )
 
     def loaded_splits(self) -> list[tuple[str, list[Instance]]]:

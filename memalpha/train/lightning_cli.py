@@ -3,8 +3,9 @@
 ``memalpha fit|validate`` land here (:func:`run_lightning_cli`). Besides Lightning's own
 behaviour the CLI links ``model.model`` to ``data.tokenizer_name`` (the DataModule chunks long
 contexts with the policy's tokenizer), writes checkpoints atomically, saves ``last.ckpt`` on
-``SIGTERM``, and refuses the flat ``model.*`` keys of memalpha 0.1 with a message that names
-the key that replaced each.
+``SIGTERM``, and refuses the flat ``model.*`` keys of memalpha 0.1 and the prefixed keys that
+became nested groups (``model.reader.openai_*``, the reader's retrieval keys, ``data.synthetic_*``,
+the data files' reading keys) with a message that names the key that replaced each.
 
 Bad input ends the process with one line naming the option, the value and what is allowed, and
 no traceback (docs/troubleshooting.md lists each case): a parse error, a setting out of range
@@ -38,9 +39,10 @@ _MOVED = {
     "lm": ("load_precision:precision", "compute_dtype", "gradient_checkpointing", "share_prefix"),
     "reader": (
         "reader_max_new_tokens:max_new_tokens", "reader_temperature:temperature",
-        "reader_top_k_entries:top_k_entries", "reader_prompt_tokens:prompt_tokens", "reader_batch_size:batch_size",
-        "openai_base_url", "openai_model", "openai_api_key_env", "openai_max_concurrency", "openai_timeout_s",
-        "openai_max_retries",
+        "reader_top_k_entries:retrieval.top_k_entries", "reader_prompt_tokens:retrieval.prompt_tokens",
+        "reader_batch_size:batch_size", "openai_base_url:openai.base_url", "openai_model:openai.model",
+        "openai_api_key_env:openai.api_key_env", "openai_max_concurrency:openai.max_concurrency",
+        "openai_timeout_s:openai.timeout_s", "openai_max_retries:openai.max_retries",
     ),
     "reward": ("beta", "gamma", "content_judge", "metric_overrides"),
     "update": (
@@ -57,6 +59,27 @@ RENAMED_MODEL_KEYS: dict[str, str] = {
 """Flat ``model.*`` keys of memalpha 0.1 and the grouped key that replaced each."""
 FORMER_CHOICES = {"reader": "reader.kind", "optimizer": "optimizer.name"}
 """Groups whose name was a plain choice in memalpha 0.1 (``model.reader: local``)."""
+_NESTED = {
+    "model.reader": {
+        **{f"openai_{key}": f"openai.{key}" for key in (
+            "base_url", "model", "api_key_env", "max_concurrency", "timeout_s", "max_retries")},
+        **{key: f"retrieval.{key}" for key in (
+            "top_k_entries", "prompt_tokens", "bm25", "k_reduction", "system_prompt_limit", "bm25_query")},
+    },
+    "data": {
+        **{f"synthetic_{key}": f"synthetic.{key}" for key in (
+            "train", "val", "chunks", "facts_per_chunk", "distractors_per_chunk", "questions", "chunk_words",
+            "families")},
+        **{key: f"load.{key}" for key in ("layout", "chunk_tokens", "wrap", "skip_bad", "train_limit", "val_limit")},
+    },
+}
+RENAMED_GROUP_KEYS: dict[str, str] = {
+    f"{section}.{old}": f"{section}.{new}" for section, moved in _NESTED.items() for old, new in moved.items()
+}
+"""Keys inside a section that moved into a nested group (``model.reader.openai_base_url``,
+``model.reader.bm25``, ``data.synthetic_train``, ``data.layout``) and the key that replaced each
+(``model.reader.openai.base_url``, ``model.reader.retrieval.bm25``, ``data.synthetic.train``,
+``data.load.layout``)."""
 
 
 def renamed_key_message(key: str, value: Any, where: str) -> str | None:
@@ -66,6 +89,28 @@ def renamed_key_message(key: str, value: Any, where: str) -> str | None:
     if key in FORMER_CHOICES and isinstance(value, str):
         return f"{where}: model.{key} is a settings group now; write model.{FORMER_CHOICES[key]}: {value}"
     return None
+
+
+def renamed_option_message(option: str, value: Any, where: str) -> str | None:
+    """The error for an old option given by its full dotted name (``model.kl_coef``,
+    ``model.reader.bm25``, ``data.synthetic_train``); None when ``option`` is current."""
+    if option in RENAMED_GROUP_KEYS:
+        return f"{where}: {option} is now {RENAMED_GROUP_KEYS[option]}"
+    section, _, key = option.partition(".")
+    if section == "model" and key and "." not in key:
+        return renamed_key_message(key, value, where)
+    return None
+
+
+def _options(mapping: dict[str, Any], prefix: str) -> list[tuple[str, Any]]:
+    """Every ``(dotted option, value)`` of a config mapping, nested mappings included."""
+    found = []
+    for key, value in mapping.items():
+        option = f"{prefix}.{key}"
+        found.append((option, value))
+        if isinstance(value, dict):
+            found.extend(_options(value, option))
+    return found
 
 
 def _config_files(args: list[str]) -> list[str]:
@@ -79,7 +124,8 @@ def _config_files(args: list[str]) -> list[str]:
 
 
 def check_renamed_keys(args: list[str]) -> None:
-    """Exit with one line per old flat key found in ``args`` or the config files they name."""
+    """Exit with one line per old key (:data:`RENAMED_MODEL_KEYS`, :data:`RENAMED_GROUP_KEYS`) found
+    in ``args`` or the config files they name."""
     import yaml
 
     problems = []
@@ -90,15 +136,15 @@ def check_renamed_keys(args: list[str]) -> None:
             continue  # the CLI itself reports unreadable configs
         sections = [config] + [config.get(sub) for sub in ("fit", "validate")] if isinstance(config, dict) else []
         for section in sections:
-            model = section.get("model") if isinstance(section, dict) else None
-            if isinstance(model, dict):
-                problems.extend(renamed_key_message(k, v, path) for k, v in model.items())
+            for name in ("model", "data"):
+                group = section.get(name) if isinstance(section, dict) else None
+                if isinstance(group, dict):
+                    problems.extend(renamed_option_message(o, v, path) for o, v in _options(group, name))
     for index, arg in enumerate(args):
-        if arg.startswith("--model."):
-            key, eq, value = arg[len("--model."):].partition("=")
-            if "." not in key:
-                value = value if eq else (args[index + 1] if index + 1 < len(args) else None)
-                problems.append(renamed_key_message(key, value, "command line"))
+        if arg.startswith(("--model.", "--data.")):
+            option, eq, value = arg[2:].partition("=")
+            value = value if eq else (args[index + 1] if index + 1 < len(args) else None)
+            problems.append(renamed_option_message(option, value, "command line"))
     problems = [p for p in problems if p]
     if problems:
         raise SystemExit("error: " + "\nerror: ".join(problems) + " (see docs/configuration.md)")
@@ -161,7 +207,8 @@ class MemAlphaCLI(LightningCLI):
     """Offer ``--profile`` (:mod:`memalpha.train.profiles`); its keys are :class:`GRPOModule`'s."""
 
     checks_renamed_keys = True
-    """Refuse memalpha 0.1's flat ``model.*`` keys of :class:`GRPOModule` (see :data:`RENAMED_MODEL_KEYS`)."""
+    """Refuse memalpha 0.1's flat ``model.*`` keys of :class:`GRPOModule` and the prefixed keys that
+    became nested groups (see :data:`RENAMED_MODEL_KEYS`, :data:`RENAMED_GROUP_KEYS`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("parser_class", OneLineErrorParser)

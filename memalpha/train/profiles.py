@@ -40,9 +40,9 @@ PROFILES: dict[str, dict[str, Any]] = {
         "model.reader.max_new_tokens": 2048,
         # retrieval as the official server: rank_bm25's BM25Okapi, queried with the source's
         # instruction and the question, k lowered one by one while the system prompt is over 30,000
-        "model.reader.bm25": "okapi",
-        "model.reader.bm25_query": "with_instruction",
-        "model.reader.k_reduction": "official",
+        "model.reader.retrieval.bm25": "okapi",
+        "model.reader.retrieval.bm25_query": "with_instruction",
+        "model.reader.retrieval.k_reduction": "official",
         # r2: a duplicate insert fails, deleting an unknown id succeeds (what the official code reports)
         "model.reward.call_success": "official",
         # r4 is the judge's verdict alone, and r3 the paper's 1 - memory/input (an empty memory earns it)
