@@ -61,8 +61,8 @@ import _parity
 from _common import (
     RESULTS_DIR,
     command_line,
-    git_commit,
     current_rss_bytes,
+    git_commit,
     lifetime_peak_rss_bytes,
     load_average,
     machine_info,

@@ -36,8 +36,8 @@ def test_final_mean_and_the_verdict_fail_an_arm_that_never_learns_and_pass_equal
         "trl": [_run(LEARNS[s]) for s in range(4)],
         "memalpha-lr0": [_run(FLAT[s]) for s in range(4)],
     }
-    for arm in runs:
-        for seed, run in enumerate(runs[arm]):
+    for done in runs.values():
+        for seed, run in enumerate(done):
             run["seed"] = seed
     assert _parity.final_mean(runs["trl"][0], 10) == pytest.approx(sum(LEARNS[0][-10:]) / 10)
     learning = _parity.summarise_learning(runs, margin=0.1, steps=STEPS, window=10)
@@ -92,7 +92,7 @@ def test_parity_runs_resume_from_their_files_and_the_summary_waits_for_all(tmp_p
     calls = []
     monkeypatch.setattr(bench_vs_trl, "run_child", _fake_child(calls))
     monkeypatch.setattr(bench_vs_trl, "_require_trl", lambda: None)
-    monkeypatch.setattr(_common, "machine_info", lambda: {})  # torch and transformers versions: seconds of imports
+    monkeypatch.setattr(_common, "machine_info", dict)  # torch and transformers versions: seconds of imports
     runs_dir, out = tmp_path / "runs", tmp_path / "parity.json"
     args = ["--parity", "--steps", str(STEPS), "--repeats", "4", "--seed", "0", "--runs-dir", str(runs_dir),
             "--out", str(out)]
@@ -112,7 +112,7 @@ def test_parity_runs_resume_from_their_files_and_the_summary_waits_for_all(tmp_p
     monkeypatch.undo()
     monkeypatch.setattr(bench_vs_trl, "run_child", _fake_child(calls))
     monkeypatch.setattr(bench_vs_trl, "_require_trl", lambda: None)
-    monkeypatch.setattr(_common, "machine_info", lambda: {})
+    monkeypatch.setattr(_common, "machine_info", dict)
     # the full invocation runs only seeds 2 and 3, then reports
     report = bench_vs_trl.main(args)
     assert calls[6:] == [(arm, seed) for seed in (2, 3) for arm in _parity.ARMS]
