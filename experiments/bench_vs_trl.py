@@ -135,7 +135,7 @@ class BenchSettings:
     def pool_size(self) -> int:
         return self.num_prompts or self.prompts_per_step * self.steps
 
-    def validate(self) -> None:
+    def validate(self, check_adapter: bool = True) -> None:
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 (TRL refuses smaller groups), got {self.group_size}")
         for name in ("prompts_per_step", "max_new_tokens", "steps", "micro_batch_size", "lora_r", "lora_alpha"):
@@ -151,7 +151,7 @@ class BenchSettings:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.job not in JOBS:
             raise ValueError(f"job must be one of {JOBS}, got {self.job!r}")
-        if self.adapter_path and not (Path(self.adapter_path) / "adapter_config.json").is_file():
+        if check_adapter and self.adapter_path and not (Path(self.adapter_path) / "adapter_config.json").is_file():
             raise ValueError(f"adapter_path {self.adapter_path!r} is not a PEFT adapter folder (no adapter_config.json)")
 
 
@@ -624,7 +624,7 @@ def parity(args: argparse.Namespace, settings: BenchSettings, extra: dict[str, A
     disk, print and write the report. Returns it, or None while runs are missing."""
     arms = _names(args.arms, _parity.ARMS, "--arms")
     seeds = [settings.seed + i for i in range(args.repeats)]
-    digest = _parity.settings_digest(asdict(settings))
+    digest = args.settings_digest or _parity.settings_digest(asdict(settings))
     runs_dir = Path(args.runs_dir)
     todo = _parity.plan(arms, seeds)
     for arm in set(arms) & {"trl"}:
@@ -634,8 +634,9 @@ def parity(args: argparse.Namespace, settings: BenchSettings, extra: dict[str, A
         print(f"[parity] {line}", file=sys.stderr, flush=True)
 
     def run_one(arm: str, seed: int) -> dict[str, Any]:
-        run = run_child(arm, replace(settings, seed=seed), args.timeout)
-        run["code"] = git_commit()
+        seeded = replace(settings, seed=seed)
+        run = run_child(arm, seeded, args.timeout)
+        run.update(settings=asdict(seeded), code=git_commit())
         return run
 
     log(f"settings digest {digest}, runs in {runs_dir}")
@@ -704,6 +705,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="with --parity: one JSON per finished run; finished runs are not run again")
     parser.add_argument("--summary-only", action="store_true",
                         help="with --parity: run nothing, rebuild the report from --runs-dir")
+    parser.add_argument("--settings-digest", default=None,
+                        help="with --summary-only: the runs' settings digest (their file names' last part), "
+                             "for a checkout without the adapter folder they started from")
     parser.add_argument("--repeats", type=int, default=2,
                         help="runs of each side, alternating (with --parity: fresh runs of each arm, seed + i)")
     parser.add_argument("--sides", default="memalpha,trl", help="comma-separated subset of memalpha,trl")
@@ -717,7 +721,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     names = {f.name for f in fields(BenchSettings)}
     settings = BenchSettings(**{name: getattr(args, name) for name in names})
-    settings.validate()
+    # a summary of stored runs named by their digest needs no adapter folder
+    settings.validate(check_adapter=not (args.summary_only and args.settings_digest))
     return settings
 
 

@@ -127,3 +127,11 @@ def test_parity_runs_resume_from_their_files_and_the_summary_waits_for_all(tmp_p
     monkeypatch.setattr(_parity, "plot", lambda *a: None)
     again = bench_vs_trl.main([*args, "--summary-only"])
     assert len(calls) == 12 and again["learning"] == report["learning"]
+    assert json.loads(run_file.read_text())["settings"]["seed"] == 2
+    # a checkout without the adapter the runs started from names their digest
+    digest = saved["settings_digest"]
+    named = bench_vs_trl.main([*args, "--summary-only", "--adapter-path", str(tmp_path / "gone"),
+                               "--settings-digest", digest])
+    assert named["learning"] == report["learning"]
+    with pytest.raises(ValueError, match="not a PEFT adapter folder"):
+        bench_vs_trl.main([*args, "--adapter-path", str(tmp_path / "gone"), "--settings-digest", digest])
