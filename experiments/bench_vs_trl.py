@@ -32,6 +32,14 @@ tokens/s is completion tokens (up to and including the end-of-turn token) per se
 step time; "gen tok/s" divides by generation time only. Sampling differs between the two
 implementations, so the completion lengths differ too: compare tokens/s, not only step time.
 The table goes to stdout and the JSON report to ``experiments/results/bench_vs_trl.json``.
+
+``--parity``: the learning-parity check of ``experiments/_parity.py``: the arms ``memalpha``,
+``trl`` and ``memalpha-lr0`` (memalpha at learning rate 0, the negative control), ``--repeats``
+fresh runs each at seeds ``--seed``, ``--seed + 1``, ..., one JSON per finished run in
+``--runs-dir`` (finished runs are not run again; ``--summary-only`` only reads them), and once
+all are in, Welch's 95 % interval of each arm's last-``--window``-step mean reward minus TRL's
+against ``±--margin``. The report goes to ``experiments/results/bench_vs_trl_parity.json`` and
+its plot next to it (docs/results.md, "Learning parity").
 """
 
 from __future__ import annotations
