@@ -16,9 +16,10 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "memalpha"
 
-# layer -> the memalpha layers it may import (besides itself). `seeding` and `templates` are shared leaves.
+# layer -> the memalpha layers it may import (besides itself). `seeding`, `intervals` and `templates` are shared leaves.
 ALLOWED: dict[str, set[str]] = {
     "seeding": set(),
+    "intervals": set(),
     "templates": set(),
     "memory": {"templates"},
     "tools": {"memory", "templates"},
@@ -27,7 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "grpo": {"lm", "seeding"},
     "reader": {"memory", "lm", "templates"},
     "agent": {"memory", "tools", "lm", "data", "reader", "seeding", "templates"},
-    "train": {"memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "templates"},
+    "train": {"memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "intervals", "templates"},
     "cli": {"train", "data", "templates"},
 }
 
