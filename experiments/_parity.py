@@ -136,8 +136,9 @@ def verdicts(
 ) -> dict[str, Any]:
     """Per arm other than TRL: Welch's 95 % interval of its final means minus TRL's and the
     equivalence verdict; ``adequate`` (enough steps and runs for a parity check), ``passes``
-    (memalpha equivalent, and adequate) and ``discriminates`` (memalpha passes and the lr-0 arm
-    does not)."""
+    (memalpha equivalent, and adequate), ``no_update_fails`` (the lr-0 arm is not equivalent)
+    and ``discriminates`` (both: the same check passes memalpha and fails the arm that never
+    learns; None without an lr-0 arm)."""
     problems = []
     if steps < MIN_STEPS:
         problems.append(f"{steps} steps < {MIN_STEPS}")
@@ -159,10 +160,8 @@ def verdicts(
         out["against_trl"][arm] = {**interval, **verdict, "passes": verdict["passes"] and not problems}
     against = out["against_trl"]
     out["passes"] = bool(against.get(CANDIDATE, {}).get("passes"))
-    out["discriminates"] = (
-        out["passes"] and NO_UPDATE in against and not against[NO_UPDATE]["passes"]
-        if NO_UPDATE in against else None
-    )
+    out["no_update_fails"] = not against[NO_UPDATE]["passes"] if NO_UPDATE in against else None
+    out["discriminates"] = out["passes"] and out["no_update_fails"] if NO_UPDATE in against else None
     return out
 
 
@@ -194,8 +193,9 @@ def verdict_lines(learning: Mapping[str, Any]) -> list[str]:
         )
     if not learning["adequate"]:
         lines.append(f"not a parity check: {'; '.join(learning['problems'])}")
-    lines.append(f"parity: {'passes' if learning['passes'] else 'fails'}; the check discriminates "
-                 f"(the lr-0 arm fails): {learning['discriminates']}")
+    lines.append(f"parity: {'passes' if learning['passes'] else 'fails'}; the lr-0 arm fails: "
+                 f"{learning['no_update_fails']}; the check discriminates (memalpha passes, lr-0 fails): "
+                 f"{learning['discriminates']}")
     return lines
 
 

@@ -45,10 +45,11 @@ def test_final_mean_and_the_verdict_fail_an_arm_that_never_learns_and_pass_equal
     assert mem["difference"] == pytest.approx(0.0, abs=1e-12) and mem["verdict"] == "equivalent" and mem["passes"]
     # the flat arm sits 0.04 * mean(10..19) = 0.58 below
     assert lr0["difference"] == pytest.approx(-0.58, abs=1e-9) and lr0["verdict"] == "different"
-    assert learning["adequate"] and learning["passes"] and learning["discriminates"] is True
+    assert learning["adequate"] and learning["passes"] and learning["no_update_fails"] is True
+    assert learning["discriminates"] is True
     assert learning["arms"]["memalpha-lr0"]["reward_per_step_mean"][0] == pytest.approx(0.6, abs=0.01)
     lines = "\n".join(_parity.verdict_lines(learning))
-    assert "memalpha-lr0 - trl" in lines and "different" in lines and "discriminates (the lr-0 arm fails): True" in lines
+    assert "memalpha-lr0 - trl" in lines and "different" in lines and "the check discriminates (memalpha passes, lr-0 fails): True" in lines
 
 
 def test_the_verdict_cannot_pass_a_short_or_small_check_or_a_noisy_one():
@@ -62,7 +63,11 @@ def test_the_verdict_cannot_pass_a_short_or_small_check_or_a_noisy_one():
              "trl": [_run([v] * STEPS) for v in (0.6, 1.0, 0.9, 0.7)]}
     verdict = _parity.summarise_learning(noisy, 0.1, STEPS, 10)
     assert verdict["against_trl"]["memalpha"]["verdict"] == "inconclusive" and not verdict["passes"]
-    assert verdict["discriminates"] is None  # no lr-0 arm
+    assert verdict["discriminates"] is None and verdict["no_update_fails"] is None  # no lr-0 arm
+    # an lr-0 arm equal to TRL passes too: the check does not discriminate
+    noisy["memalpha-lr0"] = noisy["trl"]
+    same = _parity.summarise_learning(noisy, 0.5, STEPS, 10)
+    assert same["passes"] and same["no_update_fails"] is False and same["discriminates"] is False
 
 
 def test_the_settings_digest_ignores_the_seed_and_sees_the_adapter(tmp_path):
