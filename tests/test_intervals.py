@@ -42,6 +42,7 @@ def test_t_quantile_matches_the_printed_table_and_tends_to_the_normal():
     for df, value in table.items():
         assert t_quantile(0.975, df) == pytest.approx(value, abs=6e-4)
     assert t_quantile(0.975, math.inf) == pytest.approx(1.959964, abs=1e-6)
+    assert t_quantile(0.975, 1e12) == pytest.approx(1.959964, abs=1e-6)
     assert t_quantile(0.975, 6.5) < t_quantile(0.975, 6) and t_quantile(0.975, 6.5) > t_quantile(0.975, 7)
     with pytest.raises(ValueError):
         t_quantile(1.0, 3)
