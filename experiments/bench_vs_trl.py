@@ -32,11 +32,20 @@ tokens/s is completion tokens (up to and including the end-of-turn token) per se
 step time; "gen tok/s" divides by generation time only. Sampling differs between the two
 implementations, so the completion lengths differ too: compare tokens/s, not only step time.
 The table goes to stdout and the JSON report to ``experiments/results/bench_vs_trl.json``.
+
+``--parity``: the learning-parity check of ``experiments/_parity.py``: the arms ``memalpha``,
+``trl`` and ``memalpha-lr0`` (memalpha at learning rate 0, the negative control), ``--repeats``
+fresh runs each at seeds ``--seed``, ``--seed + 1``, ..., one JSON per finished run in
+``--runs-dir`` (finished runs are not run again; ``--summary-only`` only reads them), and once
+all are in, Welch's 95 % interval of each arm's last-``--window``-step mean reward minus TRL's
+against ``±--margin``. The report goes to ``experiments/results/bench_vs_trl_parity.json`` and
+its plot next to it (docs/results.md, "Learning parity").
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import statistics
@@ -56,10 +65,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _parity
 from _common import (
     RESULTS_DIR,
     command_line,
     current_rss_bytes,
+    git_commit,
     lifetime_peak_rss_bytes,
     load_average,
     machine_info,
@@ -72,6 +83,7 @@ JOBS = ("validity", "memory")
 RESULT_MARKER = "BENCH_VS_TRL_RESULT "
 DEFAULT_OUT = RESULTS_DIR / "bench_vs_trl.json"
 PARITY_OUT = RESULTS_DIR / "bench_vs_trl_parity.json"
+PARITY_RUNS_DIR = RESULTS_DIR / "parity"
 MIB = 2**20
 
 
@@ -131,7 +143,7 @@ class BenchSettings:
     def pool_size(self) -> int:
         return self.num_prompts or self.prompts_per_step * self.steps
 
-    def validate(self) -> None:
+    def validate(self, check_adapter: bool = True) -> None:
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 (TRL refuses smaller groups), got {self.group_size}")
         for name in ("prompts_per_step", "max_new_tokens", "steps", "micro_batch_size", "lora_r", "lora_alpha"):
@@ -147,7 +159,7 @@ class BenchSettings:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.job not in JOBS:
             raise ValueError(f"job must be one of {JOBS}, got {self.job!r}")
-        if self.adapter_path and not (Path(self.adapter_path) / "adapter_config.json").is_file():
+        if check_adapter and self.adapter_path and not (Path(self.adapter_path) / "adapter_config.json").is_file():
             raise ValueError(f"adapter_path {self.adapter_path!r} is not a PEFT adapter folder (no adapter_config.json)")
 
 
@@ -241,8 +253,12 @@ def _lora(settings: BenchSettings):
     return LoraSettings(r=settings.lora_r, alpha=settings.lora_alpha, dropout=0.0, target_modules="all-linear")
 
 
-def run_memalpha(settings: BenchSettings) -> dict[str, Any]:
-    """Train with :func:`memalpha.train.single_turn.train_single_turn`; per-step records and setup time."""
+def run_memalpha(settings: BenchSettings, learning_rate: float | None = None) -> dict[str, Any]:
+    """Train with :func:`memalpha.train.single_turn.train_single_turn`; per-step records and setup time.
+
+    ``learning_rate``: overrides ``settings.learning_rate``; 0 gives the parity check's
+    no-update arm (AdamW at learning rate 0 leaves every weight as it was, all else runs).
+    """
     from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
     from memalpha.lm.core.policy import LMSettings
     from memalpha.train.single_turn import SingleTurnSettings, train_single_turn
@@ -274,6 +290,9 @@ def run_memalpha(settings: BenchSettings) -> dict[str, Any]:
         ),
         seed=settings.seed,
     )
+    if learning_rate is not None:
+        # OptimizerSettings refuses 0 (a training run at 0 is a mistake); the no-update arm sets it after validation
+        loop.optimizer.learning_rate = learning_rate
     first_step_end: list[float] = []
 
     def on_step(record: dict[str, float]) -> None:
@@ -292,7 +311,7 @@ def run_memalpha(settings: BenchSettings) -> dict[str, Any]:
         for r in result.history
     ]
     setup_s = first_step_end[0] - start - steps[0]["step_s"] if steps else time.perf_counter() - start
-    return {"steps": steps, "setup_s": setup_s}
+    return {"steps": steps, "setup_s": setup_s, "learning_rate": loop.optimizer.learning_rate}
 
 
 def run_trl(settings: BenchSettings) -> dict[str, Any]:
@@ -427,7 +446,11 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
     return {"steps": steps, "setup_s": setup_s}
 
 
-RUNNERS = {"memalpha": run_memalpha, "trl": run_trl}
+RUNNERS: dict[str, Callable[[BenchSettings], dict[str, Any]]] = {
+    "memalpha": run_memalpha,
+    "trl": run_trl,
+    "memalpha-lr0": lambda settings: run_memalpha(settings, learning_rate=0.0),
+}
 
 
 def child_main(side: str, settings: BenchSettings) -> None:
@@ -538,13 +561,12 @@ def build_report(settings: BenchSettings, repeats: int, sides: Sequence[str], ru
 
 
 def learning_summary(runs: dict[str, list[dict[str, Any]]], steps: int) -> dict[str, Any]:
-    """Mean reward per step of each side (mean, min and max over its runs), each run's mean reward
-    over the last half of its steps, and, with both sides, the parity verdict: memalpha's final
-    mean at or above the lowest final value of TRL's runs (within TRL's run-to-run spread, or
-    above it)."""
+    """Mean reward per step of each side (mean, min and max over its runs) and each run's mean
+    reward over the last half of its steps. A description only: the learning comparison is the
+    parity mode's (``experiments/_parity.py``)."""
     window = max(1, steps // 2)
     per_side: dict[str, Any] = {}
-    for side in [side for side in SIDES if runs.get(side)]:
+    for side in [side for side in runs if runs.get(side)]:
         curves = [[s["reward"] for s in run["steps"]] for run in runs[side]]
         per_side[side] = {
             "reward_per_step_mean": [statistics.fmean(c[i] for c in curves) for i in range(steps)],
@@ -553,40 +575,7 @@ def learning_summary(runs: dict[str, list[dict[str, Any]]], steps: int) -> dict[
             "final_window_per_run": [statistics.fmean(c[-window:]) for c in curves],
         }
         per_side[side]["final_window_mean"] = statistics.fmean(per_side[side]["final_window_per_run"])
-    summary: dict[str, Any] = {"final_window_steps": window, "sides": per_side, "trl_final_spread": None, "parity": None}
-    if len(per_side) == len(SIDES):
-        trl_final = per_side["trl"]["final_window_per_run"]
-        summary["trl_final_spread"] = [min(trl_final), max(trl_final)]
-        summary["parity"] = per_side["memalpha"]["final_window_mean"] >= min(trl_final)
-    return summary
-
-
-def plot_learning(report: dict[str, Any], path: Path) -> None:
-    """Mean reward per step of both sides (lines: the mean over runs; bands: min to max)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    learning = report["learning"]
-    fig, ax = plt.subplots(figsize=(6, 3.8))
-    for side, colour in zip(SIDES, ("tab:blue", "tab:orange")):
-        if side not in learning["sides"]:
-            continue
-        data = learning["sides"][side]
-        steps = list(range(1, len(data["reward_per_step_mean"]) + 1))
-        ax.plot(steps, data["reward_per_step_mean"], marker="o", color=colour,
-                label=f"{side} (mean of {len(report['runs'][side])} runs)")
-        ax.fill_between(steps, data["reward_per_step_min"], data["reward_per_step_max"], color=colour, alpha=0.2)
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("mean reward of the step's samples")
-    ax.set_title(f"same SFT adapter, same seeds: {report['settings']['job']} job", fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
-    plt.close(fig)
+    return {"final_window_steps": window, "sides": per_side}
 
 
 def benchmark(
@@ -595,12 +584,9 @@ def benchmark(
     sides: Sequence[str],
     timeout_s: float,
     on_run: Callable[[dict[str, Any]], None] | None = None,
-    vary_seed: bool = False,
 ) -> dict[str, Any]:
-    """Alternate the sides ``repeats`` times (A B A B ...) and summarise; returns the report.
-
-    ``vary_seed``: repeat ``i`` runs both sides with seed ``settings.seed + i`` (the run-to-run
-    spread of a learning comparison; a fixed seed repeats the same run up to float noise).
+    """Alternate the sides ``repeats`` times (A B A B ...) at ``settings.seed`` and summarise;
+    returns the report.
 
     ``on_run`` gets the report so far after every run (the driver writes it, so a run killed
     from outside still leaves the finished runs on disk).
@@ -610,10 +596,9 @@ def benchmark(
     for repeat in range(repeats):
         for side in sides:
             print(f"[bench_vs_trl] repeat {repeat + 1}/{repeats}: {side} ...", file=sys.stderr, flush=True)
-            seeded = replace(settings, seed=settings.seed + repeat) if vary_seed else settings
-            result = run_child(side, seeded, timeout_s)
+            result = run_child(side, settings, timeout_s)
             result["repeat"] = repeat
-            result["seed"] = seeded.seed
+            result["seed"] = settings.seed
             runs[side].append(result)
             order.append(side)
             steps = ", ".join(f"{s['step_s']:.1f}" for s in result["steps"])
@@ -622,6 +607,73 @@ def benchmark(
             if on_run is not None:
                 on_run(build_report(settings, repeats, sides, runs, order))
     return build_report(settings, repeats, sides, runs, order)
+
+
+# ----------------------------------------------------------------------------- the parity check
+
+
+def parity_report(settings: BenchSettings, arms: Sequence[str], seeds: Sequence[int],
+                  found: dict[tuple[int, str], dict[str, Any]], margin: float, window: int) -> dict[str, Any]:
+    """The parity report over complete runs: timing per arm (step time as in the timing mode,
+    step 0 dropped) with memalpha / TRL, the reward curves and the verdicts."""
+    runs = {arm: [found[(seed, arm)] for seed in seeds] for arm in arms}
+    summary = {arm: summarise(done) for arm, done in runs.items()}
+    ratio = ratios(summary["memalpha"], summary["trl"]) if {"memalpha", "trl"} <= set(summary) else None
+    return {
+        "settings": asdict(settings), "arms": list(arms), "seeds": list(seeds),
+        "run_ids": {arm: [run["run_id"] for run in done] for arm, done in runs.items()},
+        "summary": summary, "ratio_memalpha_over_trl": ratio,
+        "learning": _parity.summarise_learning(runs, margin, settings.steps, window), "runs": runs,
+    }
+
+
+def parity(args: argparse.Namespace, settings: BenchSettings, extra: dict[str, Any]) -> dict[str, Any] | None:
+    """Run (or, with ``--summary-only``, only read) the parity check's runs; with all of them on
+    disk, print and write the report. Returns it, or None while runs are missing."""
+    arms = _names(args.arms, _parity.ARMS, "--arms")
+    seeds = [settings.seed + i for i in range(args.repeats)]
+    digest = args.settings_digest or _parity.settings_digest(asdict(settings))
+    runs_dir = Path(args.runs_dir)
+    todo = _parity.plan(arms, seeds)
+    for arm in set(arms) & {"trl"}:
+        _require_trl()
+
+    def log(line: str) -> None:
+        print(f"[parity] {line}", file=sys.stderr, flush=True)
+
+    def run_one(arm: str, seed: int) -> dict[str, Any]:
+        seeded = replace(settings, seed=seed)
+        run = run_child(arm, seeded, args.timeout)
+        run.update(settings=asdict(seeded), code=git_commit())
+        return run
+
+    log(f"settings digest {digest}, runs in {runs_dir}")
+    if args.summary_only:
+        found = _parity.load_runs(runs_dir, todo, digest)
+    else:
+        found = _parity.execute(todo, runs_dir, digest, run_one, log)
+    missing = [_parity.run_id(arm, seed, digest) for seed, arm in todo if (seed, arm) not in found]
+    if missing:
+        for (seed, arm), run in sorted(found.items()):
+            log(f"finished {arm} seed {seed}: last-{args.window} mean {_parity.final_mean(run, args.window):.3f}")
+        log(f"{len(missing)} of {len(todo)} runs missing, no summary: {', '.join(missing)}")
+        return None
+    report = parity_report(settings, arms, seeds, found, args.margin, args.window)
+    report.update(extra, runs_dir=str(runs_dir), settings_digest=digest)
+    print_table(TABLE_HEADERS, table_rows(report["summary"], report["ratio_memalpha_over_trl"]))
+    learning = report["learning"]
+    rows = [[arm, *data["final_window_per_run"], data["final_window_mean"]] for arm, data in learning["arms"].items()]
+    print_table(["arm", *[f"seed {s}" for s in seeds], f"mean of last {args.window}"], rows, floats=3)
+    print("\n".join(_parity.verdict_lines(learning)))
+    out = Path(args.out) if args.out else PARITY_OUT
+    path = write_json(report, out)
+    title = f"{settings.job} job, {len(seeds)} seeds a side, {settings.steps} steps"
+    _parity.plot(learning, title, path.with_suffix(".png"))
+    print(f"wrote {path} and {path.with_suffix('.png')}")
+    return report
+
+
+# ----------------------------------------------------------------------------- the command line
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -641,20 +693,35 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kl-coef", type=float, default=defaults.kl_coef)
     parser.add_argument("--lora-r", type=int, default=defaults.lora_r)
     parser.add_argument("--lora-alpha", type=int, default=defaults.lora_alpha)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--seed", type=int, default=defaults.seed,
+                        help="the seed (timing); with --parity run i of every arm uses seed + i")
     parser.add_argument("--threads", type=int, default=defaults.threads, help="torch threads per run (0: default)")
     parser.add_argument("--job", choices=JOBS, default=defaults.job,
                         help="validity: tool-call validity; memory: validity plus the chunk's facts stored")
     parser.add_argument("--adapter-path", default=defaults.adapter_path,
                         help="start both sides from this PEFT adapter (a memalpha sft export)")
     parser.add_argument("--parity", action="store_true",
-                        help="learning parity: seed + i for repeat i on both sides, a reward-per-step plot, "
-                             f"the report in {PARITY_OUT.name} unless --out is given")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each side, alternating")
+                        help="the learning-parity check (experiments/_parity.py): --repeats fresh runs of each "
+                             f"of --arms, one JSON each in --runs-dir, the report in {PARITY_OUT.name} unless --out")
+    parser.add_argument("--arms", default=",".join(_parity.ARMS),
+                        help=f"with --parity: comma-separated subset of {','.join(_parity.ARMS)}")
+    parser.add_argument("--margin", type=float, default=_parity.DEFAULT_MARGIN,
+                        help="with --parity: the equivalence margin on the mean reward (0-2 scale)")
+    parser.add_argument("--window", type=int, default=_parity.DEFAULT_WINDOW,
+                        help="with --parity: the last steps whose mean reward is each run's result")
+    parser.add_argument("--runs-dir", default=str(PARITY_RUNS_DIR),
+                        help="with --parity: one JSON per finished run; finished runs are not run again")
+    parser.add_argument("--summary-only", action="store_true",
+                        help="with --parity: run nothing, rebuild the report from --runs-dir")
+    parser.add_argument("--settings-digest", default=None,
+                        help="with --summary-only: the runs' settings digest (their file names' last part), "
+                             "for a checkout without the adapter folder they started from")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="runs of each side, alternating (with --parity: fresh runs of each arm, seed + i)")
     parser.add_argument("--sides", default="memalpha,trl", help="comma-separated subset of memalpha,trl")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per run")
     parser.add_argument("--out", default=None, help=f"JSON report path (default {DEFAULT_OUT.name})")
-    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=tuple(RUNNERS), help=argparse.SUPPRESS)
     parser.add_argument("--settings", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -662,8 +729,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     names = {f.name for f in fields(BenchSettings)}
     settings = BenchSettings(**{name: getattr(args, name) for name in names})
-    settings.validate()
+    # a summary of stored runs named by their digest needs no adapter folder
+    settings.validate(check_adapter=not (args.summary_only and args.settings_digest))
     return settings
+
+
+def _names(text: str, known: Sequence[str], flag: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = sorted(set(names) - set(known))
+    if unknown or not names:
+        raise SystemExit(f"{flag} must name some of {tuple(known)}, got {text!r}")
+    return names
+
+
+def _require_trl() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("trl") is None:
+        raise SystemExit("TRL is not installed: pip install -e '.[bench]' -c constraints.txt (or leave trl out)")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
@@ -672,23 +755,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         child_main(args.child, BenchSettings(**json.loads(args.settings)))
         return None
     settings = settings_from_args(args)
-    sides = [s.strip() for s in args.sides.split(",") if s.strip()]
-    unknown = sorted(set(sides) - set(SIDES))
-    if unknown or not sides:
-        raise SystemExit(f"--sides must name some of {SIDES}, got {args.sides!r}")
     if args.repeats < 1:
         raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
-    if "trl" in sides:
-        import importlib.util
-
-        if importlib.util.find_spec("trl") is None:
-            raise SystemExit("TRL is not installed: pip install -e '.[bench]' -c constraints.txt (or --sides memalpha)")
-    machine = machine_info()
     try:
-        import trl
-
-        trl_version = trl.__version__
-    except ImportError:
+        trl_version = importlib.metadata.version("trl")  # without importing it (seconds of transformers)
+    except importlib.metadata.PackageNotFoundError:
         trl_version = None
     extra = {
         "command": command_line(),
@@ -699,11 +770,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
             "(imports and model included); the machine is shared, see machine.load_average and runs[*].load_*"
         ),
     }
-    out = Path(args.out) if args.out else (PARITY_OUT if args.parity else DEFAULT_OUT)
+    if args.parity:
+        return parity(args, settings, extra)
+    sides = _names(args.sides, SIDES, "--sides")
+    if "trl" in sides:
+        _require_trl()
+    machine = machine_info()
+    out = Path(args.out) if args.out else DEFAULT_OUT
     report = benchmark(
         settings, args.repeats, sides, args.timeout,
         on_run=lambda partial: write_json({**partial, **extra}, out, machine=machine),
-        vary_seed=args.parity,
     )
     report.update(extra)
     print_table(TABLE_HEADERS, table_rows(report["summary"], report["ratio_memalpha_over_trl"]))
@@ -711,13 +787,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     if learning is not None:
         rows = [[side, *data["reward_per_step_mean"], data["final_window_mean"]] for side, data in learning["sides"].items()]
         print_table(["side", *[f"step {i}" for i in range(settings.steps)], "final"], rows, floats=3)
-        if learning["parity"] is not None:
-            low, high = learning["trl_final_spread"]
-            print(f"TRL's final-window spread {low:.3f}-{high:.3f}; parity: {'yes' if learning['parity'] else 'no'}")
     path = write_json(report, out, machine=machine)
-    if args.parity and learning is not None:
-        plot_learning(report, path.with_suffix(".png"))
-        print(f"wrote {path.with_suffix('.png')}")
     print(f"wrote {path}")
     return report
 

@@ -16,9 +16,10 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "memalpha"
 
-# layer -> the memalpha layers it may import (besides itself). `seeding` and `templates` are shared leaves.
+# layer -> the memalpha layers it may import (besides itself). `seeding`, `intervals` and `templates` are shared leaves.
 ALLOWED: dict[str, set[str]] = {
     "seeding": set(),
+    "intervals": set(),
     "templates": set(),
     "memory": {"templates"},
     "tools": {"memory", "templates"},
@@ -27,8 +28,8 @@ ALLOWED: dict[str, set[str]] = {
     "grpo": {"seeding"},
     "reader": {"memory", "lm", "templates"},
     "agent": {"memory", "tools", "lm", "data", "reader", "seeding", "templates"},
-    "train": {"memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "templates"},
-    "commands": {"memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "templates", "train"},
+    "train": {"memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "intervals", "templates"},
+    "commands": {"memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "intervals", "templates", "train"},
     "cli": {"commands", "train", "templates"},
 }
 

@@ -104,7 +104,7 @@ def _run(rewards):
     return {"steps": [{"reward": r} for r in rewards]}
 
 
-def test_learning_summary_and_parity_verdict():
+def test_learning_summary_describes_the_curves():
     runs = {"memalpha": [_run([0.0, 1.0, 2.0, 3.0]), _run([1.0, 1.0, 1.0, 1.0])],
             "trl": [_run([0.0, 0.0, 2.0, 2.0]), _run([0.0, 0.0, 1.0, 1.0])]}
     learning = bench_vs_trl.learning_summary(runs, steps=4)
@@ -112,10 +112,7 @@ def test_learning_summary_and_parity_verdict():
     assert mem["reward_per_step_mean"] == [0.5, 1.0, 1.5, 2.0]
     assert mem["reward_per_step_min"] == [0.0, 1.0, 1.0, 1.0] and mem["reward_per_step_max"] == [1.0, 1.0, 2.0, 3.0]
     assert mem["final_window_per_run"] == [2.5, 1.0] and mem["final_window_mean"] == 1.75
-    assert learning["trl_final_spread"] == [1.0, 2.0] and learning["parity"] is True
-    runs["memalpha"] = [_run([0.0, 0.0, 0.0, 0.5])]
-    assert bench_vs_trl.learning_summary(runs, steps=4)["parity"] is False
-    assert bench_vs_trl.learning_summary({"memalpha": runs["memalpha"]}, steps=4)["parity"] is None
+    assert "parity" not in learning  # the verdict is the parity mode's (tests/test_parity_check.py)
 
 
 def test_an_adapter_start_needs_an_adapter_folder(tmp_path):
@@ -125,18 +122,23 @@ def test_an_adapter_start_needs_an_adapter_folder(tmp_path):
     bench_vs_trl.BenchSettings(adapter_path=str(tmp_path), kl_coef=0.04).validate()
 
 
-def test_parity_mode_starts_from_an_adapter_and_varies_the_seed(tiny_model_dir, tmp_path, capsys):
-    """memalpha's side of the parity mode (TRL's side is the same code path as the timing run)."""
+def test_parity_mode_runs_memalpha_and_its_no_update_arm_from_an_adapter(tiny_model_dir, tmp_path):
+    """The parity mode's memalpha arms as real children (TRL's is the same code path as the timing
+    run); the verdict and the resuming are tests/test_parity_check.py's."""
     from memalpha.lm.core.policy import LoraSettings, load_policy
 
     policy, _ = load_policy(tiny_model_dir, lora=LoraSettings(r=2, alpha=4, dropout=0.0, target_modules="all-linear"))
     policy.save_pretrained(str(tmp_path / "adapter"))
     out = tmp_path / "parity.json"
-    args = ["--model", tiny_model_dir, *TINY[:-2], "--repeats", "2", "--sides", "memalpha", "--parity",
-            "--job", "memory", "--adapter-path", str(tmp_path / "adapter"), "--kl-coef", "0.04", "--out", str(out)]
+    args = ["--model", tiny_model_dir, *TINY[:-2], "--repeats", "1", "--parity", "--arms", "memalpha,memalpha-lr0",
+            "--job", "memory", "--adapter-path", str(tmp_path / "adapter"), "--kl-coef", "0.04",
+            "--seed", "3", "--window", "1", "--runs-dir", str(tmp_path / "runs"), "--out", str(out)]
     report = bench_vs_trl.main(args)
-    assert [run["seed"] for run in report["runs"]["memalpha"]] == [0, 1]
-    assert report["runs"]["memalpha"][0]["steps"][0]["kl"] == 0.0  # the reference is the starting adapter
+    memalpha, lr0 = report["runs"]["memalpha"][0], report["runs"]["memalpha-lr0"][0]
+    assert memalpha["seed"] == lr0["seed"] == 3
+    assert memalpha["learning_rate"] == 1e-5 and lr0["learning_rate"] == 0.0
+    assert memalpha["steps"][0]["kl"] == 0.0  # the reference is the starting adapter
+    assert sorted(p.name.split("_")[0] for p in (tmp_path / "runs").glob("*.json")) == ["memalpha", "memalpha-lr0"]
     learning = json.loads(out.read_text())["learning"]
-    assert len(learning["sides"]["memalpha"]["reward_per_step_mean"]) == 1 and learning["parity"] is None
+    assert not learning["adequate"] and not learning["passes"] and learning["discriminates"] is None
     assert out.with_suffix(".png").stat().st_size > 0

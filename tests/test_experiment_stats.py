@@ -26,11 +26,11 @@ def record(instance, source, scores, statuses, rewards, memory_tokens=10, r3=0.5
 
 
 def test_mean_ci_matches_a_hand_computed_t_interval():
-    # values 1, 2, 3, 6: mean 3, sample variance (4 + 1 + 0 + 9) / 3 = 14/3, t(3) = 3.182
+    # values 1, 2, 3, 6: mean 3, sample variance (4 + 1 + 0 + 9) / 3 = 14/3, t(3) = 3.18245
     ci = mean_ci([1.0, 2.0, 3.0, 6.0])
     assert ci["mean"] == 3.0
     assert ci["n"] == 4
-    assert math.isclose(ci["half_width"], 3.182 * math.sqrt((14 / 3) / 4), rel_tol=1e-12)
+    assert math.isclose(ci["half_width"], 3.18245 * math.sqrt((14 / 3) / 4), rel_tol=1e-5)
 
 
 def test_mean_ci_of_one_value_has_no_width_and_of_none_is_an_error():
@@ -40,8 +40,9 @@ def test_mean_ci_of_one_value_has_no_width_and_of_none_is_an_error():
 
 
 def test_t_quantiles_fall_towards_the_normal_value():
-    assert t975(1) == 12.706 and t975(30) == 2.042 and t975(35) == 2.042 and t975(45) == 2.021
-    assert t975(10_000) == 1.960
+    assert t975(1) == pytest.approx(12.706, abs=1e-3) and t975(30) == pytest.approx(2.042, abs=1e-3)
+    assert t975(35) < t975(30) and t975(45) < t975(35)
+    assert t975(10_000) == pytest.approx(1.960, abs=1e-3)
     with pytest.raises(ValueError):
         t975(0)
 
@@ -74,7 +75,7 @@ def test_paired_difference_uses_only_shared_instances():
     diff = paired_difference(before, after, "mean_reward")
     # differences 1 and 2: mean 1.5, sd sqrt(0.5), t(1) = 12.706
     assert diff["mean"] == 1.5 and diff["n"] == 2
-    assert math.isclose(diff["half_width"], 12.706 * math.sqrt(0.5 / 2), rel_tol=1e-12)
+    assert math.isclose(diff["half_width"], 12.7062 * math.sqrt(0.5 / 2), rel_tol=1e-5)
     with pytest.raises(ValueError):
         paired_difference(before, {"t": {"z": {"mean_reward": 0.0}}}, "mean_reward")
 
