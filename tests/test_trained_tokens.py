@@ -205,17 +205,17 @@ def test_a_rollout_trains_nothing_after_the_marker_and_still_executes_the_calls(
 
     # cutting trains what masking would: the kept tokens' log-probs do not depend on the cut ones
     prompt = samples[1].prompt_ids
-    kwargs = {"temperature": 1.0, "micro_batch_size": 1, "pad_id": tokenizer.pad_token_id}
+    scoring = ScoringSpec(temperature=1.0, micro_batch_size=1, pad_id=tokenizer.pad_token_id)
     with torch.no_grad():
-        whole = token_logprobs(policy, [prompt], [script[1]], **kwargs)[0, :cut]
-        kept = token_logprobs(policy, [prompt], [samples[1].response_ids], **kwargs)[0]
+        whole = token_logprobs(policy, [prompt], [script[1]], scoring)[0, :cut]
+        kept = token_logprobs(policy, [prompt], [samples[1].response_ids], scoring)[0]
     gap = torch.linalg.vector_norm(whole.double() - kept.double())
     assert gap <= 1e-5 * torch.linalg.vector_norm(whole.double())
 
     # the update takes the samples one per micro-batch, the first with no token to train
     prompts, trained = [s.prompt_ids for s in samples], [s.response_ids for s in samples]
     batch = GRPOBatch(prompts, trained, advantages=torch.tensor([0.5, -1.0, 1.0]),
-                      ref_logps=response_logprobs(policy, prompts, trained, **kwargs))
+                      ref_logps=response_logprobs(policy, prompts, trained, scoring))
     for share_prefix in (False, True):
         policy.zero_grad()
         metrics, finite = accumulate_grpo_gradients(

@@ -258,9 +258,10 @@ def test_fit_samples_from_the_server_and_syncs_a_new_adapter_every_step(server, 
     assert len(adapters) == 1 and adapters[0].endswith("-v2")  # two trained steps, older versions unloaded
 
 
-def test_fit_stops_when_the_server_does_not_sample_the_policy_and_stops_the_server(tmp_path, tiny_model_dir):
+def test_fit_stops_when_the_server_does_not_sample_the_policy_and_stops_the_server(tmp_path, tiny_model_dir, monkeypatch):
     log = tmp_path / "server.log"  # memalpha starts the stand-in itself here (no url)
     config = engine_config(tmp_path, tiny_model_dir, None, venv=str(fake_venv(tmp_path / "venv")), log_file=str(log))
+    monkeypatch.setenv("MEMALPHA_DEBUG", "1")  # the error itself, not its one-line exit
     with pytest.raises(SamplerDriftError, match="not sampling from the policy being trained"):
         main(["fit", "--config", str(config)])
     pid = int(re.search(r"fake vLLM server pid (\d+)", log.read_text()).group(1))
