@@ -188,10 +188,10 @@ def _attention_forward(
     causal = length > 1 and attention_mask is None and causal
     if causal and key.shape[2] > length:  # a prefill into a preallocated cache: the rest is empty
         key, value = key[:, :, :length], value[:, :, :length]
-    budget = getattr(module.config, _BUDGET_ATTRIBUTE, DEFAULT_SCORE_BUDGET) if hasattr(module, "config") else None
+    budget = getattr(getattr(module, "config", None), _BUDGET_ATTRIBUTE, DEFAULT_SCORE_BUDGET)
     output = bounded_attention(
         query, key, value, attention_mask, is_causal=causal, scale=scaling,
-        score_budget=budget or DEFAULT_SCORE_BUDGET,
+        score_budget=budget,
     )
     return output.transpose(1, 2).contiguous(), None
 
