@@ -7,31 +7,33 @@
 #                           bash experiments/gpu_pack.sh      (writes .device/, ~36 MB)
 #   on the GPU machine:     carry .device;  command: bash experiments/gpu_check.sh
 #
-# Stages (about 7 minutes in all on an H100 when each fits its limit):
-#   1. nf4_gradients  QLoRA gradients on the GPU before/after sampling and against the dequantised
-#                     weights (tests/test_nf4_gradients.py on cuda)                    item 4
-#   2. sampler        new tokens/s of 8 rows of Qwen3-4B NF4 + LoRA r32 after 1,024-token prompts,
+# Stages, in the order they run (most telling first; about 9 minutes in all when each fits its limit):
+#   1. sampler        new tokens/s of 8 rows of Qwen3-4B NF4 + LoRA r32 after 1,024-token prompts,
 #                     today's loop against cuda-graph (experiments/bench_graph_decode.py)  item 2
-#      sampler32      the same with 32 rows, cuda-graph only
-#   3. scale          one GRPO step at configs/qlora_4090.yaml's sizes (8 x 6144 prompt tokens,
+#   2. scale          one GRPO step at configs/qlora_4090.yaml's sizes (8 x 6144 prompt tokens,
 #                     2048 response tokens, micro-batches of 2 x 8192) under a 24 GiB cap, every phase
 #                     timed, peak reserved and driver-side memory (experiments/bench_scale.py)  items 1, 3
-#   4. fit            `memalpha fit --config configs/qlora_4090.yaml` for 2 steps on a random-weight
-#                     Qwen3-4B folder with synthetic chunks that fill ~6k-token prompts
-#                     (experiments/gpu_fit_check.py)                                    item 3
+#   3. fit            `memalpha fit --config configs/qlora_4090.yaml` for 2 steps on a random-weight
+#                     Qwen3-4B folder, one ~4.4k-token chunk per instance (random weights never end a
+#                     turn early, so every turn decodes the full 2048 tokens) (experiments/gpu_fit_check.py)  item 3
+#   4. nf4_gradients  QLoRA gradients on the GPU before/after sampling and against the dequantised
+#                     weights (tests/test_nf4_gradients.py on cuda)                    item 4
+#   5. sampler32      the sampler with 32 rows, cuda-graph only
 #
-# Results go to $OUT (the device tool's folder that comes back) or experiments/results/gpu/.
+# Results go to experiments/results/gpu/. Where $OUT is set (the device tool's folder that comes back,
+# at most 8 files), every stage's end also packs that folder into $OUT/gpu_results.tgz, so a call
+# killed at its limit still returns the stages that finished.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -f .device/env.sh ]; then source .device/env.sh; fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
-RESULTS=${OUT:-experiments/results/gpu}
+RESULTS=experiments/results/gpu
 mkdir -p "$RESULTS"
 TOKENIZER=${MEMALPHA_TOKENIZER:-$( [ -d .device/tok ] && echo .device/tok || echo smollm2-135m-instruct )}
-STAGES=${GPU_CHECK_STAGES:-nf4_gradients sampler sampler32 scale fit}
-declare -A LIMIT=([nf4_gradients]=60 [sampler]=100 [sampler32]=60 [scale]=180 [fit]=220)
+STAGES=${GPU_CHECK_STAGES:-sampler scale fit nf4_gradients sampler32}
+declare -A LIMIT=([sampler]=90 [scale]=170 [fit]=190 [nf4_gradients]=50 [sampler32]=45)
 
 run_stage() {  # name, command...: its own limit, its log beside its JSON, its exit status in the summary
   local name=$1; shift
@@ -42,6 +44,7 @@ run_stage() {  # name, command...: its own limit, its log beside its JSON, its e
   tail -n 25 "$RESULTS/$name.log"
   printf '%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - start))" >> "$RESULTS/stages.tsv"
   echo "== $name: exit $status after $((SECONDS - start)) s"
+  if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu_results.tgz" -C "$RESULTS" .; fi
 }
 
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
@@ -57,7 +60,7 @@ for stage in $STAGES; do
                  --paths graph --check-steps 0 --out "$RESULTS/bench_graph_decode_32.json" ;;
     scale) run_stage scale "$PY" experiments/bench_scale.py --device cuda --tokenizer "$TOKENIZER" \
              --out "$RESULTS/bench_scale.json" ;;
-    fit) run_stage fit "$PY" experiments/gpu_fit_check.py --tokenizer "$TOKENIZER" \
+    fit) run_stage fit "$PY" experiments/gpu_fit_check.py --tokenizer "$TOKENIZER" --chunks 1 \
            --out "$RESULTS/gpu_fit_check.json" ;;
     *) echo "unknown stage $stage (choose from: nf4_gradients sampler sampler32 scale fit)"; exit 2 ;;
   esac

@@ -5,7 +5,7 @@
 #
 # The GPU image already has torch (CUDA build), lightning, tensorboard, accelerate, safetensors,
 # tokenizers, huggingface_hub, numpy, pyarrow, pytest. It lacks bitsandbytes, jsonargparse (and its
-# signatures extras), bm25s, json-repair and gguf, and its transformers/peft are older than our pins.
+# signatures extras), bm25s, rank-bm25, json-repair and gguf, and its transformers/peft are older than our pins.
 # bitsandbytes' wheel is 43 MB because it ships a library per CUDA version; only the CUDA 13 ones
 # are kept (the image's torch is a cu130 build), which brings it to ~4 MB.
 # The embedded model (98 MB GGUF) does not fit in a carry; a tokenizer folder is packed instead
@@ -21,7 +21,7 @@ $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --imp
   --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform any -d .device/dl \
   "$(pin bitsandbytes)" "$(pin jsonargparse)" "$(pin docstring_parser)" "$(pin typeshed_client)" \
-  "$(pin bm25s)" "$(pin json-repair)" "$(pin gguf)" "$(pin peft)" "$(pin transformers)"
+  "$(pin bm25s)" "$(pin rank-bm25)" "$(pin json-repair)" "$(pin gguf)" "$(pin peft)" "$(pin transformers)"
 mv .device/dl/transformers-*.whl .device/whl/   # installed there from the wheel (59 MB unpacked)
 $py -m pip install -q --no-deps --no-compile --target .device/site .device/dl/*.whl
 rm -rf .device/dl .device/site/bin
