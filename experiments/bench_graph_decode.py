@@ -71,7 +71,7 @@ TINY = {
 }
 
 
-def build_model(device: torch.device, *, tiny: bool, nf4: bool, lora_rank: int, seed: int):
+def build_model(device: torch.device, *, tiny: bool, nf4: bool, lora_rank: int, seed: int, upcast: bool = True):
     """The random Qwen3 the module docstring describes, in eval mode."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -82,7 +82,7 @@ def build_model(device: torch.device, *, tiny: bool, nf4: bool, lora_rank: int, 
         model = Qwen3ForCausalLM._from_config(config, dtype=dtype)
     model.to(device)  # a no-op when the weights were drawn there, as they should be
     if nf4:
-        quantise_decoder(model, dtype)
+        quantise_decoder(model, dtype, upcast=upcast)
     if lora_rank:
         from peft import LoraConfig, get_peft_model
 
@@ -94,9 +94,11 @@ def build_model(device: torch.device, *, tiny: bool, nf4: bool, lora_rank: int, 
     return model.eval()
 
 
-def quantise_decoder(model, compute_dtype: torch.dtype) -> None:
+def quantise_decoder(model, compute_dtype: torch.dtype, upcast: bool = True) -> None:
     """Every ``torch.nn.Linear`` of the decoder layers as an NF4 ``Linear4bit`` (quantised as it
-    is moved to its device), then memalpha's k-bit preparation."""
+    is moved to its device), then memalpha's k-bit preparation: with ``upcast`` (``lm.upcast_unquantised``,
+    the default) embeddings, norms and head in float32; without (configs/qlora_4090.yaml) they stay
+    in ``compute_dtype`` and only the base is frozen."""
     import bitsandbytes as bnb
     from peft import prepare_model_for_kbit_training
 
@@ -119,7 +121,10 @@ def quantise_decoder(model, compute_dtype: torch.dtype) -> None:
                 quantised.support_avx512bf16_for_cpu = False
             setattr(parent, name.rpartition(".")[2], quantised)
     model.is_loaded_in_4bit = True  # so PEFT wraps the layers in its 4-bit LoRA class, as for a loaded model
-    prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if upcast:
+        prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    else:
+        model.requires_grad_(False)
 
 
 def synchronise(device: torch.device) -> None:
@@ -194,6 +199,31 @@ def record(rows: int, tokens: int, total: float, clock: PickClock, **extra) -> d
     }
 
 
+def profile_graph_steps(model, prompts, steps: int, device: torch.device, top: int = 15) -> list[dict[str, Any]]:
+    """The kernels (or, on a CPU, operators) that took the most time over ``steps`` decoding steps
+    of the graph backend run eagerly (a captured replay shows as one launch; its kernels are the
+    eager step's): name, calls, total milliseconds, share of the profiled time. Printed as a table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        graph_decode.sample(model, prompts, pad_id=0, max_new_tokens=steps, eos_ids=[NO_END],
+                            pick=lambda logits: next_tokens(logits, do_sample=True), capture=False)
+        synchronise(device)
+    on_device = device.type == "cuda"
+    events = [e for e in prof.key_averages() if (e.self_device_time_total if on_device else e.self_cpu_time_total) > 0]
+    timed = sorted(events, key=lambda e: e.self_device_time_total if on_device else e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_device_time_total if on_device else e.self_cpu_time_total for e in events) or 1.0
+    rows = [{"name": e.key[:80], "calls": e.count,
+             "ms": (e.self_device_time_total if on_device else e.self_cpu_time_total) / 1000.0,
+             "share": (e.self_device_time_total if on_device else e.self_cpu_time_total) / total}
+            for e in timed[:top]]
+    print(f"[bench_graph_decode] profile of {steps} eager graph-backend steps (prefill included), "
+          f"{'device' if on_device else 'CPU'} time {total / 1000:.1f} ms:", flush=True)
+    print_table(["kernel", "calls", "ms", "share"], [[r["name"], r["calls"], r["ms"], r["share"]] for r in rows], floats=3)
+    return rows
+
+
 def check_logits(model, prompts, steps: int, capture: bool | None, seed: int) -> dict[str, list[float]]:
     """Per step, the relative norm difference of the logits when every path is fed the same
     scripted tokens: ``graph_vs_loop`` (the backend, captured as ``capture`` says, against
@@ -248,6 +278,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--capture", choices=("auto", "on", "off"), default="auto",
                         help="auto: capture on CUDA, eager if capture fails; on: fail if it does; off: eager")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--upcast-unquantised", choices=("on", "off"), default="on",
+                        help="model.lm.upcast_unquantised: on (the default) keeps embedding, norms and head in float32 "
+                             "(a float32 residual stream and cache); off keeps them in bf16 (configs/qlora_4090.yaml)")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="after timing, run this many graph steps eagerly under torch.profiler and report the "
+                             "kernels that took the most device time (0: skip)")
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {','.join(PATHS)}")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(RESULTS), help="JSON report path")
@@ -269,7 +305,8 @@ def main(argv=None) -> dict[str, Any]:
     machine = machine_info()
     device = torch.device(args.device)
     start = time.perf_counter()
-    model = build_model(device, tiny=args.tiny, nf4=args.nf4, lora_rank=args.lora_rank, seed=args.seed)
+    model = build_model(device, tiny=args.tiny, nf4=args.nf4, lora_rank=args.lora_rank, seed=args.seed,
+                        upcast=args.upcast_unquantised == "on")
     synchronise(device)
     build_s = time.perf_counter() - start
     vocab = model.config.vocab_size
@@ -308,6 +345,7 @@ def main(argv=None) -> dict[str, Any]:
     )
     if "loop" in best and "graph" in best:
         print(f"speed-up of decoding: {best['graph']['decode_tokens_per_s'] / best['loop']['decode_tokens_per_s']:.1f}x")
+    profile = profile_graph_steps(model, prompts, args.profile_steps, device) if args.profile_steps else []
     report = {
         "benchmark": "bench_graph_decode",
         "command": command_line(),
@@ -315,8 +353,10 @@ def main(argv=None) -> dict[str, Any]:
             "device": str(device), "tiny": args.tiny, "nf4": args.nf4, "lora_rank": args.lora_rank,
             "rows": args.rows, "prompt_tokens": args.prompt_tokens, "max_new_tokens": tokens,
             "capture": args.capture, "model_config": TINY if args.tiny else QWEN3_4B, "build_s": build_s,
-            "backend_refusal": refused,
+            "backend_refusal": refused, "upcast_unquantised": args.upcast_unquantised == "on",
+            "profile_steps": args.profile_steps,
         },
+        "profile_top_kernels": profile,
         "check_relative_difference": check,
         "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         "best": best,

@@ -378,7 +378,10 @@ def run_benchmark(
     tokenizer = load_tokenizer(str(resolve_model_path(tokenizer)))
     status = "ok"
     with tempfile.TemporaryDirectory(prefix="memalpha-scale-") as folder:
-        report["base_parameters"] = build_random_model_dir(folder, shape, tokenizer, seed=seed)
+        with torch.device("cuda" if cuda else "cpu"):  # 4B random weights: seconds on a GPU, minutes on its CPU
+            report["base_parameters"] = build_random_model_dir(folder, shape, tokenizer, seed=seed)
+        if cuda:
+            torch.cuda.empty_cache()
         try:
             policy, policy_tokenizer = phases["load"].run(
                 lambda: load_policy(

@@ -19,6 +19,8 @@
 #   4. nf4_gradients  QLoRA gradients on the GPU before/after sampling and against the dequantised
 #                     weights (tests/test_nf4_gradients.py on cuda)                    item 4
 #   5. sampler32      the sampler with 32 rows, cuda-graph only
+#   (sampler_bf16     the sampler as configs/qlora_4090.yaml runs it: bf16 residual stream and cache,
+#                     with a profile of 8 eager steps; run with GPU_CHECK_STAGES="... sampler_bf16")
 #
 # Results go to experiments/results/gpu/. Where $OUT is set (the device tool's folder that comes back,
 # at most 8 files), every stage's end also packs that folder into $OUT/gpu_results.tgz, so a call
@@ -33,7 +35,7 @@ RESULTS=experiments/results/gpu
 mkdir -p "$RESULTS"
 TOKENIZER=${MEMALPHA_TOKENIZER:-$( [ -d .device/tok ] && echo .device/tok || echo smollm2-135m-instruct )}
 STAGES=${GPU_CHECK_STAGES:-sampler scale fit nf4_gradients sampler32}
-declare -A LIMIT=([sampler]=90 [scale]=170 [fit]=190 [nf4_gradients]=50 [sampler32]=45)
+declare -A LIMIT=([sampler]=90 [scale]=150 [fit]=220 [nf4_gradients]=50 [sampler32]=45 [sampler_bf16]=60)
 
 run_stage() {  # name, command...: its own limit, its log beside its JSON, its exit status in the summary
   local name=$1; shift
@@ -56,13 +58,16 @@ for stage in $STAGES; do
                      --junitxml="$RESULTS/nf4_gradients.xml" ;;
     sampler) run_stage sampler "$PY" experiments/bench_graph_decode.py --device cuda --nf4 --rows 8 \
                --out "$RESULTS/bench_graph_decode.json" ;;
+    sampler_bf16) run_stage sampler_bf16 "$PY" experiments/bench_graph_decode.py --device cuda --nf4 --rows 8 \
+                    --upcast-unquantised off --paths graph --check-steps 4 --profile-steps 8 \
+                    --out "$RESULTS/bench_graph_decode_bf16.json" ;;
     sampler32) run_stage sampler32 "$PY" experiments/bench_graph_decode.py --device cuda --nf4 --rows 32 \
                  --paths graph --check-steps 0 --out "$RESULTS/bench_graph_decode_32.json" ;;
     scale) run_stage scale "$PY" experiments/bench_scale.py --device cuda --tokenizer "$TOKENIZER" \
              --out "$RESULTS/bench_scale.json" ;;
     fit) run_stage fit "$PY" experiments/gpu_fit_check.py --tokenizer "$TOKENIZER" --chunks 1 \
            --out "$RESULTS/gpu_fit_check.json" ;;
-    *) echo "unknown stage $stage (choose from: nf4_gradients sampler sampler32 scale fit)"; exit 2 ;;
+    *) echo "unknown stage $stage (choose from: sampler scale fit nf4_gradients sampler32 sampler_bf16)"; exit 2 ;;
   esac
 done
 cat "$RESULTS/stages.tsv"

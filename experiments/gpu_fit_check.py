@@ -67,6 +67,8 @@ class StepClock(Callback):
             "peak_reserved_gib": gib(torch.cuda.max_memory_reserved()),
             "device_used_gib": gib(total - free),
         })
+        print(f"[gpu_fit_check] step {STEPS[-1]['step']}: " + ", ".join(f"{k} {v:.2f}" for k, v in STEPS[-1].items()
+                                                                  if k != "step"), flush=True)
 
 
 def write_instances(folder: Path, tokenizer, *, count: int, chunks: int, chunk_tokens: int, seed: int) -> Path:
