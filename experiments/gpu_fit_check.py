@@ -45,6 +45,10 @@ STEPS: list[dict[str, float]] = []
 """What :class:`StepClock` measured (read through the imported module ``gpu_fit_check``: the
 config names the callback by that import path, so ``__main__`` has a list of its own)."""
 
+PARTIAL: dict[str, Any] = {}
+"""``out`` and ``report`` of the running check: after every step :class:`StepClock` writes the
+report so far (status ``running``), so a check killed at its time limit keeps its finished steps."""
+
 
 class StepClock(Callback):
     """Seconds and device memory of every optimiser step (one ``training_step`` is one step)."""
@@ -69,6 +73,9 @@ class StepClock(Callback):
         })
         print(f"[gpu_fit_check] step {STEPS[-1]['step']}: " + ", ".join(f"{k} {v:.2f}" for k, v in STEPS[-1].items()
                                                                   if k != "step"), flush=True)
+        if PARTIAL:
+            write_json({**PARTIAL["report"], "status": "running", "steps": STEPS}, PARTIAL["out"],
+                       machine=machine_info())
 
 
 def write_instances(folder: Path, tokenizer, *, count: int, chunks: int, chunk_tokens: int, seed: int) -> Path:
@@ -122,6 +129,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["overrides"] = {"trainer": {"max_steps": args.steps, "limit_val_batches": 0},
                                "data": {"load": {"chunk_tokens": args.chunk_tokens},
                                         "instances_per_step": args.instances}}
+        import gpu_fit_check  # the module the config's callback is imported from
+
+        gpu_fit_check.PARTIAL.update(out=args.out, report=report)
         start = time.perf_counter()
         try:
             cli = run_lightning_cli(["fit", "--config", str(config_path)])
@@ -130,8 +140,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             status = "out_of_memory"
             report["error"] = str(exc).splitlines()[0]
         report["wall_seconds"] = time.perf_counter() - start
-    import gpu_fit_check  # the module the config's callback was imported from
-
     steps = gpu_fit_check.STEPS
     report["status"] = status
     report["steps"] = steps
