@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -206,6 +207,29 @@ def test_prefixed_keys_name_their_nested_group(tmp_path):
     ]
     check_renamed_keys(["fit", "--model.reader.retrieval.bm25", "okapi", "--data.synthetic.train", "3",
                         "--model.reader.openai.base_url", "http://x:1/v1"])  # current keys pass
+
+
+def test_sft_reads_its_limits_where_fit_does(tmp_path, capsys):
+    """``memalpha sft`` takes ``data.load.train_limit`` as ``memalpha fit`` does; the flat key stops
+    with one line, while SFT's own ``model.micro_batch_size`` (a flat GRPO key of old) stays valid."""
+    from memalpha.cli import main
+    from memalpha.train.demo_datamodule import DemoDataModule, DemoLoadSettings
+
+    config = str(Path(__file__).resolve().parents[1] / "configs" / "sft_tiny_cpu.yaml")
+    with pytest.raises(SystemExit) as info:
+        main(["sft", "--config", config, "--data.train_limit", "2"])
+    assert str(info.value) == "error: command line: data.train_limit is now data.load.train_limit (see docs/configuration.md)"
+    with pytest.raises(SystemExit) as info:
+        main(["sft", "--config", config, "--data.load.train_limit", "2",
+              "--model.micro_batch_size", "2", "--print_config"])
+    assert info.value.code in (0, None)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["data"]["load"] == {"train_limit": 2, "val_limit": None}
+    with pytest.raises(ValueError, match=r"data\.load\.val_limit must be >= 1"):
+        DemoLoadSettings(val_limit=0)
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text("")
+    assert DemoDataModule(train_path=str(demos), load={"train_limit": 3}).load == DemoLoadSettings(train_limit=3)
 
 
 def test_nested_groups_arrive_as_dicts_and_keep_their_defaults():

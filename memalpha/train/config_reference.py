@@ -225,6 +225,7 @@ def render_reference(config_text: str | None = None) -> str:
         "",
         *_table(argument_rows(DemoDataModule, "data.")),
         "",
+        *_group_tables(DemoDataModule, "data"),
         "## `trainer`, `seed_everything`, `ckpt_path`",
         "",
         ("The `trainer` section is Lightning's own `Trainer` (devices, strategy, precision, max_steps, "

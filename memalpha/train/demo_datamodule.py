@@ -10,6 +10,7 @@ interrupted one would have.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,26 @@ from memalpha.data.schema import DataValidationError
 from memalpha.lm.core.chat import chat_prompt_ids
 from memalpha.lm.core.embedded import load_tokenizer
 from memalpha.train.stream import PassCursor, as_is, endless_loader, pass_order
+
+
+@dataclass
+class DemoLoadSettings:
+    """How many demonstrations are read (``data.load.*``, the key ``memalpha fit`` uses for its
+    instance limits).
+
+    Args:
+        train_limit: Use at most this many training demonstrations.
+        val_limit: Use at most this many validation demonstrations.
+    """
+
+    train_limit: int | None = None
+    val_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("train_limit", "val_limit"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"data.load.{name} must be >= 1 or null, got {value}")
 
 
 @dataclass
@@ -53,8 +74,7 @@ class DemoDataModule(LightningDataModule):
             error naming them (a silently cut response would teach a truncated reply).
         chat_template_kwargs: Extra chat-template arguments, as the rollout's (e.g.
             ``{"enable_thinking": false}`` for Qwen3).
-        train_limit: Use at most this many training demonstrations.
-        val_limit: Use at most this many validation demonstrations.
+        load: How many demonstrations are read (``data.load.train_limit``, ``data.load.val_limit``).
         shuffle: Reshuffle the training demonstrations every pass.
         seed: Seed of the shuffling.
         tokenizer_name: The policy's model, linked from ``model.model`` by the CLI.
@@ -68,17 +88,16 @@ class DemoDataModule(LightningDataModule):
         val_batch_size: int = 8,
         max_tokens: int = 8192,
         chat_template_kwargs: dict[str, Any] | None = None,
-        train_limit: int | None = None,
-        val_limit: int | None = None,
+        load: DemoLoadSettings = DemoLoadSettings(),  # noqa: B008 - a value object; jsonargparse shows its fields
         shuffle: bool = True,
         seed: int = 0,
         tokenizer_name: str | None = None,
     ) -> None:
         super().__init__()
-        sizes = {"batch_size": batch_size, "val_batch_size": val_batch_size, "max_tokens": max_tokens,
-                 "train_limit": train_limit, "val_limit": val_limit}
+        self.load = DemoLoadSettings(**load) if isinstance(load, Mapping) else load
+        sizes = {"batch_size": batch_size, "val_batch_size": val_batch_size, "max_tokens": max_tokens}
         for name, value in sizes.items():
-            if value is not None and value < 1:
+            if value < 1:
                 raise ValueError(f"data.{name} must be >= 1, got {value}")
         if train_path is None:
             raise ValueError("data.train_path is required: a JSONL file of demonstrations (memalpha data demos)")
@@ -111,9 +130,9 @@ class DemoDataModule(LightningDataModule):
     def setup(self, stage: str) -> None:
         hp = self.hparams
         if stage == "fit" and not self.train_demos:
-            self.train_demos = self._load(hp.train_path, hp.train_limit)
+            self.train_demos = self._load(hp.train_path, self.load.train_limit)
         if stage in ("fit", "validate") and not self.val_demos and hp.val_path is not None:
-            self.val_demos = self._load(hp.val_path, hp.val_limit)
+            self.val_demos = self._load(hp.val_path, self.load.val_limit)
 
     def next_batch(self) -> list[TokenizedDemo]:
         """The next ``batch_size`` demonstrations, wrapping into a new (reshuffled) pass."""

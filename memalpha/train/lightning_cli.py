@@ -123,9 +123,9 @@ def _config_files(args: list[str]) -> list[str]:
     return files
 
 
-def check_renamed_keys(args: list[str]) -> None:
-    """Exit with one line per old key (:data:`RENAMED_MODEL_KEYS`, :data:`RENAMED_GROUP_KEYS`) found
-    in ``args`` or the config files they name."""
+def check_renamed_keys(args: list[str], groups: tuple[str, ...] = ("model", "data")) -> None:
+    """Exit with one line per old key (:data:`RENAMED_MODEL_KEYS`, :data:`RENAMED_GROUP_KEYS`) of
+    ``groups`` found in ``args`` or the config files they name."""
     import yaml
 
     problems = []
@@ -136,12 +136,12 @@ def check_renamed_keys(args: list[str]) -> None:
             continue  # the CLI itself reports unreadable configs
         sections = [config] + [config.get(sub) for sub in ("fit", "validate")] if isinstance(config, dict) else []
         for section in sections:
-            for name in ("model", "data"):
+            for name in groups:
                 group = section.get(name) if isinstance(section, dict) else None
                 if isinstance(group, dict):
                     problems.extend(renamed_option_message(o, v, path) for o, v in _options(group, name))
     for index, arg in enumerate(args):
-        if arg.startswith(("--model.", "--data.")):
+        if arg.startswith(tuple(f"--{name}." for name in groups)):
             option, eq, value = arg[2:].partition("=")
             value = value if eq else (args[index + 1] if index + 1 < len(args) else None)
             problems.append(renamed_option_message(option, value, "command line"))
@@ -206,17 +206,17 @@ class MemAlphaCLI(LightningCLI):
     takes_profile = True
     """Offer ``--profile`` (:mod:`memalpha.train.profiles`); its keys are :class:`GRPOModule`'s."""
 
-    checks_renamed_keys = True
-    """Refuse memalpha 0.1's flat ``model.*`` keys of :class:`GRPOModule` and the prefixed keys that
-    became nested groups (see :data:`RENAMED_MODEL_KEYS`, :data:`RENAMED_GROUP_KEYS`)."""
+    renamed_key_sections: tuple[str, ...] = ("model", "data")
+    """Where to refuse memalpha 0.1's flat ``model.*`` keys of :class:`GRPOModule` and the prefixed
+    keys that became nested groups (see :data:`RENAMED_MODEL_KEYS`, :data:`RENAMED_GROUP_KEYS`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("parser_class", OneLineErrorParser)
         super().__init__(*args, **kwargs)
 
     def parse_arguments(self, parser, args) -> None:
-        if self.checks_renamed_keys and (args is None or isinstance(args, list)):
-            check_renamed_keys(list(sys.argv[1:] if args is None else args))
+        if self.renamed_key_sections and (args is None or isinstance(args, list)):
+            check_renamed_keys(list(sys.argv[1:] if args is None else args), self.renamed_key_sections)
         if self.takes_profile and (args is None or isinstance(args, list)):
             self._apply_profile(list(sys.argv[1:] if args is None else args))
         super().parse_arguments(parser, args)
@@ -396,7 +396,7 @@ class SFTCLI(MemAlphaCLI):
     """:class:`MemAlphaCLI` for ``memalpha sft``: SFTModule's ``model.micro_batch_size`` is its own key,
     and no profile applies (the profiles set GRPO and reader options)."""
 
-    checks_renamed_keys = False
+    renamed_key_sections = ("data",)  # data.train_limit -> data.load.train_limit, as for fit
     takes_profile = False
 
     def _prog(self) -> str:
