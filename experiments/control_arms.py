@@ -21,16 +21,18 @@ on configs derived from ``--config`` and ``--sft-config``, written next to the r
    scores must equal ``start``'s exactly: ``grpo_lr0 - start`` checks the pipeline (export,
    reload, validation), and ``grpo - grpo_lr0`` is what the updates alone did;
    ``sft_continued``: ``memalpha sft`` continued from the adapter for the same wall-clock time as
-   that seed's ``grpo`` run: a step count, the ``grpo`` run's summed TensorBoard ``step_s`` (its
-   rollouts and updates, not model loading or validation) over the median ``step_s`` of the start's
-   SFT steps (:func:`control_arms_report.matched_sft_steps`); its own summed ``step_s`` is
-   recorded beside it;
+   that seed's ``grpo`` run: a step count, the ``grpo`` run's steps times their median TensorBoard
+   ``step_s`` (rollouts and updates, not model loading or validation) over the median ``step_s``
+   of the start's SFT steps (:func:`control_arms_report.matched_sft_steps`; medians because a
+   niced run on a shared machine stalls while other jobs run); the summed ``step_s`` of every arm
+   is recorded as ``train_s``;
 3. every arm's exported adapter validated by ``memalpha validate`` on the same ``--val`` held-out
    synthetic instances with ``--questions`` questions each (greedy, one rollout).
 
 ``--steps 8`` fits the whole run (start, 3 seeds x 3 arms, 10 validations) in about 100 minutes
 on the 2 shared cores it was sized on: a GRPO step took 40 s there, an SFT step 7.6 s, a
-validation of 48 instances x 4 questions 305 s (load average 1.5-3).
+validation of 48 instances x 4 questions 305 s (load average 1.5-3). Under ``nice -n 19`` beside
+other jobs at nice 0 it gets far less: one SFT step took 140 s at load 6.
 
 The report (``experiments/control_arms_report.py``, which rebuilds it from the committed files):
 paired per instance, ``grpo - sft_continued``, ``grpo - grpo_lr0`` and each arm ``- start`` on
@@ -276,7 +278,7 @@ class Experiment:
                 "config": str(args.config), "sft_config": str(args.sft_config), "demos": args.demos,
                 "sft_steps": args.sft_steps, "steps": args.steps, "val_instances": args.val,
                 "questions": args.questions, "seeds": args.seed_list, "lr0": args.lr0,
-                "time_matching": "sft_continued steps = round(sum of the seed's grpo step_s / median start SFT step_s)",
+                "time_matching": "sft_continued steps = round(grpo steps x median grpo step_s / median start SFT step_s)",
                 "intervals": "95 % Student t over instances, paired; pooled = each instance averaged over seeds first",
             },
             "instance_scores": str(scores_path.relative_to(REPO_ROOT) if scores_path.is_relative_to(REPO_ROOT) else scores_path),

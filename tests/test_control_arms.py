@@ -70,8 +70,8 @@ def test_start_is_shared_by_every_seed_and_arms_without_runs_are_left_out():
     assert math.isclose(means["start"]["accuracy"]["mean"], 0.5 / 3)
 
 
-def test_matched_sft_steps_divides_grpo_seconds_by_the_median_sft_step():
-    assert matched_sft_steps([30.0, 30.0, 40.0], [4.0, 5.0, 100.0]) == 20
+def test_matched_sft_steps_divides_the_grpo_time_by_the_median_sft_step_both_without_stalls():
+    assert matched_sft_steps([30.0, 30.0, 400.0], [4.0, 5.0, 100.0]) == 18  # 3 x 30 s / 5 s
     assert matched_sft_steps([10.0], [3.0]) == 3  # 3.33 rounds down
     assert matched_sft_steps([1.0], [30.0]) == 1  # never fewer than one step
     for grpo, sft in (([], [1.0]), ([1.0], []), ([1.0], [0.0]), ([float("nan")], [1.0])):
