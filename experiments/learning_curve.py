@@ -60,7 +60,7 @@ TRAIN_SCALARS = (
 
 
 def memalpha(*args: str, log: Path) -> None:
-    """Run one ``memalpha`` command; its output goes to ``log``; a failure stops the benchmark."""
+    """Run one ``memalpha`` command; its output goes to ``log``; a failure stops the experiment."""
     log.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "memalpha.cli", *args]
     start = time.perf_counter()
@@ -71,7 +71,8 @@ def memalpha(*args: str, log: Path) -> None:
     name = " ".join(a for a in args[:2] if not a.startswith("-"))
     print(f"  memalpha {name} -> {log} ({time.perf_counter() - start:.0f} s)", flush=True)
     if done.returncode != 0:
-        raise SystemExit(f"learning curve: `memalpha {' '.join(args)}` failed (status {done.returncode}); see {log}")
+        # the experiment's own name: control_arms.py runs its stages through this function too
+        raise SystemExit(f"{Path(sys.argv[0]).stem}: `memalpha {' '.join(args)}` failed (status {done.returncode}); see {log}")
 
 
 def load_yaml(path: Path) -> dict[str, Any]:

@@ -115,3 +115,13 @@ def test_learning_curve_seeds_combines_per_seed_changes_with_a_t_interval_over_s
         learning_curve_seeds.combine({"a": _seed_report([(0, 0.1)]), "b": _seed_report([(0, 0.2)])})
     with pytest.raises(ValueError, match="b: not a learning_curve.py report"):
         learning_curve_seeds.combine({"a": _seed_report([(0, 0.1)]), "b": {"settings": reports["a"]["settings"]}})
+
+
+def test_instance_values_average_fact_recall_only_where_every_rollout_has_one():
+    known = [dict(record("a", "s", [1], [["ok"]], [1.0]), fact_recall=0.5),
+             dict(record("a", "s", [1], [["ok"]], [1.0]), fact_recall=1.0)]
+    partly = [dict(record("b", "s", [1], [["ok"]], [1.0]), fact_recall=1.0),
+              dict(record("b", "s", [1], [["ok"]], [1.0]), fact_recall=None)]
+    values = instance_values(known + partly)["s"]
+    assert values["a"]["fact_recall"] == 0.75
+    assert "fact_recall" not in values["b"]

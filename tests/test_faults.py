@@ -8,6 +8,7 @@ run logs. The random-kill loop of ``experiments/kill_resume.py`` does the same a
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -98,3 +99,17 @@ def test_a_checkpoint_that_cannot_be_written_keeps_the_previous_one(tmp_path, ti
     assert "Traceback" not in done.stderr
     assert torch.load(ckpt, weights_only=False)["global_step"] == 1
     assert not list(ckpt.parent.glob(".*.tmp"))
+
+
+def test_a_run_stopped_after_its_last_step_exports_its_adapter_when_resumed(tmp_path, tiny_model_dir):
+    config = write_config(tmp_path, tiny_model_dir, max_steps=1)
+    data = yaml.safe_load(config.read_text())
+    data["trainer"]["limit_val_batches"] = 0
+    adapter = tmp_path / "adapter"
+    data["model"]["export_adapter_dir"] = str(adapter)
+    config.write_text(yaml.safe_dump(data))
+    main(["fit", "--config", str(config)])
+    assert (adapter / "adapter_config.json").is_file()
+    shutil.rmtree(adapter)  # what a SIGTERM in the last step leaves: its checkpoint, no adapter
+    main(["fit", "--config", str(config), "--ckpt_path", str(tmp_path / "run" / "checkpoints" / "last.ckpt")])
+    assert (adapter / "adapter_config.json").is_file(), "the resumed run, with nothing left to train, exports"

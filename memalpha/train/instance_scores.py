@@ -27,10 +27,13 @@ def instance_values(records: Iterable[Mapping[str, Any]]) -> InstanceScores:
     Per instance (averaged over its rollouts when there are several): ``accuracy`` the share of
     its questions scored correct, ``tool_success`` the share of its tool calls that succeeded
     (instances without a call count 0: no call stored nothing), ``memory_tokens`` and
-    ``compression`` as recorded, ``mean_reward`` the mean turn reward.
+    ``compression`` as recorded, ``mean_reward`` the mean turn reward, and ``fact_recall`` (the
+    share of its gold facts in the final memory, :mod:`memalpha.agent.fact_recall`) when every
+    rollout of the instance records one (an instance that knows no facts has none).
     """
     sums: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
     counts: dict[tuple[str, str], int] = defaultdict(int)
+    recalls: dict[tuple[str, str], int] = defaultdict(int)
     for record in records:
         key = (record["data_source"], record["instance_id"])
         scores = [q["score"] for q in record["questions"]]
@@ -45,12 +48,18 @@ def instance_values(records: Iterable[Mapping[str, Any]]) -> InstanceScores:
             "compression": float(record["r3"]),
             "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
         }
+        if record.get("fact_recall") is not None:
+            values["fact_recall"] = float(record["fact_recall"])
+            recalls[key] += 1
         for metric, value in values.items():
             sums[key][metric] += value
         counts[key] += 1
     out: InstanceScores = defaultdict(dict)
-    for (source, instance), total in sums.items():
-        out[source][instance] = {m: v / counts[(source, instance)] for m, v in total.items()}
+    for key, total in sums.items():
+        n = counts[key]
+        if recalls[key] != n:  # a mean over some rollouts only would not be the instance's
+            total.pop("fact_recall", None)
+        out[key[0]][key[1]] = {m: v / n for m, v in total.items()}
     return dict(out)
 
 

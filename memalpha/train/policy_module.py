@@ -174,7 +174,18 @@ class PolicyModule(LightningModule):
             rank_zero_warn(f"memalpha: {warning}")
 
     def on_train_end(self) -> None:
+        self._export_final_adapter()
+
+    def on_fit_end(self) -> None:
+        """A run resumed from the checkpoint of its last step (one SIGTERM stopped after that step
+        saved it) skips training and so ``on_train_end``: export its adapter here instead."""
+        done = self.trainer.max_steps > 0 and self.global_step >= self.trainer.max_steps
+        if done and not getattr(self, "_adapter_exported", False):
+            self._export_final_adapter()
+
+    def _export_final_adapter(self) -> None:
         target = self.hparams.export_adapter_dir or os.path.join(self.trainer.log_dir or ".", "adapter")
         if self.global_rank == 0:
             export_adapter(self.policy, self.tokenizer, target)
             rank_zero_info(f"memalpha: adapter saved to {target}")
+        self._adapter_exported = True

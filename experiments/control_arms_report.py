@@ -1,0 +1,273 @@
+"""Rebuild every interval of the control-arms experiment from its committed files alone.
+
+Run:  .venv/bin/python experiments/control_arms_report.py
+          [--scores experiments/results/control_arms/instance_scores.json]
+          [--summary experiments/results/control_arms.json] [--check] [--plot PATH]
+
+``experiments/control_arms.py`` writes the per-instance scores of every validation
+(``instance_scores.json``: ``{"start": {source: {instance: {metric: value}}}, "seeds": {seed:
+{arm: ...}}}``) and a summary JSON holding the intervals, the settings and the per-step training
+scalars. This script recomputes the intervals from the scores file with the same functions the
+experiment uses and prints them; ``--check`` also compares them with the summary's and exits 1
+on a difference; ``--plot`` redraws the figure from both files.
+
+The intervals, all 95 % Student t over held-out instances (an instance's questions read one
+memory, so the instance is the unit):
+
+* **pooled** (the headline): each instance's score is first averaged over the seeds that hold
+  both arms, then the paired differences ``A - B`` over the instances are one t interval
+  (``n - 1`` degrees of freedom). The seed-to-seed variation of a training run enters only
+  through these averages, so this interval is about these instances under these three runs, not
+  about a new seed.
+* **per seed**: the same paired interval for each seed on its own.
+
+The arm ``start`` (the shared SFT adapter) is one validation used by every seed. ``fact_recall``
+pairs only the instances that know their facts (all synthetic ones do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS_DIR, print_table
+
+from memalpha.intervals import mean_interval, paired_interval
+from memalpha.train.instance_scores import InstanceScores
+
+ARMS = ("grpo", "grpo_lr0", "sft_continued")
+START = "start"
+COMPARISONS: tuple[tuple[str, str], ...] = (
+    ("grpo", "sft_continued"),
+    ("grpo", "grpo_lr0"),
+    ("grpo", START),
+    ("grpo_lr0", START),
+    ("sft_continued", START),
+)
+METRICS = ("accuracy", "fact_recall", "mean_reward", "tool_success", "memory_tokens")
+HEADLINE = ("accuracy", "fact_recall", "mean_reward")
+TRAIN_TAGS = (
+    "train/reward",
+    "rewards/r1_accuracy",
+    "rewards/r2_tool",
+    "rewards/r3_compression",
+    "rewards/r4_content",
+    "train/tool_success",
+    "train/fact_recall",
+    "memory/tokens",
+    "train/reward_std",
+    "train/frac_reward_zero_std",
+    "train/grad_norm",
+    "train/kl",
+    "step_s",
+)
+SCORES_PATH = RESULTS_DIR / "control_arms" / "instance_scores.json"
+SUMMARY_PATH = RESULTS_DIR / "control_arms.json"
+
+Flat = dict[str, dict[str, float]]
+"""``{"source/instance": {metric: value}}``."""
+
+
+def flatten(scores: InstanceScores) -> Flat:
+    """One key per instance, ``source/instance``."""
+    return {f"{source}/{instance}": dict(values) for source, inst in scores.items() for instance, values in inst.items()}
+
+
+def arm_scores(scores: Mapping[str, Any], seed: str, arm: str) -> Flat | None:
+    """The flat per-instance scores of ``arm`` under ``seed`` (``start`` is shared), None if not run yet."""
+    if arm == START:
+        return flatten(scores[START]) if scores.get(START) else None
+    found = scores.get("seeds", {}).get(seed, {}).get(arm)
+    return flatten(found) if found else None
+
+
+def seed_average(runs: Sequence[Flat], metric: str) -> dict[str, float]:
+    """Per instance, the mean of ``metric`` over ``runs``; only instances every run scores on it."""
+    keys = set.intersection(*({k for k, v in run.items() if metric in v} for run in runs)) if runs else set()
+    return {k: sum(run[k][metric] for run in runs) / len(runs) for k in sorted(keys)}
+
+
+def paired(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float] | None:
+    """``{mean, half_width, low, high, n}`` of ``a - b`` over the instances both hold; None below 2."""
+    shared = sorted(a.keys() & b.keys())
+    if len(shared) < 2:
+        return None
+    return paired_interval([a[k] for k in shared], [b[k] for k in shared])
+
+
+def seeds_with(scores: Mapping[str, Any], arms: Sequence[str]) -> list[str]:
+    """The seeds (as their JSON keys, in numeric order) whose runs of every arm in ``arms`` exist."""
+    seeds = sorted(scores.get("seeds", {}), key=int)
+    return [s for s in seeds if all(arm_scores(scores, s, arm) is not None for arm in arms)]
+
+
+def compare(scores: Mapping[str, Any], a: str, b: str, metric: str) -> dict[str, Any]:
+    """``a - b`` on ``metric``: ``{"pooled": interval or None, "seeds": [...], "per_seed": {seed: interval}}``."""
+    seeds = seeds_with(scores, (a, b))
+    per_seed = {}
+    for seed in seeds:
+        per_seed[seed] = paired(seed_average([arm_scores(scores, seed, a)], metric),
+                                seed_average([arm_scores(scores, seed, b)], metric))
+    pooled = None
+    if seeds:
+        pooled = paired(seed_average([arm_scores(scores, s, a) for s in seeds], metric),
+                        seed_average([arm_scores(scores, s, b) for s in seeds], metric))
+    return {"pooled": pooled, "seeds": [int(s) for s in seeds], "per_seed": per_seed}
+
+
+def comparisons(scores: Mapping[str, Any], metrics: Sequence[str] = METRICS) -> dict[str, dict[str, Any]]:
+    """Every comparison of :data:`COMPARISONS` on every metric: ``{"A - B": {metric: compare(...)}}``."""
+    return {f"{a} - {b}": {m: compare(scores, a, b, m) for m in metrics} for a, b in COMPARISONS}
+
+
+def arm_means(scores: Mapping[str, Any], metrics: Sequence[str] = METRICS) -> dict[str, dict[str, Any]]:
+    """Per arm and metric, the mean over instances of the seed-averaged scores with its 95 % interval."""
+    out: dict[str, dict[str, Any]] = {}
+    for arm in (START, *ARMS):
+        seeds = ["0"] if arm == START else seeds_with(scores, (arm,))
+        runs = [arm_scores(scores, s, arm) for s in seeds]
+        runs = [r for r in runs if r is not None]
+        if not runs:
+            continue
+        out[arm] = {"seeds": [] if arm == START else [int(s) for s in seeds]}
+        for metric in metrics:
+            values = list(seed_average(runs, metric).values())
+            out[arm][metric] = mean_interval(values) if values else None
+    return out
+
+
+def matched_sft_steps(grpo_step_s: Sequence[float], sft_step_s: Sequence[float]) -> int:
+    """SFT steps that take as long as the GRPO run: its step count times its median step seconds, over
+    the median SFT step's seconds, rounded to the nearest step (at least 1). Medians, not sums: on a
+    shared machine a niced run stalls while other jobs run, and a stall is not the run's own cost."""
+    if not grpo_step_s or not sft_step_s:
+        raise ValueError("matched_sft_steps: needs the GRPO run's and the SFT run's step seconds")
+    if any(not math.isfinite(s) or s <= 0 for s in (*grpo_step_s, *sft_step_s)):
+        raise ValueError("matched_sft_steps: step seconds must be finite and > 0")
+    return max(1, round(len(grpo_step_s) * statistics.median(grpo_step_s) / statistics.median(sft_step_s)))
+
+
+def format_interval(interval: Mapping[str, float] | None) -> str:
+    if interval is None:
+        return "-"
+    return f"{interval['mean']:+.3f} [{interval['low']:+.3f}, {interval['high']:+.3f}]"
+
+
+def print_report(means: Mapping[str, Any], compared: Mapping[str, Any]) -> None:
+    """The arm means, then the pooled and per-seed paired differences of the headline metrics."""
+    print("\nheld-out means over instances (each averaged over seeds), 95 % t interval")
+    rows = [[arm, ",".join(map(str, v["seeds"])) or "-",
+             *[("-" if v.get(m) is None else f"{v[m]['mean']:.3f} ± {v[m]['half_width']:.3f}") for m in METRICS]]
+            for arm, v in means.items()]
+    print_table(["arm", "seeds", *METRICS], rows)
+    print("\npaired differences over instances, mean [95 % interval]; pooled = instance averaged over seeds first")
+    rows = []
+    for name, by_metric in compared.items():
+        first = by_metric[HEADLINE[0]]
+        rows.append([name, "pooled", first["pooled"]["n"] if first["pooled"] else 0,
+                     *[format_interval(by_metric[m]["pooled"]) for m in HEADLINE]])
+        for seed in first["per_seed"]:
+            interval = first["per_seed"][seed]
+            rows.append(["", f"seed {seed}", interval["n"] if interval else 0,
+                         *[format_interval(by_metric[m]["per_seed"][seed]) for m in HEADLINE]])
+    print_table(["comparison", "over", "n", *HEADLINE], rows)
+
+
+def plot(means: Mapping[str, Any], compared: Mapping[str, Any], train: Mapping[str, Any], path: Path) -> None:
+    """Arm means, the paired differences against GRPO, and the per-step training reward parts."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(HEADLINE) + 2, figsize=(4.0 * (len(HEADLINE) + 2), 3.8))
+    arms = list(means)
+    for ax, metric in zip(axes, HEADLINE):
+        values = [means[a].get(metric) for a in arms]
+        xs = [i for i, v in enumerate(values) if v is not None]
+        ax.errorbar(xs, [values[i]["mean"] for i in xs], yerr=[values[i]["half_width"] for i in xs],
+                    fmt="o", capsize=4, color="black")
+        ax.set_xticks(range(len(arms)), arms, rotation=20, fontsize=8)
+        ax.set_title(f"held-out {metric}")
+    ax = axes[len(HEADLINE)]
+    names = [n for n in compared if not n.endswith(f"- {START}")]
+    for offset, metric in enumerate(HEADLINE):
+        for i, name in enumerate(names):
+            interval = compared[name][metric]["pooled"]
+            if interval is not None:
+                ax.errorbar(i + 0.15 * (offset - 1), interval["mean"], yerr=interval["half_width"], fmt="o",
+                            capsize=3, color=f"C{offset}", label=metric if i == 0 else None)
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set_xticks(range(len(names)), names, rotation=10, fontsize=8)
+    ax.set_title("paired differences (pooled seeds)")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    ax = axes[-1]
+    for run, tags in train.items():
+        for tag, style in (("train/reward", "-"), ("rewards/r1_accuracy", ":")):
+            series = tags.get(tag, {})
+            steps = sorted(series, key=int)
+            ax.plot([int(s) + 1 for s in steps], [series[s] for s in steps], style, marker=".",
+                    label=f"{run} {tag.split('/')[1]}")
+    ax.set_title("training rounds")
+    ax.set_xlabel("GRPO step")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6)
+    fig.suptitle("GRPO against its controls from one SFT start (95 % t intervals over held-out instances)",
+                 fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def same_numbers(a: Any, b: Any, tol: float = 1e-9) -> bool:
+    """Two JSON-like values equal, floats to ``tol`` (the summary went through JSON)."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(same_numbers(a[k], b[k], tol) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_numbers(x, y, tol) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=tol, abs_tol=tol)
+    return a == b
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"control arms report: cannot read {path} ({exc})") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--scores", type=Path, default=SCORES_PATH)
+    parser.add_argument("--summary", type=Path, default=SUMMARY_PATH)
+    parser.add_argument("--check", action="store_true", help="exit 1 unless the summary's intervals are rebuilt")
+    parser.add_argument("--plot", type=Path, default=None, help="redraw the figure to this PNG")
+    args = parser.parse_args(argv)
+    scores = read_json(args.scores)
+    means, compared = arm_means(scores), comparisons(scores)
+    print_report(means, compared)
+    if args.check or args.plot:
+        summary = read_json(args.summary)
+        if args.plot:
+            plot(means, compared, summary.get("train", {}), args.plot)
+            print(f"(plot written to {args.plot})")
+        if args.check:
+            ok = same_numbers(compared, summary.get("comparisons")) and same_numbers(means, summary.get("arm_means"))
+            print("rebuilt intervals " + ("match" if ok else "DIFFER from") + f" {args.summary}")
+            return 0 if ok else 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,111 @@
+"""The control-arms experiment's pure parts (experiments/control_arms_report.py, control_arms.py):
+paired intervals pooled over seeds and per seed against hand-computed numbers, the rebuild check,
+the wall-clock matching rule, and the configs of the arms."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
+
+from control_arms_report import arm_means, compare, comparisons, main, matched_sft_steps
+
+T2 = 4.302653  # the 0.975 quantile of Student's t with 2 degrees of freedom
+
+
+def table(accuracy: dict[str, float], recall: dict[str, float] | None = None) -> dict:
+    """A made-up InstanceScores of one source ``s``."""
+    recall = recall or {}
+    return {"s": {k: {"accuracy": v, **({"fact_recall": recall[k]} if k in recall else {})} for k, v in accuracy.items()}}
+
+
+SCORES = {
+    "start": table({"a": 0.5, "b": 0.0, "c": 0.0}),
+    "seeds": {
+        "0": {"grpo": table({"a": 1.0, "b": 0.5, "c": 0.0}, {"a": 1.0, "b": 0.5, "c": 0.5}),
+              "sft_continued": table({"a": 0.5, "b": 0.5, "c": 0.0}, {"a": 0.5, "b": 0.5, "c": 0.0})},
+        "1": {"grpo": table({"a": 0.5, "b": 1.0, "c": 0.5}, {"a": 1.0, "b": 1.0}),
+              "sft_continued": table({"a": 0.5, "b": 0.0, "c": 0.5}, {"a": 0.5, "b": 0.0, "c": 1.0})},
+        "2": {"grpo": table({"a": 0.0, "b": 0.0, "c": 0.0})},  # its control not run yet: left out of grpo - sft
+    },
+}
+
+
+def test_per_seed_interval_is_the_paired_t_of_that_seed():
+    result = compare(SCORES, "grpo", "sft_continued", "accuracy")
+    assert result["seeds"] == [0, 1]
+    seed0 = result["per_seed"]["0"]  # differences 0.5, 0, 0: mean 1/6, variance 1/12
+    assert seed0["n"] == 3 and math.isclose(seed0["mean"], 1 / 6)
+    assert math.isclose(seed0["half_width"], T2 * math.sqrt((1 / 12) / 3), rel_tol=1e-6)
+
+
+def test_pooled_interval_averages_each_instance_over_seeds_first():
+    pooled = compare(SCORES, "grpo", "sft_continued", "accuracy")["pooled"]
+    # grpo averages 0.75, 0.75, 0.25; sft_continued 0.5, 0.25, 0.25: differences 0.25, 0.5, 0
+    assert pooled["n"] == 3 and math.isclose(pooled["mean"], 0.25)
+    assert math.isclose(pooled["half_width"], T2 * math.sqrt(0.0625 / 3), rel_tol=1e-6)
+    assert math.isclose(pooled["low"], 0.25 - pooled["half_width"])
+
+
+def test_fact_recall_pairs_only_instances_every_seed_scores():
+    pooled = compare(SCORES, "grpo", "sft_continued", "fact_recall")["pooled"]
+    # c has no recall under grpo seed 1: a and b only; grpo 1.0, 0.75; sft 0.5, 0.25: differences 0.5, 0.5
+    assert pooled["n"] == 2 and math.isclose(pooled["mean"], 0.5) and pooled["half_width"] == 0.0
+
+
+def test_start_is_shared_by_every_seed_and_arms_without_runs_are_left_out():
+    against_start = compare(SCORES, "grpo", "start", "accuracy")
+    assert against_start["seeds"] == [0, 1, 2]
+    # grpo averaged over three seeds: a 0.5, b 0.5, c 1/6; minus start 0.5, 0, 0
+    assert math.isclose(against_start["pooled"]["mean"], (0.0 + 0.5 + 1 / 6) / 3)
+    assert compare(SCORES, "grpo", "grpo_lr0", "accuracy") == {"pooled": None, "seeds": [], "per_seed": {}}
+    means = arm_means(SCORES, ("accuracy",))
+    assert set(means) == {"start", "grpo", "sft_continued"} and means["grpo"]["seeds"] == [0, 1, 2]
+    assert math.isclose(means["start"]["accuracy"]["mean"], 0.5 / 3)
+
+
+def test_matched_sft_steps_divides_the_grpo_time_by_the_median_sft_step_both_without_stalls():
+    assert matched_sft_steps([30.0, 30.0, 400.0], [4.0, 5.0, 100.0]) == 18  # 3 x 30 s / 5 s
+    assert matched_sft_steps([10.0], [3.0]) == 3  # 3.33 rounds down
+    assert matched_sft_steps([1.0], [30.0]) == 1  # never fewer than one step
+    for grpo, sft in (([], [1.0]), ([1.0], []), ([1.0], [0.0]), ([float("nan")], [1.0])):
+        with pytest.raises(ValueError):
+            matched_sft_steps(grpo, sft)
+
+
+def test_report_check_passes_on_its_own_summary_and_fails_on_a_changed_number(tmp_path, capsys):
+    scores = tmp_path / "scores.json"
+    scores.write_text(json.dumps(SCORES))
+    summary = {"comparisons": comparisons(SCORES), "arm_means": arm_means(SCORES)}
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(summary))
+    assert main(["--scores", str(scores), "--summary", str(good), "--check"]) == 0
+    summary["comparisons"]["grpo - sft_continued"]["accuracy"]["pooled"]["mean"] += 0.01
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(summary))
+    assert main(["--scores", str(scores), "--summary", str(bad), "--check"]) == 1
+    assert "DIFFER" in capsys.readouterr().out
+
+
+def test_arm_configs_validate_outside_the_fit_and_the_no_update_arm_has_its_rate(tmp_path):
+    from control_arms import arm_fit_config, continued_sft_config, load_yaml
+
+    root = Path(__file__).resolve().parent.parent
+    args = argparse.Namespace(steps=8, val=48, questions=4, lr0=1e-30)
+    base = load_yaml(root / "configs" / "tiny_cpu.yaml")
+    grpo = arm_fit_config(base, tmp_path, args, 1, "grpo")
+    lr0 = arm_fit_config(base, tmp_path, args, 1, "grpo_lr0")
+    assert grpo["trainer"]["limit_val_batches"] == 0 and grpo["trainer"]["max_steps"] == 8
+    assert grpo["model"]["optimizer"]["learning_rate"] == base["model"]["optimizer"]["learning_rate"]
+    assert lr0["model"]["optimizer"]["learning_rate"] == 1e-30 and lr0["seed_everything"] == 1
+    assert grpo["data"]["synthetic"]["val"] == 48 and grpo["data"]["synthetic"]["questions"] == 4
+    assert grpo["model"]["export_adapter_dir"] != lr0["model"]["export_adapter_dir"]
+    sft = continued_sft_config(load_yaml(root / "configs" / "sft_tiny_cpu.yaml"), tmp_path, 2, 37)
+    assert sft["trainer"]["max_steps"] == 37 and sft["data"]["seed"] == 2
+    assert sft["model"]["adapter_path"] == str(tmp_path / "sft" / "adapter")
