@@ -7,20 +7,22 @@
 #                           bash experiments/gpu_pack.sh      (writes .device/, ~36 MB)
 #   on the GPU machine:     carry .device;  command: bash experiments/gpu_check.sh
 #
-# Stages, in the order they run (most telling first; about 9 minutes in all when each fits its limit):
-#   1. sampler        new tokens/s of 8 rows of Qwen3-4B NF4 + LoRA r32 after 1,024-token prompts,
-#                     today's loop against cuda-graph (experiments/bench_graph_decode.py)  item 2
+# Stages, in the order they run (about 8 minutes in all on an H200, under 10 when each fits its limit):
+#   1. sampler_bf16   new tokens/s of 8 rows of Qwen3-4B NF4 + LoRA r32 after 1,024-token prompts in the
+#                     config's bf16 layout, memalpha's growing-cache loop against cuda-graph (after a
+#                     teacher-forced comparison of their logits), and a profile of 8 eager steps
+#                     (experiments/bench_graph_decode.py)                                item 2
 #   2. scale          one GRPO step at configs/qlora_4090.yaml's sizes (8 x 6144 prompt tokens,
 #                     2048 response tokens, micro-batches of 2 x 8192) under a 24 GiB cap, every phase
 #                     timed, peak reserved and driver-side memory (experiments/bench_scale.py)  items 1, 3
 #   3. fit            `memalpha fit --config configs/qlora_4090.yaml` for 2 steps on a random-weight
 #                     Qwen3-4B folder, one ~4.4k-token chunk per instance (random weights never end a
-#                     turn early, so every turn decodes the full 2048 tokens) (experiments/gpu_fit_check.py)  item 3
+#                     turn early, so every turn decodes the full 2048 tokens; a step took 110 s on an
+#                     H200) (experiments/gpu_fit_check.py)                               item 3
 #   4. nf4_gradients  QLoRA gradients on the GPU before/after sampling and against the dequantised
-#                     weights (tests/test_nf4_gradients.py on cuda)                    item 4
-#   5. sampler32      the sampler with 32 rows, cuda-graph only
-#   (sampler_bf16     the sampler as configs/qlora_4090.yaml runs it: bf16 residual stream and cache,
-#                     with a profile of 8 eager steps; run with GPU_CHECK_STAGES="... sampler_bf16")
+#                     weights (tests/test_nf4_gradients.py on cuda)                      item 4
+#   Also, named in GPU_CHECK_STAGES: sampler (the same as 1 with the default float32 residual
+#   stream) and sampler32 (32 rows, cuda-graph only).
 #
 # Results go to experiments/results/gpu/. Where $OUT is set (the device tool's folder that comes back,
 # at most 8 files), every stage's end also packs that folder into $OUT/gpu_results.tgz, so a call
@@ -34,8 +36,8 @@ PY=${PYTHON:-python3}
 RESULTS=experiments/results/gpu
 mkdir -p "$RESULTS"
 TOKENIZER=${MEMALPHA_TOKENIZER:-$( [ -d .device/tok ] && echo .device/tok || echo smollm2-135m-instruct )}
-STAGES=${GPU_CHECK_STAGES:-sampler scale fit nf4_gradients sampler32}
-declare -A LIMIT=([sampler]=90 [scale]=150 [fit]=220 [nf4_gradients]=50 [sampler32]=45 [sampler_bf16]=60)
+STAGES=${GPU_CHECK_STAGES:-sampler_bf16 scale fit nf4_gradients}
+declare -A LIMIT=([sampler_bf16]=70 [scale]=150 [fit]=300 [nf4_gradients]=50 [sampler]=90 [sampler32]=45)
 
 run_stage() {  # name, command...: its own limit, its log beside its JSON, its exit status in the summary
   local name=$1; shift
@@ -59,7 +61,7 @@ for stage in $STAGES; do
     sampler) run_stage sampler "$PY" experiments/bench_graph_decode.py --device cuda --nf4 --rows 8 \
                --out "$RESULTS/bench_graph_decode.json" ;;
     sampler_bf16) run_stage sampler_bf16 "$PY" experiments/bench_graph_decode.py --device cuda --nf4 --rows 8 \
-                    --upcast-unquantised off --paths graph --check-steps 4 --profile-steps 8 \
+                    --upcast-unquantised off --loop-max-new-tokens 32 --check-steps 4 --profile-steps 8 \
                     --out "$RESULTS/bench_graph_decode_bf16.json" ;;
     sampler32) run_stage sampler32 "$PY" experiments/bench_graph_decode.py --device cuda --nf4 --rows 32 \
                  --paths graph --check-steps 0 --out "$RESULTS/bench_graph_decode_32.json" ;;
@@ -67,7 +69,7 @@ for stage in $STAGES; do
              --out "$RESULTS/bench_scale.json" ;;
     fit) run_stage fit "$PY" experiments/gpu_fit_check.py --tokenizer "$TOKENIZER" --chunks 1 \
            --out "$RESULTS/gpu_fit_check.json" ;;
-    *) echo "unknown stage $stage (choose from: sampler scale fit nf4_gradients sampler32 sampler_bf16)"; exit 2 ;;
+    *) echo "unknown stage $stage (choose from: sampler_bf16 scale fit nf4_gradients sampler sampler32)"; exit 2 ;;
   esac
 done
 cat "$RESULTS/stages.tsv"
