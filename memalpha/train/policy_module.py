@@ -56,6 +56,7 @@ class PolicyModule(LightningModule):
         self.nonfinite_streak = NonFiniteStreak(self.optimizer_settings.max_consecutive_nonfinite)
         self.policy = None
         self.tokenizer = None
+        self._adapter_exported = False  # set by the end-of-fit export (on_train_end, else on_fit_end)
 
     def load_policy(self) -> bool:
         """Load the policy and tokenizer once (``hparams.model``, ``hparams.adapter_path``); False if already loaded."""
@@ -180,7 +181,7 @@ class PolicyModule(LightningModule):
         """A run resumed from the checkpoint of its last step (one SIGTERM stopped after that step
         saved it) skips training and so ``on_train_end``: export its adapter here instead."""
         done = self.trainer.max_steps > 0 and self.global_step >= self.trainer.max_steps
-        if done and not getattr(self, "_adapter_exported", False):
+        if done and not self._adapter_exported:
             self._export_final_adapter()
 
     def _export_final_adapter(self) -> None:
