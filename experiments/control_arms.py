@@ -109,6 +109,7 @@ def arm_fit_config(base: dict[str, Any], run_dir: Path, args: argparse.Namespace
     """``fit`` of a GRPO arm: no validation inside the run (``validate`` scores its exported adapter)."""
     config = fit_config(base, run_dir, curve_settings(args, args.lr0 if arm == "grpo_lr0" else None), seed)
     name = tag(seed, arm)
+    config["model"]["adapter_path"] = str(run_dir / "sft" / "adapter")  # every arm starts from the SFT start
     config["model"]["export_adapter_dir"] = str(run_dir / "arms" / name / "adapter")
     config["trainer"]["logger"] = logger(run_dir, "arms", name)
     config["trainer"]["callbacks"] = checkpointing(run_dir / "checkpoints" / name, 1)

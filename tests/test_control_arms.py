@@ -106,6 +106,8 @@ def test_arm_configs_validate_outside_the_fit_and_the_no_update_arm_has_its_rate
     assert lr0["model"]["optimizer"]["learning_rate"] == 1e-30 and lr0["seed_everything"] == 1
     assert grpo["data"]["synthetic"]["val"] == 48 and grpo["data"]["synthetic"]["questions"] == 4
     assert grpo["model"]["export_adapter_dir"] != lr0["model"]["export_adapter_dir"]
+    start = str(tmp_path / "sft" / "adapter")  # both GRPO arms train from the SFT start, not the base model
+    assert grpo["model"]["adapter_path"] == start and lr0["model"]["adapter_path"] == start
     sft = continued_sft_config(load_yaml(root / "configs" / "sft_tiny_cpu.yaml"), tmp_path, 2, 37)
     assert sft["trainer"]["max_steps"] == 37 and sft["data"]["seed"] == 2
     assert sft["model"]["adapter_path"] == str(tmp_path / "sft" / "adapter")
