@@ -20,12 +20,13 @@ on configs derived from ``--config`` and ``--sft-config``, written next to the r
    steps like ``grpo`` but learns nothing; validation is greedy, so with unchanged weights its
    scores must equal ``start``'s exactly: ``grpo_lr0 - start`` checks the pipeline (export,
    reload, validation), and ``grpo - grpo_lr0`` is what the updates alone did;
-   ``sft_continued``: ``memalpha sft`` continued from the adapter for the same wall-clock time as
-   that seed's ``grpo`` run: a step count, the ``grpo`` run's steps times their median TensorBoard
-   ``step_s`` (rollouts and updates, not model loading or validation) over the median ``step_s``
-   of the start's SFT steps (:func:`control_arms_report.matched_sft_steps`; medians because a
-   niced run on a shared machine stalls while other jobs run); the summed ``step_s`` of every arm
-   is recorded as ``train_s``;
+   ``sft_continued``: ``memalpha sft`` continued from the adapter for the same training time as
+   that seed's ``grpo`` run: Lightning's ``trainer.max_time`` set to the ``grpo`` run's summed
+   TensorBoard ``step_s`` (rollouts and updates, not model loading or validation), so both arms
+   are timed on the machine as it is while they run. (A step count from the start's SFT step
+   time failed: the start ran beside other jobs at ~72 s a step, 10x its idle time, and the
+   first seed-0 arm got 5 steps, 53 s against GRPO's 380 s.) The summed ``step_s`` of every arm
+   is recorded as ``train_s``, its steps as ``steps``;
 3. every arm's exported adapter validated by ``memalpha validate`` on the same ``--val`` held-out
    synthetic instances with ``--questions`` questions each (greedy, one rollout).
 
@@ -66,7 +67,6 @@ from control_arms_report import (
     TRAIN_TAGS,
     arm_means,
     comparisons,
-    matched_sft_steps,
     plot,
     print_report,
 )
@@ -126,10 +126,17 @@ def validate_config(base: dict[str, Any], run_dir: Path, args: argparse.Namespac
     return config
 
 
-def continued_sft_config(base: dict[str, Any], run_dir: Path, seed: int, steps: int) -> dict[str, Any]:
-    """``sft`` of the arm ``sft_continued``: ``steps`` more SFT steps from the start adapter, its
-    own seed for the demonstrations' order, checkpoints every 10 steps."""
-    config = sft_config(base, run_dir, steps)
+CONTINUED_SFT_STEP_CAP = 100_000
+"""``max_steps`` of the continued SFT arm, whose length ``trainer.max_time`` sets."""
+
+
+def continued_sft_config(base: dict[str, Any], run_dir: Path, seed: int, seconds: float) -> dict[str, Any]:
+    """``sft`` of the arm ``sft_continued``: SFT from the start adapter for ``seconds`` of training
+    (``trainer.max_time``), its own seed for the demonstrations' order, checkpoints every 10 steps."""
+    config = sft_config(base, run_dir, CONTINUED_SFT_STEP_CAP)
+    whole = max(1, round(seconds))  # Lightning's DD:HH:MM:SS form (a mapping would parse as text on the CLI)
+    config["trainer"]["max_time"] = f"{whole // 86400:02d}:{whole % 86400 // 3600:02d}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+    config["trainer"]["limit_val_batches"] = 0  # validate scores its exported adapter
     name = tag(seed, "sft_continued")
     config["seed_everything"] = seed
     config["model"]["seed"] = seed
@@ -251,13 +258,14 @@ class Experiment:
 
     def sft_arm(self, seed: int) -> None:
         name = tag(seed, "sft_continued")
-        steps = matched_sft_steps(step_seconds(self.run_dir / "arms" / tag(seed, "grpo")), self.sft_step_s)
-        config = continued_sft_config(self.base_sft, self.run_dir, seed, steps)
+        seconds = sum(step_seconds(self.run_dir / "arms" / tag(seed, "grpo")))
+        config = continued_sft_config(self.base_sft, self.run_dir, seed, seconds)
         path = write_yaml(config, self.run_dir / f"{name}.yaml")
         folder = self.run_dir / "arms" / name
         if not (self.args.reuse and adapter_done(folder / "adapter")):
             train_run(path, config, self.logs / f"sft_{name}.log", "sft")
-        self.runs[name] = {"train_s": sum(step_seconds(folder)), "steps": steps}
+        taken = step_seconds(folder)
+        self.runs[name] = {"train_s": sum(taken), "steps": len(taken), "max_time_s": seconds}
         self.finish_arm(seed, "sft_continued", folder / "adapter")
 
     def finish_arm(self, seed: int, arm: str, adapter: Path) -> None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -142,17 +141,6 @@ def arm_means(scores: Mapping[str, Any], metrics: Sequence[str] = METRICS) -> di
             values = list(seed_average(runs, metric).values())
             out[arm][metric] = mean_interval(values) if values else None
     return out
-
-
-def matched_sft_steps(grpo_step_s: Sequence[float], sft_step_s: Sequence[float]) -> int:
-    """SFT steps that take as long as the GRPO run: its step count times its median step seconds, over
-    the median SFT step's seconds, rounded to the nearest step (at least 1). Medians, not sums: on a
-    shared machine a niced run stalls while other jobs run, and a stall is not the run's own cost."""
-    if not grpo_step_s or not sft_step_s:
-        raise ValueError("matched_sft_steps: needs the GRPO run's and the SFT run's step seconds")
-    if any(not math.isfinite(s) or s <= 0 for s in (*grpo_step_s, *sft_step_s)):
-        raise ValueError("matched_sft_steps: step seconds must be finite and > 0")
-    return max(1, round(len(grpo_step_s) * statistics.median(grpo_step_s) / statistics.median(sft_step_s)))
 
 
 def format_interval(interval: Mapping[str, float] | None) -> str:

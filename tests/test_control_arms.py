@@ -10,11 +10,9 @@ import math
 import sys
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
 
-from control_arms_report import arm_means, compare, comparisons, main, matched_sft_steps
+from control_arms_report import arm_means, compare, comparisons, main
 
 T2 = 4.302653  # the 0.975 quantile of Student's t with 2 degrees of freedom
 
@@ -70,15 +68,6 @@ def test_start_is_shared_by_every_seed_and_arms_without_runs_are_left_out():
     assert math.isclose(means["start"]["accuracy"]["mean"], 0.5 / 3)
 
 
-def test_matched_sft_steps_divides_the_grpo_time_by_the_median_sft_step_both_without_stalls():
-    assert matched_sft_steps([30.0, 30.0, 400.0], [4.0, 5.0, 100.0]) == 18  # 3 x 30 s / 5 s
-    assert matched_sft_steps([10.0], [3.0]) == 3  # 3.33 rounds down
-    assert matched_sft_steps([1.0], [30.0]) == 1  # never fewer than one step
-    for grpo, sft in (([], [1.0]), ([1.0], []), ([1.0], [0.0]), ([float("nan")], [1.0])):
-        with pytest.raises(ValueError):
-            matched_sft_steps(grpo, sft)
-
-
 def test_report_check_passes_on_its_own_summary_and_fails_on_a_changed_number(tmp_path, capsys):
     scores = tmp_path / "scores.json"
     scores.write_text(json.dumps(SCORES))
@@ -108,6 +97,7 @@ def test_arm_configs_validate_outside_the_fit_and_the_no_update_arm_has_its_rate
     assert grpo["model"]["export_adapter_dir"] != lr0["model"]["export_adapter_dir"]
     start = str(tmp_path / "sft" / "adapter")  # both GRPO arms train from the SFT start, not the base model
     assert grpo["model"]["adapter_path"] == start and lr0["model"]["adapter_path"] == start
-    sft = continued_sft_config(load_yaml(root / "configs" / "sft_tiny_cpu.yaml"), tmp_path, 2, 37)
-    assert sft["trainer"]["max_steps"] == 37 and sft["data"]["seed"] == 2
+    sft = continued_sft_config(load_yaml(root / "configs" / "sft_tiny_cpu.yaml"), tmp_path, 2, 380.4)
+    assert sft["trainer"]["max_time"] == "00:00:06:20" and sft["data"]["seed"] == 2  # GRPO's training time
+    assert sft["trainer"]["max_steps"] > 10_000 and sft["trainer"]["limit_val_batches"] == 0
     assert sft["model"]["adapter_path"] == str(tmp_path / "sft" / "adapter")
