@@ -70,7 +70,16 @@ from control_arms_report import (
     plot,
     print_report,
 )
-from learning_curve import fit_config, load_records, load_yaml, memalpha, sft_config, write_yaml
+from learning_curve import (
+    add_recipe_arguments,
+    check_positive,
+    fit_config,
+    load_records,
+    load_yaml,
+    memalpha,
+    sft_config,
+    write_yaml,
+)
 
 from memalpha.train.demo_summary import event_scalars
 from memalpha.train.instance_scores import instance_values
@@ -183,11 +192,8 @@ def max_abs_change(before: Path, after: Path) -> float:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "tiny_cpu.yaml")
-    parser.add_argument("--sft-config", type=Path, default=REPO_ROOT / "configs" / "sft_tiny_cpu.yaml")
-    parser.add_argument("--demos", type=int, default=24, help="training instances to draw demonstrations from")
-    parser.add_argument("--sft-steps", type=int, default=16, help="SFT steps of the shared start (make demo: 16)")
-    parser.add_argument("--steps", type=int, default=8, help="GRPO steps of each GRPO arm")
+    add_recipe_arguments(parser, sft_steps=16, sft_help="SFT steps of the shared start (make demo: 16)", steps=8,
+                         steps_help="GRPO steps of each GRPO arm")
     parser.add_argument("--val", type=int, default=48, help="held-out synthetic validation instances")
     parser.add_argument("--questions", type=int, default=4, help="questions per training and validation instance")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (the SFT start is shared)")
@@ -196,9 +202,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "control_arms.json")
     parser.add_argument("--reuse", action="store_true", help="keep the stages whose outputs exist")
     args = parser.parse_args(argv)
-    for name in ("demos", "sft_steps", "steps", "val", "questions"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    check_positive(parser, args, ("demos", "sft_steps", "steps", "val", "questions"))
     if not 0.0 < args.lr0 < 1e-20:
         parser.error(f"--lr0 must be in (0, 1e-20) so that no weight moves, got {args.lr0}")
     try:

@@ -193,13 +193,27 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+def add_recipe_arguments(parser: argparse.ArgumentParser, *, sft_steps: int, sft_help: str, steps: int,
+                         steps_help: str) -> None:
+    """The options of the recipe both experiments run (configs, demonstrations, SFT and GRPO steps)."""
     parser.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "tiny_cpu.yaml")
     parser.add_argument("--sft-config", type=Path, default=REPO_ROOT / "configs" / "sft_tiny_cpu.yaml")
     parser.add_argument("--demos", type=int, default=24, help="training instances to draw demonstrations from")
-    parser.add_argument("--sft-steps", type=int, default=6, help="SFT steps of the partial cold start")
-    parser.add_argument("--steps", type=int, default=20, help="GRPO steps per seed")
+    parser.add_argument("--sft-steps", type=int, default=sft_steps, help=sft_help)
+    parser.add_argument("--steps", type=int, default=steps, help=steps_help)
+
+
+def check_positive(parser: argparse.ArgumentParser, args: argparse.Namespace, names: tuple[str, ...]) -> None:
+    """Stop with the option's name when any of ``names`` is below 1."""
+    for name in names:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    add_recipe_arguments(parser, sft_steps=6, sft_help="SFT steps of the partial cold start", steps=20,
+                         steps_help="GRPO steps per seed")
     parser.add_argument("--every", type=int, default=5, help="GRPO steps between validations")
     parser.add_argument("--val", type=int, default=32, help="held-out synthetic validation instances")
     parser.add_argument("--seeds", default="0", help="comma-separated GRPO seeds (the SFT start is shared)")
@@ -210,9 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "learning_curve.json")
     parser.add_argument("--reuse", action="store_true", help="keep the stages whose outputs exist")
     args = parser.parse_args(argv)
-    for name in ("demos", "sft_steps", "steps", "every", "val"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    check_positive(parser, args, ("demos", "sft_steps", "steps", "every", "val"))
     if args.questions is not None and args.questions < 1:
         parser.error(f"--questions must be >= 1, got {args.questions}")
     if args.steps % args.every:
