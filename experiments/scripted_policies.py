@@ -16,8 +16,8 @@ parsing, execution, the reader, and the reward under three rules:
                 paper's r3 and r4;
 * ``official``  the official profile's reward settings.
 
-Two readers: ``echo`` answers with the memory it was shown (no model: a question scores when its
-gold is in the retrieved memory) and ``local``, the embedded SmolLM2-135M-Instruct with the
+Two readers: ``echo``, the extractive reader (``reader.kind: extractive``, no model: it answers
+with the memory retrieved for the question, so a question scores when its gold is stored there) and ``local``, the embedded SmolLM2-135M-Instruct with the
 config's reader settings, the reader of the demo and of the learning curve. Answers do not depend
 on the rule, so each memory is read once per reader. The reward's weights are the defaults
 (beta 0.05, gamma 0.1) with the rule judge.
@@ -43,7 +43,8 @@ from _common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, print_ta
 
 from memalpha.agent.rewards import RewardSettings
 from memalpha.agent.rollout import RolloutSettings
-from memalpha.agent.scripted import POLICIES, MemoryEchoReader, reward_terms, run_scripted
+from memalpha.agent.scripted import POLICIES, reward_terms, run_scripted
+from memalpha.reader.extractive import ExtractiveReader
 from memalpha.data.synthetic import SyntheticSettings
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer, resolve_model_path
 from memalpha.reader.settings import ReaderSettings
@@ -86,7 +87,7 @@ def remember_answers(reader) -> None:
 
 def build_reader(kind: str, config: dict, tokenizer, settings: RolloutSettings):
     if kind == "echo":
-        return MemoryEchoReader(templates=settings.templates)
+        return ExtractiveReader(templates=settings.templates)
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(EMBEDDED_MODEL_NAME))

@@ -79,6 +79,16 @@ def test_hand_computed_two_turn_two_question_rollout():
     assert reward.as_dict()["total"] == reward.total
 
 
+def test_accuracy_weight_scales_r1_against_the_tool_reward():
+    weights = RewardSettings(beta=0.05, gamma=0.1, accuracy_weight=3.0, **UNGROUNDED)
+    reward = rollout_rewards([1.0, 0.5], two_turns(), 200, 1000, weights, RuleContentJudge())
+    assert reward.r1 == pytest.approx(0.75)  # the term itself is reported unweighted
+    # R_t = 3 r1 + r2_t + 0.05 r3 + 0.1 r4_t
+    assert reward.total == pytest.approx([2.25 + 2 / 3 + 0.04 + 0.05, 2.25 + 2 / 3 + 0.04 + 0.1 / 3])
+    with pytest.raises(ValueError, match="reward.accuracy_weight must be >= 0, got -1"):
+        RewardSettings(accuracy_weight=-1)
+
+
 def test_weights_turns_without_calls_and_compression_sign():
     empty = TurnCalls()
     reward = rollout_rewards([0.0, 1.0], [empty], memory_tokens=1500, chunk_tokens=1000,

@@ -15,7 +15,8 @@ import pytest
 
 from memalpha.agent.rewards import RewardSettings
 from memalpha.agent.rollout import RolloutSettings
-from memalpha.agent.scripted import POLICIES, MemoryEchoReader, ScriptedEngine, reward_terms, run_scripted
+from memalpha.agent.scripted import POLICIES, ScriptedEngine, reward_terms, run_scripted
+from memalpha.reader.extractive import ExtractiveReader
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.tools.formats import get_call_format
 
@@ -37,7 +38,7 @@ def settings():
 
 
 def terms(policy, instances, tokenizer, settings, reward):
-    return reward_terms(run_scripted(policy, instances, tokenizer, MemoryEchoReader(), settings, reward))
+    return reward_terms(run_scripted(policy, instances, tokenizer, ExtractiveReader(), settings, reward))
 
 
 def test_the_default_reward_ranks_the_oracle_first_and_pays_no_memory_nothing(instances, tokenizer, settings):
@@ -63,7 +64,7 @@ def test_the_rule_before_issue_30_paid_a_memory_without_content(instances, token
 
 def test_the_engine_finds_the_chunk_being_read_after_a_copied_one(instances, tokenizer, settings):
     """Turn 2 of the copy policy shows chunk 1 in its memory and reads chunk 2: it copies chunk 2."""
-    out = run_scripted("copy", instances[:1], tokenizer, MemoryEchoReader(), settings, RewardSettings())
+    out = run_scripted("copy", instances[:1], tokenizer, ExtractiveReader(), settings, RewardSettings())
     memory = out.records[0].memory
     assert [e["content"] for e in memory["episodic"]] == instances[0].chunks
     engine = ScriptedEngine(POLICIES["oracle"], instances, tokenizer, get_call_format("hermes"))

@@ -2,7 +2,9 @@
 
 For chunk turn ``t`` of one rollout::
 
-    R_t = r1 + r2_t + beta * r3 + gamma * r4_t
+    R_t = accuracy_weight * r1 + r2_t + beta * r3 + gamma * r4_t
+
+(``accuracy_weight`` 1 in the paper and by default.)
 
 * ``r1``   mean question score of the reader over the final memory (per rollout);
 * ``r2_t`` successful calls / calls in turn ``t`` (every parse error of the turn is one failed
@@ -75,6 +77,10 @@ class RewardSettings:
     Args:
         beta: Weight of the compression reward r3 (paper 0.05).
         gamma: Weight of the content-validity reward r4 (scripts 0.1).
+        accuracy_weight: Weight of the accuracy reward r1 against the tool reward r2, whose
+            weight is 1 (paper 1). Above 1 a rollout's answers count for more than its call
+            format: once nearly every call succeeds, r2 barely varies within a group, and r1 is
+            the term the advantages should follow (docs/results.md, "grpo_levers").
         content_judge: r4 judge: ``rule`` (deterministic checks) or ``llm`` (the reader judges, paper style).
         metric_overrides: ``data_source`` -> metric name, overriding the default registry mapping.
         metric_style: How an answer is compared with its gold, in the training reward r1 and in
@@ -128,6 +134,7 @@ class RewardSettings:
 
     beta: float = 0.05
     gamma: float = 0.1
+    accuracy_weight: float = 1.0
     content_judge: ContentJudgeKind = "rule"
     metric_overrides: dict[str, str] | None = None
     metric_style: MetricStyle = "memalpha"
@@ -146,6 +153,8 @@ class RewardSettings:
             raise ValueError(f"reward.content_judge must be one of {list(CONTENT_JUDGES)}, got {self.content_judge!r}")
         if self.beta < 0 or self.gamma < 0:
             raise ValueError(f"reward.beta and reward.gamma must be >= 0, got {self.beta}, {self.gamma}")
+        if not self.accuracy_weight >= 0:
+            raise ValueError(f"reward.accuracy_weight must be >= 0, got {self.accuracy_weight}")
         if self.metric_overrides:
             check_metric_overrides(self.metric_overrides, "reward.metric_overrides")
         check_metric_style(self.metric_style, "reward.metric_style")
@@ -376,7 +385,7 @@ def rollout_rewards(
             verdict = next(judged)
             turn_scores.append(verdict if not grounded or supported_write(res, source, weights) else 0.0)
         r4.append(sum(turn_scores) / len(turn_scores) if turn_scores else 0.0)
-    total = [r1 + a + weights.beta * r3 + weights.gamma * b for a, b in zip(r2, r4)]
+    total = [weights.accuracy_weight * r1 + a + weights.beta * r3 + weights.gamma * b for a, b in zip(r2, r4)]
     return RolloutReward(r1=r1, r3=r3, r2=r2, r4=r4, total=total)
 
 

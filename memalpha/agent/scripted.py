@@ -12,9 +12,10 @@ reward run on the scripted text. Four policies bracket what a reward should orde
 ``oracle``        inserts each fact the chunk tells (``metadata["notes"]`` of the synthetic
                   tasks), worded as the oracle demonstrations word them (:mod:`memalpha.agent.demos`).
 
-:class:`MemoryEchoReader` answers every question with the memory prompt it was shown, so a
-question scores when its gold answer is in the retrieved memory: a reader without a model,
-the most any reader could find there.
+Read them with :class:`~memalpha.reader.extractive.ExtractiveReader` (``reader.kind: extractive``),
+which answers every question with the memory retrieved for it, so a question scores when its
+gold answer is in the retrieved memory: a reader without a model, the most any reader could
+find there.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from memalpha.agent.rollout import RolloutOutput, RolloutSettings, run_rollouts
 from memalpha.data.schema import Instance
 from memalpha.lm.sampling.generation import Generation
 from memalpha.memory.store import CORE, EPISODIC, SEMANTIC
-from memalpha.reader.base import Reader, ReaderAnswer
+from memalpha.reader.base import Reader
 from memalpha.seeding import stable_seed
 from memalpha.tools.formats import CallFormat, get_call_format
 from memalpha.tools.schemas import DELETE, INSERT
@@ -116,18 +117,6 @@ class ScriptedEngine:
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             responses.append(ids + [self.tokenizer.eos_token_id])
         return Generation(prompt_ids=[list(p) for p in prompts], response_ids=responses, truncated=[False] * len(prompts))
-
-
-class MemoryEchoReader(Reader):
-    """A reader without a model: its answer to every question is the system prompt it was given
-    (the retrieved memory), so a question scores when the memory it was shown holds the gold.
-    Tokens are white-space words."""
-
-    def count_tokens(self, text: str) -> int:
-        return len(text.split())
-
-    def chat(self, conversations) -> list[ReaderAnswer]:
-        return [ReaderAnswer(conversation[0]["content"], True) for conversation in conversations]
 
 
 class _NoModel:

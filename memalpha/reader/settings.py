@@ -6,13 +6,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from memalpha.reader.base import Reader
+from memalpha.reader.extractive import ExtractiveReader
 from memalpha.reader.local import LocalReader
 from memalpha.reader.openai_compat import OpenAIReader
 from memalpha.reader.options import OpenAISettings, RetrievalSettings
 from memalpha.reader.question_instructions import BUILTIN, load_question_instructions
 from memalpha.templates.loader import PromptTemplates
 
-ReaderKind = Literal["local", "openai", "engine"]
+ReaderKind = Literal["local", "openai", "engine", "extractive"]
 READER_KINDS: tuple[str, ...] = get_args(ReaderKind)
 
 
@@ -25,7 +26,11 @@ class ReaderSettings:
             OpenAI-compatible endpoint), or ``engine`` (the rollout engine's vLLM server with no
             adapter, i.e. the base model: one server samples the agent and answers; needs
             ``rollout.engine: vllm``; the ``reader.openai`` request options apply, its address
-            and model name come from the engine).
+            and model name come from the engine), or ``extractive`` (no model: the answer is the
+            memory text retrieved for the question, so a ``substring`` question scores 1 when its
+            gold is stored in a retrieved entry; r1 then measures the memory alone; answers no
+            judge prompts, so not with ``reward.content_judge: llm``; see
+            :mod:`memalpha.reader.extractive`).
         max_new_tokens: Answer length cap.
         temperature: Sampling temperature (0 = greedy; the paper's vLLM reader used 0.7).
         batch_size: Questions per ``generate`` call of the ``local`` reader.
@@ -68,14 +73,16 @@ class ReaderSettings:
         templates: PromptTemplates | None = None,
         engine_endpoint: tuple[str, str, str] | None = None,
     ) -> Reader:
-        """The reader: ``policy`` with its adapters off (``local``), or a client of the endpoint
+        """The reader: ``policy`` with its adapters off (``local``), a client of the endpoint
         (``openai``; ``engine``: of ``engine_endpoint``, the rollout engine's
-        ``(base_url, base model name, tokenizer folder)``).
+        ``(base_url, base model name, tokenizer folder)``), or retrieval alone (``extractive``).
 
         ``templates`` are the prompt texts (the run's ``rollout.prompt_templates``; ``None``:
         memalpha's). The ``openai`` reader builds its prompts here too, so one file serves both.
         """
         instructions = load_question_instructions(self.question_instructions)
+        if self.kind == "extractive":
+            return ExtractiveReader(retrieval=self.retrieval, question_instructions=instructions, templates=templates)
         if self.kind == "local":
             return LocalReader(
                 policy,

@@ -113,6 +113,9 @@ class GRPOModule(PolicyModule):
         if self.reader_settings.kind == "engine" and self.rollout_settings.engine != "vllm":
             raise ValueError("reader.kind: engine answers from the rollout engine's vLLM server: set rollout.engine: vllm")
         self.reward_settings: RewardSettings = typed(RewardSettings, reward)
+        if self.reader_settings.kind == "extractive" and self.reward_settings.content_judge == "llm":
+            raise ValueError("reward.content_judge: llm asks the reader, and reader.kind: extractive has no model "
+                             "to judge with: use content_judge: rule or a language-model reader")
         self.update_settings: UpdateSettings = typed(UpdateSettings, update)
         self.reader: Reader | None = None
         self.content_judge = None

@@ -1,0 +1,64 @@
+"""A reader with no language model: each answer is the memory text retrieval finds for the question.
+
+:class:`ExtractiveReader` answers a question with the core memory and the entries that BM25
+ranks highest for it (``reader.retrieval.top_k_entries`` from each of the semantic and
+episodic lists, ranked as ``bm25`` and ``bm25_query`` say), their contents one per line.
+The answer metric then compares that text with the gold: under the ``substring`` metric a
+question scores 1 exactly when its gold answer is written in a retrieved entry (or the core).
+
+That makes r1 a measure of the memory alone, with no reader model between the memory and the
+score: a 135M reader misreads facts that are stored (docs/results.md, "control_arms"), so its
+r1 rewards the memory only through that noise, while this reader's r1 moves only when the
+memory holds, or loses, a retrievable answer. With a large ``top_k_entries`` every entry is
+retrieved and r1 is the share of questions whose answers are stored at all; with
+``top_k_entries: 1`` the answer must also be in the entry that retrieval ranks first.
+
+It suits the metrics that look for the gold inside the prediction (``substring``,
+``multi_part``, ``keyword``); a ``boxed`` label or an ``llm_judge`` rubric cannot be read off
+memory text, and it answers no judge prompt (:meth:`chat` raises, so :meth:`Reader.complete`
+returns failed items): ``reward.content_judge: llm`` needs a language-model reader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from memalpha.reader.base import Conversation, Reader, ReaderAnswer
+from memalpha.reader.retrieval import retrieve_for_questions
+
+if TYPE_CHECKING:
+    from memalpha.memory.store import Memory
+
+
+class ExtractiveReader(Reader):
+    """Answers each ``(memory, question)`` item with the memory text retrieved for the question."""
+
+    def answer(self, items: Sequence[tuple[Memory, str]], sources: Sequence[str] | None = None) -> list[ReaderAnswer]:
+        """One answer per item: the core memory, then the retrieved semantic and episodic
+        entries' contents, one per line (empty when the memory is empty)."""
+        if sources is not None and len(sources) != len(items):
+            raise ValueError(f"{len(sources)} data sources for {len(items)} reader items")
+        instructions = [None] * len(items) if sources is None else [self.instruction_for(s) for s in sources]
+        groups: dict[int, list[int]] = {}
+        for index, (memory, _question) in enumerate(items):
+            groups.setdefault(id(memory), []).append(index)
+        answers: list[ReaderAnswer | None] = [None] * len(items)
+        for indices in groups.values():
+            memory = items[indices[0]][0]
+            queries = [self.bm25_query_text(items[i][1], instructions[i]) for i in indices]
+            ranked = retrieve_for_questions(memory, queries, self.top_k_entries, self.bm25)
+            for i, (semantic, episodic) in zip(indices, ranked):
+                lines = ([memory.core] if memory.core else []) + [entry.content for entry in (*semantic, *episodic)]
+                answers[i] = ReaderAnswer("\n".join(lines), True)
+        self.requests += len(items)
+        return [a for a in answers if a is not None]
+
+    def chat(self, conversations: Sequence[Conversation]) -> list[ReaderAnswer]:
+        raise RuntimeError(
+            "the extractive reader (reader.kind: extractive) answers questions from memory only and "
+            "cannot reply to prompts such as judge questions: use a language-model reader (local, openai or engine)"
+        )
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
