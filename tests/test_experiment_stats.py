@@ -69,6 +69,30 @@ def test_instance_values_average_questions_calls_turns_and_rollouts():
     assert summary["all"]["accuracy"]["mean"] == 0.75 and summary["all"]["accuracy"]["n"] == 2
 
 
+def test_answer_stored_and_reader_given_stored_separate_the_memory_from_the_reader():
+    memory = {"core": "", "semantic": [{"id": "a1", "content": "Viveka Brandvold moved to Dunedin."}],
+              "episodic": [{"id": "b2", "content": "On 2024-01-02 Anselm began Finnish classes."}]}
+
+    def qa(source, golds_scores, with_memory=True):
+        rec = record("i", source, [score for _, score in golds_scores], [["ok"]], [1.0])
+        for question, (gold, _) in zip(rec["questions"], golds_scores):
+            question["gold"] = gold
+        if with_memory:
+            rec["memory"] = memory
+        return rec
+
+    # golds Dunedin (stored, read right), Finnish (stored, read wrong), pho (not stored, guessed right)
+    values = instance_values([qa("synth_personal", [("Dunedin", 1), ("finnish", 0), ("pho", 1)])])["synth_personal"]["i"]
+    assert values["answer_stored"] == 2 / 3 and values["reader_given_stored"] == 1 / 2
+    assert values["accuracy"] == 2 / 3
+    # nothing stored: no reader_given_stored; a second rollout without a memory drops answer_stored too
+    assert "reader_given_stored" not in instance_values([qa("synth_personal", [("pho", 1)])])["synth_personal"]["i"]
+    two = instance_values([qa("synth_personal", [("Dunedin", 1)]), qa("synth_personal", [("Dunedin", 0)], False)])
+    assert "answer_stored" not in two["synth_personal"]["i"]
+    # a boxed label cannot be read off a memory text
+    assert "answer_stored" not in instance_values([qa("synth_icl", [("2", 1)])])["synth_icl"]["i"]
+
+
 def test_paired_difference_uses_only_shared_instances():
     before = {"s": {"a": {"mean_reward": 1.0}, "b": {"mean_reward": 2.0}, "c": {"mean_reward": 0.0}}}
     after = {"s": {"a": {"mean_reward": 2.0}, "b": {"mean_reward": 4.0}}}

@@ -14,11 +14,35 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from memalpha.agent.scoring import METRICS, metric_for_source
 from memalpha.intervals import paired_interval
 from memalpha.tools.executor import SUCCESS_STATUSES
 
 InstanceScores = dict[str, dict[str, dict[str, float]]]
 """``{data_source: {instance_id: {metric: value}}}``."""
+
+EXTRACTABLE_METRICS = ("substring", "multi_part", "keyword")
+"""The answer metrics that look for the gold inside the answer, so a memory text can be scored as one."""
+OPTIONAL_METRICS = ("fact_recall", "answer_stored", "reader_given_stored")
+"""Metrics a record may lack; an instance gets one only when every rollout of it records it."""
+
+
+def memory_text(memory: Mapping[str, Any]) -> str:
+    """A serialised memory (a record's ``memory``) as one text: the core and every entry, one per line."""
+    entries = [e["content"] for kind in ("semantic", "episodic") for e in memory.get(kind, [])]
+    return "\n".join(([memory["core"]] if memory.get("core") else []) + entries)
+
+
+def stored_answer_scores(record: Mapping[str, Any]) -> list[float] | None:
+    """Per question, its source's metric applied to the whole final memory as the answer: 1 when
+    the gold is written in the memory (a share for ``multi_part`` and ``keyword`` golds). ``None``
+    when the source's metric cannot read a memory text (``boxed``, ``llm_judge``) or the record
+    holds no memory."""
+    metric = metric_for_source(record["data_source"])
+    if metric not in EXTRACTABLE_METRICS or not isinstance(record.get("memory"), Mapping):
+        return None
+    text = memory_text(record["memory"])
+    return [METRICS[metric](text, q["gold"]) for q in record["questions"]]
 
 
 def instance_values(records: Iterable[Mapping[str, Any]]) -> InstanceScores:
@@ -30,10 +54,16 @@ def instance_values(records: Iterable[Mapping[str, Any]]) -> InstanceScores:
     ``compression`` as recorded, ``mean_reward`` the mean turn reward, and ``fact_recall`` (the
     share of its gold facts in the final memory, :mod:`memalpha.agent.fact_recall`) when every
     rollout of the instance records one (an instance that knows no facts has none).
+
+    Two more separate what the memory holds from what the reader makes of it, for the sources whose
+    metric looks for the gold inside the answer (:func:`stored_answer_scores`): ``answer_stored``,
+    the share of its questions whose gold is written in the final memory (what a reader that
+    quoted the whole memory would score), and ``reader_given_stored``, the reader's accuracy on
+    those questions alone (absent when none of its questions has a stored answer).
     """
     sums: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
     counts: dict[tuple[str, str], int] = defaultdict(int)
-    recalls: dict[tuple[str, str], int] = defaultdict(int)
+    recorded: dict[tuple[tuple[str, str], str], int] = defaultdict(int)  # rollouts recording each optional metric
     for record in records:
         key = (record["data_source"], record["instance_id"])
         scores = [q["score"] for q in record["questions"]]
@@ -50,15 +80,23 @@ def instance_values(records: Iterable[Mapping[str, Any]]) -> InstanceScores:
         }
         if record.get("fact_recall") is not None:
             values["fact_recall"] = float(record["fact_recall"])
-            recalls[key] += 1
+        stored = stored_answer_scores(record)
+        if stored:
+            values["answer_stored"] = sum(stored) / len(stored)
+            readable = [score for score, held in zip(scores, stored) if held == 1.0]
+            if readable:
+                values["reader_given_stored"] = sum(readable) / len(readable)
+        for metric in OPTIONAL_METRICS:
+            recorded[(key, metric)] += metric in values
         for metric, value in values.items():
             sums[key][metric] += value
         counts[key] += 1
     out: InstanceScores = defaultdict(dict)
     for key, total in sums.items():
         n = counts[key]
-        if recalls[key] != n:  # a mean over some rollouts only would not be the instance's
-            total.pop("fact_recall", None)
+        for metric in OPTIONAL_METRICS:
+            if recorded[(key, metric)] != n:  # a mean over some rollouts only would not be the instance's
+                total.pop(metric, None)
         out[key[0]][key[1]] = {m: v / n for m, v in total.items()}
     return dict(out)
 
