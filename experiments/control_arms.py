@@ -291,7 +291,7 @@ class Experiment:
                 "config": str(args.config), "sft_config": str(args.sft_config), "demos": args.demos,
                 "sft_steps": args.sft_steps, "steps": args.steps, "val_instances": args.val,
                 "questions": args.questions, "seeds": args.seed_list, "lr0": args.lr0,
-                "time_matching": "sft_continued steps = round(grpo steps x median grpo step_s / median start SFT step_s)",
+                "time_matching": "sft_continued: Lightning trainer.max_time = the same seed grpo run summed step_s",
                 "intervals": "95 % Student t over instances, paired; pooled = each instance averaged over seeds first",
             },
             "instance_scores": str(scores_path.relative_to(REPO_ROOT) if scores_path.is_relative_to(REPO_ROOT) else scores_path),
