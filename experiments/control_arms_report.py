@@ -22,7 +22,10 @@ memory, so the instance is the unit):
 * **per seed**: the same paired interval for each seed on its own.
 
 The arm ``start`` (the shared SFT adapter) is one validation used by every seed. ``fact_recall``
-pairs only the instances that know their facts (all synthetic ones do).
+pairs only the instances that know their facts (all synthetic ones do), ``reader_given_stored``
+(the reader's accuracy on the questions whose gold the memory holds, beside ``answer_stored``,
+the share of such questions: :func:`memalpha.train.instance_scores.instance_values`) only the
+instances where both arms stored at least one answer.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ COMPARISONS: tuple[tuple[str, str], ...] = (
     ("grpo_lr0", START),
     ("sft_continued", START),
 )
-METRICS = ("accuracy", "fact_recall", "mean_reward", "tool_success", "memory_tokens")
+METRICS = ("accuracy", "fact_recall", "mean_reward", "tool_success", "memory_tokens", "answer_stored", "reader_given_stored")
 HEADLINE = ("accuracy", "fact_recall", "mean_reward")
 TRAIN_TAGS = (
     "train/reward",
