@@ -44,9 +44,9 @@ from _common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, print_ta
 from memalpha.agent.rewards import RewardSettings
 from memalpha.agent.rollout import RolloutSettings
 from memalpha.agent.scripted import POLICIES, reward_terms, run_scripted
-from memalpha.reader.extractive import ExtractiveReader
 from memalpha.data.synthetic import SyntheticSettings
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer, resolve_model_path
+from memalpha.reader.extractive import ExtractiveReader
 from memalpha.reader.settings import ReaderSettings
 from memalpha.train.profiles import PROFILES
 

@@ -16,8 +16,8 @@ import pytest
 from memalpha.agent.rewards import RewardSettings
 from memalpha.agent.rollout import RolloutSettings
 from memalpha.agent.scripted import POLICIES, ScriptedEngine, reward_terms, run_scripted
-from memalpha.reader.extractive import ExtractiveReader
 from memalpha.data.synthetic import generate_synthetic
+from memalpha.reader.extractive import ExtractiveReader
 from memalpha.tools.formats import get_call_format
 
 SFT_START_REWARD = 1.134  # docs/results.md, learning_curve with 4 questions: step 0 (SFT, 6 steps)

@@ -39,7 +39,7 @@ from memalpha.reader.retrieval import reduce_k, retrieve_for_questions
 from memalpha.templates.loader import PromptTemplates, default_templates
 
 if TYPE_CHECKING:
-    from memalpha.memory.store import Memory
+    from memalpha.memory.store import Memory, MemoryEntry
 
 logger = logging.getLogger(__name__)
 
@@ -163,10 +163,11 @@ class Reader(ABC):
         view = render_answer(memory, semantic, episodic, self.templates)
         return answer_messages(view, question, instruction, self.templates, has_core=bool(memory.core))
 
-    def answer_conversations(
+    def retrieved(
         self, items: Sequence[tuple[Memory, str]], sources: Sequence[str] | None = None
-    ) -> list[Conversation]:
-        """The answer-mode chat for every item; retrieval runs once per distinct memory.
+    ) -> list[tuple[str | None, list[MemoryEntry], list[MemoryEntry]]]:
+        """Per item, ``(instruction, semantic, episodic)``: its question's instruction and the
+        ``top_k_entries`` entries of each list ranked for it; BM25 runs once per distinct memory.
 
         ``sources`` (one data source per item) picks each question's instruction; without it
         every question goes bare.
@@ -177,31 +178,35 @@ class Reader(ABC):
         groups: dict[int, list[int]] = {}
         for index, (memory, _question) in enumerate(items):
             groups.setdefault(id(memory), []).append(index)
-        conversations: list[Conversation | None] = [None] * len(items)
+        out: list[tuple[str | None, list[MemoryEntry], list[MemoryEntry]] | None] = [None] * len(items)
         for indices in groups.values():
-            memory = items[indices[0]][0]
-            questions = [items[i][1] for i in indices]
-            queries = [self.bm25_query_text(q, instructions[i]) for i, q in zip(indices, questions)]
-            ranked = retrieve_for_questions(memory, queries, self.top_k_entries, self.bm25)
-            limit = self.prompt_limit()
-            for i, question, (semantic, episodic) in zip(indices, questions, ranked):
-                instruction = instructions[i]
+            queries = [self.bm25_query_text(items[i][1], instructions[i]) for i in indices]
+            ranked = retrieve_for_questions(items[indices[0]][0], queries, self.top_k_entries, self.bm25)
+            for i, (semantic, episodic) in zip(indices, ranked):
+                out[i] = (instructions[i], semantic, episodic)
+        return [r for r in out if r is not None]
 
-                def measure(sem, epi, _memory=memory, _question=question, _instruction=instruction) -> int:
-                    return self.measure_prompt(
-                        self._answer_messages(_memory, sem, epi, _question, _instruction)
-                    )
+    def answer_conversations(
+        self, items: Sequence[tuple[Memory, str]], sources: Sequence[str] | None = None
+    ) -> list[Conversation]:
+        """The answer-mode chat for every item (:meth:`retrieved` entries, ``k`` cut by ``k_reduction``)."""
+        conversations: list[Conversation] = []
+        limit = self.prompt_limit()
+        for (memory, question), (instruction, semantic, episodic) in zip(items, self.retrieved(items, sources)):
 
-                semantic, episodic, fits = reduce_k(semantic, episodic, measure, limit, self.k_reduction)
-                if not fits:
-                    self.over_budget += 1
-                    logger.warning(
-                        "reader prompt for question %r is over the %d-token limit (k_reduction %s) even "
-                        "without retrieved entries (core memory and question alone); sending it as is",
-                        question[:80], limit, self.k_reduction,
-                    )
-                conversations[i] = self._answer_messages(memory, semantic, episodic, question, instruction)
-        return [c for c in conversations if c is not None]
+            def measure(sem, epi, _memory=memory, _question=question, _instruction=instruction) -> int:
+                return self.measure_prompt(self._answer_messages(_memory, sem, epi, _question, _instruction))
+
+            semantic, episodic, fits = reduce_k(semantic, episodic, measure, limit, self.k_reduction)
+            if not fits:
+                self.over_budget += 1
+                logger.warning(
+                    "reader prompt for question %r is over the %d-token limit (k_reduction %s) even "
+                    "without retrieved entries (core memory and question alone); sending it as is",
+                    question[:80], limit, self.k_reduction,
+                )
+            conversations.append(self._answer_messages(memory, semantic, episodic, question, instruction))
+        return conversations
 
     # -- public entry points --------------------------------------------------------------
     def answer(self, items: Sequence[tuple[Memory, str]], sources: Sequence[str] | None = None) -> list[ReaderAnswer]:

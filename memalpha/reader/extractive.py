@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from memalpha.reader.base import Conversation, Reader, ReaderAnswer
-from memalpha.reader.retrieval import retrieve_for_questions
 
 if TYPE_CHECKING:
     from memalpha.memory.store import Memory
@@ -37,22 +36,12 @@ class ExtractiveReader(Reader):
     def answer(self, items: Sequence[tuple[Memory, str]], sources: Sequence[str] | None = None) -> list[ReaderAnswer]:
         """One answer per item: the core memory, then the retrieved semantic and episodic
         entries' contents, one per line (empty when the memory is empty)."""
-        if sources is not None and len(sources) != len(items):
-            raise ValueError(f"{len(sources)} data sources for {len(items)} reader items")
-        instructions = [None] * len(items) if sources is None else [self.instruction_for(s) for s in sources]
-        groups: dict[int, list[int]] = {}
-        for index, (memory, _question) in enumerate(items):
-            groups.setdefault(id(memory), []).append(index)
-        answers: list[ReaderAnswer | None] = [None] * len(items)
-        for indices in groups.values():
-            memory = items[indices[0]][0]
-            queries = [self.bm25_query_text(items[i][1], instructions[i]) for i in indices]
-            ranked = retrieve_for_questions(memory, queries, self.top_k_entries, self.bm25)
-            for i, (semantic, episodic) in zip(indices, ranked):
-                lines = ([memory.core] if memory.core else []) + [entry.content for entry in (*semantic, *episodic)]
-                answers[i] = ReaderAnswer("\n".join(lines), True)
+        answers = []
+        for (memory, _question), (_instruction, semantic, episodic) in zip(items, self.retrieved(items, sources)):
+            lines = ([memory.core] if memory.core else []) + [entry.content for entry in (*semantic, *episodic)]
+            answers.append(ReaderAnswer("\n".join(lines), True))
         self.requests += len(items)
-        return [a for a in answers if a is not None]
+        return answers
 
     def chat(self, conversations: Sequence[Conversation]) -> list[ReaderAnswer]:
         raise RuntimeError(
