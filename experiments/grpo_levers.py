@@ -2,7 +2,8 @@
 
 Run:  make grpo-levers            (after make control-arms, whose start and seed-0 arms it reuses)
       HF_HUB_OFFLINE=1 .venv/bin/python experiments/grpo_levers.py
-          [--levers extractive_reader,lr_1e-3,group_8] [--seed 0] [--steps 8] [--val 48] [--questions 4]
+          [--levers extractive_reader,r1_weight_3,lr_1e-3,group_8] [--seeds 0] [--steps 8] [--val 48]
+          [--questions 4]
           [--run-dir runs/control_arms] [--out experiments/results/grpo_levers.json] [--reuse]
 
 ``experiments/control_arms.py`` found no difference between its GRPO arm, SFT continued for the
@@ -17,6 +18,9 @@ config on the same held-out instances) with the settings of :data:`LEVERS` chang
                        (``reward.accuracy_weight``; the paper weighs them alike);
 ``lr_1e-3``            five times the learning rate (``tiny_cpu``: 2e-4);
 ``group_8``            8 rollouts per group instead of 4 (twice the samples a step);
+``instances_4``        4 training instances a step instead of 1 (four groups: four times the
+                       samples, and an update that averages over instances, not one instance's);
+``extractive_instances_4``  both of the above.
 ``steps_24``           three times the steps.
 
 Validation always uses the run's own reader (the local 135M model), so accuracy stays comparable
@@ -25,7 +29,10 @@ memory) and fact recall say what the memory holds whatever the reader makes of i
 ``reader_given_stored`` (the reader's accuracy on the questions whose answer is stored) how much of
 that the reader turns into accuracy. The report pairs each lever with the seed's ``grpo``,
 ``sft_continued`` and the ``start`` per instance (95 % t intervals, ``control_arms_report``'s
-functions) and carries the per-step training scalars r1-r4. Outputs: the summary
+functions, pooled over the seeds a lever ran with, as the control arms pool), and carries the
+per-step training scalars r1-r4. It covers every lever run validated in the run folder, this
+invocation's and earlier ones' (``--levers extractive_reader --seeds 1,2`` adds two seeds to a
+seed-0 report); a seed's references enter once ``control_arms.py`` has validated them. Outputs: the summary
 ``experiments/results/grpo_levers.json`` and the per-instance scores of every validation it used in
 ``experiments/results/grpo_levers/instance_scores.json`` (rewritten after every lever);
 ``experiments/grpo_levers_report.py --check`` rebuilds the intervals from them.
@@ -65,6 +72,8 @@ LEVERS: dict[str, dict[str, Any]] = {
     "r1_weight_3": {"model.reward.accuracy_weight": 3.0},
     "lr_1e-3": {"model.optimizer.learning_rate": 1e-3},
     "group_8": {"model.rollout.group_size": 8},
+    "instances_4": {"data.instances_per_step": 4},
+    "extractive_instances_4": {"model.reader.kind": "extractive", "data.instances_per_step": 4},
     "steps_24": {"trainer.max_steps": 24},
 }
 """Lever name -> the dotted settings it changes in the seed's ``grpo`` fit config."""
@@ -78,10 +87,10 @@ def set_dotted(config: dict[str, Any], key: str, value: Any) -> None:
     config[last] = value
 
 
-def lever_config(base: dict[str, Any], run_dir: Path, args: argparse.Namespace, lever: str) -> dict[str, Any]:
+def lever_config(base: dict[str, Any], run_dir: Path, args: argparse.Namespace, lever: str, seed: int) -> dict[str, Any]:
     """The seed's ``grpo`` fit config with ``lever``'s settings, under its own name."""
-    config = arm_fit_config(base, run_dir, args, args.seed, "grpo")
-    name = tag(args.seed, f"lever_{lever}")
+    config = arm_fit_config(base, run_dir, args, seed, "grpo")
+    name = tag(seed, f"lever_{lever}")
     config["model"]["export_adapter_dir"] = str(run_dir / "arms" / name / "adapter")
     config["trainer"]["logger"]["init_args"]["version"] = name
     config["trainer"]["callbacks"][0]["init_args"]["dirpath"] = str(run_dir / "checkpoints" / name)
@@ -95,7 +104,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "tiny_cpu.yaml")
     parser.add_argument("--levers", default="extractive_reader,r1_weight_3,lr_1e-3,group_8",
                         help=f"comma-separated, from {', '.join(LEVERS)}")
-    parser.add_argument("--seed", type=int, default=0, help="the control-arms seed whose grpo run is changed")
+    parser.add_argument("--seeds", default="0", help="comma-separated control-arms seeds whose grpo run is changed")
     parser.add_argument("--steps", type=int, default=8, help="GRPO steps (the control arms' --steps)")
     parser.add_argument("--val", type=int, default=48, help="held-out instances (the control arms' --val)")
     parser.add_argument("--questions", type=int, default=4, help="questions per instance (the control arms')")
@@ -110,56 +119,82 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("steps", "val", "questions"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    try:
+        args.seed_list = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
     args.lr0 = None  # arm_fit_config reads it only for the arm grpo_lr0
     return args
+
+
+def lever_runs(run_dir: Path) -> list[tuple[int, str]]:
+    """Every ``(seed, lever)`` validated in ``run_dir`` so far, by seed then lever order."""
+    found = []
+    for report in (run_dir / "validate").glob("seed*_lever_*/validation.json"):
+        seed, _, lever = report.parent.name.removeprefix("seed").partition("_lever_")
+        if seed.isdigit() and lever in LEVERS:
+            found.append((int(seed), lever))
+    return sorted(found, key=lambda run: (run[0], list(LEVERS).index(run[1])))
+
+
+def report(args: argparse.Namespace, run_dir: Path, val_yaml: Path, machine: dict[str, Any], started: float) -> dict[str, Any]:
+    """Both JSON files from every lever run validated in ``run_dir`` (this invocation's and earlier
+    ones'), each with its seed's control-arms references where those are validated."""
+    adapter = run_dir / "sft" / "adapter"
+    scores: dict[str, Any] = {START: validate(run_dir, val_yaml, adapter, START, True), "seeds": {}}
+    runs: dict[str, Any] = {}
+    train: dict[str, Any] = {}
+    for seed, lever in lever_runs(run_dir):
+        arms = scores["seeds"].setdefault(str(seed), {})
+        for arm in REFERENCES:
+            name = tag(seed, arm)
+            if arm not in arms and (run_dir / "validate" / name / "validation.json").is_file():
+                arms[arm] = validate(run_dir, val_yaml, adapter, name, True)
+                runs[name] = {"train_s": sum(step_seconds(run_dir / "arms" / name))}
+        name = tag(seed, f"lever_{lever}")
+        folder = run_dir / "arms" / name
+        arms[f"lever_{lever}"] = validate(run_dir, val_yaml, folder / "adapter", name, True)
+        train[name] = {t: {str(k): v for k, v in s.items()} for t, s in event_scalars(folder, TRAIN_TAGS).items()}
+        taken = step_seconds(folder)
+        runs[name] = {"train_s": sum(taken), "steps": len(taken), "settings": LEVERS[lever]}
+    scores_path = args.out.parent / args.out.stem / "instance_scores.json"
+    write_json({"benchmark": "grpo_levers", **scores}, scores_path, machine=machine)
+    result = {
+        "benchmark": "grpo_levers",
+        "command": command_line(),
+        "settings": {"config": str(args.config), "steps": args.steps, "val_instances": args.val,
+                     "questions": args.questions, "levers": LEVERS, "runs": [list(r) for r in lever_runs(run_dir)],
+                     "intervals": "95 % Student t over instances, paired; pooled = each instance averaged over seeds first"},
+        "instance_scores": str(scores_path.relative_to(REPO_ROOT) if scores_path.is_relative_to(REPO_ROOT) else scores_path),
+        "runs": runs,
+        "comparisons": lever_comparisons(scores, LEVER_METRICS),
+        "train": train,
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+    write_json(result, args.out, machine=machine)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     run_dir = args.run_dir.resolve()
-    adapter = run_dir / "sft" / "adapter"
-    if not adapter_done(adapter):
-        raise SystemExit(f"grpo_levers: no SFT start at {adapter}: run experiments/control_arms.py first")
+    if not adapter_done(run_dir / "sft" / "adapter"):
+        raise SystemExit(f"grpo_levers: no SFT start at {run_dir / 'sft' / 'adapter'}: run experiments/control_arms.py first")
     base = load_yaml(args.config)
     val_yaml = write_yaml(validate_config(base, run_dir, args), run_dir / "validate.yaml")
     machine, started = machine_info(), time.perf_counter()
-    seed = str(args.seed)
-    scores: dict[str, Any] = {START: validate(run_dir, val_yaml, adapter, START, True), "seeds": {seed: {}}}
-    for arm in REFERENCES:
-        report = run_dir / "validate" / tag(args.seed, arm) / "validation.json"
-        if not report.is_file():
-            raise SystemExit(f"grpo_levers: {report} is missing: run experiments/control_arms.py --seeds {seed} first")
-        scores["seeds"][seed][arm] = validate(run_dir, val_yaml, adapter, tag(args.seed, arm), True)
-    runs: dict[str, Any] = {tag(args.seed, arm): {"train_s": sum(step_seconds(run_dir / "arms" / tag(args.seed, arm)))}
-                            for arm in REFERENCES}
-    train: dict[str, Any] = {}
-    scores_path = args.out.parent / args.out.stem / "instance_scores.json"
     print(f"GRPO levers in {run_dir}", flush=True)
     for lever in args.lever_list:
-        name = tag(args.seed, f"lever_{lever}")
-        config = lever_config(base, run_dir, args, lever)
-        path = write_yaml(config, run_dir / f"{name}.yaml")
-        folder = run_dir / "arms" / name
-        if not (args.reuse and adapter_done(folder / "adapter")):
-            train_run(path, config, run_dir / "logs" / f"fit_{name}.log", "fit")
-        scores["seeds"][seed][f"lever_{lever}"] = validate(run_dir, val_yaml, folder / "adapter", name, args.reuse)
-        train[name] = {t: {str(k): v for k, v in s.items()} for t, s in event_scalars(folder, TRAIN_TAGS).items()}
-        taken = step_seconds(folder)
-        runs[name] = {"train_s": sum(taken), "steps": len(taken), "settings": LEVERS[lever]}
-        write_json({"benchmark": "grpo_levers", **scores}, scores_path, machine=machine)
-        result = {
-            "benchmark": "grpo_levers",
-            "command": command_line(),
-            "settings": {"config": str(args.config), "seed": args.seed, "steps": args.steps, "val_instances": args.val,
-                         "questions": args.questions, "levers": {k: LEVERS[k] for k in args.lever_list},
-                         "intervals": "95 % Student t over instances, paired"},
-            "instance_scores": str(scores_path.relative_to(REPO_ROOT) if scores_path.is_relative_to(REPO_ROOT) else scores_path),
-            "runs": runs,
-            "comparisons": lever_comparisons(scores, LEVER_METRICS),
-            "train": train,
-            "wall_s": round(time.perf_counter() - started, 1),
-        }
-        write_json(result, args.out, machine=machine)
+        for seed in args.seed_list:
+            name = tag(seed, f"lever_{lever}")
+            config = lever_config(base, run_dir, args, lever, seed)
+            path = write_yaml(config, run_dir / f"{name}.yaml")
+            folder = run_dir / "arms" / name
+            if not (args.reuse and adapter_done(folder / "adapter")):
+                train_run(path, config, run_dir / "logs" / f"fit_{name}.log", "fit")
+            validate(run_dir, val_yaml, folder / "adapter", name, args.reuse)
+            report(args, run_dir, val_yaml, machine, started)
+    result = report(args, run_dir, val_yaml, machine, started)
     print_levers(result["comparisons"])
     print(f"\n(written to {args.out}; {result['wall_s'] / 60:.1f} min)")
     return 0

@@ -38,16 +38,16 @@ def test_each_lever_changes_only_its_settings_and_parses_as_a_fit_config(lever, 
 
     from memalpha.cli import main as memalpha
 
-    args = argparse.Namespace(steps=8, val=48, questions=4, lr0=None, seed=0)
+    args = argparse.Namespace(steps=8, val=48, questions=4, lr0=None)
     base = load_yaml(REPO / "configs" / "tiny_cpu.yaml")
-    grpo, changed = flat(arm_fit_config(base, tmp_path, args, 0, "grpo")), flat(lever_config(base, tmp_path, args, lever))
+    grpo, changed = flat(arm_fit_config(base, tmp_path, args, 0, "grpo")), flat(lever_config(base, tmp_path, args, lever, 0))
     differing = {k for k in grpo.keys() | changed.keys() if grpo.get(k) != changed.get(k)}
     own_folders = {"model.export_adapter_dir", "trainer.logger.init_args.version", "trainer.callbacks"}
     assert differing - own_folders == set(LEVERS[lever])
     assert changed["model.adapter_path"] == str(tmp_path / "sft" / "adapter")  # the control arms' SFT start
     assert "lever_" + lever in changed["model.export_adapter_dir"]
     path = tmp_path / "lever.yaml"
-    path.write_text(yaml.safe_dump(lever_config(base, tmp_path, args, lever)))
+    path.write_text(yaml.safe_dump(lever_config(base, tmp_path, args, lever, 0)))
     with pytest.raises(SystemExit) as done:
         memalpha(["fit", "--config", str(path), "--print_config"])
     assert done.value.code in (0, None)
@@ -92,3 +92,14 @@ def test_report_check_passes_on_its_own_summary_and_fails_on_a_changed_number(tm
     bad.write_text(json.dumps(summary))
     assert main(["--scores", str(scores), "--summary", str(bad), "--check"]) == 1
     assert "DIFFER" in capsys.readouterr().out
+
+
+def test_the_report_covers_every_lever_run_validated_in_the_folder(tmp_path):
+    from grpo_levers import lever_runs
+
+    for name in ("seed1_lever_extractive_reader", "seed0_lever_lr_1e-3", "seed0_lever_extractive_reader",
+                 "seed0_lever_unknown", "seed0_grpo", "seed2_lever_group_8"):
+        (tmp_path / "validate" / name).mkdir(parents=True)
+        (tmp_path / "validate" / name / "validation.json").write_text("{}")
+    (tmp_path / "validate" / "seed3_lever_group_8").mkdir()  # not validated yet
+    assert lever_runs(tmp_path) == [(0, "extractive_reader"), (0, "lr_1e-3"), (1, "extractive_reader"), (2, "group_8")]
