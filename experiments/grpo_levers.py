@@ -17,11 +17,11 @@ config on the same held-out instances) with the settings of :data:`LEVERS` chang
 ``r1_weight_3``        a rollout's accuracy r1 weighs 3 against the turn's tool success r2
                        (``reward.accuracy_weight``; the paper weighs them alike);
 ``lr_1e-3``            five times the learning rate (``tiny_cpu``: 2e-4);
-``group_8``            8 rollouts per group instead of 4 (twice the samples a step);
+``group_8``            8 rollouts per group instead of 4 (twice the samples a step; not run yet);
 ``instances_4``        4 training instances a step instead of 1 (four groups: four times the
                        samples, and an update that averages over instances, not one instance's);
-``extractive_instances_4``  both of the above.
-``steps_24``           three times the steps.
+``extractive_instances_4``  ``extractive_reader`` and ``instances_4`` together;
+``steps_24``           three times the steps (not run yet).
 
 Validation always uses the run's own reader (the local 135M model), so accuracy stays comparable
 with the control arms; ``answer_stored`` (the share of questions whose gold is written in the final
