@@ -77,6 +77,7 @@ from learning_curve import (
     load_records,
     load_yaml,
     memalpha,
+    parse_seeds,
     sft_config,
     write_yaml,
 )
@@ -205,12 +206,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     check_positive(parser, args, ("demos", "sft_steps", "steps", "val", "questions"))
     if not 0.0 < args.lr0 < 1e-20:
         parser.error(f"--lr0 must be in (0, 1e-20) so that no weight moves, got {args.lr0}")
-    try:
-        args.seed_list = [int(s) for s in args.seeds.split(",")]
-    except ValueError:
-        parser.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
-    if len(set(args.seed_list)) != len(args.seed_list):
-        parser.error(f"--seeds must not repeat a seed, got {args.seeds!r}")
+    args.seed_list = parse_seeds(parser, args.seeds)
     return args
 
 

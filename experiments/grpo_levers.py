@@ -63,7 +63,7 @@ from control_arms import (
 )
 from control_arms_report import START, TRAIN_TAGS
 from grpo_levers_report import LEVER_METRICS, REFERENCES, lever_comparisons, print_levers
-from learning_curve import load_yaml, write_yaml
+from learning_curve import check_positive, load_yaml, parse_seeds, write_yaml
 
 from memalpha.train.demo_summary import event_scalars
 
@@ -116,13 +116,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = [name for name in args.lever_list if name not in LEVERS]
     if unknown or not args.lever_list:
         parser.error(f"--levers must name some of {', '.join(LEVERS)}, got {args.levers!r}")
-    for name in ("steps", "val", "questions"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    try:
-        args.seed_list = [int(s) for s in args.seeds.split(",")]
-    except ValueError:
-        parser.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
+    check_positive(parser, args, ("steps", "val", "questions"))
+    args.seed_list = parse_seeds(parser, args.seeds)
     args.lr0 = None  # arm_fit_config reads it only for the arm grpo_lr0
     return args
 
@@ -193,8 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             if not (args.reuse and adapter_done(folder / "adapter")):
                 train_run(path, config, run_dir / "logs" / f"fit_{name}.log", "fit")
             validate(run_dir, val_yaml, folder / "adapter", name, args.reuse)
-            report(args, run_dir, val_yaml, machine, started)
-    result = report(args, run_dir, val_yaml, machine, started)
+            result = report(args, run_dir, val_yaml, machine, started)  # after every run: a stopped one keeps the rest
     print_levers(result["comparisons"])
     print(f"\n(written to {args.out}; {result['wall_s'] / 60:.1f} min)")
     return 0

@@ -210,6 +210,17 @@ def check_positive(parser: argparse.ArgumentParser, args: argparse.Namespace, na
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
 
 
+def parse_seeds(parser: argparse.ArgumentParser, text: str) -> list[int]:
+    """``--seeds`` as a list of distinct integers; stops with the option's name otherwise."""
+    try:
+        seeds = [int(s) for s in text.split(",")]
+    except ValueError:
+        parser.error(f"--seeds must be comma-separated integers, got {text!r}")
+    if len(set(seeds)) != len(seeds):
+        parser.error(f"--seeds must not repeat a seed, got {text!r}")
+    return seeds
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     add_recipe_arguments(parser, sft_steps=6, sft_help="SFT steps of the partial cold start", steps=20,
@@ -229,10 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--questions must be >= 1, got {args.questions}")
     if args.steps % args.every:
         parser.error(f"--steps ({args.steps}) must be a multiple of --every ({args.every})")
-    try:
-        seeds = [int(s) for s in args.seeds.split(",")]
-    except ValueError:
-        parser.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
+    seeds = parse_seeds(parser, args.seeds)
     machine = machine_info()
     started = time.perf_counter()
     run_dir = args.run_dir.resolve()

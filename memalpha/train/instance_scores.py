@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from memalpha.agent.scoring import METRICS, metric_for_source
+from memalpha.agent.scoring import metric_for_source, score_answer
 from memalpha.intervals import paired_interval
 from memalpha.tools.executor import SUCCESS_STATUSES
 
@@ -38,11 +38,11 @@ def stored_answer_scores(record: Mapping[str, Any]) -> list[float] | None:
     the gold is written in the memory (a share for ``multi_part`` and ``keyword`` golds). ``None``
     when the source's metric cannot read a memory text (``boxed``, ``llm_judge``) or the record
     holds no memory."""
-    metric = metric_for_source(record["data_source"])
-    if metric not in EXTRACTABLE_METRICS or not isinstance(record.get("memory"), Mapping):
+    source = record["data_source"]
+    if metric_for_source(source) not in EXTRACTABLE_METRICS or not isinstance(record.get("memory"), Mapping):
         return None
     text = memory_text(record["memory"])
-    return [METRICS[metric](text, q["gold"]) for q in record["questions"]]
+    return [score_answer(source, text, q["gold"]) for q in record["questions"]]
 
 
 def instance_values(records: Iterable[Mapping[str, Any]]) -> InstanceScores:
