@@ -140,3 +140,21 @@ def test_parity_runs_resume_from_their_files_and_the_summary_waits_for_all(tmp_p
     assert named["learning"] == report["learning"]
     with pytest.raises(ValueError, match="not a PEFT adapter folder"):
         bench_vs_trl.main([*args, "--adapter-path", str(tmp_path / "gone"), "--settings-digest", digest])
+
+
+def test_the_committed_parity_report_is_rebuilt_from_its_committed_runs(tmp_path, monkeypatch):
+    """docs/results.md quotes experiments/results/bench_vs_trl_parity.json: its verdicts must come
+    out of the 12 runs stored beside it, by the report's own command, without the adapter."""
+    results = Path(__file__).resolve().parent.parent / "experiments" / "results"
+    committed = json.loads((results / "bench_vs_trl_parity.json").read_text())
+    monkeypatch.setattr(_common, "machine_info", dict)
+    monkeypatch.setattr(_parity, "plot", lambda *a: None)
+    argv = committed["command"].split()[2:]  # drop the interpreter and the script
+    argv[argv.index("--adapter-path") + 1] = str(tmp_path / "no_adapter_here")
+    rebuilt = bench_vs_trl.main([*argv, "--settings-digest", committed["settings_digest"],
+                                 "--runs-dir", str(results / "parity"), "--out", str(tmp_path / "parity.json")])
+    assert rebuilt is not None
+    assert rebuilt["learning"] == committed["learning"]
+    assert rebuilt["ratio_memalpha_over_trl"] == pytest.approx(committed["ratio_memalpha_over_trl"])
+    against = committed["learning"]["against_trl"]
+    assert against["memalpha-lr0"]["verdict"] == "different" and committed["learning"]["no_update_fails"]
