@@ -635,7 +635,7 @@ def parity(args: argparse.Namespace, settings: BenchSettings, extra: dict[str, A
     digest = args.settings_digest or _parity.settings_digest(asdict(settings))
     runs_dir = Path(args.runs_dir)
     todo = _parity.plan(arms, seeds)
-    for arm in set(arms) & {"trl"}:
+    if not args.summary_only and "trl" in arms:  # reading stored runs needs no TRL
         _require_trl()
 
     def log(line: str) -> None:
