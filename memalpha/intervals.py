@@ -1,9 +1,10 @@
-"""Student t confidence intervals: the t quantile, one-sample / paired and Welch intervals, and
-the equivalence verdict built on them.
+"""Student t confidence intervals: the t quantile, one-sample / paired and Welch intervals, the
+equivalence verdict built on them, and the seed-level estimates of a paired change (a t interval
+over seeds and a two-level bootstrap over seeds, then instances).
 
-Pure functions over lists of floats, with no dependency beyond :mod:`math`, so that the package
-(``memalpha.train.demo_summary``) and the experiments (``experiments/_stats.py``,
-``experiments/_parity.py``) share one implementation.
+Pure functions over lists of floats, with no dependency beyond :mod:`math` and :mod:`random`, so
+that the package (``memalpha.train.demo_summary``) and the experiments (``experiments/_stats.py``,
+``experiments/_parity.py``, ``experiments/control_arms_report.py``) share one implementation.
 
 The t distribution's CDF is written through the regularized incomplete beta function,
 ``P(T <= t) = 1 - I_x(df/2, 1/2) / 2`` for ``t >= 0`` with ``x = df / (df + t^2)``; the
@@ -15,7 +16,8 @@ degrees of freedom of Welch's interval too.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import random
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 _TINY = 1e-300
@@ -159,3 +161,152 @@ def equivalence(low: float, high: float, margin: float) -> dict[str, Any]:
     else:
         verdict = "inconclusive"
     return {"verdict": verdict, "passes": verdict == "equivalent", "margin": margin, "low": low, "high": high}
+
+
+# --- seed-level estimates of a paired change ------------------------------------------------------
+#
+# A training run is one draw of a random process (its seed sets the data order, the sampled
+# rollouts, the initial noise), so a change measured over the held-out instances of a few runs has
+# two sources of variation: the instances, and the runs. An interval over instances alone — even one
+# whose instance scores are first averaged over the runs — treats the runs as fixed and answers
+# "on these instances, under these runs"; the functions below answer "for a new run of the recipe":
+# each seed contributes its own paired mean change, and the interval is over seeds.
+
+BOOTSTRAP_RESAMPLES = 4000
+"""The default number of two-level bootstrap resamples of :func:`seed_bootstrap_interval` (the
+percentile bounds then move by about a hundredth of the spread between two random streams)."""
+BOOTSTRAP_SEED = 0
+"""The default seed of the bootstrap's ``random.Random``: the same input gives the same interval."""
+
+
+def paired_differences_by_seed(
+    after: Mapping[Hashable, Mapping[Hashable, float]], before: Mapping[Hashable, Mapping[Hashable, float]]
+) -> dict[Hashable, list[float]]:
+    """``{seed: [after - before, ...]}`` from two ``{seed: {instance: score}}`` tables.
+
+    Per seed, the differences over the instances both tables hold under that seed, in sorted
+    instance order. A seed only one table holds is left out (its run of the other arm is
+    missing); a seed that shares no instance raises ValueError.
+    """
+    out: dict[Hashable, list[float]] = {}
+    for seed in sorted(after.keys() & before.keys(), key=str):
+        shared = sorted(after[seed].keys() & before[seed].keys(), key=str)
+        if not shared:
+            raise ValueError(f"seed {seed!r}: the two tables share no instance")
+        out[seed] = [after[seed][k] - before[seed][k] for k in shared]
+    return out
+
+
+def paired_differences_from_pairs(
+    pairs: Mapping[Hashable, Sequence[tuple[float, float]]],
+) -> dict[Hashable, list[float]]:
+    """``{seed: [after - before, ...]}`` from ``{seed: [(after, before), ...]}``."""
+    return {seed: [a - b for a, b in seed_pairs] for seed, seed_pairs in pairs.items()}
+
+
+def _checked_seeds(differences: Mapping[Hashable, Sequence[float]]) -> None:
+    if len(differences) < 2:
+        raise ValueError(
+            f"a seed-level interval needs paired differences of >= 2 seeds, got {len(differences)}"
+            f" ({', '.join(map(repr, differences)) or 'none'}): a spread over seeds needs two runs"
+        )
+    empty = [seed for seed, values in differences.items() if len(values) == 0]
+    if empty:
+        raise ValueError(f"seeds without any paired instance: {', '.join(map(repr, empty))}")
+
+
+def per_seed_means(differences: Mapping[Hashable, Sequence[float]]) -> dict[Hashable, float]:
+    """``{seed: mean of its paired differences}``, the per-seed paired mean change."""
+    empty = [seed for seed, values in differences.items() if len(values) == 0]
+    if empty:
+        raise ValueError(f"seeds without any paired instance: {', '.join(map(repr, empty))}")
+    return {seed: sum(values) / len(values) for seed, values in differences.items()}
+
+
+def seed_interval(differences: Mapping[Hashable, Sequence[float]], level: float = 0.95) -> dict[str, float]:
+    """The t interval over seeds of the per-seed paired mean changes.
+
+    ``{mean, half_width, low, high, n, df}`` of :func:`mean_interval` over :func:`per_seed_means`
+    (``n`` seeds, ``df = n - 1``): each seed counts once whatever its number of instances, so the
+    run-to-run variation is the spread. Needs two seeds or more.
+    """
+    _checked_seeds(differences)
+    interval = mean_interval(list(per_seed_means(differences).values()), level)
+    return {**interval, "df": interval["n"] - 1}
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (``0 <= q <= 1``) of values sorted ascending, interpolated linearly between
+    the order statistics at ``q * (n - 1)`` (the usual "type 7" definition)."""
+    if not ordered:
+        raise ValueError("no values")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be in [0, 1], got {q}")
+    position = q * (len(ordered) - 1)
+    below = math.floor(position)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (position - below) * (ordered[above] - ordered[below])
+
+
+def seed_bootstrap_interval(
+    differences: Mapping[Hashable, Sequence[float]],
+    level: float = 0.95,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> dict[str, float]:
+    """The two-level bootstrap percentile interval of the mean over seeds of the per-seed changes.
+
+    Each of ``resamples`` draws picks as many seeds as there are, with replacement; for each seed
+    drawn, as many of its instances as it holds, with replacement; and takes the mean over the drawn
+    seeds of the mean of each one's drawn differences — the statistic :func:`seed_interval` centres
+    on. ``low`` and ``high`` are the ``(1 - level) / 2`` and ``(1 + level) / 2`` percentiles
+    (:func:`percentile`) of the draws; ``mean`` is the statistic on the data. ``random.Random(seed)``
+    draws every index (as ``int(random() * n)``), so one input gives one interval.
+
+    With few seeds the seed level can only recombine the seeds seen: the interval cannot reach past
+    the lowest and highest per-seed change by more than their instance noise, so with 3 seeds it is
+    usually much narrower than the t interval over seeds, which is the one to read first. The seeds
+    are drawn in the mapping's order, so reorder it and the draws (not their distribution) change.
+    """
+    _checked_seeds(differences)
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    rng = random.Random(seed)
+    draw = rng.random
+    groups = [list(values) for values in differences.values()]
+    k = len(groups)
+    statistics = []
+    for _ in range(resamples):
+        total = 0.0
+        for _ in range(k):
+            values = groups[int(draw() * k)]
+            n = len(values)
+            total += sum([values[int(draw() * n)] for _ in range(n)]) / n
+        statistics.append(total / k)
+    statistics.sort()
+    return {
+        "mean": sum(per_seed_means(differences).values()) / k,
+        "low": percentile(statistics, (1.0 - level) / 2.0),
+        "high": percentile(statistics, (1.0 + level) / 2.0),
+        "n": k,
+        "resamples": resamples,
+        "seed": seed,
+        "level": level,
+    }
+
+
+def seed_level_change(
+    differences: Mapping[Hashable, Sequence[float]],
+    level: float = 0.95,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> dict[str, Any]:
+    """Everything the seed level says about one paired comparison, from ``{seed: [differences]}``:
+    ``{"per_seed": {seed: mean change}, "t": seed_interval(...), "bootstrap": seed_bootstrap_interval(...)}``."""
+    return {
+        "per_seed": per_seed_means(differences),
+        "t": seed_interval(differences, level),
+        "bootstrap": seed_bootstrap_interval(differences, level, resamples, seed),
+    }

@@ -1,5 +1,5 @@
-"""memalpha.intervals against hand-computed numbers: closed forms of the t distribution and
-intervals worked out by hand."""
+"""memalpha.intervals against hand-computed numbers: closed forms of the t distribution,
+intervals worked out by hand, and the seed-level interval and bootstrap over seeds."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ from memalpha.intervals import (
     equivalence,
     incomplete_beta,
     mean_interval,
+    paired_differences_by_seed,
+    paired_differences_from_pairs,
     paired_interval,
+    per_seed_means,
+    percentile,
+    seed_bootstrap_interval,
+    seed_interval,
+    seed_level_change,
     t_cdf,
     t_quantile,
     welch_interval,
@@ -101,3 +108,91 @@ def test_equivalence_verdicts():
     assert equivalence(-0.1, 0.05, 0.1)["passes"] is False  # the margin itself is outside
     with pytest.raises(ValueError):
         equivalence(0.0, 0.1, 0.0)
+
+
+# --- seed level -----------------------------------------------------------------------------------
+
+T975_2 = 4.302652729911275  # t_{0.975, 2}
+
+
+def test_per_seed_means_and_the_t_interval_over_three_seeds_by_hand():
+    # seed means 0.1, 0.2, 0.6: mean 0.3, deviations -0.2, -0.1, 0.3, sum of squares 0.14, variance 0.07
+    differences = {"0": [0.0, 0.2], "1": [0.1, 0.2, 0.3], "2": [0.6]}
+    assert per_seed_means(differences) == pytest.approx({"0": 0.1, "1": 0.2, "2": 0.6})
+    ci = seed_interval(differences)
+    half = T975_2 * math.sqrt(0.07 / 3)
+    assert ci["n"] == 3 and ci["df"] == 2 and ci["mean"] == pytest.approx(0.3)
+    assert ci["half_width"] == pytest.approx(half) and half == pytest.approx(0.657241, abs=1e-6)
+    assert (ci["low"], ci["high"]) == pytest.approx((0.3 - half, 0.3 + half))
+    assert t_quantile(0.975, 2) == pytest.approx(T975_2, rel=1e-9)
+
+
+def test_differences_are_paired_within_each_seed_from_tables_or_pairs():
+    after = {"0": {"a": 1.0, "b": 0.5, "c": 0.0}, "1": {"a": 0.5, "b": 1.0}, "2": {"a": 0.0}}
+    before = {"0": {"a": 0.5, "b": 0.5, "c": 0.5}, "1": {"a": 0.0, "b": 0.0, "c": 1.0}}
+    # seed 2 has no "before" run: left out; seed 1 pairs a and b only
+    assert paired_differences_by_seed(after, before) == {"0": [0.5, 0.0, -0.5], "1": [0.5, 1.0]}
+    pairs = {0: [(1.0, 0.5), (0.5, 0.5)], 1: [(0.25, 0.0)]}
+    assert paired_differences_from_pairs(pairs) == {0: [0.5, 0.0], 1: [0.25]}
+    with pytest.raises(ValueError, match="share no instance"):
+        paired_differences_by_seed({"0": {"a": 1.0}}, {"0": {"b": 1.0}})
+
+
+def test_fewer_than_two_seeds_or_an_empty_seed_is_refused_by_name():
+    with pytest.raises(ValueError, match=">= 2 seeds, got 1"):
+        seed_interval({"0": [0.1, 0.2]})
+    with pytest.raises(ValueError, match=">= 2 seeds, got 0"):
+        seed_bootstrap_interval({})
+    with pytest.raises(ValueError, match="seeds without any paired instance: '1'"):
+        seed_level_change({"0": [0.1], "1": []})
+    with pytest.raises(ValueError, match="resamples"):
+        seed_bootstrap_interval({"0": [0.1], "1": [0.2]}, resamples=0)
+
+
+def test_percentile_interpolates_between_order_statistics():
+    ordered = [0.0, 1.0, 2.0, 10.0]
+    assert percentile(ordered, 0.0) == 0.0 and percentile(ordered, 1.0) == 10.0
+    assert percentile(ordered, 0.5) == pytest.approx(1.5)  # position 1.5
+    assert percentile(ordered, 0.9) == pytest.approx(2.0 + 0.7 * 8.0)  # position 2.7
+    assert percentile([3.0], 0.025) == 3.0
+    with pytest.raises(ValueError):
+        percentile([], 0.5)
+
+
+def test_bootstrap_is_deterministic_for_a_seed_and_stays_within_what_resampling_can_reach():
+    differences = {"0": [0.1, 0.3, 0.2, 0.0], "1": [0.5, 0.4], "2": [-0.2, 0.0, -0.1]}
+    first = seed_bootstrap_interval(differences, resamples=500, seed=7)
+    assert first == seed_bootstrap_interval(differences, resamples=500, seed=7)
+    assert first != seed_bootstrap_interval(differences, resamples=500, seed=8)
+    assert first["mean"] == pytest.approx((0.15 + 0.45 - 0.1) / 3)
+    assert first["resamples"] == 500 and first["seed"] == 7 and first["n"] == 3
+    # every draw is a mean of drawn differences: never below the smallest nor above the largest
+    assert -0.2 <= first["low"] < first["mean"] < first["high"] <= 0.5
+    # no spread anywhere: every draw is the one value
+    flat = seed_bootstrap_interval({"a": [0.25, 0.25], "b": [0.25]}, resamples=50)
+    assert flat["low"] == pytest.approx(0.25) and flat["high"] == pytest.approx(0.25)
+
+
+def test_bootstrap_with_one_instance_a_seed_resamples_the_seed_means_only():
+    # two seeds of one value each: a draw's mean is 0 (both draws seed a), 1 or 0.5, with chances 1/4, 1/4, 1/2
+    result = seed_bootstrap_interval({"a": [0.0], "b": [1.0]}, level=0.4, resamples=4000, seed=3)
+    assert (result["low"], result["high"]) == (0.5, 0.5)  # the 30th and 70th percentiles fall on 0.5
+    wide = seed_bootstrap_interval({"a": [0.0], "b": [1.0]}, level=0.9, resamples=4000, seed=3)
+    assert (wide["low"], wide["high"]) == (0.0, 1.0)
+
+
+def test_an_instance_interval_can_exclude_zero_while_the_seed_interval_holds_it():
+    # within each seed the instances agree, but one seed of three goes the other way
+    differences = {"0": [0.2, 0.3, 0.4], "1": [0.4, 0.3, 0.2], "2": [-0.1, -0.2, -0.3]}
+    averaged = [sum(d[i] for d in differences.values()) / 3 for i in range(3)]  # 1/6, 2/15, 1/10
+    instance_level = mean_interval(averaged)  # the pooled interval: instances averaged over seeds
+    assert instance_level["mean"] == pytest.approx(2 / 15)
+    assert instance_level["half_width"] == pytest.approx(T975_2 * (1 / 30) / math.sqrt(3))
+    assert instance_level["low"] > 0  # [+0.050, +0.216]
+    level = seed_level_change(differences)
+    assert level["per_seed"] == pytest.approx({"0": 0.3, "1": 0.3, "2": -0.2})
+    # seed means 0.3, 0.3, -0.2: mean 2/15, variance ((1/6)^2 * 2 + (1/3)^2) / 2 = 1/12
+    assert level["t"]["mean"] == pytest.approx(2 / 15)
+    assert level["t"]["half_width"] == pytest.approx(T975_2 * math.sqrt(1 / 12 / 3))
+    assert level["t"]["low"] < 0 < level["t"]["high"]  # [-0.584, +0.851]
+    assert level["bootstrap"]["low"] < 0 < level["bootstrap"]["high"]
