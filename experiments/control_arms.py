@@ -37,9 +37,10 @@ other jobs at nice 0 it gets far less: one SFT step took 140 s at load 6.
 
 The report (``experiments/control_arms_report.py``, which rebuilds it from the committed files):
 paired per instance, ``grpo - sft_continued``, ``grpo - grpo_lr0`` and each arm ``- start`` on
-accuracy, fact recall and mean reward (plus tool success and memory tokens), with 95 % t
-intervals *pooled* (each instance averaged over the seeds first, then a paired t over instances)
-and *per seed*. Outputs: the summary ``experiments/results/control_arms.json`` (settings,
+accuracy, fact recall and mean reward (plus tool success and memory tokens), with 95 % intervals
+*over seeds* (each seed's paired mean change, a t interval over seeds and a two-level bootstrap),
+*pooled* (each instance averaged over the seeds first, then a paired t over instances) and *per
+seed*. Outputs: the summary ``experiments/results/control_arms.json`` (settings,
 timings, intervals, the per-step training scalars r1-r4, reward, tool success, fact recall of
 every GRPO run), the per-instance scores of every validation in
 ``experiments/results/control_arms/instance_scores.json``, and the plot ``control_arms.png``
@@ -63,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, write_json
 from control_arms_report import (
+    INTERVALS,
     START,
     TRAIN_TAGS,
     arm_means,
@@ -288,7 +290,7 @@ class Experiment:
                 "sft_steps": args.sft_steps, "steps": args.steps, "val_instances": args.val,
                 "questions": args.questions, "seeds": args.seed_list, "lr0": args.lr0,
                 "time_matching": "sft_continued: Lightning trainer.max_time = the same seed grpo run summed step_s",
-                "intervals": "95 % Student t over instances, paired; pooled = each instance averaged over seeds first",
+                "intervals": INTERVALS,
             },
             "instance_scores": str(scores_path.relative_to(REPO_ROOT) if scores_path.is_relative_to(REPO_ROOT) else scores_path),
             "start_sft_step_s": sft_step_s,

@@ -2,22 +2,32 @@
 
 Run:  .venv/bin/python experiments/control_arms_report.py
           [--scores experiments/results/control_arms/instance_scores.json]
-          [--summary experiments/results/control_arms.json] [--check] [--plot PATH]
+          [--summary experiments/results/control_arms.json] [--check] [--update] [--plot PATH]
 
 ``experiments/control_arms.py`` writes the per-instance scores of every validation
 (``instance_scores.json``: ``{"start": {source: {instance: {metric: value}}}, "seeds": {seed:
 {arm: ...}}}``) and a summary JSON holding the intervals, the settings and the per-step training
 scalars. This script recomputes the intervals from the scores file with the same functions the
 experiment uses and prints them; ``--check`` also compares them with the summary's and exits 1
-on a difference; ``--plot`` redraws the figure from both files.
+on a difference; ``--update`` rewrites the summary's intervals from the scores file (and nothing
+else of it); ``--plot`` redraws the figure from both files. When the summary is there, the report
+also prints each run's compute as the summary records it.
 
-The intervals, all 95 % Student t over held-out instances (an instance's questions read one
+The intervals, all 95 % and all paired per held-out instance (an instance's questions read one
 memory, so the instance is the unit):
 
-* **pooled** (the headline): each instance's score is first averaged over the seeds that hold
+* **seed level** (the headline, ``seed_level``; :func:`memalpha.intervals.seed_level_change`):
+  each seed's paired mean change ``A - B`` over its instances, then ``t``, the Student t
+  interval over those per-seed means (``seeds - 1`` degrees of freedom), and ``bootstrap``, a
+  two-level percentile bootstrap (seeds with replacement, then instances within each drawn seed).
+  A training run is one draw of a random process, so this is the interval about a new run of the
+  recipe; with 3 seeds the t interval has 2 degrees of freedom and is wide, and the bootstrap
+  cannot reach beyond the seeds seen (it is the narrower one, not the better one). Absent
+  (``None``) below 2 seeds.
+* **pooled** (instance level): each instance's score is first averaged over the seeds that hold
   both arms, then the paired differences ``A - B`` over the instances are one t interval
   (``n - 1`` degrees of freedom). The seed-to-seed variation of a training run enters only
-  through these averages, so this interval is about these instances under these three runs, not
+  through these averages, so this interval is about these instances under these runs, not
   about a new seed.
 * **per seed**: the same paired interval for each seed on its own.
 
@@ -40,9 +50,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS_DIR, print_table
+from _common import RESULTS_DIR, command_line, print_table
 
-from memalpha.intervals import mean_interval, paired_interval
+from memalpha.intervals import mean_interval, paired_interval, seed_level_change
 from memalpha.train.instance_scores import InstanceScores
 
 ARMS = ("grpo", "grpo_lr0", "sft_continued")
@@ -71,6 +81,10 @@ TRAIN_TAGS = (
     "train/kl",
     "step_s",
 )
+INTERVALS = ("95 %, paired per instance; seed_level = per-seed mean changes, Student t over seeds (seeds - 1 df)"
+             " and a two-level bootstrap (seeds, then instances); pooled = Student t over instances, each"
+             " averaged over seeds first")
+"""The summaries' ``settings.intervals``: what their comparisons hold."""
 SCORES_PATH = RESULTS_DIR / "control_arms" / "instance_scores.json"
 SUMMARY_PATH = RESULTS_DIR / "control_arms.json"
 
@@ -111,18 +125,34 @@ def seeds_with(scores: Mapping[str, Any], arms: Sequence[str]) -> list[str]:
     return [s for s in seeds if all(arm_scores(scores, s, arm) is not None for arm in arms)]
 
 
+def seed_level(differences: Mapping[str, Sequence[float]]) -> dict[str, Any] | None:
+    """``{"seeds", "t", "bootstrap"}`` over the seeds in ``differences`` (``{seed: [a - b, ...]}``,
+    :func:`memalpha.intervals.seed_level_change` with its default resamples and random seed);
+    None below 2 seeds."""
+    if len(differences) < 2:
+        return None
+    level = seed_level_change(differences)
+    return {"seeds": [int(s) for s in differences], "t": level["t"], "bootstrap": level["bootstrap"]}
+
+
 def compare(scores: Mapping[str, Any], a: str, b: str, metric: str) -> dict[str, Any]:
-    """``a - b`` on ``metric``: ``{"pooled": interval or None, "seeds": [...], "per_seed": {seed: interval}}``."""
+    """``a - b`` on ``metric``: ``{"seed_level": seed_level(...) or None, "pooled": interval or None,
+    "seeds": [...], "per_seed": {seed: interval}}``. The seed level is over the seeds whose own
+    paired interval exists (2 paired instances or more)."""
     seeds = seeds_with(scores, (a, b))
-    per_seed = {}
+    per_seed, differences = {}, {}
     for seed in seeds:
-        per_seed[seed] = paired(seed_average([arm_scores(scores, seed, a)], metric),
-                                seed_average([arm_scores(scores, seed, b)], metric))
+        after = seed_average([arm_scores(scores, seed, a)], metric)
+        before = seed_average([arm_scores(scores, seed, b)], metric)
+        per_seed[seed] = paired(after, before)
+        if per_seed[seed] is not None:
+            differences[seed] = [after[k] - before[k] for k in sorted(after.keys() & before.keys())]
     pooled = None
     if seeds:
         pooled = paired(seed_average([arm_scores(scores, s, a) for s in seeds], metric),
                         seed_average([arm_scores(scores, s, b) for s in seeds], metric))
-    return {"pooled": pooled, "seeds": [int(s) for s in seeds], "per_seed": per_seed}
+    return {"seed_level": seed_level(differences), "pooled": pooled, "seeds": [int(s) for s in seeds],
+            "per_seed": per_seed}
 
 
 def comparisons(scores: Mapping[str, Any], metrics: Sequence[str] = METRICS) -> dict[str, dict[str, Any]]:
@@ -152,24 +182,72 @@ def format_interval(interval: Mapping[str, float] | None) -> str:
     return f"{interval['mean']:+.3f} [{interval['low']:+.3f}, {interval['high']:+.3f}]"
 
 
+def seed_level_part(comparison: Mapping[str, Any], part: str) -> Mapping[str, float] | None:
+    """The ``part`` (``"t"`` or ``"bootstrap"``) interval of a comparison's seed level, None if it has none."""
+    level = comparison.get("seed_level")
+    return None if level is None else level[part]
+
+
+def comparison_rows(name: str, by_metric: Mapping[str, Any], metrics: Sequence[str]) -> list[list[Any]]:
+    """Table rows of one comparison: the seed level first (t, then bootstrap), then the pooled
+    instance-level interval, then each seed's own."""
+    first = by_metric[metrics[0]]
+    n_seeds = len(first["seed_level"]["seeds"]) if first.get("seed_level") else 0
+    rows = []
+    if n_seeds:
+        rows.append([name, "seeds, t", n_seeds, *[format_interval(seed_level_part(by_metric[m], "t")) for m in metrics]])
+        rows.append(["", "seeds, bootstrap", n_seeds,
+                     *[format_interval(seed_level_part(by_metric[m], "bootstrap")) for m in metrics]])
+    rows.append([name if not n_seeds else "", "instances, pooled", first["pooled"]["n"] if first["pooled"] else 0,
+                 *[format_interval(by_metric[m]["pooled"]) for m in metrics]])
+    return rows
+
+
 def print_report(means: Mapping[str, Any], compared: Mapping[str, Any]) -> None:
-    """The arm means, then the pooled and per-seed paired differences of the headline metrics."""
+    """The arm means, then the seed-level, pooled and per-seed paired differences of the headline metrics."""
     print("\nheld-out means over instances (each averaged over seeds), 95 % t interval")
     rows = [[arm, ",".join(map(str, v["seeds"])) or "-",
              *[("-" if v.get(m) is None else f"{v[m]['mean']:.3f} ± {v[m]['half_width']:.3f}") for m in METRICS]]
             for arm, v in means.items()]
     print_table(["arm", "seeds", *METRICS], rows)
-    print("\npaired differences over instances, mean [95 % interval]; pooled = instance averaged over seeds first")
+    print("\npaired differences, mean [95 % interval]: over seeds first (t with seeds - 1 df; two-level bootstrap),"
+          " then over instances (pooled = each instance averaged over seeds first), then each seed alone")
     rows = []
     for name, by_metric in compared.items():
         first = by_metric[HEADLINE[0]]
-        rows.append([name, "pooled", first["pooled"]["n"] if first["pooled"] else 0,
-                     *[format_interval(by_metric[m]["pooled"]) for m in HEADLINE]])
+        rows += comparison_rows(name, by_metric, HEADLINE)
         for seed in first["per_seed"]:
             interval = first["per_seed"][seed]
             rows.append(["", f"seed {seed}", interval["n"] if interval else 0,
                          *[format_interval(by_metric[m]["per_seed"][seed]) for m in HEADLINE]])
     print_table(["comparison", "over", "n", *HEADLINE], rows)
+
+
+COMPUTE_FIELDS = {"train_s": "wall s", "steps": "optimiser steps"}
+"""What a summary's ``runs`` record of each run's compute, and its column header."""
+NOT_RECORDED = ("CPU s", "rollouts sampled", "tokens sampled", "reader calls")
+"""Compute the summaries do not hold (issue 39 item 2): shown as not recorded, never estimated."""
+
+
+def run_compute(runs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``[{"run", "seed", "arm", <COMPUTE_FIELDS present>}]`` from a summary's ``runs``
+    (``{"seed<N>_<arm>": {"train_s": ..., "steps": ...}}``), in the summary's order."""
+    out = []
+    for name, record in runs.items():
+        seed, _, arm = name.partition("_")
+        entry: dict[str, Any] = {"run": name, "seed": int(seed.removeprefix("seed")), "arm": arm}
+        entry.update({key: record[key] for key in COMPUTE_FIELDS if record.get(key) is not None})
+        out.append(entry)
+    return out
+
+
+def print_compute(runs: Mapping[str, Mapping[str, Any]]) -> None:
+    """Each run's compute as the summary records it; ``-`` where it does not."""
+    print("\ncompute of each run, as the summary records it (wall s: the sum of its logged step times,"
+          " training only)")
+    rows = [[e["arm"], e["seed"], *[("-" if key not in e else f"{e[key]:.0f}") for key in COMPUTE_FIELDS],
+             *["not recorded"] * len(NOT_RECORDED)] for e in run_compute(runs)]
+    print_table(["arm", "seed", *COMPUTE_FIELDS.values(), *NOT_RECORDED], rows)
 
 
 def plot(means: Mapping[str, Any], compared: Mapping[str, Any], train: Mapping[str, Any], path: Path) -> None:
@@ -192,13 +270,18 @@ def plot(means: Mapping[str, Any], compared: Mapping[str, Any], train: Mapping[s
     names = [n for n in compared if not n.endswith(f"- {START}")]
     for offset, metric in enumerate(HEADLINE):
         for i, name in enumerate(names):
+            x = i + 0.24 * (offset - 1)
+            over_seeds = seed_level_part(compared[name][metric], "t")
+            if over_seeds is not None:
+                ax.errorbar(x - 0.05, over_seeds["mean"], yerr=over_seeds["half_width"], fmt="s", capsize=3,
+                            color=f"C{offset}", label=f"{metric}, over seeds" if i == 0 else None)
             interval = compared[name][metric]["pooled"]
             if interval is not None:
-                ax.errorbar(i + 0.15 * (offset - 1), interval["mean"], yerr=interval["half_width"], fmt="o",
-                            capsize=3, color=f"C{offset}", label=metric if i == 0 else None)
+                ax.errorbar(x + 0.05, interval["mean"], yerr=interval["half_width"], fmt="o", mfc="white",
+                            capsize=3, color=f"C{offset}", label=f"{metric}, over instances" if i == 0 else None)
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xticks(range(len(names)), names, rotation=10, fontsize=8)
-    ax.set_title("paired differences (pooled seeds)")
+    ax.set_title("paired differences: t over seeds (squares), pooled instances (circles)", fontsize=8)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
     ax = axes[-1]
@@ -212,8 +295,8 @@ def plot(means: Mapping[str, Any], compared: Mapping[str, Any], train: Mapping[s
     ax.set_xlabel("GRPO step")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=6)
-    fig.suptitle("GRPO against its controls from one SFT start (95 % t intervals over held-out instances)",
-                 fontsize=10)
+    fig.suptitle("GRPO against its controls from one SFT start (95 % t intervals; arm means over held-out "
+                 "instances)", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -238,16 +321,46 @@ def read_json(path: Path) -> dict[str, Any]:
         raise SystemExit(f"control arms report: cannot read {path} ({exc})") from None
 
 
+def report_command(script: str, argv: Sequence[str] | None) -> str:
+    """The command line of a report run: :func:`_common.command_line` from a shell, else (called with
+    ``argv``) the script's relative path with those arguments."""
+    if argv is None:
+        return command_line()
+    return " ".join([".venv/bin/python", f"experiments/{Path(script).name}", *argv])
+
+
+def update_summary(path: Path, rebuilt: Mapping[str, Any], command: str) -> None:
+    """Rewrite the summary at ``path`` with the keys of ``rebuilt`` replaced (the intervals rebuilt
+    from the scores file), ``settings.intervals`` saying what they now are (:data:`INTERVALS`), and
+    ``intervals_rebuilt`` naming the command; every other key, the run's other settings, timings and
+    machine included, stays as the run wrote it. Written atomically."""
+    summary = read_json(path)
+    summary.update(rebuilt)
+    if isinstance(summary.get("settings"), dict):
+        summary["settings"]["intervals"] = INTERVALS
+    summary["intervals_rebuilt"] = {"command": command}
+    tmp = path.with_name(f"{path.name}.tmp")
+    tmp.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--scores", type=Path, default=SCORES_PATH)
     parser.add_argument("--summary", type=Path, default=SUMMARY_PATH)
     parser.add_argument("--check", action="store_true", help="exit 1 unless the summary's intervals are rebuilt")
+    parser.add_argument("--update", action="store_true",
+                        help="rewrite the summary's intervals from the scores file, keeping the rest of it")
     parser.add_argument("--plot", type=Path, default=None, help="redraw the figure to this PNG")
     args = parser.parse_args(argv)
     scores = read_json(args.scores)
     means, compared = arm_means(scores), comparisons(scores)
     print_report(means, compared)
+    if args.update:
+        update_summary(args.summary, {"arm_means": means, "comparisons": compared}, report_command(__file__, argv))
+        print(f"(intervals written to {args.summary})")
+    if args.summary.exists():
+        print_compute(read_json(args.summary).get("runs", {}))
     if args.check or args.plot:
         summary = read_json(args.summary)
         if args.plot:

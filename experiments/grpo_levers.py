@@ -30,8 +30,8 @@ with the control arms; ``answer_stored`` (the share of questions whose gold is w
 memory) and fact recall say what the memory holds whatever the reader makes of it, and
 ``reader_given_stored`` (the reader's accuracy on the questions whose answer is stored) how much of
 that the reader turns into accuracy. The report pairs each lever with the seed's ``grpo``,
-``sft_continued`` and the ``start`` per instance (95 % t intervals, ``control_arms_report``'s
-functions, pooled over the seeds a lever ran with, as the control arms pool), and carries the
+``sft_continued`` and the ``start`` per instance (95 % intervals, ``control_arms_report``'s
+functions: over seeds where a lever ran two or more, and pooled over them, as the control arms do), and carries the
 per-step training scalars r1-r4. It covers every lever run validated in the run folder, this
 invocation's and earlier ones' (``--levers extractive_reader --seeds 1,2`` adds two seeds to a
 seed-0 report); a seed's references enter once ``control_arms.py`` has validated them. Outputs: the summary
@@ -63,7 +63,7 @@ from control_arms import (
     validate,
     validate_config,
 )
-from control_arms_report import START, TRAIN_TAGS
+from control_arms_report import INTERVALS, START, TRAIN_TAGS
 from grpo_levers_report import LEVER_METRICS, REFERENCES, lever_comparisons, print_levers
 from learning_curve import check_positive, load_yaml, parse_seeds, write_yaml
 
@@ -161,7 +161,7 @@ def report(args: argparse.Namespace, run_dir: Path, val_yaml: Path, machine: dic
         "command": command_line(),
         "settings": {"config": str(args.config), "steps": args.steps, "val_instances": args.val,
                      "questions": args.questions, "levers": LEVERS, "runs": [list(r) for r in lever_runs(run_dir)],
-                     "intervals": "95 % Student t over instances, paired; pooled = each instance averaged over seeds first"},
+                     "intervals": INTERVALS},
         "instance_scores": str(scores_path.relative_to(REPO_ROOT) if scores_path.is_relative_to(REPO_ROOT) else scores_path),
         "runs": runs,
         "comparisons": lever_comparisons(scores, LEVER_METRICS),

@@ -2,14 +2,16 @@
 
 Run:  .venv/bin/python experiments/grpo_levers_report.py
           [--scores experiments/results/grpo_levers/instance_scores.json]
-          [--summary experiments/results/grpo_levers.json] [--check]
+          [--summary experiments/results/grpo_levers.json] [--check] [--update]
 
 ``experiments/grpo_levers.py`` writes the per-instance scores of every validation it compares
 (``{"start": ..., "seeds": {seed: {"grpo": ..., "sft_continued": ..., "lever_<name>": ...}}}``, the
 layout of the control arms) and a summary with the intervals. This script recomputes each lever's
-paired 95 % t intervals against the seed's ``grpo`` run, its ``sft_continued`` run and the
-``start`` with the control arms' functions, prints them, and with ``--check`` exits 1 when they
-differ from the summary's.
+paired 95 % intervals against the seed's ``grpo`` run, its ``sft_continued`` run and the ``start``
+with the control arms' functions (``control_arms_report.compare``: over seeds first, a t interval
+and a two-level bootstrap, where two seeds or more ran; then over instances, pooled), prints them
+with each run's recorded compute, and with ``--check`` exits 1 when they differ from the
+summary's; ``--update`` rewrites the summary's intervals from the scores file.
 """
 
 from __future__ import annotations
@@ -23,7 +25,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS_DIR, print_table
-from control_arms_report import START, compare, format_interval, read_json, same_numbers
+from control_arms_report import (
+    START,
+    compare,
+    comparison_rows,
+    print_compute,
+    read_json,
+    report_command,
+    same_numbers,
+    update_summary,
+)
 
 REFERENCES = ("grpo", "sft_continued")
 """The seed's control-arms runs every lever is compared with (besides ``start``)."""
@@ -51,9 +62,10 @@ def lever_comparisons(scores: Mapping[str, Any], metrics: Sequence[str] = LEVER_
 
 
 def print_levers(compared: Mapping[str, Any], metrics: Sequence[str] = HEADLINE) -> None:
-    print("\npaired over held-out instances, 95 % t intervals (over the seeds run: one by default)")
-    rows = [[name, *[format_interval(by_metric[m]["pooled"]) for m in metrics]] for name, by_metric in compared.items()]
-    print_table(["comparison", *metrics], rows)
+    print("\npaired differences, mean [95 % interval]: over seeds first where 2 or more ran (t with seeds - 1 df;"
+          " two-level bootstrap), then over held-out instances (each averaged over the seeds run)")
+    rows = [row for name, by_metric in compared.items() for row in comparison_rows(name, by_metric, metrics)]
+    print_table(["comparison", "over", "n", *metrics], rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,10 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scores", type=Path, default=SCORES_PATH)
     parser.add_argument("--summary", type=Path, default=SUMMARY_PATH)
     parser.add_argument("--check", action="store_true", help="exit 1 when the summary's intervals differ")
+    parser.add_argument("--update", action="store_true",
+                        help="rewrite the summary's intervals from the scores file, keeping the rest of it")
     args = parser.parse_args(argv)
     scores = read_json(args.scores)
     compared = lever_comparisons(scores)
     print_levers(compared)
+    if args.update:
+        update_summary(args.summary, {"comparisons": compared}, report_command(__file__, argv))
+        print(f"(intervals written to {args.summary})")
+    if args.summary.exists():
+        print_compute(read_json(args.summary).get("runs", {}))
     if args.check:
         ok = same_numbers(compared, read_json(args.summary).get("comparisons"))
         print("rebuilt intervals " + ("match" if ok else "DIFFER from") + f" {args.summary}")

@@ -62,10 +62,54 @@ def test_start_is_shared_by_every_seed_and_arms_without_runs_are_left_out():
     assert against_start["seeds"] == [0, 1, 2]
     # grpo averaged over three seeds: a 0.5, b 0.5, c 1/6; minus start 0.5, 0, 0
     assert math.isclose(against_start["pooled"]["mean"], (0.0 + 0.5 + 1 / 6) / 3)
-    assert compare(SCORES, "grpo", "grpo_lr0", "accuracy") == {"pooled": None, "seeds": [], "per_seed": {}}
+    assert compare(SCORES, "grpo", "grpo_lr0", "accuracy") == {"seed_level": None, "pooled": None, "seeds": [],
+                                                                "per_seed": {}}
     means = arm_means(SCORES, ("accuracy",))
     assert set(means) == {"start", "grpo", "sft_continued"} and means["grpo"]["seeds"] == [0, 1, 2]
     assert math.isclose(means["start"]["accuracy"]["mean"], 0.5 / 3)
+
+
+def test_seed_level_is_the_t_over_the_per_seed_paired_means_beside_a_bootstrap():
+    level = compare(SCORES, "grpo", "sft_continued", "accuracy")["seed_level"]
+    # seed 0: differences 0.5, 0, 0 (mean 1/6); seed 1: 0, 1, 0 (mean 1/3); seed 2 has no control run
+    # mean 1/4; sd of two values |1/3 - 1/6| / sqrt(2); se = sd / sqrt(2) = 1/12; t(0.975, 1) = 12.7062
+    assert level["seeds"] == [0, 1] and level["t"]["n"] == 2 and level["t"]["df"] == 1
+    assert math.isclose(level["t"]["mean"], 0.25) and math.isclose(level["bootstrap"]["mean"], 0.25)
+    assert math.isclose(level["t"]["half_width"], 12.706205 / 12, rel_tol=1e-6)
+    assert level["bootstrap"]["resamples"] == 4000 and level["bootstrap"]["seed"] == 0
+    assert 0.0 <= level["bootstrap"]["low"] <= 0.25 <= level["bootstrap"]["high"] <= 2 / 3
+    # one seed only: no spread over seeds to estimate
+    assert compare(SCORES, "grpo", "start", "accuracy")["seed_level"]["seeds"] == [0, 1, 2]
+    one = {"start": SCORES["start"], "seeds": {"0": SCORES["seeds"]["0"]}}
+    assert compare(one, "grpo", "sft_continued", "accuracy")["seed_level"] is None
+
+
+def test_the_committed_summary_is_rebuilt_from_the_committed_scores(capsys):
+    assert main(["--check"]) == 0  # experiments/results/control_arms.json from .../control_arms/instance_scores.json
+    out = capsys.readouterr().out
+    assert "rebuilt intervals match" in out and "seeds, t" in out and "optimiser steps" in out
+
+
+def test_update_rewrites_only_the_intervals_of_the_summary(tmp_path):
+    scores = tmp_path / "scores.json"
+    scores.write_text(json.dumps(SCORES))
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"comparisons": {}, "runs": {"seed0_grpo": {"train_s": 3.5, "steps": 8}},
+                                   "machine": {"cpu_count": 2}}))
+    assert main(["--scores", str(scores), "--summary", str(summary), "--update"]) == 0
+    written = json.loads(summary.read_text())
+    assert written["runs"] == {"seed0_grpo": {"train_s": 3.5, "steps": 8}} and written["machine"] == {"cpu_count": 2}
+    assert "--update" in written["intervals_rebuilt"]["command"]
+    assert main(["--scores", str(scores), "--summary", str(summary), "--check"]) == 0
+
+
+def test_compute_lists_what_the_summary_records_and_nothing_else():
+    from control_arms_report import run_compute
+
+    runs = {"seed1_sft_continued": {"train_s": 389.2, "steps": 44, "max_time_s": 380.4}, "seed0_grpo": {"train_s": 380.4}}
+    assert run_compute(runs) == [{"run": "seed1_sft_continued", "seed": 1, "arm": "sft_continued", "train_s": 389.2,
+                                  "steps": 44},
+                                 {"run": "seed0_grpo", "seed": 0, "arm": "grpo", "train_s": 380.4}]
 
 
 def test_report_check_passes_on_its_own_summary_and_fails_on_a_changed_number(tmp_path, capsys):

@@ -94,6 +94,24 @@ def test_report_check_passes_on_its_own_summary_and_fails_on_a_changed_number(tm
     assert "DIFFER" in capsys.readouterr().out
 
 
+def test_the_committed_summary_is_rebuilt_from_the_committed_scores(capsys):
+    assert main(["--check"]) == 0  # experiments/results/grpo_levers.json from .../grpo_levers/instance_scores.json
+    out = capsys.readouterr().out
+    assert "rebuilt intervals match" in out and "seeds, bootstrap" in out
+
+
+def test_the_committed_headline_over_seeds():
+    from control_arms_report import read_json
+    from grpo_levers_report import SUMMARY_PATH
+
+    # issue 39: over 3 seeds the lever's fact-recall gain over SFT continued is +0.132 [-0.231, +0.495]
+    level = read_json(SUMMARY_PATH)["comparisons"]["lever_extractive_instances_4 - sft_continued"]["fact_recall"]
+    assert level["seed_level"]["seeds"] == [0, 1, 2]
+    t = level["seed_level"]["t"]
+    assert [round(t[k], 3) for k in ("mean", "low", "high")] == [0.132, -0.231, 0.495]
+    assert level["pooled"]["low"] > 0 > t["low"]  # the instance-level interval excludes 0, the seed-level one not
+
+
 def test_the_report_covers_every_lever_run_validated_in_the_folder(tmp_path):
     from grpo_levers import lever_runs
 
