@@ -141,6 +141,18 @@ def test_learning_curve_seeds_combines_per_seed_changes_with_a_t_interval_over_s
         learning_curve_seeds.combine({"a": _seed_report([(0, 0.1)]), "b": {"settings": reports["a"]["settings"]}})
 
 
+def test_the_committed_learning_curve_seeds_report_is_rebuilt_from_its_committed_inputs():
+    import learning_curve_seeds
+    from control_arms_report import same_numbers
+
+    root = Path(__file__).resolve().parent.parent
+    committed = json.loads((root / "experiments" / "results" / "learning_curve_seeds.json").read_text())
+    reports = {where: json.loads((root / where).read_text()) for where in committed["inputs"]}
+    rebuilt = learning_curve_seeds.combine(reports)
+    assert same_numbers(rebuilt, {key: committed[key] for key in rebuilt})
+    assert committed["across_seeds"]["mean_reward"]["n"] == 3  # already an interval over seeds (t, 2 df)
+
+
 def test_instance_values_average_fact_recall_only_where_every_rollout_has_one():
     known = [dict(record("a", "s", [1], [["ok"]], [1.0]), fact_recall=0.5),
              dict(record("a", "s", [1], [["ok"]], [1.0]), fact_recall=1.0)]
