@@ -34,7 +34,8 @@ PROMPTS = [SYSTEM + [20, 21, 22], SYSTEM + [20, 21, 22], SYSTEM + [30], SYSTEM +
 NEVER = 10_000  # an end token no row emits
 
 
-def graph_sample(model, tokenizer, prompts, *, max_new_tokens, eos_token_id, do_sample=True, seed=None, **filters):
+def graph_sample(model, tokenizer, prompts, *, max_new_tokens, eos_token_id, do_sample=True, seed=None,
+                 bucket_columns=graph_decode.BUCKET_COLUMNS, share_prefix=True, **filters):
     """The backend on ``prompts`` with :func:`generate`'s arguments: seeded the way ``generate``
     seeds (a forked global RNG), drawing through the same :func:`next_tokens`."""
 
@@ -46,7 +47,7 @@ def graph_sample(model, tokenizer, prompts, *, max_new_tokens, eos_token_id, do_
             torch.manual_seed(seed)
         return graph_decode.sample(
             model, prompts, pad_id=tokenizer.pad_token_id, max_new_tokens=max_new_tokens, eos_ids=[eos_token_id],
-            pick=pick,
+            pick=pick, bucket_columns=bucket_columns, share_prefix=share_prefix,
         )
 
 
@@ -142,12 +143,12 @@ def test_a_step_run_twice_changes_nothing_and_reads_buffers_that_never_move(peak
     original = graph_decode.FixedStep.step
     addresses = []
 
-    def twice(self):
+    def twice(self, *width):
         tensors = [self.tokens, self.positions, self.column, self.padding, self.open]
         tensors += [b for layer in self.cache.layers for b in (layer.key_buffer, layer.value_buffer)]
         addresses.append([t.data_ptr() for t in tensors])
-        first = original(self)
-        second = original(self)
+        first = original(self, *width)
+        second = original(self, *width)
         assert torch.equal(first, second)
         return second
 
@@ -218,6 +219,130 @@ def test_a_shared_prefix_layout_gives_the_same_tokens(peaked_policy):
         assert not torch.equal(plain.attention_mask, holed.attention_mask)
         expected, _ = graph_decode.decode(decoder, head, config, plain, **greedy)
         assert graph_decode.decode(decoder, head, config, holed, **greedy)[0] == expected
+
+
+# ----------------------------------------------------------------------------- buckets and shared prompts
+
+
+def test_bucket_width_rounds_the_filled_length_up_and_stops_at_the_capacity():
+    assert [graph_decode.bucket_width(f, 4, 10) for f in (1, 4, 5, 8, 9, 10)] == [4, 4, 8, 8, 10, 10]
+    assert graph_decode.bucket_width(3, None, 10) == 10
+    assert graph_decode.bucket_width(7, 1, 10) == 7
+    for bad in ((0, 4, 10), (11, 4, 10)):
+        with pytest.raises(ValueError, match="filled columns"):
+            graph_decode.bucket_width(*bad)
+    with pytest.raises(ValueError, match="bucket_columns"):
+        graph_decode.bucket_width(3, 0, 10)
+    assert graph_decode.first_rows([0, 0, 1, 0, 2]) == [0, 2, 4]
+    with pytest.raises(ValueError, match="first appearance"):
+        graph_decode.first_rows([1, 0])
+
+
+def forced_logits(run, steps: int, rows: int, seed: int = 0) -> list[torch.Tensor]:
+    """The ``[B, V]`` logits ``run(pick)`` hands its picker at each step when every row is fed the
+    same scripted tokens (teacher forcing), so two paths can be compared step by step."""
+    script = torch.randint(0, 1000, (steps, rows), generator=torch.Generator().manual_seed(seed))
+    seen: list[torch.Tensor] = []
+
+    def pick(logits):
+        seen.append(logits.double().clone())
+        return script[len(seen) - 1]
+
+    run(pick)
+    assert len(seen) == steps
+    return seen
+
+
+def reference_logits(model, tokenizer, prompts, steps: int) -> list[torch.Tensor]:
+    """The growing-cache loop's teacher-forced logits over the plain left-padded batch."""
+    from memalpha.lm.sampling import growing_cache
+
+    decoder, head, config = split_decoder_and_head(model.eval())
+    batch = pad_prompt_response(prompts, [[] for _ in prompts], tokenizer.pad_token_id)
+    room = growing_cache.growing_cache(decoder, batch.input_ids.shape[1] + steps)
+    limits = {"max_new_tokens": steps, "eos_ids": [NEVER]}
+    with torch.no_grad():
+        return forced_logits(
+            lambda pick: growing_cache.decode(decoder, head, config, batch, room, pick=pick, **limits),
+            steps, len(prompts),
+        )
+
+
+def graph_logits(model, tokenizer, prompts, steps: int, *, bucket_columns, share: bool, stats=None):
+    """The backend's teacher-forced logits, each distinct prompt prefilled once when ``share``."""
+    decoder, head, config = split_decoder_and_head(model.eval())
+    limits = {"max_new_tokens": steps, "eos_ids": [NEVER], "bucket_columns": bucket_columns, "stats": stats}
+    with torch.no_grad(), folded_adapters(model, quantised=True):
+        prefix, prompt_of_row = graph_decode.prompt_sharing(decoder, prompts, share)
+        batch = pad_prompt_response(prompts, [[] for _ in prompts], tokenizer.pad_token_id,
+                                    shared_prefix=prefix.length if prefix else 0)
+        return forced_logits(
+            lambda pick: graph_decode.decode(decoder, head, config, batch, pick=pick, prefix=prefix,
+                                             prompt_of_row=prompt_of_row, **limits),
+            steps, len(prompts),
+        )
+
+
+@pytest.mark.parametrize("bucket_columns", [None, 1, 4, 5])
+def test_bucketed_steps_give_the_growing_cache_loops_logits_in_float64(peaked_policy, bucket_columns):
+    """Teacher-forced, every step's logits equal the reference loop's to float64 rounding, while
+    the steps attend over a few widths only, each a bucket of the filled length, in order."""
+    model, tokenizer = peaked_policy
+    steps = 10
+    expected = reference_logits(model, tokenizer, PROMPTS, steps)
+    stats: dict = {}
+    ours = graph_logits(model, tokenizer, PROMPTS, steps, bucket_columns=bucket_columns, share=False,
+                        stats=stats)
+    for step, (a, b) in enumerate(zip(ours, expected)):
+        assert_close(a, b, 1e-12, f"logits of step {step}")
+    width, capacity = max(len(p) for p in PROMPTS), max(len(p) for p in PROMPTS) + steps
+    filled = range(width + 1, width + steps)  # the cache after each step that follows the prefill
+    assert stats["widths"] == sorted({graph_decode.bucket_width(f, bucket_columns, capacity) for f in filled})
+    assert stats["steps"] == steps - 1 and stats["captured"] is False
+
+
+@pytest.mark.parametrize(
+    ("prompts", "prefix_length"),
+    [(PROMPTS, 0), (PROMPTS[:4], len(SYSTEM)), ([PROMPTS[0]] * 4, len(PROMPTS[0]) - 1)],
+    ids=["none", "prefix", "identical"],
+)
+def test_shared_prompts_prefilled_once_give_the_unshared_logits_in_float64(peaked_policy, prompts, prefix_length):
+    """Each distinct prompt prefilled once (on its shared prefix) and copied to its rows gives every
+    row the logits it gets alone; identical prompts build no prefill mask of more than one query."""
+    model, tokenizer = peaked_policy
+    decoder, _, _ = split_decoder_and_head(model)
+    steps = 6
+    expected = reference_logits(model, tokenizer, prompts, steps)
+    masks = []
+    hook = decoder.register_forward_pre_hook(
+        lambda module, args, kwargs: masks.append(tuple(kwargs["attention_mask"].shape)), with_kwargs=True
+    )
+    try:
+        shared = graph_logits(model, tokenizer, prompts, steps, bucket_columns=4, share=True)
+    finally:
+        hook.remove()
+    for step, (a, b) in enumerate(zip(shared, expected)):
+        assert_close(a, b, 1e-12, f"logits of step {step}")
+    prefix, prompt_of_row = graph_decode.prompt_sharing(decoder, prompts)
+    assert (prefix.length if prefix else 0) == prefix_length
+    if len(set(map(tuple, prompts))) == 1:
+        assert prompt_of_row == [0] * len(prompts)
+        assert all(len(shape) == 2 or shape[-2] == 1 for shape in masks), masks  # no [B, 1, P, P] mask
+
+
+def test_buckets_and_shared_prompts_keep_seeded_samples_and_generates_tokens(peaked_policy):
+    """Seeded samples through small buckets and shared prompts are the reference loop's; and
+    ``generate`` with backend ``cuda-graph`` (now sharing prompts) gives the growing cache's tokens."""
+    model, tokenizer = peaked_policy
+    prompts = PROMPTS[:2] * 2 + PROMPTS[2:]
+    end = early_end_token(model, tokenizer, prompts, others_from=1, all_others=False)
+    kwargs = {"max_new_tokens": 12, "eos_token_id": end, "seed": 7, "temperature": 1.3, "top_k": 40,
+              "top_p": 0.95}
+    ours, cut = graph_sample(model, tokenizer, prompts, bucket_columns=3, **kwargs)
+    theirs = generate(model, tokenizer, prompts, backend="growing-cache", **kwargs)
+    assert ours == theirs.response_ids and cut == theirs.truncated
+    graph = generate(model, tokenizer, prompts, backend="cuda-graph", fold_adapters=True, **kwargs)
+    assert graph.response_ids == theirs.response_ids and graph.truncated == theirs.truncated
 
 
 # ----------------------------------------------------------------------------- dense weights

@@ -111,6 +111,7 @@ def generate(
     share_prefix: bool = True,
     fold_adapters: bool = False,
     backend: str = "auto",
+    announce_as: str = "sampling",
 ) -> Generation:
     """Sample responses for token-id prompts, batched and left-padded, with the KV cache.
 
@@ -140,8 +141,9 @@ def generate(
     packed for the batch's rows: :mod:`memalpha.lm.sampling.packed_linear`).
 
     ``backend`` picks the decoding loop (:mod:`memalpha.lm.sampling.backend`): ``auto`` takes the
-    best one that runs for this model and device and logs its choice once; a named one that
-    cannot run is an error.
+    best one that runs for this model and device and logs its choice once (as ``announce_as``:
+    ``sampling`` for the policy, ``reader`` for the local reader); a named one that cannot run is
+    an error.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -160,7 +162,10 @@ def generate(
 
     def new_tokens(chunk: list[list[int]], choice: str, fused: FusedDecoder | None):
         """One batch's responses; its caches go when it returns."""
-        prefix = shared_prefix(decoder, chunk) if share_prefix and choice != "cuda-graph" else None
+        if choice == "cuda-graph":  # each distinct prompt prefilled once into the static cache
+            prefix, prompt_of_row = graph_decode.prompt_sharing(decoder, chunk, share_prefix)
+        else:
+            prefix = shared_prefix(decoder, chunk) if share_prefix else None
         padded = pad_prompt_response(
             chunk, [[] for _ in chunk], pad_id, device, shared_prefix=prefix.length if prefix else 0
         )
@@ -168,8 +173,10 @@ def generate(
         if choice == "cpu-fused":
             cache, prompt_of_row = distinct_prompt_cache(decoder, padded, chunk, prefix, dedupe=share_prefix)
             return fused_decode(fused, padded, cache, prompt_of_row, **limits)
-        if choice == "cuda-graph":  # the prompt prefilled whole into the static cache
-            return graph_decode.decode(decoder, head, model_config, padded, **limits)
+        if choice == "cuda-graph":
+            return graph_decode.decode(
+                decoder, head, model_config, padded, prefix=prefix, prompt_of_row=prompt_of_row, **limits
+            )
         if choice == "growing-cache":
             cache = prompt_cache(decoder, padded, chunk, prefix) if share_prefix else None
             room = growing_cache(decoder, padded.input_ids.shape[1] + max_new_tokens, cache)
@@ -183,7 +190,7 @@ def generate(
     with eval_mode(model):
         share_prefix = share_prefix and can_share_cache(decoder)  # asked in eval mode, as generation runs
         choice = choose_backend(model, backend, fold_adapters)
-        announce(model, choice)
+        announce(model, choice, announce_as)
         rows = min(step, len(prompt_ids))  # the rows of a batch: what the fused step's products are packed for
         fused = FusedDecoder.build(decoder, head, model_config, rows) if choice.name == "cpu-fused" else None
         if choice.name == "cpu-fused" and fused is None:  # unsupported() passed, the weights did not stack

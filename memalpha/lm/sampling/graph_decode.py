@@ -25,9 +25,25 @@ random stream the one :func:`memalpha.lm.sampling.growing_cache.decode` consumes
 step), so a seeded call samples the same tokens as the reference loop up to float rounding,
 and it keeps the graph free of random-number state.
 
-The keys of a step span the whole static length (masked beyond the tokens written): attention
-reads ``S`` columns per step where the growing cache reads the filled ones, the price of fixed
-shapes. Decoders qualify when :func:`supports` says so: every layer plain full attention, an
+A step attends over a **bucket** of the static cache, not the whole of it: its first ``width``
+columns, ``width`` the filled length rounded up to a multiple of ``bucket_columns``
+(:data:`BUCKET_COLUMNS` by default; :func:`bucket_width`), masked beyond the tokens written. The
+shapes of a step stay fixed while the filled length stays inside one bucket, so each width used
+gets its own step, captured when first needed (:class:`BucketedSteps`): a call of 2,048 new
+tokens captures 8 graphs at 256 columns a bucket, and reads at most 255 unfilled columns a step
+where the whole-cache step read up to ``max_new_tokens`` of them (on 8 rows of Qwen3-4B's
+147 KB per cached token, 2,048 columns are 2.4 GB a step, more than a quarter of the weights').
+``bucket_columns=None`` attends over the whole static length, as this backend did first.
+
+The prompt is prefilled once per distinct prompt when the caller says which rows share one
+(``prompt_of_row``) and what prefix they share (a :class:`~memalpha.lm.core.prefix_cache.SharedPrefix`,
+computed once at batch size 1): the prefix's keys are copied into every row, each distinct rest
+of a prompt but its last column runs once, and its cache columns are copied into the rows that
+hold it (:meth:`FixedStep.prefill`). A group of identical prompts then builds no ``[B, 1, P, P]``
+mask at all. The last prompt column runs as a step of its own, so the first new token comes out
+of the same code as every later one.
+
+Decoders qualify when :func:`supports` says so: every layer plain full attention, an
 attention implementation that takes a 4-D additive mask (``sdpa``, ``eager``), linear layers
 that are ``torch.nn.Linear``, bitsandbytes ``Linear4bit`` or plain LoRA over those.
 """
@@ -37,6 +53,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -46,7 +63,14 @@ from memalpha.lm.core.folded_lora import folded_adapters, is_four_bit, lora_line
 from memalpha.lm.core.layout import PaddedBatch, pad_prompt_response
 from memalpha.lm.core.logits import finalise_logits, score_dtype
 from memalpha.lm.core.modes import eval_mode
-from memalpha.lm.core.prefix_cache import full_attention_layers, split_decoder_and_head
+from memalpha.lm.core.prefix_cache import (
+    SharedPrefix,
+    can_share_cache,
+    full_attention_layers,
+    shared_prefix,
+    split_decoder_and_head,
+    unique_rows,
+)
 from memalpha.lm.sampling.growing_cache import Responses
 
 BACKEND = "cuda-graph"
@@ -54,6 +78,51 @@ BACKEND = "cuda-graph"
 
 MASKED_ATTENTION = ("sdpa", "eager", IMPLEMENTATION)
 """Attention implementations that take the step's 4-D additive mask as it is."""
+
+BUCKET_COLUMNS = 256
+"""Columns by which a step's attention span grows (:func:`bucket_width`): few enough graphs per
+call (one per bucket) and at most 255 unfilled columns read a step."""
+
+
+def bucket_width(filled: int, bucket_columns: int | None, capacity: int) -> int:
+    """The columns a step attends over when the cache holds ``filled`` columns: ``filled`` rounded
+    up to a multiple of ``bucket_columns``, at most ``capacity``; ``capacity`` when
+    ``bucket_columns`` is None (the whole static cache)."""
+    if not 0 < filled <= capacity:
+        raise ValueError(f"a step needs 1 to {capacity} filled columns, got {filled}")
+    if bucket_columns is None:
+        return capacity
+    if bucket_columns < 1:
+        raise ValueError(f"bucket_columns must be >= 1 or None, got {bucket_columns}")
+    return min(-(-filled // bucket_columns) * bucket_columns, capacity)
+
+
+def first_rows(prompt_of_row: Sequence[int]) -> list[int]:
+    """The first row of each distinct prompt, given every row's prompt index numbered in order of
+    first appearance (as :func:`~memalpha.lm.core.prefix_cache.unique_rows` numbers them)."""
+    first: list[int] = []
+    for row, prompt in enumerate(prompt_of_row):
+        if prompt == len(first):
+            first.append(row)
+        elif not 0 <= prompt < len(first):
+            raise ValueError(
+                f"prompt_of_row must number prompts in order of first appearance, got {list(prompt_of_row)}"
+            )
+    return first
+
+
+def prompt_sharing(
+    decoder, prompts: Sequence[Sequence[int]], enabled: bool = True
+) -> tuple[SharedPrefix | None, list[int] | None]:
+    """``(prefix, prompt_of_row)`` for :func:`decode`: the prefix all ``prompts`` share (None when
+    none), and every row's distinct prompt after it; ``(None, None)`` when sharing is off or
+    :func:`~memalpha.lm.core.prefix_cache.can_share_cache` says no. Lay the batch out with
+    ``shared_prefix=prefix.length``."""
+    if not enabled or not can_share_cache(decoder):
+        return None, None
+    prefix = shared_prefix(decoder, prompts)
+    length = prefix.length if prefix is not None else 0
+    return prefix, unique_rows([list(prompt[length:]) for prompt in prompts])[1]
 
 
 def supports(model) -> str | None:
@@ -137,6 +206,13 @@ class FixedLayer(DynamicLayer):
 class FixedCache(Cache):
     """:class:`FixedLayer` per decoder layer, all written at the same columns."""
 
+    @classmethod
+    def for_config(cls, config, capacity: int) -> FixedCache:
+        count = full_attention_layers(config)
+        if count is None:
+            raise ValueError("graph decoding takes decoders whose every layer is plain full attention")
+        return cls(count, capacity)
+
     def __init__(self, layers: int, capacity: int):
         super().__init__(layers=[FixedLayer(capacity) for _ in range(layers)])
         self.capacity = capacity
@@ -145,6 +221,14 @@ class FixedCache(Cache):
         """Make the next forward write its tokens at ``columns`` and attend over ``width`` columns."""
         for layer in self.layers:
             layer.columns, layer.width = columns, width
+
+    def fill(self, stop: int, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Write ``layers`` (one ``(keys, values)`` ``[B, KV, stop, D]`` pair per layer) at columns
+        ``[0, stop)``, allocating the buffers if this is the first write."""
+        span = torch.arange(stop, device=layers[0][0].device)
+        self.write_at(span, stop)
+        for layer, (keys, values) in zip(self.layers, layers):
+            layer.update(keys, values)
 
 
 class ReplayedStep:
@@ -203,23 +287,60 @@ class ReplayedStep:
         self.graph = self.output = None
 
 
+class BucketedSteps:
+    """A :class:`ReplayedStep` per attention width, each made (and, on CUDA, captured) when the
+    width is first asked for. The widths of a call only grow, so the step of the width before is
+    closed then, and one graph at a time holds memory. After one failed capture under
+    ``capture=None`` the later widths run eagerly without trying again."""
+
+    def __init__(self, step: Callable[[int], torch.Tensor], capture: bool | None):
+        self.step = step
+        self.capture = capture
+        self.width: int | None = None
+        self.current: ReplayedStep | None = None
+        self.widths: list[int] = []
+        self.capture_s = 0.0
+        self.captured = capture is not False  # until a width runs uncaptured
+
+    def __call__(self, width: int) -> torch.Tensor:
+        if width != self.width:
+            self.close()
+            self.current = ReplayedStep(partial(self.step, width), self.capture)
+            self.width = width
+            self.widths.append(width)
+        output = self.current()
+        if self.current.graph is None:
+            self.captured = False
+            if self.capture is None and not self.current.capture:  # its capture failed: eager from now on
+                self.capture = False
+        return output
+
+    def close(self) -> None:
+        """Drop the current graph, if any (the capture time is kept)."""
+        if self.current is not None:
+            self.capture_s += self.current.capture_s
+            self.current.close()
+            self.current = None
+
+
 class FixedStep:
     """The buffers of one batch's decoding and the step that reads them.
 
     ``tokens`` ``[B, 1]`` and ``positions`` ``[B, 1]`` are the step's inputs, ``column`` ``[1]`` the
-    cache column they are written at; ``padding`` ``[B, 1, 1, S]`` is True on the prompt's padded
-    columns. A query may attend to a column unless it is padding or lies after ``column``: the
-    rule of the growing cache's mask, rebuilt inside the step from these buffers."""
+    cache column they are written at, and ``filled`` (a host int the loop keeps, no device read)
+    the columns the cache holds once the step has run; ``padding`` ``[B, 1, 1, S]`` is True on the
+    prompt's padded columns. A query may attend to a column unless it is padding or lies after
+    ``column``: the rule of the growing cache's mask, rebuilt inside the step from these buffers.
+    ``bucket_columns`` sets the widths a step attends over (:func:`bucket_width`)."""
 
-    def __init__(self, decoder, head, config, batch: PaddedBatch, max_new_tokens: int):
+    def __init__(self, decoder, head, config, batch: PaddedBatch, max_new_tokens: int,
+                 bucket_columns: int | None = BUCKET_COLUMNS):
         self.decoder, self.head, self.config = decoder, head, config
         rows, self.prompt_width = batch.input_ids.shape
         device = batch.input_ids.device
         self.capacity = self.prompt_width + max_new_tokens
-        count = full_attention_layers(config)
-        if count is None:
-            raise ValueError("graph decoding takes decoders whose every layer is plain full attention")
-        self.cache = FixedCache(count, self.capacity)
+        self.bucket_columns = bucket_columns
+        self.cache = FixedCache.for_config(config, self.capacity)
         self.dtype = decoder.get_input_embeddings().weight.dtype  # the activations', so the mask's
         self.batch = batch
         padding = torch.zeros((rows, self.capacity), dtype=torch.bool, device=device)
@@ -229,36 +350,78 @@ class FixedStep:
         self.tokens = batch.input_ids[:, -1:].clone()
         self.positions = batch.position_ids[:, -1:].clone()
         self.column = torch.full((1,), self.prompt_width - 1, dtype=torch.long, device=device)
+        self.filled = self.prompt_width
         self.open = torch.zeros((rows, 1, 1, self.capacity), dtype=self.dtype, device=device)
+
+    def width(self) -> int:
+        """The columns the next step attends over."""
+        return bucket_width(self.filled, self.bucket_columns, self.capacity)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.head(hidden[:, -1:])[:, -1]  # [B, 1, H] in, as model.forward calls the head
         return finalise_logits(logits.to(score_dtype(logits.dtype)), self.config)
 
-    def prefill(self) -> torch.Tensor:
-        """Run every prompt column (eagerly, once); the ``[B, V]`` logits of the first new token."""
-        width = self.prompt_width
-        span = self.span[:width]
-        blocked = self.padding[..., :width] | (span[None, :] > span[:, None])  # [B, 1, P, P]
-        mask = self.open[..., :width].expand(-1, -1, width, -1).masked_fill(blocked, torch.finfo(self.dtype).min)
-        self.cache.write_at(span, width)
-        hidden = self.decoder(
-            input_ids=self.batch.input_ids, attention_mask=mask, position_ids=self.batch.position_ids,
-            past_key_values=self.cache, use_cache=True,
-        ).last_hidden_state
-        self.cache.write_at(self.column, self.capacity)
-        return self._logits(hidden)
+    def prefill(
+        self, prefix: SharedPrefix | None = None, prompt_of_row: Sequence[int] | None = None
+    ) -> torch.Tensor:
+        """Fill the cache with every prompt column (eagerly, once); the ``[B, V]`` logits of the
+        first new token.
 
-    def step(self) -> torch.Tensor:
-        """One token per row from the buffers; the ``[B, V]`` logits of the next. Fixed shapes,
-        no host synchronisation: capturable."""
-        blocked = self.padding | (self.span > self.column)
-        mask = self.open.masked_fill(blocked, torch.finfo(self.dtype).min)
+        ``prefix`` (columns ``[0, L)`` of every row, the batch laid out with ``shared_prefix=L``)
+        is copied in; ``prompt_of_row`` (every row's distinct prompt, numbered in order of first
+        appearance; None: every row its own) says which rows hold the same prompt, whose columns
+        ``[L, P - 1)`` run once and are copied to the others. The last prompt column then runs as
+        a step (:meth:`forward`) for every row."""
+        rows = self.tokens.shape[0]
+        first = first_rows(range(rows) if prompt_of_row is None else prompt_of_row)
+        stop = self.prompt_width - 1  # the columns before the last
+        length = prefix.length if prefix is not None else 0
+        if length > stop:
+            raise ValueError(f"a {length}-token prefix leaves no column of a {self.prompt_width}-wide prompt")
+        own = len(first) == rows  # every row its own prompt: prefill into the cache itself
+        room = self.cache if own else FixedCache.for_config(self.config, stop)
+        if length:
+            room.fill(length, [(k.expand(len(first), -1, -1, -1), v.expand(len(first), -1, -1, -1))
+                               for k, v in prefix.layers])
+        if stop > length:
+            self._prefill_rows(room, first, length, stop)
+        if not own and stop:
+            owner = torch.tensor(list(prompt_of_row), device=self.span.device)  # room row = distinct prompt
+            self.cache.fill(stop, [(layer.key_buffer[owner], layer.value_buffer[owner])
+                                   for layer in room.layers])
+        return self.forward(self.width())
+
+    def _prefill_rows(self, room: FixedCache, first: list[int], start: int, stop: int) -> None:
+        """Run columns ``[start, stop)`` of the batch's ``first`` rows into ``room`` (which holds
+        columns ``[0, start)`` of them), each query masked as the step masks it."""
+        index = torch.tensor(first, device=self.span.device)
+        span = self.span[:stop]
+        blocked = self.padding[index, ..., :stop] | (span[None, :] > span[start:stop, None])  # [U, 1, Q, K]
+        mask = torch.zeros(blocked.shape, dtype=self.dtype, device=span.device).masked_fill(
+            blocked, torch.finfo(self.dtype).min
+        )
+        room.write_at(span[start:stop], stop)
+        self.decoder(
+            input_ids=self.batch.input_ids[index, start:stop], attention_mask=mask,
+            position_ids=self.batch.position_ids[index, start:stop], past_key_values=room, use_cache=True,
+        )
+
+    def forward(self, width: int) -> torch.Tensor:
+        """One token per row from the buffers, attending over the cache's first ``width``
+        columns; the ``[B, V]`` logits of the next. Fixed shapes for a given ``width``, no host
+        synchronisation: capturable."""
+        self.cache.write_at(self.column, width)
+        blocked = self.padding[..., :width] | (self.span[:width] > self.column)
+        mask = self.open[..., :width].masked_fill(blocked, torch.finfo(self.dtype).min)
         hidden = self.decoder(
             input_ids=self.tokens, attention_mask=mask, position_ids=self.positions,
             past_key_values=self.cache, use_cache=True,
         ).last_hidden_state
         return self._logits(hidden)
+
+    def step(self, width: int | None = None) -> torch.Tensor:
+        """A decoding step after the prefill (:meth:`forward`; ``width`` None: the whole cache)."""
+        return self.forward(self.capacity if width is None else width)
 
     def advance(self, picked: torch.Tensor, rows: torch.Tensor | None) -> None:
         """Feed ``picked`` (the tokens of ``rows``, all rows when None) to the next step, one
@@ -269,6 +432,7 @@ class FixedStep:
             self.tokens[rows, 0] = picked
         self.positions.add_(1)
         self.column.add_(1)
+        self.filled += 1
 
 
 def decode(
@@ -282,6 +446,9 @@ def decode(
     pick: Callable[[torch.Tensor], torch.Tensor],
     capture: bool | None = None,
     stats: dict | None = None,
+    bucket_columns: int | None = BUCKET_COLUMNS,
+    prefix: SharedPrefix | None = None,
+    prompt_of_row: Sequence[int] | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
     """New tokens for every row of ``batch`` (laid out by :func:`memalpha.lm.core.layout.pad_prompt_response`,
     any shared prefix included), as :func:`memalpha.lm.sampling.growing_cache.decode` returns them: each row's
@@ -292,9 +459,13 @@ def decode(
     ``capture`` None captures the step on CUDA (falling back to eager with a warning if the
     capture fails) and runs it eagerly elsewhere; True insists on capturing, False never
     captures. ``stats``, when given, receives ``captured``, ``prefill_s``, ``decode_s`` (the
-    token loop, capture included), ``capture_s`` and ``steps`` (forwards after the prefill). Call under ``torch.no_grad()``, in eval mode (dropout cannot be replayed), and
-    inside ``folded_adapters(model, quantised=True)`` for the dense weights (:func:`sample`
-    does all three).
+    token loop, capture included), ``capture_s`` (all widths' captures), ``steps`` (forwards
+    after the prefill) and ``widths`` (the attention widths the steps used, one graph each).
+    ``bucket_columns`` sets those widths (:func:`bucket_width`; None: the whole static cache).
+    ``prefix`` and ``prompt_of_row`` (:func:`prompt_sharing`) prefill each distinct prompt once
+    (:meth:`FixedStep.prefill`). Call under ``torch.no_grad()``, in eval mode (dropout cannot be
+    replayed), and inside ``folded_adapters(model, quantised=True)`` for the dense weights
+    (:func:`sample` does all three).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -303,11 +474,11 @@ def decode(
     on_cuda = batch.input_ids.device.type == "cuda"
     if capture and not on_cuda:
         raise ValueError("capture=True needs the batch on a CUDA device")
-    fixed = FixedStep(decoder, head, config, batch, max_new_tokens)
-    runner = ReplayedStep(fixed.step, capture if on_cuda else False)
+    fixed = FixedStep(decoder, head, config, batch, max_new_tokens, bucket_columns)
+    runner = BucketedSteps(fixed.step, capture if on_cuda else False)
     responses = Responses(batch.input_ids.shape[0], eos_ids)
     start = time.perf_counter()
-    logits = fixed.prefill()
+    logits = fixed.prefill(prefix, prompt_of_row)
     if on_cuda:
         torch.cuda.synchronize(batch.input_ids.device)  # once, so that prefill_s is the prefill's
     loop_start = time.perf_counter()
@@ -323,14 +494,14 @@ def decode(
             if len(keep) < len(responses.live):
                 responses.keep_only(keep)
                 rows = torch.tensor(responses.live, device=batch.input_ids.device)
-            logits = runner()
+            logits = runner(fixed.width())
             steps += 1
     finally:
         runner.close()
     if stats is not None:  # the loop ends on a host read of the tokens: its time is the device's too
         stats.update(
             captured=runner.captured, prefill_s=loop_start - start, decode_s=time.perf_counter() - loop_start,
-            capture_s=runner.capture_s, steps=steps,
+            capture_s=runner.capture_s, steps=steps, widths=runner.widths,
         )
     return responses.tokens, responses.truncated
 
@@ -346,9 +517,13 @@ def sample(
     batch_size: int | None = None,
     capture: bool | None = None,
     stats: dict | None = None,
+    bucket_columns: int | None = BUCKET_COLUMNS,
+    share_prefix: bool = True,
 ) -> tuple[list[list[int]], list[bool]]:
     """Responses and truncation flags for every prompt, ``batch_size`` prompts per :func:`decode`
-    (all in one when None), left-padded as :mod:`memalpha.lm.core.layout` lays them out.
+    (all in one when None), left-padded as :mod:`memalpha.lm.core.layout` lays them out; with
+    ``share_prefix`` each batch's shared prefix and each distinct prompt are prefilled once
+    (:func:`prompt_sharing`), as ``generate`` shares them.
 
     The dense weights are made once for the whole call and freed when it returns; the model runs
     in eval mode under ``torch.no_grad()`` and its training mode is restored afterwards. Seeding
@@ -372,10 +547,14 @@ def sample(
     with eval_mode(model), torch.no_grad(), folded_adapters(model, quantised=True):
         for start in range(0, len(prompt_ids), step):
             chunk = prompt_ids[start : start + step]
-            padded = pad_prompt_response(chunk, [[] for _ in chunk], pad_id, device)
+            prefix, prompt_of_row = prompt_sharing(decoder, chunk, share_prefix)
+            padded = pad_prompt_response(
+                chunk, [[] for _ in chunk], pad_id, device, shared_prefix=prefix.length if prefix else 0
+            )
             kept, cut = decode(
                 decoder, head, config, padded, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pick=pick,
-                capture=capture, stats=stats,
+                capture=capture, stats=stats, bucket_columns=bucket_columns, prefix=prefix,
+                prompt_of_row=prompt_of_row,
             )
             responses.extend(kept)
             truncated.extend(cut)
