@@ -173,8 +173,9 @@ def equivalence(low: float, high: float, margin: float) -> dict[str, Any]:
 # each seed contributes its own paired mean change, and the interval is over seeds.
 
 BOOTSTRAP_RESAMPLES = 4000
-"""The default number of two-level bootstrap resamples of :func:`seed_bootstrap_interval` (the
-percentile bounds then move by about a hundredth of the spread between two random streams)."""
+"""The default number of two-level bootstrap resamples of :func:`seed_bootstrap_interval`: on the
+committed lever-against-control fact recall (3 seeds x 48 instances) the bounds' standard deviation
+over random seeds is about 0.003, a hundredth of the interval's width."""
 BOOTSTRAP_SEED = 0
 """The default seed of the bootstrap's ``random.Random``: the same input gives the same interval."""
 
