@@ -1,75 +1,117 @@
 #!/usr/bin/env bash
-# The GPU measurements of docs/real_model.md in one prepared run (issue 29, items 1-4), for a lent
-# GPU machine whose minutes are few: each stage has its own time limit, writes its JSON as soon as
-# it ends, and a stage that fails or times out does not stop the next one.
+# The GPU measurements of docs/real_model.md in one prepared run (issue 38, item 4), sized for a lent
+# GPU machine whose minutes are few: one call of at most 600 s, on a bare machine, under 8 minutes with
+# the packed environment's install and the packing of the results, so that a failed start still leaves
+# room to rerun inside 15 device-minutes. Every stage has its own time limit, writes its JSON as it
+# goes, and a stage that fails or times out does not stop the next one.
 #
-#   on this machine, once:  make test            (converts the embedded model: its tokenizer is packed)
-#                           bash experiments/gpu_pack.sh      (writes .device/, ~36 MB)
+#   here, once per commit:  make test                 (converts the embedded model: its tokenizer is packed)
+#                           bash experiments/gpu_pack.sh   (writes .device/, ~36 MB, and stamps the commit)
 #   on the GPU machine:     carry .device;  command: bash experiments/gpu_check.sh
 #
-# Stages, in the order they run (about 8 minutes in all on an H200, under 10 when each fits its limit):
-#   1. sampler_bf16   new tokens/s of 8 rows of Qwen3-4B NF4 + LoRA r32 after 1,024-token prompts in the
-#                     config's bf16 layout, memalpha's growing-cache loop against cuda-graph (after a
-#                     teacher-forced comparison of their logits), and a profile of 8 eager steps
-#                     (experiments/bench_graph_decode.py)                                item 2
-#   2. scale          one GRPO step at configs/qlora_4090.yaml's sizes (8 x 6144 prompt tokens,
-#                     2048 response tokens, micro-batches of 2 x 8192) under a 24 GiB cap, every phase
-#                     timed, peak reserved and driver-side memory (experiments/bench_scale.py)  items 1, 3
-#   3. fit            `memalpha fit --config configs/qlora_4090.yaml` for 2 steps on a random-weight
-#                     Qwen3-4B folder, one ~4.4k-token chunk per instance (random weights never end a
-#                     turn early, so every turn decodes the full 2048 tokens; a step took 110 s on an
-#                     H200) (experiments/gpu_fit_check.py)                               item 3
-#   4. nf4_gradients  QLoRA gradients on the GPU before/after sampling and against the dequantised
-#                     weights (tests/test_nf4_gradients.py on cuda)                      item 4
-#   Also, named in GPU_CHECK_STAGES: sampler (the same as 1 with the default float32 residual
-#   stream) and sampler32 (32 rows, cuda-graph only).
+# Before any stage: one line saying whether torch's CUDA matches a library of the packed bitsandbytes
+# (a mismatch stops here: every 4-bit stage would fail), then the tree check: the run refuses a tree
+# with uncommitted changes (one line) unless started with --allow-dirty, which every result records.
 #
-# Results go to experiments/results/gpu/. Where $OUT is set (the device tool's folder that comes back,
-# at most 8 files), every stage's end also packs that folder into $OUT/gpu_results.tgz, so a call
-# killed at its limit still returns the stages that finished.
+# Stages, the most decision-relevant first (default: fit decode nf4_gradients; GPU_CHECK_STAGES picks):
+#   fit            `memalpha fit --config configs/qlora_4090.yaml` for 2 steps, reader included, on a
+#                  random-weight Qwen3-4B, one ~6k-token prompt per turn (experiments/gpu_fit_check.py):
+#                  each step's phases with their seconds and peaks, written after every step    item 3
+#   decode         the decoding measurements: $DECODE_CMD (experiments/bench_graph_decode.py)
+#   nf4_gradients  QLoRA gradients on the GPU before/after sampling and against the dequantised weights
+#                  (tests/test_nf4_gradients.py on cuda)
+#   scale          (only when named) one GRPO step at the config's full sizes without the reader
+#                  (experiments/bench_scale.py); the fit covers what it showed, at the config's sizes
+#
+#   bash experiments/gpu_check.sh [--allow-dirty] [--dry-run] [--print-budget]
+#     --dry-run       every check and stage's bookkeeping, each stage's command printed, not run
+#     --print-budget  the stages' limits and the fixed costs as TSV, and the total against BUDGET_S
+#
+# Results go to experiments/results/gpu/ (GPU_CHECK_RESULTS). Where $OUT is set (the device tool's folder
+# that comes back, at most 8 files), every stage's end also packs that folder into $OUT/gpu_results.tgz,
+# so a call killed at its limit still returns the stages that finished.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+RESULTS=${GPU_CHECK_RESULTS:-experiments/results/gpu}
+# The decoding measurements, run by the stage's python (bench_graph_decode.py is being rewritten: its
+# exact arguments go here).
+DECODE_CMD=${GPU_CHECK_DECODE_CMD:-"experiments/bench_graph_decode.py --device cuda --nf4 --rows 8 \
+  --upcast-unquantised off --loop-max-new-tokens 32 --check-steps 4 --profile-steps 8 \
+  --out $RESULTS/bench_graph_decode_bf16.json"}
+
+DEFAULT_STAGES="fit decode nf4_gradients"
+declare -A LIMIT=([fit]=270 [decode]=90 [nf4_gradients]=45 [scale]=150)  # seconds, each stage's own
+START_S=45   # installing .device's wheels, the CUDA line and the tree check, before the first stage
+PACK_S=5     # packing the results into $OUT after each stage
+BUDGET_S=480 # 8 minutes: the whole run, well under one 600-second call
+for pair in ${GPU_CHECK_LIMITS:-}; do LIMIT[${pair%%=*}]=${pair#*=}; done  # e.g. "fit=300": a test, a slower card
+
+ALLOW_DIRTY="" DRY_RUN="" PRINT_BUDGET=""
+for arg in "$@"; do
+  case $arg in
+    --allow-dirty) ALLOW_DIRTY=--allow-dirty ;;
+    --dry-run) DRY_RUN=1 ;;
+    --print-budget) PRINT_BUDGET=1 ;;
+    *) echo "unknown argument $arg (choose from: --allow-dirty --dry-run --print-budget)"; exit 2 ;;
+  esac
+done
+STAGES=${GPU_CHECK_STAGES:-$DEFAULT_STAGES}
+
+if [ -n "$PRINT_BUDGET" ]; then  # what tests/test_gpu_check.py sums
+  total=$START_S
+  printf 'start\t%s\n' "$START_S"
+  for stage in $STAGES; do
+    printf '%s\t%s\n' "$stage" "${LIMIT[$stage]:?unknown stage $stage}"; printf 'pack\t%s\n' "$PACK_S"
+    total=$((total + LIMIT[$stage] + PACK_S))
+  done
+  printf 'total\t%s\nbudget\t%s\n' "$total" "$BUDGET_S"
+  exit 0
+fi
+
 if [ -f .device/env.sh ]; then source .device/env.sh; fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
-RESULTS=experiments/results/gpu
 mkdir -p "$RESULTS"
 TOKENIZER=${MEMALPHA_TOKENIZER:-$( [ -d .device/tok ] && echo .device/tok || echo smollm2-135m-instruct )}
-STAGES=${GPU_CHECK_STAGES:-sampler_bf16 scale fit nf4_gradients}
-declare -A LIMIT=([sampler_bf16]=70 [scale]=150 [fit]=300 [nf4_gradients]=50 [sampler]=90 [sampler32]=45)
+
+"$PY" experiments/cuda_match.py 2>&1 | tee "$RESULTS/cuda_match.txt"
+if [ "${PIPESTATUS[0]}" = 1 ] && [ -z "${GPU_CHECK_IGNORE_CUDA:-}" ]; then
+  echo "stopping: the 4-bit stages cannot load this bitsandbytes (GPU_CHECK_IGNORE_CUDA=1 runs them anyway)"; exit 4
+fi
+"$PY" experiments/tree_state.py check $ALLOW_DIRTY --out "$RESULTS/tree.json" || exit 3
+export MEMALPHA_TREE_STATE=$RESULTS/tree.json  # the stages record this state, checked once here
 
 run_stage() {  # name, command...: its own limit, its log beside its JSON, its exit status in the summary
   local name=$1; shift
   local start=$SECONDS
   echo "== $name (limit ${LIMIT[$name]} s): $*"
-  timeout --kill-after=10 "${LIMIT[$name]}" "$@" > "$RESULTS/$name.log" 2>&1
+  if [ -n "$DRY_RUN" ]; then
+    echo "dry run: not started" > "$RESULTS/$name.log"
+  else
+    timeout --kill-after=10 "${LIMIT[$name]}" "$@" > "$RESULTS/$name.log" 2>&1
+  fi
   local status=$?
   tail -n 25 "$RESULTS/$name.log"
-  printf '%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - start))" >> "$RESULTS/stages.tsv"
+  printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - start))" "${LIMIT[$name]}" >> "$RESULTS/stages.tsv"
   echo "== $name: exit $status after $((SECONDS - start)) s"
   if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu_results.tgz" -C "$RESULTS" .; fi
 }
 
-"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
-printf 'stage\texit\tseconds\n' > "$RESULTS/stages.tsv"
+printf 'stage\texit\tseconds\tlimit\n' > "$RESULTS/stages.tsv"
 for stage in $STAGES; do
   case $stage in
+    fit) run_stage fit "$PY" experiments/gpu_fit_check.py --tokenizer "$TOKENIZER" --chunks 1 \
+           --out "$RESULTS/gpu_fit_check.json" ;;
+    decode) run_stage decode "$PY" $DECODE_CMD ;;
     nf4_gradients) run_stage nf4_gradients env MEMALPHA_TEST_DEVICE=cuda MEMALPHA_TEST_TOKENIZER="$TOKENIZER" \
                      "$PY" -m pytest -q -p no:cacheprovider tests/test_nf4_gradients.py \
                      --junitxml="$RESULTS/nf4_gradients.xml" ;;
-    sampler) run_stage sampler "$PY" experiments/bench_graph_decode.py --device cuda --nf4 --rows 8 \
-               --out "$RESULTS/bench_graph_decode.json" ;;
-    sampler_bf16) run_stage sampler_bf16 "$PY" experiments/bench_graph_decode.py --device cuda --nf4 --rows 8 \
-                    --upcast-unquantised off --loop-max-new-tokens 32 --check-steps 4 --profile-steps 8 \
-                    --out "$RESULTS/bench_graph_decode_bf16.json" ;;
-    sampler32) run_stage sampler32 "$PY" experiments/bench_graph_decode.py --device cuda --nf4 --rows 32 \
-                 --paths graph --check-steps 0 --out "$RESULTS/bench_graph_decode_32.json" ;;
     scale) run_stage scale "$PY" experiments/bench_scale.py --device cuda --tokenizer "$TOKENIZER" \
              --out "$RESULTS/bench_scale.json" ;;
-    fit) run_stage fit "$PY" experiments/gpu_fit_check.py --tokenizer "$TOKENIZER" --chunks 1 \
-           --out "$RESULTS/gpu_fit_check.json" ;;
-    *) echo "unknown stage $stage (choose from: sampler_bf16 scale fit nf4_gradients sampler sampler32)"; exit 2 ;;
+    *) echo "unknown stage $stage (choose from: fit decode nf4_gradients scale)"; exit 2 ;;
   esac
 done
 cat "$RESULTS/stages.tsv"
+echo "total: $SECONDS s (budget $BUDGET_S s)"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Pack what a bare GPU machine lacks into .device/ at the project root (about 36 MB), so that one
 # run there can carry it: carry .device, and start the command with `source .device/env.sh;`
-# (experiments/gpu_check.sh does). docs/real_model.md says when this is needed.
+# (experiments/gpu_check.sh does). docs/real_model.md says when this is needed. It also stamps the
+# commit (.device/tree.json): the GPU run refuses a copy whose files differ from it.
 #
 # The GPU image already has torch (CUDA build), lightning, tensorboard, accelerate, safetensors,
 # tokenizers, huggingface_hub, numpy, pyarrow, pytest. It lacks bitsandbytes, jsonargparse (and its
@@ -36,4 +37,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=$_d/site:/tmp/devsite:$(cd "$_d/.." && pwd)
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 ENV
+# the commit this pack is for: the GPU run checks its copy's files against it (.git may not travel);
+# after a new commit, `python3 experiments/tree_state.py stamp` alone refreshes it
+$py experiments/tree_state.py stamp --out .device/tree.json
 du -sh .device

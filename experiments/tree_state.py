@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         print(line, file=sys.stderr)
         return 3
     commit = state["commit"][:10] if state["commit"] else "unknown commit"
-    print(f"tree: {commit} from {state['source']}" + (f", DIRTY (allowed): {line}" if line else ", clean"))
+    dirty = f", DIRTY, run anyway (--allow-dirty, recorded): {len(state['changed'])} changed file(s)"
+    print(f"tree: {commit} from {state['source']}" + (dirty if line else ", clean"))
     return 0
 
 

@@ -1,0 +1,73 @@
+"""experiments/gpu_check.sh on the CPU: its stage limits fit one device call with room to rerun, and its
+stage logic (the CUDA line first, the tree check, each stage's limit, the summary, the packing into
+$OUT) runs in a dry run and with a stage that outlives its limit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "experiments" / "gpu_check.sh"
+CALL_S = 600  # one device call's limit
+DEVICE_S = 15 * 60  # a session's device time
+START_MACHINE_S = 120  # a machine's start, or a failed one, as the device notes give it (1 to 2 minutes)
+TRANSFER_S = 60  # sending the tree and .device, bringing $OUT back
+
+
+def check(*args: str, **env: str) -> subprocess.CompletedProcess:
+    environment = {key: value for key, value in os.environ.items() if key != "OUT"}
+    environment.update(PYTHON=sys.executable, **env)
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=environment, capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+def budget() -> dict[str, list[int]]:
+    rows: dict[str, list[int]] = {}
+    for line in check("--print-budget").stdout.splitlines():
+        name, seconds = line.split("\t")
+        rows.setdefault(name, []).append(int(seconds))
+    return rows
+
+
+def test_the_stage_limits_sum_under_the_budget_with_room_to_rerun():
+    rows = budget()
+    stages = [name for name in rows if name not in ("start", "pack", "total", "budget")]
+    assert stages[:2] == ["fit", "decode"]  # the decision-relevant stages first
+    total = rows["start"][0] + sum(rows[s][0] for s in stages) + sum(rows["pack"])
+    assert total == rows["total"][0] <= rows["budget"][0] <= 8 * 60
+    assert total <= 0.8 * CALL_S  # well inside one call
+    assert 2 * START_MACHINE_S + TRANSFER_S + total <= DEVICE_S  # a failed start, then a start and the run
+
+
+def test_a_dry_run_goes_through_every_stage_and_packs_the_results(tmp_path):
+    out, results = tmp_path / "out", tmp_path / "results"
+    out.mkdir()
+    done = check("--dry-run", "--allow-dirty", OUT=str(out), GPU_CHECK_RESULTS=str(results))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[0].startswith("cuda check: ")
+    rows = [line.split("\t") for line in (results / "stages.tsv").read_text().splitlines()[1:]]
+    assert [(r[0], r[1]) for r in rows] == [("fit", "0"), ("decode", "0"), ("nf4_gradients", "0")]
+    assert "allow_dirty" in (results / "tree.json").read_text()
+    with tarfile.open(out / "gpu_results.tgz") as packed:
+        assert "./stages.tsv" in packed.getnames()
+
+
+def test_a_stage_past_its_limit_is_stopped_and_the_next_one_runs(tmp_path):
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text("import time\ntime.sleep(60)\n")
+    results = tmp_path / "results"
+    done = check("--allow-dirty", GPU_CHECK_RESULTS=str(results), GPU_CHECK_STAGES="decode decode",
+                 GPU_CHECK_DECODE_CMD=str(sleeper), GPU_CHECK_LIMITS="decode=1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split("\t") for line in (results / "stages.tsv").read_text().splitlines()[1:]]
+    assert [(r[0], r[1], r[3]) for r in rows] == [("decode", "124", "1"), ("decode", "124", "1")]
+    assert all(int(r[2]) < 15 for r in rows)
+
+
+def test_an_unknown_argument_or_stage_is_refused():
+    assert check("--fast").returncode == 2
+    assert check("--print-budget", GPU_CHECK_STAGES="fit nope").returncode != 0
