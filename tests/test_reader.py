@@ -270,3 +270,32 @@ def test_openai_reader_timeout_and_server_errors(server):
     # nobody listening: connection refused, retried, failed
     dead = OpenAIReader(OpenAISettings("http://127.0.0.1:9/v1", "m", max_retries=1, backoff_s=0.01, timeout_s=2))
     assert not dead.answer(item)[0].ok and dead.failures == 1
+
+
+@pytest.mark.parametrize("backend", ["auto", "cpu-fused", "cuda-graph", "growing-cache", "hf-generate"])
+def test_the_local_reader_samples_through_the_policys_backends_with_the_adapters_off(
+    peaked_policy, backend, caplog, monkeypatch
+):
+    """The reader takes the policy's decoding loop (issue 38, item 1): every backend answers as the
+    base model does (float64, a drawn adapter that changes the answers), and the choice is logged
+    as the reader's."""
+    import logging
+
+    from memalpha.lm.sampling import backend as backends
+
+    model, tokenizer = peaked_policy
+    prompts = ["Where does Anna live?", "What is the capital of Norway? Answer in one word.", "Locker 1?"]
+    kwargs = {"max_new_tokens": 6, "batch_size": 2}
+    base = LocalReader(model, tokenizer, sampling_backend="growing-cache", fold_adapters=False, **kwargs)
+    expected = [a.text for a in base.complete(prompts)]
+    adapted = LocalReader(model, tokenizer, disable_adapters=False, sampling_backend="growing-cache", **kwargs)
+    assert [a.text for a in adapted.complete(prompts)] != expected  # (the adapter does change the answers)
+
+    reader = LocalReader(model, tokenizer, sampling_backend=backend, fold_adapters=True, **kwargs)
+    monkeypatch.setattr(backends, "_said", set())  # each choice is said once per process
+    with caplog.at_level(logging.INFO, logger="memalpha.lm.sampling.backend"):
+        answers = reader.complete(prompts)
+    assert [a.text for a in answers] == expected and all(a.ok for a in answers)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("reader backend: ")]
+    name = "cpu-fused" if backend == "auto" else backend
+    assert len(said) == 1 and said[0].startswith(f"reader backend: {name} -- "), said

@@ -1,7 +1,8 @@
-"""A failing reader or judge never kills a run: the ``openai`` reader against the loopback server
+"""A failing reader or judge never crashes a run: the ``openai`` reader against the loopback server
 (serving the tiny random model) with faults injected: HTTP errors, timeouts, malformed replies,
 refused connections, a server that dies mid-round and comes back. Each failed question scores 0
-and is counted; retries back off; the API key never reaches a file of the run."""
+and is counted; retries back off; the API key never reaches a file of the run. Whether a round
+with failed answers is trained on is ``reader.max_failed_share``'s (tests/test_step_faults.py)."""
 
 from __future__ import annotations
 
@@ -307,6 +308,7 @@ def test_fit_survives_reader_faults_logs_them_and_never_writes_the_api_key(
             "--model.reader.openai.model", "tiny",
             "--model.reader.openai.api_key_env", KEY_ENV,
             "--model.reader.openai.max_retries", "0",
+            "--model.reader.max_failed_share", "0.5",  # 3 of 8: train on (the default 0.1 would stop)
         ])
         seen = srv.requests_seen
 

@@ -20,7 +20,10 @@ temperature or reply length than the reader's own settings (the r4 content judge
 
 Failures never raise out of :meth:`Reader.answer` or :meth:`Reader.complete`: a failed
 item comes back as ``ReaderAnswer(text="", ok=False, error=...)``, is counted in
-:attr:`Reader.failures` and logged; the metrics score it 0.
+:attr:`Reader.failures` and logged; the metrics score it 0, and a training round with more than
+``reader.max_failed_share`` of its answers failed is not trained on
+(:mod:`memalpha.train.step_faults`). Running out of memory is the exception: it is raised, so
+that the run stops naming the phase instead of scoring every later question 0.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from memalpha.lm.core.out_of_memory import is_out_of_memory
 from memalpha.memory.render import render_answer
 from memalpha.reader.options import RetrievalSettings
 from memalpha.reader.prompts import answer_messages
@@ -243,7 +247,9 @@ class Reader(ABC):
                 answers = self.chat(conversations, sampling=sampling)  # type: ignore[call-arg]
             else:
                 answers = self.chat(conversations)
-        except Exception as exc:  # a backend bug must not kill a training run
+        except Exception as exc:  # a backend bug must not kill a training run; want of memory does
+            if is_out_of_memory(exc):
+                raise
             logger.exception("reader backend %s failed on a batch of %d", type(self).__name__, len(conversations))
             answers = [ReaderAnswer("", False, f"{type(exc).__name__}: {exc}") for _ in conversations]
         if len(answers) != len(conversations):

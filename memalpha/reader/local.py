@@ -7,6 +7,13 @@ the frozen base weights answer and no second copy of the model is loaded.
 Prompts are chat-formatted with the tokenizer's template (thinking disabled where the
 template supports the switch), sorted by length, left-padded into batches of
 ``batch_size`` and decoded greedily (``temperature == 0``) or by sampling.
+
+The reader samples through the same decoding loop as the policy
+(:func:`memalpha.lm.sampling.generation.generate` with the run's ``lm.sampling_backend`` and
+``lm.fold_adapters_for_sampling``: on a GPU the captured ``cuda-graph`` step over a dense copy of
+the base weights, 4-bit bases dequantised), with the adapters off, and logs its choice as the
+``reader`` backend. All the questions of one call go to one ``generate`` call, so that dense copy
+is made once per reader phase, not once per batch.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memalpha.lm.core.modes import eval_mode
+from memalpha.lm.core.out_of_memory import is_out_of_memory
 from memalpha.reader.base import Conversation, Reader, ReaderAnswer, Sampling
 from memalpha.reader.options import RetrievalSettings
 from memalpha.reader.question_instructions import QuestionInstructions
@@ -77,7 +85,12 @@ class LocalReader(Reader):
         batch_size: prompts per forward batch.
         disable_adapters: answer with the base weights of a PEFT model.
         enable_thinking: passed to the chat template (Qwen3's thinking switch).
-        seed: base seed for sampling (each batch gets ``seed + batch index``).
+        seed: seed of sampling (one per call).
+        sampling_backend: the decoding loop (``lm.sampling_backend``'s values; ``auto`` picks the
+            best that runs, as for the policy).
+        fold_adapters: sample from a folded (dense) copy of the weights, as
+            ``lm.fold_adapters_for_sampling`` says for the policy; needed by ``cuda-graph`` and
+            ``cpu-fused``.
     """
 
     def __init__(
@@ -94,6 +107,8 @@ class LocalReader(Reader):
         seed: int | None = None,
         question_instructions: QuestionInstructions | None = None,
         templates: PromptTemplates | None = None,
+        sampling_backend: str = "auto",
+        fold_adapters: bool = True,
     ) -> None:
         super().__init__(retrieval=retrieval, question_instructions=question_instructions, templates=templates)
         if batch_size < 1:
@@ -111,6 +126,8 @@ class LocalReader(Reader):
         self.disable_adapters = disable_adapters
         self.enable_thinking = enable_thinking
         self.seed = seed
+        self.sampling_backend = sampling_backend
+        self.fold_adapters = fold_adapters
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -128,7 +145,9 @@ class LocalReader(Reader):
         seed: int | None = None,
         enable_thinking: bool | None = None,
     ) -> list[LocalGeneration]:
-        """Generate one reply per conversation; a failing batch yields failed items, not an exception."""
+        """Generate one reply per conversation; a failing call yields failed items, not an exception,
+        except running out of memory, which is raised
+        (:func:`~memalpha.lm.core.out_of_memory.is_out_of_memory`)."""
         from memalpha.lm.sampling.generation import generate
 
         max_new_tokens = self.max_new_tokens if max_new_tokens is None else max_new_tokens
@@ -140,34 +159,38 @@ class LocalReader(Reader):
             self.tokenizer(chat_prompt_text(self.tokenizer, c, thinking), add_special_tokens=False)["input_ids"]
             for c in conversations
         ]
+        if not prompts:
+            return []
         # longest first: batches hold similar lengths (little padding), and an OOM shows up at once
         order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
-        results: list[LocalGeneration | None] = [None] * len(prompts)
         with base_weights(self.model, self.disable_adapters):
-            for b, start in enumerate(range(0, len(order), self.batch_size)):
-                batch = order[start : start + self.batch_size]
-                try:
-                    out = generate(
-                        self.model,
-                        self.tokenizer,
-                        [prompts[i] for i in batch],
-                        max_new_tokens=max_new_tokens,
-                        temperature=temperature if temperature > 0 else 1.0,
-                        top_p=top_p,
-                        top_k=0,
-                        do_sample=temperature > 0,
-                        seed=None if seed is None else seed + b,
-                        batch_size=len(batch),
-                    )
-                except Exception as exc:  # e.g. out of memory: fail these items, keep going
-                    logger.exception("local reader generation failed for a batch of %d", len(batch))
-                    for i in batch:
-                        results[i] = LocalGeneration("", len(prompts[i]), 0, False, f"{type(exc).__name__}: {exc}")
-                    continue
-                for j, i in enumerate(batch):
-                    response = list(out.response_ids[j])
-                    text = self.tokenizer.decode(response, skip_special_tokens=True).strip()
-                    results[i] = LocalGeneration(text, len(prompts[i]), len(response), bool(out.truncated[j]))
+            try:
+                out = generate(
+                    self.model,
+                    self.tokenizer,
+                    [prompts[i] for i in order],
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature if temperature > 0 else 1.0,
+                    top_p=top_p,
+                    top_k=0,
+                    do_sample=temperature > 0,
+                    seed=seed,
+                    batch_size=self.batch_size,
+                    fold_adapters=self.fold_adapters,
+                    backend=self.sampling_backend,
+                    announce_as="reader",
+                )
+            except Exception as exc:  # a failed call fails its items; running out of memory stops
+                if is_out_of_memory(exc):  # the next call, of the same size, would fail the same way
+                    raise
+                logger.exception("local reader generation failed for %d questions", len(prompts))
+                error = f"{type(exc).__name__}: {exc}"
+                return [LocalGeneration("", len(p), 0, False, error) for p in prompts]
+        results: list[LocalGeneration | None] = [None] * len(prompts)
+        for j, i in enumerate(order):
+            response = list(out.response_ids[j])
+            text = self.tokenizer.decode(response, skip_special_tokens=True).strip()
+            results[i] = LocalGeneration(text, len(prompts[i]), len(response), bool(out.truncated[j]))
         return [r for r in results if r is not None]
 
     def chat(self, conversations: Sequence[Conversation], sampling: Sampling | None = None) -> list[ReaderAnswer]:

@@ -15,6 +15,8 @@ from memalpha.templates.loader import PromptTemplates
 
 ReaderKind = Literal["local", "openai", "engine", "extractive"]
 READER_KINDS: tuple[str, ...] = get_args(ReaderKind)
+FailedRoundAction = Literal["stop", "skip"]
+FAILED_ROUND_ACTIONS: tuple[str, ...] = get_args(FailedRoundAction)
 
 
 @dataclass
@@ -42,6 +44,14 @@ class ReaderSettings:
         retrieval: Which memory entries reach the answer prompt and how many (``reader.retrieval.*``).
         openai: The endpoint of the ``openai`` reader and the request options of the ``openai``
             and ``engine`` readers (``reader.openai.*``).
+        max_failed_share: The largest share of a training round's questions whose answer (or its
+            judgement) may fail, after the reader's own retries, for the round still to be trained
+            on: a failed answer scores 0, so beyond a stray failure it would teach the policy that
+            its memory was useless (0 refuses any failure, 1 trains on whatever comes back).
+        on_failed_round: What a round over ``max_failed_share`` does: ``stop`` the run with one line
+            naming the share and the first error (the last checkpoint stays as it was), or ``skip``
+            the round untrained, logged as ``train/skipped_reader_rounds``; three skipped in a row
+            stop the run all the same (docs/metrics_and_rewards.md, "Faults").
     """
 
     kind: ReaderKind = "local"
@@ -51,6 +61,8 @@ class ReaderSettings:
     question_instructions: str | None = BUILTIN
     retrieval: RetrievalSettings = field(default_factory=RetrievalSettings)
     openai: OpenAISettings = field(default_factory=OpenAISettings)
+    max_failed_share: float = 0.1
+    on_failed_round: FailedRoundAction = "stop"
 
     def __post_init__(self) -> None:
         if isinstance(self.retrieval, dict):
@@ -64,6 +76,13 @@ class ReaderSettings:
                 raise ValueError(f"reader.{name} must be >= 1, got {getattr(self, name)}")
         if self.temperature < 0:
             raise ValueError(f"reader.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0.0 <= self.max_failed_share <= 1.0:
+            raise ValueError(f"reader.max_failed_share must be in [0, 1], got {self.max_failed_share}")
+        if self.on_failed_round not in FAILED_ROUND_ACTIONS:
+            raise ValueError(
+                f"reader.on_failed_round must be one of {list(FAILED_ROUND_ACTIONS)},"
+                f" got {self.on_failed_round!r}"
+            )
         load_question_instructions(self.question_instructions)  # a missing or malformed file fails here
 
     def build(
@@ -72,6 +91,8 @@ class ReaderSettings:
         tokenizer: Any,
         templates: PromptTemplates | None = None,
         engine_endpoint: tuple[str, str, str] | None = None,
+        sampling_backend: str = "auto",
+        fold_adapters: bool = True,
     ) -> Reader:
         """The reader: ``policy`` with its adapters off (``local``), a client of the endpoint
         (``openai``; ``engine``: of ``engine_endpoint``, the rollout engine's
@@ -79,6 +100,8 @@ class ReaderSettings:
 
         ``templates`` are the prompt texts (the run's ``rollout.prompt_templates``; ``None``:
         memalpha's). The ``openai`` reader builds its prompts here too, so one file serves both.
+        ``sampling_backend`` and ``fold_adapters`` are the policy's (``lm.sampling_backend``,
+        ``lm.fold_adapters_for_sampling``): the ``local`` reader samples through the same loop.
         """
         instructions = load_question_instructions(self.question_instructions)
         if self.kind == "extractive":
@@ -93,6 +116,8 @@ class ReaderSettings:
                 batch_size=self.batch_size,
                 question_instructions=instructions,
                 templates=templates,
+                sampling_backend=sampling_backend,
+                fold_adapters=fold_adapters,
             )
         endpoint, tokenizer_path = self.openai, None
         if self.kind == "engine":

@@ -167,10 +167,11 @@ def run_errors() -> tuple[type[BaseException], ...]:
     from memalpha.grpo.update import NonFiniteTrainingError
     from memalpha.train.checkpoint_io import CheckpointWriteError
     from memalpha.train.engine_sync import SamplerDriftError, StaleSamplesError
+    from memalpha.train.step_faults import ReaderFailureError, StepOutOfMemory
 
     return (
         DataValidationError, CheckpointWriteError, NonFiniteTrainingError, RolloutError, StaleSamplesError,
-        SamplerDriftError,
+        SamplerDriftError, ReaderFailureError, StepOutOfMemory,
     )
 
 

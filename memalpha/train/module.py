@@ -53,19 +53,28 @@ from memalpha.train.datamodule import InstanceRound
 from memalpha.train.engine_sync import EngineShutdown, EngineSync, check_versions, sampler_logprob_gap
 from memalpha.train.policy_module import PolicyModule, typed
 from memalpha.train.round_report import rollout_text, round_metrics
+from memalpha.train.step_faults import (
+    ReaderFailures,
+    SkippedRounds,
+    check_reader_failures,
+    phase_out_of_memory,
+)
 from memalpha.train.validation_report import summarise_records, write_validation_report
 
 EXPERIENCE_KEY = "memalpha_experience"
+SKIPPED_ROUNDS_KEY = "memalpha_reader_skipped_rounds"
 
 
 class RoundExperience(NamedTuple):
-    """A rolled-out round: its mini-batches in training order (none when ``nonfinite``), its
-    metrics, sometimes one rollout as text, and what was non-finite (None when all was finite)."""
+    """A rolled-out round: its mini-batches in training order (none when ``nonfinite`` or
+    ``refused``), its metrics, sometimes one rollout as text, what was non-finite (None when all
+    was finite), and whether it was refused for its reader's failures (``reader.on_failed_round: skip``)."""
 
     batches: list[GRPOBatch]
     metrics: dict[str, float]
     text: str | None
     nonfinite: str | None
+    refused: bool = False
 
 
 class GRPOModule(PolicyModule):
@@ -124,6 +133,8 @@ class GRPOModule(PolicyModule):
         self._val_records: list[RolloutRecord] = []
         self._step_start = time.perf_counter()
         self.engine_sync: EngineSync | None = None  # rollout.engine: vllm (started at the first rollout)
+        self.skipped_rounds = SkippedRounds()  # rounds refused for failed reader answers, in a row
+        self._phase = "sampling"  # the phase of the step now running (named if it runs out of memory)
 
     # ----------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:
@@ -142,8 +153,10 @@ class GRPOModule(PolicyModule):
         if self.load_policy():
             if self.update_settings.kl_reference == "start" and self.hparams.adapter_path:
                 load_reference_adapter(self.policy, self.hparams.adapter_path)
+            lm = self.lm_settings
             self.reader = self.reader_settings.build(
-                self.policy, self.tokenizer, self.rollout_settings.templates, self._engine_endpoint()
+                self.policy, self.tokenizer, self.rollout_settings.templates, self._engine_endpoint(),
+                sampling_backend=lm.sampling_backend, fold_adapters=lm.fold_adapters_for_sampling,
             )
             self.content_judge = self.reward_settings.build_content_judge(self.reader)
             self.scoring = ScoringSpec(
@@ -151,7 +164,6 @@ class GRPOModule(PolicyModule):
                 pad_id=self.tokenizer.pad_token_id, share_prefix=self.lm_settings.share_prefix,
             )
             if self.rollout_settings.engine != "vllm":  # the policy samples here: say how, or stop now
-                lm = self.lm_settings
                 announce(self.policy, choose_backend(self.policy, lm.sampling_backend, lm.fold_adapters_for_sampling))
 
     # ---------------------------------------------------- checkpoint content
@@ -170,10 +182,12 @@ class GRPOModule(PolicyModule):
         else:
             per_rank = [mine]
         checkpoint[EXPERIENCE_KEY] = {"per_rank": per_rank}
+        checkpoint[SKIPPED_ROUNDS_KEY] = self.skipped_rounds.count
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Restore this rank's unserved mini-batches (dropped, with a warning, if the world size changed)."""
         super().on_load_checkpoint(checkpoint)
+        self.skipped_rounds.count = int(checkpoint.get(SKIPPED_ROUNDS_KEY, 0))
         per_rank = checkpoint.get(EXPERIENCE_KEY, {}).get("per_rank", [])
         world = self.trainer.world_size if self._trainer is not None else 1
         rank = self.global_rank
@@ -247,10 +261,21 @@ class GRPOModule(PolicyModule):
             backend=self.lm_settings.sampling_backend,
         )
 
-    def _phase_hook(self) -> PhaseHook | None:
-        """Where the step's phases go: the progress bar's ``show_phase``, when it has one."""
+    def _phase_hook(self) -> PhaseHook:
+        """Where the step's phases go: :meth:`_enter_phase`, which keeps the name and hands the
+        phase to the progress bar's ``show_phase``, when it has one."""
+        return self._enter_phase
+
+    def _enter_phase(self, phase: Phase) -> None:
+        self._phase = phase.name
         bar = self._trainer.progress_bar_callback if self._trainer is not None else None
-        return getattr(bar, "show_phase", None)
+        show = getattr(bar, "show_phase", None)
+        if show is not None:
+            show(phase)
+
+    def _out_of_memory_names_the_phase(self, where: str):
+        """Running out of memory inside the block stops the run with one line naming the phase."""
+        return phase_out_of_memory(lambda: self._phase, lambda: where, self.device)
 
     @torch.no_grad()
     def experience_round(self, round_: InstanceRound) -> RoundExperience:
@@ -281,6 +306,10 @@ class GRPOModule(PolicyModule):
         group_ids = torch.tensor([s.group_id for s in samples])
         metrics = round_metrics(out, rewards, group_ids)
         text = rollout_text(out.records[0]) if self._should_log_text() else None
+        if not self._reader_answered(out.records, round_.index):
+            metrics["train/skipped_reader_round"] = 1.0
+            return RoundExperience([], metrics, text, None, refused=True)
+        metrics["train/skipped_reader_round"] = 0.0
         if first_nonfinite({"rewards": rewards}) is not None:
             return RoundExperience([], metrics, text, "rewards")
         prompts = [s.prompt_ids for s in samples]
@@ -318,6 +347,28 @@ class GRPOModule(PolicyModule):
         batches = cut_minibatches(batch, steps_per_epoch, update.ppo_epochs, seed)
         return RoundExperience(batches, metrics, text, None)
 
+    def _reader_answered(self, records: Sequence[RolloutRecord], index: int) -> bool:
+        """Whether few enough of the round's reader answers failed to train on it (summed over the
+        ranks, a collective, so every rank decides alike); else stop, or skip and count
+        (``reader.max_failed_share``, ``reader.on_failed_round``; :mod:`memalpha.train.step_faults`)."""
+        mine = ReaderFailures.of(records)
+        world = self.trainer.world_size
+        failures = ReaderFailures(
+            failed=round(self.mean_over_ranks(float(mine.failed)) * world),
+            questions=round(self.mean_over_ranks(float(mine.questions)) * world),
+            first_error=mine.first_error,
+        )
+        where = f"rollout round {index} (global step {self.global_step})"
+        settings = self.reader_settings
+        answered = check_reader_failures(failures, settings.max_failed_share, settings.on_failed_round, where)
+        self.skipped_rounds.update(not answered, where, failures.first_error)
+        if not answered:
+            rank_zero_warn(
+                f"memalpha: {where}: {failures.failed} of {failures.questions} reader answers failed;"
+                f" the round is skipped ({self.skipped_rounds.count} in a row). First error: {failures.first_error}"
+            )
+        return answered
+
     def _should_log_text(self) -> bool:
         every = self.hparams.log_text_every_n_steps
         return every > 0 and self.global_rank == 0 and self.global_step % every == 0
@@ -341,9 +392,15 @@ class GRPOModule(PolicyModule):
 
         A step skipped for a non-finite value still logs ``train/skipped_nonfinite`` (1) and
         counts towards ``optimizer.max_consecutive_nonfinite``; it does not count towards
-        ``trainer.max_steps`` (Lightning counts optimiser steps). When the stream has served its
-        ``data.epochs`` rounds the step trains nothing and stops the run.
+        ``trainer.max_steps`` (Lightning counts optimiser steps). A round with too many failed
+        reader answers stops the run or is skipped (``reader.on_failed_round``); running out of
+        memory stops it naming the phase (:mod:`memalpha.train.step_faults`). When the stream has
+        served its ``data.epochs`` rounds the step trains nothing and stops the run.
         """
+        with self._out_of_memory_names_the_phase(f"global step {self.global_step + 1}"):
+            self._training_step(dataloader_iter)
+
+    def _training_step(self, dataloader_iter: Iterator) -> None:
         self._step_start = time.perf_counter()  # step_s: this step's own seconds, not a load or a validation
         round_metrics_, text, problem = {}, None, None
         if not self.experience:
@@ -352,7 +409,12 @@ class GRPOModule(PolicyModule):
             except StopIteration:  # the last of data.epochs' rounds is trained: every rank ends here
                 self.trainer.should_stop = True
                 return
-            self.experience, round_metrics_, text, problem = self.experience_round(round_)
+            self.experience, round_metrics_, text, problem, refused = self.experience_round(round_)
+            if refused:  # every rank refused it alike (the failures were summed over the ranks)
+                untrained = {"train/skipped_nonfinite": 0.0, "train/grad_norm": float("nan")}
+                self._log_step(untrained, round_metrics_, text, 1)
+                self._end_round(self.lr_schedulers())
+                return
         problem = self.agree_on_nonfinite(problem)
         if problem is not None:  # every rank drops its round, so the ranks keep rolling out in step
             self.experience = []
@@ -425,7 +487,9 @@ class GRPOModule(PolicyModule):
 
     def validation_step(self, batch: list[Instance], batch_idx: int) -> None:
         seed = stable_seed(self.hparams.seed, "validation", batch_idx)
-        out = self._rollouts(batch, seed=seed, greedy=True)
+        where = f"validation batch {batch_idx} at global step {self.global_step}"
+        with self._out_of_memory_names_the_phase(where):
+            out = self._rollouts(batch, seed=seed, greedy=True)
         self._val_records.extend(out.records)
 
     def on_validation_epoch_end(self) -> None:

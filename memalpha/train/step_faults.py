@@ -1,0 +1,142 @@
+"""Faults of a training step that must stop it rather than become a reward: a reader that failed too
+many of a round's answers, and running out of memory in any phase.
+
+A failed answer scores 0. One stray failure is noise; a reader that is down, or that runs out of
+memory on every batch, would score every answer 0 and GRPO would go on training on r1 = 0 as if
+the policy's memory were useless. :func:`check_reader_failures` refuses such a round
+(``reader.max_failed_share``): it stops the run, or skips the round when ``reader.on_failed_round``
+says so, and :class:`SkippedRounds` stops it after :data:`MAX_SKIPPED_ROUNDS_IN_A_ROW` skipped
+in a row, since a skipped round does not count towards ``trainer.max_steps``.
+
+Out of memory (:func:`~memalpha.lm.core.out_of_memory.is_out_of_memory`) in any phase becomes
+:class:`StepOutOfMemory`: one line naming the phase, the memory held and the settings that lower
+that phase's memory. Both errors are raised before the step's optimiser update, so the last
+checkpoint is the one the run wrote before and resumes as it would have
+(docs/metrics_and_rewards.md, "Faults").
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from memalpha.agent.rollout import RolloutRecord
+from memalpha.lm.core.out_of_memory import is_out_of_memory, memory_held
+
+MAX_SKIPPED_ROUNDS_IN_A_ROW = 3
+"""Rounds skipped in a row for their reader's failures after which the run stops: a reader that
+stays down would otherwise roll out rounds without end."""
+
+LOWER_MEMORY_SETTINGS: dict[str, tuple[str, ...]] = {
+    "sampling": (
+        "model.rollout.generation_batch_size", "model.rollout.max_new_tokens",
+        "model.rollout.max_prompt_tokens",
+    ),
+    "reader": (
+        "model.reader.batch_size", "model.reader.retrieval.prompt_tokens", "model.reader.max_new_tokens"
+    ),
+    "rewards": ("model.reader.batch_size", "model.reader.retrieval.prompt_tokens"),
+    "logprobs": ("model.update.micro_batch_size", "model.rollout.max_new_tokens"),
+    "update": ("model.update.micro_batch_size", "model.lm.gradient_checkpointing: true"),
+}
+"""Per phase of a step (:data:`memalpha.agent.progress.PHASES`), the settings that lower its memory."""
+
+
+class ReaderFailureError(RuntimeError):
+    """Too many of a round's reader answers failed for the round to be trained on."""
+
+
+class StepOutOfMemory(RuntimeError):
+    """A phase of a training or validation step ran out of memory."""
+
+
+@dataclass(frozen=True)
+class ReaderFailures:
+    """A round's failed questions (answer or judgement), its questions, and the first failure's error."""
+
+    failed: int
+    questions: int
+    first_error: str | None
+
+    @property
+    def share(self) -> float:
+        """``failed / questions`` (0 for a round without questions)."""
+        return self.failed / self.questions if self.questions else 0.0
+
+    @classmethod
+    def of(cls, records: Sequence[RolloutRecord]) -> ReaderFailures:
+        """Count the failures in a round's rollout records."""
+        errors = [q.get("error") for record in records for q in record.questions]
+        first = next((error for error in errors if error is not None), None)
+        return cls(failed=sum(r.reader_failures for r in records), questions=len(errors), first_error=first)
+
+
+def check_reader_failures(
+    failures: ReaderFailures, max_share: float, action: str, where: str
+) -> bool:
+    """Whether the round may be trained on; over ``max_share`` it is not.
+
+    ``action`` ``stop`` raises :class:`ReaderFailureError` (one line: the share, the limit and the
+    first error); ``skip`` returns False. ``where`` names the round (``rollout round 3``).
+    """
+    if failures.share <= max_share:
+        return True
+    line = (
+        f"{where}: {failures.failed} of {failures.questions} reader answers failed ({failures.share:.0%},"
+        f" over reader.max_failed_share={max_share:g}); first error: {failures.first_error}"
+    )
+    if action == "stop":
+        raise ReaderFailureError(
+            f"{line}; the round was not trained on and the last checkpoint is as it was"
+            " (reader.on_failed_round: skip drops such rounds instead)"
+        )
+    return False
+
+
+@dataclass
+class SkippedRounds:
+    """Rounds skipped in a row for their reader's failures; at :data:`MAX_SKIPPED_ROUNDS_IN_A_ROW`
+    the run stops. ``count`` is part of a run's state (checkpointed), so a resumed run keeps counting."""
+
+    count: int = 0
+    total: int = 0
+
+    def update(self, skipped: bool, where: str, first_error: str | None) -> None:
+        """Count one round: skipped or trained (which ends the streak)."""
+        if not skipped:
+            self.count = 0
+            return
+        self.count += 1
+        self.total += 1
+        if self.count >= MAX_SKIPPED_ROUNDS_IN_A_ROW:
+            raise ReaderFailureError(
+                f"{where}: {self.count} rounds in a row skipped for failed reader answers (the run stops at"
+                f" {MAX_SKIPPED_ROUNDS_IN_A_ROW}); last error: {first_error}; is the reader up?"
+            )
+
+
+def out_of_memory_line(phase: str, where: str, held: str) -> str:
+    """The one line of a step that ran out of memory in ``phase``."""
+    settings = LOWER_MEMORY_SETTINGS.get(phase, ())
+    lower = f"; lower it with {', '.join(settings)}" if settings else ""
+    return (
+        f"out of memory in the {phase} phase of {where} ({held}){lower};"
+        " the step was not trained on and the last checkpoint is as it was (resume with --ckpt_path)"
+    )
+
+
+@contextlib.contextmanager
+def phase_out_of_memory(
+    phase: Callable[[], str], where: Callable[[], str], device: Any = None
+) -> Iterator[None]:
+    """Turn running out of memory inside the block into :class:`StepOutOfMemory`, naming the phase
+    that ``phase()`` says was running and ``where()`` the step."""
+    try:
+        yield
+    except Exception as error:
+        if not is_out_of_memory(error):
+            raise
+        held = memory_held(device)
+        raise StepOutOfMemory(out_of_memory_line(phase(), where(), held)) from None
