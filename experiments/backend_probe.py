@@ -12,7 +12,8 @@ What a run can know without changing the library:
 A caller that picks a backend itself (a benchmark calling ``generate``) can :meth:`note` the
 choice directly. In the summary, each caller (``sampling``, ``reader``) has the backend it
 announced (or, for the reader when the library announced none for it, the one its phase's
-decode calls show) and ``captured``: True/False for ``cuda-graph`` (all/any calls captured),
+decode calls show; the policy's sampling owns the phases no other caller is named after) and
+``captured``: True/False for ``cuda-graph`` (all/any calls captured),
 False for the loops that never capture, None when unknown.
 """
 
@@ -108,9 +109,11 @@ class BackendProbe:
         """Per caller (``sampling`` and ``reader`` at least): ``backend``, ``reason``, ``captured``,
         ``decode_calls`` (graph decode calls seen in its phases) and ``source``."""
         out: dict[str, dict[str, Any]] = {}
-        for who in dict.fromkeys(["sampling", "reader", *(c["who"] for c in self.choices)]):
+        callers = list(dict.fromkeys(["sampling", "reader", *(c["who"] for c in self.choices)]))
+        for who in callers:
             mine = [c for c in self.choices if c["who"] == who]
-            phases = [who] if who != "sampling" else ["sampling", "none"]
+            # the policy's sampling: every phase but the other callers' (a bench calls it "generate")
+            phases = [who] if who != "sampling" else [p for p in self.decodes if p not in callers[1:]]
             graph_calls = sum(self.decodes.get(p, {}).get("calls", 0) for p in phases)
             if mine:
                 last = mine[-1]
@@ -119,7 +122,12 @@ class BackendProbe:
                 backend, reason, source = "cuda-graph", "graph decode calls seen in its phase", "observed"
             else:
                 backend = reason = source = None
-            out[who] = {"backend": backend, "reason": reason, "captured": self._captured(backend, phases),
-                        "decode_calls": graph_calls, "source": source,
-                        "choices": sorted({c["backend"] for c in mine})}
+            out[who] = {
+                "backend": backend,
+                "reason": reason,
+                "captured": self._captured(backend, phases),
+                "decode_calls": graph_calls,
+                "source": source,
+                "choices": sorted({c["backend"] for c in mine}),
+            }
         return out

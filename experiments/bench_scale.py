@@ -61,6 +61,7 @@ from _common import (
     print_table,
     write_json,
 )
+from gpu_record import GpuRecord, add_arguments
 
 from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.loss import policy_loss
@@ -169,13 +170,14 @@ def build_random_model_dir(path: str | os.PathLike, shape: dict[str, Any], token
 class Phase:
     """Time and peak memory of one phase (CUDA allocator peaks on a GPU, sampled RSS on a CPU)."""
 
-    def __init__(self, name: str, cuda: bool) -> None:
-        self.name, self.cuda = name, cuda
+    def __init__(self, name: str, cuda: bool, clock=None) -> None:
+        self.name, self.cuda, self.clock = name, cuda, clock
         self.seconds = 0.0
         self.peak_allocated = 0
         self.peak_reserved = 0
         self.peak_rss = 0
-        self.device_used = 0  # total - free from the driver: counts the paged optimiser's unified memory too
+        self.device_used = 0  # total - free from the driver (the least free polled during the phase, with a
+        # clock): counts the paged optimiser's unified memory too
         self.error: str | None = None
 
     def run(self, fn):
@@ -185,8 +187,9 @@ class Phase:
             torch.cuda.reset_peak_memory_stats()
         sampler = RssSampler() if not self.cuda else nullcontext()
         watch = Stopwatch(sync)
+        recorded = self.clock.phase(self.name) if self.clock is not None else nullcontext()
         try:
-            with sampler, watch:
+            with recorded, sampler, watch:
                 return fn()
         except BaseException as exc:
             self.error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
@@ -197,7 +200,9 @@ class Phase:
                 self.peak_allocated = max(self.peak_allocated, torch.cuda.max_memory_allocated())
                 self.peak_reserved = max(self.peak_reserved, torch.cuda.max_memory_reserved())
                 free, total = torch.cuda.mem_get_info()
-                self.device_used = max(self.device_used, total - free)
+                polled = self.clock.entries[-1]["device_used_peak_gib"] if self.clock is not None else None
+                used = polled * 2**30 if polled is not None else total - free  # the phase's polled peak
+                self.device_used = max(self.device_used, int(used))
             else:
                 self.peak_rss = max(self.peak_rss, sampler.peak_bytes)
 
@@ -319,10 +324,13 @@ def run_benchmark(
     out: str | os.PathLike | None = DEFAULT_OUT,
     verbose: bool = True,
     sampling_backend: str = "auto",
+    allow_dirty: bool = False,
 ) -> dict[str, Any]:
     """Build, quantise and step once; print the phase table; write the JSON to ``out`` (None: don't).
 
-    Unset sizes take the recipe's values on a GPU and :data:`CPU_DEFAULTS` on a CPU.
+    Unset sizes take the recipe's values on a GPU and :data:`CPU_DEFAULTS` on a CPU. The report's
+    ``record`` (:mod:`gpu_record`) names the commit (a GPU run refuses a dirty tree unless
+    ``allow_dirty``), the backend that sampled, and each phase's peaks sampled while it ran.
     """
     cuda = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     if cuda and not torch.cuda.is_available():
@@ -338,6 +346,7 @@ def run_benchmark(
     response_tokens = response_tokens or (recipe["response_tokens"] if cuda else CPU_DEFAULTS["response_tokens"])
     compute_dtype = compute_dtype or (recipe["compute_dtype"] if cuda else "float32")
     shape = scaled_shape(scale, vocab_size)
+    record = GpuRecord.start(allow_dirty=allow_dirty or not cuda)  # a CPU run is no GPU result
     machine = machine_info()
     cap_fraction = None
     if cuda:
@@ -346,7 +355,7 @@ def run_benchmark(
         torch.cuda.set_per_process_memory_fraction(cap_fraction, 0)
 
     names = ("load", "generate", "reference", "policy_forward", "backward", "optimizer")
-    phases = {name: Phase(name, cuda) for name in names}
+    phases = {name: Phase(name, cuda, record.clock) for name in names}
     report: dict[str, Any] = {
         "benchmark": "bench_scale",
         "command": command_line(),
@@ -377,7 +386,7 @@ def run_benchmark(
             report["bitsandbytes"] = None
     tokenizer = load_tokenizer(str(resolve_model_path(tokenizer)))
     status = "ok"
-    with tempfile.TemporaryDirectory(prefix="memalpha-scale-") as folder:
+    with record, tempfile.TemporaryDirectory(prefix="memalpha-scale-") as folder:
         with torch.device("cuda" if cuda else "cpu"):  # 4B random weights: seconds on a GPU, minutes on its CPU
             report["base_parameters"] = build_random_model_dir(folder, shape, tokenizer, seed=seed)
         if cuda:
@@ -398,6 +407,7 @@ def run_benchmark(
         except torch.cuda.OutOfMemoryError:
             status = "out_of_memory"  # the phase that ran out carries the error in its row
     report["status"] = status
+    report["record"] = record.as_dict()
     report["phases"] = [p.as_dict() for p in phases.values()]
     step_phases = [p for name, p in phases.items() if name != "load"]
     report["step_seconds"] = sum(p.seconds for p in step_phases)
@@ -461,6 +471,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--sampling-backend", default="auto", choices=SAMPLING_BACKENDS,
                         help="the decoding loop (model.lm.sampling_backend; default auto)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON file to write")
+    add_arguments(parser)
     args = parser.parse_args(argv)
     if args.smoke:
         args.scale, args.vocab_size = args.scale or 0.03, args.vocab_size or 2048
@@ -475,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         scale=args.scale, prompt_tokens=args.prompt_tokens, response_tokens=args.response_tokens,
         group_size=args.group_size, micro_batch_size=args.micro_batch_size, vocab_size=args.vocab_size,
         compute_dtype=args.compute_dtype, device=args.device, seed=args.seed, tokenizer=args.tokenizer,
-        out=args.out, sampling_backend=args.sampling_backend,
+        out=args.out, sampling_backend=args.sampling_backend, allow_dirty=args.allow_dirty,
     )
 
 

@@ -91,7 +91,12 @@ def test_a_copy_without_git_is_checked_against_the_stamp(repo, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(repo, copy, ignore=shutil.ignore_patterns(".git"))
     state = tree_state.tree_state(copy, stamp_path=stamp)
-    assert state == {**state, "commit": git(repo, "rev-parse", "HEAD").strip(), "dirty": False, "source": "stamp"}
+    assert state == {
+        **state,
+        "commit": git(repo, "rev-parse", "HEAD").strip(),
+        "dirty": False,
+        "source": "stamp",
+    }
     (copy / "a.py").write_text("x = 3\n")
     (copy / "sub" / "b.txt").unlink()
     state = tree_state.tree_state(copy, stamp_path=stamp)
@@ -162,8 +167,12 @@ def test_each_phase_starts_its_peak_afresh_and_totals_add_up_per_name():
     assert clock.entries[0]["device_used_peak_gib"] == pytest.approx(30.0)
     assert clock.entries[1]["device_used_peak_gib"] == pytest.approx(5.0)
     totals = clock.by_name()
-    assert totals["sampling"]["runs"] == 2 and totals["sampling"]["device_used_peak_gib"] == pytest.approx(30.0)
-    assert totals["sampling"]["seconds"] == pytest.approx(clock.entries[0]["seconds"] + clock.entries[2]["seconds"])
+    assert totals["sampling"]["runs"] == 2 and totals["sampling"]["device_used_peak_gib"] == pytest.approx(
+        30.0
+    )
+    assert totals["sampling"]["seconds"] == pytest.approx(
+        clock.entries[0]["seconds"] + clock.entries[2]["seconds"]
+    )
     assert list(clock.by_name(step=2)) == ["sampling"]
 
 
@@ -192,13 +201,18 @@ def test_the_probe_records_announced_choices_and_captures_per_phase(monkeypatch)
     with backend_probe.BackendProbe(lambda: phase["now"]) as probe:
         announce(object(), BackendChoice("cuda-graph", "auto on cuda"), who="sampling")
         announce(object(), BackendChoice("growing-cache", "fold off"), who="reader")
-        phase["now"] = "sampling"
+        phase["now"] = "generate"  # a bench names its phase so: still the policy's sampling
         graph_decode.decode("decoder", capture=True)
         graph_decode.decode("decoder", capture=False)  # one batch fell back to eager
     assert graph_decode.decode is fake_decode  # uninstalled
     summary = probe.summary()
-    assert summary["sampling"] == {**summary["sampling"], "backend": "cuda-graph", "captured": False,
-                                   "decode_calls": 2, "source": "announced"}
+    assert summary["sampling"] == {
+        **summary["sampling"],
+        "backend": "cuda-graph",
+        "captured": False,
+        "decode_calls": 2,
+        "source": "announced",
+    }
     assert summary["reader"] == {**summary["reader"], "backend": "growing-cache", "captured": False}
     assert logging.getLogger(backend_probe.LOGGER).handlers == []
 
@@ -231,7 +245,17 @@ def test_the_record_holds_every_field_with_cuda_fields_null_on_a_cpu(monkeypatch
         with record.clock.phase("load"):
             device.wait_reads(2)
     data = json.loads(json.dumps(record.as_dict()))  # it is plain JSON
-    for key in ("gpu", "commit", "dirty", "allow_dirty", "tree", "environment", "backends", "phases", "phase_totals"):
+    for key in (
+        "gpu",
+        "commit",
+        "dirty",
+        "allow_dirty",
+        "tree",
+        "environment",
+        "backends",
+        "phases",
+        "phase_totals",
+    ):
         assert key in data
     assert data["allow_dirty"] is True and data["commit"] and len(data["commit"]) == 40
     env = data["environment"]
@@ -259,12 +283,16 @@ def test_a_record_refuses_to_start_on_a_dirty_tree(repo, monkeypatch):
 
 @pytest.mark.parametrize(
     ("torch_cuda", "override", "code", "words"),
-    [("13.0", None, 0, "match: torch CUDA 13.0 -> libbitsandbytes_cuda130.so"),
-     ("12.8", None, 1, "MISMATCH: torch CUDA 12.8 needs libbitsandbytes_cuda128.so"),
-     ("12.8", "132", 0, "match: BNB_CUDA_VERSION=132"),
-     (None, None, 2, "no CUDA build")],
+    [
+        ("13.0", None, 0, "match: torch CUDA 13.0 -> libbitsandbytes_cuda130.so"),
+        ("12.8", None, 1, "MISMATCH: torch CUDA 12.8 needs libbitsandbytes_cuda128.so"),
+        ("12.8", "132", 0, "match: BNB_CUDA_VERSION=132"),
+        (None, None, 2, "no CUDA build"),
+    ],
 )
-def test_the_cuda_line_matches_torch_against_the_packed_libraries(tmp_path, torch_cuda, override, code, words):
+def test_the_cuda_line_matches_torch_against_the_packed_libraries(
+    tmp_path, torch_cuda, override, code, words
+):
     for name in ("libbitsandbytes_cuda130.so", "libbitsandbytes_cuda132.so", "libbitsandbytes_cpu.so"):
         (tmp_path / name).write_bytes(b"")
     got, line = cuda_match.verdict(torch_cuda, tmp_path, override)
