@@ -20,7 +20,10 @@ from pathlib import Path
 
 def library_tags(folder: Path) -> list[str]:
     """The CUDA tags (``"130"``) of the ``libbitsandbytes_cuda*.so`` files in ``folder``."""
-    tags = (re.fullmatch(r"libbitsandbytes_cuda(\d+)\.so", p.name) for p in folder.glob("libbitsandbytes_cuda*.so"))
+    tags = (
+        re.fullmatch(r"libbitsandbytes_cuda(\d+)\.so", p.name)
+        for p in folder.glob("libbitsandbytes_cuda*.so")
+    )
     return sorted(m.group(1) for m in tags if m)
 
 
@@ -37,20 +40,27 @@ def verdict(torch_cuda: str | None, folder: Path | None, override: str | None = 
     if torch_cuda is None:
         return 2, "cuda check: torch has no CUDA build here (torch.version.cuda is None): nothing to match"
     if folder is None:
-        return 2, f"cuda check: torch CUDA {torch_cuda}, but bitsandbytes is not installed (bash experiments/gpu_pack.sh)"
+        return (
+            2,
+            f"cuda check: torch CUDA {torch_cuda}, but bitsandbytes is not installed (bash experiments/gpu_pack.sh)",
+        )
     wanted = override or torch_cuda.replace(".", "")
     tags = library_tags(folder)
     source = f"BNB_CUDA_VERSION={override}" if override else f"torch CUDA {torch_cuda}"
     if wanted in tags:
         return 0, f"cuda check: match: {source} -> libbitsandbytes_cuda{wanted}.so in {folder}"
-    return 1, (f"cuda check: MISMATCH: {source} needs libbitsandbytes_cuda{wanted}.so; {folder} has only "
-               f"{', '.join('cuda' + t for t in tags) or 'no CUDA libraries'} (repack for this CUDA in gpu_pack.sh)")
+    return 1, (
+        f"cuda check: MISMATCH: {source} needs libbitsandbytes_cuda{wanted}.so; {folder} has only "
+        f"{', '.join('cuda' + t for t in tags) or 'no CUDA libraries'} (repack for this CUDA in gpu_pack.sh)"
+    )
 
 
 def main() -> int:
     import torch
 
-    code, line = verdict(torch.version.cuda, bitsandbytes_folder(), os.environ.get("BNB_CUDA_VERSION") or None)
+    code, line = verdict(
+        torch.version.cuda, bitsandbytes_folder(), os.environ.get("BNB_CUDA_VERSION") or None
+    )
     print(line, flush=True)
     return code
 

@@ -45,7 +45,8 @@ declare -A LIMIT=([fit]=270 [decode]=90 [nf4_gradients]=45 [scale]=150)  # secon
 START_S=45   # installing .device's wheels, the CUDA line and the tree check, before the first stage
 PACK_S=5     # packing the results into $OUT after each stage
 BUDGET_S=480 # 8 minutes: the whole run, well under one 600-second call
-for pair in ${GPU_CHECK_LIMITS:-}; do LIMIT[${pair%%=*}]=${pair#*=}; done  # e.g. "fit=300": a test, a slower card
+# GPU_CHECK_LIMITS="fit=300 decode=1" overrides limits (a slower card; tests/test_gpu_check.py)
+for pair in ${GPU_CHECK_LIMITS:-}; do LIMIT[${pair%%=*}]=${pair#*=}; done
 
 ALLOW_DIRTY="" DRY_RUN="" PRINT_BUDGET=""
 for arg in "$@"; do
@@ -78,7 +79,7 @@ TOKENIZER=${MEMALPHA_TOKENIZER:-$( [ -d .device/tok ] && echo .device/tok || ech
 
 "$PY" experiments/cuda_match.py 2>&1 | tee "$RESULTS/cuda_match.txt"
 if [ "${PIPESTATUS[0]}" = 1 ] && [ -z "${GPU_CHECK_IGNORE_CUDA:-}" ]; then
-  echo "stopping: the 4-bit stages cannot load this bitsandbytes (GPU_CHECK_IGNORE_CUDA=1 runs them anyway)"; exit 4
+  echo "stopping: the 4-bit stages cannot load this bitsandbytes (GPU_CHECK_IGNORE_CUDA=1 runs them)"; exit 4
 fi
 "$PY" experiments/tree_state.py check $ALLOW_DIRTY --out "$RESULTS/tree.json" || exit 3
 export MEMALPHA_TREE_STATE=$RESULTS/tree.json  # the stages record this state, checked once here
@@ -94,7 +95,8 @@ run_stage() {  # name, command...: its own limit, its log beside its JSON, its e
   fi
   local status=$?
   tail -n 25 "$RESULTS/$name.log"
-  printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - start))" "${LIMIT[$name]}" >> "$RESULTS/stages.tsv"
+  printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - start))" "${LIMIT[$name]}" \
+    >> "$RESULTS/stages.tsv"
   echo "== $name: exit $status after $((SECONDS - start)) s"
   if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu_results.tgz" -C "$RESULTS" .; fi
 }
@@ -105,8 +107,9 @@ for stage in $STAGES; do
     fit) run_stage fit "$PY" experiments/gpu_fit_check.py --tokenizer "$TOKENIZER" --chunks 1 \
            --out "$RESULTS/gpu_fit_check.json" ;;
     decode) run_stage decode "$PY" $DECODE_CMD ;;
-    nf4_gradients) run_stage nf4_gradients env MEMALPHA_TEST_DEVICE=cuda MEMALPHA_TEST_TOKENIZER="$TOKENIZER" \
-                     "$PY" -m pytest -q -p no:cacheprovider tests/test_nf4_gradients.py \
+    nf4_gradients) run_stage nf4_gradients env MEMALPHA_TEST_DEVICE=cuda \
+                     MEMALPHA_TEST_TOKENIZER="$TOKENIZER" "$PY" -m pytest -q -p no:cacheprovider \
+                     tests/test_nf4_gradients.py \
                      --junitxml="$RESULTS/nf4_gradients.xml" ;;
     scale) run_stage scale "$PY" experiments/bench_scale.py --device cuda --tokenizer "$TOKENIZER" \
              --out "$RESULTS/bench_scale.json" ;;

@@ -54,7 +54,14 @@ from memalpha.train.progress_bar import StepProgressBar
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = RESULTS_DIR / "gpu_fit_check.json"
-PERF_KEYS = ("perf/rollout_s", "perf/reader_s", "perf/rewards_s", "perf/ref_old_logprob_s", "perf/train_s", "step_s")
+PERF_KEYS = (
+    "perf/rollout_s",
+    "perf/reader_s",
+    "perf/rewards_s",
+    "perf/ref_old_logprob_s",
+    "perf/train_s",
+    "step_s",
+)
 """The module's logged timings of a step (``memalpha/train/module.py``, ``round_report.py``)."""
 
 
@@ -121,23 +128,37 @@ class StepRecorder(Callback):
             values = [row[key] for row in phases.values() if row[key] is not None]
             return max(values) if values else None
 
-        step = {"step": trainer.global_step, "seconds": seconds, "phases": phases, "logged": logged,
-                "peak_allocated_gib": peak("peak_allocated_gib"), "peak_reserved_gib": peak("peak_reserved_gib"),
-                "device_used_peak_gib": peak("device_used_peak_gib")}
+        step = {
+            "step": trainer.global_step,
+            "seconds": seconds,
+            "phases": phases,
+            "logged": logged,
+            "peak_allocated_gib": peak("peak_allocated_gib"),
+            "peak_reserved_gib": peak("peak_reserved_gib"),
+            "device_used_peak_gib": peak("device_used_peak_gib"),
+        }
         RUN.steps.append(step)
-        print(f"[gpu_fit_check] step {step['step']}: {seconds:.1f} s ("
-              + ", ".join(f"{name} {row['seconds']:.1f}" for name, row in phases.items()) + ")", flush=True)
+        print(
+            f"[gpu_fit_check] step {step['step']}: {seconds:.1f} s ("
+            + ", ".join(f"{name} {row['seconds']:.1f}" for name, row in phases.items())
+            + ")",
+            flush=True,
+        )
         RUN.write("running")
 
 
-def write_instances(folder: Path, tokenizer, *, count: int, chunks: int, chunk_tokens: int, seed: int) -> Path:
+def write_instances(
+    folder: Path, tokenizer, *, count: int, chunks: int, chunk_tokens: int, seed: int
+) -> Path:
     """Synthetic training instances whose chunks hold about ``chunk_tokens`` tokens each."""
     probe = generate_synthetic(1, split="train", seed=seed, num_chunks=1, chunk_words=400)[0]
     tokens_per_word = len(tokenizer(probe.chunks[0], add_special_tokens=False)["input_ids"]) / 400
     words = int(chunk_tokens / max(tokens_per_word, 0.5))
     instances = generate_synthetic(count, split="train", seed=seed, num_chunks=chunks, chunk_words=words)
     path = folder / "train.jsonl"
-    path.write_text("".join(json.dumps(instance.to_dict()) + "\n" for instance in instances), encoding="utf-8")
+    path.write_text(
+        "".join(json.dumps(instance.to_dict()) + "\n" for instance in instances), encoding="utf-8"
+    )
     return path
 
 
@@ -145,12 +166,18 @@ def shrink_for_cpu(config: dict[str, Any]) -> dict[str, Any]:
     """``--tiny``: the config's structure on a CPU in seconds (what changes is listed in the report)."""
     overrides = {
         "trainer": {"accelerator": "cpu", "enable_model_summary": False},
-        "model": {"lm": {"compute_dtype": "float32", "gradient_checkpointing": False},
-                  "rollout": {"group_size": 2, "max_new_tokens": 8, "max_prompt_tokens": 2048,
-                              "generation_batch_size": 2},
-                  "reader": {"max_new_tokens": 4, "batch_size": 2, "retrieval": {"prompt_tokens": 1024}},
-                  "update": {"micro_batch_size": 2},
-                  "optimizer": {"name": "adamw"}},
+        "model": {
+            "lm": {"compute_dtype": "float32", "gradient_checkpointing": False},
+            "rollout": {
+                "group_size": 2,
+                "max_new_tokens": 8,
+                "max_prompt_tokens": 2048,
+                "generation_batch_size": 2,
+            },
+            "reader": {"max_new_tokens": 4, "batch_size": 2, "retrieval": {"prompt_tokens": 1024}},
+            "update": {"micro_batch_size": 2},
+            "optimizer": {"name": "adamw"},
+        },
     }
     merge(config, overrides)
     return overrides
@@ -165,20 +192,26 @@ def merge(base: dict[str, Any], extra: dict[str, Any]) -> None:
             base[key] = value
 
 
-def fit_config(folder: Path, args: argparse.Namespace, train: Path, model_dir: Path) -> tuple[Path, dict[str, Any]]:
+def fit_config(
+    folder: Path, args: argparse.Namespace, train: Path, model_dir: Path
+) -> tuple[Path, dict[str, Any]]:
     """configs/qlora_4090.yaml with this check's overrides, written into ``folder``; returns its path
     and the overrides (for the report)."""
     config = yaml.safe_load((REPO_ROOT / "configs" / "qlora_4090.yaml").read_text(encoding="utf-8"))
-    overrides: dict[str, Any] = {"trainer": {"max_steps": args.steps, "limit_val_batches": 0},
-                                 "data": {"load": {"chunk_tokens": args.chunk_tokens},
-                                          "instances_per_step": args.instances}}
+    overrides: dict[str, Any] = {
+        "trainer": {"max_steps": args.steps, "limit_val_batches": 0},
+        "data": {"load": {"chunk_tokens": args.chunk_tokens}, "instances_per_step": args.instances},
+    }
     merge(config, overrides)
     if args.tiny:
         merge(overrides, shrink_for_cpu(config))
     trainer = config["trainer"]
     trainer["logger"]["init_args"]["save_dir"] = str(folder / "runs")
     trainer["callbacks"][0]["init_args"]["dirpath"] = str(folder / "checkpoints")
-    trainer["callbacks"] += [{"class_path": "gpu_fit_check.PhaseBar"}, {"class_path": "gpu_fit_check.StepRecorder"}]
+    trainer["callbacks"] += [
+        {"class_path": "gpu_fit_check.PhaseBar"},
+        {"class_path": "gpu_fit_check.StepRecorder"},
+    ]
     config["model"]["model"] = str(model_dir)
     config["data"]["train_path"] = str(train)
     path = folder / "qlora_4090_check.yaml"
@@ -188,12 +221,18 @@ def fit_config(folder: Path, args: argparse.Namespace, train: Path, model_dir: P
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--tokenizer", default="smollm2-135m-instruct", help="tokenizer folder or the embedded name")
+    parser.add_argument(
+        "--tokenizer", default="smollm2-135m-instruct", help="tokenizer folder or the embedded name"
+    )
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--instances", type=int, default=1, help="instances per step (the config: 4)")
     parser.add_argument("--chunks", type=int, default=1, help="chunks per instance")
-    parser.add_argument("--chunk-tokens", type=int, default=None,
-                        help="tokens per chunk (default 5000: prompts of ~6k; --tiny: 150)")
+    parser.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=None,
+        help="tokens per chunk (default 5000: prompts of ~6k; --tiny: 150)",
+    )
     parser.add_argument("--tiny", action="store_true", help="CPU: a tiny random model and a shrunk config")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     add_arguments(parser)
@@ -218,10 +257,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         torch.cuda.set_per_process_memory_fraction(min(1.0, GPU_CAP_BYTES / total))
     tokenizer = load_tokenizer(str(resolve_model_path(args.tokenizer)))
     shape = scaled_shape(0.03, len(tokenizer)) if args.tiny else QWEN3_4B
-    report: dict[str, Any] = {"benchmark": "gpu_fit_check", "command": command_line(), "tiny": args.tiny,
-                              "config": "configs/qlora_4090.yaml", "gpu_cap_gib": GPU_CAP_BYTES / 2**30,
-                              "instances_per_step": args.instances, "chunks": args.chunks,
-                              "chunk_tokens": args.chunk_tokens, "shape": shape}
+    report: dict[str, Any] = {
+        "benchmark": "gpu_fit_check",
+        "command": command_line(),
+        "tiny": args.tiny,
+        "config": "configs/qlora_4090.yaml",
+        "gpu_cap_gib": GPU_CAP_BYTES / 2**30,
+        "instances_per_step": args.instances,
+        "chunks": args.chunks,
+        "chunk_tokens": args.chunk_tokens,
+        "shape": shape,
+    }
     import gpu_fit_check  # the module the config's callbacks are imported from
 
     run = gpu_fit_check.RUN = FitRun(record, report, args.out, machine)
@@ -232,8 +278,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             report["base_parameters"] = build_random_model_dir(folder / "model", shape, tokenizer)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        train = write_instances(folder, tokenizer, count=args.instances * args.steps, chunks=args.chunks,
-                                chunk_tokens=args.chunk_tokens, seed=0)
+        train = write_instances(
+            folder,
+            tokenizer,
+            count=args.instances * args.steps,
+            chunks=args.chunks,
+            chunk_tokens=args.chunk_tokens,
+            seed=0,
+        )
         config_path, report["overrides"] = fit_config(folder, args, train, folder / "model")
         run.write("loading")
         record.clock.enter("load")  # ended by the first step's start
@@ -254,12 +306,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if status == "ok" and len(run.steps) < args.steps:
         status = "incomplete"
     path = run.write(status)
-    print_table(("step", "seconds", *(name for name in ("sampling", "reader", "update"))),
-                [[s["step"], s["seconds"], *(s["phases"].get(n, {}).get("seconds") for n in ("sampling", "reader",
-                                                                                          "update"))]
-                 for s in run.steps])
-    print(f"status: {status}; backends: " + ", ".join(
-        f"{who} {b['backend']} (captured {b['captured']})" for who, b in report["record"]["backends"].items()))
+    print_table(
+        ("step", "seconds", *(name for name in ("sampling", "reader", "update"))),
+        [
+            [
+                s["step"],
+                s["seconds"],
+                *(s["phases"].get(n, {}).get("seconds") for n in ("sampling", "reader", "update")),
+            ]
+            for s in run.steps
+        ],
+    )
+    print(
+        f"status: {status}; backends: "
+        + ", ".join(
+            f"{who} {b['backend']} (captured {b['captured']})"
+            for who, b in report["record"]["backends"].items()
+        )
+    )
     print(f"wrote {path}")
     if status != "ok":
         raise SystemExit(1)

@@ -33,9 +33,11 @@ from tree_state import REPO_ROOT, checked_state
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--allow-dirty``: run on a tree with uncommitted changes (recorded in the result)."""
-    parser.add_argument("--allow-dirty", action="store_true",
-                        help="run although the tree has uncommitted changes (recorded; the result is not "
-                             "tied to a commit)")
+    parser.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="run although the tree has uncommitted changes (recorded; the result is not tied to a commit)",
+    )
 
 
 def _version(package: str) -> str | None:
@@ -50,15 +52,26 @@ def environment() -> dict[str, Any]:
     import torch
 
     info: dict[str, Any] = {
-        "torch": torch.__version__, "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
-        "gpu": None, "gpu_memory_gib": None, "compute_capability": None, "cudnn": None,
-        "bitsandbytes": _version("bitsandbytes"), "transformers": _version("transformers"), "peft": _version("peft"),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "gpu": None,
+        "gpu_memory_gib": None,
+        "compute_capability": None,
+        "cudnn": None,
+        "bitsandbytes": _version("bitsandbytes"),
+        "transformers": _version("transformers"),
+        "peft": _version("peft"),
         "lightning": _version("lightning"),
     }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        info.update(gpu=props.name, gpu_memory_gib=props.total_memory / 2**30,
-                    compute_capability=f"{props.major}.{props.minor}", cudnn=torch.backends.cudnn.version())
+        info.update(
+            gpu=props.name,
+            gpu_memory_gib=props.total_memory / 2**30,
+            compute_capability=f"{props.major}.{props.minor}",
+            cudnn=torch.backends.cudnn.version(),
+        )
     return info
 
 

@@ -142,8 +142,11 @@ class PhaseClock:
             self._poller.stop()
         poller = self._poller
         entry = {
-            "phase": self.current, "step": self._step, "seconds": seconds,
-            "peak_allocated_gib": _gib(allocated), "peak_reserved_gib": _gib(reserved),
+            "phase": self.current,
+            "step": self._step,
+            "seconds": seconds,
+            "peak_allocated_gib": _gib(allocated),
+            "peak_reserved_gib": _gib(reserved),
             "device_used_peak_gib": _gib(poller.peak_used) if poller else None,
             "device_total_gib": _gib(poller.total) if poller else None,
             "polls": poller.samples if poller else 0,
@@ -171,8 +174,16 @@ class PhaseClock:
         for entry in self.entries:
             if step != "all" and entry["step"] != step:
                 continue
-            row = out.setdefault(entry["phase"], {"runs": 0, "seconds": 0.0, "peak_allocated_gib": None,
-                                                  "peak_reserved_gib": None, "device_used_peak_gib": None})
+            row = out.setdefault(
+                entry["phase"],
+                {
+                    "runs": 0,
+                    "seconds": 0.0,
+                    "peak_allocated_gib": None,
+                    "peak_reserved_gib": None,
+                    "device_used_peak_gib": None,
+                },
+            )
             row["runs"] += 1
             row["seconds"] += entry["seconds"]
             for key in ("peak_allocated_gib", "peak_reserved_gib", "device_used_peak_gib"):

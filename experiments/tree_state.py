@@ -46,8 +46,9 @@ class DirtyTree(SystemExit):
 
 
 def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=30,
-                          check=True).stdout
+    return subprocess.run(
+        ["git", *args], cwd=repo, capture_output=True, text=True, timeout=30, check=True
+    ).stdout
 
 
 def blob_hash(path: Path) -> str:
@@ -67,8 +68,13 @@ def from_git(repo: Path = REPO_ROOT) -> dict[str, Any] | None:
         return None
     lines = [line for line in status.splitlines() if line.strip()]
     changed = [line[3:] for line in lines if not line.startswith("??")]
-    return {"commit": commit, "dirty": bool(changed), "changed": changed,
-            "untracked": sum(line.startswith("??") for line in lines), "source": "git"}
+    return {
+        "commit": commit,
+        "dirty": bool(changed),
+        "changed": changed,
+        "untracked": sum(line.startswith("??") for line in lines),
+        "source": "git",
+    }
 
 
 def make_stamp(repo: Path = REPO_ROOT) -> dict[str, Any]:
@@ -96,8 +102,13 @@ def from_stamp(stamp: dict[str, Any], repo: Path = REPO_ROOT) -> dict[str, Any]:
             changed.append(path)
     if stamp.get("dirty"):
         changed = sorted(set(changed) | set(stamp.get("changed", [])))
-    return {"commit": stamp["commit"], "dirty": bool(changed), "changed": changed, "untracked": None,
-            "source": "stamp"}
+    return {
+        "commit": stamp["commit"],
+        "dirty": bool(changed),
+        "changed": changed,
+        "untracked": None,
+        "source": "stamp",
+    }
 
 
 def tree_state(repo: Path = REPO_ROOT, stamp_path: Path | None = None) -> dict[str, Any]:
@@ -115,14 +126,18 @@ def tree_state(repo: Path = REPO_ROOT, stamp_path: Path | None = None) -> dict[s
 def refusal(state: dict[str, Any]) -> str | None:
     """The one line a run that must start from a clean commit prints (None when it may start)."""
     if state["commit"] is None:
-        return ("refusing to run: the commit of this tree is unknown (no git and no .device/tree.json: run "
-                "`python experiments/tree_state.py stamp` before carrying it), or pass --allow-dirty")
+        return (
+            "refusing to run: the commit of this tree is unknown (no git and no .device/tree.json: run "
+            "`python experiments/tree_state.py stamp` before carrying it), or pass --allow-dirty"
+        )
     if state["dirty"]:
         shown = ", ".join(state["changed"][:SHOWN_CHANGES])
         more = len(state["changed"]) - SHOWN_CHANGES
-        return (f"refusing to run: the tree has uncommitted changes to {len(state['changed'])} file(s) "
-                f"({shown}{f', +{more} more' if more > 0 else ''}) on {state['commit'][:10]}; "
-                "commit them or pass --allow-dirty")
+        return (
+            f"refusing to run: the tree has uncommitted changes to {len(state['changed'])} file(s) "
+            f"({shown}{f', +{more} more' if more > 0 else ''}) on {state['commit'][:10]}; "
+            "commit them or pass --allow-dirty"
+        )
     return None
 
 
@@ -149,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     stamp.add_argument("--out", type=Path, default=STAMP)
     check = sub.add_parser("check", help="refuse (exit 3, one line) a dirty tree; write the state")
     check.add_argument("--allow-dirty", action="store_true", help="run anyway; recorded in every result")
-    check.add_argument("--out", type=Path, default=None, help="write the state here (for MEMALPHA_TREE_STATE)")
+    check.add_argument(
+        "--out", type=Path, default=None, help="write the state here (for MEMALPHA_TREE_STATE)"
+    )
     parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the checkout (default: this one)")
     args = parser.parse_args(argv)
     if args.command == "stamp":

@@ -21,8 +21,15 @@ TRANSFER_S = 60  # sending the tree and .device, bringing $OUT back
 def check(*args: str, **env: str) -> subprocess.CompletedProcess:
     environment = {key: value for key, value in os.environ.items() if key != "OUT"}
     environment.update(PYTHON=sys.executable, **env)
-    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=environment, capture_output=True,
-                          text=True, timeout=120, check=False)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def budget() -> dict[str, list[int]]:
@@ -60,8 +67,13 @@ def test_a_stage_past_its_limit_is_stopped_and_the_next_one_runs(tmp_path):
     sleeper = tmp_path / "sleeper.py"
     sleeper.write_text("import time\ntime.sleep(60)\n")
     results = tmp_path / "results"
-    done = check("--allow-dirty", GPU_CHECK_RESULTS=str(results), GPU_CHECK_STAGES="decode decode",
-                 GPU_CHECK_DECODE_CMD=str(sleeper), GPU_CHECK_LIMITS="decode=1")
+    done = check(
+        "--allow-dirty",
+        GPU_CHECK_RESULTS=str(results),
+        GPU_CHECK_STAGES="decode decode",
+        GPU_CHECK_DECODE_CMD=str(sleeper),
+        GPU_CHECK_LIMITS="decode=1",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [line.split("\t") for line in (results / "stages.tsv").read_text().splitlines()[1:]]
     assert [(r[0], r[1], r[3]) for r in rows] == [("decode", "124", "1"), ("decode", "124", "1")]
