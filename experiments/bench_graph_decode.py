@@ -1,8 +1,13 @@
-"""New tokens per second of memalpha's decoding loop and of the CUDA-graph backend, on a
-random-weight Qwen3 (Qwen3-4B's shapes by default), optionally NF4 with a LoRA adapter.
+"""New tokens per second of memalpha's decoding loop, of the CUDA-graph backend and of
+transformers' own static-cache ``generate``, on a random-weight Qwen3 (Qwen3-4B's shapes by
+default), optionally NF4 with a LoRA adapter; each beside its fraction of the bytes-read limit.
 
 Run on a GPU:  .venv/bin/python experiments/bench_graph_decode.py --device cuda --nf4
 Smoke on CPU:  .venv/bin/python experiments/bench_graph_decode.py --device cpu --tiny --nf4
+
+The shapes of issue 37: ``--rows 8 --prompt-tokens 1024``, ``--rows 32 --prompt-tokens 1024`` and
+``--rows 8 --prompt-tokens 6144 --max-new-tokens 2048``; ``--identical-prompts`` gives every row
+the same prompt (a GRPO group at chunk 1), which the loop and the graph backend prefill once.
 
 On an H100 the GPU run should take a minute or two (drawing and quantising the weights, the
 check, ``--loop-max-new-tokens`` 64 steps of the loop at ~150 ms, the graph's 256 steps);
@@ -17,12 +22,23 @@ weights) and the model is prepared as memalpha's policy loader prepares it
 (0: none) adds a LoRA adapter on every linear layer with B drawn (a fresh B is zero and would
 fold to nothing). The prompts are ``--rows`` random token sequences of ``--prompt-tokens``.
 
-Two paths, each sampling at temperature 1 with no end token (every row decodes in full):
+Three paths, each sampling at temperature 1 with no end token (every row decodes in full):
 
-* ``loop``  -- ``memalpha.lm.sampling.generation.generate``: memalpha's loop (:mod:`memalpha.lm.sampling.growing_cache`)
-               through PEFT's layers (4-bit bases dequantised at every step on a GPU);
+* ``loop``  -- ``memalpha.lm.sampling.generation.generate``: memalpha's loop
+               (:mod:`memalpha.lm.sampling.growing_cache`) through PEFT's layers (4-bit bases
+               dequantised at every step on a GPU);
 * ``graph`` -- :func:`memalpha.lm.sampling.graph_decode.sample`: dense weights folded once, a static
-               cache, the step captured as a CUDA graph on a GPU (eager on the CPU).
+               cache read in buckets of ``--bucket-columns`` (0: whole), the step captured as a
+               CUDA graph per bucket on a GPU (eager on the CPU);
+* ``hf-static`` -- ``model.generate(cache_implementation="static")``, which compiles its decoding
+               forward with ``torch.compile`` on CUDA (``--hf-compile off``: not), over the same
+               folded dense weights (``--hf-weights model``: through the model's own layers);
+               timed by the difference of two calls (:mod:`hf_static_decode`).
+
+Each result carries ``bytes_limit`` (:mod:`memalpha.lm.sampling.bytes_limit`): the bytes a step
+must read (dense weights in the compute dtype, plus the KV cache filled on average over the
+timed steps, in the embedding's dtype), the GPU's bandwidth (its table, or ``--bandwidth``), the
+shortest step that allows and the fraction of it the measured ms/step reaches.
 
 Decode tokens/s counts the tokens of whole decoding steps over their time, clocked the same way
 for both paths at the token picker (:class:`PickClock`: no prefill, no capture); total tokens/s
@@ -47,16 +63,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 from _common import command_line, machine_info, print_table, write_json
+from hf_static_decode import run_hf_static
 
 from memalpha.lm.core.folded_lora import is_four_bit
 from memalpha.lm.core.layout import pad_prompt_response
 from memalpha.lm.core.prefix_cache import split_decoder_and_head
 from memalpha.lm.sampling import generation, graph_decode
 from memalpha.lm.sampling import growing_cache as own_loop
+from memalpha.lm.sampling.bytes_limit import StepShape, bandwidth_for, limit_record
 from memalpha.lm.sampling.filters import next_tokens
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_graph_decode.json"
-PATHS = ("loop", "graph")
+PATHS = ("loop", "graph", "hf-static")
 NO_END = 10**9  # an end token no row emits
 
 QWEN3_4B = {
@@ -152,6 +170,11 @@ class PickClock:
             return 0.0, 0
         return self.stamps[-1] - self.stamps[1], len(self.stamps) - 2
 
+    def first_timed_filled(self, prompt_tokens: int) -> int:
+        """Cache columns after the first timed step: the third pick's forward ran at column
+        ``prompt_tokens + 1`` (the first came from the prefill)."""
+        return prompt_tokens + 2
+
 
 def run_loop(model, prompts, max_new_tokens: int, seed: int, device: torch.device) -> dict[str, Any]:
     """memalpha's ``generate``, its sampler clocked (``generation.next_tokens`` wrapped)."""
@@ -169,10 +192,13 @@ def run_loop(model, prompts, max_new_tokens: int, seed: int, device: torch.devic
         total = time.perf_counter() - start
     finally:
         generation.next_tokens = saved
-    return record(len(prompts), out.num_generated_tokens, total, clock, captured=None)
+    seconds, steps = clock.decode_seconds()
+    return record(len(prompts), out.num_generated_tokens, total, seconds, steps,
+                  clock.first_timed_filled(len(prompts[0])), captured=None)
 
 
-def run_graph(model, prompts, max_new_tokens: int, seed: int, device: torch.device, capture: bool | None):
+def run_graph(model, prompts, max_new_tokens: int, seed: int, device: torch.device, capture: bool | None,
+              bucket_columns: int | None = graph_decode.BUCKET_COLUMNS):
     """The CUDA-graph backend (the weights folded inside the call)."""
     stats: dict[str, Any] = {}
     clock = PickClock(lambda logits: next_tokens(logits, do_sample=True))
@@ -182,21 +208,54 @@ def run_graph(model, prompts, max_new_tokens: int, seed: int, device: torch.devi
         torch.manual_seed(seed)
         tokens, _ = graph_decode.sample(
             model, prompts, pad_id=0, max_new_tokens=max_new_tokens, eos_ids=[NO_END], pick=clock, capture=capture,
-            stats=stats,
+            stats=stats, bucket_columns=bucket_columns,
         )
     synchronise(device)
     total = time.perf_counter() - start
-    return record(len(prompts), sum(len(t) for t in tokens), total, clock, captured=stats["captured"],
-                  capture_s=stats["capture_s"], prefill_s=stats["prefill_s"])
-
-
-def record(rows: int, tokens: int, total: float, clock: PickClock, **extra) -> dict[str, Any]:
     seconds, steps = clock.decode_seconds()
+    return record(len(prompts), sum(len(t) for t in tokens), total, seconds, steps,
+                  clock.first_timed_filled(len(prompts[0])), captured=stats["captured"],
+                  capture_s=stats["capture_s"], prefill_s=stats["prefill_s"], graphs=len(stats["widths"]),
+                  bucket_columns=bucket_columns)
+
+
+def run_hf(model, prompts, max_new_tokens: int, seed: int, *, compile_decoding: bool, folded: bool):
+    """transformers' static-cache ``generate`` (:func:`hf_static_decode.run_hf_static`)."""
+    timing = run_hf_static(model, prompts, max_new_tokens, seed, compile_decoding=compile_decoding,
+                           folded=folded)
+    # the timed steps are the long call's forwards after the prefill: columns P + 1 .. P + N - 1 filled
+    return record(len(prompts), timing["tokens"], timing["total_s"], timing["decode_s"], timing["steps"],
+                  len(prompts[0]) + 1, captured=None, compiled=timing["compiled"],
+                  prefill_s=timing["prefill_s"], warmup_s=timing["warmup_s"], folded_weights=folded)
+
+
+def record(rows: int, tokens: int, total: float, seconds: float, steps: int, first_filled: int,
+           **extra) -> dict[str, Any]:
+    """One timed run: ``steps`` decoding steps took ``seconds``; the first of them left
+    ``first_filled`` columns in every row's cache (each later one a column more)."""
     return {
         "tokens": tokens, "total_s": total, "tokens_per_s": tokens / total, "timed_steps": steps,
         "decode_s": seconds, "decode_tokens_per_s": rows * steps / seconds if seconds > 0 else None,
-        "ms_per_step": 1000 * seconds / steps if steps else None, **extra,
+        "ms_per_step": 1000 * seconds / steps if steps and seconds > 0 else None,
+        "mean_filled_tokens": first_filled + (steps - 1) / 2 if steps else None, **extra,
     }
+
+
+def step_bytes_limit(model, result: dict[str, Any], rows: int, device: torch.device,
+                     bandwidth: float | None) -> dict[str, Any] | None:
+    """The bytes-read limit of a timed step of ``result`` and the fraction of it reached
+    (:func:`memalpha.lm.sampling.bytes_limit.limit_record`); None when nothing was timed."""
+    if not result["timed_steps"]:
+        return None
+    decoder, _, config = split_decoder_and_head(model)
+    weight_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # the folded copies'
+    kv_dtype = decoder.get_input_embeddings().weight.dtype  # the activations', hence the cache's
+    shape = StepShape.of_config(
+        config, weight_dtype_bytes=weight_dtype.itemsize, kv_dtype_bytes=kv_dtype.itemsize,
+        filled_tokens=result["mean_filled_tokens"], rows=rows,
+    )
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return limit_record(shape, bandwidth or bandwidth_for(name), result["ms_per_step"], name)
 
 
 def profile_graph_steps(model, prompts, steps: int, device: torch.device, top: int = 15) -> list[dict[str, Any]]:
@@ -275,7 +334,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lora-rank", type=int, default=32, help="LoRA rank on every linear layer (0: no adapter)")
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=1024)
-    parser.add_argument("--max-new-tokens", type=int, default=256, help="tokens per row for the graph path")
+    parser.add_argument("--max-new-tokens", type=int, default=256,
+                        help="tokens per row for the graph and hf-static paths")
     parser.add_argument("--loop-max-new-tokens", type=int, default=64,
                         help="tokens per row for the loop (~150 ms a step on an H100 at Qwen3-4B NF4)")
     parser.add_argument("--check-steps", type=int, default=16, help="teacher-forced steps compared (0: skip)")
@@ -289,6 +349,20 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="after timing, run this many graph steps eagerly under torch.profiler and report the "
                              "kernels that took the most device time (0: skip)")
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {','.join(PATHS)}")
+    parser.add_argument("--bucket-columns", type=int, default=graph_decode.BUCKET_COLUMNS,
+                        help="graph path: columns its attention span grows by (0: the whole static cache)")
+    parser.add_argument("--identical-prompts", action="store_true",
+                        help="every row the same prompt (a GRPO group at chunk 1): "
+                             "prefilled once by loop and graph")
+    parser.add_argument("--hf-compile", choices=("auto", "off"), default="auto",
+                        help="hf-static: auto lets transformers compile its decoding forward "
+                             "(it does on CUDA); off disables it")
+    parser.add_argument("--hf-weights", choices=("folded", "model"), default="folded",
+                        help="hf-static: folded runs over the graph path's dense bf16 copies "
+                             "(the same bytes); model through the model's own (4-bit, LoRA) layers")
+    parser.add_argument("--bandwidth", type=float, default=None,
+                        help="memory bandwidth in B/s for the bytes-read limit "
+                             "(default: the GPU's, from the table)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(RESULTS), help="JSON report path")
     args = parser.parse_args(argv)
@@ -299,8 +373,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("rows", "prompt_tokens", "max_new_tokens", "loop_max_new_tokens", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.bucket_columns < 0:
+        parser.error("--bucket-columns must be >= 0")
+    if "hf-static" in paths and args.max_new_tokens < 2:
+        parser.error("the hf-static path needs --max-new-tokens >= 2")
     args.paths = paths
     args.capture = {"auto": None, "on": True, "off": False}[args.capture]
+    args.bucket_columns = args.bucket_columns or None
     return args
 
 
@@ -316,6 +395,8 @@ def main(argv=None) -> dict[str, Any]:
     vocab = model.config.vocab_size
     generator = torch.Generator().manual_seed(args.seed)
     prompts = torch.randint(2, vocab, (args.rows, args.prompt_tokens), generator=generator).tolist()
+    if args.identical_prompts:
+        prompts = [prompts[0]] * args.rows
     refused = graph_decode.supports(model)
     print(f"[bench_graph_decode] model built in {build_s:.1f} s on {device}; "
           f"4-bit layers {sum(is_four_bit(m) for m in model.modules())}; graph backend: {refused or 'supported'}",
@@ -324,25 +405,35 @@ def main(argv=None) -> dict[str, Any]:
     for name, differences in check.items():
         print(f"[bench_graph_decode] teacher-forced logits, relative difference {name.replace('_', ' ')}: "
               f"max {max(differences):.3g}, per step {[float(f'{d:.3g}') for d in differences]}", flush=True)
-    tokens = {"loop": args.loop_max_new_tokens, "graph": args.max_new_tokens}
+    tokens = {"loop": args.loop_max_new_tokens, "graph": args.max_new_tokens,
+              "hf-static": args.max_new_tokens}
     records: dict[str, list[dict[str, Any]]] = {path: [] for path in args.paths}
     for repeat in range(args.repeats):
         for path in args.paths:
             seed = args.seed + repeat
             if path == "loop":
                 result = run_loop(model, prompts, tokens[path], seed, device)
+            elif path == "graph":
+                result = run_graph(model, prompts, tokens[path], seed, device, args.capture,
+                                   args.bucket_columns)
             else:
-                result = run_graph(model, prompts, tokens[path], seed, device, args.capture)
+                compiled = args.hf_compile == "auto"
+                result = run_hf(model, prompts, tokens[path], seed, compile_decoding=compiled,
+                                folded=args.hf_weights == "folded")
+            result["bytes_limit"] = step_bytes_limit(model, result, args.rows, device, args.bandwidth)
             records[path].append(result)
             print(f"[bench_graph_decode] repeat {repeat + 1}/{args.repeats} {path}: "
                   f"{result['decode_tokens_per_s'] or 0:.1f} new tokens/s decoding, {result['tokens_per_s']:.1f} overall",
                   flush=True)
     best = {path: max(recs, key=lambda r: r["decode_tokens_per_s"] or 0) for path, recs in records.items()}
     print_table(
-        ["path", "rows", "new tokens", "ms/step", "decode tok/s", "total s", "tok/s overall", "captured"],
+        ["path", "rows", "new tokens", "ms/step", "decode tok/s", "limit ms", "of limit", "total s",
+         "tok/s overall", "captured"],
         [
-            [path, args.rows, tokens[path], r["ms_per_step"], r["decode_tokens_per_s"], r["total_s"], r["tokens_per_s"],
-             str(r["captured"]) if r["captured"] is not None else "-"]
+            [path, args.rows, tokens[path], r["ms_per_step"], r["decode_tokens_per_s"],
+             (r["bytes_limit"] or {}).get("limit_ms_per_step") or "-",
+             (r["bytes_limit"] or {}).get("fraction") or "-",
+             r["total_s"], r["tokens_per_s"], str(r["captured"]) if r["captured"] is not None else "-"]
             for path, r in best.items()
         ],
         floats=1,
@@ -358,7 +449,10 @@ def main(argv=None) -> dict[str, Any]:
             "rows": args.rows, "prompt_tokens": args.prompt_tokens, "max_new_tokens": tokens,
             "capture": args.capture, "model_config": TINY if args.tiny else QWEN3_4B, "build_s": build_s,
             "backend_refusal": refused, "upcast_unquantised": args.upcast_unquantised == "on",
-            "profile_steps": args.profile_steps,
+            "profile_steps": args.profile_steps, "bucket_columns": args.bucket_columns,
+            "identical_prompts": args.identical_prompts, "hf_compile": args.hf_compile,
+            "hf_weights": args.hf_weights,
+            "bandwidth_Bps": args.bandwidth,
         },
         "profile_top_kernels": profile,
         "check_relative_difference": check,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -108,7 +109,7 @@ def test_bench_graph_decode_smoke_checks_and_times_both_paths(tmp_path, one_thre
     out = tmp_path / "bench_graph_decode.json"
     bench_graph_decode.main([
         "--device", "cpu", "--tiny", "--nf4", "--rows", "3", "--prompt-tokens", "24", "--max-new-tokens", "5",
-        "--loop-max-new-tokens", "5", "--check-steps", "4", "--out", str(out),
+        "--loop-max-new-tokens", "5", "--check-steps", "4", "--paths", "loop,graph", "--out", str(out),
     ])
     written = json.loads(out.read_text())
     assert set(written["best"]) == {"loop", "graph"} and written["settings"]["backend_refusal"] is None
@@ -121,6 +122,38 @@ def test_bench_graph_decode_smoke_checks_and_times_both_paths(tmp_path, one_thre
     assert generation.next_tokens is next_tokens
     with pytest.raises(SystemExit):
         bench_graph_decode.parse_args(["--paths", "loop,turbo"])
+
+
+def test_bench_graph_decode_smoke_times_hf_static_beside_ours_with_the_bytes_limit(tmp_path, one_thread):
+    """Issue 37's comparison at tiny sizes on the CPU: transformers' static-cache generate (not
+    compiled here) beside the loop and the bucketed graph, every row one prompt (prefilled once),
+    and each result's bytes-read limit computed from its shapes at the bandwidth given."""
+    from bench_graph_decode import TINY
+
+    from memalpha.lm.sampling.bytes_limit import StepShape
+
+    out = tmp_path / "bench_graph_decode.json"
+    bench_graph_decode.main([
+        "--device", "cpu", "--tiny", "--rows", "2", "--prompt-tokens", "16", "--max-new-tokens", "6",
+        "--loop-max-new-tokens", "4", "--check-steps", "0", "--bucket-columns", "4", "--identical-prompts",
+        "--bandwidth", "1e11", "--lora-rank", "4", "--out", str(out),
+    ])
+    written = json.loads(out.read_text())
+    assert set(written["best"]) == {"loop", "graph", "hf-static"}
+    settings = written["settings"]
+    assert settings["bucket_columns"] == 4 and settings["identical_prompts"]
+    assert settings["hf_weights"] == "folded"
+    graph, hf, loop = written["best"]["graph"], written["best"]["hf-static"], written["best"]["loop"]
+    assert graph["tokens"] == hf["tokens"] == 2 * 6 and loop["tokens"] == 2 * 4
+    assert graph["graphs"] == 2  # widths 20 (17 to 20 columns filled) and 22 (21 filled; the capacity)
+    assert hf["timed_steps"] == 5 and hf["compiled"] is False and hf["mean_filled_tokens"] == 16 + 1 + 2
+    assert graph["timed_steps"] == 4 and graph["mean_filled_tokens"] == 16 + 2 + 1.5
+    for result in (graph, loop):
+        limit = result["bytes_limit"]
+        shape = StepShape.of_config(SimpleNamespace(**TINY), weight_dtype_bytes=4, kv_dtype_bytes=4,
+                                    filled_tokens=result["mean_filled_tokens"], rows=2)
+        assert limit["bytes_read"] == shape.bytes_read and limit["bandwidth_Bps"] == 1e11
+        assert limit["fraction"] == pytest.approx(shape.limit_s(1e11) / (result["ms_per_step"] / 1000))
 
 
 def test_bench_update_smoke_times_the_four_paths_with_the_same_gradients(tmp_path, tokenizer, one_thread):
