@@ -185,10 +185,11 @@ def step_operators(model, tokenizer, prompts) -> set[str]:
     decoder, head, config = split_decoder_and_head(model.eval())
     batch = pad_prompt_response(prompts, [[] for _ in prompts], tokenizer.pad_token_id)
     with torch.no_grad(), folded_adapters(model, quantised=True):
-        fixed = graph_decode.FixedStep(decoder, head, config, batch, max_new_tokens=3)
+        fixed = graph_decode.FixedStep(decoder, head, config, batch, max_new_tokens=3, bucket_columns=4)
         fixed.advance(fixed.prefill().argmax(-1), None)
+        assert fixed.width() < fixed.capacity  # a bucket, not the whole cache
         with Operators() as operators:
-            fixed.step()
+            fixed.step(fixed.width())
         with Operators() as probe:  # the probe sees a host read when there is one
             torch.ones(1).item()
     assert "aten::_local_scalar_dense" in probe.seen
