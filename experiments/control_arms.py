@@ -63,6 +63,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, write_json
+from _compute import measured, stage_record, training_compute, validation_counts
 from control_arms_report import (
     INTERVALS,
     START,
@@ -175,12 +176,26 @@ def train_run(config_path: Path, config: dict[str, Any], log: Path, command: str
 
 
 def validate(run_dir: Path, val_yaml: Path, adapter: Path, version: str, reuse: bool) -> dict[str, Any]:
-    """``memalpha validate`` of ``adapter`` (kept when its report exists under ``--reuse``); its per-instance scores."""
+    """``memalpha validate`` of ``adapter`` (kept when its report exists under ``--reuse``; its wall and
+    CPU seconds recorded as the stage ``validate_<version>``); its per-instance scores."""
     report = run_dir / "validate" / version / "validation.json"
     if not (reuse and report.is_file()):
-        memalpha("validate", "--config", str(val_yaml), "--model.adapter_path", str(adapter),
-                 "--trainer.logger.init_args.version", version, log=run_dir / "logs" / f"validate_{version}.log")
+        with measured(run_dir, f"validate_{version}"):
+            memalpha("validate", "--config", str(val_yaml), "--model.adapter_path", str(adapter),
+                     "--trainer.logger.init_args.version", version, log=run_dir / "logs" / f"validate_{version}.log")
     return instance_values(load_records(report))
+
+
+def arm_compute(run_dir: Path, name: str, command: str) -> dict[str, Any]:
+    """The compute of the run ``name`` (:mod:`_compute`): ``train`` (its ``memalpha <command>``: optimiser
+    steps, training seconds, rollouts, tokens sampled and reader calls from its TensorBoard events, wall
+    and CPU seconds of the subprocess) and ``validate`` (its validation, when there is one)."""
+    out = {"train": stage_record(run_dir, f"{command}_{name}",
+                                 training_compute(run_dir / "arms" / name, sampled=command == "fit"))}
+    report = run_dir / "validate" / name / "validation.json"
+    if report.is_file():
+        out["validate"] = stage_record(run_dir, f"validate_{name}", validation_counts(load_records(report)))
+    return out
 
 
 def max_abs_change(before: Path, after: Path) -> float:
@@ -221,37 +236,49 @@ class Experiment:
         self.logs = self.run_dir / "logs"
         self.adapter = self.run_dir / "sft" / "adapter"
         self.base_fit, self.base_sft = load_yaml(args.config), load_yaml(args.sft_config)
-        self.val_yaml = write_yaml(validate_config(self.base_fit, self.run_dir, args), self.run_dir / "validate.yaml")
+        self.val_yaml = write_yaml(self.validation_config(), self.run_dir / "validate.yaml")
+        self.demos_yaml = self.val_yaml  # the config the demonstrations are drawn with (its data.seed)
         self.scores: dict[str, Any] = {START: None, "seeds": {}}
         self.runs: dict[str, dict[str, Any]] = {}
         self.train: dict[str, dict[str, dict[str, float]]] = {}
         self.machine = machine_info()
         self.started = time.perf_counter()
 
+    def validation_config(self) -> dict[str, Any]:
+        """The ``validate`` config every adapter is scored with (its ``data.seed`` sets the held-out set)."""
+        return validate_config(self.base_fit, self.run_dir, self.args)
+
+    def fit_config(self, seed: int, arm: str) -> dict[str, Any]:
+        """The ``fit`` config of a GRPO arm."""
+        return arm_fit_config(self.base_fit, self.run_dir, self.args, seed, arm)
+
     def start(self) -> None:
         """Demonstrations, the shared SFT start, and its validation."""
         args, run_dir = self.args, self.run_dir
         demos = run_dir / "demos"
         if not (args.reuse and (demos / "val.jsonl").is_file()):
-            memalpha("data", "demos", "--config", str(self.val_yaml), "--out", str(demos / "train.jsonl"),
-                     "--count", str(args.demos), log=self.logs / "demos_train.log")
-            memalpha("data", "demos", "--config", str(self.val_yaml), "--out", str(demos / "val.jsonl"),
-                     "--split", "test", "--count", "2", log=self.logs / "demos_val.log")
+            with measured(run_dir, "demos"):
+                memalpha("data", "demos", "--config", str(self.demos_yaml), "--out", str(demos / "train.jsonl"),
+                         "--count", str(args.demos), log=self.logs / "demos_train.log")
+                memalpha("data", "demos", "--config", str(self.demos_yaml), "--out", str(demos / "val.jsonl"),
+                         "--split", "test", "--count", "2", log=self.logs / "demos_val.log")
         if not (args.reuse and adapter_done(self.adapter)):
             config = sft_config(self.base_sft, run_dir, args.sft_steps)
             config["trainer"]["logger"] = logger(run_dir, "sft", START)  # one events folder, rerun or not
-            memalpha("sft", "--config", str(write_yaml(config, run_dir / "sft.yaml")), log=self.logs / "sft.log")
+            with measured(run_dir, f"sft_{START}"):
+                memalpha("sft", "--config", str(write_yaml(config, run_dir / "sft.yaml")), log=self.logs / "sft.log")
         self.sft_step_s = step_seconds(run_dir / "sft" / START)
         self.scores[START] = validate(run_dir, self.val_yaml, self.adapter, START, args.reuse)
         self.write()
 
     def grpo_arm(self, seed: int, arm: str) -> None:
         name = tag(seed, arm)
-        config = arm_fit_config(self.base_fit, self.run_dir, self.args, seed, arm)
+        config = self.fit_config(seed, arm)
         path = write_yaml(config, self.run_dir / f"{name}.yaml")
         folder = self.run_dir / "arms" / name
         if not (self.args.reuse and adapter_done(folder / "adapter")):
-            train_run(path, config, self.logs / f"fit_{name}.log", "fit")
+            with measured(self.run_dir, f"fit_{name}"):
+                train_run(path, config, self.logs / f"fit_{name}.log", "fit")
         self.train[name] = {t: {str(k): v for k, v in s.items()} for t, s in event_scalars(folder, TRAIN_TAGS).items()}
         self.runs[name] = {"train_s": sum(step_seconds(folder)), "steps": self.args.steps}
         if arm == "grpo_lr0":
@@ -265,14 +292,18 @@ class Experiment:
         path = write_yaml(config, self.run_dir / f"{name}.yaml")
         folder = self.run_dir / "arms" / name
         if not (self.args.reuse and adapter_done(folder / "adapter")):
-            train_run(path, config, self.logs / f"sft_{name}.log", "sft")
+            with measured(self.run_dir, f"sft_{name}"):
+                train_run(path, config, self.logs / f"sft_{name}.log", "sft")
         taken = step_seconds(folder)
         self.runs[name] = {"train_s": sum(taken), "steps": len(taken), "max_time_s": seconds}
         self.finish_arm(seed, "sft_continued", folder / "adapter")
 
     def finish_arm(self, seed: int, arm: str, adapter: Path) -> None:
+        """Validate the arm, record its compute (training and validation) and write both JSON files."""
+        name = tag(seed, arm)
         self.scores["seeds"].setdefault(str(seed), {})[arm] = validate(
-            self.run_dir, self.val_yaml, adapter, tag(seed, arm), self.args.reuse)
+            self.run_dir, self.val_yaml, adapter, name, self.args.reuse)
+        self.runs[name]["compute"] = arm_compute(self.run_dir, name, "sft" if arm == "sft_continued" else "fit")
         self.write()
 
     def write(self) -> dict[str, Any]:

@@ -225,29 +225,35 @@ def print_report(means: Mapping[str, Any], compared: Mapping[str, Any]) -> None:
 
 COMPUTE_FIELDS = {"train_s": "wall s", "steps": "optimiser steps"}
 """What a summary's ``runs`` record of each run's compute, and its column header."""
-NOT_RECORDED = ("CPU s", "rollouts sampled", "tokens sampled", "reader calls")
-"""Compute the summaries do not hold (issue 39 item 2): shown as not recorded, never estimated."""
+RECORDED_COMPUTE = {"cpu_s": "CPU s", "rollouts": "rollouts sampled", "tokens_sampled": "tokens sampled",
+                    "reader_calls": "reader calls"}
+"""The training compute a run's ``compute.train`` records (issue 39 item 2; :mod:`_compute`), and its
+column header; runs from before that record show it as not recorded, never estimated."""
 
 
 def run_compute(runs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """``[{"run", "seed", "arm", <COMPUTE_FIELDS present>}]`` from a summary's ``runs``
-    (``{"seed<N>_<arm>": {"train_s": ..., "steps": ...}}``), in the summary's order."""
+    """``[{"run", "seed", "arm", <COMPUTE_FIELDS present>, <RECORDED_COMPUTE present>}]`` from a
+    summary's ``runs`` (``{"seed<N>_<arm>": {"train_s": ..., "steps": ..., "compute": {"train": ...}}}``),
+    in the summary's order; a value the run did not record (absent or None) is left out."""
     out = []
     for name, record in runs.items():
         seed, _, arm = name.partition("_")
         entry: dict[str, Any] = {"run": name, "seed": int(seed.removeprefix("seed")), "arm": arm}
         entry.update({key: record[key] for key in COMPUTE_FIELDS if record.get(key) is not None})
+        train = (record.get("compute") or {}).get("train") or {}
+        entry.update({key: train[key] for key in RECORDED_COMPUTE if train.get(key) is not None})
         out.append(entry)
     return out
 
 
 def print_compute(runs: Mapping[str, Mapping[str, Any]]) -> None:
-    """Each run's compute as the summary records it; ``-`` where it does not."""
+    """Each run's compute as the summary records it; ``-`` or ``not recorded`` where it does not."""
     print("\ncompute of each run, as the summary records it (wall s: the sum of its logged step times,"
-          " training only)")
+          " training only; CPU s: its training subprocess)")
     rows = [[e["arm"], e["seed"], *[("-" if key not in e else f"{e[key]:.0f}") for key in COMPUTE_FIELDS],
-             *["not recorded"] * len(NOT_RECORDED)] for e in run_compute(runs)]
-    print_table(["arm", "seed", *COMPUTE_FIELDS.values(), *NOT_RECORDED], rows)
+             *[("not recorded" if key not in e else f"{e[key]:.0f}") for key in RECORDED_COMPUTE]]
+            for e in run_compute(runs)]
+    print_table(["arm", "seed", *COMPUTE_FIELDS.values(), *RECORDED_COMPUTE.values()], rows)
 
 
 def plot(means: Mapping[str, Any], compared: Mapping[str, Any], train: Mapping[str, Any], path: Path) -> None:

@@ -54,8 +54,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, write_json
+from _compute import measured
 from control_arms import (
     adapter_done,
+    arm_compute,
     arm_fit_config,
     step_seconds,
     tag,
@@ -147,13 +149,15 @@ def report(args: argparse.Namespace, run_dir: Path, val_yaml: Path, machine: dic
             name = tag(seed, arm)
             if arm not in arms and (run_dir / "validate" / name / "validation.json").is_file():
                 arms[arm] = validate(run_dir, val_yaml, adapter, name, True)
-                runs[name] = {"train_s": sum(step_seconds(run_dir / "arms" / name))}
+                runs[name] = {"train_s": sum(step_seconds(run_dir / "arms" / name)),
+                              "compute": arm_compute(run_dir, name, "sft" if arm == "sft_continued" else "fit")}
         name = tag(seed, f"lever_{lever}")
         folder = run_dir / "arms" / name
         arms[f"lever_{lever}"] = validate(run_dir, val_yaml, folder / "adapter", name, True)
         train[name] = {t: {str(k): v for k, v in s.items()} for t, s in event_scalars(folder, TRAIN_TAGS).items()}
         taken = step_seconds(folder)
-        runs[name] = {"train_s": sum(taken), "steps": len(taken), "settings": LEVERS[lever]}
+        runs[name] = {"train_s": sum(taken), "steps": len(taken), "settings": LEVERS[lever],
+                      "compute": arm_compute(run_dir, name, "fit")}
     scores_path = args.out.parent / args.out.stem / "instance_scores.json"
     write_json({"benchmark": "grpo_levers", **scores}, scores_path, machine=machine)
     result = {
@@ -188,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             path = write_yaml(config, run_dir / f"{name}.yaml")
             folder = run_dir / "arms" / name
             if not (args.reuse and adapter_done(folder / "adapter")):
-                train_run(path, config, run_dir / "logs" / f"fit_{name}.log", "fit")
+                with measured(run_dir, f"fit_{name}"):
+                    train_run(path, config, run_dir / "logs" / f"fit_{name}.log", "fit")
             validate(run_dir, val_yaml, folder / "adapter", name, args.reuse)
             result = report(args, run_dir, val_yaml, machine, started)  # after every run: a stopped one keeps the rest
     print_levers(result["comparisons"])

@@ -83,8 +83,12 @@ def load_yaml(path: Path) -> dict[str, Any]:
 
 
 def write_yaml(config: dict[str, Any], path: Path) -> Path:
+    """Write ``config`` atomically (a second experiment process rewriting the same config never shows a
+    half-written file to a running stage)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    os.replace(tmp, path)
     return path
 
 

@@ -23,7 +23,10 @@ def round_metrics(out: RolloutOutput, rewards: torch.Tensor, group_ids: torch.Te
     questions that scored 0 because the reader's answer or its judgement failed (after retries);
     ``reader/failed_calls`` every failed reader request of the round, content judgements included.
     ``train/fact_recall`` is the mean fact recall of the round's rollouts whose instance knows its
-    facts (:mod:`memalpha.agent.fact_recall`), and absent when none does.
+    facts (:mod:`memalpha.agent.fact_recall`), and absent when none does. The round's compute, for
+    experiments to sum over a run: ``perf/rollouts`` (rollouts), ``perf/turn_samples`` (chunk turns
+    sampled), ``perf/generated_tokens`` (tokens the policy sampled) and ``reader/questions``
+    (questions the reader answered, one reader request each).
     """
     samples, records = out.samples, out.records
     zero_std = []
@@ -55,6 +58,10 @@ def round_metrics(out: RolloutOutput, rewards: torch.Tensor, group_ids: torch.Te
         "perf/rewards_s": out.rewards_s,
         "perf/gen_tokens_per_s": out.generated_tokens / out.rollout_s if out.rollout_s > 0 else 0.0,
         "perf/rollout_total_s": out.rollout_s + out.reader_s,
+        "perf/rollouts": float(len(records)),
+        "perf/turn_samples": float(len(samples)),
+        "perf/generated_tokens": float(out.generated_tokens),
+        "reader/questions": float(sum(len(r.questions) for r in records)),
     }
 
 
