@@ -1,0 +1,141 @@
+"""The pre-registered decisive experiment's pure parts (experiments/decisive.py, decisive_report.py): the
+verdict rule on every side of its thresholds, the guard, the t interval over seeds it reads against a
+hand-computed one, the arms' configs and held-out set, and the --check rebuild on small made-up files."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
+
+from decisive_report import GUARD_LIMIT, decide, guard, main, rebuild, verdict_of
+
+REPO = Path(__file__).resolve().parent.parent
+T4 = 2.776445  # the 0.975 quantile of Student's t with 4 degrees of freedom
+
+
+@pytest.mark.parametrize(("low", "high", "guard_passed", "expected"), [
+    (0.01, 0.2, True, "GRPO beats"),
+    (0.01, 0.2, False, "not shown"),  # above 0 but the guard fails
+    (0.0, 0.2, True, "not shown"),  # touching 0 is holding it
+    (-0.1, 0.2, True, "not shown"),
+    (-0.2, -0.01, True, "GRPO is worse"),
+    (-0.2, -0.01, False, "GRPO is worse"),
+    (-0.2, 0.0, True, "not shown"),
+])
+def test_the_rule_maps_the_interval_to_exactly_one_verdict(low, high, guard_passed, expected):
+    assert verdict_of({"low": low, "high": high}, guard_passed, complete=True) == expected
+    assert verdict_of({"low": low, "high": high}, guard_passed, complete=False) == "pending"
+
+
+def run(accuracy: list[float], share: float) -> dict:
+    """A made-up InstanceScores of one source over instances i0, i1, ..."""
+    return {"s": {f"i{k}": {"accuracy": v, "fact_recall": v, "tool_success": 1.0, "memory_share": share}
+                  for k, v in enumerate(accuracy)}}
+
+
+def scores(changes: list[float], share: float = 0.3) -> dict:
+    """Seeds 0.. whose grpo run is its sft_continued run plus ``changes[seed]`` on both instances."""
+    base = [0.25, 0.5]
+    return {"start": run(base, 0.3), "seeds": {
+        str(s): {"grpo": run([b + c for b in base], share), "sft_continued": run(base, 0.3)}
+        for s, c in enumerate(changes)}}
+
+
+def test_decide_reads_the_t_interval_over_the_seeds_mean_changes():
+    changes = [0.1, 0.2, 0.05, 0.15, 0.1]
+    decision = decide(scores(changes), [0, 1, 2, 3, 4])
+    mean = sum(changes) / 5
+    sd = math.sqrt(sum((c - mean) ** 2 for c in changes) / 4)
+    t = decision["t_over_seeds"]
+    assert t["mean"] == pytest.approx(mean) and t["low"] == pytest.approx(mean - T4 * sd / math.sqrt(5), abs=1e-6)
+    assert decision["verdict"] == "GRPO beats" and decision["seeds_done"] == [0, 1, 2, 3, 4]
+    assert decide(scores([0.1, -0.2, 0.05, 0.15, 0.1]), [0, 1, 2, 3, 4])["verdict"] == "not shown"
+    assert decide(scores([-0.1, -0.2, -0.05, -0.15, -0.1]), [0, 1, 2, 3, 4])["verdict"] == "GRPO is worse"
+    assert decide(scores(changes[:4]), [0, 1, 2, 3, 4])["verdict"] == "pending"  # seed 4 missing
+
+
+def test_a_policy_that_copies_its_input_fails_the_guard_and_cannot_win():
+    copying = scores([0.1, 0.2, 0.05, 0.15, 0.1], share=0.9)
+    held = guard(copying)
+    assert not held["passed"] and held["per_seed"]["0"] == pytest.approx(0.9) and held["limit"] == GUARD_LIMIT
+    assert decide(copying, [0, 1, 2, 3, 4])["verdict"] == "not shown"
+    assert guard(scores([0.1, 0.2], share=0.5))["passed"]  # at the limit passes
+
+
+def test_memory_share_is_memory_over_input_tokens_per_instance():
+    from decisive import guarded_values
+
+    records = [{"data_source": "s", "instance_id": "a", "memory_tokens": 30, "chunk_tokens": 120, "r3": 0.0,
+                "turns": [{"results": [{"status": "ok"}], "reward": 1.0}], "questions": [{"score": 1.0, "gold": "x"}],
+                "memory": {}}]
+    values = guarded_values(records)
+    assert values["s"]["a"]["memory_share"] == pytest.approx(0.25) and values["s"]["a"]["accuracy"] == 1.0
+
+
+def test_arm_configs_use_the_recipe_its_own_stream_and_the_new_held_out_set(tmp_path, capsys):
+    from decisive import Decisive, parse_args, recipe_config
+
+    from memalpha.cli import main as memalpha
+
+    args = parse_args(["--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "out.json"), "--reuse"])
+    experiment = Decisive(args)
+    config = recipe_config(experiment, 3)
+    assert config["model"]["reader"]["kind"] == "extractive" and config["data"]["instances_per_step"] == 4
+    assert config["data"]["seed"] == 3913 and config["seed_everything"] == 3 and config["model"]["seed"] == 3
+    assert config["model"]["adapter_path"] == str(tmp_path / "run" / "sft" / "adapter")
+    assert config["trainer"]["max_steps"] == 8 and config["trainer"]["limit_val_batches"] == 0
+    held_out = yaml.safe_load(experiment.val_yaml.read_text())
+    assert held_out["data"]["seed"] == 3900 and held_out["data"]["synthetic"]["val"] == 96
+    assert held_out["data"]["synthetic"]["questions"] == 4 and held_out["model"]["reader"]["kind"] == "local"
+    assert yaml.safe_load(experiment.demos_yaml.read_text())["data"]["seed"] == 0  # the control arms' demos
+    path = tmp_path / "a.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(SystemExit) as done:
+        memalpha(["fit", "--config", str(path), "--print_config"])
+    assert done.value.code in (0, None)
+    assert yaml.safe_load(capsys.readouterr().out)["data"]["seed"] == 3913
+
+
+def test_the_held_out_seed_must_be_new(tmp_path):
+    from decisive import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--val-data-seed", "3912"])
+    with pytest.raises(SystemExit):
+        parse_args(["--val-data-seed", "0"])
+
+
+def test_scores_are_collected_from_every_validation_in_the_folder(tmp_path):
+    from decisive import collect_scores
+
+    record = {"data_source": "s", "instance_id": "a", "memory_tokens": 10, "chunk_tokens": 100, "r3": 0.0,
+              "turns": [], "questions": [{"score": 0.0, "gold": "x"}], "memory": {}}
+    for name in ("start", "seed0_grpo", "seed0_sft_continued", "seed4_grpo"):
+        (tmp_path / "validate" / name).mkdir(parents=True)
+        (tmp_path / "validate" / name / "validation.json").write_text(json.dumps({"records": [record]}))
+    found = collect_scores(tmp_path, [0, 1])
+    assert found["start"]["s"]["a"]["memory_share"] == pytest.approx(0.1)
+    assert set(found["seeds"]) == {"0", "4"} and set(found["seeds"]["0"]) == {"grpo", "sft_continued"}
+
+
+def test_check_passes_on_its_own_summary_and_fails_on_a_changed_number(tmp_path, capsys):
+    made_up = scores([0.1, 0.2, 0.05, 0.15, 0.1])
+    path = tmp_path / "scores.json"
+    path.write_text(json.dumps(made_up))
+    summary = {"settings": {"seeds": [0, 1, 2, 3, 4]}, **rebuild(made_up, [0, 1, 2, 3, 4])}
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(summary))
+    assert main(["--scores", str(path), "--summary", str(good), "--check"]) == 0
+    assert "verdict" in capsys.readouterr().out
+    summary["decision"]["verdict"] = "not shown"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(summary))
+    assert main(["--scores", str(path), "--summary", str(bad), "--check"]) == 1
+    assert main(["--scores", str(path), "--summary", str(tmp_path / "missing.json"), "--check"]) == 1
