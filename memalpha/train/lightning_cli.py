@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -33,6 +32,7 @@ from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
 
+from memalpha.train.known_warnings import silence_known_warnings
 from memalpha.train.profiles import PROFILES, ProfileName, profile_named
 
 _MOVED = {
@@ -121,6 +121,28 @@ def _config_files(args: list[str]) -> list[str]:
         elif arg.startswith("--config="):
             files.append(arg.split("=", 1)[1])
     return files
+
+
+def check_config_syntax(args: list[str]) -> None:
+    """Raise ``ValueError`` naming the file, line and column of the first config file in ``args``
+    that is not valid YAML (jsonargparse's own message names only ``"<unicode string>"``)."""
+    import yaml
+
+    for path in _config_files(args):
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError:
+            continue  # the CLI itself reports a missing or unreadable file
+        try:
+            yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+            context = getattr(error, "context", None)
+            raise ValueError(
+                f"{path}{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
+            ) from None
 
 
 def check_renamed_keys(args: list[str], groups: tuple[str, ...] = ("model", "data")) -> None:
@@ -216,6 +238,13 @@ class MemAlphaCLI(LightningCLI):
         super().__init__(*args, **kwargs)
 
     def parse_arguments(self, parser, args) -> None:
+        if args is None or isinstance(args, list):
+            given = list(sys.argv[1:] if args is None else args)
+            try:
+                check_config_syntax(given)
+            except ValueError as exc:
+                command = "sft" if isinstance(self, SFTCLI) else (given[0] if given else "")
+                raise SystemExit(f"memalpha {command}: error: {exc}") from None
         if self.renamed_key_sections and (args is None or isinstance(args, list)):
             check_renamed_keys(list(sys.argv[1:] if args is None else args), self.renamed_key_sections)
         if self.takes_profile and (args is None or isinstance(args, list)):
@@ -349,23 +378,6 @@ def run_cli(prog: str, cli_class: type[MemAlphaCLI], *args: Any, **kwargs: Any) 
         if debugging():
             raise
         raise SystemExit(f"{prog}: error: {exc}") from None
-
-
-def silence_known_warnings() -> None:
-    """Hide Lightning warnings that do not apply to memalpha's modules.
-
-    ``ModelCheckpoint`` with manual optimisation warns (with a code listing) on every save that
-    the checkpoint holds the weights *after* the step's optimiser update. That is what memalpha
-    wants: the checkpoint of step N holds the weights after N updates and resumes at step N
-    (the resume tests check it).
-
-    ``LightningCLI`` warns when it gets explicit ``args`` while ``sys.argv`` holds arguments too.
-    ``memalpha sft`` (its arguments behind ``fit``), ``memalpha demo`` and Python callers pass
-    explicit arguments on purpose, and ``sys.argv`` must stay whole: Lightning's DDP launcher
-    starts the other ranks by running the same command line again.
-    """
-    warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
-    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run from within Python")
 
 
 def run_lightning_cli(args: list[str] | None = None) -> MemAlphaCLI:
