@@ -17,11 +17,14 @@
 #   fit            `memalpha fit --config configs/qlora_4090.yaml` for 2 steps, reader included, on a
 #                  random-weight Qwen3-4B, one ~6k-token prompt per turn (experiments/gpu_fit_check.py):
 #                  each step's phases with their seconds and peaks, written after every step    item 3
-#   decode         the decoding measurements: $DECODE_CMD (experiments/bench_graph_decode.py)
+#   decode         the cuda-graph sampler at 8 rows after 6,144-token prompts, 2,048 new tokens, and its
+#                  fraction of the bytes-read limit: $DECODE_CMD (experiments/bench_graph_decode.py)  issue 37
 #   nf4_gradients  QLoRA gradients on the GPU before/after sampling and against the dequantised weights
 #                  (tests/test_nf4_gradients.py on cuda)
 #   scale          (only when named) one GRPO step at the config's full sizes without the reader
 #                  (experiments/bench_scale.py); the fit covers what it showed, at the config's sizes
+#   decode_hf      (only when named) transformers' generate with its static cache and torch.compile, the
+#                  growing-cache loop and cuda-graph at 8 rows after 1,024-token prompts     issue 37 item 4
 #
 #   bash experiments/gpu_check.sh [--allow-dirty] [--dry-run] [--print-budget]
 #     --dry-run       every check and stage's bookkeeping, each stage's command printed, not run
@@ -34,14 +37,19 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 RESULTS=${GPU_CHECK_RESULTS:-experiments/results/gpu}
-# The decoding measurements, run by the stage's python (bench_graph_decode.py is being rewritten: its
-# exact arguments go here).
+# The decoding measurement that decides issue 37: the cuda-graph sampler (length-bucketed attention)
+# at the recipe's shape, 8 rows after 6,144-token prompts, 2,048 new tokens, bf16 layout, with its
+# bytes-read-limit fraction. decode_hf (only when named) puts transformers' static cache + compile
+# and the growing-cache loop beside it at 8 rows after 1,024-token prompts.
 DECODE_CMD=${GPU_CHECK_DECODE_CMD:-"experiments/bench_graph_decode.py --device cuda --nf4 --rows 8 \
-  --upcast-unquantised off --loop-max-new-tokens 32 --check-steps 4 --profile-steps 8 \
-  --out $RESULTS/bench_graph_decode_bf16.json"}
+  --upcast-unquantised off --prompt-tokens 6144 --max-new-tokens 2048 --paths graph --check-steps 4 \
+  --out $RESULTS/bench_graph_decode_8x6144.json"}
+DECODE_HF_CMD="experiments/bench_graph_decode.py --device cuda --nf4 --rows 8 --upcast-unquantised off \
+  --prompt-tokens 1024 --max-new-tokens 256 --loop-max-new-tokens 32 --paths loop,graph,hf-static \
+  --check-steps 0 --out $RESULTS/bench_graph_decode_8x1024.json"
 
 DEFAULT_STAGES="fit decode nf4_gradients"
-declare -A LIMIT=([fit]=270 [decode]=90 [nf4_gradients]=45 [scale]=150)  # seconds, each stage's own
+declare -A LIMIT=([fit]=270 [decode]=90 [nf4_gradients]=45 [scale]=150 [decode_hf]=150)  # seconds, each stage's own
 START_S=45   # installing .device's wheels, the CUDA line and the tree check, before the first stage
 PACK_S=5     # packing the results into $OUT after each stage
 BUDGET_S=480 # 8 minutes: the whole run, well under one 600-second call
@@ -107,13 +115,14 @@ for stage in $STAGES; do
     fit) run_stage fit "$PY" experiments/gpu_fit_check.py --tokenizer "$TOKENIZER" --chunks 1 \
            --out "$RESULTS/gpu_fit_check.json" ;;
     decode) run_stage decode "$PY" $DECODE_CMD ;;
+    decode_hf) run_stage decode_hf "$PY" $DECODE_HF_CMD ;;
     nf4_gradients) run_stage nf4_gradients env MEMALPHA_TEST_DEVICE=cuda \
                      MEMALPHA_TEST_TOKENIZER="$TOKENIZER" "$PY" -m pytest -q -p no:cacheprovider \
                      tests/test_nf4_gradients.py \
                      --junitxml="$RESULTS/nf4_gradients.xml" ;;
     scale) run_stage scale "$PY" experiments/bench_scale.py --device cuda --tokenizer "$TOKENIZER" \
              --out "$RESULTS/bench_scale.json" ;;
-    *) echo "unknown stage $stage (choose from: fit decode nf4_gradients scale)"; exit 2 ;;
+    *) echo "unknown stage $stage (choose from: fit decode nf4_gradients scale decode_hf)"; exit 2 ;;
   esac
 done
 cat "$RESULTS/stages.tsv"
