@@ -39,21 +39,32 @@ def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0
     return scores
 
 
-def draw(probs: torch.Tensor) -> torch.Tensor:
+def draw(probs: torch.Tensor, uniform: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row of ``[B, V]`` probabilities (rows need not sum to 1), by inverting the
-    cumulative sum with a uniform variate from the global RNG. A token of probability 0 is never drawn;
-    a row holding NaN gets the last id (a valid token: the caller's non-finite checks catch such a model)."""
+    cumulative sum with a uniform variate per row: ``uniform`` ``[B, 1]`` when given (drawn
+    beforehand, as the captured sampler of :mod:`memalpha.lm.sampling.graph_decode` draws them),
+    else one from the global RNG. A token of probability 0 is never drawn; a row holding NaN
+    gets the last id (a valid token: the caller's non-finite checks catch such a model)."""
     cdf = probs.cumsum(dim=-1)
     total = cdf[:, -1:]
-    target = torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device) * total
+    if uniform is None:
+        uniform = torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device)
+    target = uniform * total
     target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, target, right=True).clamp_(max=probs.shape[-1] - 1).squeeze(-1)
 
 
 def next_tokens(
-    logits: torch.Tensor, *, do_sample: bool, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+    logits: torch.Tensor,
+    *,
+    do_sample: bool,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    uniform: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``[B]`` next tokens: the argmax when not sampling, else a draw from the filtered softmax."""
+    """``[B]`` next tokens: the argmax when not sampling, else a draw from the filtered softmax
+    (with ``uniform``'s variates when given: :func:`draw`)."""
     if not do_sample:
         return logits.argmax(dim=-1)
-    return draw(filter_logits(logits, temperature, top_k, top_p).softmax(dim=-1))
+    return draw(filter_logits(logits, temperature, top_k, top_p).softmax(dim=-1), uniform)

@@ -98,11 +98,12 @@ class Responses:
         self.live = list(range(rows))
         self.eos = {int(token) for token in eos_ids}
 
-    def add(self, picked: torch.Tensor) -> list[int]:
-        """Append each live row's token of ``picked`` ``[live]``; returns the slots (positions
-        among the live rows) of the rows that go on."""
+    def add(self, picked: torch.Tensor | list[int]) -> list[int]:
+        """Append each live row's token of ``picked`` ``[live]`` (a tensor, or a list already read
+        to the host); returns the slots (positions among the live rows) of the rows that go on."""
         keep = []
-        for slot, (row, token) in enumerate(zip(self.live, picked.tolist())):
+        tokens = picked.tolist() if isinstance(picked, torch.Tensor) else picked
+        for slot, (row, token) in enumerate(zip(self.live, tokens)):
             self.tokens[row].append(token)
             if token in self.eos:
                 self.truncated[row] = False
