@@ -35,19 +35,23 @@ NEVER = 10_000  # an end token no row emits
 
 
 def graph_sample(model, tokenizer, prompts, *, max_new_tokens, eos_token_id, do_sample=True, seed=None,
-                 bucket_columns=graph_decode.BUCKET_COLUMNS, share_prefix=True, **filters):
+                 bucket_columns=graph_decode.BUCKET_COLUMNS, share_prefix=True, in_graph=False,
+                 eos_check_steps=graph_decode.EOS_CHECK_STEPS, stats=None, **filters):
     """The backend on ``prompts`` with :func:`generate`'s arguments: seeded the way ``generate``
-    seeds (a forked global RNG), drawing through the same :func:`next_tokens`."""
+    seeds (a forked global RNG), drawing through the same :func:`next_tokens`: on the host after
+    every step, or with ``in_graph`` inside the step (:class:`graph_decode.Sampling`)."""
 
     def pick(logits):
         return next_tokens(logits, do_sample=do_sample, **filters)
 
+    how = {"sampling": graph_decode.Sampling(do_sample, **filters)} if in_graph else {"pick": pick}
     with torch.random.fork_rng(enabled=seed is not None):
         if seed is not None:
             torch.manual_seed(seed)
         return graph_decode.sample(
             model, prompts, pad_id=tokenizer.pad_token_id, max_new_tokens=max_new_tokens, eos_ids=[eos_token_id],
-            pick=pick, bucket_columns=bucket_columns, share_prefix=share_prefix,
+            bucket_columns=bucket_columns, share_prefix=share_prefix, eos_check_steps=eos_check_steps,
+            stats=stats, **how,
         )
 
 
@@ -101,13 +105,14 @@ def test_seeded_samples_equal_memalphas_loop_while_rows_end(peaked_policy):
     assert ours == theirs.response_ids and cut == theirs.truncated
 
 
-def test_sampled_tokens_follow_the_models_distribution(small_vocab_model_dir):
+@pytest.mark.parametrize("in_graph", [False, True], ids=["host", "in-graph"])
+def test_sampled_tokens_follow_the_models_distribution(small_vocab_model_dir, in_graph):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(small_vocab_model_dir, dtype=torch.float64).eval()
     tokenizer = AutoTokenizer.from_pretrained(small_vocab_model_dir)
     ours, _ = graph_sample(model, tokenizer, [SAMPLING_PROMPT] * SAMPLING_ROWS, max_new_tokens=2, seed=0,
-                           eos_token_id=NEVER, **SAMPLING_FILTERS)
+                           eos_token_id=NEVER, in_graph=in_graph, **SAMPLING_FILTERS)
     assert_follows_the_models_distribution(model, torch.tensor(ours))
 
 
@@ -168,9 +173,17 @@ HOST_READS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_uni
 output by its data: a CUDA graph cannot capture them."""
 
 
-def step_operators(model, tokenizer, prompts) -> set[str]:
-    """``namespace::name`` of every operator one decoding step of ``model`` runs (after the prefill),
-    inside the backend's dense weights."""
+RANDOM_DRAWS = {"uniform_", "rand", "rand_like", "randint", "random_", "normal_", "randn", "bernoulli",
+                "bernoulli_", "multinomial", "exponential_"}
+"""Operators that advance an RNG's state: a captured step must run none (its variates come in a buffer)."""
+
+IN_GRAPH_FILTERS = {"temperature": 1.3, "top_k": 40, "top_p": 0.9}
+
+
+def step_operators(model, tokenizer, prompts, in_graph: bool = False) -> set[str]:
+    """``namespace::name`` of every operator one decoding step of ``model`` runs (after the prefill
+    and a first step), inside the backend's dense weights; with ``in_graph`` the step that also
+    filters, draws and feeds its tokens (:class:`graph_decode.InGraphSampler`)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Operators(TorchDispatchMode):
@@ -186,25 +199,39 @@ def step_operators(model, tokenizer, prompts) -> set[str]:
     batch = pad_prompt_response(prompts, [[] for _ in prompts], tokenizer.pad_token_id)
     with torch.no_grad(), folded_adapters(model, quantised=True):
         fixed = graph_decode.FixedStep(decoder, head, config, batch, max_new_tokens=3, bucket_columns=4)
-        fixed.advance(fixed.prefill().argmax(-1), None)
+        if in_graph:
+            fixed.prefill_columns()
+            sampling = graph_decode.Sampling(True, **IN_GRAPH_FILTERS)
+            sampler = graph_decode.InGraphSampler(fixed, sampling, [NEVER], chunk=3)
+            sampler.begin()
+            sampler.step(fixed.width())
+            fixed.filled += 1
+            step = sampler.step
+        else:
+            fixed.advance(fixed.prefill().argmax(-1), None)
+            step = fixed.step
         assert fixed.width() < fixed.capacity  # a bucket, not the whole cache
         with Operators() as operators:
-            fixed.step(fixed.width())
+            step(fixed.width())
         with Operators() as probe:  # the probe sees a host read when there is one
             torch.ones(1).item()
     assert "aten::_local_scalar_dense" in probe.seen
     return operators.seen
 
 
-@pytest.mark.parametrize("which", ["float64", "nf4"])
+@pytest.mark.parametrize("which", ["float64", "nf4", "float64-in-graph"])
 def test_the_step_never_reads_a_tensor_on_the_host_nor_runs_a_4bit_kernel(which, peaked_policy, nf4_policy):
     """What capture needs, checked on the CPU: no operator of the step waits for the device or
-    sizes a tensor by its data, and with NF4 layers none dequantises (the dense copies serve)."""
-    model, tokenizer = peaked_policy if which == "float64" else nf4_policy
-    seen = step_operators(model, tokenizer, PROMPTS)
+    sizes a tensor by its data, and with NF4 layers none dequantises (the dense copies serve).
+    The step that samples inside the graph filters and draws without touching an RNG."""
+    model, tokenizer = nf4_policy if which == "nf4" else peaked_policy
+    seen = step_operators(model, tokenizer, PROMPTS, in_graph=which.endswith("in-graph"))
     assert "aten::index_copy_" in seen and seen & {"aten::mm", "aten::addmm", "aten::bmm"}
     assert not {name for name in seen if name.split("::")[1] in HOST_READS}
     assert not {name for name in seen if name.startswith("bitsandbytes::")}
+    assert not {name for name in seen if name.split("::")[1] in RANDOM_DRAWS}
+    if which.endswith("in-graph"):  # the filters and the draw ran inside the step
+        assert {"aten::topk", "aten::sort", "aten::searchsorted"} <= seen
 
 
 def test_a_shared_prefix_layout_gives_the_same_tokens(peaked_policy):
@@ -344,6 +371,195 @@ def test_buckets_and_shared_prompts_keep_seeded_samples_and_generates_tokens(pea
     assert ours == theirs.response_ids and cut == theirs.truncated
     graph = generate(model, tokenizer, prompts, backend="cuda-graph", fold_adapters=True, **kwargs)
     assert graph.response_ids == theirs.response_ids and graph.truncated == theirs.truncated
+
+
+# ----------------------------------------------------------------------------- sampling inside the graph
+
+
+@pytest.mark.parametrize("eos_check_steps", [1, 3, graph_decode.EOS_CHECK_STEPS])
+def test_in_graph_greedy_tokens_equal_the_growing_cache_loops_while_rows_end_apart(peaked_policy,
+                                                                                   eos_check_steps):
+    """Rows that end keep running inside a chunk; their tokens after the end are cut on the host."""
+    model, tokenizer = peaked_policy
+    end = early_end_token(model, tokenizer, PROMPTS, others_from=1, all_others=False)
+    kwargs = {"max_new_tokens": 10, "do_sample": False, "eos_token_id": end}
+    ours, cut = graph_sample(model, tokenizer, PROMPTS, in_graph=True, eos_check_steps=eos_check_steps,
+                             bucket_columns=4, **kwargs)
+    theirs = generate(model, tokenizer, PROMPTS, backend="growing-cache", **kwargs)
+    assert ours == theirs.response_ids and cut == theirs.truncated
+    lengths = [len(r) for r in ours]
+    assert min(lengths) < max(lengths) == 10 and ours[0][-1] == end
+
+
+@pytest.mark.parametrize("eos_check_steps", [1, 3, 5, graph_decode.EOS_CHECK_STEPS])
+def test_in_graph_seeded_samples_equal_the_growing_cache_loops_while_rows_end(peaked_policy, eos_check_steps):
+    """The live rows take the variates the reference loop draws for them, across chunks whose
+    variates were drawn before the rows ended: the same tokens, seeded, rows ending or not."""
+    model, tokenizer = peaked_policy
+    prompts = PROMPTS[:2] * 2 + PROMPTS[2:]
+    kwargs = {"max_new_tokens": 14, "seed": 7, **IN_GRAPH_FILTERS}
+    kwargs["eos_token_id"] = sampled_end_token(model, tokenizer, prompts, kwargs)
+    stats: dict = {}
+    ours, cut = graph_sample(model, tokenizer, prompts, in_graph=True, eos_check_steps=eos_check_steps,
+                             bucket_columns=3, stats=stats, **kwargs)
+    theirs = generate(model, tokenizer, prompts, backend="growing-cache", **kwargs)
+    assert ours == theirs.response_ids and cut == theirs.truncated
+    lengths = [len(r) for r in ours]
+    assert min(lengths) < 6 and max(lengths) == 14, "some rows should end early, some never"
+    assert stats["host_reads"] == -(-14 // eos_check_steps) and stats["steps"] == 14
+
+
+def sampled_end_token(model, tokenizer, prompts, kwargs) -> int:
+    """A token that row 0 samples (seeded by ``kwargs``) at its second to fifth step, and half the
+    rows or more never sample: as the end token it makes some rows end early and others run out."""
+    free = generate(model, tokenizer, prompts, eos_token_id=NEVER, backend="growing-cache", **kwargs)
+    rows = free.response_ids
+    for step in range(1, 5):
+        token = rows[0][step]
+        if token not in rows[0][:step] and sum(token not in row for row in rows) >= len(rows) // 2:
+            return token
+    pytest.fail("the seeded rows share every early token of row 0: pick another seed")
+
+
+def test_variates_hand_the_live_rows_the_stream_the_reference_draws():
+    """Rows dying mid-chunk: every step's variates for the live rows are the next ones of the
+    global stream, as ``torch.rand((live, 1))`` per step gives them to the reference loop."""
+    alive_by_step = [[1, 1, 1, 1], [1, 0, 1, 1], [1, 0, 1, 1], [0, 0, 1, 1], [0, 0, 1, 0], [0, 0, 1, 0],
+                     [0, 0, 0, 0], [0, 0, 0, 0]]
+    chunk = 3
+    torch.manual_seed(11)
+    variates = graph_decode.Variates(chunk * 4, torch.float64, torch.device("cpu"))
+    ours = []
+    for first in range(0, len(alive_by_step), chunk):
+        variates.refill()
+        spent = 0
+        for alive in alive_by_step[first : first + chunk]:
+            alive = torch.tensor(alive, dtype=torch.bool)
+            ours.append(variates.take(alive)[alive])
+            spent += int(alive.sum())
+        variates.spent = spent
+    torch.manual_seed(11)
+    expected = [torch.rand((sum(alive), 1), dtype=torch.float64) for alive in alive_by_step]
+    for step, (a, b) in enumerate(zip(ours, expected)):
+        assert torch.equal(a, b), f"variates of step {step}"
+
+
+@pytest.mark.parametrize("filters", [{}, {"temperature": 0.7}, {"top_k": 3}, {"top_p": 0.6},
+                                     {"temperature": 1.3, "top_k": 5, "top_p": 0.8}])
+def test_in_graph_pick_equals_the_filters_on_the_same_logits(filters):
+    """Same logits (ties included), same variates: the tokens of :func:`next_tokens`, float64."""
+    logits = torch.randn((64, 30), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    logits[:, 7] = logits[:, 3]  # a tie at every row
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        expected = next_tokens(logits, do_sample=True, **filters)
+        torch.manual_seed(1)
+        ours = graph_decode.Sampling(True, **filters).pick(logits, torch.rand((64, 1), dtype=torch.float64))
+    assert torch.equal(ours, expected) and len(set(ours.tolist())) > 1
+    assert torch.equal(graph_decode.Sampling(False).pick(logits, None), logits.argmax(-1))
+
+
+class HostReads:
+    """Counts the reads of tensor data on the host while open: ``tolist`` and ``numpy`` calls and
+    the dispatched operators of :data:`HOST_READS` (``item``, ``bool``, ``nonzero``, ...)."""
+
+    def __init__(self, monkeypatch):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        self.count = 0
+        counter = self
+
+        class Dispatched(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                counter.count += func.overloadpacket.__name__ in HOST_READS
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Dispatched()
+        for name in ("tolist", "numpy"):
+            original = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, self._counted(original))
+
+    def _counted(self, original):
+        def read(tensor, *args, **kwargs):
+            self.count += 1
+            return original(tensor, *args, **kwargs)
+
+        return read
+
+    def __enter__(self):
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.mode.__exit__(*exc)
+
+
+def test_in_graph_sampling_reads_the_host_once_a_chunk_not_once_a_token(peaked_policy, monkeypatch):
+    """Host syncs per generated token, counted over the whole decoding (prefill included): one
+    a chunk of ``eos_check_steps`` steps when the step samples, one a token when the host picks."""
+    model, tokenizer = peaked_policy
+    decoder, head, config = split_decoder_and_head(model.eval())
+    batch = pad_prompt_response(PROMPTS, [[] for _ in PROMPTS], tokenizer.pad_token_id)
+    tokens, chunk = 24, 8
+    limits = {"max_new_tokens": tokens, "eos_ids": [NEVER], "bucket_columns": 4}
+    counts, stats = {}, {}
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(0)
+        for how, choice in [("host", {"pick": lambda logits: next_tokens(logits, do_sample=True)}),
+                            ("in-graph", {"sampling": graph_decode.Sampling(), "eos_check_steps": chunk})]:
+            with HostReads(monkeypatch) as reads:
+                generated, _ = graph_decode.decode(decoder, head, config, batch, stats=stats, **choice, **limits)
+            assert all(len(row) == tokens for row in generated)
+            counts[how] = reads.count / tokens
+            assert stats["host_reads"] == reads.count, how
+    assert counts["host"] >= 1
+    assert counts["in-graph"] == 1 / chunk
+
+
+def test_a_capture_puts_back_what_the_warm_up_advanced(monkeypatch):
+    """The warm-up really runs the step, which advances its own buffers when it samples in the
+    graph; the capture copies them back, so the first replay is the step's first run. CUDA is
+    faked: a stream API that does nothing and a graph that records the step and replays it."""
+    from contextlib import contextmanager
+
+    capturing = []
+
+    class Graph:
+        def replay(self):
+            self.output.copy_(self.step())
+
+    @contextmanager
+    def graph(recorded, **kwargs):
+        capturing.append(True)
+        yield
+        capturing.pop()
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextmanager(lambda: (yield))())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    counter = torch.zeros(1)
+
+    def step():
+        if not capturing:  # a capture records the kernels without running them
+            counter.add_(1)
+        return counter.clone()
+
+    replayed = graph_decode.ReplayedStep(step, capture=True, warmup=2, state=[counter])
+    original_record = replayed._record
+
+    def record():
+        original_record()
+        replayed.graph.step = step
+        replayed.graph.output = replayed.output
+
+    replayed._record = record
+    assert replayed().tolist() == [1.0] and replayed().tolist() == [2.0] and replayed.captured
 
 
 # ----------------------------------------------------------------------------- dense weights

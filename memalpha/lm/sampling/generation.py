@@ -173,9 +173,11 @@ def generate(
         if choice == "cpu-fused":
             cache, prompt_of_row = distinct_prompt_cache(decoder, padded, chunk, prefix, dedupe=share_prefix)
             return fused_decode(fused, padded, cache, prompt_of_row, **limits)
-        if choice == "cuda-graph":
+        if choice == "cuda-graph":  # the step draws inside the graph, with these filters
+            in_graph = graph_decode.Sampling(do_sample, temperature, top_k, top_p)
             return graph_decode.decode(
-                decoder, head, model_config, padded, prefix=prefix, prompt_of_row=prompt_of_row, **limits
+                decoder, head, model_config, padded, prefix=prefix, prompt_of_row=prompt_of_row,
+                max_new_tokens=max_new_tokens, eos_ids=eos_ids, sampling=in_graph,
             )
         if choice == "growing-cache":
             cache = prompt_cache(decoder, padded, chunk, prefix) if share_prefix else None

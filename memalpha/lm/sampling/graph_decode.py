@@ -18,12 +18,19 @@ dequantising every NF4 weight again at every token: ~150 ms a step. This backend
   launch instead of thousands (:class:`ReplayedStep`). On the CPU the same step runs eagerly,
   which is how the tests check the whole loop without a GPU.
 
-The draw happens outside the graph: the step's output is the ``[B, V]`` logits (float32, as the
-other loops give them to ``pick``), and :func:`memalpha.lm.sampling.filters.next_tokens` (through the
-caller's ``pick``) filters and draws for the live rows only, in their order. That keeps the
-random stream the one :func:`memalpha.lm.sampling.growing_cache.decode` consumes (one variate per live row per
-step), so a seeded call samples the same tokens as the reference loop up to float rounding,
-and it keeps the graph free of random-number state.
+The draw happens inside the graph (``sampling``, :class:`InGraphSampler`): after the ``[B, V]``
+logits (float32, as the other loops give them to ``pick``; float64 for a float64 model) the
+step filters and draws with :func:`memalpha.lm.sampling.filters.next_tokens` itself, writes the
+tokens to a ``[chunk, B]`` buffer and feeds them to the next step, so no token goes to the host
+between steps. The host reads the buffer once every :data:`EOS_CHECK_STEPS` steps, cuts each
+row after its first end token and stops when every row has ended; rows that ended keep running
+until then, harmlessly. The uniform variates come from the global RNG outside the graph, a
+chunk's worth at a time, into a fixed buffer the step reads (:class:`Variates`): the graph holds
+no random-number state, and the live rows take the variates in the order the reference loop
+draws them (one per live row per step), so on the CPU a seeded call samples the tokens of
+:func:`memalpha.lm.sampling.growing_cache.decode` up to float rounding, rows ending or not. The
+first form of the backend, the draw on the host after every step through the caller's ``pick``
+(one host read a token), stays selectable (``pick=``) as the reference of the tests.
 
 A step attends over a **bucket** of the static cache, not the whole of it: its first ``width``
 columns, ``width`` the filled length rounded up to a multiple of ``bucket_columns``
@@ -53,6 +60,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -71,6 +79,7 @@ from memalpha.lm.core.prefix_cache import (
     split_decoder_and_head,
     unique_rows,
 )
+from memalpha.lm.sampling.filters import next_tokens
 from memalpha.lm.sampling.growing_cache import Responses
 
 BACKEND = "cuda-graph"
@@ -82,6 +91,13 @@ MASKED_ATTENTION = ("sdpa", "eager", IMPLEMENTATION)
 BUCKET_COLUMNS = 256
 """Columns by which a step's attention span grows (:func:`bucket_width`): few enough graphs per
 call (one per bucket) and at most 255 unfilled columns read a step."""
+
+EOS_CHECK_STEPS = 16
+"""Decoding steps between two host reads when the step samples inside the graph
+(:class:`InGraphSampler`): the host reads the chunk's ``[steps, B]`` tokens once, checks for
+end-of-sequence tokens and cuts what rows drew after theirs. A row that ended keeps running
+(at most ``EOS_CHECK_STEPS - 1`` wasted steps once every row has ended, 1/16 of a host read a
+token)."""
 
 
 def bucket_width(filled: int, bucket_columns: int | None, capacity: int) -> int:
@@ -238,12 +254,19 @@ class ReplayedStep:
 
     A replay rewrites the tensor the capture returned, so read it before the next call. The
     warm-up runs really execute ``step``: it must be idempotent for buffers that do not change
-    between calls (a step writing its cache column is: it writes the same values again).
+    between calls (a step writing its cache column is: it writes the same values again), and
+    the buffers it advances itself (``state``: the in-graph sampler's tokens, positions and
+    counters) are copied before the warm-up and put back after it, so the replay that follows
+    the capture is the step's first real run.
     ``capture=None`` captures and, if capture fails, warns and runs eagerly (``captured`` says
     which); ``capture=True`` lets the failure raise."""
 
-    def __init__(self, step: Callable[[], torch.Tensor], capture: bool | None, warmup: int = 2):
+    def __init__(
+        self, step: Callable[[], torch.Tensor], capture: bool | None, warmup: int = 2,
+        state: Sequence[torch.Tensor] = (),
+    ):
         self.step = step
+        self.state = tuple(state)
         self.strict = capture is True
         self.capture = capture is not False
         self.warmup = warmup
@@ -265,10 +288,15 @@ class ReplayedStep:
         try:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(self.warmup):
-                    self.step()
-            torch.cuda.current_stream().wait_stream(side)
+            saved = [tensor.clone() for tensor in self.state]
+            try:
+                with torch.cuda.stream(side):
+                    for _ in range(self.warmup):
+                        self.step()
+            finally:
+                torch.cuda.current_stream().wait_stream(side)
+                for tensor, copy in zip(self.state, saved):
+                    tensor.copy_(copy)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 output = self.step()
@@ -293,8 +321,11 @@ class BucketedSteps:
     closed then, and one graph at a time holds memory. After one failed capture under
     ``capture=None`` the later widths run eagerly without trying again."""
 
-    def __init__(self, step: Callable[[int], torch.Tensor], capture: bool | None):
+    def __init__(
+        self, step: Callable[[int], torch.Tensor], capture: bool | None, state: Sequence[torch.Tensor] = ()
+    ):
         self.step = step
+        self.state = tuple(state)
         self.capture = capture
         self.width: int | None = None
         self.current: ReplayedStep | None = None
@@ -305,7 +336,7 @@ class BucketedSteps:
     def __call__(self, width: int) -> torch.Tensor:
         if width != self.width:
             self.close()
-            self.current = ReplayedStep(partial(self.step, width), self.capture)
+            self.current = ReplayedStep(partial(self.step, width), self.capture, state=self.state)
             self.width = width
             self.widths.append(width)
         output = self.current()
@@ -372,6 +403,14 @@ class FixedStep:
         appearance; None: every row its own) says which rows hold the same prompt, whose columns
         ``[L, P - 1)`` run once and are copied to the others. The last prompt column then runs as
         a step (:meth:`forward`) for every row."""
+        self.prefill_columns(prefix, prompt_of_row)
+        return self.forward(self.width())
+
+    def prefill_columns(
+        self, prefix: SharedPrefix | None = None, prompt_of_row: Sequence[int] | None = None
+    ) -> None:
+        """:meth:`prefill` but the last prompt column: the cache holds columns ``[0, P - 1)``
+        after it, and the first decoding step runs the last prompt column."""
         rows = self.tokens.shape[0]
         first = first_rows(range(rows) if prompt_of_row is None else prompt_of_row)
         stop = self.prompt_width - 1  # the columns before the last
@@ -389,7 +428,6 @@ class FixedStep:
             owner = torch.tensor(list(prompt_of_row), device=self.span.device)  # room row = distinct prompt
             self.cache.fill(stop, [(layer.key_buffer[owner], layer.value_buffer[owner])
                                    for layer in room.layers])
-        return self.forward(self.width())
 
     def _prefill_rows(self, room: FixedCache, first: list[int], start: int, stop: int) -> None:
         """Run columns ``[start, stop)`` of the batch's ``first`` rows into ``room`` (which holds
@@ -434,6 +472,120 @@ class FixedStep:
         self.column.add_(1)
         self.filled += 1
 
+    def feed(self, picked: torch.Tensor) -> None:
+        """Feed every row's token of ``picked`` ``[B]`` to the next step, one column further, on
+        the device only (inside a captured step); the caller counts ``filled`` on the host."""
+        self.tokens.copy_(picked[:, None])
+        self.positions.add_(1)
+        self.column.add_(1)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the step picks its tokens inside the graph: greedy, or a draw after temperature,
+    top-k and top-p, the rules and code of :func:`memalpha.lm.sampling.filters.next_tokens`
+    (which :meth:`pick` calls), only with the uniform variates handed in."""
+
+    do_sample: bool = True
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def pick(self, logits: torch.Tensor, uniform: torch.Tensor | None) -> torch.Tensor:
+        """``[B]`` tokens of ``[B, V]`` logits, drawing with ``uniform`` ``[B, 1]`` when sampling."""
+        return next_tokens(
+            logits, do_sample=self.do_sample, temperature=self.temperature, top_k=self.top_k,
+            top_p=self.top_p, uniform=uniform,
+        )
+
+
+class Variates:
+    """The uniform variates a captured step draws with, taken from the global RNG outside it.
+
+    ``buffer`` holds the next ``size`` variates of the global stream (one chunk's worth: every
+    row at every step). At each step the live rows take the next ones in row order and
+    ``used`` (a device counter) moves past them, so the rows consume the stream exactly as
+    :func:`~memalpha.lm.sampling.filters.draw` does in the reference loop, which draws
+    ``torch.rand(live, 1)`` per step for the live rows only. Between chunks :meth:`refill`
+    shifts the unused variates to the front and draws as many new ones as were used: on the CPU
+    a seeded call then samples the reference loop's tokens, rows ending or not."""
+
+    def __init__(self, size: int, dtype: torch.dtype, device: torch.device):
+        self.buffer = torch.zeros(size, dtype=dtype, device=device)
+        self.used = torch.zeros((), dtype=torch.long, device=device)
+        self.spent = size  # host count of the front variates already used: all, before the first draw
+
+    def refill(self) -> None:
+        """Outside the graph, before a chunk: drop the variates the last chunk used (``spent``,
+        which the host counts from the tokens it read) and draw as many new ones behind the rest."""
+        kept = self.buffer.numel() - self.spent
+        if kept:
+            self.buffer[:kept] = self.buffer[self.spent :].clone()
+        self.buffer[kept:].uniform_()
+        self.used.zero_()
+        self.spent = 0
+
+    def take(self, alive: torch.Tensor) -> torch.Tensor:
+        """Inside the graph: ``[B, 1]`` variates, the next one for each row where ``alive``; the
+        rows that ended get an arbitrary one, which nothing keeps."""
+        order = (alive.cumsum(0) - 1 + self.used).clamp_(0, self.buffer.numel() - 1)
+        self.used.add_(alive.sum())
+        return self.buffer.index_select(0, order)[:, None]
+
+
+class InGraphSampler:
+    """The part of a decoding step after the logits, inside the captured graph: pick every row's
+    token (:class:`Sampling`), write it to ``history`` at ``slot`` (the step within the chunk),
+    mark the rows that drew an end token no longer ``alive`` and feed the tokens to the next
+    step. Nothing here reads the device from the host: :meth:`read` does, once a chunk of
+    :data:`EOS_CHECK_STEPS` steps, and cuts every row after its first end token."""
+
+    def __init__(self, fixed: FixedStep, sampling: Sampling, eos_ids: Sequence[int], chunk: int):
+        rows, device = fixed.tokens.shape[0], fixed.tokens.device
+        self.fixed, self.sampling, self.chunk = fixed, sampling, chunk
+        self.eos = torch.tensor(sorted({int(t) for t in eos_ids}), dtype=torch.long, device=device)
+        self.history = torch.zeros((chunk, rows), dtype=torch.long, device=device)
+        self.slot = torch.zeros(1, dtype=torch.long, device=device)
+        self.alive = torch.ones(rows, dtype=torch.bool, device=device)
+        dtype = score_dtype(fixed.dtype)
+        self.variates = Variates(chunk * rows, dtype, device) if sampling.do_sample else None
+
+    def state(self) -> list[torch.Tensor]:
+        """The buffers a step advances (what a capture's warm-up must put back)."""
+        fixed = self.fixed
+        moving = [fixed.tokens, fixed.positions, fixed.column, self.history, self.slot, self.alive]
+        return moving + ([self.variates.used] if self.variates is not None else [])
+
+    def step(self, width: int) -> torch.Tensor:
+        """One capturable step: the logits over ``width`` columns, the picked ``[B]`` tokens."""
+        logits = self.fixed.forward(width)
+        uniform = self.variates.take(self.alive) if self.variates is not None else None
+        picked = self.sampling.pick(logits, uniform.to(logits.dtype) if uniform is not None else None)
+        self.history.index_copy_(0, self.slot, picked[None])
+        self.alive &= (picked[:, None] != self.eos).all(-1)
+        self.slot.add_(1)
+        self.fixed.feed(picked)
+        return picked
+
+    def begin(self) -> None:
+        """Outside the graph, before a chunk: back to its first slot, new variates for the used."""
+        self.slot.zero_()
+        if self.variates is not None:
+            self.variates.refill()
+
+    def read(self, steps: int, responses: Responses) -> None:
+        """The one host read of a chunk of ``steps`` steps: append each live row's tokens to
+        ``responses`` up to its end token, and count the variates the live rows used (one per
+        live row per step, as :meth:`Variates.take` counts them)."""
+        used = 0
+        for tokens in self.history[:steps].tolist():
+            if not responses.live:
+                break
+            used += len(responses.live)
+            responses.keep_only(responses.add([tokens[row] for row in responses.live]))
+        if self.variates is not None:
+            self.variates.spent = used
+
 
 def decode(
     decoder,
@@ -443,24 +595,33 @@ def decode(
     *,
     max_new_tokens: int,
     eos_ids: Sequence[int],
-    pick: Callable[[torch.Tensor], torch.Tensor],
+    pick: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    sampling: Sampling | None = None,
     capture: bool | None = None,
     stats: dict | None = None,
     bucket_columns: int | None = BUCKET_COLUMNS,
     prefix: SharedPrefix | None = None,
     prompt_of_row: Sequence[int] | None = None,
+    eos_check_steps: int = EOS_CHECK_STEPS,
 ) -> tuple[list[list[int]], list[bool]]:
     """New tokens for every row of ``batch`` (laid out by :func:`memalpha.lm.core.layout.pad_prompt_response`,
     any shared prefix included), as :func:`memalpha.lm.sampling.growing_cache.decode` returns them: each row's
     tokens up to and including its first end-of-sequence token, and whether it ran out of
-    ``max_new_tokens`` without one. ``pick`` maps ``[live, V]`` logits (float32; float64 for a
-    float64 model) to ``[live]`` token ids.
+    ``max_new_tokens`` without one.
+
+    Pass one of ``sampling`` or ``pick``. With ``sampling`` (:class:`Sampling`) the step picks
+    the tokens itself, inside the graph, and the host reads them once every ``eos_check_steps``
+    steps (:class:`InGraphSampler`); seeded, it draws the variates the reference loop draws.
+    With ``pick`` the step ends at the logits and the host picks after every step, the first
+    form of this backend: ``pick`` maps ``[live, V]`` logits (float32; float64 for a float64
+    model) to ``[live]`` token ids.
 
     ``capture`` None captures the step on CUDA (falling back to eager with a warning if the
     capture fails) and runs it eagerly elsewhere; True insists on capturing, False never
     captures. ``stats``, when given, receives ``captured``, ``prefill_s``, ``decode_s`` (the
     token loop, capture included), ``capture_s`` (all widths' captures), ``steps`` (forwards
-    after the prefill) and ``widths`` (the attention widths the steps used, one graph each).
+    after the prefill), ``widths`` (the attention widths the steps used, one graph each) and
+    ``host_reads`` (the times the loop read the tokens back to the host).
     ``bucket_columns`` sets those widths (:func:`bucket_width`; None: the whole static cache).
     ``prefix`` and ``prompt_of_row`` (:func:`prompt_sharing`) prefill each distinct prompt once
     (:meth:`FixedStep.prefill`). Call under ``torch.no_grad()``, in eval mode (dropout cannot be
@@ -469,41 +630,83 @@ def decode(
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if (pick is None) == (sampling is None):
+        raise ValueError("pass exactly one of pick (picked on the host) and sampling (picked in the graph)")
+    if eos_check_steps < 1:
+        raise ValueError(f"eos_check_steps must be >= 1, got {eos_check_steps}")
     if any(module.training for module in decoder.modules()):
         raise ValueError("graph decoding runs in eval mode: dropout in training mode cannot be replayed")
     on_cuda = batch.input_ids.device.type == "cuda"
     if capture and not on_cuda:
         raise ValueError("capture=True needs the batch on a CUDA device")
     fixed = FixedStep(decoder, head, config, batch, max_new_tokens, bucket_columns)
-    runner = BucketedSteps(fixed.step, capture if on_cuda else False)
     responses = Responses(batch.input_ids.shape[0], eos_ids)
     start = time.perf_counter()
-    logits = fixed.prefill(prefix, prompt_of_row)
+    if sampling is None:
+        logits = fixed.prefill(prefix, prompt_of_row)
+        runner = BucketedSteps(fixed.step, capture if on_cuda else False)
+    else:
+        fixed.prefill_columns(prefix, prompt_of_row)
+        sampler = InGraphSampler(fixed, sampling, eos_ids, min(eos_check_steps, max_new_tokens))
+        runner = BucketedSteps(sampler.step, capture if on_cuda else False, state=sampler.state())
     if on_cuda:
         torch.cuda.synchronize(batch.input_ids.device)  # once, so that prefill_s is the prefill's
     loop_start = time.perf_counter()
-    rows: torch.Tensor | None = None  # the live rows' indices; None while every row is live
-    steps = 0
     try:
-        for step in range(max_new_tokens):
-            picked = pick(logits if rows is None else logits[rows])
-            keep = responses.add(picked)
-            if not keep or step == max_new_tokens - 1:
-                break
-            fixed.advance(picked, rows)
-            if len(keep) < len(responses.live):
-                responses.keep_only(keep)
-                rows = torch.tensor(responses.live, device=batch.input_ids.device)
-            logits = runner(fixed.width())
-            steps += 1
+        if sampling is None:
+            steps, reads = _picked_on_the_host(fixed, runner, responses, logits, max_new_tokens, pick)
+        else:
+            steps, reads = _picked_in_the_graph(fixed, runner, responses, sampler, max_new_tokens)
     finally:
         runner.close()
     if stats is not None:  # the loop ends on a host read of the tokens: its time is the device's too
         stats.update(
             captured=runner.captured, prefill_s=loop_start - start, decode_s=time.perf_counter() - loop_start,
-            capture_s=runner.capture_s, steps=steps, widths=runner.widths,
+            capture_s=runner.capture_s, steps=steps, widths=runner.widths, host_reads=reads,
         )
     return responses.tokens, responses.truncated
+
+
+def _picked_on_the_host(
+    fixed: FixedStep, runner: BucketedSteps, responses: Responses, logits: torch.Tensor, max_new_tokens: int,
+    pick: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[int, int]:
+    """The loop that picks on the host after every step, for the live rows only, starting from
+    the prefill's ``logits``; ``(steps, host reads)``: one read a token."""
+    rows: torch.Tensor | None = None  # the live rows' indices; None while every row is live
+    steps = reads = 0
+    for step in range(max_new_tokens):
+        picked = pick(logits if rows is None else logits[rows])
+        keep = responses.add(picked)
+        reads += 1
+        if not keep or step == max_new_tokens - 1:
+            break
+        fixed.advance(picked, rows)
+        if len(keep) < len(responses.live):
+            responses.keep_only(keep)
+            rows = torch.tensor(responses.live, device=fixed.tokens.device)
+        logits = runner(fixed.width())
+        steps += 1
+    return steps, reads
+
+
+def _picked_in_the_graph(
+    fixed: FixedStep, runner: BucketedSteps, responses: Responses, sampler: InGraphSampler, max_new_tokens: int
+) -> tuple[int, int]:
+    """The loop whose step picks inside the graph, from the last prompt column on: chunks of
+    ``sampler.chunk`` steps, each followed by one host read; it stops after the chunk in which
+    every row ended. ``(steps, host reads)``."""
+    steps = reads = 0
+    while steps < max_new_tokens and responses.live:
+        count = min(sampler.chunk, max_new_tokens - steps)
+        sampler.begin()
+        for _ in range(count):
+            runner(fixed.width())
+            fixed.filled += 1
+        sampler.read(count, responses)
+        steps += count
+        reads += 1
+    return steps, reads
 
 
 def sample(
@@ -513,12 +716,14 @@ def sample(
     pad_id: int,
     max_new_tokens: int,
     eos_ids: Sequence[int],
-    pick: Callable[[torch.Tensor], torch.Tensor],
+    pick: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    sampling: Sampling | None = None,
     batch_size: int | None = None,
     capture: bool | None = None,
     stats: dict | None = None,
     bucket_columns: int | None = BUCKET_COLUMNS,
     share_prefix: bool = True,
+    eos_check_steps: int = EOS_CHECK_STEPS,
 ) -> tuple[list[list[int]], list[bool]]:
     """Responses and truncation flags for every prompt, ``batch_size`` prompts per :func:`decode`
     (all in one when None), left-padded as :mod:`memalpha.lm.core.layout` lays them out; with
@@ -529,10 +734,11 @@ def sample(
     in eval mode under ``torch.no_grad()`` and its training mode is restored afterwards. Seeding
     is the caller's (``memalpha.lm.sampling.generation.generate`` forks and seeds the global RNG). Raises
     ValueError naming the reason when :func:`supports` refuses the model. ``stats`` receives the
-    last batch's (:func:`decode`).
+    last batch's (:func:`decode`). ``sampling`` picks inside the graph, ``pick`` on the host
+    after every step (:func:`decode`; one of the two; ``eos_check_steps`` with ``sampling``).
 
     This is the whole of backend ``cuda-graph`` for ``memalpha.lm.sampling.generation.generate``: called
-    inside its seeded RNG fork with its ``pick``, it returns what its batch loop collects. A
+    inside its seeded RNG fork with its filters as ``sampling``, it returns what its batch loop collects. A
     caller that lays out its own batches (a shared prefix, say) opens
     ``folded_adapters(model, quantised=True)`` once itself and calls :func:`decode` per batch.
     """
@@ -553,8 +759,8 @@ def sample(
             )
             kept, cut = decode(
                 decoder, head, config, padded, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pick=pick,
-                capture=capture, stats=stats, bucket_columns=bucket_columns, prefix=prefix,
-                prompt_of_row=prompt_of_row,
+                sampling=sampling, capture=capture, stats=stats, bucket_columns=bucket_columns, prefix=prefix,
+                prompt_of_row=prompt_of_row, eos_check_steps=eos_check_steps,
             )
             responses.extend(kept)
             truncated.extend(cut)
