@@ -1,0 +1,42 @@
+"""The CUDA allocator's expandable segments: set by ``import memalpha`` when the user set no
+allocator configuration, left alone when they did (issue 37, item 3)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from memalpha.allocator import EXPANDABLE, SETTINGS, prefer_expandable_segments
+
+
+def test_set_when_absent():
+    environ = {"PATH": "/bin"}
+    assert prefer_expandable_segments(environ) is True
+    assert environ == {"PATH": "/bin", "PYTORCH_CUDA_ALLOC_CONF": EXPANDABLE}
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_left_alone_when_the_user_set_any_allocator_configuration(name):
+    environ = {name: "max_split_size_mb:128"}
+    assert prefer_expandable_segments(environ) is False
+    assert environ == {name: "max_split_size_mb:128"}
+
+
+def allocator_setting_after_import(**preset: str) -> str:
+    """``PYTORCH_CUDA_ALLOC_CONF`` in a fresh interpreter after ``import memalpha``, its
+    environment cleared of allocator settings but ``preset``; and whether CUDA was initialised
+    by then (it must not be: the allocator reads the setting when CUDA initialises)."""
+    env = {key: value for key, value in os.environ.items() if key not in SETTINGS} | preset
+    script = ("import os, sys, memalpha; torch = sys.modules.get('torch');"
+              "print(os.environ.get('PYTORCH_CUDA_ALLOC_CONF'), bool(torch and torch.cuda.is_initialized()))")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def test_import_memalpha_sets_it_before_cuda_initialises_and_keeps_the_users():
+    assert allocator_setting_after_import() == f"{EXPANDABLE} False"
+    assert allocator_setting_after_import(PYTORCH_CUDA_ALLOC_CONF="backend:native") == "backend:native False"
+    assert allocator_setting_after_import(PYTORCH_ALLOC_CONF="backend:native") == "None False"
