@@ -58,7 +58,7 @@ from _common import (
     write_json,
 )
 
-from memalpha.agent.rewards import RewardSettings
+from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutSettings, TurnSample, run_rollouts
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.grpo.advantages import group_advantages

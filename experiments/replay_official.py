@@ -29,13 +29,9 @@ from typing import Any
 
 from _common import RESULTS_DIR, print_table, write_json
 
-from memalpha.agent.rewards import (
-    RewardSettings,
-    RuleContentJudge,
-    TurnCalls,
-    rollout_rewards,
-    turn_call_successes,
-)
+from memalpha.agent.content_judges import RuleContentJudge
+from memalpha.agent.reward_math import TurnCalls, rollout_rewards, turn_call_successes
+from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutSettings, make_token_counter
 from memalpha.agent.scoring import score_answers
 from memalpha.lm.core.embedded import load_tokenizer

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import yaml
 from _common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, print_table, write_json
 
-from memalpha.agent.rewards import RewardSettings
+from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutSettings
 from memalpha.agent.scripted import POLICIES, reward_terms, run_scripted
 from memalpha.data.synthetic import SyntheticSettings

@@ -11,15 +11,11 @@ from datetime import date
 
 import pytest
 
+from memalpha.agent.content_judges import RuleContentJudge
 from memalpha.agent.fact_recall import fact_recall, instance_facts, memory_fact_recall
 from memalpha.agent.grounding import chunk_tokens, is_supported
-from memalpha.agent.rewards import (
-    RewardSettings,
-    RuleContentJudge,
-    TurnCalls,
-    rollout_rewards,
-    tool_success_reward,
-)
+from memalpha.agent.reward_math import TurnCalls, rollout_rewards, tool_success_reward
+from memalpha.agent.reward_settings import RewardSettings
 from memalpha.data.wrapping import wrap_chunk
 from memalpha.memory.store import Memory
 from memalpha.tools.executor import execute_call
@@ -101,8 +97,9 @@ def test_an_update_is_judged_by_what_it_adds():
     assert r2(memory, call("memory_update", memory_type="core_memory", new_content=grown)) == 1.0
     assert not is_supported(grown, chunk_tokens(CHUNK), min_share=0.5, min_tokens=2)
     # the official and status rules are unchanged by the support rule
-    assert tool_success_reward(TurnCalls(results=[execute_call(Memory(), DELETE_CORE)]), "status") == 1.0
-    assert tool_success_reward(TurnCalls(results=[execute_call(Memory(), DELETE_CORE)]), "official") == 1.0
+    for rule in ("status", "official"):
+        turn = TurnCalls(results=[execute_call(Memory(), DELETE_CORE)])
+        assert tool_success_reward(turn, RewardSettings(call_success=rule)) == 1.0
 
 
 def test_hand_computed_rollout_under_memalpha_rules():

@@ -10,13 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from memalpha.agent.rewards import (
-    RewardSettings,
-    TurnCalls,
-    call_succeeded,
-    rollout_rewards,
-    tool_success_reward,
-)
+from memalpha.agent.reward_math import TurnCalls, call_succeeded, rollout_rewards, tool_success_reward
+from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutSettings, answer_questions, run_rollouts, start_rollouts
 from memalpha.agent.scoring import score_answer, score_answers
 from memalpha.data.schema import QA, Instance
@@ -54,7 +49,7 @@ def test_normal_calls_succeed_under_both_rules():
     assert [r.status for r in results] == ["ok"] * 4
     for rule in ("status", "official"):
         assert all(call_succeeded(r, rule) for r in results)
-        assert tool_success_reward(TurnCalls(results=results), rule) == 1.0
+        assert tool_success_reward(TurnCalls(results=results), RewardSettings(call_success=rule)) == 1.0
 
 
 def test_duplicate_insert_fails_only_under_the_official_rule():
@@ -63,8 +58,8 @@ def test_duplicate_insert_fails_only_under_the_official_rule():
     assert (first.status, again.status) == ("ok", "skipped")
     assert call_succeeded(again, "status") and not call_succeeded(again, "official")
     turn = TurnCalls(results=[first, again])
-    assert tool_success_reward(turn, "status") == 1.0
-    assert tool_success_reward(turn, "official") == 0.5
+    assert tool_success_reward(turn, RewardSettings(call_success="status")) == 1.0
+    assert tool_success_reward(turn, RewardSettings(call_success="official")) == 0.5
 
 
 def test_deleting_an_unknown_id_succeeds_only_under_the_official_rule():
@@ -117,8 +112,8 @@ def test_r2_of_a_mixed_turn_under_both_rules_and_the_settings():
     )
     turn = TurnCalls(results=results, parse_errors=[ParseError(reason="arguments are not JSON", raw="{oops")])
     # status: ok + skipped of 6; official: ok + unknown-id delete of 6
-    assert tool_success_reward(turn, "status") == pytest.approx(2 / 6)
-    assert tool_success_reward(turn, "official") == pytest.approx(2 / 6)
+    assert tool_success_reward(turn, RewardSettings(call_success="status")) == pytest.approx(2 / 6)
+    assert tool_success_reward(turn, RewardSettings(call_success="official")) == pytest.approx(2 / 6)
     duplicate_only = TurnCalls(results=results[:2])
     by_rule = {
         rule: rollout_rewards([1.0], [duplicate_only], 0, 10, RewardSettings(gamma=0.0, call_success=rule), None).r2
@@ -279,7 +274,7 @@ def test_the_official_rule_reproduces_every_recorded_official_success():
             compared += 1
         recorded_r2 = [recorded_success(c["official_result"]) for c in turn["calls"]]
         expected = sum(recorded_r2) / len(recorded_r2) if recorded_r2 else 0.0
-        assert tool_success_reward(calls, "official") == pytest.approx(expected)
+        assert tool_success_reward(calls, RewardSettings(call_success="official")) == pytest.approx(expected)
     assert (compared, skipped_updates) == (79, 24)
 
 
@@ -289,7 +284,7 @@ def test_both_rules_give_the_recorded_run_the_same_r2(call_repair, mean_r2):
     in docs/metrics_and_rewards.md)."""
     turns = [calls for _, calls in replay_turns(call_repair)]
     for rule in ("status", "official"):
-        r2 = [tool_success_reward(calls, rule) for calls in turns]
+        r2 = [tool_success_reward(calls, RewardSettings(call_success=rule)) for calls in turns]
         assert sum(r2) / len(r2) == pytest.approx(mean_r2, abs=5e-4)
 
 

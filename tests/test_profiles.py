@@ -69,7 +69,7 @@ def test_the_docs_table_lists_exactly_what_the_profile_sets():
     assert {key: yaml.safe_load(value) for key, value, _ in rows} == PROFILES["official"]
     import inspect
 
-    from memalpha.agent.rewards import RewardSettings
+    from memalpha.agent.reward_settings import RewardSettings
     from memalpha.agent.rollout import RolloutSettings
     from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
     from memalpha.reader.settings import ReaderSettings

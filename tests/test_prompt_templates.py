@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from memalpha.agent.content_judges import LLMContentJudge
 from memalpha.agent.prompts import (
     answer_judge_prompt,
     content_judge_messages,
@@ -23,7 +24,6 @@ from memalpha.agent.prompts import (
     memorise_messages,
     stated_response_limit,
 )
-from memalpha.agent.rewards import LLMContentJudge
 from memalpha.agent.rollout import RolloutSettings, turn_prompt
 from memalpha.agent.scoring import llm_judge
 from memalpha.memory.render import render_answer, render_memorise

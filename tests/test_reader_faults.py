@@ -14,7 +14,8 @@ import time
 import pytest
 from test_training import scalars, version_dirs, write_config
 
-from memalpha.agent.rewards import LLMContentJudge, RewardSettings
+from memalpha.agent.content_judges import LLMContentJudge
+from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import (
     RolloutRecord,
     RolloutSettings,

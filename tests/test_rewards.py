@@ -7,16 +7,26 @@ from dataclasses import replace
 
 import pytest
 
-from memalpha.agent.rewards import (
+from memalpha.agent.content_judges import (
     LLMContentJudge,
-    RewardSettings,
     RuleContentJudge,
-    TurnCalls,
     has_time_expression,
     parse_validity_judgement,
-    rollout_rewards,
     rule_validity,
 )
+from memalpha.agent.reward_math import (
+    TurnCalls,
+    accuracy_reward,
+    compression_reward,
+    content_rewards,
+    gated_compression,
+    judged_verdicts,
+    parsed_calls,
+    rollout_rewards,
+    tool_success_reward,
+    turn_totals,
+)
+from memalpha.agent.reward_settings import RewardSettings
 from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader, ReaderAnswer, Sampling
 from memalpha.reader.options import RetrievalSettings
@@ -130,6 +140,44 @@ def test_rewards_from_real_parsed_turns():
     reward = rollout_rewards([1.0], [told], memory.total_tokens(), 100, RewardSettings(), RuleContentJudge())
     assert reward.r2 == pytest.approx([1 / 4])
     assert reward.r4 == pytest.approx([2 / 3])  # both inserts write a supported, valid text; the delete 0
+
+
+def test_each_term_from_plain_values():
+    """r1..r4 and R_t one at a time, from numbers and verdicts given by hand (no judge)."""
+    assert accuracy_reward([1.0, 0.5, 0.0]) == pytest.approx(0.5) and accuracy_reward([]) == 0.0
+    assert compression_reward(250, 1000) == pytest.approx(0.75)
+    assert gated_compression(0.75, 0.4, "accuracy") == pytest.approx(0.3)  # 0.4 * 0.75
+    assert gated_compression(-0.5, 0.4, "accuracy") == -0.5  # a negative r3 stays whole
+    assert gated_compression(0.75, 0.4, "none") == 0.75
+    status = RewardSettings(call_success="status", content_grounding="none")
+    turns = two_turns()
+    assert [tool_success_reward(t, status) for t in turns] == pytest.approx([2 / 3, 2 / 3])
+    assert parsed_calls(turns) == [SISTER, HIKE, CORE_SELF, DELETE, CAT]
+    # the judge's verdicts by hand: turn 1 (1 + 0.5) / 2, turn 2 (0 + 0 + 1) / 3
+    assert content_rewards(turns, [1.0, 0.5, 0.0, 0.0, 1.0], status) == pytest.approx([0.75, 1 / 3])
+    assert content_rewards(turns, None, status) == [0.0, 0.0]  # not judged
+    # R_t = 2 * 0.5 + r2_t + 0.1 * 0.3 + 0.5 * r4_t
+    weights = RewardSettings(accuracy_weight=2.0, beta=0.1, gamma=0.5)
+    assert turn_totals(0.5, [1.0, 0.0], 0.3, [0.5, 1.0], weights) == pytest.approx([2.28, 1.53])
+
+
+def test_the_judge_is_asked_only_when_r4_counts():
+    class Counting:
+        def __init__(self, scores):
+            self.scores, self.asked = scores, []
+
+        def judge(self, calls):
+            self.asked.append(list(calls))
+            return list(self.scores)
+
+    weights = RewardSettings(**UNGROUNDED)
+    judge = Counting([1.0] * 5)
+    assert judged_verdicts(two_turns(), weights, judge) == [1.0] * 5 and len(judge.asked) == 1
+    assert judged_verdicts(two_turns(), replace(weights, gamma=0.0), judge) is None
+    assert judged_verdicts([TurnCalls()], weights, judge) is None and len(judge.asked) == 1
+    assert judged_verdicts(two_turns(), weights, None) is None
+    with pytest.raises(RuntimeError, match="content judge returned 2 scores for 5 calls"):
+        judged_verdicts(two_turns(), weights, Counting([1.0, 0.0]))
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from memalpha.agent.rewards import RewardSettings
+from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutSettings
 from memalpha.agent.scripted import POLICIES, ScriptedEngine, reward_terms, run_scripted
 from memalpha.data.synthetic import generate_synthetic

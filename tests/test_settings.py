@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from memalpha.agent.rewards import RewardSettings
+from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutSettings
 from memalpha.data.synthetic import SyntheticSettings
 from memalpha.grpo.batch import GRPOBatch, cut_minibatches

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from memalpha.agent.rewards import RewardSettings
+from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutSettings, run_rollouts
 from memalpha.data.schema import QA, Instance
 from memalpha.grpo.batch import GRPOBatch

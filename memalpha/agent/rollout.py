@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, get_args
 
+from memalpha.agent.content_judges import ContentJudge
 from memalpha.agent.fact_recall import memory_fact_recall
 from memalpha.agent.progress import Phase, PhaseHook, report
 from memalpha.agent.prompts import PROMPT_PROFILES, PromptProfile, memorise_messages, stated_response_limit
-from memalpha.agent.rewards import ContentJudge, RewardSettings, TurnCalls, rollout_rewards
+from memalpha.agent.reward_math import TurnCalls, rollout_rewards
+from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.scoring import score_answers
 from memalpha.data.schema import Instance
 from memalpha.lm.core.chat import chat_prompt_ids

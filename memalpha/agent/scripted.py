@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from memalpha.agent.demos import note_contents
-from memalpha.agent.rewards import RewardSettings
+from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutOutput, RolloutSettings, run_rollouts
 from memalpha.data.schema import Instance
 from memalpha.lm.sampling.generation import Generation

@@ -20,7 +20,7 @@ rollout records every reason, and a 10 MB key must not become a 10 MB reason.
 calls plus the parse errors of its response; every
 :class:`~memalpha.tools.formats.ParseError` counts as one failed call. Which executed
 calls succeed is ``reward.call_success``
-(:func:`memalpha.agent.rewards.turn_call_successes`): memalpha's rule (the default)
+(:func:`memalpha.agent.reward_math.turn_call_successes`): memalpha's rule (the default)
 counts a call with status ``ok`` whose written text its chunk supports (the
 ``replaced`` text of an executed update tells what the update adds), ``status``
 counts the statuses in :data:`SUCCESS_STATUSES` (``ok`` or ``skipped``, as

@@ -31,7 +31,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from memalpha.agent.progress import Phase, PhaseHook, report
 from memalpha.agent.prompt_budget import check_prompt_budget
-from memalpha.agent.rewards import RewardSettings
+from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutOutput, RolloutRecord, RolloutSettings, run_rollouts
 from memalpha.data.schema import Instance
 from memalpha.grpo.advantages import group_advantages
