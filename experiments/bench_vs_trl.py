@@ -40,6 +40,14 @@ fresh runs each at seeds ``--seed``, ``--seed + 1``, ..., one JSON per finished 
 all are in, Welch's 95 % interval of each arm's last-``--window``-step mean reward minus TRL's
 against ``±--margin``. The report goes to ``experiments/results/bench_vs_trl_parity.json`` and
 its plot next to it (docs/results.md, "Learning parity").
+
+``--exact``: no training runs. One identical batch through memalpha's update path and TRL's
+``GRPOTrainer`` loss (``experiments/_trl_exact.py``): per loss aggregation (memalpha
+``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum-norm`` against TRL ``dapo``,
+``grpo``, ``dr_grpo``), KL off and on, the largest differences of the per-token log-probs, the
+loss and the LoRA gradient, end to end and on the same float64 log-probs, against their
+tolerances. The table goes to stdout, the report to ``experiments/results/bench_vs_trl_exact.json``
+(about a minute on a CPU; exits 1 when a setting is outside its tolerance).
 """
 
 from __future__ import annotations
@@ -84,6 +92,7 @@ RESULT_MARKER = "BENCH_VS_TRL_RESULT "
 DEFAULT_OUT = RESULTS_DIR / "bench_vs_trl.json"
 PARITY_OUT = RESULTS_DIR / "bench_vs_trl_parity.json"
 PARITY_RUNS_DIR = RESULTS_DIR / "parity"
+EXACT_OUT = RESULTS_DIR / "bench_vs_trl_exact.json"
 MIB = 2**20
 
 
@@ -673,6 +682,55 @@ def parity(args: argparse.Namespace, settings: BenchSettings, extra: dict[str, A
     return report
 
 
+# ----------------------------------------------------------------------------- the exact check
+
+
+EXACT_HEADERS = (
+    "memalpha agg / TRL loss_type, kl", "logp diff", "ours vs fp64", "TRL vs fp64", "loss memalpha",
+    "loss diff", "grad norm", "grad diff (rel)", "same-logp loss diff", "same-logp grad diff", "ok",
+)
+
+
+def _sci(value: float) -> str:
+    return f"{value:.1e}"
+
+
+def exact_rows(report: dict[str, Any]) -> list[list[Any]]:
+    """One table row per setting of the ``--exact`` report (differences in scientific notation)."""
+    return [
+        [
+            row["setting"], _sci(row["logprob_max_abs_diff"]), _sci(row["logprob_memalpha_vs_fp64"]),
+            _sci(row["logprob_trl_vs_fp64_own_positions"]), f"{row['loss_memalpha']:.6f}",
+            _sci(row["loss_abs_diff"]), f"{row['grad_norm_memalpha']:.4f}", _sci(row["grad_max_abs_rel"]),
+            _sci(row["same_logps_loss_abs_diff"]), _sci(row["same_logps_grad_max_abs_diff"]),
+            "yes" if row["passed"] else "NO",
+        ]
+        for row in report["settings"]
+    ]
+
+
+def exact(args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]:
+    """Run the exact check of ``_trl_exact.py``, print its table, write its report; returns it."""
+    _require_trl()
+    import _trl_exact
+
+    machine = machine_info()
+    report = _trl_exact.run_all()
+    report.update(extra, notes=(
+        "one batch, no training: memalpha's update path and TRL's GRPOTrainer loss on the same prompts, "
+        "responses, advantages, old and reference log-probs and LoRA weights (float64 model); "
+        "'vs fp64': against a float64 log-softmax of the full logits (TRL's at its own position numbering); "
+        "'same-logp': both losses on memalpha's float64 log-probs; see experiments/_trl_exact.py"
+    ))
+    print_table(EXACT_HEADERS, exact_rows(report))
+    tolerances = ", ".join(f"{key} {value:g}" for key, value in report["tolerances"].items())
+    print(f"tolerances: {tolerances}")
+    print("all settings within tolerance" if report["passed"] else "SOME SETTINGS OUTSIDE TOLERANCE")
+    path = write_json(report, Path(args.out) if args.out else EXACT_OUT, machine=machine)
+    print(f"wrote {path}")
+    return report
+
+
 # ----------------------------------------------------------------------------- the command line
 
 
@@ -703,6 +761,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--parity", action="store_true",
                         help="the learning-parity check (experiments/_parity.py): --repeats fresh runs of each "
                              f"of --arms, one JSON each in --runs-dir, the report in {PARITY_OUT.name} unless --out")
+    parser.add_argument("--exact", action="store_true",
+                        help="no training: memalpha's and TRL's log-probs, loss and LoRA gradient on one "
+                             "identical batch (experiments/_trl_exact.py), the report in "
+                             f"{EXACT_OUT.name} unless --out")
     parser.add_argument("--arms", default=",".join(_parity.ARMS),
                         help=f"with --parity: comma-separated subset of {','.join(_parity.ARMS)}")
     parser.add_argument("--margin", type=float, default=_parity.DEFAULT_MARGIN,
@@ -770,6 +832,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
             "(imports and model included); the machine is shared, see machine.load_average and runs[*].load_*"
         ),
     }
+    if args.exact:
+        report = exact(args, extra)
+        if not report["passed"]:
+            raise SystemExit(1)
+        return report
     if args.parity:
         return parity(args, settings, extra)
     sides = _names(args.sides, SIDES, "--sides")
