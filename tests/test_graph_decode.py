@@ -331,12 +331,14 @@ def test_bucketed_steps_give_the_growing_cache_loops_logits_in_float64(peaked_po
 
 @pytest.mark.parametrize(
     ("prompts", "prefix_length"),
-    [(PROMPTS, 0), (PROMPTS[:4], len(SYSTEM)), ([PROMPTS[0]] * 4, len(PROMPTS[0]) - 1)],
-    ids=["none", "prefix", "identical"],
+    [(PROMPTS, 0), (PROMPTS[2:], 0), (PROMPTS[:4], len(SYSTEM)), (PROMPTS[1:4], len(SYSTEM)),
+     ([PROMPTS[0]] * 4, len(PROMPTS[0]) - 1)],
+    ids=["none", "none-distinct", "prefix", "prefix-distinct", "identical"],
 )
 def test_shared_prompts_prefilled_once_give_the_unshared_logits_in_float64(peaked_policy, prompts, prefix_length):
     """Each distinct prompt prefilled once (on its shared prefix) and copied to its rows gives every
-    row the logits it gets alone; identical prompts build no prefill mask of more than one query."""
+    row the logits it gets alone; no prefill, distinct prompts or identical, hands the decoder a
+    per-row mask of more than one query (a prompt runs alone, at batch size 1, unpadded)."""
     model, tokenizer = peaked_policy
     decoder, _, _ = split_decoder_and_head(model)
     steps = 6
@@ -353,9 +355,10 @@ def test_shared_prompts_prefilled_once_give_the_unshared_logits_in_float64(peake
         assert_close(a, b, 1e-12, f"logits of step {step}")
     prefix, prompt_of_row = graph_decode.prompt_sharing(decoder, prompts)
     assert (prefix.length if prefix else 0) == prefix_length
-    if len(set(map(tuple, prompts))) == 1:
-        assert prompt_of_row == [0] * len(prompts)
-        assert all(len(shape) == 2 or shape[-2] == 1 for shape in masks), masks  # no [B, 1, P, P] mask
+    assert prompt_of_row == graph_decode.unique_rows([p[prefix_length:] for p in prompts])[1]
+    prefills = [shape for shape in masks if len(shape) == 2]
+    assert len(prefills) == len(set(prompt_of_row)) and all(shape[0] == 1 for shape in prefills), masks
+    assert all(shape[-2] == 1 for shape in masks if len(shape) == 4), masks  # no [B, 1, P, P] mask
 
 
 def test_buckets_and_shared_prompts_keep_seeded_samples_and_generates_tokens(peaked_policy):
@@ -495,25 +498,30 @@ class HostReads:
 
 
 def test_in_graph_sampling_reads_the_host_once_a_chunk_not_once_a_token(peaked_policy, monkeypatch):
-    """Host syncs per generated token, counted over the whole decoding (prefill included): one
-    a chunk of ``eos_check_steps`` steps when the step samples, one a token when the host picks."""
+    """Host syncs per generated token, counted over whole decodings of 8 and 24 tokens: their
+    difference is the token loop's (the prefill's few reads, per prompt, are the same in both):
+    one a chunk of ``eos_check_steps`` steps when the step samples, one a token when the host picks."""
     model, tokenizer = peaked_policy
     decoder, head, config = split_decoder_and_head(model.eval())
     batch = pad_prompt_response(PROMPTS, [[] for _ in PROMPTS], tokenizer.pad_token_id)
-    tokens, chunk = 24, 8
-    limits = {"max_new_tokens": tokens, "eos_ids": [NEVER], "bucket_columns": 4}
-    counts, stats = {}, {}
+    chunk = 8
+    choices = {"host": {"pick": lambda logits: next_tokens(logits, do_sample=True)},
+               "in-graph": {"sampling": graph_decode.Sampling(), "eos_check_steps": chunk}}
+    reads, loop_reads = {}, {}
     with torch.no_grad(), torch.random.fork_rng():
         torch.manual_seed(0)
-        for how, choice in [("host", {"pick": lambda logits: next_tokens(logits, do_sample=True)}),
-                            ("in-graph", {"sampling": graph_decode.Sampling(), "eos_check_steps": chunk})]:
-            with HostReads(monkeypatch) as reads:
-                generated, _ = graph_decode.decode(decoder, head, config, batch, stats=stats, **choice, **limits)
-            assert all(len(row) == tokens for row in generated)
-            counts[how] = reads.count / tokens
-            assert stats["host_reads"] == reads.count, how
-    assert counts["host"] >= 1
-    assert counts["in-graph"] == 1 / chunk
+        for how, choice in choices.items():
+            for tokens in (8, 24):
+                stats: dict = {}
+                limits = {"max_new_tokens": tokens, "eos_ids": [NEVER], "bucket_columns": 4, "stats": stats}
+                with HostReads(monkeypatch) as counter:
+                    generated, _ = graph_decode.decode(decoder, head, config, batch, **choice, **limits)
+                assert all(len(row) == tokens for row in generated)
+                reads[how, tokens], loop_reads[how, tokens] = counter.count, stats["host_reads"]
+    per_token = {how: (reads[how, 24] - reads[how, 8]) / 16 for how in choices}
+    assert per_token == {"host": 1.0, "in-graph": 1 / chunk}
+    assert all(loop_reads[how, 24] - loop_reads[how, 8] == reads[how, 24] - reads[how, 8] for how in choices)
+    assert loop_reads["in-graph", 24] == 24 // chunk
 
 
 def test_a_capture_puts_back_what_the_warm_up_advanced(monkeypatch):

@@ -45,9 +45,10 @@ where the whole-cache step read up to ``max_new_tokens`` of them (on 8 rows of Q
 The prompt is prefilled once per distinct prompt when the caller says which rows share one
 (``prompt_of_row``) and what prefix they share (a :class:`~memalpha.lm.core.prefix_cache.SharedPrefix`,
 computed once at batch size 1): the prefix's keys are copied into every row, each distinct rest
-of a prompt but its last column runs once, and its cache columns are copied into the rows that
-hold it (:meth:`FixedStep.prefill`). A group of identical prompts then builds no ``[B, 1, P, P]``
-mask at all. The last prompt column runs as a step of its own, so the first new token comes out
+of a prompt but its last column runs once, alone at batch size 1 without its padding, and its
+cache columns are copied into the rows that hold it (:meth:`FixedStep.prefill`). No prefill
+builds a ``[B, 1, P, P]`` mask, identical prompts or distinct: a prompt without a prefix runs
+causal with no mask at all, one on a prefix with the ``[1, 1, Q, L + Q]`` mask of its own. The last prompt column runs as a step of its own, so the first new token comes out
 of the same code as every later one.
 
 Decoders qualify when :func:`supports` says so: every layer plain full attention, an
@@ -75,6 +76,7 @@ from memalpha.lm.core.prefix_cache import (
     SharedPrefix,
     can_share_cache,
     full_attention_layers,
+    new_cache,
     shared_prefix,
     split_decoder_and_head,
     unique_rows,
@@ -223,28 +225,34 @@ class FixedCache(Cache):
     """:class:`FixedLayer` per decoder layer, all written at the same columns."""
 
     @classmethod
-    def for_config(cls, config, capacity: int) -> FixedCache:
+    def for_config(cls, config, capacity: int, rows: int) -> FixedCache:
         count = full_attention_layers(config)
         if count is None:
             raise ValueError("graph decoding takes decoders whose every layer is plain full attention")
-        return cls(count, capacity)
+        return cls(count, capacity, rows)
 
-    def __init__(self, layers: int, capacity: int):
+    def __init__(self, layers: int, capacity: int, rows: int):
         super().__init__(layers=[FixedLayer(capacity) for _ in range(layers)])
         self.capacity = capacity
+        self.rows = rows
 
     def write_at(self, columns: torch.Tensor, width: int) -> None:
         """Make the next forward write its tokens at ``columns`` and attend over ``width`` columns."""
         for layer in self.layers:
             layer.columns, layer.width = columns, width
 
-    def fill(self, stop: int, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Write ``layers`` (one ``(keys, values)`` ``[B, KV, stop, D]`` pair per layer) at columns
-        ``[0, stop)``, allocating the buffers if this is the first write."""
-        span = torch.arange(stop, device=layers[0][0].device)
-        self.write_at(span, stop)
+    def write_rows(
+        self, rows: torch.Tensor, columns: torch.Tensor, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    ) -> None:
+        """Write ``layers`` (one ``(keys, values)`` ``[1, KV, n, D]`` pair per layer, the same for
+        every row) at the ``n`` ``columns`` of the batch's ``rows``, allocating the buffers (for
+        :attr:`rows` rows) if this is the first write."""
+        at = (rows[:, None], columns[None, :])  # [rows, n] of the buffers' [B, S] dimensions
         for layer, (keys, values) in zip(self.layers, layers):
-            layer.update(keys, values)
+            if not layer.is_initialized:
+                layer.lazy_initialization(keys.expand(self.rows, -1, -1, -1), values.expand(self.rows, -1, -1, -1))
+            layer.key_buffer.transpose(1, 2)[at] = keys.transpose(1, 2)
+            layer.value_buffer.transpose(1, 2)[at] = values.transpose(1, 2)
 
 
 class ReplayedStep:
@@ -371,7 +379,7 @@ class FixedStep:
         device = batch.input_ids.device
         self.capacity = self.prompt_width + max_new_tokens
         self.bucket_columns = bucket_columns
-        self.cache = FixedCache.for_config(config, self.capacity)
+        self.cache = FixedCache.for_config(config, self.capacity, rows)
         self.dtype = decoder.get_input_embeddings().weight.dtype  # the activations', so the mask's
         self.batch = batch
         padding = torch.zeros((rows, self.capacity), dtype=torch.bool, device=device)
@@ -412,37 +420,39 @@ class FixedStep:
         """:meth:`prefill` but the last prompt column: the cache holds columns ``[0, P - 1)``
         after it, and the first decoding step runs the last prompt column."""
         rows = self.tokens.shape[0]
-        first = first_rows(range(rows) if prompt_of_row is None else prompt_of_row)
+        owners = list(range(rows) if prompt_of_row is None else prompt_of_row)
+        first = first_rows(owners)
         stop = self.prompt_width - 1  # the columns before the last
         length = prefix.length if prefix is not None else 0
         if length > stop:
             raise ValueError(f"a {length}-token prefix leaves no column of a {self.prompt_width}-wide prompt")
-        own = len(first) == rows  # every row its own prompt: prefill into the cache itself
-        room = self.cache if own else FixedCache.for_config(self.config, stop)
+        if stop == 0:
+            return
+        device = self.span.device
         if length:
-            room.fill(length, [(k.expand(len(first), -1, -1, -1), v.expand(len(first), -1, -1, -1))
-                               for k, v in prefix.layers])
-        if stop > length:
-            self._prefill_rows(room, first, length, stop)
-        if not own and stop:
-            owner = torch.tensor(list(prompt_of_row), device=self.span.device)  # room row = distinct prompt
-            self.cache.fill(stop, [(layer.key_buffer[owner], layer.value_buffer[owner])
-                                   for layer in room.layers])
+            self.cache.write_rows(torch.arange(rows, device=device), self.span[:length], prefix.layers)
+        kept = self.batch.attention_mask[first, length:stop].tolist()  # one read, in the prefill only
+        for prompt, (row, mask) in enumerate(zip(first, kept)):
+            columns = torch.tensor([length + c for c, on in enumerate(mask) if on], dtype=torch.long, device=device)
+            if len(columns):
+                holders = torch.tensor([r for r, owner in enumerate(owners) if owner == prompt], device=device)
+                self.cache.write_rows(holders, columns, self._prompt_columns(prefix, row, columns))
 
-    def _prefill_rows(self, room: FixedCache, first: list[int], start: int, stop: int) -> None:
-        """Run columns ``[start, stop)`` of the batch's ``first`` rows into ``room`` (which holds
-        columns ``[0, start)`` of them), each query masked as the step masks it."""
-        index = torch.tensor(first, device=self.span.device)
-        span = self.span[:stop]
-        blocked = self.padding[index, ..., :stop] | (span[None, :] > span[start:stop, None])  # [U, 1, Q, K]
-        mask = torch.zeros(blocked.shape, dtype=self.dtype, device=span.device).masked_fill(
-            blocked, torch.finfo(self.dtype).min
-        )
-        room.write_at(span[start:stop], stop)
+    def _prompt_columns(
+        self, prefix: SharedPrefix | None, row: int, columns: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's ``(keys, values)`` ``[1, KV, len(columns), D]`` of the batch's ``row`` at
+        ``columns`` (its unpadded prompt columns after the prefix), run alone on top of
+        ``prefix``: a causal prefill at batch size 1 with no padding, which builds no mask at all
+        without a prefix, a ``[1, 1, Q, L + Q]`` one on it, and none per row of the batch."""
+        cache = prefix.cache(self.decoder, 1) if prefix is not None else new_cache(self.decoder)
+        length = prefix.length if prefix is not None else 0
         self.decoder(
-            input_ids=self.batch.input_ids[index, start:stop], attention_mask=mask,
-            position_ids=self.batch.position_ids[index, start:stop], past_key_values=room, use_cache=True,
+            input_ids=self.batch.input_ids[row : row + 1, columns],
+            attention_mask=torch.ones((1, length + len(columns)), dtype=torch.long, device=columns.device),
+            position_ids=self.batch.position_ids[row : row + 1, columns], past_key_values=cache, use_cache=True,
         )
+        return [(layer.keys[:, :, length:], layer.values[:, :, length:]) for layer in cache.layers]
 
     def forward(self, width: int) -> torch.Tensor:
         """One token per row from the buffers, attending over the cache's first ``width``
