@@ -41,7 +41,9 @@ Two comparisons per setting (:func:`compare_setting`):
 Where the two differ by design (``docs/results.md``, "Learning parity"; each tested in
 ``tests/test_trl_exact_parity.py``): memalpha clamps the k3 term (log-ratio to ±20, the per-token
 KL to at most 10), TRL does not; TRL's ``bnpo`` divides each micro-batch by its own token count
-(memalpha's ``token-mean`` always uses the mini-batch's, as ``dapo`` does); TRL's training forward
+(memalpha's ``token-mean`` always uses the mini-batch's, as ``dapo`` does while a generation
+batch makes one optimiser step, ``steps_per_generation`` = gradient accumulation, as here; with
+more steps per generation ``dapo`` divides by their mean token count); TRL's training forward
 passes no position ids, so a left-padded row is numbered from its first pad column while memalpha
 and ``generate`` number from its first real token (equal scores under RoPE in exact arithmetic,
 float32 rounding apart through the float32 rotary tables; a model with absolute positions would
