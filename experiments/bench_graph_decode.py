@@ -29,7 +29,8 @@ Three paths, each sampling at temperature 1 with no end token (every row decodes
                dequantised at every step on a GPU);
 * ``graph`` -- :func:`memalpha.lm.sampling.graph_decode.sample`: dense weights folded once, a static
                cache read in buckets of ``--bucket-columns`` (0: whole), the step captured as a
-               CUDA graph per bucket on a GPU (eager on the CPU);
+               CUDA graph per bucket on a GPU (eager on the CPU), drawing its tokens inside the
+               graph as ``generate`` does (``--sampling host``: picked on the host every step);
 * ``hf-static`` -- ``model.generate(cache_implementation="static")``, which compiles its decoding
                forward with ``torch.compile`` on CUDA (``--hf-compile off``: not), over the same
                folded dense weights (``--hf-weights model``: through the model's own layers);
@@ -40,8 +41,10 @@ must read (dense weights in the compute dtype, plus the KV cache filled on avera
 timed steps, in the embedding's dtype), the GPU's bandwidth (its table, or ``--bandwidth``), the
 shortest step that allows and the fraction of it the measured ms/step reaches.
 
-Decode tokens/s counts the tokens of whole decoding steps over their time, clocked the same way
-for both paths at the token picker (:class:`PickClock`: no prefill, no capture); total tokens/s
+Decode tokens/s counts the tokens of whole decoding steps over their time: for the loop and the
+host-picking graph clocked at the token picker (:class:`PickClock`: no prefill, no capture), for
+the in-graph sampler the token loop less its captures (it reads the host every
+``EOS_CHECK_STEPS`` steps, so no picker runs per step); total tokens/s
 counts every token over the whole call (weights folded, prefill, capture included). Before timing, ``--check-steps`` steps of each path run with the
 same scripted tokens fed back (teacher forcing) and their logits are compared step by step
 (:func:`check_logits`): the backend against the loop should differ by the folded weights' bf16
@@ -198,25 +201,34 @@ def run_loop(model, prompts, max_new_tokens: int, seed: int, device: torch.devic
 
 
 def run_graph(model, prompts, max_new_tokens: int, seed: int, device: torch.device, capture: bool | None,
-              bucket_columns: int | None = graph_decode.BUCKET_COLUMNS):
-    """The CUDA-graph backend (the weights folded inside the call)."""
+              bucket_columns: int | None = graph_decode.BUCKET_COLUMNS, sampling: str = "in-graph"):
+    """The CUDA-graph backend (the weights folded inside the call). ``sampling`` ``in-graph`` is
+    what ``generate(backend="cuda-graph")`` runs: the step draws its tokens inside the graph and
+    the host reads them every ``graph_decode.EOS_CHECK_STEPS`` steps; its decoding time is the
+    token loop less the captures (``decode_s - capture_s``). ``host`` picks on the host after
+    every step (the backend's first form), timed at the picker (:class:`PickClock`)."""
     stats: dict[str, Any] = {}
     clock = PickClock(lambda logits: next_tokens(logits, do_sample=True))
+    choice = {"sampling": graph_decode.Sampling(do_sample=True)} if sampling == "in-graph" else {"pick": clock}
     synchronise(device)
     start = time.perf_counter()
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         tokens, _ = graph_decode.sample(
-            model, prompts, pad_id=0, max_new_tokens=max_new_tokens, eos_ids=[NO_END], pick=clock, capture=capture,
-            stats=stats, bucket_columns=bucket_columns,
+            model, prompts, pad_id=0, max_new_tokens=max_new_tokens, eos_ids=[NO_END], capture=capture,
+            stats=stats, bucket_columns=bucket_columns, **choice,
         )
     synchronise(device)
     total = time.perf_counter() - start
-    seconds, steps = clock.decode_seconds()
-    return record(len(prompts), sum(len(t) for t in tokens), total, seconds, steps,
-                  clock.first_timed_filled(len(prompts[0])), captured=stats["captured"],
-                  capture_s=stats["capture_s"], prefill_s=stats["prefill_s"], graphs=len(stats["widths"]),
-                  bucket_columns=bucket_columns)
+    if sampling == "in-graph":  # every step, captures taken out; the first runs the last prompt column
+        seconds, steps = stats["decode_s"] - stats["capture_s"], stats["steps"]
+        first_filled = len(prompts[0])
+    else:
+        seconds, steps = clock.decode_seconds()
+        first_filled = clock.first_timed_filled(len(prompts[0]))
+    return record(len(prompts), sum(len(t) for t in tokens), total, seconds, steps, first_filled,
+                  captured=stats["captured"], capture_s=stats["capture_s"], prefill_s=stats["prefill_s"],
+                  graphs=len(stats["widths"]), bucket_columns=bucket_columns, sampling=sampling)
 
 
 def run_hf(model, prompts, max_new_tokens: int, seed: int, *, compile_decoding: bool, folded: bool):
@@ -349,6 +361,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="after timing, run this many graph steps eagerly under torch.profiler and report the "
                              "kernels that took the most device time (0: skip)")
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {','.join(PATHS)}")
+    parser.add_argument("--sampling", choices=("in-graph", "host"), default="in-graph",
+                        help="graph path: in-graph draws inside the captured step, the host reading tokens every "
+                        "EOS_CHECK_STEPS steps (what generate runs); host picks after every step")
     parser.add_argument("--bucket-columns", type=int, default=graph_decode.BUCKET_COLUMNS,
                         help="graph path: columns its attention span grows by (0: the whole static cache)")
     parser.add_argument("--identical-prompts", action="store_true",
@@ -415,7 +430,7 @@ def main(argv=None) -> dict[str, Any]:
                 result = run_loop(model, prompts, tokens[path], seed, device)
             elif path == "graph":
                 result = run_graph(model, prompts, tokens[path], seed, device, args.capture,
-                                   args.bucket_columns)
+                                   args.bucket_columns, args.sampling)
             else:
                 compiled = args.hf_compile == "auto"
                 result = run_hf(model, prompts, tokens[path], seed, compile_decoding=compiled,

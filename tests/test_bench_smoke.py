@@ -109,7 +109,8 @@ def test_bench_graph_decode_smoke_checks_and_times_both_paths(tmp_path, one_thre
     out = tmp_path / "bench_graph_decode.json"
     bench_graph_decode.main([
         "--device", "cpu", "--tiny", "--nf4", "--rows", "3", "--prompt-tokens", "24", "--max-new-tokens", "5",
-        "--loop-max-new-tokens", "5", "--check-steps", "4", "--paths", "loop,graph", "--out", str(out),
+        "--loop-max-new-tokens", "5", "--check-steps", "4", "--paths", "loop,graph", "--sampling", "host",
+        "--out", str(out),
     ])
     written = json.loads(out.read_text())
     assert set(written["best"]) == {"loop", "graph"} and written["settings"]["backend_refusal"] is None
@@ -145,9 +146,12 @@ def test_bench_graph_decode_smoke_times_hf_static_beside_ours_with_the_bytes_lim
     assert settings["hf_weights"] == "folded"
     graph, hf, loop = written["best"]["graph"], written["best"]["hf-static"], written["best"]["loop"]
     assert graph["tokens"] == hf["tokens"] == 2 * 6 and loop["tokens"] == 2 * 4
-    assert graph["graphs"] == 2  # widths 20 (17 to 20 columns filled) and 22 (21 filled; the capacity)
+    # in-graph sampling (the default, what generate runs) runs the last prompt column as its first
+    # step: widths 16 (16 columns filled), 20 (17 to 20) and 22 (21 and 22; the capacity)
+    assert graph["graphs"] == 3
     assert hf["timed_steps"] == 5 and hf["compiled"] is False and hf["mean_filled_tokens"] == 16 + 1 + 2
-    assert graph["timed_steps"] == 4 and graph["mean_filled_tokens"] == 16 + 2 + 1.5
+    assert graph["sampling"] == "in-graph" and graph["timed_steps"] == 6  # every step is timed
+    assert graph["mean_filled_tokens"] == 16 + 2.5
     for result in (graph, loop):
         limit = result["bytes_limit"]
         shape = StepShape.of_config(SimpleNamespace(**TINY), weight_dtype_bytes=4, kv_dtype_bytes=4,
