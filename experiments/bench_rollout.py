@@ -10,22 +10,23 @@ memory, the second from the memory that rollout wrote), driving the real code:
 :class:`memalpha.train.module.GRPOModule` loads the policy (LoRA on the embedded
 SmolLM2-135M-Instruct, fp32) and its local reader, :func:`memalpha.agent.rollout.run_rollouts`
 plays the memory agent chunk by chunk and lets the reader answer every question (it reports
-both times), and the update is the module's: reference log-probs with the adapter off, then
-:func:`memalpha.train.actor.accumulate_grpo_gradients` on the round's
-:class:`~memalpha.grpo.batch.GRPOBatch` (per micro-batch policy log-probs, the clipped GRPO
-loss with the k3 KL term, backward) and :func:`memalpha.grpo.update.optimizer_step`
-(gradient clipping and an AdamW step). Reported per pair: generated tokens/s and turns/s of
+both times), and the rest of the step is the module's own (:mod:`memalpha.train.step`):
+:func:`~memalpha.train.step.collect_round` (rewards, advantages, reference log-probs under
+``update.kl_reference``) and :func:`~memalpha.train.step.train_minibatch` (per micro-batch policy
+log-probs, the clipped GRPO loss with the k3 KL term, backward, gradient clipping and an AdamW
+step). Reported per pair: generated tokens/s and turns/s of
 the agent's generation, reader questions/s, and the share of the step in rollout (agent
 generation, parsing and tool execution), reader (answers and scoring) and training (reference
 pass and update).
 
-``--engine hf,vllm`` runs every pair with both rollout engines, alternating (hf, vllm, hf, ...
-so slow drifts of a shared machine hit both alike): ``hf`` generates with ``transformers`` in
-this process, ``vllm`` through a vLLM server (:class:`memalpha.train.engine_sync.EngineSync`,
-started from ``--vllm-venv`` unless ``--vllm-url`` names one) to which every step's adapter is
-synced before its rollouts, as in training; the sync is timed apart (``sync s``) and counted in
-the step. For the ``vllm`` rows the JSON also holds ``sampler_logprob_gap``, computed outside
-the timed parts: the server's log-probs of its tokens against the trainer's.
+``--engine hf,vllm`` runs every pair with both ways of sampling, alternating (hf, vllm, hf, ...
+so slow drifts of a shared machine hit both alike): ``hf`` samples in this process as
+``--backend`` (``model.rollout.backend``, default ``auto``) says, ``vllm`` through a vLLM server
+(:class:`memalpha.train.engine_sync.EngineSync`, started from ``--vllm-venv`` unless ``--vllm-url``
+names one) to which every step's adapter is synced before its rollouts, as in training; the sync
+is timed apart (``sync s``) and counted in the step. For the ``vllm`` rows the JSON also holds
+``sampler_logprob_gap``, computed outside the timed parts: the server's log-probs of its tokens
+against the trainer's.
 
 The configurations run in one process one after another, each starting from the adapter the
 previous one left (the learning rate is small, so the policy barely moves); a short warm-up
@@ -46,7 +47,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch
 from _common import (
     RESULTS_DIR,
     Stopwatch,
@@ -59,21 +59,18 @@ from _common import (
 )
 
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import RolloutSettings, TurnSample, run_rollouts
+from memalpha.agent.rollout import RolloutSettings
 from memalpha.data.synthetic import generate_synthetic
-from memalpha.grpo.advantages import group_advantages
-from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-from memalpha.grpo.update import build_optimizer, optimizer_step
+from memalpha.grpo.update import build_optimizer
 from memalpha.lm.core.policy import LMSettings, LoraSettings
+from memalpha.lm.sampling.backend import SAMPLING_BACKENDS
 from memalpha.lm.sampling.vllm_settings import VllmSettings
-from memalpha.lm.scoring.logprobs import response_logprobs
-from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.reader.options import RetrievalSettings
 from memalpha.reader.settings import ReaderSettings
-from memalpha.train.actor import accumulate_grpo_gradients
 from memalpha.train.engine_sync import EngineSync, sampler_logprob_gap
 from memalpha.train.module import GRPOModule
+from memalpha.train.step import ONE_PROCESS, Optimisation, collect_round, train_minibatch
 
 DEFAULT_OUT = RESULTS_DIR / "bench_rollout.json"
 ENGINES = ("hf", "vllm")
@@ -92,10 +89,17 @@ def build_module(
     micro_batch_size: int,
     learning_rate: float,
     seed: int,
+    backend: str = "auto",
+    adapter_path: str | None = None,
+    kl_reference: str = "base",
 ) -> GRPOModule:
-    """A GRPOModule with the tiny-CPU recipe's shapes (hermes calls, LoRA r 8), policy loaded."""
+    """A GRPOModule with the tiny-CPU recipe's shapes (hermes calls, LoRA r 8), policy loaded;
+    ``backend`` is its ``rollout.backend`` (in-process: the ``vllm`` rows bring their own server),
+    ``adapter_path`` the adapter it starts from (and, under ``kl_reference: start``, its KL
+    reference: ``update.kl_reference``)."""
     module = GRPOModule(
         model=model,
+        adapter_path=adapter_path,
         lm=LMSettings(precision="fp32"),
         lora=LoraSettings(r=8, alpha=16, dropout=0.0, target_modules="all-linear"),
         rollout=RolloutSettings(
@@ -106,11 +110,12 @@ def build_module(
             call_format="hermes",
             memory_view_k=5,
             core_token_limit=128,
+            backend=backend,
         ),
         reader=ReaderSettings(kind="local", max_new_tokens=reader_max_new_tokens, batch_size=16,
                               retrieval=RetrievalSettings(prompt_tokens=1024)),
         reward=RewardSettings(),
-        update=UpdateSettings(kl_coef=0.001, micro_batch_size=micro_batch_size),
+        update=UpdateSettings(kl_coef=0.001, kl_reference=kl_reference, micro_batch_size=micro_batch_size),
         optimizer=OptimizerSettings(learning_rate=learning_rate, weight_decay=0.01, warmup_ratio=0.0),
         seed=seed,
     )
@@ -118,111 +123,60 @@ def build_module(
     return module
 
 
-def grpo_update(module: GRPOModule, samples: Sequence[TurnSample], optimizer: torch.optim.Optimizer) -> dict[str, float]:
-    """One GRPO optimiser step on ``samples`` (a single mini-batch, as with the official settings).
+class _EngineGap:
+    """The round checks of a benchmark step: with the vLLM engine the sampler's log-prob gap is
+    computed (after the timed reference pass) and reported, not enforced."""
 
-    The update :meth:`memalpha.train.module.GRPOModule.training_step` runs: the samples become a
-    :class:`~memalpha.grpo.batch.GRPOBatch` with group-relative advantages and reference
-    log-probs (adapter off), :func:`~memalpha.train.actor.accumulate_grpo_gradients` backwards
-    the loss micro-batch by micro-batch, :func:`~memalpha.grpo.update.optimizer_step` clips and
-    steps. Returns ``ref_s`` (reference log-probs), ``update_s`` (policy log-probs, loss,
-    backward, clipping and the optimiser step), ``loss`` and ``tokens``.
-    """
-    update = module.update_settings
-    share_prefix = module.lm_settings.share_prefix
-    temperature = module.rollout_settings.temperature
-    policy, pad_id = module.policy, module.tokenizer.pad_token_id
-    prompts = [s.prompt_ids for s in samples]
-    responses = [s.response_ids for s in samples]
-    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-    group_ids = torch.tensor([s.group_id for s in samples])
-    with Stopwatch() as ref_watch, policy.disable_adapter():
-        ref_logps = response_logprobs(
-            policy,
-            prompts,
-            responses,
-            ScoringSpec(
-                temperature=temperature,
-                micro_batch_size=update.micro_batch_size,
-                pad_id=pad_id,
-                share_prefix=share_prefix,
-            ),
-        )
-    batch = GRPOBatch(
-        prompt_ids=prompts,
-        response_ids=responses,
-        advantages=group_advantages(rewards, group_ids, scale=update.advantage_scale),
-        ref_logps=ref_logps,
-    )
-    tokens = max(float(batch.response_tokens), 1.0)
+    def __init__(self) -> None:
+        self.gap: float | None = None
 
-    with Stopwatch() as update_watch:  # the same update GRPOModule.training_step runs
-        optimizer.zero_grad(set_to_none=True)
-        metrics, finite = accumulate_grpo_gradients(
-            policy,
-            batch,
-            update,
-            ScoringSpec(
-                temperature=temperature,
-                micro_batch_size=update.micro_batch_size,
-                pad_id=pad_id,
-                share_prefix=share_prefix,
-            ),
-            max_response_len=module.rollout_settings.max_new_tokens,
-            token_normaliser=tokens,
-            seq_normaliser=float(len(batch)),
-            backward=lambda loss: loss.backward(),
-        )
-        optimizer_step(
-            optimizer,
-            [p for p in policy.parameters() if p.requires_grad],
-            finite=finite,
-            grad_clip=module.optimizer_settings.grad_clip,
-        )
-    return {"ref_s": ref_watch.seconds, "update_s": update_watch.seconds, "loss": metrics["loss"], "tokens": tokens}
+    def after_rollouts(self, samples, where: str) -> None:
+        return None
+
+    def reader_answered(self, records, where: str) -> bool:
+        return True
+
+    def sampler_gap(self, samples, trainer_logps, where: str) -> dict[str, float]:
+        if samples and samples[0].sampler_logprobs is not None:
+            self.gap = sampler_logprob_gap([s.sampler_logprobs for s in samples], trainer_logps())
+        return {}
 
 
 def bench_step(
     module: GRPOModule, instances, group_size: int, optimizer, seed: int, engine_sync: EngineSync | None = None
 ) -> dict[str, Any]:
-    """Rollouts (agent + reader) and one GRPO update for ``instances`` at ``group_size``; timings and counts.
+    """One GRPO step on ``instances`` at ``group_size``, through :mod:`memalpha.train.step` as
+    :meth:`~memalpha.train.module.GRPOModule.training_step` runs it: the round collected
+    (:func:`~memalpha.train.step.collect_round`: the agent's rollouts with the module's sampler,
+    the reader, rewards, reference log-probs under ``update.kl_reference``), then its one
+    mini-batch trained (:func:`~memalpha.train.step.train_minibatch`). Timings and counts.
 
     With ``engine_sync`` the agent's turns are sampled by its vLLM server, the policy's adapter
     synced to it first (``sync_s``), as :class:`~memalpha.train.module.GRPOModule` does."""
     with Stopwatch() as sync_watch:
         engine = None if engine_sync is None else engine_sync.generator(module.policy, module.tokenizer)
-    out = run_rollouts(
-        instances,
-        module.policy,
-        module.tokenizer,
-        module.reader,
-        module.rollout_settings,
-        module.reward_settings,
-        module.content_judge,
-        seed=seed,
-        group_size=group_size,
-        share_prefix=module.lm_settings.share_prefix,
-        fold_adapters=module.lm_settings.fold_adapters_for_sampling,
-        engine=engine,
+    agent, gap = module.agent(), _EngineGap()
+    collected = collect_round(
+        lambda: agent.rollouts(instances, seed=seed, group_size=group_size, sampler=engine),
+        module.policy, module.update_settings, module.scoring, ONE_PROCESS, seed=seed,
+        where="benchmark round",
+        checks=gap,
     )
-    gap = None
-    if engine_sync is not None:  # not timed: the check training runs, reported for the record
-        trainer_logps = response_logprobs(
-            module.policy,
-            [s.prompt_ids for s in out.samples],
-            [s.response_ids for s in out.samples],
-            ScoringSpec(
-                temperature=module.rollout_settings.temperature,
-                micro_batch_size=module.update_settings.micro_batch_size,
-                pad_id=module.tokenizer.pad_token_id,
-                share_prefix=module.lm_settings.share_prefix,
-            ),
-        )  # fmt: skip
-        gap = sampler_logprob_gap([s.sampler_logprobs for s in out.samples], trainer_logps)
-    update = grpo_update(module, out.samples, optimizer)
+    out = collected.out
+    if collected.nonfinite is not None or len(collected.batches) != 1:
+        raise RuntimeError(f"the benchmark round gave {len(collected.batches)} mini-batches "
+                           f"(non-finite: {collected.nonfinite}); it times one")
+    params = [p for p in module.policy.parameters() if p.requires_grad]
+    with Stopwatch() as update_watch:
+        result = train_minibatch(
+            module.policy, collected.batches[0], module.update_settings, module.scoring, ONE_PROCESS,
+            Optimisation(optimizer, params, module.optimizer_settings.grad_clip),
+            max_response_len=module.rollout_settings.max_new_tokens,
+        )
     if engine_sync is not None:
         engine_sync.policy_changed()
-    train_s = update["ref_s"] + update["update_s"]
+    ref_s = collected.metrics["perf/ref_old_logprob_s"]
+    train_s = ref_s + update_watch.seconds
     step_s = sync_watch.seconds + out.rollout_s + out.reader_s + train_s
     questions = sum(len(r.questions) for r in out.records)
     turns = len(out.samples)
@@ -240,14 +194,14 @@ def bench_step(
         "sync_s": sync_watch.seconds,
         "rollout_s": out.rollout_s,
         "reader_s": out.reader_s,
-        "ref_logprob_s": update["ref_s"],
-        "update_s": update["update_s"],
+        "ref_logprob_s": ref_s,
+        "update_s": update_watch.seconds,
         "train_s": train_s,
         "step_s": step_s,
         "tokens_per_s": out.generated_tokens / out.rollout_s if out.rollout_s > 0 else 0.0,
         "turns_per_s": turns / out.rollout_s if out.rollout_s > 0 else 0.0,
         "questions_per_s": questions / out.reader_s if out.reader_s > 0 else 0.0,
-        "sampler_logprob_gap": gap,
+        "sampler_logprob_gap": gap.gap,
         "share": {
             "sync": sync_watch.seconds / step_s,
             "rollout": out.rollout_s / step_s,
@@ -256,7 +210,7 @@ def bench_step(
         },
         "mean_reward": sum(s.reward for s in out.samples) / max(turns, 1),
         "peak_rss_gib_so_far": gib(lifetime_peak_rss_bytes()),
-        "loss": update["loss"],
+        "loss": result.metrics["loss"],
     }
 
 
@@ -284,6 +238,7 @@ def run_benchmark(
     warmup: bool = True,
     seed: int = 0,
     engines: Sequence[str] = ("hf",),
+    backend: str = "auto",
     vllm_venv: str = ".venv-vllm",
     vllm_url: str | None = None,
     vllm_dir: str | os.PathLike = "runs/bench_rollout_vllm",
@@ -305,6 +260,7 @@ def run_benchmark(
         micro_batch_size=micro_batch_size,
         learning_rate=learning_rate,
         seed=seed,
+        backend=backend,
     )
     optimizer, _ = build_optimizer(
         [p for p in module.policy.parameters() if p.requires_grad], module.optimizer_settings
@@ -317,7 +273,7 @@ def run_benchmark(
     server_start_s = None
     if "vllm" in engines:
         settings = RolloutSettings(
-            engine="vllm",
+            backend="vllm",
             max_new_tokens=max_new_tokens,
             max_prompt_tokens=max_prompt_tokens,
             vllm=VllmSettings(url=vllm_url, venv=vllm_venv),
@@ -348,6 +304,7 @@ def run_benchmark(
                 "kl_coef": 0.001,
                 "seed": seed,
                 "engines": list(engines),
+                "backend": backend,
                 "vllm_server_start_s": server_start_s,
             },
             "columns": {
@@ -422,6 +379,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         help="tiny run for tests: n 2, 1 instance, 1 chunk, 4 new tokens (with --model a tiny folder)")
     parser.add_argument("--engine", type=_engine_list, default=["hf"],
                         help="rollout engines to compare, alternating: hf, vllm or hf,vllm")
+    parser.add_argument("--backend", default="auto", choices=SAMPLING_BACKENDS,
+                        help="how the hf rows sample in this process (model.rollout.backend; default auto)")
     parser.add_argument("--vllm-venv", default=".venv-vllm", help="venv of the vLLM server (make vllm-env)")
     parser.add_argument("--vllm-url", default=None, help="a running vLLM server instead of starting one")
     parser.add_argument("--vllm-dir", default="runs/bench_rollout_vllm",
@@ -444,6 +403,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         warmup=not args.no_warmup,
         seed=args.seed,
         engines=args.engine,
+        backend=args.backend,
         vllm_venv=args.vllm_venv,
         vllm_url=args.vllm_url,
         vllm_dir=args.vllm_dir,

@@ -18,11 +18,14 @@ exactly as ``configs/qlora_4090.yaml`` does: NF4 base (double quantisation), LoR
                   exactly ``response_tokens`` new tokens (the end-of-sequence id handed to
                   :func:`memalpha.lm.sampling.generation.generate` is one past the vocabulary, so it can never
                   be sampled), ``generation_batch_size`` prompts per call;
-2. ``reference``  reference log-probs (adapter off, no grad), ``micro_batch_size`` at a time;
+2. ``reference``  reference log-probs (the fresh adapter's reference is the base; no grad),
+                  ``micro_batch_size`` at a time (:func:`memalpha.train.step.score_samples`);
 3. ``policy``     per micro-batch: policy log-probs with grad and the clipped GRPO loss with the
                   k3 KL term (``forward``), then ``backward``;
-4. ``optimizer``  gradient clipping and the optimiser step (:func:`memalpha.grpo.update.optimizer_step`;
+4. ``optimizer``  gradient clipping and the optimiser step (3 and 4 are
+                  :func:`memalpha.train.step.train_minibatch`, the step ``memalpha fit`` takes;
                   bitsandbytes paged 8-bit AdamW on a GPU, as the config says; torch AdamW on a CPU).
+                  ``policy_forward`` is the gradient pass outside the ``backward`` calls in it.
 
 On a GPU the process is capped to 24 GiB with ``torch.cuda.set_per_process_memory_fraction``
 and the peak allocated/reserved memory of every phase is reported (the paged optimiser's
@@ -41,7 +44,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -63,15 +66,14 @@ from _common import (
 )
 from gpu_record import GpuRecord, add_arguments
 
-from memalpha.grpo.advantages import group_advantages
-from memalpha.grpo.loss import policy_loss
-from memalpha.grpo.settings import OptimizerSettings
-from memalpha.grpo.update import build_optimizer, optimizer_step
+from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
+from memalpha.grpo.update import build_optimizer
 from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
-from memalpha.lm.core.policy import SAMPLING_BACKENDS, LMSettings, LoraSettings, load_policy
-from memalpha.lm.sampling.generation import generate
-from memalpha.lm.scoring.logprobs import token_logprobs
+from memalpha.lm.core.policy import LMSettings, LoraSettings, load_policy
+from memalpha.lm.sampling.backend import SAMPLING_BACKENDS
+from memalpha.lm.sampling.generation import sampler_for
 from memalpha.lm.scoring.spec import ScoringSpec
+from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_samples, train_minibatch
 
 DEFAULT_OUT = RESULTS_DIR / "bench_scale.json"
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "qlora_4090.yaml"
@@ -113,7 +115,7 @@ def read_recipe(path: Path = CONFIG_PATH) -> dict[str, Any]:
         "compute_dtype": lm["compute_dtype"],
         "upcast_unquantised": bool(lm.get("upcast_unquantised", LMSettings.upcast_unquantised)),
         "gradient_checkpointing": bool(lm["gradient_checkpointing"]),
-        "fold_adapters": bool(lm.get("fold_adapters_for_sampling", LMSettings.fold_adapters_for_sampling)),
+        "backend": rollout.get("backend", "auto"),
         "optimizer": optimizer["name"],
         "learning_rate": float(optimizer["learning_rate"]),
         "weight_decay": float(optimizer["weight_decay"]),
@@ -181,6 +183,12 @@ class Phase:
         self.error: str | None = None
 
     def run(self, fn):
+        with self.timing():
+            return fn()
+
+    @contextmanager
+    def timing(self):
+        """Time the block and record its peak memory (the context manager :meth:`run` uses)."""
         sync = torch.cuda.synchronize if self.cuda else None
         if self.cuda:
             torch.cuda.synchronize()
@@ -190,7 +198,7 @@ class Phase:
         recorded = self.clock.phase(self.name) if self.clock is not None else nullcontext()
         try:
             with recorded, sampler, watch:
-                return fn()
+                yield
         except BaseException as exc:
             self.error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
             raise
@@ -218,6 +226,40 @@ class Phase:
         return out
 
 
+class GradientPass:
+    """The ``policy_forward`` and ``backward`` phases of one gradient pass, taking turns: the pass
+    (:func:`memalpha.train.step.train_minibatch`'s ``gradients`` stage) runs as ``policy_forward``
+    except inside each micro-batch's ``backward`` call, which runs as ``backward``."""
+
+    def __init__(self, forward: Phase, backward: Phase) -> None:
+        self.forward, self.backward_phase = forward, backward
+        self._open_block = None
+
+    def _open(self) -> None:
+        self._open_block = self.forward.timing()
+        self._open_block.__enter__()
+
+    def _close(self, error: BaseException | None) -> None:
+        block, self._open_block = self._open_block, None
+        if block is not None:
+            block.__exit__(type(error) if error else None, error, error.__traceback__ if error else None)
+
+    @contextmanager
+    def stage(self):
+        self._open()
+        try:
+            yield
+        except BaseException as error:
+            self._close(error)
+            raise
+        self._close(None)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self._close(None)
+        self.backward_phase.run(loss.backward)
+        self._open()
+
+
 def make_optimizer(params, name: str, cuda: bool, lr: float, weight_decay: float):
     """Paged 8-bit AdamW (bitsandbytes) on a GPU when the recipe asks for it, else torch AdamW; constant LR."""
     name = name if cuda and name == "paged_adamw_8bit" else "adamw"
@@ -239,10 +281,9 @@ def grpo_step(policy, tokenizer, recipe: dict[str, Any], phases: dict[str, Phase
     prompts = torch.randint(low, vocab_size, (group_size, prompt_tokens), generator=generator).tolist()
 
     generation = phases["generate"].run(
-        lambda: generate(
-            policy, tokenizer, prompts, max_new_tokens=response_tokens, temperature=temperature,
+        lambda: sampler_for(policy, tokenizer, recipe["backend"])(
+            prompts, max_new_tokens=response_tokens, temperature=temperature,
             do_sample=True, seed=seed, batch_size=recipe["generation_batch_size"],
-            backend=recipe["sampling_backend"], fold_adapters=recipe["fold_adapters"],
             eos_token_id=vocab_size,  # one past the vocabulary: never sampled, so no early stop
         )
     )
@@ -251,61 +292,29 @@ def grpo_step(policy, tokenizer, recipe: dict[str, Any], phases: dict[str, Phase
         raise RuntimeError(f"generation was meant to be forced to {response_tokens} tokens, got lengths {lengths}")
     responses = generation.response_ids
 
-    def reference():
-        with torch.no_grad(), policy.disable_adapter():
-            policy.eval()
-            try:
-                return token_logprobs(
-                    policy,
-                    prompts,
-                    responses,
-                    ScoringSpec(temperature=temperature, micro_batch_size=mbs, pad_id=pad_id),
-                )
-            finally:
-                policy.train()
-
-    ref = phases["reference"].run(reference)
-    rewards = torch.rand(group_size, generator=generator)
-    advantages = group_advantages(rewards, [0] * group_size)
-    tokens = float(sum(lengths))
+    update = UpdateSettings(kl_coef=recipe["kl_coef"], clip_low=recipe["clip_low"],
+                            clip_high=recipe["clip_high"], micro_batch_size=mbs, loss_agg="token-mean")
+    scoring = ScoringSpec(temperature=temperature, micro_batch_size=mbs, pad_id=pad_id)
+    samples = Samples(prompts, responses, torch.rand(group_size, generator=generator),
+                      torch.zeros(group_size, dtype=torch.long))
+    gradients = GradientPass(phases["policy_forward"], phases["backward"])
+    stages = {"logprobs": phases["reference"].timing, "gradients": gradients.stage,
+              "optimizer": phases["optimizer"].timing}
+    scored = score_samples(policy, samples, update, scoring, round_samples=group_size, seed=seed,
+                           clock=lambda stage: stages[stage]())
+    if scored.nonfinite is not None:
+        raise RuntimeError(f"non-finite {scored.nonfinite} in the random model's round")
     params = [p for p in policy.parameters() if p.requires_grad]
     optimizer, optimizer_name = make_optimizer(params, recipe["optimizer"], cuda, recipe["learning_rate"],
                                                recipe["weight_decay"])
-    optimizer.zero_grad(set_to_none=True)
     policy.train()
-    losses = []
-    finite = True
-    for lo in range(0, group_size, mbs):
-        part = slice(lo, lo + mbs)
-        device = ref.device
-
-        def forward(part=part, device=device):
-            logps = token_logprobs(
-                policy,
-                prompts[part],
-                responses[part],
-                ScoringSpec(temperature=temperature, micro_batch_size=mbs, pad_id=pad_id),
-            )
-            mask = torch.ones_like(logps)
-            return policy_loss(
-                logps, logps.detach(), ref[part].to(logps.device), advantages[part].to(logps.device), mask,
-                clip_low=recipe["clip_low"], clip_high=recipe["clip_high"], kl_coef=recipe["kl_coef"],
-                agg="token-mean", token_normaliser=tokens,
-            )
-
-        out = phases["policy_forward"].run(forward)
-        phases["backward"].run(out.loss.backward)
-        losses.append(float(out.loss.detach()))
-        finite = finite and out.finite
-        del out
-
-    def step():
-        grad_norm = optimizer_step(optimizer, params, finite=finite, grad_clip=recipe["grad_clip"])
-        optimizer.zero_grad(set_to_none=True)
-        return grad_norm
-
-    grad_norm = phases["optimizer"].run(step)
-    return {"loss": sum(losses), "grad_norm": grad_norm, "optimizer": optimizer_name,
+    result = train_minibatch(
+        policy, scored.batches[0], update, scoring, ONE_PROCESS,
+        Optimisation(optimizer, params, recipe["grad_clip"], backward=gradients.backward),
+        max_response_len=response_tokens, clock=lambda stage: stages[stage](),
+    )
+    optimizer.zero_grad(set_to_none=True)
+    return {"loss": result.metrics["loss"], "grad_norm": result.grad_norm, "optimizer": optimizer_name,
             "trainable_parameters": sum(p.numel() for p in params), "generated_tokens": sum(lengths)}
 
 
@@ -323,7 +332,7 @@ def run_benchmark(
     tokenizer: str = "smollm2-135m-instruct",
     out: str | os.PathLike | None = DEFAULT_OUT,
     verbose: bool = True,
-    sampling_backend: str = "auto",
+    backend: str | None = None,
     allow_dirty: bool = False,
 ) -> dict[str, Any]:
     """Build, quantise and step once; print the phase table; write the JSON to ``out`` (None: don't).
@@ -336,7 +345,7 @@ def run_benchmark(
     if cuda and not torch.cuda.is_available():
         raise RuntimeError("device cuda asked for but torch sees no GPU")
     recipe = read_recipe()
-    recipe["sampling_backend"] = sampling_backend
+    recipe["backend"] = backend or recipe["backend"]
     if micro_batch_size is not None:
         recipe["micro_batch_size"] = micro_batch_size
     if group_size is not None:
@@ -373,7 +382,7 @@ def run_benchmark(
         "compute_dtype": compute_dtype,
         "lora": {"r": recipe["lora"].r, "alpha": recipe["lora"].alpha, "target_modules": recipe["lora"].target_modules},
         "gradient_checkpointing": recipe["gradient_checkpointing"],
-        "sampling_backend": sampling_backend,
+        "backend": recipe["backend"],
         "upcast_unquantised": recipe["upcast_unquantised"],
         "recipe": str(CONFIG_PATH.relative_to(CONFIG_PATH.parent.parent)),
     }
@@ -468,8 +477,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         help="tokenizer folder or the embedded model's name (default: the embedded one)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny run for tests: scale 0.03, vocab 2048, prompt 16, response 4, n 2, micro-batch 1")
-    parser.add_argument("--sampling-backend", default="auto", choices=SAMPLING_BACKENDS,
-                        help="the decoding loop (model.lm.sampling_backend; default auto)")
+    parser.add_argument("--backend", default=None, choices=SAMPLING_BACKENDS,
+                        help="how tokens are sampled (model.rollout.backend; default the recipe's, auto)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON file to write")
     add_arguments(parser)
     args = parser.parse_args(argv)
@@ -486,7 +495,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         scale=args.scale, prompt_tokens=args.prompt_tokens, response_tokens=args.response_tokens,
         group_size=args.group_size, micro_batch_size=args.micro_batch_size, vocab_size=args.vocab_size,
         compute_dtype=args.compute_dtype, device=args.device, seed=args.seed, tokenizer=args.tokenizer,
-        out=args.out, sampling_backend=args.sampling_backend, allow_dirty=args.allow_dirty,
+        out=args.out, backend=args.backend, allow_dirty=args.allow_dirty,
     )
 
 

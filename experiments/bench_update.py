@@ -4,9 +4,11 @@ Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench_update.py [--adapter-p
 
 The batch is ``bench_vs_trl.py --parity``'s: the embedded model with an adapter samples
 ``--prompts`` memorising prompts of the memory job (~560 tokens) ``--group-size`` times each, up
-to ``--max-new-tokens`` tokens, once, with a fixed seed; the advantages are drawn. Then
-:func:`memalpha.train.actor.accumulate_grpo_gradients` (the loss's forward and backward, in
-micro-batches of ``--micro-batch-size`` with the prompt prefix shared) runs on that batch along
+to ``--max-new-tokens`` tokens, once, with a fixed seed; the rewards are drawn and become the
+round's mini-batch as in training (:func:`memalpha.train.step.score_samples`). Then
+:func:`memalpha.train.step.train_minibatch` (the loss's forward and backward, in micro-batches of
+``--micro-batch-size`` with the prompt prefix shared, and an optimiser step at learning rate 0 so
+every path starts from the same weights) runs on that batch along
 four paths, each adding one change to the one before, alternating ``--repeats`` times in one
 process:
 
@@ -43,14 +45,13 @@ import torch
 from _common import command_line, machine_info, print_table, write_json
 from _parity_job import add_job_arguments, check_job_arguments, job_settings, load_job
 
-from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import UpdateSettings
 from memalpha.lm.core import prefix_cache
-from memalpha.lm.sampling.generation import generate
+from memalpha.lm.sampling.generation import sampler_for
 from memalpha.lm.scoring import logprobs
 from memalpha.lm.scoring.spec import ScoringSpec
-from memalpha.train.actor import accumulate_grpo_gradients
+from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_samples, train_minibatch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_update.json"
 PATHS = ("padded", "packed", "streamed", "accumulated")
@@ -73,26 +74,22 @@ def run_path(path: str, model, batch: GRPOBatch, settings: UpdateSettings, pad_i
         logprobs.accumulated_adapters = prefix_cache.accumulated_adapters = _no_switch
     try:
         model.zero_grad(set_to_none=True)
+        params = [p for p in model.parameters() if p.requires_grad]
+        # the step training takes, with a zero learning rate and no clipping: every path starts from
+        # the same weights and leaves its gradients to compare
+        hold_still = Optimisation(torch.optim.SGD(params, lr=0.0), params, grad_clip=0.0)
+        scoring = ScoringSpec(temperature=1.0, micro_batch_size=settings.micro_batch_size, pad_id=pad_id,
+                              share_prefix=True)
         start = time.perf_counter()
-        metrics, _ = accumulate_grpo_gradients(
-            model,
-            batch,
-            settings,
-            ScoringSpec(
-                temperature=1.0, micro_batch_size=settings.micro_batch_size, pad_id=pad_id, share_prefix=True,
-            ),
-            max_response_len=max_len,
-            token_normaliser=float(batch.response_tokens),
-            seq_normaliser=float(len(batch)),
-            backward=lambda loss: loss.backward(),
-        )
+        result = train_minibatch(model, batch, settings, scoring, ONE_PROCESS, hold_still,
+                                 max_response_len=max_len)
         seconds = time.perf_counter() - start
     finally:
         (logprobs.packed_response_hidden, logprobs.streams_head, logprobs.accumulated_adapters,
          prefix_cache.accumulated_adapters) = saved
     grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     model.zero_grad(set_to_none=True)
-    return seconds, metrics["loss"], grads
+    return seconds, result.metrics["loss"], grads
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -112,14 +109,15 @@ def main(argv=None) -> dict[str, Any]:
     machine = machine_info()
     torch.manual_seed(args.seed)
     model, tokenizer, prompts, rows = load_job(args, job_seed=0)
-    sampled = generate(model, tokenizer, rows, max_new_tokens=args.max_new_tokens, seed=args.seed, fold_adapters=True)
+    sampled = sampler_for(model, tokenizer, "auto")(rows, max_new_tokens=args.max_new_tokens, seed=args.seed)
     groups = torch.arange(args.prompts).repeat_interleave(args.group_size)
-    drawn = torch.randn(len(rows), generator=torch.Generator().manual_seed(args.seed))
-    batch = GRPOBatch(
-        prompt_ids=sampled.prompt_ids, response_ids=sampled.response_ids,
-        advantages=group_advantages(drawn, groups, scale="group"), ref_logps=None,
-    )
+    drawn = torch.randn(len(rows), generator=torch.Generator().manual_seed(args.seed))  # the rewards
     settings = UpdateSettings(kl_coef=0.0, loss_agg="token-mean", micro_batch_size=args.micro_batch_size)
+    scoring = ScoringSpec(temperature=1.0, micro_batch_size=args.micro_batch_size,
+                          pad_id=tokenizer.pad_token_id)
+    samples = Samples(sampled.prompt_ids, sampled.response_ids, drawn, groups)
+    scored = score_samples(model, samples, settings, scoring, round_samples=len(rows), seed=args.seed)
+    (batch,) = scored.batches
     seconds: dict[str, list[float]] = {path: [] for path in PATHS}
     losses: dict[str, float] = {}
     grads: dict[str, torch.Tensor] = {}

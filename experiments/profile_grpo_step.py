@@ -5,10 +5,10 @@ Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/profile_grpo_step.py [--no-s
 The job is the memalpha side of ``bench_vs_trl.py`` (embedded SmolLM2-135M-Instruct, fp32,
 LoRA r 16 on all linear layers, 2 memorising prompts x group 4, 48 new tokens, k3 KL 0.04,
 micro-batch 2). One warm-up step runs unprofiled; the next runs under ``torch.profiler`` with
-a ``record_function`` label on each phase: generation, reference log-probs (adapter off),
-the policy pass (log-probs, loss and backward, micro-batch by micro-batch, through
-:func:`memalpha.train.actor.accumulate_grpo_gradients` on a :class:`~memalpha.grpo.batch.GRPOBatch`)
-and the optimiser step (:func:`memalpha.grpo.update.optimizer_step`, no clipping). Prints the
+a ``record_function`` label on each phase: generation, reference log-probs (the fresh adapter's
+reference is the base; :func:`memalpha.train.step.score_samples`), the policy pass (log-probs,
+loss and backward, micro-batch by micro-batch) and the optimiser step (no clipping), the last two
+:func:`memalpha.train.step.train_minibatch`, the step ``memalpha fit`` takes. Prints the
 phase table and the ten operators with the most self CPU time; writes
 ``experiments/results/profile_grpo_step[_no_share].json``. ``--no-share-prefix`` turns the
 shared-prefix cache off in every phase, for the before/after comparison.
@@ -32,15 +32,12 @@ import torch
 from _common import RESULTS_DIR, command_line, lifetime_peak_rss_bytes, machine_info, print_table, write_json
 from bench_vs_trl import build_prompts, tool_call_validity
 
-from memalpha.grpo.advantages import group_advantages
-from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-from memalpha.grpo.update import build_optimizer, optimizer_step
+from memalpha.grpo.update import build_optimizer
 from memalpha.lm.core.policy import LoraSettings, load_policy
-from memalpha.lm.sampling.generation import generate
-from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.lm.sampling.generation import sampler_for
 from memalpha.lm.scoring.spec import ScoringSpec
-from memalpha.train.actor import accumulate_grpo_gradients
+from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_samples, train_minibatches
 
 PHASES = ("generate", "reference_logprobs", "policy_loss_backward", "optimizer_step")
 MAX_NEW_TOKENS = 48
@@ -55,44 +52,27 @@ def one_step(
     pad_id = tokenizer.pad_token_id
     group_prompts = [p for p in prompts for _ in range(group_size)]
     with torch.profiler.record_function("generate"):
-        out = generate(
-            policy, tokenizer, group_prompts, max_new_tokens=MAX_NEW_TOKENS, seed=seed, share_prefix=share
+        out = sampler_for(policy, tokenizer, "auto")(
+            group_prompts, max_new_tokens=MAX_NEW_TOKENS, seed=seed, share_prefix=share
         )
     completions = [tokenizer.decode(r, skip_special_tokens=True) for r in out.response_ids]
     rewards = torch.tensor(tool_call_validity(completions))
-    group_ids = torch.arange(len(prompts)).repeat_interleave(group_size)
-    with torch.profiler.record_function("reference_logprobs"), policy.disable_adapter():
-        ref_logps = response_logprobs(
-            policy,
-            out.prompt_ids,
-            out.response_ids,
-            ScoringSpec(
-                temperature=1.0, micro_batch_size=UPDATE.micro_batch_size, pad_id=pad_id, share_prefix=share,
-            ),
-        )
-    batch = GRPOBatch(
-        prompt_ids=out.prompt_ids,
-        response_ids=out.response_ids,
-        advantages=group_advantages(rewards, group_ids),
-        ref_logps=ref_logps,
-    )
-    with torch.profiler.record_function("policy_loss_backward"):
-        _, finite = accumulate_grpo_gradients(
-            policy,
-            batch,
-            UPDATE,
-            ScoringSpec(
-                temperature=1.0, micro_batch_size=UPDATE.micro_batch_size, pad_id=pad_id, share_prefix=share,
-            ),
-            max_response_len=MAX_NEW_TOKENS,
-            token_normaliser=max(float(batch.response_tokens), 1.0),
-            seq_normaliser=float(len(batch)),
-            backward=lambda loss: loss.backward(),
-        )
-    with torch.profiler.record_function("optimizer_step"):
-        optimizer_step(
-            optimizer, [p for p in policy.parameters() if p.requires_grad], finite=finite, grad_clip=OPTIMIZER.grad_clip
-        )
+    groups = torch.arange(len(prompts)).repeat_interleave(group_size)
+    samples = Samples(out.prompt_ids, out.response_ids, rewards, groups)
+    scoring = ScoringSpec(temperature=1.0, micro_batch_size=UPDATE.micro_batch_size, pad_id=pad_id,
+                          share_prefix=share)
+    labels = {"logprobs": "reference_logprobs", "gradients": "policy_loss_backward",
+              "optimizer": "optimizer_step"}
+
+    def clock(stage: str):
+        return torch.profiler.record_function(labels[stage])
+
+    scored = score_samples(policy, samples, UPDATE, scoring, round_samples=len(samples), seed=seed,
+                           clock=clock)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    for _ in train_minibatches(policy, scored.batches, UPDATE, scoring, ONE_PROCESS,
+                               Optimisation(optimizer, params, OPTIMIZER.grad_clip),
+                               max_response_len=MAX_NEW_TOKENS, clock=clock):
         optimizer.zero_grad(set_to_none=True)
     return out.num_generated_tokens
 

@@ -241,7 +241,7 @@ def test_the_record_holds_every_field_with_cuda_fields_null_on_a_cpu(monkeypatch
     from memalpha.lm.sampling.backend import BackendChoice
 
     with record:
-        record.note_backend("sampling", BackendChoice("hf-generate", "named by lm.sampling_backend"))
+        record.note_backend("sampling", BackendChoice("hf-generate", "named by rollout.backend"))
         with record.clock.phase("load"):
             device.wait_reads(2)
     data = json.loads(json.dumps(record.as_dict()))  # it is plain JSON

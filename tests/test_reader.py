@@ -286,12 +286,12 @@ def test_the_local_reader_samples_through_the_policys_backends_with_the_adapters
     model, tokenizer = peaked_policy
     prompts = ["Where does Anna live?", "What is the capital of Norway? Answer in one word.", "Locker 1?"]
     kwargs = {"max_new_tokens": 6, "batch_size": 2}
-    base = LocalReader(model, tokenizer, sampling_backend="growing-cache", fold_adapters=False, **kwargs)
+    base = LocalReader(model, tokenizer, backend="growing-cache", **kwargs)
     expected = [a.text for a in base.complete(prompts)]
-    adapted = LocalReader(model, tokenizer, disable_adapters=False, sampling_backend="growing-cache", **kwargs)
+    adapted = LocalReader(model, tokenizer, disable_adapters=False, backend="growing-cache", **kwargs)
     assert [a.text for a in adapted.complete(prompts)] != expected  # (the adapter does change the answers)
 
-    reader = LocalReader(model, tokenizer, sampling_backend=backend, fold_adapters=True, **kwargs)
+    reader = LocalReader(model, tokenizer, backend=backend, **kwargs)
     monkeypatch.setattr(backends, "_said", set())  # each choice is said once per process
     with caplog.at_level(logging.INFO, logger="memalpha.lm.sampling.backend"):
         answers = reader.complete(prompts)

@@ -7,9 +7,19 @@ import logging
 import pytest
 import torch
 
-from memalpha.lm.core.policy import SAMPLING_BACKENDS, LMSettings, LoraSettings, load_policy
-from memalpha.lm.sampling.backend import announce, candidates, choose_backend, why_not
-from memalpha.lm.sampling.generation import generate
+from memalpha.agent.rollout import RolloutSettings
+from memalpha.lm.core.policy import LoraSettings, load_policy
+from memalpha.lm.sampling.backend import (
+    BACKENDS,
+    SAMPLING_BACKENDS,
+    announce,
+    candidates,
+    choose_backend,
+    folds,
+    in_process,
+    why_not,
+)
+from memalpha.lm.sampling.generation import generate, sampler_for
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [5, 6, 7, 8]]
 
@@ -41,18 +51,46 @@ def test_auto_says_what_the_better_backends_lacked(policy):
 
 def test_a_named_backend_that_cannot_run_is_an_error_naming_the_setting(policy):
     model, _ = policy
-    with pytest.raises(ValueError, match=r"lm.sampling_backend='cpu-fused' cannot sample .*fold_adapters_for_sampling"):
+    with pytest.raises(ValueError, match=r"rollout.backend='cpu-fused' cannot sample .*samples unfolded"):
         choose_backend(model, "cpu-fused", fold_adapters=False)
-    with pytest.raises(ValueError, match="lm.sampling_backend must be one of"):
+    with pytest.raises(ValueError, match="rollout.backend must be one of"):
         choose_backend(model, "fastest")
-    assert choose_backend(model, "hf-generate").reason == "named by lm.sampling_backend"
+    assert choose_backend(model, "hf-generate").reason == "named by rollout.backend"
 
 
-def test_settings_refuse_an_unknown_backend():
-    assert LMSettings(sampling_backend="growing-cache").sampling_backend == "growing-cache"
-    with pytest.raises(ValueError, match=r"lm.sampling_backend must be one of \['auto'"):
-        LMSettings(sampling_backend="vllm")
-    assert SAMPLING_BACKENDS[0] == "auto"
+def test_one_setting_names_the_backend_and_its_folding():
+    assert RolloutSettings(backend="growing-cache").backend == "growing-cache"
+    with pytest.raises(ValueError, match=r"rollout.backend must be one of \['auto'"):
+        RolloutSettings(backend="hf")
+    assert SAMPLING_BACKENDS[0] == "auto" and "vllm" in BACKENDS and "vllm" not in SAMPLING_BACKENDS
+    values = ("auto", "cpu-fused", "cuda-graph", "growing-cache", "hf-generate", "vllm")
+    assert [folds(b) for b in values] == [True, True, True, False, False, True]
+    assert in_process("vllm") == "auto" and in_process("cpu-fused") == "cpu-fused"
+    with pytest.raises(ValueError, match="rollout.backend: vllm samples on its server"):
+        sampler_for(None, None, "vllm")
+
+
+def test_a_named_fused_step_that_declines_the_weights_is_an_error_and_auto_chooses_again(
+    policy, monkeypatch, caplog
+):
+    """FusedDecoder.build returning None at run time: named, the run stops naming the setting; under
+    auto the next backend samples and the new choice is logged (never a silent swap)."""
+    from memalpha.lm.sampling import backend as backends
+    from memalpha.lm.sampling import generation
+
+    model, tokenizer = policy
+    monkeypatch.setattr(generation.FusedDecoder, "build", staticmethod(lambda *args, **kwargs: None))
+    with pytest.raises(ValueError, match=r"rollout.backend='cpu-fused' cannot sample .*declined the weights"):
+        sampler_for(model, tokenizer, "cpu-fused")(PROMPTS, max_new_tokens=2, do_sample=False)
+    monkeypatch.setattr(backends, "_said", set())
+    with caplog.at_level(logging.INFO, logger="memalpha.lm.sampling.backend"):
+        out = sampler_for(model, tokenizer, "auto")(PROMPTS, max_new_tokens=2, do_sample=False)
+    assert len(out.response_ids) == len(PROMPTS)
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].startswith("sampling backend: cpu-fused -- auto on cpu"), said
+    assert said[1].startswith(
+        "sampling backend: growing-cache -- auto on cpu (not cpu-fused: the fused step declined"
+    )
 
 
 def test_sliding_window_decoders_go_to_model_generate(tmp_path, tokenizer):
@@ -83,7 +121,7 @@ def test_every_backend_gives_the_same_greedy_tokens(policy):
 
 def test_the_graph_needs_the_folded_copy(policy):
     model, _ = policy
-    with pytest.raises(ValueError, match="cuda-graph.*fold_adapters_for_sampling is off"):
+    with pytest.raises(ValueError, match="cuda-graph.*samples unfolded"):
         choose_backend(model, "cuda-graph", fold_adapters=False)
     assert choose_backend(model, "cuda-graph", fold_adapters=True).name == "cuda-graph"  # eager on the CPU
 
@@ -95,4 +133,4 @@ def test_the_choice_is_logged_once_per_model(policy, caplog):
         announce(model, choice, who="a test")
         announce(model, choice, who="a test")
     lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["a test backend: growing-cache -- named by lm.sampling_backend"]
+    assert lines == ["a test backend: growing-cache -- named by rollout.backend"]

@@ -209,6 +209,26 @@ def test_prefixed_keys_name_their_nested_group(tmp_path):
                         "--model.reader.openai.base_url", "http://x:1/v1"])  # current keys pass
 
 
+def test_the_three_sampling_keys_stop_naming_rollout_backend(tmp_path):
+    """``rollout.engine``, ``lm.sampling_backend`` and ``lm.fold_adapters_for_sampling`` became the
+    one ``rollout.backend`` (issue 40, item 2): each old key stops with one line naming it."""
+    config = tmp_path / "old.yaml"
+    old = {"model": {"rollout": {"engine": "vllm"}, "lm": {"sampling_backend": "auto"}}}
+    config.write_text(yaml.safe_dump(old, sort_keys=False))
+    with pytest.raises(SystemExit) as info:
+        check_renamed_keys(["fit", "--config", str(config), "--model.lm.fold_adapters_for_sampling", "false"])
+    lines = str(info.value).removesuffix(" (see docs/configuration.md)").split("\n")
+    engine_hint = "hf: auto or a named in-process loop; vllm: vllm"
+    fold_hint = "false: growing-cache or hf-generate, which sample unfolded"
+    new = "model.rollout.backend"
+    assert lines == [
+        f"error: {config}: model.rollout.engine is now model.rollout.backend ({engine_hint})",
+        f"error: {config}: model.lm.sampling_backend is now model.rollout.backend",
+        f"error: command line: model.lm.fold_adapters_for_sampling is now {new} ({fold_hint})",
+    ]
+    check_renamed_keys(["fit", "--model.rollout.backend", "growing-cache"])  # the new key passes
+
+
 def test_sft_reads_its_limits_where_fit_does(tmp_path, capsys):
     """``memalpha sft`` takes ``data.load.train_limit`` as ``memalpha fit`` does; the flat key stops
     with one line, while SFT's own ``model.micro_batch_size`` (a flat GRPO key of old) stays valid."""

@@ -20,11 +20,11 @@ import torch
 from test_nonfinite import FaultPlan, fit, grpo
 from test_training import write_config
 
-import memalpha.lm.sampling.generation as generation
-import memalpha.train.module as module_
+import memalpha.train.step as step_
 from memalpha.agent import scoring
 from memalpha.cli import main
 from memalpha.lm.core.out_of_memory import is_out_of_memory, memory_held
+from memalpha.lm.sampling import generation
 from memalpha.reader.base import Reader, ReaderAnswer
 from memalpha.reader.local import LocalReader
 from memalpha.reader.settings import ReaderSettings
@@ -151,14 +151,20 @@ def inject_out_of_memory(phase: str, monkeypatch) -> None:
     def raising(*args, **kwargs):
         raise gpu_out_of_memory()
 
-    if phase == "sampling":  # the policy's sampler (the module's binding; the reader imports its own)
-        monkeypatch.setattr(module_, "generate", raising)
-    elif phase == "reader":  # the local reader's generate
-        monkeypatch.setattr(generation, "generate", raising)
+    if phase in ("sampling", "reader"):  # every local sampler's generate: the policy's calls come first,
+        # and with the policy's (announced as sampling) let through, the reader's are next
+        real = generation.generate
+
+        def raising_for(*args, **kwargs):
+            if phase == "reader" and kwargs.get("announce_as") == "sampling":
+                return real(*args, **kwargs)
+            raise gpu_out_of_memory()
+
+        monkeypatch.setattr(generation, "generate", raising_for)
     elif phase == "logprobs":
-        monkeypatch.setattr(module_, "response_logprobs", raising)
+        monkeypatch.setattr(step_, "response_logprobs", raising)
     elif phase == "update":
-        monkeypatch.setattr(module_, "accumulate_grpo_gradients", raising)
+        monkeypatch.setattr(step_, "accumulate_grpo_gradients", raising)
 
 
 @pytest.mark.parametrize("phase", ["sampling", "reader", "logprobs", "update"])
@@ -184,8 +190,11 @@ def test_the_cli_stops_with_one_line_and_the_checkpoint_resumes(tmp_path, tiny_m
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     before = digest(last)
 
-    real = module_.accumulate_grpo_gradients
-    monkeypatch.setattr(module_, "accumulate_grpo_gradients", lambda *a, **k: (_ for _ in ()).throw(gpu_out_of_memory()))
+    real = step_.accumulate_grpo_gradients
+    def out_of_memory(*args, **kwargs):
+        raise gpu_out_of_memory()
+
+    monkeypatch.setattr(step_, "accumulate_grpo_gradients", out_of_memory)
     with pytest.raises(SystemExit) as stopped:
         main(["fit", "--config", str(config), "--ckpt_path", str(last)])
     message = str(stopped.value.code)
@@ -193,7 +202,7 @@ def test_the_cli_stops_with_one_line_and_the_checkpoint_resumes(tmp_path, tiny_m
     assert "model.update.micro_batch_size" in message and "\n" not in message
     assert digest(last) == before
 
-    monkeypatch.setattr(module_, "accumulate_grpo_gradients", real)
+    monkeypatch.setattr(step_, "accumulate_grpo_gradients", real)
     main(["fit", "--config", str(config), "--ckpt_path", str(last)])
     assert torch.load(last, weights_only=False)["global_step"] == 2
 

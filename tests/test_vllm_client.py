@@ -133,10 +133,10 @@ def test_vllm_settings_name_the_bad_option(kwargs, message):
         VllmSettings(**kwargs)
 
 
-def test_rollout_engine_is_checked_and_its_settings_typed():
-    with pytest.raises(ValueError, match="rollout.engine"):
-        RolloutSettings(engine="sglang")
-    assert RolloutSettings(engine="vllm", vllm={"url": "http://h:1"}).vllm.url == "http://h:1"
+def test_rollout_backend_is_checked_and_its_settings_typed():
+    with pytest.raises(ValueError, match="rollout.backend must be one of"):
+        RolloutSettings(backend="sglang")
+    assert RolloutSettings(backend="vllm", vllm={"url": "http://h:1"}).vllm.url == "http://h:1"
 
 
 # ---------------------------------------------------------------- the server process
@@ -230,7 +230,7 @@ def test_sampler_logprob_gap_is_the_mean_absolute_difference_per_token():
 
 
 def test_check_gap_stops_the_run_above_the_threshold(tmp_path):
-    sync = EngineSync(RolloutSettings(engine="vllm", vllm={"max_logprob_gap": 0.1}), "m", 8, tmp_path)
+    sync = EngineSync(RolloutSettings(backend="vllm", vllm={"max_logprob_gap": 0.1}), "m", 8, tmp_path)
     sync.check_gap(0.1, "round 0")
     with pytest.raises(SamplerDriftError, match=r"round 0: rollout/sampler_logprob_gap 0.2 is over .* 0.1"):
         sync.check_gap(0.2, "round 0")
@@ -240,7 +240,7 @@ def test_check_gap_stops_the_run_above_the_threshold(tmp_path):
 def engine_config(tmp_path: Path, model_dir: str, url: str, **vllm) -> Path:
     path = write_config(tmp_path, model_dir, max_steps=2)
     config = yaml.safe_load(path.read_text())
-    config["model"]["rollout"].update(engine="vllm", vllm={"url": url, **vllm})
+    config["model"]["rollout"].update(backend="vllm", vllm={"url": url, **vllm})
     path.write_text(yaml.safe_dump(config))
     return path
 

@@ -133,7 +133,7 @@ def test_greedy_tokens_equal_hf_before_and_after_an_optimiser_step(engine, polic
 
 def test_sampled_logprobs_match_the_trainer_and_a_broken_sync_is_caught(engine, policy, tmp_path):
     model, tokenizer = policy
-    sync = EngineSync(RolloutSettings(engine="vllm"), "unused", LORA.r, tmp_path)
+    sync = EngineSync(RolloutSettings(backend="vllm"), "unused", LORA.r, tmp_path)
     sync.engine, sync.policy_version = engine, engine.adapter_version
     samples = memorise(model, tokenizer, sync.generator(model, tokenizer), do_sample=True, seed=5)
     check_versions([s.adapter_version for s in samples], sync.policy_version, "round 0")
@@ -174,7 +174,7 @@ def test_reader_on_the_server_answers_as_the_local_reader(server, policy):
 def test_fit_step_samples_from_the_server_and_answers_there(server, tmp_path, embedded_model_dir):
     path = write_config(tmp_path, str(embedded_model_dir), max_steps=1)
     config = yaml.safe_load(path.read_text())
-    config["model"]["rollout"].update(engine="vllm", vllm={"url": server.base_url})
+    config["model"]["rollout"].update(backend="vllm", vllm={"url": server.base_url})
     config["model"]["reader"].update(kind="engine")
     path.write_text(yaml.safe_dump(config))
     main(["fit", "--config", str(path)])

@@ -19,8 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
-from typing import Any, Literal, get_args
+from typing import Any
 
 from memalpha.agent.content_judges import ContentJudge
 from memalpha.agent.fact_recall import memory_fact_recall
@@ -32,7 +31,8 @@ from memalpha.agent.scoring import score_answers
 from memalpha.data.schema import Instance
 from memalpha.lm.core.chat import chat_prompt_ids
 from memalpha.lm.core.modes import eval_mode
-from memalpha.lm.sampling.generation import Generation, generate
+from memalpha.lm.sampling.backend import Backend, check_backend
+from memalpha.lm.sampling.generation import Generation, sampler_for
 from memalpha.lm.sampling.vllm_engine import SampledGeneration
 from memalpha.lm.sampling.vllm_settings import VllmSettings
 from memalpha.memory.render import render_memorise
@@ -43,9 +43,6 @@ from memalpha.templates.loader import PromptTemplates, load_templates
 from memalpha.tools.executor import SUCCESS_STATUSES, execute_call
 from memalpha.tools.formats import CallFormat, CallFormatName, get_call_format
 from memalpha.tools.jsonfix import CALL_REPAIRS, CallRepair
-
-RolloutEngine = Literal["hf", "vllm"]
-ROLLOUT_ENGINES: tuple[str, ...] = get_args(RolloutEngine)
 
 GenerateFn = Callable[..., Generation]
 """Generates like :func:`memalpha.lm.sampling.generation.generate` without its model and tokenizer
@@ -92,10 +89,20 @@ class RolloutSettings:
             judges' (the reader built for this run gets the same file). null = memalpha's own
             texts (``memalpha/templates/memalpha.yaml``); ``memalpha prompts import`` writes the
             official code's texts as such a file (docs/official_compatibility.md, difference 4).
-        engine: Who generates the agent's turns: ``hf`` (``transformers`` ``generate`` on the
-            policy in this process) or ``vllm`` (a vLLM server with the current adapter synced to
-            it before every round; docs/vllm_engine.md). Validation rollouts use the same engine.
-        vllm: The ``vllm`` engine's server and its checks (ignored with ``engine: hf``).
+        backend: How every token of the run is sampled, the agent's and the local reader's
+            (``memalpha/lm/sampling/backend.py``): ``auto`` (the best in-process loop that runs for
+            the model and device, logged once at setup), ``cpu-fused`` (memalpha's CPU decoding
+            step over weights with the LoRA folded in; float32/float64 Llama-family decoders),
+            ``cuda-graph`` (a static cache and a decoding step captured as a CUDA graph over a
+            dense copy of the weights, LoRA folded in, 4-bit bases dequantised; eager on the CPU),
+            ``growing-cache`` (the model's layers as loaded over a cache that grows in place: no
+            copy of the weights, for FSDP or when that copy does not fit), ``hf-generate``
+            (``transformers``' ``model.generate`` on the model as loaded) or ``vllm`` (a vLLM
+            server with the current adapter synced to it before every round; docs/vllm_engine.md;
+            the local reader then samples in-process as ``auto`` chooses). A backend that cannot
+            run for the model stops the run at setup, naming the reason. Validation rollouts
+            sample the same way.
+        vllm: The ``vllm`` backend's server and its checks (ignored unless ``backend: vllm``).
     """
 
     group_size: int = 8
@@ -113,12 +120,11 @@ class RolloutSettings:
     prompt_profile: PromptProfile = "full"
     call_repair: CallRepair = "strict"
     prompt_templates: str | None = None
-    engine: RolloutEngine = "hf"
+    backend: Backend = "auto"
     vllm: VllmSettings = field(default_factory=VllmSettings)
 
     def __post_init__(self) -> None:
-        if self.engine not in ROLLOUT_ENGINES:
-            raise ValueError(f"rollout.engine must be one of {list(ROLLOUT_ENGINES)}, got {self.engine!r}")
+        check_backend(self.backend)
         if isinstance(self.vllm, dict):
             self.vllm = VllmSettings(**self.vllm)
         for name in ("group_size", "max_new_tokens", "max_prompt_tokens", "core_token_limit"):
@@ -166,7 +172,7 @@ class TurnSample:
     (stripped of surrounding whitespace) and re-tokenising it; memalpha keeps the sampled ids,
     so the log-probs are those of the tokens the policy drew. ``truncated`` and the turn's
     calls describe the whole response; ``train/response_length`` counts trained tokens.
-    With a generation server (``rollout.engine: vllm``) ``sampler_logprobs`` holds the server's
+    With a generation server (``rollout.backend: vllm``) ``sampler_logprobs`` holds the server's
     log-prob of every trained token and ``adapter_version`` the adapter version it sampled with.
     """
 
@@ -317,7 +323,6 @@ def memorise_chunks(
     seed: int,
     do_sample: bool,
     share_prefix: bool,
-    fold_adapters: bool = False,
     engine: GenerateFn | None = None,
     on_phase: PhaseHook | None = None,
 ) -> int:
@@ -325,7 +330,7 @@ def memorise_chunks(
 
     For chunk index ``i`` the live rollouts (instances with fewer chunks have dropped out) get
     one batched ``generate`` (``engine`` when given, e.g. a vLLM server, else the policy in
-    this process, its LoRA update folded into its weights when ``fold_adapters``); each
+    this process through ``settings.backend``: :func:`~memalpha.lm.sampling.generation.sampler_for`); each
     response is parsed and executed on its own rollout's memory, and the turn is appended to the rollout (a :class:`TurnSample`, its calls, a log entry).
     ``on_phase`` hears ``sampling`` as each chunk index starts, with the tokens per second so far.
     Returns the number of generated tokens.
@@ -334,6 +339,7 @@ def memorise_chunks(
     generated_tokens = 0
     chunks = max((len(r.instance.chunks) for r in rollouts), default=0)
     start = time.perf_counter()
+    sample = engine or sampler_for(model, tokenizer, settings.backend)
     with eval_mode(model):
         for chunk_index in range(chunks):
             elapsed = time.perf_counter() - start
@@ -351,7 +357,7 @@ def memorise_chunks(
                 )[1]
                 for r in live
             ]
-            generation = (engine or partial(generate, model, tokenizer, fold_adapters=fold_adapters))(
+            generation = sample(
                 prompts,
                 max_new_tokens=settings.max_new_tokens,
                 temperature=settings.temperature,
@@ -518,7 +524,6 @@ def run_rollouts(
     group_size: int | None = None,
     judge_reader: Reader | None = None,
     share_prefix: bool = True,
-    fold_adapters: bool = False,
     engine: GenerateFn | None = None,
     on_phase: PhaseHook | None = None,
 ) -> RolloutOutput:
@@ -527,8 +532,8 @@ def run_rollouts(
 
     ``group_id`` of a sample is the instance's position in ``instances``. ``share_prefix`` lets
     each ``generate`` call compute the prompt tokens its rows share once
-    (:mod:`memalpha.lm.core.prefix_cache`); ``fold_adapters`` samples with the policy's LoRA update
-    folded into its weights (:func:`memalpha.lm.sampling.generation.generate`). The answer metric of each source comes from
+    (:mod:`memalpha.lm.core.prefix_cache`); the policy samples as ``settings.backend`` says. The
+    answer metric of each source comes from
     ``weights.metric_overrides`` first; answers are compared in ``weights.metric_style``.
     ``engine`` generates the agent's turns instead of the policy (see :func:`memorise_chunks`).
     ``on_phase`` hears each phase as it starts (:mod:`memalpha.agent.progress`).
@@ -540,7 +545,7 @@ def run_rollouts(
     start = time.perf_counter()
     generated_tokens = memorise_chunks(
         rollouts, model, tokenizer, settings, seed=seed, do_sample=do_sample, share_prefix=share_prefix,
-        fold_adapters=fold_adapters, engine=engine, on_phase=on_phase,
+        engine=engine, on_phase=on_phase,
     )
     rollout_s = time.perf_counter() - start
     report(on_phase, Phase("reader", total=sum(len(r.instance.questions) for r in rollouts)))

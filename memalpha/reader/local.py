@@ -9,10 +9,10 @@ template supports the switch), sorted by length, left-padded into batches of
 ``batch_size`` and decoded greedily (``temperature == 0``) or by sampling.
 
 The reader samples through the same decoding loop as the policy
-(:func:`memalpha.lm.sampling.generation.generate` with the run's ``lm.sampling_backend`` and
-``lm.fold_adapters_for_sampling``: on a GPU the captured ``cuda-graph`` step over a dense copy of
-the base weights, 4-bit bases dequantised), with the adapters off, and logs its choice as the
-``reader`` backend. All the questions of one call go to one ``generate`` call, so that dense copy
+(:func:`memalpha.lm.sampling.generation.sampler_for` with the run's ``rollout.backend``: on a GPU
+the captured ``cuda-graph`` step over a dense copy of the base weights, 4-bit bases dequantised),
+with the adapters off, and logs its choice as the ``reader`` backend. All the questions of one
+call go to one ``generate`` call, so that dense copy
 is made once per reader phase, not once per batch.
 """
 
@@ -26,6 +26,7 @@ from typing import Any
 
 from memalpha.lm.core.modes import eval_mode
 from memalpha.lm.core.out_of_memory import is_out_of_memory
+from memalpha.lm.sampling.backend import in_process
 from memalpha.reader.base import Conversation, Reader, ReaderAnswer, Sampling
 from memalpha.reader.options import RetrievalSettings
 from memalpha.reader.question_instructions import QuestionInstructions
@@ -79,18 +80,15 @@ class LocalReader(Reader):
         model: a ``transformers`` causal LM, or a ``peft.PeftModel`` around one.
         tokenizer: its tokenizer (a chat template is required).
         max_new_tokens: reply length limit (answers are short).
-        temperature: 0 decodes greedily; > 0 samples.
-        top_p: nucleus sampling when sampling.
+        temperature: 0 decodes greedily; > 0 samples (nucleus sampling is asked per call:
+            :meth:`generate`'s ``top_p``, as the reader server's requests do).
         retrieval, question_instructions, templates: see :class:`~memalpha.reader.base.Reader`.
         batch_size: prompts per forward batch.
         disable_adapters: answer with the base weights of a PEFT model.
         enable_thinking: passed to the chat template (Qwen3's thinking switch).
         seed: seed of sampling (one per call).
-        sampling_backend: the decoding loop (``lm.sampling_backend``'s values; ``auto`` picks the
-            best that runs, as for the policy).
-        fold_adapters: sample from a folded (dense) copy of the weights, as
-            ``lm.fold_adapters_for_sampling`` says for the policy; needed by ``cuda-graph`` and
-            ``cpu-fused``.
+        backend: how it samples (``rollout.backend``'s values, the run's; ``vllm`` samples the
+            agent's turns on a server and the reader as ``auto`` chooses).
     """
 
     def __init__(
@@ -99,7 +97,6 @@ class LocalReader(Reader):
         tokenizer: Any,
         max_new_tokens: int = 64,
         temperature: float = 0.0,
-        top_p: float = 1.0,
         retrieval: RetrievalSettings | None = None,
         batch_size: int = 8,
         disable_adapters: bool = True,
@@ -107,8 +104,7 @@ class LocalReader(Reader):
         seed: int | None = None,
         question_instructions: QuestionInstructions | None = None,
         templates: PromptTemplates | None = None,
-        sampling_backend: str = "auto",
-        fold_adapters: bool = True,
+        backend: str = "auto",
     ) -> None:
         super().__init__(retrieval=retrieval, question_instructions=question_instructions, templates=templates)
         if batch_size < 1:
@@ -121,13 +117,12 @@ class LocalReader(Reader):
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
-        self.top_p = top_p
+        self.top_p = 1.0  # nucleus sampling off unless a call asks for it (the server's requests do)
         self.batch_size = batch_size
         self.disable_adapters = disable_adapters
         self.enable_thinking = enable_thinking
         self.seed = seed
-        self.sampling_backend = sampling_backend
-        self.fold_adapters = fold_adapters
+        self.backend = in_process(backend)
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -148,7 +143,7 @@ class LocalReader(Reader):
         """Generate one reply per conversation; a failing call yields failed items, not an exception,
         except running out of memory, which is raised
         (:func:`~memalpha.lm.core.out_of_memory.is_out_of_memory`)."""
-        from memalpha.lm.sampling.generation import generate
+        from memalpha.lm.sampling.generation import sampler_for
 
         max_new_tokens = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         temperature = self.temperature if temperature is None else temperature
@@ -165,9 +160,7 @@ class LocalReader(Reader):
         order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
         with base_weights(self.model, self.disable_adapters):
             try:
-                out = generate(
-                    self.model,
-                    self.tokenizer,
+                out = sampler_for(self.model, self.tokenizer, self.backend, announce_as="reader")(
                     [prompts[i] for i in order],
                     max_new_tokens=max_new_tokens,
                     temperature=temperature if temperature > 0 else 1.0,
@@ -176,9 +169,6 @@ class LocalReader(Reader):
                     do_sample=temperature > 0,
                     seed=seed,
                     batch_size=self.batch_size,
-                    fold_adapters=self.fold_adapters,
-                    backend=self.sampling_backend,
-                    announce_as="reader",
                 )
             except Exception as exc:  # a failed call fails its items; running out of memory stops
                 if is_out_of_memory(exc):  # the next call, of the same size, would fail the same way

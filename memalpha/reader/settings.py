@@ -27,7 +27,7 @@ class ReaderSettings:
         kind: ``local`` (the policy's base weights, adapters off), ``openai`` (an
             OpenAI-compatible endpoint), or ``engine`` (the rollout engine's vLLM server with no
             adapter, i.e. the base model: one server samples the agent and answers; needs
-            ``rollout.engine: vllm``; the ``reader.openai`` request options apply, its address
+            ``rollout.backend: vllm``; the ``reader.openai`` request options apply, its address
             and model name come from the engine), or ``extractive`` (no model: the answer is the
             memory text retrieved for the question, so a ``substring`` question scores 1 when its
             gold is stored in a retrieved entry; r1 then measures the memory alone; answers no
@@ -91,8 +91,7 @@ class ReaderSettings:
         tokenizer: Any,
         templates: PromptTemplates | None = None,
         engine_endpoint: tuple[str, str, str] | None = None,
-        sampling_backend: str = "auto",
-        fold_adapters: bool = True,
+        backend: str = "auto",
     ) -> Reader:
         """The reader: ``policy`` with its adapters off (``local``), a client of the endpoint
         (``openai``; ``engine``: of ``engine_endpoint``, the rollout engine's
@@ -100,8 +99,7 @@ class ReaderSettings:
 
         ``templates`` are the prompt texts (the run's ``rollout.prompt_templates``; ``None``:
         memalpha's). The ``openai`` reader builds its prompts here too, so one file serves both.
-        ``sampling_backend`` and ``fold_adapters`` are the policy's (``lm.sampling_backend``,
-        ``lm.fold_adapters_for_sampling``): the ``local`` reader samples through the same loop.
+        ``backend`` is the run's ``rollout.backend``: the ``local`` reader samples through the same loop.
         """
         instructions = load_question_instructions(self.question_instructions)
         if self.kind == "extractive":
@@ -116,13 +114,14 @@ class ReaderSettings:
                 batch_size=self.batch_size,
                 question_instructions=instructions,
                 templates=templates,
-                sampling_backend=sampling_backend,
-                fold_adapters=fold_adapters,
+                backend=backend,
             )
         endpoint, tokenizer_path = self.openai, None
         if self.kind == "engine":
             if engine_endpoint is None:
-                raise ValueError("reader.kind: engine answers from the rollout engine's server: set rollout.engine: vllm")
+                raise ValueError(
+                    "reader.kind: engine answers from the rollout engine's server: set rollout.backend: vllm"
+                )
             base_url, model, tokenizer_path = engine_endpoint
             endpoint = replace(self.openai, base_url=base_url, model=model)
         return OpenAIReader(

@@ -74,12 +74,28 @@ _NESTED = {
     },
 }
 RENAMED_GROUP_KEYS: dict[str, str] = {
-    f"{section}.{old}": f"{section}.{new}" for section, moved in _NESTED.items() for old, new in moved.items()
+    **{
+        f"{section}.{old}": f"{section}.{new}"
+        for section, moved in _NESTED.items() for old, new in moved.items()
+    },
+    # one setting says how tokens are sampled (memalpha/lm/sampling/backend.py)
+    **dict.fromkeys(
+        ("model.rollout.engine", "model.lm.sampling_backend", "model.lm.fold_adapters_for_sampling"),
+        "model.rollout.backend",
+    ),
 }
 """Keys inside a section that moved into a nested group (``model.reader.openai_base_url``,
-``model.reader.bm25``, ``data.synthetic_train``, ``data.layout``) and the key that replaced each
-(``model.reader.openai.base_url``, ``model.reader.retrieval.bm25``, ``data.synthetic.train``,
-``data.load.layout``)."""
+``model.reader.bm25``, ``data.synthetic_train``, ``data.layout``) or folded into another
+(``model.rollout.engine``, ``model.lm.sampling_backend``, ``model.lm.fold_adapters_for_sampling``)
+and the key that replaced each (``model.reader.openai.base_url``, ``model.reader.retrieval.bm25``,
+``data.synthetic.train``, ``data.load.layout``, ``model.rollout.backend``)."""
+
+
+RENAMED_HINTS = {
+    "model.rollout.engine": "hf: auto or a named in-process loop; vllm: vllm",
+    "model.lm.fold_adapters_for_sampling": "false: growing-cache or hf-generate, which sample unfolded",
+}
+"""How an old value reads in the key that replaced it, where that is not the same value."""
 
 
 def renamed_key_message(key: str, value: Any, where: str) -> str | None:
@@ -95,7 +111,8 @@ def renamed_option_message(option: str, value: Any, where: str) -> str | None:
     """The error for an old option given by its full dotted name (``model.kl_coef``,
     ``model.reader.bm25``, ``data.synthetic_train``); None when ``option`` is current."""
     if option in RENAMED_GROUP_KEYS:
-        return f"{where}: {option} is now {RENAMED_GROUP_KEYS[option]}"
+        hint = f" ({RENAMED_HINTS[option]})" if option in RENAMED_HINTS else ""
+        return f"{where}: {option} is now {RENAMED_GROUP_KEYS[option]}{hint}"
     section, _, key = option.partition(".")
     if section == "model" and key and "." not in key:
         return renamed_key_message(key, value, where)

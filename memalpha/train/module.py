@@ -1,14 +1,15 @@
 """GRPOModule: the LoRA/QLoRA memory-agent policy trained with GRPO under Lightning.
 
+The step itself is :mod:`memalpha.train.step`, free of Lightning; this module is its glue.
 ``training_step`` owns the experience buffer. When it is empty, the step takes the next
-:class:`~memalpha.train.datamodule.InstanceRound` from the DataModule's stream and rolls it
-out with the current policy (:func:`~memalpha.agent.rollout.run_rollouts`); the rewards become
-group-relative advantages, the reference (and, for several steps per round, old-policy)
-log-probs are computed once, and :func:`~memalpha.grpo.batch.cut_minibatches` cuts the round
-into the mini-batches of its optimiser steps. Every step then trains one mini-batch: the
-micro-batched clipped GRPO update with a k3 KL penalty to the reference (the same base weights
-with the adapters disabled, or the frozen starting adapter: ``update.kl_reference``). Unserved mini-batches go into the checkpoint with every rank's
-own, so a resumed run trains exactly what the interrupted one would have. A round whose rewards
+:class:`~memalpha.train.datamodule.InstanceRound` from the DataModule's stream and collects it
+(:func:`~memalpha.train.step.collect_round`: rollouts with the current policy, group-relative
+advantages, the reference -- the base, or the frozen starting adapter: ``update.kl_reference``
+-- and, for several steps per round, old-policy log-probs, the round's mini-batches). Every step
+then trains one mini-batch (:func:`~memalpha.train.step.train_minibatch`: the micro-batched
+clipped GRPO update with a k3 KL penalty, then the optimiser step). Unserved mini-batches go
+into the checkpoint with every rank's own, so a resumed run trains exactly what the interrupted
+one would have. A round whose rewards
 or reference/old log-probs hold a NaN or an infinity is dropped whole (on every rank) and its
 step skipped, as is a step whose loss or gradient norm is non-finite (``docs/metrics_and_rewards.md``).
 
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -32,27 +32,24 @@ from lightning.pytorch.utilities import rank_zero_warn
 from memalpha.agent.progress import Phase, PhaseHook, report
 from memalpha.agent.prompt_budget import check_prompt_budget
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import RolloutOutput, RolloutRecord, RolloutSettings, run_rollouts
+from memalpha.agent.rollout import RolloutOutput, RolloutRecord, RolloutSettings, TurnSample
 from memalpha.data.schema import Instance
-from memalpha.grpo.advantages import group_advantages
-from memalpha.grpo.batch import GRPOBatch, cut_minibatches
+from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-from memalpha.grpo.update import first_nonfinite
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer, resolve_model_path
 from memalpha.lm.core.policy import LMSettings, LoraSettings
-from memalpha.lm.core.reference import load_reference_adapter, reference_weights
-from memalpha.lm.sampling.backend import announce, choose_backend
-from memalpha.lm.sampling.generation import generate
-from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.lm.core.reference import load_reference_adapter
+from memalpha.lm.sampling.backend import announce_backends
+from memalpha.lm.sampling.generation import sampler_for
 from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.reader.base import Reader
 from memalpha.reader.settings import ReaderSettings
 from memalpha.seeding import stable_seed
-from memalpha.train.actor import accumulate_grpo_gradients
 from memalpha.train.datamodule import InstanceRound
 from memalpha.train.engine_sync import EngineShutdown, EngineSync, check_versions, sampler_logprob_gap
 from memalpha.train.policy_module import PolicyModule, typed
-from memalpha.train.round_report import rollout_text, round_metrics
+from memalpha.train.round_report import rollout_text
+from memalpha.train.step import Agent, Optimisation, collect_round, train_minibatch
 from memalpha.train.step_faults import (
     ReaderFailures,
     SkippedRounds,
@@ -75,6 +72,30 @@ class RoundExperience(NamedTuple):
     text: str | None
     nonfinite: str | None
     refused: bool = False
+
+
+class _ModuleChecks:
+    """The module's :class:`~memalpha.train.step.RoundChecks`: the reader-failure gate and, with
+    the vLLM engine, the sampler's adapter version and log-prob gap."""
+
+    def __init__(self, module: GRPOModule) -> None:
+        self.module = module
+
+    def after_rollouts(self, samples: Sequence[TurnSample], where: str) -> None:
+        sync = self.module.engine_sync
+        if sync is not None:
+            check_versions([s.adapter_version for s in samples], sync.policy_version, where)
+
+    def reader_answered(self, records: Sequence[RolloutRecord], where: str) -> bool:
+        return self.module._reader_answered(records, where)
+
+    def sampler_gap(self, samples, trainer_logps, where: str) -> dict[str, float]:
+        sync = self.module.engine_sync
+        if sync is None:
+            return {}
+        gap = sampler_logprob_gap([s.sampler_logprobs for s in samples], trainer_logps())
+        sync.check_gap(gap, where)  # the server sampled: was it the policy being trained?
+        return {"rollout/sampler_logprob_gap": gap}
 
 
 class GRPOModule(PolicyModule):
@@ -119,8 +140,11 @@ class GRPOModule(PolicyModule):
         self._init_policy(lm, lora, optimizer)
         self.rollout_settings: RolloutSettings = typed(RolloutSettings, rollout)
         self.reader_settings: ReaderSettings = typed(ReaderSettings, reader)
-        if self.reader_settings.kind == "engine" and self.rollout_settings.engine != "vllm":
-            raise ValueError("reader.kind: engine answers from the rollout engine's vLLM server: set rollout.engine: vllm")
+        if self.reader_settings.kind == "engine" and self.rollout_settings.backend != "vllm":
+            raise ValueError(
+                "reader.kind: engine answers from the rollout backend's vLLM server:"
+                " set rollout.backend: vllm"
+            )
         self.reward_settings: RewardSettings = typed(RewardSettings, reward)
         if self.reader_settings.kind == "extractive" and self.reward_settings.content_judge == "llm":
             raise ValueError("reward.content_judge: llm asks the reader, and reader.kind: extractive has no model "
@@ -132,7 +156,7 @@ class GRPOModule(PolicyModule):
         self.experience: list[GRPOBatch] = []  # this rank's unserved mini-batches of the current round
         self._val_records: list[RolloutRecord] = []
         self._step_start = time.perf_counter()
-        self.engine_sync: EngineSync | None = None  # rollout.engine: vllm (started at the first rollout)
+        self.engine_sync: EngineSync | None = None  # rollout.backend: vllm (started at the first rollout)
         self.skipped_rounds = SkippedRounds()  # rounds refused for failed reader answers, in a row
         self._phase = "sampling"  # the phase of the step now running (named if it runs out of memory)
 
@@ -153,18 +177,17 @@ class GRPOModule(PolicyModule):
         if self.load_policy():
             if self.update_settings.kl_reference == "start" and self.hparams.adapter_path:
                 load_reference_adapter(self.policy, self.hparams.adapter_path)
-            lm = self.lm_settings
+            backend = self.rollout_settings.backend
             self.reader = self.reader_settings.build(
                 self.policy, self.tokenizer, self.rollout_settings.templates, self._engine_endpoint(),
-                sampling_backend=lm.sampling_backend, fold_adapters=lm.fold_adapters_for_sampling,
+                backend=backend,
             )
             self.content_judge = self.reward_settings.build_content_judge(self.reader)
             self.scoring = ScoringSpec(
                 temperature=self.rollout_settings.temperature, micro_batch_size=self.update_settings.micro_batch_size,
                 pad_id=self.tokenizer.pad_token_id, share_prefix=self.lm_settings.share_prefix,
             )
-            if self.rollout_settings.engine != "vllm":  # the policy samples here: say how, or stop now
-                announce(self.policy, choose_backend(self.policy, lm.sampling_backend, lm.fold_adapters_for_sampling))
+            announce_backends(self.policy, backend, reader_samples_here=self.reader_settings.kind == "local")
 
     # ---------------------------------------------------- checkpoint content
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -203,8 +226,8 @@ class GRPOModule(PolicyModule):
 
     # ----------------------------------------------------------- experience
     def _engine_sync(self) -> EngineSync | None:
-        """The vLLM server of ``rollout.engine: vllm`` (made at the first call), else None."""
-        if self.rollout_settings.engine != "vllm":
+        """The vLLM server of ``rollout.backend: vllm`` (made at the first call), else None."""
+        if self.rollout_settings.backend != "vllm":
             return None
         if self.engine_sync is None:
             self.engine_sync = EngineSync(
@@ -217,7 +240,7 @@ class GRPOModule(PolicyModule):
         return self.engine_sync
 
     def _engine(self):
-        """With ``rollout.engine: vllm`` the server's generate function, its adapter synced to the policy."""
+        """With ``rollout.backend: vllm`` the server's generate function, its adapter synced to the policy."""
         sync = self._engine_sync()
         return None if sync is None else sync.generator(self.policy, self.tokenizer)
 
@@ -229,37 +252,29 @@ class GRPOModule(PolicyModule):
         return server.base_url + "/v1", server.served_name, resolve_model_path(self.hparams.model)
 
     def configure_callbacks(self):
-        """With ``rollout.engine: vllm``, :class:`~memalpha.train.engine_sync.EngineShutdown`."""
-        return [EngineShutdown()] if self.rollout_settings.engine == "vllm" else []
+        """With ``rollout.backend: vllm``, :class:`~memalpha.train.engine_sync.EngineShutdown`."""
+        return [EngineShutdown()] if self.rollout_settings.backend == "vllm" else []
 
     def teardown(self, stage: str) -> None:
         if self.engine_sync is not None:
             self.engine_sync.close()
             self.engine_sync = None
 
-    def _rollouts(self, instances: Sequence[Instance], *, seed: int, greedy: bool) -> RolloutOutput:
-        return run_rollouts(
-            instances,
-            self.policy,
-            self.tokenizer,
-            self.reader,
-            self.rollout_settings,
-            self.reward_settings,
-            self.content_judge,
-            seed=seed,
-            do_sample=not greedy,
-            group_size=1 if greedy else None,
-            share_prefix=self.lm_settings.share_prefix,
-            engine=self._engine() or self._local_sampler(),
-            on_phase=self._phase_hook(),
+    def agent(self) -> Agent:
+        """The memory agent of this module's policy, reader and settings."""
+        return Agent(
+            self.policy, self.tokenizer, self.reader, self.rollout_settings, self.reward_settings,
+            self.content_judge, share_prefix=self.lm_settings.share_prefix,
         )
 
-    def _local_sampler(self):
-        """The policy's own ``generate`` with the backend and folding of ``model.lm``."""
-        return partial(
-            generate, self.policy, self.tokenizer, fold_adapters=self.lm_settings.fold_adapters_for_sampling,
-            backend=self.lm_settings.sampling_backend,
-        )
+    def _rollouts(self, instances: Sequence[Instance], *, seed: int, greedy: bool) -> RolloutOutput:
+        return self.agent().rollouts(instances, seed=seed, greedy=greedy, sampler=self._engine(),
+                                     on_phase=self._phase_hook())
+
+    def local_sampler(self):
+        """The policy's sampler in this process, as ``rollout.backend`` says (the one
+        :func:`~memalpha.lm.sampling.generation.sampler_for` every trainer uses)."""
+        return sampler_for(self.policy, self.tokenizer, self.rollout_settings.backend)
 
     def _phase_hook(self) -> PhaseHook:
         """Where the step's phases go: :meth:`_enter_phase`, which keeps the name and hands the
@@ -277,77 +292,22 @@ class GRPOModule(PolicyModule):
         """Running out of memory inside the block stops the run with one line naming the phase."""
         return phase_out_of_memory(lambda: self._phase, lambda: where, self.device)
 
-    @torch.no_grad()
     def experience_round(self, round_: InstanceRound) -> RoundExperience:
-        """Roll a round out and turn it into mini-batches; a NaN or infinity in its rewards or in its
-        reference/old log-probs leaves it without any (its samples cannot be trusted)."""
+        """Roll a round out and turn it into mini-batches (:func:`~memalpha.train.step.collect_round`);
+        a NaN or infinity in its rewards or in its reference/old log-probs leaves it without any
+        (its samples cannot be trusted)."""
         seed = stable_seed(self.hparams.seed, "round", round_.index, self.global_rank)
-        out = self._rollouts(round_.instances, seed=seed, greedy=False)
-        samples = out.samples
-        if not samples:
-            raise RuntimeError(
-                f"rollout round {round_.index} produced no samples from {len(round_.instances)} instances"
-            )
-        if self.engine_sync is not None:
-            check_versions(
-                [s.adapter_version for s in samples], self.engine_sync.policy_version, f"rollout round {round_.index}"
-            )
-        # the round's samples summed over ranks (update.mini_batch_size is global, as verl's), so
-        # every rank takes the same number of steps; a collective, before any rank can leave early
-        round_samples = round(self.mean_over_ranks(float(len(samples))) * self.trainer.world_size)
-        steps_per_epoch = self.update_settings.mini_batches_per_epoch(round_samples)
-        if steps_per_epoch > len(samples):
-            raise RuntimeError(
-                f"rank {self.global_rank} has {len(samples)} samples in round {round_.index}, fewer than the "
-                f"{steps_per_epoch} optimiser steps the round takes; raise model.update.mini_batch_size"
-                " or lower model.update.num_mini_batches"
-            )
-        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-        group_ids = torch.tensor([s.group_id for s in samples])
-        metrics = round_metrics(out, rewards, group_ids)
-        text = rollout_text(out.records[0]) if self._should_log_text() else None
-        if not self._reader_answered(out.records, round_.index):
-            metrics["train/skipped_reader_round"] = 1.0
-            return RoundExperience([], metrics, text, None, refused=True)
-        metrics["train/skipped_reader_round"] = 0.0
-        if first_nonfinite({"rewards": rewards}) is not None:
-            return RoundExperience([], metrics, text, "rewards")
-        prompts = [s.prompt_ids for s in samples]
-        responses = [s.response_ids for s in samples]
-
-        report(self._phase_hook(), Phase("logprobs"))
-        start = time.perf_counter()
-        update = self.update_settings
-        ref_logps = old_logps = None
-        if update.kl_coef > 0:
-            with reference_weights(self.policy):
-                ref_logps = response_logprobs(self.policy, prompts, responses, self.scoring)
-        if update.needs_old_logps(round_samples):
-            old_logps = response_logprobs(self.policy, prompts, responses, self.scoring)
-        metrics["perf/ref_old_logprob_s"] = time.perf_counter() - start
-        if self.engine_sync is not None:  # the server sampled: was it the policy being trained?
-            trainer_logps = (
-                old_logps if old_logps is not None
-                else response_logprobs(self.policy, prompts, responses, self.scoring)
-            )
-            gap = sampler_logprob_gap([s.sampler_logprobs for s in samples], trainer_logps)
-            metrics["rollout/sampler_logprob_gap"] = gap
-            self.engine_sync.check_gap(gap, f"rollout round {round_.index}")
-        problem = first_nonfinite({"reference log-probs": ref_logps, "old log-probs": old_logps})
-        if problem is not None:
-            return RoundExperience([], metrics, text, problem)
-
-        batch = GRPOBatch(
-            prompt_ids=prompts,
-            response_ids=responses,
-            advantages=group_advantages(rewards, group_ids, scale=update.advantage_scale),
-            old_logps=old_logps,
-            ref_logps=ref_logps,
+        collected = collect_round(
+            lambda: self._rollouts(round_.instances, seed=seed, greedy=False),
+            self.policy, self.update_settings, self.scoring, self.ranks(), seed=seed,
+            where=f"rollout round {round_.index}", checks=_ModuleChecks(self), on_phase=self._phase_hook(),
         )
-        batches = cut_minibatches(batch, steps_per_epoch, update.ppo_epochs, seed)
-        return RoundExperience(batches, metrics, text, None)
+        text = rollout_text(collected.out.records[0]) if self._should_log_text() else None
+        return RoundExperience(
+            collected.batches, collected.metrics, text, collected.nonfinite, collected.refused
+        )
 
-    def _reader_answered(self, records: Sequence[RolloutRecord], index: int) -> bool:
+    def _reader_answered(self, records: Sequence[RolloutRecord], round_where: str) -> bool:
         """Whether few enough of the round's reader answers failed to train on it (summed over the
         ranks, a collective, so every rank decides alike); else stop, or skip and count
         (``reader.max_failed_share``, ``reader.on_failed_round``; :mod:`memalpha.train.step_faults`)."""
@@ -358,7 +318,7 @@ class GRPOModule(PolicyModule):
             questions=round(self.mean_over_ranks(float(mine.questions)) * world),
             first_error=mine.first_error,
         )
-        where = f"rollout round {index} (global step {self.global_step})"
+        where = f"{round_where} (global step {self.global_step})"
         settings = self.reader_settings
         answered = check_reader_failures(failures, settings.max_failed_share, settings.on_failed_round, where)
         self.skipped_rounds.update(not answered, where, failures.first_error)
@@ -426,37 +386,31 @@ class GRPOModule(PolicyModule):
         batch = self.experience.pop(0)
         report(self._phase_hook(), Phase("update"))
         start = time.perf_counter()
-        optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
-        n = len(batch)
-        # means over all ranks: DDP averages gradients, so the global token mean needs the mean count
-        normaliser = max(self.mean_over_ranks(float(batch.response_tokens)), 1.0)
-        seq_normaliser = self.mean_over_ranks(float(n))
-        optimizer.zero_grad(set_to_none=True)
-        metrics, finite = accumulate_grpo_gradients(
-            self.policy,
-            batch,
-            self.update_settings,
-            self.scoring,
-            max_response_len=self.rollout_settings.max_new_tokens,
-            token_normaliser=normaliser,
-            seq_normaliser=seq_normaliser,
-            backward=self.manual_backward,
-            grad_scale=float(self.trainer.scaler.get_scale()) if self.trainer.scaler is not None else 1.0,
-        )
         per_round = self.optimizer_settings.schedule_unit == "round"
-        grad_norm, problem = self.finish_step(optimizer, None if per_round else scheduler, finite)
-        if problem is None and self.engine_sync is not None:
+        scaler = self.trainer.scaler
+        result = train_minibatch(
+            self.policy, batch, self.update_settings, self.scoring, self.ranks(),
+            Optimisation(
+                self.optimizers(), self.trainable_parameters(), self.optimizer_settings.grad_clip,
+                scheduler=None if per_round else scheduler, backward=self.manual_backward,
+                grad_scale=float(scaler.get_scale()) if scaler is not None else 1.0,
+                check_grad_norm=scaler is None,  # a grad scaler's overflowing steps are its own business
+            ),
+            max_response_len=self.rollout_settings.max_new_tokens,
+        )
+        self.count_nonfinite(result.problem)
+        if result.problem is None and self.engine_sync is not None:
             self.engine_sync.policy_changed()  # the next round's server sync exports this adapter
-        logged = {f"train/{key}": value for key, value in metrics.items() if key != "tokens"}
+        logged = {f"train/{key}": value for key, value in result.metrics.items() if key != "tokens"}
         logged.update(
             {
-                "train/grad_norm": grad_norm,
-                "train/skipped_nonfinite": float(problem is not None),
+                "train/grad_norm": result.grad_norm,
+                "train/skipped_nonfinite": float(result.problem is not None),
                 "perf/train_s": time.perf_counter() - start,
             }
         )
-        self._log_step(logged, round_metrics_, text, n)
+        self._log_step(logged, round_metrics_, text, len(batch))
         self._end_round(scheduler)  # after logging: the logged lr is the one the round trained with
 
     def _log_step(

@@ -35,6 +35,27 @@ from memalpha.train.checkpoint_io import MODULE_KEY
 NONFINITE_STREAK_KEY = "memalpha_nonfinite_streak"
 
 
+class ModuleRanks:
+    """:class:`~memalpha.train.step.Ranks` of a :class:`PolicyModule`: its trainer's world size and
+    the module's collectives (Lightning's strategy reduces over the ranks)."""
+
+    def __init__(self, module: PolicyModule) -> None:
+        self.module = module
+
+    @property
+    def world_size(self) -> int:
+        return self.module.trainer.world_size
+
+    def mean_over_ranks(self, value: float) -> float:
+        return self.module.mean_over_ranks(value)
+
+    def agree_on_nonfinite(self, problem: str | None) -> str | None:
+        return self.module.agree_on_nonfinite(problem)
+
+    def all_finite(self, finite: bool) -> bool:
+        return self.module.all_finite(finite)
+
+
 def typed(cls, value):
     """Lightning's CLI hands nested settings groups over as dicts; modules keep them typed."""
     return cls(**value) if isinstance(value, dict) else value
@@ -138,15 +159,24 @@ class PolicyModule(LightningModule):
         agreed = int(self.trainer.strategy.reduce(code, reduce_op="max").item())
         return NONFINITE_KINDS[agreed - 1] if agreed else None
 
+    def all_finite(self, finite: bool) -> bool:
+        """Whether every rank's loss was finite (a collective under data parallelism)."""
+        if self.trainer.world_size == 1:
+            return finite
+        flag = torch.tensor(float(finite), device=self.device)
+        return self.trainer.strategy.reduce(flag, reduce_op="min").item() > 0.5
+
+    def ranks(self) -> ModuleRanks:
+        """This module as the step's :class:`~memalpha.train.step.Ranks`."""
+        return ModuleRanks(self)
+
     def finish_step(self, optimizer, scheduler, finite: bool) -> tuple[float, str | None]:
         """Clip and step unless a rank's loss or the gradient norm is non-finite (then the gradients
         are dropped), and count the step (:meth:`count_nonfinite`).
 
         Returns ``(grad_norm, what was non-finite or None)``.
         """
-        if self.trainer.world_size > 1:  # every rank must agree to skip, or DDP ranks diverge
-            flag = torch.tensor(float(finite), device=self.device)
-            finite = self.trainer.strategy.reduce(flag, reduce_op="min").item() > 0.5
+        finite = self.all_finite(finite)  # every rank must agree to skip, or DDP ranks diverge
         # a grad scaler's overflowing steps are its own business: it skips them and lowers its scale
         check_grad_norm = self.trainer.scaler is None
         grad_norm = optimizer_step(

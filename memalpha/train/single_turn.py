@@ -1,9 +1,9 @@
 """The single-turn trainer: prompts and a reward function in, a trained LoRA adapter out.
 
-GRPO without the memory agent, and not the loop ``memalpha fit`` runs: a plain PyTorch loop
-over the same pieces the Lightning module uses (policy loading,
-batched generation, chunked log-probs, group advantages, the clipped loss), for
-single-turn tasks and for comparing against other GRPO trainers::
+GRPO without the memory agent: a plain PyTorch loop over the step the Lightning module takes
+(:mod:`memalpha.train.step`: group advantages and reference log-probs, then the clipped loss
+and the optimiser step), on one process, for single-turn tasks and for comparing against other
+GRPO trainers::
 
     from memalpha.train.single_turn import SingleTurnSettings, train_single_turn
 
@@ -27,18 +27,17 @@ from typing import Any
 
 import torch
 
-from memalpha.grpo.advantages import group_advantages
-from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-from memalpha.grpo.update import NonFiniteStreak, build_optimizer, first_nonfinite, optimizer_step
+from memalpha.grpo.update import NonFiniteStreak, build_optimizer
 from memalpha.lm.core.adapters import export_adapter
 from memalpha.lm.core.chat import chat_prompt_ids
 from memalpha.lm.core.policy import LMSettings, LoraSettings, load_policy
-from memalpha.lm.core.reference import load_reference_adapter, reference_weights
-from memalpha.lm.sampling.generation import generate
-from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.lm.core.reference import load_reference_adapter
+from memalpha.lm.sampling.backend import check_backend
+from memalpha.lm.sampling.generation import sampler_for
 from memalpha.lm.scoring.spec import ScoringSpec
-from memalpha.train.actor import accumulate_grpo_gradients
+from memalpha.seeding import stable_seed
+from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_samples, train_minibatch
 
 RewardFn = Callable[[list[str], list[str]], Sequence[float]]
 
@@ -55,6 +54,8 @@ class SingleTurnSettings:
         temperature: Sampling temperature (also used for the log-probs).
         top_p: Nucleus sampling threshold.
         lm: How the base model is loaded and run (precision, gradient checkpointing, prefix sharing).
+        backend: How completions are sampled (``rollout.backend``'s in-process values:
+            ``memalpha/lm/sampling/backend.py``).
         lora: LoRA adapter shape of a fresh adapter (ignored with ``adapter_path``).
         adapter_path: Start from this PEFT adapter folder (e.g. a ``memalpha sft`` export) instead of
             a fresh adapter; ``update.kl_reference`` says whether the KL term pulls towards it or the base.
@@ -71,6 +72,7 @@ class SingleTurnSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     lm: LMSettings = field(default_factory=LMSettings)
+    backend: str = "auto"
     lora: LoraSettings = field(default_factory=LoraSettings)
     adapter_path: str | None = None
     update: UpdateSettings = field(default_factory=lambda: UpdateSettings(kl_coef=0.0, micro_batch_size=8))
@@ -88,6 +90,9 @@ class SingleTurnSettings:
             raise ValueError(f"temperature must be > 0 (the trainer samples), got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        check_backend(self.backend)
+        if self.backend == "vllm":
+            raise ValueError("backend: the single-turn trainer samples in this process; vllm is the agent's")
         update = self.update
         if update.ppo_epochs > 1 or update.num_mini_batches > 1 or update.mini_batch_size is not None:
             raise ValueError(
@@ -157,17 +162,13 @@ def _prompt_batches(count: int, s: SingleTurnSettings) -> Iterator[list[int]]:
 
 def _sample(run: _Setup, picked: list[int], step: int, s: SingleTurnSettings, reward_fn: RewardFn):
     """``s.group_size`` completions of every picked prompt and their rewards."""
-    generation = generate(
-        run.policy,
-        run.tokenizer,
+    generation = sampler_for(run.policy, run.tokenizer, s.backend)(
         [run.encoded[i] for i in picked for _ in range(s.group_size)],
         max_new_tokens=s.max_new_tokens,
         temperature=s.temperature,
         top_p=s.top_p,
         seed=s.seed * 100_003 + step,
         share_prefix=s.lm.share_prefix,
-        fold_adapters=s.lm.fold_adapters_for_sampling,
-        backend=s.lm.sampling_backend,
     )
     completions = [run.tokenizer.decode(r, skip_special_tokens=True) for r in generation.response_ids]
     texts = [run.texts[i] for i in picked for _ in range(s.group_size)]
@@ -177,43 +178,25 @@ def _sample(run: _Setup, picked: list[int], step: int, s: SingleTurnSettings, re
     return generation, rewards
 
 
-def _update(run: _Setup, generation, rewards: torch.Tensor, groups: int, s: SingleTurnSettings):
-    """Reference log-probs, advantages, the accumulated GRPO gradients and the optimiser step;
-    returns the metrics, the gradient norm and what was non-finite (None: nothing)."""
-    metrics = {"loss": math.nan, "kl": math.nan, "entropy": math.nan}
-    problem = first_nonfinite({"rewards": rewards})
-    ref_logps = None
-    if problem is None and s.update.kl_coef > 0:
-        with reference_weights(run.policy):
-            ref_logps = response_logprobs(
-                run.policy, generation.prompt_ids, generation.response_ids, run.scoring,
-            )
-        problem = first_nonfinite({"reference log-probs": ref_logps})
-    if problem is not None:
-        return metrics, math.nan, problem
-    group_ids = torch.arange(groups).repeat_interleave(s.group_size)
-    batch = GRPOBatch(
-        prompt_ids=generation.prompt_ids,
-        response_ids=generation.response_ids,
-        advantages=group_advantages(rewards, group_ids, scale=s.update.advantage_scale),
-        ref_logps=ref_logps,
-    )
-    run.optimizer.zero_grad(set_to_none=True)
-    metrics, finite = accumulate_grpo_gradients(
-        run.policy,
-        batch,
-        s.update,
-        run.scoring,
+def _update(run: _Setup, generation, rewards: torch.Tensor, groups: int, step: int, s: SingleTurnSettings):
+    """The round's advantages and reference log-probs (:func:`~memalpha.train.step.score_samples`),
+    then one optimiser step on it (:func:`~memalpha.train.step.train_minibatch`): the step the
+    Lightning module takes, in one process. Returns the metrics, the gradient norm and what was
+    non-finite (None: nothing)."""
+    samples = Samples(generation.prompt_ids, generation.response_ids, rewards,
+                      torch.arange(groups).repeat_interleave(s.group_size))
+    scored = score_samples(run.policy, samples, s.update, run.scoring, round_samples=len(samples),
+                           seed=stable_seed(s.seed, "round", step))
+    if scored.nonfinite is not None:
+        return {"loss": math.nan, "kl": math.nan, "entropy": math.nan}, math.nan, scored.nonfinite
+    (batch,) = scored.batches  # one mini-batch per round (SingleTurnSettings checks it)
+    result = train_minibatch(
+        run.policy, batch, s.update, run.scoring, ONE_PROCESS,
+        Optimisation(run.optimizer, run.params, s.optimizer.grad_clip, scheduler=run.scheduler),
         max_response_len=s.max_new_tokens,
-        token_normaliser=max(float(batch.response_tokens), 1.0),
-        seq_normaliser=float(len(batch)),
-        backward=lambda loss: loss.backward(),
-    )
-    grad_norm = optimizer_step(
-        run.optimizer, run.params, finite=finite, grad_clip=s.optimizer.grad_clip, scheduler=run.scheduler
     )
     run.optimizer.zero_grad(set_to_none=True)
-    return metrics, grad_norm, "loss" if not finite else None if math.isfinite(grad_norm) else "grad norm"
+    return result.metrics, result.grad_norm, result.problem
 
 
 def train_single_turn(
@@ -243,7 +226,7 @@ def train_single_turn(
         start = time.perf_counter()
         generation, rewards = _sample(run, picked, step, s, reward_fn)
         gen_s = time.perf_counter() - start
-        metrics, grad_norm, problem = _update(run, generation, rewards, len(picked), s)
+        metrics, grad_norm, problem = _update(run, generation, rewards, len(picked), step, s)
         step_s = time.perf_counter() - start
         record = {
             "step": float(step),

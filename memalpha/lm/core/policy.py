@@ -65,8 +65,6 @@ DEFAULT_LORA = LoraSettings()
 
 Precision = Literal["fp32", "bf16", "nf4"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
-SamplingBackend = Literal["auto", "cpu-fused", "cuda-graph", "growing-cache", "hf-generate"]
-SAMPLING_BACKENDS: tuple[str, ...] = get_args(SamplingBackend)
 ComputeDtype = Literal["float32", "bfloat16", "float16"]
 COMPUTE_DTYPES: tuple[str, ...] = get_args(ComputeDtype)
 
@@ -88,18 +86,6 @@ class LMSettings:
             key/value cache: the system prompt every turn starts with, and prompts a group repeats
             (generation, reference and policy passes). Off runs every row in full; the results agree
             up to float rounding, so this is only for comparisons.
-        fold_adapters_for_sampling: While the policy samples, run the decoder from a copy of its
-            linear weights with the LoRA update folded in (``W + s B A``, made once per generation
-            call) instead of the base product plus two thin ones per layer; for float32/float64
-            Llama, Mistral, Qwen2 and Qwen3 decoders on the CPU the decoding step is memalpha's
-            own, reads a prompt's keys once for all the rows that sample it, and in float32 runs
-            its products through weights packed for the batch's rows
-            (``memalpha/lm/sampling/fused_decode.py``). Samples equal the unfolded ones up to float
-            rounding. Costs one copy of the decoder's linear weights while sampling (two with
-            packing): turn it off when that does not fit. On a GPU the ``cuda-graph`` backend
-            samples from such a copy too, with 4-bit bases dequantised into it (for Qwen3-4B
-            about 7 GB in bf16 while sampling runs); off, it is not chosen. LoRA variants (DoRA)
-            are never folded.
         upcast_unquantised: With ``precision: nf4``, keep the weights bitsandbytes does not
             quantise (embedding, norms, output head) in float32, as PEFT's
             ``prepare_model_for_kbit_training`` does: the residual stream, attention and the
@@ -111,30 +97,16 @@ class LMSettings:
             where no fused attention kernel takes the inputs and PyTorch's math kernel runs (then
             queries run in blocks of this size; ``memalpha/lm/core/attention.py``). Fused kernels
             never hold the scores, so this only bounds that fallback.
-        sampling_backend: The decoding loop that samples (``memalpha/lm/sampling/backend.py``):
-            ``auto`` (the best one that runs for the model and device, logged once at setup),
-            ``cpu-fused`` (memalpha's CPU step; float32/float64 Llama-family decoders with
-            ``fold_adapters_for_sampling``), ``cuda-graph`` (a static cache and a decoding step
-            captured as a CUDA graph over a dense copy of the weights, LoRA folded in; runs
-            eagerly on the CPU), ``growing-cache`` (the model's layers over a cache that grows in
-            place) or ``hf-generate`` (``model.generate``). A backend that cannot
-            run for the model stops the run when the model loads, naming the reason.
     """
 
     precision: Precision = "fp32"
     compute_dtype: ComputeDtype = "bfloat16"
     gradient_checkpointing: bool = False
     share_prefix: bool = True
-    fold_adapters_for_sampling: bool = True
     upcast_unquantised: bool = True
     attention_score_mib: int = 256
-    sampling_backend: SamplingBackend = "auto"
 
     def __post_init__(self) -> None:
-        if self.sampling_backend not in SAMPLING_BACKENDS:
-            raise ValueError(
-                f"lm.sampling_backend must be one of {list(SAMPLING_BACKENDS)}, got {self.sampling_backend!r}"
-            )
         if self.attention_score_mib < 1:
             raise ValueError(f"lm.attention_score_mib must be >= 1, got {self.attention_score_mib}")
         if self.precision not in PRECISIONS:

@@ -1,7 +1,9 @@
-"""Which decoding loop samples for a model: one choice, made in one place, said once.
+"""Which decoding loop samples for a model: one setting, one choice made in one place, said once.
 
-Four in-process backends produce new tokens (the ``vllm`` rollout engine, a server, is chosen by
-``model.rollout.engine`` instead):
+``model.rollout.backend`` names how every token of a run is sampled, the policy's and the local
+reader's: ``auto``, one of four in-process backends, or ``vllm`` (the agent's turns from a vLLM
+server, :mod:`memalpha.train.engine_sync`; the local reader then samples in-process as ``auto``
+chooses). The in-process backends:
 
 ========================  =============================================================  ==========================
 backend                   what runs                                                      takes
@@ -18,8 +20,13 @@ backend                   what runs                                             
 ``hf-generate``           ``transformers``' ``model.generate``                           any causal LM
 ========================  =============================================================  ==========================
 
-``auto`` takes the first in the order of :func:`candidates` that can run; a named backend
-that cannot run is an error naming the setting (``model.lm.sampling_backend``) and the reason.
+``cpu-fused`` and ``cuda-graph`` sample from a copy of the weights with the LoRA update folded in;
+named, ``growing-cache`` and ``hf-generate`` run the model as loaded (no copy of its weights: the
+choice when that copy does not fit, or when the weights are sharded, as under FSDP), while
+``auto`` falling back to them folds the LoRA into temporary copies as the fast backends do
+(:func:`folds`). ``auto`` takes the first in the order of :func:`candidates` that can run and
+logs why; a named backend that cannot run, at setup or when its step declines the weights at run
+time, is an error naming the setting and the reason, while ``auto`` chooses again and logs it.
 All four sample the same distribution (temperature, then top-k, then top-p:
 :mod:`memalpha.lm.sampling.filters`).
 """
@@ -28,15 +35,41 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
-from memalpha.lm.core.policy import SAMPLING_BACKENDS
 from memalpha.lm.core.prefix_cache import full_attention_layers, split_decoder_and_head
 from memalpha.lm.sampling import graph_decode
 from memalpha.lm.sampling.fused_decode import FusedDecoder
 
 logger = logging.getLogger(__name__)
+
+Backend = Literal["auto", "cuda-graph", "cpu-fused", "growing-cache", "hf-generate", "vllm"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
+SAMPLING_BACKENDS: tuple[str, ...] = tuple(name for name in BACKENDS if name != "vllm")
+"""The values that sample in this process (``auto`` and the four loops)."""
+SETTING = "rollout.backend"
+"""The setting every message about the choice names."""
+
+
+def check_backend(value: str) -> None:
+    """Raise ValueError naming :data:`SETTING` when ``value`` is not one of :data:`BACKENDS`."""
+    if value not in BACKENDS:
+        raise ValueError(f"{SETTING} must be one of {list(BACKENDS)}, got {value!r}")
+
+
+def in_process(backend: str) -> str:
+    """The in-process backend of a setting: ``vllm`` samples the agent's turns on its server, and
+    what samples here (the local reader) is chosen as ``auto`` chooses."""
+    check_backend(backend)
+    return "auto" if backend == "vllm" else backend
+
+
+def folds(backend: str) -> bool:
+    """Whether the setting ``backend`` samples from weights with the LoRA folded in: everything but
+    ``growing-cache`` and ``hf-generate`` named outright (the model as loaded, no weight copies)."""
+    return in_process(backend) not in ("growing-cache", "hf-generate")
 
 @dataclass(frozen=True)
 class BackendChoice:
@@ -70,11 +103,11 @@ def why_not(backend: str, model, fold_adapters: bool = True) -> str | None:
         return None
     if backend == "cpu-fused":
         if not fold_adapters:
-            return "it folds the LoRA into the weights, and lm.fold_adapters_for_sampling is off"
+            return "it folds the LoRA into the weights, and this call samples unfolded"
         return FusedDecoder.unsupported(decoder, config)
     if backend == "cuda-graph":
         if not fold_adapters:
-            return "it samples from a dense copy of the weights, and lm.fold_adapters_for_sampling is off"
+            return "it samples from a dense copy of the weights, and this call samples unfolded"
         return graph_decode.supports(model)
     raise ValueError(f"unknown sampling backend {backend!r}; choose one of {list(SAMPLING_BACKENDS)}")
 
@@ -83,12 +116,12 @@ def choose_backend(model, requested: str = "auto", fold_adapters: bool = True) -
     """The backend that samples for ``model``: ``requested`` itself (an error naming the setting
     when it cannot run here) or, for ``auto``, the first of :func:`candidates` that can."""
     if requested not in SAMPLING_BACKENDS:
-        raise ValueError(f"lm.sampling_backend must be one of {list(SAMPLING_BACKENDS)}, got {requested!r}")
+        raise ValueError(f"{SETTING} must be one of {list(SAMPLING_BACKENDS)} here, got {requested!r}")
     if requested != "auto":
         reason = why_not(requested, model, fold_adapters)
         if reason is not None:
-            raise ValueError(f"lm.sampling_backend={requested!r} cannot sample for this model: {reason}")
-        return BackendChoice(requested, "named by lm.sampling_backend")
+            raise ValueError(f"{SETTING}={requested!r} cannot sample for this model: {reason}")
+        return BackendChoice(requested, f"named by {SETTING}")
     passed = []
     for name in candidates(model, fold_adapters):
         reason = why_not(name, model, fold_adapters)
@@ -102,9 +135,31 @@ def choose_backend(model, requested: str = "auto", fold_adapters: bool = True) -
 _said: set[tuple[int, str, str]] = set()
 
 
+def declined(model, choice: BackendChoice, requested: str, reason: str) -> BackendChoice:
+    """The backend after ``choice`` declined the model at run time (``reason``): an error naming the
+    setting when ``requested`` named it, else (``auto``) the next candidate, ``growing-cache``."""
+    if requested != "auto":
+        raise ValueError(f"{SETTING}={requested!r} cannot sample for this model: {reason}")
+    return BackendChoice("growing-cache", f"auto on {_device(model).type} (not {choice.name}: {reason})")
+
+
 def announce(model, choice: BackendChoice, who: str = "sampling") -> None:
     """Log ``choice`` once per model, caller and backend (a round samples many batches)."""
     key = (id(model), who, choice.name)
     if key not in _said:
         _said.add(key)
         logger.info("%s backend: %s -- %s", who, choice.name, choice.reason)
+
+
+def announce_backends(model, backend: str, *, reader_samples_here: bool) -> None:
+    """Choose and log, once at setup, how the policy (unless ``vllm`` samples it on its server)
+    and the local reader (``reader_samples_here``; adapters off, as ``auto`` chooses under
+    ``vllm``) sample; a named backend that cannot run for the model stops the run here."""
+    check_backend(backend)
+    if backend == "vllm":
+        logger.info("sampling backend: vllm -- named by %s", SETTING)
+    else:
+        announce(model, choose_backend(model, backend, folds(backend)), "sampling")
+    if reader_samples_here:
+        reader = in_process(backend)
+        announce(model, choose_backend(model, reader, folds(reader)), "reader")

@@ -7,7 +7,9 @@ come from :func:`memalpha.lm.sampling.growing_cache.decode` (``model.generate`` 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -22,7 +24,7 @@ from memalpha.lm.core.prefix_cache import (
     split_decoder_and_head,
 )
 from memalpha.lm.sampling import graph_decode
-from memalpha.lm.sampling.backend import BackendChoice, announce, choose_backend
+from memalpha.lm.sampling.backend import SETTING, announce, choose_backend, declined, folds
 from memalpha.lm.sampling.filters import next_tokens
 from memalpha.lm.sampling.fused_decode import FusedDecoder
 from memalpha.lm.sampling.fused_decode import decode as fused_decode
@@ -196,7 +198,9 @@ def generate(
         rows = min(step, len(prompt_ids))  # the rows of a batch: what the fused step's products are packed for
         fused = FusedDecoder.build(decoder, head, model_config, rows) if choice.name == "cpu-fused" else None
         if choice.name == "cpu-fused" and fused is None:  # unsupported() passed, the weights did not stack
-            choice = BackendChoice("growing-cache", "the fused step declined the weights")
+            reason = "the fused step declined the weights (they did not stack)"
+            choice = declined(model, choice, backend, reason)
+            announce(model, choice, announce_as)
         graph = choice.name == "cuda-graph"  # dense weights, 4-bit bases dequantised, whatever fold_adapters says
         with (
             torch.no_grad(),
@@ -210,6 +214,19 @@ def generate(
                 responses.extend(kept)
                 truncated.extend(cut)
     return Generation(prompt_ids=[list(p) for p in prompt_ids], response_ids=responses, truncated=truncated)
+
+
+def sampler_for(
+    model, tokenizer, backend: str = "auto", announce_as: str = "sampling"
+) -> Callable[..., Generation]:
+    """:func:`generate` for ``model`` as the setting ``rollout.backend`` says (the one place a
+    setting becomes a decoding loop and its folding, :func:`~memalpha.lm.sampling.backend.folds`):
+    takes the prompts and the sampling options. ``vllm`` samples on a server, not here: an error."""
+    if backend == "vllm":
+        raise ValueError(f"{SETTING}: vllm samples on its server; this process has no sampler for it")
+    return partial(
+        generate, model, tokenizer, backend=backend, fold_adapters=folds(backend), announce_as=announce_as
+    )
 
 
 def _hf_generate(

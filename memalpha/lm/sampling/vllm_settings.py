@@ -22,7 +22,7 @@ def lora_rank_for_server(rank: int) -> int:
 
 @dataclass
 class VllmSettings:
-    """How the ``vllm`` rollout engine reaches its server (used only with ``rollout.engine: vllm``).
+    """How the ``vllm`` rollout engine reaches its server (used only with ``rollout.backend: vllm``).
 
     Args:
         url: Root of a running vLLM OpenAI-compatible server started with ``--enable-lora``,
