@@ -188,7 +188,7 @@ def test_a_rollout_trains_nothing_after_the_marker_and_still_executes_the_calls(
     reader = LocalReader(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tokenizer, max_new_tokens=2)
     instance = Instance("anna", "synth_personal", [FACT["content"]], [QA("Where does Anna live?", "Oslo")])
     settings = RolloutSettings(group_size=3, max_new_tokens=64, max_prompt_tokens=4096, call_format=fmt.name,
-                               prompt_profile="compact")
+                               prompt_profile="compact", backend="growing-cache")  # the scripted loop
 
     out = run_rollouts([instance], policy, tokenizer, reader, settings, RewardSettings(), None, seed=0)
 

@@ -57,7 +57,8 @@ if TYPE_CHECKING:  # annotations only: the agent's reward settings and judges
     from memalpha.agent.reward_settings import RewardSettings
 
 Clock = Callable[[str], AbstractContextManager]
-"""Around each stage of a step (``logprobs``, ``gradients``, ``optimizer``): a benchmark's timer."""
+"""Around each stage of a step (``rollout``, ``logprobs``, ``gradients``, ``optimizer``): a
+benchmark's timer or profiler label."""
 
 
 def no_clock(stage: str) -> AbstractContextManager:
