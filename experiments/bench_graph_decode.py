@@ -201,7 +201,8 @@ def run_loop(model, prompts, max_new_tokens: int, seed: int, device: torch.devic
 
 
 def run_graph(model, prompts, max_new_tokens: int, seed: int, device: torch.device, capture: bool | None,
-              bucket_columns: int | None = graph_decode.BUCKET_COLUMNS, sampling: str = "in-graph"):
+              bucket_columns: int | None = graph_decode.BUCKET_COLUMNS, sampling: str = "in-graph",
+              compile_backend: str | None = None):
     """The CUDA-graph backend (the weights folded inside the call). ``sampling`` ``in-graph`` is
     what ``generate(backend="cuda-graph")`` runs: the step draws its tokens inside the graph and
     the host reads them every ``graph_decode.EOS_CHECK_STEPS`` steps; its decoding time is the
@@ -216,7 +217,7 @@ def run_graph(model, prompts, max_new_tokens: int, seed: int, device: torch.devi
         torch.manual_seed(seed)
         tokens, _ = graph_decode.sample(
             model, prompts, pad_id=0, max_new_tokens=max_new_tokens, eos_ids=[NO_END], capture=capture,
-            stats=stats, bucket_columns=bucket_columns, **choice,
+            stats=stats, bucket_columns=bucket_columns, compile_backend=compile_backend, **choice,
         )
     synchronise(device)
     total = time.perf_counter() - start
@@ -228,7 +229,8 @@ def run_graph(model, prompts, max_new_tokens: int, seed: int, device: torch.devi
         first_filled = clock.first_timed_filled(len(prompts[0]))
     return record(len(prompts), sum(len(t) for t in tokens), total, seconds, steps, first_filled,
                   captured=stats["captured"], capture_s=stats["capture_s"], prefill_s=stats["prefill_s"],
-                  graphs=len(stats["widths"]), bucket_columns=bucket_columns, sampling=sampling)
+                  graphs=len(stats["widths"]), bucket_columns=bucket_columns, sampling=sampling,
+                  compile_backend=compile_backend)
 
 
 def run_hf(model, prompts, max_new_tokens: int, seed: int, *, compile_decoding: bool, folded: bool):
@@ -364,6 +366,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sampling", choices=("in-graph", "host"), default="in-graph",
                         help="graph path: in-graph draws inside the captured step, the host reading tokens every "
                         "EOS_CHECK_STEPS steps (what generate runs); host picks after every step")
+    parser.add_argument("--compile-step", default="off",
+                        help="graph path: torch.compile backend of the decoding step before each width is "
+                        "captured (e.g. inductor; off: none); its compile time falls in capture_s")
     parser.add_argument("--bucket-columns", type=int, default=graph_decode.BUCKET_COLUMNS,
                         help="graph path: columns its attention span grows by (0: the whole static cache)")
     parser.add_argument("--identical-prompts", action="store_true",
@@ -429,8 +434,9 @@ def main(argv=None) -> dict[str, Any]:
             if path == "loop":
                 result = run_loop(model, prompts, tokens[path], seed, device)
             elif path == "graph":
+                compile_backend = None if args.compile_step == "off" else args.compile_step
                 result = run_graph(model, prompts, tokens[path], seed, device, args.capture,
-                                   args.bucket_columns, args.sampling)
+                                   args.bucket_columns, args.sampling, compile_backend)
             else:
                 compiled = args.hf_compile == "auto"
                 result = run_hf(model, prompts, tokens[path], seed, compile_decoding=compiled,

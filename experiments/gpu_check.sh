@@ -25,6 +25,8 @@
 #                  (experiments/bench_scale.py); the fit covers what it showed, at the config's sizes
 #   decode_hf      (only when named) transformers' generate with its static cache and torch.compile, the
 #                  growing-cache loop and cuda-graph at 8 rows after 1,024-token prompts     issue 37 item 4
+#   decode_compiled (only when named) the cuda-graph step compiled by inductor before each capture, 8 rows
+#                  after 6,144-token prompts, 512 new tokens (3 widths, each compiled)        issue 37 item 2
 #
 #   bash experiments/gpu_check.sh [--allow-dirty] [--dry-run] [--print-budget]
 #     --dry-run       every check and stage's bookkeeping, each stage's command printed, not run
@@ -44,12 +46,15 @@ RESULTS=${GPU_CHECK_RESULTS:-experiments/results/gpu}
 DECODE_CMD=${GPU_CHECK_DECODE_CMD:-"experiments/bench_graph_decode.py --device cuda --nf4 --rows 8 \
   --upcast-unquantised off --prompt-tokens 6144 --max-new-tokens 2048 --paths graph --check-steps 4 \
   --out $RESULTS/bench_graph_decode_8x6144.json"}
+DECODE_COMPILED_CMD="experiments/bench_graph_decode.py --device cuda --nf4 --rows 8 --upcast-unquantised off \
+  --prompt-tokens 6144 --max-new-tokens 512 --paths graph --compile-step inductor --check-steps 0 \
+  --out $RESULTS/bench_graph_decode_8x6144_compiled.json"
 DECODE_HF_CMD="experiments/bench_graph_decode.py --device cuda --nf4 --rows 8 --upcast-unquantised off \
   --prompt-tokens 1024 --max-new-tokens 256 --loop-max-new-tokens 32 --paths loop,graph,hf-static \
   --check-steps 0 --out $RESULTS/bench_graph_decode_8x1024.json"
 
 DEFAULT_STAGES="fit decode nf4_gradients"
-declare -A LIMIT=([fit]=270 [decode]=90 [nf4_gradients]=45 [scale]=150 [decode_hf]=150)  # seconds, each stage's own
+declare -A LIMIT=([fit]=270 [decode]=90 [nf4_gradients]=45 [scale]=150 [decode_hf]=150 [decode_compiled]=180)  # seconds, each stage's own
 START_S=45   # installing .device's wheels, the CUDA line and the tree check, before the first stage
 PACK_S=5     # packing the results into $OUT after each stage
 BUDGET_S=480 # 8 minutes: the whole run, well under one 600-second call
@@ -116,13 +121,14 @@ for stage in $STAGES; do
            --out "$RESULTS/gpu_fit_check.json" ;;
     decode) run_stage decode "$PY" $DECODE_CMD ;;
     decode_hf) run_stage decode_hf "$PY" $DECODE_HF_CMD ;;
+    decode_compiled) run_stage decode_compiled "$PY" $DECODE_COMPILED_CMD ;;
     nf4_gradients) run_stage nf4_gradients env MEMALPHA_TEST_DEVICE=cuda \
                      MEMALPHA_TEST_TOKENIZER="$TOKENIZER" "$PY" -m pytest -q -p no:cacheprovider \
                      tests/test_nf4_gradients.py \
                      --junitxml="$RESULTS/nf4_gradients.xml" ;;
     scale) run_stage scale "$PY" experiments/bench_scale.py --device cuda --tokenizer "$TOKENIZER" \
              --out "$RESULTS/bench_scale.json" ;;
-    *) echo "unknown stage $stage (choose from: fit decode nf4_gradients scale decode_hf)"; exit 2 ;;
+    *) echo "unknown stage $stage (choose from: fit decode nf4_gradients scale decode_hf decode_compiled)"; exit 2 ;;
   esac
 done
 cat "$RESULTS/stages.tsv"

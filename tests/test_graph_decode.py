@@ -36,7 +36,7 @@ NEVER = 10_000  # an end token no row emits
 
 def graph_sample(model, tokenizer, prompts, *, max_new_tokens, eos_token_id, do_sample=True, seed=None,
                  bucket_columns=graph_decode.BUCKET_COLUMNS, share_prefix=True, in_graph=False,
-                 eos_check_steps=graph_decode.EOS_CHECK_STEPS, stats=None, **filters):
+                 eos_check_steps=graph_decode.EOS_CHECK_STEPS, stats=None, compile_backend=None, **filters):
     """The backend on ``prompts`` with :func:`generate`'s arguments: seeded the way ``generate``
     seeds (a forked global RNG), drawing through the same :func:`next_tokens`: on the host after
     every step, or with ``in_graph`` inside the step (:class:`graph_decode.Sampling`)."""
@@ -51,7 +51,7 @@ def graph_sample(model, tokenizer, prompts, *, max_new_tokens, eos_token_id, do_
         return graph_decode.sample(
             model, prompts, pad_id=tokenizer.pad_token_id, max_new_tokens=max_new_tokens, eos_ids=[eos_token_id],
             bucket_columns=bucket_columns, share_prefix=share_prefix, eos_check_steps=eos_check_steps,
-            stats=stats, **how,
+            stats=stats, compile_backend=compile_backend, **how,
         )
 
 
@@ -410,6 +410,38 @@ def test_in_graph_seeded_samples_equal_the_growing_cache_loops_while_rows_end(pe
     lengths = [len(r) for r in ours]
     assert min(lengths) < 6 and max(lengths) == 14, "some rows should end early, some never"
     assert stats["host_reads"] == -(-14 // eos_check_steps) and stats["steps"] == 14
+
+
+@pytest.mark.parametrize("in_graph", [True, False])
+def test_a_compiled_step_traces_whole_once_per_width_and_samples_the_same(peaked_policy, in_graph):
+    """``compile_backend`` compiles the step with ``fullgraph`` (a graph break would raise) once per
+    attention width, more widths than dynamo's default limit of 8 included, and the seeded samples
+    stay the reference loop's. The ``eager`` backend traces as ``inductor`` does without generating
+    kernels, so the CPU checks the tracing in seconds; the kernels are the GPU check's."""
+    import torch._dynamo
+
+    model, tokenizer = peaked_policy
+    prompts = PROMPTS[:2] * 2 + PROMPTS[2:]
+    kwargs = {"max_new_tokens": 12, "seed": 7, **IN_GRAPH_FILTERS, "eos_token_id": NEVER}
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounter()
+    stats: dict = {}
+    ours, cut = graph_sample(model, tokenizer, prompts, in_graph=in_graph, bucket_columns=1, stats=stats,
+                             compile_backend=counter, **kwargs)
+    torch._dynamo.reset()
+    theirs = generate(model, tokenizer, prompts, backend="growing-cache", **kwargs)
+    assert ours == theirs.response_ids and cut == theirs.truncated
+    assert len(stats["widths"]) > 8 and counter.frame_count == len(stats["widths"])
+
+
+def test_compile_limits_leave_room_for_every_width_and_refuse_a_silent_fall_back():
+    import torch._dynamo.config as dynamo
+
+    with graph_decode.compile_limits(capacity=6144 + 2048, bucket_columns=256):
+        assert dynamo.recompile_limit == 32 + 2 and dynamo.fail_on_recompile_limit_hit
+    with graph_decode.compile_limits(capacity=100, bucket_columns=None):
+        assert dynamo.recompile_limit == 8
+    assert graph_decode.compiled_step(len, None) is len
 
 
 def sampled_end_token(model, tokenizer, prompts, kwargs) -> int:

@@ -137,6 +137,8 @@ def bounded_attention(
     grouped = groups > 1
     if grouped and query.shape[2] == 1 and (mask is None or mask.shape[1] == 1):
         return _one_query_per_group(query, key, value, mask, scale, score_budget)
+    if torch.compiler.is_compiling():  # a compiled decoding step (graph_decode's compile_backend)
+        return _traced_attention(query, key, value, mask, is_causal, scale, grouped, score_budget)
     if sdpa_kernel_choice(query, key, value, mask, is_causal, scale, grouped) != SDPBackend.MATH:
         return F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=grouped
@@ -149,6 +151,24 @@ def bounded_attention(
     if block >= length:
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale)
     return blocked_attention(query, key, value, mask, is_causal, scale, block)
+
+
+def _traced_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
+    scale: float | None, grouped: bool, score_budget: int,
+) -> torch.Tensor:
+    """SDPA as ``torch.compile`` traces it: the kernel choice is a host query a trace cannot hold,
+    so none is asked; that is safe while even the math kernel's scores would fit ``score_budget``,
+    as a decoding step's few queries do, and an error otherwise (compile prefills are not)."""
+    rows, heads, length = query.shape[:3]
+    if rows * heads * length * key.shape[2] * 4 > score_budget:
+        raise ValueError(
+            f"a compiled attention of {length} queries over {key.shape[2]} keys could build scores over the"
+            f" {score_budget}-byte budget; compile decoding steps only"
+        )
+    return F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=grouped
+    )
 
 
 def _one_query_per_group(

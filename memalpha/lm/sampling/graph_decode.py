@@ -58,6 +58,7 @@ that are ``torch.nn.Linear``, bitsandbytes ``Linear4bit`` or plain LoRA over tho
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -321,6 +322,25 @@ class ReplayedStep:
     def close(self) -> None:
         """Drop the graph and its memory pool."""
         self.graph = self.output = None
+
+
+def compiled_step(
+    step: Callable[[int], torch.Tensor], backend: str | None
+) -> Callable[[int], torch.Tensor]:
+    """``step`` compiled by ``torch.compile`` with ``backend`` (None: ``step`` itself), whole
+    (``fullgraph``: a graph break is an error, not a silent return to eager) and with fixed shapes:
+    each attention width compiles once, at its first call, before it is captured."""
+    if backend is None:
+        return step
+    return torch.compile(step, backend=backend, fullgraph=True, dynamic=False)
+
+
+def compile_limits(capacity: int, bucket_columns: int | None):
+    """Dynamo's settings for one :func:`decode` whose step is compiled: room for one compilation
+    per attention width the call can use (the default limit of 8 would send the ninth width back
+    to eager without a word), and an error instead of that silent fall-back."""
+    widths = 1 if bucket_columns is None else -(-capacity // bucket_columns) + 1
+    return torch._dynamo.config.patch(recompile_limit=max(8, widths + 1), fail_on_recompile_limit_hit=True)
 
 
 class BucketedSteps:
@@ -613,6 +633,7 @@ def decode(
     prefix: SharedPrefix | None = None,
     prompt_of_row: Sequence[int] | None = None,
     eos_check_steps: int = EOS_CHECK_STEPS,
+    compile_backend: str | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
     """New tokens for every row of ``batch`` (laid out by :func:`memalpha.lm.core.layout.pad_prompt_response`,
     any shared prefix included), as :func:`memalpha.lm.sampling.growing_cache.decode` returns them: each row's
@@ -634,9 +655,13 @@ def decode(
     ``host_reads`` (the times the loop read the tokens back to the host).
     ``bucket_columns`` sets those widths (:func:`bucket_width`; None: the whole static cache).
     ``prefix`` and ``prompt_of_row`` (:func:`prompt_sharing`) prefill each distinct prompt once
-    (:meth:`FixedStep.prefill`). Call under ``torch.no_grad()``, in eval mode (dropout cannot be
-    replayed), and inside ``folded_adapters(model, quantised=True)`` for the dense weights
-    (:func:`sample` does all three).
+    (:meth:`FixedStep.prefill`). ``compile_backend`` (e.g. ``inductor``; None: off) compiles the
+    step whole with ``torch.compile`` before each width is captured (:func:`compiled_step`): fewer,
+    fused kernels per token, one compilation per width (on CUDA the first warm-up call before a
+    capture compiles, so its time falls in ``capture_s``); not measured on a GPU yet, so off
+    unless asked. Call under ``torch.no_grad()``, in
+    eval mode (dropout cannot be replayed), and inside ``folded_adapters(model, quantised=True)``
+    for the dense weights (:func:`sample` does all three).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -654,19 +679,22 @@ def decode(
     start = time.perf_counter()
     if sampling is None:
         logits = fixed.prefill(prefix, prompt_of_row)
-        runner = BucketedSteps(fixed.step, capture if on_cuda else False)
+        runner = BucketedSteps(compiled_step(fixed.step, compile_backend), capture if on_cuda else False)
     else:
         fixed.prefill_columns(prefix, prompt_of_row)
         sampler = InGraphSampler(fixed, sampling, eos_ids, min(eos_check_steps, max_new_tokens))
-        runner = BucketedSteps(sampler.step, capture if on_cuda else False, state=sampler.state())
+        step = compiled_step(sampler.step, compile_backend)
+        runner = BucketedSteps(step, capture if on_cuda else False, state=sampler.state())
     if on_cuda:
         torch.cuda.synchronize(batch.input_ids.device)  # once, so that prefill_s is the prefill's
     loop_start = time.perf_counter()
+    limits = compile_limits(fixed.capacity, bucket_columns) if compile_backend else contextlib.nullcontext()
     try:
-        if sampling is None:
-            steps, reads = _picked_on_the_host(fixed, runner, responses, logits, max_new_tokens, pick)
-        else:
-            steps, reads = _picked_in_the_graph(fixed, runner, responses, sampler, max_new_tokens)
+        with limits:
+            if sampling is None:
+                steps, reads = _picked_on_the_host(fixed, runner, responses, logits, max_new_tokens, pick)
+            else:
+                steps, reads = _picked_in_the_graph(fixed, runner, responses, sampler, max_new_tokens)
     finally:
         runner.close()
     if stats is not None:  # the loop ends on a host read of the tokens: its time is the device's too
@@ -734,6 +762,7 @@ def sample(
     bucket_columns: int | None = BUCKET_COLUMNS,
     share_prefix: bool = True,
     eos_check_steps: int = EOS_CHECK_STEPS,
+    compile_backend: str | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
     """Responses and truncation flags for every prompt, ``batch_size`` prompts per :func:`decode`
     (all in one when None), left-padded as :mod:`memalpha.lm.core.layout` lays them out; with
@@ -770,7 +799,7 @@ def sample(
             kept, cut = decode(
                 decoder, head, config, padded, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pick=pick,
                 sampling=sampling, capture=capture, stats=stats, bucket_columns=bucket_columns, prefix=prefix,
-                prompt_of_row=prompt_of_row, eos_check_steps=eos_check_steps,
+                prompt_of_row=prompt_of_row, eos_check_steps=eos_check_steps, compile_backend=compile_backend,
             )
             responses.extend(kept)
             truncated.extend(cut)
