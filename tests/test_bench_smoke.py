@@ -1,4 +1,4 @@
-"""Smoke tests of the benchmarks in ``experiments/``: each runs end to end in a tiny configuration.
+"""Smoke tests of the benchmarks in ``experiments/bench/``: each runs end to end in a tiny configuration.
 
 They check the plumbing (real rollouts, a real GRPO update, NF4 loading, the forced-length
 generation, the report files), not the numbers.
@@ -15,15 +15,16 @@ import pytest
 import torch
 from conftest import build_tiny_model_dir
 
-EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
-sys.path.insert(0, str(EXPERIMENTS))
+EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments" / "bench"
+sys.path[:0] = [str(EXPERIMENTS), str(EXPERIMENTS.parent / "studies"), str(EXPERIMENTS.parent / "checks")]
 
-import _common
 import bench_decode
 import bench_graph_decode
 import bench_rollout
 import bench_scale
 import bench_update
+
+from memalpha.lab import common as _common
 
 
 @pytest.fixture
@@ -245,7 +246,7 @@ def test_learning_curve_smoke(tmp_path, tiny_model_dir, monkeypatch):
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the commands' processes: see one_thread
 
-    repo = EXPERIMENTS.parent
+    repo = EXPERIMENTS.parents[1]
     fit = yaml.safe_load((repo / "configs" / "tiny_cpu.yaml").read_text())
     fit["model"]["model"] = tiny_model_dir
     fit["model"]["reader"].update(max_new_tokens=4, batch_size=4)

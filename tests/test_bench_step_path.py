@@ -20,7 +20,7 @@ from memalpha.lm.core.reference import reference_weights
 from memalpha.lm.sampling import generation
 from memalpha.train import step
 
-EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments" / "bench"
 sys.path.insert(0, str(EXPERIMENTS))
 
 

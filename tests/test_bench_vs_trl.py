@@ -1,4 +1,4 @@
-"""Smoke test of experiments/bench_vs_trl.py: one step of each side on a tiny random model.
+"""Smoke test of experiments/bench/bench_vs_trl.py: one step of each side on a tiny random model.
 
 The TRL side needs the ``bench`` extra. With TRL installed one invocation runs both sides;
 without it that test skips (saying so) and a memalpha-only run is checked instead, so exactly
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments" / "bench"
 sys.path.insert(0, str(EXPERIMENTS))
 
 import bench_vs_trl

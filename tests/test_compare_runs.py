@@ -1,14 +1,10 @@
-"""experiments/compare_runs.py: the before/after comparison of two runs on the same seed."""
+"""experiments/studies/compare_runs.py: the before/after comparison of two runs on the same seed."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
-
-from compare_runs import compare_reports, compare_scalars, is_timing, main, verdict
+from memalpha.lab.compare_runs import compare_reports, compare_scalars, is_timing, main, verdict
 
 
 def test_timings_are_told_apart_from_results():

@@ -1,18 +1,15 @@
 """The compute record of experiments (issue 39, item 2): the per-round counts the GRPO module logs
-(memalpha/train/round_report.py), and experiments/_compute.py, which sums them from TensorBoard and
+(memalpha/train/round_report.py), and memalpha/lab/compute.py, which sums them from TensorBoard and
 measures each stage's wall and CPU seconds around its subprocess."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
-
-from _compute import (
+from memalpha.lab.compute import (
     measured,
     stage_record,
     stage_seconds,
@@ -96,7 +93,7 @@ def test_validation_counts_its_rollouts_turns_and_questions():
 
 
 def test_the_report_shows_recorded_compute_and_marks_the_rest(capsys):
-    from control_arms_report import print_compute, run_compute
+    from memalpha.lab.control_arms_report import print_compute, run_compute
 
     runs = {"seed0_grpo": {"train_s": 380.4, "steps": 8,
                            "compute": {"train": {"cpu_s": 700.0, "rollouts": 32, "tokens_sampled": None,

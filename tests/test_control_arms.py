@@ -1,4 +1,4 @@
-"""The control-arms experiment's pure parts (experiments/control_arms_report.py, control_arms.py):
+"""The control-arms experiment's pure parts (experiments/studies/control_arms_report.py, control_arms.py):
 paired intervals pooled over seeds and per seed against hand-computed numbers, the rebuild check,
 the wall-clock matching rule, and the configs of the arms."""
 
@@ -10,9 +10,9 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments" / "studies"))
 
-from control_arms_report import arm_means, compare, comparisons, main
+from memalpha.lab.control_arms_report import arm_means, compare, comparisons, main
 
 T2 = 4.302653  # the 0.975 quantile of Student's t with 2 degrees of freedom
 
@@ -104,7 +104,7 @@ def test_update_rewrites_only_the_intervals_of_the_summary(tmp_path):
 
 
 def test_compute_lists_what_the_summary_records_and_nothing_else():
-    from control_arms_report import run_compute
+    from memalpha.lab.control_arms_report import run_compute
 
     runs = {"seed1_sft_continued": {"train_s": 389.2, "steps": 44, "max_time_s": 380.4}, "seed0_grpo": {"train_s": 380.4}}
     assert run_compute(runs) == [{"run": "seed1_sft_continued", "seed": 1, "arm": "sft_continued", "train_s": 389.2,

@@ -1,4 +1,4 @@
-"""The pre-registered decisive experiment's pure parts (experiments/decisive.py, decisive_report.py): the
+"""The pre-registered decisive experiment's pure parts (experiments/studies/decisive.py, decisive_report.py): the
 verdict rule on every side of its thresholds, the guard, the t interval over seeds it reads against a
 hand-computed one, the arms' configs and held-out set, and the --check rebuild on small made-up files."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments" / "studies"))
 
-from decisive_report import GUARD_LIMIT, decide, guard, main, rebuild, verdict_of
+from memalpha.lab.decisive_report import GUARD_LIMIT, decide, guard, main, rebuild, verdict_of
 
 REPO = Path(__file__).resolve().parent.parent
 T4 = 2.776445  # the 0.975 quantile of Student's t with 4 degrees of freedom

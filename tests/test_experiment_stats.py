@@ -1,4 +1,4 @@
-"""The learning-curve statistics (``experiments/_stats.py``) against hand-computed values."""
+"""The learning-curve statistics (``memalpha/lab/stats.py``) against hand-computed values."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments" / "studies"))
 
-from _stats import instance_values, mean_ci, paired_difference, summarise_with_ci, t975
+from memalpha.lab.stats import instance_values, mean_ci, paired_difference, summarise_with_ci, t975
 
 
 def record(instance, source, scores, statuses, rewards, memory_tokens=10, r3=0.5):
@@ -143,7 +143,8 @@ def test_learning_curve_seeds_combines_per_seed_changes_with_a_t_interval_over_s
 
 def test_the_committed_learning_curve_seeds_report_is_rebuilt_from_its_committed_inputs():
     import learning_curve_seeds
-    from control_arms_report import same_numbers
+
+    from memalpha.lab.control_arms_report import same_numbers
 
     root = Path(__file__).resolve().parent.parent
     committed = json.loads((root / "experiments" / "results" / "learning_curve_seeds.json").read_text())

@@ -2,7 +2,7 @@
 
 Each faulty run is a real process (``fault_probe.py``) that dies or stops at a chosen point;
 the run resumed from its ``last.ckpt`` must then log, step for step, what an uninterrupted
-run logs. The random-kill loop of ``experiments/kill_resume.py`` does the same at random times.
+run logs. The random-kill loop of ``experiments/checks/kill_resume.py`` does the same at random times.
 """
 
 from __future__ import annotations

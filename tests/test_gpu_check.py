@@ -1,4 +1,4 @@
-"""experiments/gpu_check.sh on the CPU: its stage limits fit one device call with room to rerun, and its
+"""experiments/gpu/gpu_check.sh on the CPU: its stage limits fit one device call with room to rerun, and its
 stage logic (the CUDA line first, the tree check, each stage's limit, the summary, the packing into
 $OUT) runs in a dry run and with a stage that outlives its limit."""
 
@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "experiments" / "gpu_check.sh"
+SCRIPT = ROOT / "experiments" / "gpu" / "gpu_check.sh"
 CALL_S = 600  # one device call's limit
 DEVICE_S = 15 * 60  # a session's device time
 START_MACHINE_S = 120  # a machine's start, or a failed one, as the device notes give it (1 to 2 minutes)

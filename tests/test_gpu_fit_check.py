@@ -1,14 +1,19 @@
-"""experiments/gpu_fit_check.py end to end on the CPU (``--tiny``): the same script the GPU check
+"""experiments/gpu/gpu_fit_check.py end to end on the CPU (``--tiny``): the same script the GPU check
 runs, on a one-layer random model with the config shrunk, writing its JSON after every step."""
 
 from __future__ import annotations
 
 import copy
 import json
+import sys
+from pathlib import Path
 
-import gpu_fit_check
 import pytest
-import tree_state
+
+from memalpha.lab import tree_state
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "gpu"))
+import gpu_fit_check
 
 
 @pytest.fixture

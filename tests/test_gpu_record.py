@@ -1,4 +1,4 @@
-"""The record every GPU result carries (experiments/gpu_record.py and its parts), checked on the CPU:
+"""The record every GPU result carries (memalpha/lab/gpu_record.py and its parts), checked on the CPU:
 the commit and the refusal of a dirty tree (with git, and from a stamp where the copy has no .git),
 the phase peaks sampled while a phase runs, the backend probe, and the CUDA/bitsandbytes line."""
 
@@ -12,12 +12,9 @@ import threading
 import time
 from pathlib import Path
 
-import backend_probe
-import cuda_match
-import gpu_record
-import phase_clock
 import pytest
-import tree_state
+
+from memalpha.lab import backend_probe, cuda_match, gpu_record, phase_clock, tree_state
 
 GIB = 2**30
 

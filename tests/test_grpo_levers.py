@@ -1,4 +1,4 @@
-"""The GRPO-levers experiment's pure parts (experiments/grpo_levers.py, grpo_levers_report.py): every
+"""The GRPO-levers experiment's pure parts (experiments/studies/grpo_levers.py, grpo_levers_report.py): every
 lever's config is a valid `memalpha fit` config that differs from the seed's grpo arm only where the
 lever says, and the report's paired intervals against hand-computed numbers and its rebuild check."""
 
@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments" / "studies"))
 
 from grpo_levers import LEVERS, lever_config
-from grpo_levers_report import lever_comparisons, main
+
+from memalpha.lab.grpo_levers_report import lever_comparisons, main
 
 REPO = Path(__file__).resolve().parent.parent
 T2 = 4.302653  # the 0.975 quantile of Student's t with 2 degrees of freedom
@@ -101,8 +102,8 @@ def test_the_committed_summary_is_rebuilt_from_the_committed_scores(capsys):
 
 
 def test_the_committed_headline_over_seeds():
-    from control_arms_report import read_json
-    from grpo_levers_report import SUMMARY_PATH
+    from memalpha.lab.control_arms_report import read_json
+    from memalpha.lab.grpo_levers_report import SUMMARY_PATH
 
     # issue 39: over 3 seeds the lever's fact-recall gain over SFT continued is +0.132 [-0.231, +0.495]
     level = read_json(SUMMARY_PATH)["comparisons"]["lever_extractive_instances_4 - sft_continued"]["fact_recall"]

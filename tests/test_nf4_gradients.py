@@ -8,7 +8,7 @@ matter. On a CPU without that flag nothing is packed and these tests check the s
 The NF4 layers compute in float32 whatever the model's dtype (bitsandbytes has no float64
 compute dtype), so the NF4 gradients are compared by relative norm at float32 tolerances; the
 dequantised twin runs in float64. ``MEMALPHA_TEST_DEVICE=cuda`` runs them on a GPU
-(experiments/gpu_check.sh), where nothing is packed but the equalities must hold all the same.
+(experiments/gpu/gpu_check.sh), where nothing is packed but the equalities must hold all the same.
 """
 
 from __future__ import annotations

@@ -137,19 +137,19 @@ def test_official_truncated_entries_are_prefixes_of_what_the_model_wrote():
     assert shorter == 10  # of 11; the 11th was kept whole, still ending mid-sentence ("...confirmed it")
 
 
-def test_the_recorded_run_replays_under_both_profiles_as_documented():
-    """experiments/replay_official.py: every reward term of the recorded run under each profile (the
-    numbers of docs/official_compatibility.md, "The recorded run under both profiles")."""
-    import importlib.util
+def test_the_recorded_run_replays_under_both_profiles_as_documented(tmp_path):
+    """experiments/studies/replay_official.py, run as a script: every reward term of the recorded run
+    under each profile (the numbers of docs/official_compatibility.md, "The recorded run under both
+    profiles")."""
+    import json
+    import subprocess
+    import sys
 
-    path = Path(__file__).resolve().parent.parent / "experiments" / "replay_official.py"
-    spec = importlib.util.spec_from_file_location("replay_official", path)
-    replay = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(replay)
-    from memalpha.lm.core.embedded import load_tokenizer
-
-    tokenizer = load_tokenizer("smollm2-135m-instruct")
-    default, official = (replay.replay_profile(name, tokenizer)["all"] for name in ("memalpha", "official"))
+    script = Path(__file__).resolve().parent.parent / "experiments" / "studies" / "replay_official.py"
+    out = tmp_path / "replay.json"
+    subprocess.run([sys.executable, str(script), "--out", str(out)], check=True, capture_output=True)
+    profiles = {entry["profile"]: entry["all"] for entry in json.loads(out.read_text())["profiles"]}
+    default, official = profiles["memalpha"], profiles["official"]
     # memalpha's r2 (issue 30): the 24 updates to an unchanged text and 3 vague core rewrites its
     # chunk does not support no longer succeed, besides the 12 refused calls
     assert (default["calls"], default["successful_calls"], default["turns_all_successful"]) == (80, 41, 1)

@@ -1,4 +1,4 @@
-"""The parity check of experiments/bench_vs_trl.py --parity (experiments/_parity.py): its verdict
+"""The parity check of experiments/bench/bench_vs_trl.py --parity (memalpha/lab/parity.py): its verdict
 fails an arm that never learns and passes equal arms, and its runs resume from their files.
 
 Runs are recorded per-step rewards (no model): ``run_child`` is replaced, so these tests take
@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments" / "bench"))
 
-import _common
-import _parity
 import bench_vs_trl
+
+from memalpha.lab import common as _common
+from memalpha.lab import parity as _parity
 
 STEPS = 20
 # per-step rewards of a learning run: 0.6 rising by 0.04 a step, a small wobble by seed

@@ -1,4 +1,4 @@
-"""memalpha's GRPO update equals TRL's ``GRPOTrainer`` on one identical batch (experiments/_trl_exact.py).
+"""memalpha's GRPO update equals TRL's ``GRPOTrainer`` on one identical batch (memalpha/lab/trl_exact.py).
 
 Per setting (every loss aggregation TRL shares with memalpha, KL off and on): memalpha's
 per-token log-probs, loss and LoRA gradient against TRL's, end to end and on the same float64
@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 
-import _trl_exact as exact
 import pytest
 import torch
-from _trl_exact import DEFAULT_SETTINGS, TOLERANCES, ExactSetting
+
+from memalpha.lab import trl_exact as exact
+from memalpha.lab.trl_exact import DEFAULT_SETTINGS, TOLERANCES, ExactSetting
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +144,10 @@ def test_bench_exact_mode_writes_its_report_and_fails_on_a_failed_setting(tmp_pa
     """``bench_vs_trl.py --exact`` prints the rows, writes the report and exits 1 when a setting fails
     (the comparison itself replaced by a stored row: the real one runs in the tests above)."""
     import json
+    import sys
+    from pathlib import Path
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "bench"))
     import bench_vs_trl
 
     row = {"setting": "token-mean/dapo, kl 0", "logprob_max_abs_diff": 1e-6, "logprob_memalpha_vs_fp64": 0.0,

@@ -270,13 +270,17 @@ def test_fit_stops_when_the_server_does_not_sample_the_policy_and_stops_the_serv
 
 
 def test_bench_rollout_runs_both_engines_alternating(server, tmp_path, tiny_model_dir):
-    import bench_rollout
+    import json
+    import subprocess
 
     out = tmp_path / "bench.json"
-    report = bench_rollout.main(
-        ["--smoke", "--model", tiny_model_dir, "--engine", "hf,vllm", "--vllm-url", server.base_url,
-         "--vllm-dir", str(tmp_path / "server"), "--out", str(out)]
+    script = Path(__file__).resolve().parents[1] / "experiments" / "bench" / "bench_rollout.py"
+    subprocess.run(
+        [sys.executable, str(script), "--smoke", "--model", tiny_model_dir, "--engine", "hf,vllm",
+         "--vllm-url", server.base_url, "--vllm-dir", str(tmp_path / "server"), "--out", str(out)],
+        check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
+    report = json.loads(out.read_text())
     rows = report["results"]
     assert [r["engine"] for r in rows] == ["hf", "vllm"]
     assert rows[0]["sampler_logprob_gap"] is None and rows[1]["sampler_logprob_gap"] > 1.0  # the stand-in's made-up log-probs

@@ -4,7 +4,7 @@ A scripted policy decides, per chunk turn, which calls to write; :class:`Scripte
 that into the ``Generation`` the rollout expects from a model (the ``engine`` argument of
 :func:`memalpha.agent.rollout.run_rollouts`), so the real prompts, parsing, execution, reader and
 reward run on the scripted text. Four policies bracket what a reward should order
-(``experiments/scripted_policies.py``, ``tests/test_scripted_policies.py``):
+(``experiments/studies/scripted_policies.py``, ``tests/test_scripted_policies.py``):
 
 ``content_free``  deletes the (empty) core memory every turn: no memory at all;
 ``generic``       inserts one fixed sentence that says nothing of the chunk, every turn;

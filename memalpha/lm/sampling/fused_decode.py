@@ -32,7 +32,7 @@ Mistral (without sliding windows), Qwen2 and Qwen3 decoders on the CPU whose pro
 else (half precision, a GPU, 4-bit layers, DoRA, other architectures), which then decode
 through :mod:`memalpha.lm.sampling.growing_cache`.
 
-Measured by ``experiments/bench_decode.py`` (``docs/results.md``).
+Measured by ``experiments/bench/bench_decode.py`` (``docs/results.md``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,364 @@
+"""Learning against a control: does GRPO beat more SFT, and a GRPO run that never updates?
+
+Run:  make control-arms           (from a fresh clone)
+      HF_HUB_OFFLINE=1 .venv/bin/python experiments/studies/control_arms.py
+          [--config configs/tiny_cpu.yaml] [--sft-config configs/sft_tiny_cpu.yaml]
+          [--demos 24] [--sft-steps 16] [--steps 8] [--val 48] [--questions 4] [--seeds 0,1,2]
+          [--run-dir runs/control_arms] [--out experiments/results/control_arms.json] [--reuse]
+
+Every stage is the user's command line (``memalpha data demos``, ``sft``, ``fit``, ``validate``)
+on configs derived from ``--config`` and ``--sft-config``, written next to the run:
+
+1. one *format-saturated* SFT start shared by every arm: oracle demonstrations of ``--demos``
+   training instances, then ``--sft-steps`` SFT steps (16, as ``make demo``: tool success about
+   1, so r2 has no headroom left); ``memalpha validate`` of it is the arm ``start``;
+2. per seed, three arms from that adapter:
+   ``grpo``: ``memalpha fit`` for ``--steps`` GRPO steps;
+   ``grpo_lr0``: the same run at learning rate ``--lr0`` (1e-30; ``OptimizerSettings`` refuses 0
+   as a mistake, and 1e-30 moves no fp32 weight of this size: the largest change of the exported
+   adapter against the start is recorded as ``no_update_max_abs_change``): it samples, scores and
+   steps like ``grpo`` but learns nothing; validation is greedy, so with unchanged weights its
+   scores must equal ``start``'s exactly: ``grpo_lr0 - start`` checks the pipeline (export,
+   reload, validation), and ``grpo - grpo_lr0`` is what the updates alone did;
+   ``sft_continued``: ``memalpha sft`` continued from the adapter for the same training time as
+   that seed's ``grpo`` run: Lightning's ``trainer.max_time`` set to the ``grpo`` run's summed
+   TensorBoard ``step_s`` (rollouts and updates, not model loading or validation), so both arms
+   are timed on the machine as it is while they run. (A step count from the start's SFT step
+   time failed: the start ran beside other jobs at ~72 s a step, 10x its idle time, and the
+   first seed-0 arm got 5 steps, 53 s against GRPO's 380 s.) The summed ``step_s`` of every arm
+   is recorded as ``train_s``, its steps as ``steps``;
+3. every arm's exported adapter validated by ``memalpha validate`` on the same ``--val`` held-out
+   synthetic instances with ``--questions`` questions each (greedy, one rollout).
+
+``--steps 8`` fits the whole run (start, 3 seeds x 3 arms, 10 validations) in about 100 minutes
+on the 2 shared cores it was sized on: a GRPO step took 40 s there, an SFT step 7.6 s, a
+validation of 48 instances x 4 questions 305 s (load average 1.5-3). Under ``nice -n 19`` beside
+other jobs at nice 0 it gets far less: one SFT step took 140 s at load 6.
+
+The report (``experiments/studies/control_arms_report.py``, which rebuilds it from the committed files):
+paired per instance, ``grpo - sft_continued``, ``grpo - grpo_lr0`` and each arm ``- start`` on
+accuracy, fact recall and mean reward (plus tool success and memory tokens), with 95 % intervals
+*over seeds* (each seed's paired mean change, a t interval over seeds and a two-level bootstrap),
+*pooled* (each instance averaged over the seeds first, then a paired t over instances) and *per
+seed*. Outputs: the summary ``experiments/results/control_arms.json`` (settings,
+timings, intervals, the per-step training scalars r1-r4, reward, tool success, fact recall of
+every GRPO run), the per-instance scores of every validation in
+``experiments/results/control_arms/instance_scores.json``, and the plot ``control_arms.png``
+beside the summary; both JSON files are rewritten after every stage, so a run stopped early
+still reports what it finished. ``--reuse`` keeps every stage whose output exists and resumes an
+interrupted ``fit`` or continued ``sft`` from its ``last.ckpt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from learning_curve import (
+    add_recipe_arguments,
+    check_positive,
+    fit_config,
+    load_records,
+    load_yaml,
+    memalpha,
+    parse_seeds,
+    sft_config,
+    write_yaml,
+)
+
+from memalpha.lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, write_json
+from memalpha.lab.compute import measured, stage_record, training_compute, validation_counts
+from memalpha.lab.control_arms_report import (
+    INTERVALS,
+    START,
+    TRAIN_TAGS,
+    arm_means,
+    comparisons,
+    plot,
+    print_report,
+)
+from memalpha.train.demo_summary import event_scalars
+from memalpha.train.instance_scores import instance_values
+
+GRPO_ARMS = ("grpo", "grpo_lr0")
+
+
+def tag(seed: int, arm: str) -> str:
+    return f"seed{seed}_{arm}"
+
+
+def adapter_done(folder: Path) -> bool:
+    """An exported PEFT adapter (its config and its weights)."""
+    return (folder / "adapter_config.json").is_file() and (folder / "adapter_model.safetensors").is_file()
+
+
+def checkpointing(dirpath: Path, every: int) -> list[dict[str, Any]]:
+    return [{
+        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "init_args": {"dirpath": str(dirpath), "every_n_train_steps": every, "save_top_k": 0, "save_last": True},
+    }]
+
+
+def logger(run_dir: Path, name: str, version: str) -> dict[str, Any]:
+    return {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+            "init_args": {"save_dir": str(run_dir), "name": name, "version": version}}
+
+
+def curve_settings(args: argparse.Namespace, learning_rate: float | None) -> argparse.Namespace:
+    """The options :func:`learning_curve.fit_config` reads."""
+    return argparse.Namespace(steps=args.steps, every=args.steps, learning_rate=learning_rate, val=args.val,
+                              questions=args.questions)
+
+
+def arm_fit_config(base: dict[str, Any], run_dir: Path, args: argparse.Namespace, seed: int, arm: str) -> dict[str, Any]:
+    """``fit`` of a GRPO arm: no validation inside the run (``validate`` scores its exported adapter)."""
+    config = fit_config(base, run_dir, curve_settings(args, args.lr0 if arm == "grpo_lr0" else None), seed)
+    name = tag(seed, arm)
+    config["model"]["adapter_path"] = str(run_dir / "sft" / "adapter")  # every arm starts from the SFT start
+    config["model"]["export_adapter_dir"] = str(run_dir / "arms" / name / "adapter")
+    config["trainer"]["logger"] = logger(run_dir, "arms", name)
+    config["trainer"]["callbacks"] = checkpointing(run_dir / "checkpoints" / name, 1)
+    config["trainer"]["limit_val_batches"] = 0
+    return config
+
+
+def validate_config(base: dict[str, Any], run_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """``validate`` of any adapter on the held-out instances (they depend on ``data.seed`` only)."""
+    config = fit_config(base, run_dir, curve_settings(args, None), 0)
+    config["trainer"]["logger"] = logger(run_dir, "validate", START)
+    config["trainer"]["callbacks"] = []
+    config["model"].pop("export_adapter_dir", None)  # validate exports nothing
+    return config
+
+
+CONTINUED_SFT_STEP_CAP = 100_000
+"""``max_steps`` of the continued SFT arm, whose length ``trainer.max_time`` sets."""
+
+
+def continued_sft_config(base: dict[str, Any], run_dir: Path, seed: int, seconds: float) -> dict[str, Any]:
+    """``sft`` of the arm ``sft_continued``: SFT from the start adapter for ``seconds`` of training
+    (``trainer.max_time``), its own seed for the demonstrations' order, checkpoints every 10 steps."""
+    config = sft_config(base, run_dir, CONTINUED_SFT_STEP_CAP)
+    whole = max(1, round(seconds))  # Lightning's DD:HH:MM:SS form (a mapping would parse as text on the CLI)
+    config["trainer"]["max_time"] = f"{whole // 86400:02d}:{whole % 86400 // 3600:02d}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+    config["trainer"]["limit_val_batches"] = 0  # validate scores its exported adapter
+    name = tag(seed, "sft_continued")
+    config["seed_everything"] = seed
+    config["model"]["seed"] = seed
+    config["model"]["adapter_path"] = str(run_dir / "sft" / "adapter")
+    config["model"]["export_adapter_dir"] = str(run_dir / "arms" / name / "adapter")
+    config["data"]["seed"] = seed
+    config["trainer"]["logger"] = logger(run_dir, "arms", name)
+    config["trainer"]["callbacks"] = checkpointing(run_dir / "checkpoints" / name, 10)
+    config["trainer"]["enable_checkpointing"] = True
+    return config
+
+
+def step_seconds(folder: Path) -> list[float]:
+    """The TensorBoard ``step_s`` of every step of the run logged under ``folder``."""
+    series = event_scalars(folder, ("step_s",)).get("step_s", {})
+    return [series[s] for s in sorted(series)]
+
+
+def train_run(config_path: Path, config: dict[str, Any], log: Path, command: str) -> None:
+    """``memalpha fit``/``sft`` of one arm, resumed from its ``last.ckpt`` when a killed run left one."""
+    last = Path(config["trainer"]["callbacks"][0]["init_args"]["dirpath"]) / "last.ckpt"
+    resume = ["--ckpt_path", str(last)] if last.is_file() else []
+    memalpha(command, "--config", str(config_path), *resume, log=log)
+
+
+def validate(run_dir: Path, val_yaml: Path, adapter: Path, version: str, reuse: bool) -> dict[str, Any]:
+    """``memalpha validate`` of ``adapter`` (kept when its report exists under ``--reuse``; its wall and
+    CPU seconds recorded as the stage ``validate_<version>``); its per-instance scores."""
+    report = run_dir / "validate" / version / "validation.json"
+    if not (reuse and report.is_file()):
+        with measured(run_dir, f"validate_{version}"):
+            memalpha("validate", "--config", str(val_yaml), "--model.adapter_path", str(adapter),
+                     "--trainer.logger.init_args.version", version, log=run_dir / "logs" / f"validate_{version}.log")
+    return instance_values(load_records(report))
+
+
+def arm_compute(run_dir: Path, name: str, command: str) -> dict[str, Any]:
+    """The compute of the run ``name`` (:mod:`_compute`): ``train`` (its ``memalpha <command>``: optimiser
+    steps, training seconds, rollouts, tokens sampled and reader calls from its TensorBoard events, wall
+    and CPU seconds of the subprocess) and ``validate`` (its validation, when there is one)."""
+    out = {"train": stage_record(run_dir, f"{command}_{name}",
+                                 training_compute(run_dir / "arms" / name, sampled=command == "fit"))}
+    report = run_dir / "validate" / name / "validation.json"
+    if report.is_file():
+        out["validate"] = stage_record(run_dir, f"validate_{name}", validation_counts(load_records(report)))
+    return out
+
+
+def max_abs_change(before: Path, after: Path) -> float:
+    """The largest absolute change of any weight between two exported adapters."""
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(before / "adapter_model.safetensors")), load_file(str(after / "adapter_model.safetensors"))
+    if a.keys() != b.keys():
+        raise SystemExit(f"control arms: {before} and {after} hold different tensors")
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    add_recipe_arguments(parser, sft_steps=16, sft_help="SFT steps of the shared start (make demo: 16)", steps=8,
+                         steps_help="GRPO steps of each GRPO arm")
+    parser.add_argument("--val", type=int, default=48, help="held-out synthetic validation instances")
+    parser.add_argument("--questions", type=int, default=4, help="questions per training and validation instance")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (the SFT start is shared)")
+    parser.add_argument("--lr0", type=float, default=1e-30, help="learning rate of the no-update arm grpo_lr0")
+    parser.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "control_arms")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "control_arms.json")
+    parser.add_argument("--reuse", action="store_true", help="keep the stages whose outputs exist")
+    args = parser.parse_args(argv)
+    check_positive(parser, args, ("demos", "sft_steps", "steps", "val", "questions"))
+    if not 0.0 < args.lr0 < 1e-20:
+        parser.error(f"--lr0 must be in (0, 1e-20) so that no weight moves, got {args.lr0}")
+    args.seed_list = parse_seeds(parser, args.seeds)
+    return args
+
+
+class Experiment:
+    """The run's folders and configs, and what it has measured so far (written after every stage)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.run_dir = args.run_dir.resolve()
+        self.logs = self.run_dir / "logs"
+        self.adapter = self.run_dir / "sft" / "adapter"
+        self.base_fit, self.base_sft = load_yaml(args.config), load_yaml(args.sft_config)
+        self.val_yaml = write_yaml(self.validation_config(), self.run_dir / "validate.yaml")
+        self.demos_yaml = self.val_yaml  # the config the demonstrations are drawn with (its data.seed)
+        self.scores: dict[str, Any] = {START: None, "seeds": {}}
+        self.runs: dict[str, dict[str, Any]] = {}
+        self.train: dict[str, dict[str, dict[str, float]]] = {}
+        self.machine = machine_info()
+        self.started = time.perf_counter()
+
+    def validation_config(self) -> dict[str, Any]:
+        """The ``validate`` config every adapter is scored with (its ``data.seed`` sets the held-out set)."""
+        return validate_config(self.base_fit, self.run_dir, self.args)
+
+    def fit_config(self, seed: int, arm: str) -> dict[str, Any]:
+        """The ``fit`` config of a GRPO arm."""
+        return arm_fit_config(self.base_fit, self.run_dir, self.args, seed, arm)
+
+    def start(self) -> None:
+        """Demonstrations, the shared SFT start, and its validation."""
+        args, run_dir = self.args, self.run_dir
+        demos = run_dir / "demos"
+        if not (args.reuse and (demos / "val.jsonl").is_file()):
+            with measured(run_dir, "demos"):
+                memalpha("data", "demos", "--config", str(self.demos_yaml), "--out", str(demos / "train.jsonl"),
+                         "--count", str(args.demos), log=self.logs / "demos_train.log")
+                memalpha("data", "demos", "--config", str(self.demos_yaml), "--out", str(demos / "val.jsonl"),
+                         "--split", "test", "--count", "2", log=self.logs / "demos_val.log")
+        if not (args.reuse and adapter_done(self.adapter)):
+            config = sft_config(self.base_sft, run_dir, args.sft_steps)
+            config["trainer"]["logger"] = logger(run_dir, "sft", START)  # one events folder, rerun or not
+            with measured(run_dir, f"sft_{START}"):
+                memalpha("sft", "--config", str(write_yaml(config, run_dir / "sft.yaml")), log=self.logs / "sft.log")
+        self.sft_step_s = step_seconds(run_dir / "sft" / START)
+        self.scores[START] = validate(run_dir, self.val_yaml, self.adapter, START, args.reuse)
+        self.write()
+
+    def grpo_arm(self, seed: int, arm: str) -> None:
+        name = tag(seed, arm)
+        config = self.fit_config(seed, arm)
+        path = write_yaml(config, self.run_dir / f"{name}.yaml")
+        folder = self.run_dir / "arms" / name
+        if not (self.args.reuse and adapter_done(folder / "adapter")):
+            with measured(self.run_dir, f"fit_{name}"):
+                train_run(path, config, self.logs / f"fit_{name}.log", "fit")
+        self.train[name] = {t: {str(k): v for k, v in s.items()} for t, s in event_scalars(folder, TRAIN_TAGS).items()}
+        self.runs[name] = {"train_s": sum(step_seconds(folder)), "steps": self.args.steps}
+        if arm == "grpo_lr0":
+            self.runs[name]["no_update_max_abs_change"] = max_abs_change(self.adapter, folder / "adapter")
+        self.finish_arm(seed, arm, folder / "adapter")
+
+    def sft_arm(self, seed: int) -> None:
+        name = tag(seed, "sft_continued")
+        seconds = sum(step_seconds(self.run_dir / "arms" / tag(seed, "grpo")))
+        config = continued_sft_config(self.base_sft, self.run_dir, seed, seconds)
+        path = write_yaml(config, self.run_dir / f"{name}.yaml")
+        folder = self.run_dir / "arms" / name
+        if not (self.args.reuse and adapter_done(folder / "adapter")):
+            with measured(self.run_dir, f"sft_{name}"):
+                train_run(path, config, self.logs / f"sft_{name}.log", "sft")
+        taken = step_seconds(folder)
+        self.runs[name] = {"train_s": sum(taken), "steps": len(taken), "max_time_s": seconds}
+        self.finish_arm(seed, "sft_continued", folder / "adapter")
+
+    def finish_arm(self, seed: int, arm: str, adapter: Path) -> None:
+        """Validate the arm, record its compute (training and validation) and write both JSON files."""
+        name = tag(seed, arm)
+        self.scores["seeds"].setdefault(str(seed), {})[arm] = validate(
+            self.run_dir, self.val_yaml, adapter, name, self.args.reuse)
+        self.runs[name]["compute"] = arm_compute(self.run_dir, name, "sft" if arm == "sft_continued" else "fit")
+        self.write()
+
+    def write(self) -> dict[str, Any]:
+        """Both JSON files and the plot, from everything measured so far."""
+        args = self.args
+        scores_path = args.out.parent / args.out.stem / "instance_scores.json"
+        write_json({"benchmark": "control_arms", **self.scores}, scores_path, machine=self.machine)
+        means, compared = arm_means(self.scores), comparisons(self.scores)
+        sft_step_s = getattr(self, "sft_step_s", [])
+        result = {
+            "benchmark": "control_arms",
+            "command": command_line(),
+            "settings": {
+                "config": str(args.config), "sft_config": str(args.sft_config), "demos": args.demos,
+                "sft_steps": args.sft_steps, "steps": args.steps, "val_instances": args.val,
+                "questions": args.questions, "seeds": args.seed_list, "lr0": args.lr0,
+                "time_matching": "sft_continued: Lightning trainer.max_time = the same seed grpo run summed step_s",
+                "intervals": INTERVALS,
+            },
+            "instance_scores": str(scores_path.relative_to(REPO_ROOT) if scores_path.is_relative_to(REPO_ROOT) else scores_path),
+            "start_sft_step_s": sft_step_s,
+            "runs": self.runs,
+            "arm_means": means,
+            "comparisons": compared,
+            "train": self.train,
+            "wall_s": round(time.perf_counter() - self.started, 1),
+        }
+        write_json(result, args.out, machine=self.machine)
+        if self.scores[START]:
+            plot(means, compared, self.train, args.out.with_suffix(".png"))
+        return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    run_dir = args.run_dir.resolve()
+    if not args.reuse and run_dir.exists():
+        import shutil
+
+        shutil.rmtree(run_dir)
+    experiment = Experiment(args)
+    print(f"control arms in {run_dir}", flush=True)
+    experiment.start()
+    for seed in args.seed_list:
+        for arm in GRPO_ARMS:
+            experiment.grpo_arm(seed, arm)
+        experiment.sft_arm(seed)
+    result = experiment.write()
+    print_report(result["arm_means"], result["comparisons"])
+    for name, run in result["runs"].items():
+        print(f"  {name}: {run['steps']} steps, {run['train_s']:.0f} s of training"
+              + (f", max |weight change| {run['no_update_max_abs_change']:.1e}" if "no_update_max_abs_change" in run else ""))
+    print(f"\n(written to {args.out}, {args.out.with_suffix('.png')}; {result['wall_s'] / 60:.1f} min)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,278 @@
+"""The pre-registered decisive experiment (issue 39, item 3): does GRPO beat SFT continued for the same time?
+
+Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/studies/decisive.py --reuse
+          [--seeds 0,1,2,3,4] [--recipe extractive_instances_4] [--steps 8] [--val 96] [--questions 4]
+          [--val-data-seed 3900] [--train-data-seed-base 3910] [--plan-commit HASH]
+          [--run-dir runs/decisive] [--out experiments/results/decisive.json]
+      .venv/bin/python experiments/studies/decisive.py --check      (experiments/studies/decisive_report.py --check)
+
+The plan, its thresholds and its commit are in docs/results.md ("Pre-registered: ..."). Every stage is
+the user's command line, through ``experiments/studies/control_arms.py``'s :class:`control_arms.Experiment`:
+
+* **C, the start**: oracle demonstrations of ``--demos`` training instances (synthetic data seed
+  ``--demos-data-seed``, 0: the control arms' demonstrations) and ``--sft-steps`` SFT steps, the
+  control arms' recipe; validated once (greedy, so deterministic);
+* per seed ``s``, **A** (arm ``grpo``): ``memalpha fit`` from the start for ``--steps`` steps with the
+  settings of lever ``--recipe`` (``grpo_levers.LEVERS``), ``seed_everything = model.seed = s`` and its
+  own GRPO stream, synthetic data seed ``--train-data-seed-base + s``;
+* per seed, **B** (arm ``sft_continued``): ``memalpha sft`` continued from the start on the same
+  demonstrations for A's training time (``trainer.max_time`` = A's summed TensorBoard ``step_s``,
+  :func:`control_arms.continued_sft_config`);
+* every adapter validated by ``memalpha validate`` on ``--val`` held-out instances x ``--questions``
+  questions of the validation split at synthetic data seed ``--val-data-seed`` (3900: no earlier study
+  validated on it; they all used 0), scored by the local 135M reader.
+
+Outputs: the per-instance scores ``<out stem>/instance_scores.json`` (each instance also holding
+``memory_share``, its final memory tokens over its input tokens, the guard's metric) and the summary
+``--out`` (settings, the decision, comparisons, arm means, each run's compute: wall and CPU seconds,
+optimiser steps, rollouts, tokens sampled, reader calls), both rebuilt after every stage from what the
+run folder holds, so two processes over different seeds of one folder (``--seeds 0,1,2`` and
+``--seeds 3,4``) write the same files; the shared start is built under a file lock by the first.
+``--reuse`` keeps every stage whose output exists and resumes an interrupted fit or SFT from its
+``last.ckpt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from control_arms import Experiment, adapter_done, arm_compute, step_seconds, tag
+from grpo_levers import LEVERS, set_dotted
+from learning_curve import add_recipe_arguments, check_positive, load_records, parse_seeds, write_yaml
+
+from memalpha.lab.common import REPO_ROOT, RESULTS_DIR, command_line, write_json
+from memalpha.lab.compute import stage_record, training_compute
+from memalpha.lab.control_arms_report import INTERVALS, START, TRAIN_TAGS
+from memalpha.lab.decisive_report import GRPO, GUARD_LIMIT, PRIMARY, SECONDARY, SFT, print_decisive, rebuild
+from memalpha.train.demo_summary import event_scalars
+from memalpha.train.instance_scores import InstanceScores, instance_values
+
+VAL_DATA_SEED = 3900
+"""The held-out set's synthetic data seed: every earlier study validated on data seed 0."""
+TRAIN_DATA_SEED_BASE = 3910
+"""Seed ``s``'s GRPO stream draws its training instances at synthetic data seed ``3910 + s``."""
+
+
+def memory_shares(records: list[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """``{source: {instance: mean over its rollouts of memory_tokens / chunk_tokens}}`` (the guard's
+    metric; an instance without input tokens has none)."""
+    sums: dict[tuple[str, str], list[float]] = {}
+    for record in records:
+        if record["chunk_tokens"] > 0:
+            key = (record["data_source"], record["instance_id"])
+            sums.setdefault(key, []).append(record["memory_tokens"] / record["chunk_tokens"])
+    out: dict[str, dict[str, float]] = {}
+    for (source, instance), shares in sums.items():
+        out.setdefault(source, {})[instance] = sum(shares) / len(shares)
+    return out
+
+
+def guarded_values(records: list[Mapping[str, Any]]) -> InstanceScores:
+    """:func:`memalpha.train.instance_scores.instance_values` with each instance's ``memory_share``."""
+    values = instance_values(records)
+    for source, instances in memory_shares(records).items():
+        for instance, share in instances.items():
+            values[source][instance]["memory_share"] = share
+    return values
+
+
+def recipe_config(experiment: Experiment, seed: int) -> dict[str, Any]:
+    """Arm A of ``seed``: the control arms' ``grpo`` fit config with the recipe's settings and its own
+    GRPO stream (synthetic data seed ``train_data_seed_base + seed``)."""
+    args = experiment.args
+    config = Experiment.fit_config(experiment, seed, GRPO)
+    for key, value in LEVERS[args.recipe].items():
+        set_dotted(config, key, value)
+    config["data"]["seed"] = args.train_data_seed_base + seed
+    return config
+
+
+def held_out_config(experiment: Experiment, data_seed: int) -> dict[str, Any]:
+    """The control arms' ``validate`` config on the held-out set of synthetic data seed ``data_seed``."""
+    config = Experiment.validation_config(experiment)
+    config["data"]["seed"] = data_seed
+    return config
+
+
+def validated(run_dir: Path, name: str) -> Path | None:
+    """The validation report of ``name`` in ``run_dir``, None before it exists."""
+    report = run_dir / "validate" / name / "validation.json"
+    return report if report.is_file() else None
+
+
+def collect_scores(run_dir: Path, seeds: list[int]) -> dict[str, Any]:
+    """``{"start": ..., "seeds": {seed: {arm: ...}}}`` of every validation of ``run_dir`` so far
+    (:func:`guarded_values`), over ``seeds`` and any other seed validated there."""
+    found = {int(p.parent.name.removeprefix("seed").split("_")[0])
+             for p in (run_dir / "validate").glob("seed*_*/validation.json")
+             if p.parent.name.removeprefix("seed").split("_")[0].isdigit()}
+    scores: dict[str, Any] = {START: None, "seeds": {}}
+    if (report := validated(run_dir, START)) is not None:
+        scores[START] = guarded_values(load_records(report))
+    for seed in sorted(set(seeds) | found):
+        for arm in (GRPO, SFT):
+            if (report := validated(run_dir, tag(seed, arm))) is not None:
+                scores["seeds"].setdefault(str(seed), {})[arm] = guarded_values(load_records(report))
+    return scores
+
+
+def collect_runs(run_dir: Path, seeds: list[int]) -> dict[str, Any]:
+    """Each trained run's training seconds, steps and compute (:func:`control_arms.arm_compute`), B's
+    ``max_time_s`` (A's summed ``step_s``), and the start's SFT; from what ``run_dir`` holds."""
+    runs: dict[str, Any] = {}
+    if adapter_done(run_dir / "sft" / "adapter"):
+        runs[f"seed0_{START}"] = {"train_s": sum(step_seconds(run_dir / "sft" / START)),
+                                  "steps": len(step_seconds(run_dir / "sft" / START)),
+                                  "compute": {"train": arm_compute_start(run_dir)}}
+    for seed in seeds:
+        for arm, command in ((GRPO, "fit"), (SFT, "sft")):
+            name = tag(seed, arm)
+            if adapter_done(run_dir / "arms" / name / "adapter"):
+                taken = step_seconds(run_dir / "arms" / name)
+                runs[name] = {"train_s": sum(taken), "steps": len(taken),
+                              "compute": arm_compute(run_dir, name, command)}
+                if arm == SFT:
+                    runs[name]["max_time_s"] = sum(step_seconds(run_dir / "arms" / tag(seed, GRPO)))
+    return runs
+
+
+def arm_compute_start(run_dir: Path) -> dict[str, Any]:
+    """The start's SFT compute (its events are under ``sft/start``)."""
+    return stage_record(run_dir, f"sft_{START}", training_compute(run_dir / "sft" / START, sampled=False))
+
+
+class Decisive(Experiment):
+    """:class:`control_arms.Experiment` with the decisive study's held-out set, arm A's recipe, and
+    summaries rebuilt from the run folder."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args)
+        demos = Experiment.validation_config(self)
+        demos["data"]["seed"] = args.demos_data_seed
+        self.demos_yaml = write_yaml(demos, self.run_dir / "demos.yaml")
+
+    def validation_config(self) -> dict[str, Any]:
+        return held_out_config(self, self.args.val_data_seed)
+
+    def fit_config(self, seed: int, arm: str) -> dict[str, Any]:
+        return recipe_config(self, seed)
+
+    def write(self) -> dict[str, Any]:
+        """Both JSON files from everything ``run_dir`` holds (this process's stages and another's)."""
+        args = self.args
+        scores = collect_scores(self.run_dir, args.seed_list)
+        scores_path = args.out.parent / args.out.stem / "instance_scores.json"
+        write_json({"benchmark": "decisive", **scores}, scores_path, machine=self.machine)
+        planned = args.planned_list
+        result = {
+            "benchmark": "decisive",
+            "command": command_line(),
+            "settings": settings(args),
+            "instance_scores": os.path.relpath(scores_path, args.out.resolve().parent.parent.parent),
+            "runs": collect_runs(self.run_dir, sorted(set(planned) | set(args.seed_list))),
+            **rebuild(scores, planned),
+            "train": {tag(s, GRPO): {t: {str(k): v for k, v in series.items()}
+                                     for t, series in event_scalars(self.run_dir / "arms" / tag(s, GRPO),
+                                                                    TRAIN_TAGS).items()}
+                      for s in planned if (self.run_dir / "arms" / tag(s, GRPO)).is_dir()},
+            "wall_s": round(time.perf_counter() - self.started, 1),
+        }
+        write_json(result, args.out, machine=self.machine)
+        return result
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The plan as this run carries it out (docs/results.md, "Pre-registered: ...")."""
+    return {
+        "plan_commit": args.plan_commit, "config": str(args.config), "sft_config": str(args.sft_config),
+        "demos": args.demos, "demos_data_seed": args.demos_data_seed, "sft_steps": args.sft_steps,
+        "recipe": args.recipe, "recipe_settings": LEVERS[args.recipe], "steps": args.steps,
+        "seeds": args.planned_list,
+        "train_data_seeds": {str(s): args.train_data_seed_base + s for s in args.planned_list},
+        "val_instances": args.val, "questions": args.questions, "val_data_seed": args.val_data_seed,
+        "val_split": "validation", "primary": f"{PRIMARY}, {GRPO} - {SFT}, t over seeds",
+        "secondary": list(SECONDARY), "guard": f"memory_share <= {GUARD_LIMIT} in every seed's {GRPO} run",
+        "time_matching": f"{SFT}: Lightning trainer.max_time = the same seed's {GRPO} run's summed step_s",
+        "intervals": INTERVALS,
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    add_recipe_arguments(parser, sft_steps=16, sft_help="SFT steps of the start (the control arms': 16)", steps=8,
+                         steps_help="GRPO steps of arm A")
+    parser.add_argument("--recipe", default="extractive_instances_4", choices=sorted(LEVERS),
+                        help="the grpo_levers lever whose settings arm A trains with")
+    parser.add_argument("--val", type=int, default=96, help="held-out synthetic validation instances")
+    parser.add_argument("--questions", type=int, default=4, help="questions per training and validation instance")
+    parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds this process runs")
+    parser.add_argument("--planned-seeds", default="0,1,2,3,4", help="the pre-registered seeds the verdict needs")
+    parser.add_argument("--val-data-seed", type=int, default=VAL_DATA_SEED)
+    parser.add_argument("--train-data-seed-base", type=int, default=TRAIN_DATA_SEED_BASE)
+    parser.add_argument("--demos-data-seed", type=int, default=0)
+    parser.add_argument("--plan-commit", default=None, help="the commit of the pre-registered plan")
+    parser.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "decisive")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "decisive.json")
+    parser.add_argument("--reuse", action="store_true", help="keep the stages whose outputs exist")
+    parser.add_argument("--check", action="store_true",
+                        help="only rebuild the verdict from the committed files (decisive_report.py --check)")
+    args = parser.parse_args(argv)
+    check_positive(parser, args, ("demos", "sft_steps", "steps", "val", "questions"))
+    args.seed_list = parse_seeds(parser, args.seeds)
+    args.planned_list = parse_seeds(parser, args.planned_seeds)
+    stream = {args.train_data_seed_base + s for s in args.planned_list}
+    if args.val_data_seed in stream or args.val_data_seed == args.demos_data_seed:
+        parser.error(f"--val-data-seed {args.val_data_seed} must differ from every training data seed")
+    args.lr0 = None  # arm_fit_config reads it only for the arm grpo_lr0
+    return args
+
+
+@contextmanager
+def start_lock(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir/start.lock``: a second process over the same folder waits while the first builds the start."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "start.lock", "w", encoding="utf-8") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.check:
+        from memalpha.lab.decisive_report import main as report
+
+        return report(["--scores", str(args.out.parent / args.out.stem / "instance_scores.json"),
+                       "--summary", str(args.out), "--check"])
+    run_dir = args.run_dir.resolve()
+    if not args.reuse and run_dir.exists():
+        raise SystemExit(f"decisive: {run_dir} exists; pass --reuse to continue it (nothing is deleted)")
+    print(f"decisive experiment in {run_dir}, seeds {args.seed_list}", flush=True)
+    with start_lock(run_dir):
+        experiment = Decisive(args)
+        experiment.start()
+    for seed in args.seed_list:
+        experiment.grpo_arm(seed, GRPO)
+        experiment.sft_arm(seed)
+    result = experiment.write()
+    print_decisive(result)
+    print(f"\n(written to {args.out}; {result['wall_s'] / 60:.1f} min)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
