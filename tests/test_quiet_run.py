@@ -28,7 +28,7 @@ def test_a_short_fit_prints_no_warning_line(tmp_path, tiny_model_dir):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"} | {"HF_HUB_OFFLINE": "1"}
     run = subprocess.run(
         [memalpha, "fit", "--config", str(config), "--trainer.val_check_interval", "1"],
-        capture_output=True, text=True, env=env, timeout=600,
+        capture_output=True, text=True, env=env, timeout=600, check=False,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     lines = (run.stdout + run.stderr).replace("\r", "\n").splitlines()
