@@ -8,6 +8,7 @@ not listed still shows, and memalpha's own errors are never filtered.
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -91,15 +92,9 @@ class _DropKnown(logging.Filter):
 def silence_known_warnings() -> None:
     """Hide :data:`PYTHON_WARNINGS` and :data:`LOG_RECORDS` for this process (idempotent)."""
     for known in PYTHON_WARNINGS:
-        warnings.filterwarnings("ignore", message=_escaped(known.message))
+        warnings.filterwarnings("ignore", message=re.escape(known.message))  # matched from the start
     for name, known_records in LOG_RECORDS.items():
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropKnown) for f in logger.filters):
             logger.addFilter(_DropKnown(known_records))
 
-
-def _escaped(start: str) -> str:
-    """A ``warnings`` filter pattern (a regular expression matched at the start) for ``start``."""
-    import re
-
-    return re.escape(start)
