@@ -52,7 +52,9 @@ def sdpa_kernel_choice(
 ) -> SDPBackend:
     """The kernel ``F.scaled_dot_product_attention`` would run on these inputs (under the
     backends enabled now, e.g. by ``torch.nn.attention.sdpa_kernel``)."""
-    choice = torch._fused_sdp_choice(query, key, value, mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)
+    choice = torch._fused_sdp_choice(
+        query, key, value, mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa
+    )
     return SDPBackend(choice)
 
 
@@ -62,7 +64,11 @@ def repeat_heads(states: torch.Tensor, groups: int) -> torch.Tensor:
     if groups == 1:
         return states
     rows, heads, length, width = states.shape
-    return states[:, :, None].expand(rows, heads, groups, length, width).reshape(rows, heads * groups, length, width)
+    return (
+        states[:, :, None]
+        .expand(rows, heads, groups, length, width)
+        .reshape(rows, heads * groups, length, width)
+    )
 
 
 def query_block_rows(rows: int, heads: int, keys: int, budget: int) -> int:
@@ -80,7 +86,11 @@ def causal_block_mask(start: int, stop: int, keys: int, device: torch.device) ->
 
 
 def _block(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float | None
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float | None,
 ) -> torch.Tensor:
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
 
@@ -145,11 +155,15 @@ def bounded_attention(
         )
     key, value = repeat_heads(key, groups), repeat_heads(value, groups)
     if grouped and sdpa_kernel_choice(query, key, value, mask, is_causal, scale, False) != SDPBackend.MATH:
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale)
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale
+        )
     rows, heads, length = query.shape[:3]
     block = query_block_rows(rows, heads, key.shape[2], score_budget)
     if block >= length:
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale)
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale
+        )
     return blocked_attention(query, key, value, mask, is_causal, scale, block)
 
 
@@ -172,7 +186,11 @@ def _traced_attention(
 
 
 def _one_query_per_group(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float | None,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float | None,
     score_budget: int,
 ) -> torch.Tensor:
     """A decoding step's attention (one query per head) with the query heads of each key/value
@@ -202,7 +220,9 @@ def _attention_forward(
         raise ValueError(f"{IMPLEMENTATION} attention takes no attention dropout, got {dropout}")
     for unsupported in ("softcap", "position_bias"):
         if kwargs.get(unsupported) is not None:
-            raise ValueError(f"{IMPLEMENTATION} attention does not take {unsupported}; load the model with sdpa")
+            raise ValueError(
+                f"{IMPLEMENTATION} attention does not take {unsupported}; load the model with sdpa"
+            )
     length = query.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = length > 1 and attention_mask is None and causal

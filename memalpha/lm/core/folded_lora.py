@@ -148,7 +148,11 @@ def _own_weight(module) -> torch.Tensor | None:
         return None
     if type(module) is LoraLinear:
         base = module.get_base_layer()
-        idle = module.disable_adapters or module.merged or not any(a in module.lora_A for a in module.active_adapters)
+        idle = (
+            module.disable_adapters
+            or module.merged
+            or not any(a in module.lora_A for a in module.active_adapters)
+        )
         if idle and type(base) is torch.nn.Linear and base.weight.is_floating_point():
             return base.weight.detach()
     return None

@@ -13,7 +13,8 @@ import urllib.request
 
 
 class RetryableRequestError(Exception):
-    """A failure that may pass (timeout, refused or dropped connection, 5xx, 429): ask again after a backoff."""
+    """A failure that may pass (timeout, refused or dropped connection, 5xx, 429): ask again after a
+    backoff."""
 
 
 class RefusedRequestError(Exception):

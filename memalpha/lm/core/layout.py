@@ -52,7 +52,8 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 def check_pairs(prompt_ids: list[list[int]], response_ids: list[list[int]] | None) -> None:
     if response_ids is not None and len(prompt_ids) != len(response_ids):
         raise ValueError(
-            f"prompt_ids has {len(prompt_ids)} rows but response_ids has {len(response_ids)}; they must pair up"
+            f"prompt_ids has {len(prompt_ids)} rows but "
+            f"response_ids has {len(response_ids)}; they must pair up"
         )
     for index, prompt in enumerate(prompt_ids):
         if len(prompt) == 0:
@@ -80,7 +81,8 @@ def pad_prompt_response(
         for index, prompt in enumerate(prompt_ids):
             if len(prompt) <= shared_prefix or list(prompt[:shared_prefix]) != head:
                 raise ValueError(
-                    f"prompt_ids[{index}] does not extend the {shared_prefix}-token prefix shared by the batch"
+                    f"prompt_ids[{index}] does not extend the "
+                    f"{shared_prefix}-token prefix shared by the batch"
                 )
     batch = len(prompt_ids)
     prompt_width = max((len(p) for p in prompt_ids), default=0)
@@ -98,7 +100,9 @@ def pad_prompt_response(
         input_ids[row, start:prompt_width] = torch.as_tensor(prompt, dtype=torch.long)
         attention_mask[row, start : prompt_width + len(response)] = 1
         if response:
-            input_ids[row, prompt_width : prompt_width + len(response)] = torch.as_tensor(response, dtype=torch.long)
+            input_ids[row, prompt_width : prompt_width + len(response)] = torch.as_tensor(
+                response, dtype=torch.long
+            )
             response_mask[row, : len(response)] = 1
     return PaddedBatch(input_ids.to(device), attention_mask.to(device), response_mask.to(device))
 
@@ -116,7 +120,10 @@ def additive_mask(masked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | No
     """``masked`` (True where a query may not attend) as an additive attention mask: the dtype's
     minimum there, 0 elsewhere; None when nothing is masked. The minimum rather than ``-inf``
     keeps a fully masked row finite: its log-sum-exp then lies near the dtype's minimum, so it
-    weighs nothing when two attention parts are combined (:func:`memalpha.lm.sampling.fused_decode.combine`)."""
+    weighs nothing when two attention parts are combined
+    (:func:`memalpha.lm.sampling.fused_decode.combine`)."""
     if not bool(masked.any()):
         return None
-    return torch.zeros(masked.shape, dtype=dtype, device=masked.device).masked_fill_(masked, torch.finfo(dtype).min)
+    return torch.zeros(masked.shape, dtype=dtype, device=masked.device).masked_fill_(
+        masked, torch.finfo(dtype).min
+    )

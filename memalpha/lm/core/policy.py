@@ -2,8 +2,8 @@
 
 The reference policy and the local reader are the same weights with the adapter switched
 off (``with model.disable_adapter(): ...``), or for the reference a frozen second adapter
-(:mod:`memalpha.lm.core.reference`); no second copy of the base model is ever loaded. Sampling lives in :mod:`memalpha.lm.sampling.generation` and per-token log-probs in
-:mod:`memalpha.lm.scoring.logprobs`.
+(:mod:`memalpha.lm.core.reference`); no second copy of the base model is ever loaded. Sampling lives in
+:mod:`memalpha.lm.sampling.generation` and per-token log-probs in :mod:`memalpha.lm.scoring.logprobs`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,14 @@ from memalpha.lm.core.attention import use_bounded_attention
 from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
 from memalpha.lm.core.nf4_cpu_packing import keep_nf4_layers_unpacked
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 @dataclass
@@ -112,7 +118,9 @@ class LMSettings:
         if self.precision not in PRECISIONS:
             raise ValueError(f"lm.precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
         if self.compute_dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"lm.compute_dtype must be one of {list(COMPUTE_DTYPES)}, got {self.compute_dtype!r}")
+            raise ValueError(
+                f"lm.compute_dtype must be one of {list(COMPUTE_DTYPES)}, got {self.compute_dtype!r}"
+            )
 
 
 def _dtype(name: str, what: str) -> torch.dtype:
@@ -135,7 +143,10 @@ def _enable_checkpointing(model) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:  # transformers < 5
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    if not getattr(model, "_require_grads_hooks", None) and getattr(model, "_require_grads_hook", None) is None:
+    if (
+        not getattr(model, "_require_grads_hooks", None)
+        and getattr(model, "_require_grads_hook", None) is None
+    ):
         model.enable_input_require_grads()
     model.config.use_cache = False
 

@@ -206,7 +206,8 @@ def can_share_cache(decoder) -> bool:
 
 
 def shared_prefix(decoder, rows: Sequence[Sequence[int]]) -> SharedPrefix | None:
-    """The :class:`SharedPrefix` of ``rows``; None when they share nothing or :func:`can_share_cache` says no."""
+    """The :class:`SharedPrefix` of ``rows``; None when they share nothing or :func:`can_share_cache` says
+    no."""
     if not can_share_cache(decoder):
         return None
     length = shared_prefix_length(rows)
@@ -233,7 +234,11 @@ def prompt_cache(
 
 
 def distinct_prompt_cache(
-    decoder, batch: PaddedBatch, prompts: Sequence[Sequence[int]], prefix: SharedPrefix | None, dedupe: bool = True
+    decoder,
+    batch: PaddedBatch,
+    prompts: Sequence[Sequence[int]],
+    prefix: SharedPrefix | None,
+    dedupe: bool = True,
 ) -> tuple[Cache | None, list[int]]:
     """``(cache, prompt_of_row)``: the cache of every prompt column but the last for each distinct
     prompt of ``batch`` once (rows in order of first appearance; None when the prompts are one

@@ -5,20 +5,20 @@ reader's: ``auto``, one of four in-process backends, or ``vllm`` (the agent's tu
 server, :mod:`memalpha.train.engine_sync`; the local reader then samples in-process as ``auto``
 chooses). The in-process backends:
 
-========================  =============================================================  ==========================
-backend                   what runs                                                      takes
-========================  =============================================================  ==========================
-``cpu-fused``             memalpha's own decoding step over stacked weights with the     float32/float64 Llama,
-                          LoRA folded in, prompt keys read once for all their rows       Mistral, Qwen2/3 on the CPU,
-                          (:mod:`memalpha.lm.sampling.fused_decode`)                    with ``fold_adapters``
-``cuda-graph``            one decoding step of fixed shapes over a static cache,         plain-attention decoders on
-                          captured once as a CUDA graph and replayed per token, over a   CUDA (eager on the CPU,
-                          dense copy of the weights with the LoRA folded in (4-bit       where it is tested)
-                          bases dequantised) (:mod:`memalpha.lm.sampling.graph_decode`)
-``growing-cache``         the model's layers over a cache that grows in place, ended     plain-attention decoders
-                          rows leaving the batch (:mod:`memalpha.lm.sampling.growing_cache`)
-``hf-generate``           ``transformers``' ``model.generate``                           any causal LM
-========================  =============================================================  ==========================
+=================  =============================================================  ==========================
+backend            what runs                                                      takes
+=================  =============================================================  ==========================
+``cpu-fused``      memalpha's own decoding step over stacked weights with the     float32/float64 Llama,
+                   LoRA folded in, prompt keys read once for all their rows       Mistral, Qwen2/3 on the CPU,
+                   (:mod:`memalpha.lm.sampling.fused_decode`)                    with ``fold_adapters``
+``cuda-graph``     one decoding step of fixed shapes over a static cache,         plain-attention decoders on
+                   captured once as a CUDA graph and replayed per token, over a   CUDA (eager on the CPU,
+                   dense copy of the weights with the LoRA folded in (4-bit       where it is tested)
+                   bases dequantised) (:mod:`memalpha.lm.sampling.graph_decode`)
+``growing-cache``  the model's layers over a cache that grows in place, ended     plain-attention decoders
+                   rows leaving the batch (:mod:`memalpha.lm.sampling.growing_cache`)
+``hf-generate``    ``transformers``' ``model.generate``                           any causal LM
+=================  =============================================================  ==========================
 
 ``cpu-fused`` and ``cuda-graph`` sample from a copy of the weights with the LoRA update folded in;
 named, ``growing-cache`` and ``hf-generate`` run the model as loaded (no copy of its weights: the
@@ -88,7 +88,9 @@ def candidates(model, fold_adapters: bool) -> list[str]:
     """The backends ``auto`` tries for ``model``, best first: on CUDA the captured graph, on the
     CPU the fused step (each only with ``fold_adapters``: both sample from a folded copy of the
     weights), then the two general loops."""
-    first = {"cuda": ["cuda-graph"], "cpu": ["cpu-fused"]}.get(_device(model).type, []) if fold_adapters else []
+    first = (
+        {"cuda": ["cuda-graph"], "cpu": ["cpu-fused"]}.get(_device(model).type, []) if fold_adapters else []
+    )
     return [*first, "growing-cache", "hf-generate"]
 
 
@@ -127,7 +129,9 @@ def choose_backend(model, requested: str = "auto", fold_adapters: bool = True) -
         reason = why_not(name, model, fold_adapters)
         if reason is None:
             skipped = "; ".join(passed)
-            return BackendChoice(name, f"auto on {_device(model).type}" + (f" (not {skipped})" if skipped else ""))
+            return BackendChoice(
+                name, f"auto on {_device(model).type}" + (f" (not {skipped})" if skipped else "")
+            )
         passed.append(f"{name}: {reason}")
     raise AssertionError("hf-generate takes every model")  # pragma: no cover
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import torch
 
 
-def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+def filter_logits(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
     """``[B, V]`` logits divided by ``temperature``, with the tokens top-k and top-p drop set to ``-inf``.
 
     ``top_k`` 0 and ``top_p`` 1.0 are off. Top-k keeps every token whose logit reaches the

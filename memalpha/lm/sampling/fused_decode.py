@@ -99,7 +99,9 @@ def _stacked(modules: Sequence[torch.nn.Module], rows: int | None) -> LinearProd
         start += base.shape[0]
     bias = None
     if any(b is not None for b in biases):
-        bias = torch.cat([b.detach() if b is not None else stacked.new_zeros(w.shape[0]) for b, w in zip(biases, bases)])
+        bias = torch.cat(
+            [b.detach() if b is not None else stacked.new_zeros(w.shape[0]) for b, w in zip(biases, bases)]
+        )
     return LinearProduct.build(stacked, bias, rows)
 
 
@@ -152,7 +154,8 @@ class FusedDecoder:
             return f"the decoder is on {weight.device.type}; the fused step runs PyTorch's CPU flash kernel"
         if cpu_flash_attention is None:
             return "this PyTorch build has no CPU flash-attention kernel"
-        if weight.dtype not in (torch.float32, torch.float64):  # half-precision attention would round more here
+        # half-precision attention would round more here
+        if weight.dtype not in (torch.float32, torch.float64):
             return f"the weights are {weight.dtype}; the fused step takes float32 or float64"
         if not _plain_rms_norm(getattr(decoder, "norm", None)):
             return "the final norm is not the family's RMSNorm"
@@ -211,7 +214,9 @@ class FusedDecoder:
         head_dim = int(first.head_dim)
         heads = config.num_attention_heads
         kv_heads = config.num_key_value_heads
-        return cls(decoder, head, config, layers, heads, kv_heads, head_dim, float(first.scaling), packed_head)
+        return cls(
+            decoder, head, config, layers, heads, kv_heads, head_dim, float(first.scaling), packed_head
+        )
 
 
 class PromptGroups:
@@ -269,7 +274,9 @@ def _own_part(q, keys, values, kv_heads: int, scale: float):
     """Attention of every row's query ``[B, H, D]`` to its own new tokens ``keys``/``values``
     ``[B, KV, T, D]``: output and log-sum-exp per row and head."""
     rows, heads, dim = q.shape
-    out, lse = cpu_flash_attention(q.view(rows, kv_heads, heads // kv_heads, dim), keys, values, 0.0, False, scale=scale)
+    out, lse = cpu_flash_attention(
+        q.view(rows, kv_heads, heads // kv_heads, dim), keys, values, 0.0, False, scale=scale
+    )
     return out.reshape(rows, heads, dim), lse.reshape(rows, heads)
 
 
@@ -293,7 +300,8 @@ def decode(
     eos_ids: Sequence[int],
     pick: Callable[[torch.Tensor], torch.Tensor],
 ) -> tuple[list[list[int]], list[bool]]:
-    """New tokens for every row of ``batch``, as :func:`memalpha.lm.sampling.growing_cache.decode` returns them.
+    """New tokens for every row of ``batch``, as :func:`memalpha.lm.sampling.growing_cache.decode` returns
+    them.
 
     ``prompt_cache`` holds, for each distinct prompt, the keys and values of every prompt column
     but the last (``[U, kv_heads, P - 1, head_dim]`` per layer, laid out as ``batch``'s columns;
@@ -308,12 +316,18 @@ def decode(
         first_row.setdefault(prompt, row)
     if sorted(first_row) != list(range(len(first_row))):
         raise ValueError("prompt_of_row must number the distinct prompts 0..U-1")
-    prompt_layers = [] if prompt_cache is None or stop == 0 else [(l.keys, l.values) for l in prompt_cache.layers]
-    masked = ~batch.attention_mask[[first_row[p] for p in range(len(first_row))], :stop].bool()[:, None, None, :]
+    prompt_layers = (
+        [] if prompt_cache is None or stop == 0 else [(l.keys, l.values) for l in prompt_cache.layers]
+    )
+    masked = ~batch.attention_mask[[first_row[p] for p in range(len(first_row))], :stop].bool()[
+        :, None, None, :
+    ]
     sample = fused.layers[0].qkv.weight
     mask = additive_mask(masked, sample.dtype)
     groups = PromptGroups(prompt_of_row, device)
-    own_keys = [sample.new_empty((rows, fused.kv_heads, max_new_tokens, fused.head_dim)) for _ in fused.layers]
+    own_keys = [
+        sample.new_empty((rows, fused.kv_heads, max_new_tokens, fused.head_dim)) for _ in fused.layers
+    ]
     own_values = [torch.empty_like(k) for k in own_keys]
     responses = Responses(rows, eos_ids)
     tokens = batch.input_ids[:, -1]
@@ -334,7 +348,10 @@ def decode(
                 q, k = qk[:, :heads], qk[:, heads:]
             own_keys[index][:, :, step] = k
             own_values[index][:, :, step] = qkv[:, heads + kv_heads :]
-            own_keys_now, own_values_now = own_keys[index][:, :, : step + 1], own_values[index][:, :, : step + 1]
+            own_keys_now, own_values_now = (
+                own_keys[index][:, :, : step + 1],
+                own_values[index][:, :, : step + 1],
+            )
             own = _own_part(q, own_keys_now, own_values_now, kv_heads, fused.scaling)
             if prompt_layers:
                 keys, values = prompt_layers[index]

@@ -2,7 +2,8 @@
 
 Prompts are laid out as in :mod:`memalpha.lm.core.layout`; with ``share_prefix`` the tokens the
 prompts of a batch share are computed once (:mod:`memalpha.lm.core.prefix_cache`); the new tokens
-come from :func:`memalpha.lm.sampling.growing_cache.decode` (``model.generate`` for decoders it does not take).
+come from :func:`memalpha.lm.sampling.growing_cache.decode` (``model.generate`` for decoders it does not
+take).
 """
 
 from __future__ import annotations
@@ -129,10 +130,10 @@ def generate(
     With ``share_prefix`` (the default) the tokens that the prompts of a batch share -- their
     common prefix, and whole prompts repeated by a group -- are pre-filled once and their
     key/value cache is repeated to every row (:mod:`memalpha.lm.core.prefix_cache`); the samples are
-    those of the plain batch up to float rounding. The loop (:func:`memalpha.lm.sampling.growing_cache.decode`)
-    writes into a cache allocated once for the prompt plus ``max_new_tokens`` and drops rows as
-    they finish; decoders with sliding-window or other non-plain attention layers sample through
-    ``model.generate`` instead, with the same filters.
+    those of the plain batch up to float rounding. The loop
+    (:func:`memalpha.lm.sampling.growing_cache.decode`) writes into a cache allocated once for the prompt plus
+    ``max_new_tokens`` and drops rows as they finish; decoders with sliding-window or other non-plain
+    attention layers sample through ``model.generate`` instead, with the same filters.
 
     With ``fold_adapters`` the decoding steps of Llama, Mistral, Qwen2 and Qwen3 decoders run
     from a copy of their linear weights with any LoRA update folded in and the prompt keys read
@@ -185,7 +186,9 @@ def generate(
             cache = prompt_cache(decoder, padded, chunk, prefix) if share_prefix else None
             room = growing_cache(decoder, padded.input_ids.shape[1] + max_new_tokens, cache)
             return decode(decoder, head, model_config, padded, room, **limits)
-        return _hf_generate(model, padded, eos_ids, pad_id, max_new_tokens, do_sample, temperature, top_k, top_p)
+        return _hf_generate(
+            model, padded, eos_ids, pad_id, max_new_tokens, do_sample, temperature, top_k, top_p
+        )
 
     step = batch_size or max(len(prompt_ids), 1)
     responses: list[list[int]] = []
@@ -195,17 +198,21 @@ def generate(
         share_prefix = share_prefix and can_share_cache(decoder)  # asked in eval mode, as generation runs
         choice = choose_backend(model, backend, fold_adapters)
         announce(model, choice, announce_as)
-        rows = min(step, len(prompt_ids))  # the rows of a batch: what the fused step's products are packed for
+        # the rows of a batch: what the fused step's products are packed for
+        rows = min(step, len(prompt_ids))
         fused = FusedDecoder.build(decoder, head, model_config, rows) if choice.name == "cpu-fused" else None
         if choice.name == "cpu-fused" and fused is None:  # unsupported() passed, the weights did not stack
             reason = "the fused step declined the weights (they did not stack)"
             choice = declined(model, choice, backend, reason)
             announce(model, choice, announce_as)
-        graph = choice.name == "cuda-graph"  # dense weights, 4-bit bases dequantised, whatever fold_adapters says
+        # dense weights, 4-bit bases dequantised, whatever fold_adapters says
+        graph = choice.name == "cuda-graph"
         with (
             torch.no_grad(),
             torch.random.fork_rng(devices=fork_devices, enabled=seed is not None),
-            folded_adapters(model, enabled=graph or (fold_adapters and choice.name != "cpu-fused"), quantised=graph),
+            folded_adapters(
+                model, enabled=graph or (fold_adapters and choice.name != "cpu-fused"), quantised=graph
+            ),
         ):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -234,7 +241,8 @@ def _hf_generate(
     do_sample: bool, temperature: float, top_k: int, top_p: float,
 ) -> tuple[list[list[int]], list[bool]]:
     """``model.generate`` on one laid-out batch (the ``hf-generate`` backend: decoders the other
-    loops do not take, which share no cache either: :func:`~memalpha.lm.core.prefix_cache.can_share_cache`)."""
+    loops do not take, which share no cache either:
+    :func:`~memalpha.lm.core.prefix_cache.can_share_cache`)."""
     from transformers import GenerationConfig
 
     sampling = (

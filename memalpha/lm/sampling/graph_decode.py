@@ -48,8 +48,8 @@ computed once at batch size 1): the prefix's keys are copied into every row, eac
 of a prompt but its last column runs once, alone at batch size 1 without its padding, and its
 cache columns are copied into the rows that hold it (:meth:`FixedStep.prefill`). No prefill
 builds a ``[B, 1, P, P]`` mask, identical prompts or distinct: a prompt without a prefix runs
-causal with no mask at all, one on a prefix with the ``[1, 1, Q, L + Q]`` mask of its own. The last prompt column runs as a step of its own, so the first new token comes out
-of the same code as every later one.
+causal with no mask at all, one on a prefix with the ``[1, 1, Q, L + Q]`` mask of its own. The last prompt
+column runs as a step of its own, so the first new token comes out of the same code as every later one.
 
 Decoders qualify when :func:`supports` says so: every layer plain full attention, an
 attention implementation that takes a 4-D additive mask (``sdpa``, ``eager``), linear layers
@@ -154,7 +154,10 @@ def supports(model) -> str | None:
         return "the decoder has sliding-window, chunked or other non-plain attention layers"
     implementation = getattr(config, "_attn_implementation", None)
     if implementation not in MASKED_ATTENTION:
-        return f"attention implementation {implementation!r} takes no 4-D additive mask (use one of {MASKED_ATTENTION})"
+        return (
+            f"attention implementation {implementation!r} takes "
+            f"no 4-D additive mask (use one of {MASKED_ATTENTION})"
+        )
     device = decoder.get_input_embeddings().weight.device
     if device.type not in ("cpu", "cuda"):
         return f"the decoder is on {device.type}; this backend runs on cuda (captured) or cpu (eager)"
@@ -181,9 +184,16 @@ def _unfoldable(module) -> str | None:
         if active and not module.disable_adapters and plain_adapters(module, quantised=True) is None:
             return "a LoRA variant (DoRA), a LoRA bias or a base layer that does not fold"
         return None
-    if isinstance(module, torch.nn.Linear) and type(module) is not torch.nn.Linear and not is_four_bit(module):
+    if (
+        isinstance(module, torch.nn.Linear)
+        and type(module) is not torch.nn.Linear
+        and not is_four_bit(module)
+    ):
         if getattr(getattr(module.weight, "quant_state", None), "packing_format_for_cpu", False):
-            return "a 4-bit layer that bitsandbytes repacked for its CPU kernel (turn its support_avx512bf16_for_cpu off)"
+            return (
+                "a 4-bit layer that bitsandbytes repacked for its "
+                "CPU kernel (turn its support_avx512bf16_for_cpu off)"
+            )
         return f"a {type(module).__name__} layer, which has no dense copy here"
     if type(module) is torch.nn.Linear and not module.weight.is_floating_point():
         return "a linear layer with a non-float weight"
@@ -251,7 +261,9 @@ class FixedCache(Cache):
         at = (rows[:, None], columns[None, :])  # [rows, n] of the buffers' [B, S] dimensions
         for layer, (keys, values) in zip(self.layers, layers):
             if not layer.is_initialized:
-                layer.lazy_initialization(keys.expand(self.rows, -1, -1, -1), values.expand(self.rows, -1, -1, -1))
+                layer.lazy_initialization(
+                    keys.expand(self.rows, -1, -1, -1), values.expand(self.rows, -1, -1, -1)
+                )
             layer.key_buffer.transpose(1, 2)[at] = keys.transpose(1, 2)
             layer.value_buffer.transpose(1, 2)[at] = values.transpose(1, 2)
 
@@ -312,7 +324,9 @@ class ReplayedStep:
         except Exception as error:  # any capture failure falls back, unless strict
             if self.strict:
                 raise
-            warnings.warn(f"CUDA graph capture failed, decoding eagerly: {error}", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"CUDA graph capture failed, decoding eagerly: {error}", RuntimeWarning, stacklevel=3
+            )
             self.capture = False
             return
         finally:
@@ -453,9 +467,13 @@ class FixedStep:
             self.cache.write_rows(torch.arange(rows, device=device), self.span[:length], prefix.layers)
         kept = self.batch.attention_mask[first, length:stop].tolist()  # one read, in the prefill only
         for prompt, (row, mask) in enumerate(zip(first, kept)):
-            columns = torch.tensor([length + c for c, on in enumerate(mask) if on], dtype=torch.long, device=device)
+            columns = torch.tensor(
+                [length + c for c, on in enumerate(mask) if on], dtype=torch.long, device=device
+            )
             if len(columns):
-                holders = torch.tensor([r for r, owner in enumerate(owners) if owner == prompt], device=device)
+                holders = torch.tensor(
+                    [r for r, owner in enumerate(owners) if owner == prompt], device=device
+                )
                 self.cache.write_rows(holders, columns, self._prompt_columns(prefix, row, columns))
 
     def _prompt_columns(
@@ -470,7 +488,9 @@ class FixedStep:
         self.decoder(
             input_ids=self.batch.input_ids[row : row + 1, columns],
             attention_mask=torch.ones((1, length + len(columns)), dtype=torch.long, device=columns.device),
-            position_ids=self.batch.position_ids[row : row + 1, columns], past_key_values=cache, use_cache=True,
+            position_ids=self.batch.position_ids[row : row + 1, columns],
+            past_key_values=cache,
+            use_cache=True,
         )
         return [(layer.keys[:, :, length:], layer.values[:, :, length:]) for layer in cache.layers]
 
@@ -729,7 +749,11 @@ def _picked_on_the_host(
 
 
 def _picked_in_the_graph(
-    fixed: FixedStep, runner: BucketedSteps, responses: Responses, sampler: InGraphSampler, max_new_tokens: int
+    fixed: FixedStep,
+    runner: BucketedSteps,
+    responses: Responses,
+    sampler: InGraphSampler,
+    max_new_tokens: int,
 ) -> tuple[int, int]:
     """The loop whose step picks inside the graph, from the last prompt column on: chunks of
     ``sampler.chunk`` steps, each followed by one host read; it stops after the chunk in which

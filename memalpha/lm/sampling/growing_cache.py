@@ -158,7 +158,11 @@ def decode(
     mask = batch.attention_mask
     for step in range(max_new_tokens):
         hidden = decoder(
-            input_ids=inputs, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+            input_ids=inputs,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
         ).last_hidden_state[:, -1:]
         logits = head(hidden)[:, -1]  # [B, 1, H] in, as model.forward calls the head
         tokens = pick(finalise_logits(logits.to(score_dtype(logits.dtype)), config))

@@ -60,7 +60,9 @@ class LinearProduct:
     rows: int = 0
 
     @classmethod
-    def build(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, rows: int | None = None) -> LinearProduct:
+    def build(
+        cls, weight: torch.Tensor, bias: torch.Tensor | None = None, rows: int | None = None
+    ) -> LinearProduct:
         """The product of ``weight`` ``[out, in]`` and ``bias`` ``[out]``, packed for ``rows`` input
         rows when ``rows`` is given and :func:`can_pack` allows it (plain otherwise)."""
         weight = weight.detach()

@@ -108,7 +108,9 @@ def parse_completion(
         named = list(logprobs["tokens"])
         prompt_seen = choice.get("prompt_token_ids")
     except (KeyError, TypeError, ValueError) as exc:
-        raise VllmEngineError(f"malformed completion reply ({type(exc).__name__}: {exc}): {str(data)[:200]}") from None
+        raise VllmEngineError(
+            f"malformed completion reply ({type(exc).__name__}: {exc}): {str(data)[:200]}"
+        ) from None
     if prompt_seen is not None and [int(t) for t in prompt_seen] != list(prompt):
         raise VllmEngineError(
             f"the server generated from another prompt than the {len(prompt)} token ids sent "
@@ -116,7 +118,8 @@ def parse_completion(
         )
     if len(values) != len(token_ids) or named != [f"{TOKEN_PREFIX}{t}" for t in token_ids]:
         raise VllmEngineError(
-            f"the reply's log-prob entries ({len(values)}) do not name its {len(token_ids)} token ids one by one"
+            f"the reply's log-prob entries ({len(values)}) do "
+            f"not name its {len(token_ids)} token ids one by one"
         )
     kept, truncated = trim_at_eos(token_ids, eos_ids)
     if truncated and len(token_ids) < max_new_tokens:
@@ -140,7 +143,8 @@ class VllmEngine:
         server: the server (started by memalpha or given by URL).
         adapter_prefix: served adapter names are ``<prefix>-v<version>``; make it unique per run
             when several runs share a server.
-        timeout_s, max_retries, max_concurrency: see :class:`~memalpha.lm.sampling.vllm_settings.VllmSettings`.
+        timeout_s, max_retries, max_concurrency: see
+            :class:`~memalpha.lm.sampling.vllm_settings.VllmSettings`.
         backoff_s, backoff_max_s: the first retry waits up to ``backoff_s``, each later one up to
             twice as long, at most ``backoff_max_s`` (:func:`~memalpha.lm.core.http_post.backoff_delay`).
         sleep: waits between attempts (tests pass a recorder).
@@ -266,9 +270,13 @@ class VllmEngine:
         """Load the PEFT folder ``adapter_dir`` as adapter version ``version`` and sample with it
         from now on; the versions loaded before are unloaded. Returns the served name."""
         if self.adapter_version is not None and version <= self.adapter_version:
-            raise ValueError(f"adapter version {version} is not newer than the loaded version {self.adapter_version}")
+            raise ValueError(
+                f"adapter version {version} is not newer than the loaded version {self.adapter_version}"
+            )
         name = adapter_name(self.adapter_prefix, version)
-        self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(adapter_dir).resolve())})
+        self._post(
+            "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(adapter_dir).resolve())}
+        )
         previous = dict(self.loaded)
         self.loaded[version] = name
         self.adapter_version = version

@@ -187,7 +187,9 @@ class VllmServer:
         base_url = url.rstrip("/")
         base_url = base_url.removesuffix("/v1")
         if not health_ok(base_url, timeout_s):
-            raise VllmServerError(f"rollout.vllm.url: no healthy vLLM server at {base_url} (GET /health failed)")
+            raise VllmServerError(
+                f"rollout.vllm.url: no healthy vLLM server at {base_url} (GET /health failed)"
+            )
         if served_name is None:
             import json
 
@@ -214,8 +216,8 @@ class VllmServer:
             if time.monotonic() > deadline:
                 self.close()
                 raise VllmServerError(
-                    f"the vLLM server did not answer /health within {timeout_s:.0f}s (rollout.vllm.start_timeout_s); "
-                    f"its log {self.log_file} ends: {log_tail(self.log_file)}"
+                    f"the vLLM server did not answer /health within {timeout_s:.0f}s "
+                    f"(rollout.vllm.start_timeout_s); its log {self.log_file} ends: {log_tail(self.log_file)}"
                 )
             time.sleep(poll_s)
 

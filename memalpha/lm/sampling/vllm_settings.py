@@ -74,7 +74,9 @@ class VllmSettings:
         if self.url is not None:
             parsed = urlparse(self.url)
             if parsed.scheme not in ("http", "https") or not parsed.netloc:
-                raise ValueError(f"rollout.vllm.url must be an http(s) URL such as http://127.0.0.1:8000, got {self.url!r}")
+                raise ValueError(
+                    f"rollout.vllm.url must be an http(s) URL such as http://127.0.0.1:8000, got {self.url!r}"
+                )
         if not self.venv:
             raise ValueError("rollout.vllm.venv must name a virtual environment folder, got ''")
         if self.dtype not in VLLM_DTYPES:
@@ -83,7 +85,8 @@ class VllmSettings:
             raise ValueError(f"rollout.vllm.max_model_len must be >= 2 or null, got {self.max_model_len}")
         if self.max_lora_rank is not None and self.max_lora_rank not in VLLM_LORA_RANKS:
             raise ValueError(
-                f"rollout.vllm.max_lora_rank must be one of {list(VLLM_LORA_RANKS)} or null, got {self.max_lora_rank}"
+                "rollout.vllm.max_lora_rank must be one of "
+                f"{list(VLLM_LORA_RANKS)} or null, got {self.max_lora_rank}"
             )
         if self.cpu_kv_cache_gb < 1:
             raise ValueError(f"rollout.vllm.cpu_kv_cache_gb must be >= 1, got {self.cpu_kv_cache_gb}")

@@ -46,8 +46,8 @@ def _head_logits(head, hidden: torch.Tensor, config, columns: slice | None) -> t
     else:
         if type(head) is not torch.nn.Linear:
             raise ValueError(
-                f"vocab_chunk needs a plain torch.nn.Linear output head, this model has {type(head).__name__}; "
-                "use vocab_chunk=None"
+                "vocab_chunk needs a plain torch.nn.Linear output head, this model has "
+                f"{type(head).__name__}; use vocab_chunk=None"
             )
         bias = head.bias[columns] if head.bias is not None else None
         logits = torch.nn.functional.linear(hidden, head.weight[columns], bias)
@@ -61,7 +61,13 @@ def _vocab_slices(vocab: int, vocab_chunk: int | None) -> list[slice | None]:
 
 
 def _rows_logprob_nograd(
-    hidden: torch.Tensor, targets: torch.Tensor, head, config, temperature: float, vocab_chunk, want_entropy: bool,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    head,
+    config,
+    temperature: float,
+    vocab_chunk,
+    want_entropy: bool,
     want_hits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
     """Log-prob (and entropy, and whether the target is the most likely token) of ``targets`` for rows
@@ -114,7 +120,13 @@ def _rows_logprob_nograd(
 
 
 def _rows_logprob_grad(
-    hidden: torch.Tensor, targets: torch.Tensor, head, config, temperature: float, vocab_chunk, want_entropy: bool,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    head,
+    config,
+    temperature: float,
+    vocab_chunk,
+    want_entropy: bool,
     want_hits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Differentiable log-prob of ``targets`` for rows of ``hidden`` (run under checkpointing).
@@ -179,7 +191,9 @@ class HeadLogprob(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, head, config, temperature, vocab_chunk, want_entropy, want_hits):
+    def forward(
+        ctx, hidden, weight, bias, targets, head, config, temperature, vocab_chunk, want_entropy, want_hits
+    ):
         logprob, entropy, hits, log_norm = _rows_logprob_nograd(
             hidden, targets, head, config, temperature, vocab_chunk, want_entropy, want_hits
         )
@@ -232,7 +246,9 @@ class TokenScores(NamedTuple):
     argmax_hits: torch.Tensor | None
 
 
-def _padded_response_hidden(decoder, batch, prompts, prefix: SharedPrefix | None, share_prefix: bool) -> torch.Tensor:
+def _padded_response_hidden(
+    decoder, batch, prompts, prefix: SharedPrefix | None, share_prefix: bool
+) -> torch.Tensor:
     """The hidden states predicting ``batch``'s real response tokens (row-major) from the padded
     layout: on top of the prompts' shared cache where rows share one, else the plain forward."""
     cache = prompt_cache(decoder, batch, prompts, prefix) if share_prefix else None
@@ -318,7 +334,9 @@ def _token_scores(
         prefix = shared_prefix(decoder, prompt_ids)
     shared_len = prefix.length if prefix is not None else 0
     kinds = ["logprobs"] + ["entropy"] * with_entropy + ["hits"] * with_accuracy
-    out: dict[str, list[torch.Tensor]] = {kind: [torch.zeros(0, width, device=device, dtype=dtype)] for kind in kinds}
+    out: dict[str, list[torch.Tensor]] = {
+        kind: [torch.zeros(0, width, device=device, dtype=dtype)] for kind in kinds
+    }
     for start in range(0, len(prompt_ids), spec.micro_batch_size):
         prompts = prompt_ids[start : start + spec.micro_batch_size]
         responses = response_ids[start : start + spec.micro_batch_size]
@@ -338,11 +356,28 @@ def _token_scores(
             h, y = rows[r0 : r0 + token_chunk], targets[r0 : r0 + token_chunk]
             if grad and streams:
                 value, ent, hit = HeadLogprob.apply(
-                    h, head.weight, head.bias, y, head, config, temperature, vocab_chunk, with_entropy, with_accuracy
+                    h,
+                    head.weight,
+                    head.bias,
+                    y,
+                    head,
+                    config,
+                    temperature,
+                    vocab_chunk,
+                    with_entropy,
+                    with_accuracy,
                 )
             elif grad:
                 value, ent, hit = checkpoint(
-                    _rows_logprob_grad, h, y, head, config, temperature, vocab_chunk, with_entropy, with_accuracy,
+                    _rows_logprob_grad,
+                    h,
+                    y,
+                    head,
+                    config,
+                    temperature,
+                    vocab_chunk,
+                    with_entropy,
+                    with_accuracy,
                     use_reentrant=False,
                 )
                 if (with_entropy and ent is None) or (with_accuracy and hit is None):  # chunked vocabulary

@@ -34,7 +34,8 @@ class ScoringSpec:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.micro_batch_size < 1 or self.token_chunk < 1:
             raise ValueError(
-                f"micro_batch_size and token_chunk must be >= 1, got {self.micro_batch_size}, {self.token_chunk}"
+                "micro_batch_size and token_chunk must be >= 1, "
+                f"got {self.micro_batch_size}, {self.token_chunk}"
             )
         if self.vocab_chunk is not None and self.vocab_chunk < 1:
             raise ValueError(f"vocab_chunk must be >= 1 or None, got {self.vocab_chunk}")
