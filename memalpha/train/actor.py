@@ -40,8 +40,8 @@ def accumulate_grpo_gradients(
     term. ``scoring`` says how the policy's log-probs are computed (the temperature sampling
     used, the pad id, whether prefixes are shared); ``max_response_len`` is the constant
     of the ``seq-mean-token-sum-norm`` aggregation (the response cap). The normalisers are the
-    mini-batch's global response-token and sequence counts, so summing the micro-batch losses gives the mini-batch loss (and the
-    order of the rows does not matter).
+    mini-batch's global response-token and sequence counts, so summing the micro-batch losses gives the
+    mini-batch loss (and the order of the rows does not matter).
 
     With ``scoring.share_prefix`` the rows are put in :func:`~memalpha.lm.core.prefix_cache.prompt_order`
     and the prompt prefix they all share runs through the policy once for the whole mini-batch:

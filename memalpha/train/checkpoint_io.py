@@ -78,7 +78,11 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
         if tmp_name is not None:
             Path(tmp_name).unlink(missing_ok=True)
         if isinstance(exc, OSError):
-            kept = "the previous checkpoint there is intact" if path.is_file() else "no earlier checkpoint was there"
+            kept = (
+                "the previous checkpoint there is intact"
+                if path.is_file()
+                else "no earlier checkpoint was there"
+            )
             reason = exc.strerror or str(exc)
             raise CheckpointWriteError(f"cannot write checkpoint {path}: {reason}; {kept}") from exc
         raise
@@ -109,7 +113,9 @@ def check_checkpoint(path: str, module: str, command: str) -> None:
     try:
         checkpoint = torch.load(file, map_location="cpu", mmap=True, weights_only=False)
     except Exception as exc:  # noqa: BLE001 - torch raises several types for damaged archives
-        raise ValueError(f"ckpt_path: {path} is not a readable checkpoint ({type(exc).__name__}: {exc})") from None
+        raise ValueError(
+            f"ckpt_path: {path} is not a readable checkpoint ({type(exc).__name__}: {exc})"
+        ) from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or MODULE_KEY not in checkpoint:
         raise ValueError(f"ckpt_path: {path} is not a memalpha checkpoint (no {MODULE_KEY!r} entry)")
     if checkpoint[MODULE_KEY] != module:

@@ -116,7 +116,8 @@ class RolloutDataModule(LightningDataModule):
     Args:
         train_path: Training data: our JSONL/JSON, an official Mem-alpha parquet, a MemoryAgentBench file,
             a ``load_from_disk`` folder or a hub dataset name. ``None`` generates synthetic memory tasks.
-        val_path: Validation data, same kinds; ``None`` generates a synthetic validation split (disjoint entities).
+        val_path: Validation data, same kinds; ``None`` generates a synthetic validation split (disjoint
+            entities).
         load: How the data files are read (``data.load.*``: layout, chunking, wrapping, bad
             records, instance limits).
         synthetic: The synthetic data generated where ``train_path`` or ``val_path`` is ``None``
@@ -241,7 +242,8 @@ class RolloutDataModule(LightningDataModule):
         return shard
 
     def total_rounds(self) -> int | None:
-        """Rounds of the whole run with ``data.epochs`` (:func:`run_rounds`); None when the stream is endless."""
+        """Rounds of the whole run with ``data.epochs`` (:func:`run_rounds`); None when the stream is
+        endless."""
         hp = self.hparams
         if hp.epochs is None:
             return None
@@ -251,7 +253,9 @@ class RolloutDataModule(LightningDataModule):
     def next_instances(self) -> list[Instance]:
         """The next ``instances_per_step`` instances of this rank's shard, wrapping into a new pass
         (with ``data.drop_last``, skipping a pass's leftovers that cannot fill a round)."""
-        indices = self._position.take(self.hparams.instances_per_step, self.shard_order, self.hparams.drop_last)
+        indices = self._position.take(
+            self.hparams.instances_per_step, self.shard_order, self.hparams.drop_last
+        )
         picked = [self.train_instances[index] for index in indices]
         self.seen_instance_ids.extend(inst.instance_id for inst in picked)
         return picked

@@ -53,7 +53,9 @@ class TokenizedDemo:
     response_ids: list[int]
 
 
-def tokenize_demonstration(tokenizer, demo: Demonstration, chat_template_kwargs: dict[str, Any]) -> TokenizedDemo:
+def tokenize_demonstration(
+    tokenizer, demo: Demonstration, chat_template_kwargs: dict[str, Any]
+) -> TokenizedDemo:
     """The prompt as a rollout would template it, and the reply's tokens plus the end-of-turn token."""
     prompt = chat_prompt_ids(tokenizer, demo.messages, chat_template_kwargs)
     response = list(tokenizer(demo.response, add_special_tokens=False)["input_ids"])
@@ -100,7 +102,9 @@ class DemoDataModule(LightningDataModule):
             if value < 1:
                 raise ValueError(f"data.{name} must be >= 1, got {value}")
         if train_path is None:
-            raise ValueError("data.train_path is required: a JSONL file of demonstrations (memalpha data demos)")
+            raise ValueError(
+                "data.train_path is required: a JSONL file of demonstrations (memalpha data demos)"
+            )
         for name, path in (("train_path", train_path), ("val_path", val_path)):
             if path is not None and not Path(path).expanduser().is_file():
                 raise ValueError(f"data.{name}: {path}: no such file")
@@ -123,7 +127,9 @@ class DemoDataModule(LightningDataModule):
             length = len(demo.prompt_ids) + len(demo.response_ids)
             if length > hp.max_tokens:
                 raise DataValidationError(
-                    path, f"prompt and response take {length} tokens, over data.max_tokens={hp.max_tokens}", index=index
+                    path,
+                    f"prompt and response take {length} tokens, over data.max_tokens={hp.max_tokens}",
+                    index=index,
                 )
         return tokenized
 
@@ -146,7 +152,9 @@ class DemoDataModule(LightningDataModule):
         return endless_loader(self.next_batch)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_demos, batch_size=self.hparams.val_batch_size, collate_fn=as_is, num_workers=0)
+        return DataLoader(
+            self.val_demos, batch_size=self.hparams.val_batch_size, collate_fn=as_is, num_workers=0
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self._position.epoch, "cursor": self._position.cursor}

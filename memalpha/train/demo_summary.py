@@ -74,7 +74,9 @@ def stage_row(stage: str, report: Path | dict[str, Any]) -> dict[str, Any]:
 def vs_previous(before: InstanceScores, after: InstanceScores) -> dict[str, dict[str, float]] | None:
     """The paired change of :data:`PAIRED` from ``before`` to ``after`` (None when they share
     fewer than two instances: no interval to give)."""
-    shared = {(s, i) for s, inst in before.items() for i in inst} & {(s, i) for s, inst in after.items() for i in inst}
+    shared = {(s, i) for s, inst in before.items() for i in inst} & {
+        (s, i) for s, inst in after.items() for i in inst
+    }
     if len(shared) < 2:
         return None
     return {metric: paired_change(before, after, metric) for metric in PAIRED}
@@ -147,14 +149,22 @@ def main(argv: list[str] | None = None) -> int:
     print(format_rows(rows))
     shared = next((row["vs_previous"]["accuracy"]["n"] for row in rows if row["vs_previous"]), None)
     if shared is not None:
-        print(f"\nchange: from the stage above, the mean over the {shared} held-out instances both hold of each")
-        print("instance's change, with its 95 % t interval; an interval holding 0 does not tell the two stages")
+        print(
+            f"\nchange: from the stage above, the mean over the {shared} held-out instances both hold of each"
+        )
+        print(
+            "instance's change, with its 95 % t interval; an interval holding 0 does not tell the two stages"
+        )
         print("apart on these instances (docs/cold_start.md says what the demo can and cannot show).")
     scalars = grpo_scalars(run_dir)
     if scalars:
         print("\nGRPO steps (from TensorBoard):")
         for step in sorted(scalars.get("train/grad_norm", {})):
-            values = ", ".join(f"{tag.split('/')[1]} {scalars[tag][step]:.3f}" for tag in GRPO_SCALARS if step in scalars.get(tag, {}))
+            values = ", ".join(
+                f"{tag.split('/')[1]} {scalars[tag][step]:.3f}"
+                for tag in GRPO_SCALARS
+                if step in scalars.get(tag, {})
+            )
             print(f"  step {step}: {values}")
     print(f"\n(written to {out})")
     return 0

@@ -47,8 +47,8 @@ def check_versions(versions: Sequence[int | None], policy_version: int, where: s
     if stale:
         shown = ", ".join("base model" if v is None else str(v) for v in stale)
         raise StaleSamplesError(
-            f"{where} was sampled with adapter version {shown} but the policy is at version {policy_version}: "
-            "the vLLM server's adapter sync is behind; refusing stale samples"
+            f"{where} was sampled with adapter version {shown} but the policy is at version "
+            f"{policy_version}: the vLLM server's adapter sync is behind; refusing stale samples"
         )
 
 
@@ -59,7 +59,10 @@ def sampler_logprob_gap(sampler: Sequence[Sequence[float]], trainer: Sequence[to
     total, count = 0.0, 0
     for row, (server_row, trainer_row) in enumerate(zip(sampler, trainer)):
         if len(server_row) != trainer_row.numel():
-            raise ValueError(f"response {row}: {len(server_row)} sampled log-probs but {trainer_row.numel()} from the trainer")
+            raise ValueError(
+                f"response {row}: {len(server_row)} sampled "
+                f"log-probs but {trainer_row.numel()} from the trainer"
+            )
         diff = torch.tensor(list(server_row), dtype=torch.float64) - trainer_row.detach().double().cpu()
         total += float(diff.abs().sum())
         count += len(server_row)
@@ -78,7 +81,12 @@ class EngineSync:
     """
 
     def __init__(
-        self, settings: RolloutSettings, model: str, lora_rank: int, log_dir: str | Path, tag: str | None = None
+        self,
+        settings: RolloutSettings,
+        model: str,
+        lora_rank: int,
+        log_dir: str | Path,
+        tag: str | None = None,
     ) -> None:
         self.settings = settings
         self.vllm = settings.vllm
@@ -109,7 +117,8 @@ class EngineSync:
                     venv=vllm.venv,
                     log_file=self.log_file,
                     dtype=vllm.dtype,
-                    max_model_len=vllm.max_model_len or self.settings.max_prompt_tokens + self.settings.max_new_tokens,
+                    max_model_len=vllm.max_model_len
+                    or self.settings.max_prompt_tokens + self.settings.max_new_tokens,
                     max_lora_rank=vllm.max_lora_rank or lora_rank_for_server(self.lora_rank),
                     cpu_kv_cache_gb=vllm.cpu_kv_cache_gb,
                     extra_args=vllm.extra_args,
@@ -150,8 +159,9 @@ class EngineSync:
         if not gap <= self.vllm.max_logprob_gap:
             raise SamplerDriftError(
                 f"{where}: rollout/sampler_logprob_gap {gap:.4g} is over rollout.vllm.max_logprob_gap "
-                f"{self.vllm.max_logprob_gap:g}: the vLLM server is not sampling from the policy being trained "
-                f"(adapter version {self.policy_version}; server log {self.log_file if self.vllm.url is None else self.vllm.url})"
+                f"{self.vllm.max_logprob_gap:g}: the vLLM server is not sampling from the policy being "
+                f"trained (adapter version {self.policy_version}; server log "
+                f"{self.log_file if self.vllm.url is None else self.vllm.url})"
             )
 
     def close(self) -> None:

@@ -63,7 +63,8 @@ def instance_values(records: Iterable[Mapping[str, Any]]) -> InstanceScores:
     """
     sums: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
     counts: dict[tuple[str, str], int] = defaultdict(int)
-    recorded: dict[tuple[tuple[str, str], str], int] = defaultdict(int)  # rollouts recording each optional metric
+    # rollouts recording each optional metric
+    recorded: dict[tuple[tuple[str, str], str], int] = defaultdict(int)
     for record in records:
         key = (record["data_source"], record["instance_id"])
         scores = [q["score"] for q in record["questions"]]

@@ -61,16 +61,40 @@ FORMER_CHOICES = {"reader": "reader.kind", "optimizer": "optimizer.name"}
 """Groups whose name was a plain choice in memalpha 0.1 (``model.reader: local``)."""
 _NESTED = {
     "model.reader": {
-        **{f"openai_{key}": f"openai.{key}" for key in (
-            "base_url", "model", "api_key_env", "max_concurrency", "timeout_s", "max_retries")},
-        **{key: f"retrieval.{key}" for key in (
-            "top_k_entries", "prompt_tokens", "bm25", "k_reduction", "system_prompt_limit", "bm25_query")},
+        **{
+            f"openai_{key}": f"openai.{key}"
+            for key in ("base_url", "model", "api_key_env", "max_concurrency", "timeout_s", "max_retries")
+        },
+        **{
+            key: f"retrieval.{key}"
+            for key in (
+                "top_k_entries",
+                "prompt_tokens",
+                "bm25",
+                "k_reduction",
+                "system_prompt_limit",
+                "bm25_query",
+            )
+        },
     },
     "data": {
-        **{f"synthetic_{key}": f"synthetic.{key}" for key in (
-            "train", "val", "chunks", "facts_per_chunk", "distractors_per_chunk", "questions", "chunk_words",
-            "families")},
-        **{key: f"load.{key}" for key in ("layout", "chunk_tokens", "wrap", "skip_bad", "train_limit", "val_limit")},
+        **{
+            f"synthetic_{key}": f"synthetic.{key}"
+            for key in (
+                "train",
+                "val",
+                "chunks",
+                "facts_per_chunk",
+                "distractors_per_chunk",
+                "questions",
+                "chunk_words",
+                "families",
+            )
+        },
+        **{
+            key: f"load.{key}"
+            for key in ("layout", "chunk_tokens", "wrap", "skip_bad", "train_limit", "val_limit")
+        },
     },
 }
 RENAMED_GROUP_KEYS: dict[str, str] = {
@@ -173,7 +197,9 @@ def check_renamed_keys(args: list[str], groups: tuple[str, ...] = ("model", "dat
             config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError):
             continue  # the CLI itself reports unreadable configs
-        sections = [config] + [config.get(sub) for sub in ("fit", "validate")] if isinstance(config, dict) else []
+        sections = (
+            [config] + [config.get(sub) for sub in ("fit", "validate")] if isinstance(config, dict) else []
+        )
         for section in sections:
             for name in groups:
                 group = section.get(name) if isinstance(section, dict) else None
@@ -200,7 +226,8 @@ def debugging() -> bool:
 
 def run_errors() -> tuple[type[BaseException], ...]:
     """memalpha's errors that mean "this input or setting cannot work", raised before or during a
-    run: each ends the process with its one-line message (:func:`run_cli`, :meth:`MemAlphaCLI._run_subcommand`)."""
+    run: each ends the process with its one-line message (:func:`run_cli`,
+    :meth:`MemAlphaCLI._run_subcommand`)."""
     from memalpha.agent.rollout import RolloutError
     from memalpha.data.schema import DataValidationError
     from memalpha.grpo.update import NonFiniteTrainingError
@@ -298,8 +325,14 @@ class MemAlphaCLI(LightningCLI):
         kwargs[key] = plugins
         if self.subcommand:
             self.config_init[self.subcommand]["trainer"][key] = None
-        configured = self.config_init[self.subcommand]["trainer"].get("callbacks") if self.subcommand else None
-        configured = list(configured) if isinstance(configured, (list, tuple)) else ([configured] if configured else [])
+        configured = (
+            self.config_init[self.subcommand]["trainer"].get("callbacks") if self.subcommand else None
+        )
+        configured = (
+            list(configured)
+            if isinstance(configured, (list, tuple))
+            else ([configured] if configured else [])
+        )
         kwargs["callbacks"] = [*configured, CheckpointOnSigterm(), *self._default_progress_bar(configured)]
         try:
             return super().instantiate_trainer(**kwargs)
@@ -312,14 +345,19 @@ class MemAlphaCLI(LightningCLI):
         """:class:`StepProgressBar`, unless the config brings a progress bar or turns it off."""
         from memalpha.train.progress_bar import StepProgressBar
 
-        enabled = self.config_init[self.subcommand]["trainer"].get("enable_progress_bar") if self.subcommand else None
+        enabled = (
+            self.config_init[self.subcommand]["trainer"].get("enable_progress_bar")
+            if self.subcommand
+            else None
+        )
         if enabled is False or any(isinstance(c, ProgressBar) for c in configured):
             return []
         return [StepProgressBar()]
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Run ``fit``/``validate``; one of :func:`run_errors` ends the process with one line, its
-        setting names qualified (``rollout.max_prompt_tokens`` becomes ``model.rollout.max_prompt_tokens``)."""
+        setting names qualified (``rollout.max_prompt_tokens`` becomes
+        ``model.rollout.max_prompt_tokens``)."""
         try:
             super()._run_subcommand(subcommand)
         except run_errors() as exc:
@@ -418,7 +456,12 @@ def run_sft_cli(args: list[str] | None = None) -> MemAlphaCLI:
     silence_known_warnings()
     args = list(sys.argv[2:] if args is None else args)
     return run_cli(
-        "memalpha sft", SFTCLI, SFTModule, DemoDataModule, save_config_kwargs={"overwrite": True}, args=["fit", *args]
+        "memalpha sft",
+        SFTCLI,
+        SFTModule,
+        DemoDataModule,
+        save_config_kwargs={"overwrite": True},
+        args=["fit", *args],
     )
 
 

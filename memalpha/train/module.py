@@ -102,19 +102,23 @@ class GRPOModule(PolicyModule):
     """Memory-agent policy trained with GRPO.
 
     Args:
-        model: ``smollm2-135m-instruct`` (the embedded default), a local folder, or a hub id such as ``Qwen/Qwen3-4B``.
+        model: ``smollm2-135m-instruct`` (the embedded default), a local folder, or a hub id such as
+            ``Qwen/Qwen3-4B``.
         adapter_path: A PEFT adapter folder to start from instead of a fresh adapter.
         lm: How the base model is loaded and run (precision, NF4 compute dtype, gradient
             checkpointing, shared-prefix computation).
-        lora: LoRA adapter shape (rank, alpha, dropout, target modules; ``all-linear`` for every linear layer).
+        lora: LoRA adapter shape (rank, alpha, dropout, target modules; ``all-linear`` for every linear
+            layer).
         rollout: How the agent generates (group size, lengths, sampling, call format, memory view).
-        reader: Who answers the questions from memory (the local base weights or an OpenAI-compatible endpoint).
+        reader: Who answers the questions from memory (the local base weights or an OpenAI-compatible
+            endpoint).
         reward: The reward's weights, content judge and per-source answer metrics.
         update: Advantages, the clipped loss with KL, PPO epochs, mini- and micro-batches.
         optimizer: Optimiser, learning rate, warm-up and gradient clipping.
         log_text_every_n_steps: Every N optimiser steps one rollout (chunks' responses, tool results,
             final memory) goes to TensorBoard as text (0 disables).
-        export_adapter_dir: Where the final adapter is saved as a PEFT folder (default: ``<log_dir>/adapter``).
+        export_adapter_dir: Where the final adapter is saved as a PEFT folder (default:
+            ``<log_dir>/adapter``).
         seed: Seed of rollout sampling, memory ids and the reshuffles of PPO epochs.
     """
 
@@ -135,7 +139,9 @@ class GRPOModule(PolicyModule):
     ) -> None:
         super().__init__()
         if log_text_every_n_steps < 0:
-            raise ValueError(f"log_text_every_n_steps must be >= 0 (0 disables), got {log_text_every_n_steps}")
+            raise ValueError(
+                f"log_text_every_n_steps must be >= 0 (0 disables), got {log_text_every_n_steps}"
+            )
         self.save_hyperparameters()
         self._init_policy(lm, lora, optimizer)
         self.rollout_settings: RolloutSettings = typed(RolloutSettings, rollout)
@@ -147,8 +153,10 @@ class GRPOModule(PolicyModule):
             )
         self.reward_settings: RewardSettings = typed(RewardSettings, reward)
         if self.reader_settings.kind == "extractive" and self.reward_settings.content_judge == "llm":
-            raise ValueError("reward.content_judge: llm asks the reader, and reader.kind: extractive has no model "
-                             "to judge with: use content_judge: rule or a language-model reader")
+            raise ValueError(
+                "reward.content_judge: llm asks the reader, and reader.kind: extractive has no model "
+                "to judge with: use content_judge: rule or a language-model reader"
+            )
         self.update_settings: UpdateSettings = typed(UpdateSettings, update)
         self.reader: Reader | None = None
         self.content_judge = None
@@ -184,8 +192,10 @@ class GRPOModule(PolicyModule):
             )
             self.content_judge = self.reward_settings.build_content_judge(self.reader)
             self.scoring = ScoringSpec(
-                temperature=self.rollout_settings.temperature, micro_batch_size=self.update_settings.micro_batch_size,
-                pad_id=self.tokenizer.pad_token_id, share_prefix=self.lm_settings.share_prefix,
+                temperature=self.rollout_settings.temperature,
+                micro_batch_size=self.update_settings.micro_batch_size,
+                pad_id=self.tokenizer.pad_token_id,
+                share_prefix=self.lm_settings.share_prefix,
             )
             announce_backends(self.policy, backend, reader_samples_here=self.reader_settings.kind == "local")
 
@@ -325,7 +335,8 @@ class GRPOModule(PolicyModule):
         if not answered:
             rank_zero_warn(
                 f"memalpha: {where}: {failures.failed} of {failures.questions} reader answers failed;"
-                f" the round is skipped ({self.skipped_rounds.count} in a row). First error: {failures.first_error}"
+                f" the round is skipped ({self.skipped_rounds.count} "
+                f"in a row). First error: {failures.first_error}"
             )
         return answered
 
@@ -340,7 +351,10 @@ class GRPOModule(PolicyModule):
         datamodule = getattr(self.trainer, "datamodule", None)
         rounds = datamodule.total_rounds() if hasattr(datamodule, "total_rounds") else None
         update = self.update_settings
-        return rounds, None if update.mini_batch_size is not None else update.ppo_epochs * update.num_mini_batches
+        return (
+            rounds,
+            None if update.mini_batch_size is not None else update.ppo_epochs * update.num_mini_batches,
+        )
 
     def _end_round(self, scheduler) -> None:
         """Under ``optimizer.schedule_unit: round`` the learning rate moves once a round is spent."""
@@ -348,7 +362,8 @@ class GRPOModule(PolicyModule):
             scheduler.step()
 
     def training_step(self, dataloader_iter: Iterator) -> None:
-        """One optimiser step on one mini-batch; a new round is rolled out (with the latest weights) when none is left.
+        """One optimiser step on one mini-batch; a new round is rolled out (with the latest weights) when none
+        is left.
 
         A step skipped for a non-finite value still logs ``train/skipped_nonfinite`` (1) and
         counts towards ``optimizer.max_consecutive_nonfinite``; it does not count towards
@@ -421,9 +436,20 @@ class GRPOModule(PolicyModule):
         self.log_dict(logged, on_step=True, on_epoch=False, batch_size=n)
         self.log("step_s", time.perf_counter() - self._step_start, prog_bar=True, on_step=True, batch_size=n)
         if "train/reward" in round_metrics_:
-            self.log("reward", round_metrics_["train/reward"], prog_bar=True, on_step=True, batch_size=n, logger=False)
             self.log(
-                "tool_success", round_metrics_["train/tool_success"], prog_bar=True, on_step=True, batch_size=n,
+                "reward",
+                round_metrics_["train/reward"],
+                prog_bar=True,
+                on_step=True,
+                batch_size=n,
+                logger=False,
+            )
+            self.log(
+                "tool_success",
+                round_metrics_["train/tool_success"],
+                prog_bar=True,
+                on_step=True,
+                batch_size=n,
                 logger=False,
             )
         if text is not None:

@@ -64,11 +64,15 @@ def typed(cls, value):
 class PolicyModule(LightningModule):
     """A LoRA/QLoRA policy under manual optimisation; subclasses call :meth:`_init_policy` in ``__init__``."""
 
-    def _init_policy(self, lm: LMSettings | dict, lora: LoraSettings | dict, optimizer: OptimizerSettings | dict) -> None:
+    def _init_policy(
+        self, lm: LMSettings | dict, lora: LoraSettings | dict, optimizer: OptimizerSettings | dict
+    ) -> None:
         check_model_source(self.hparams.model, "model.model")
         adapter = self.hparams.get("adapter_path")
         if adapter and not (Path(adapter).expanduser() / "adapter_config.json").is_file():
-            raise ValueError(f"model.adapter_path: {adapter!r} is not a PEFT adapter folder (no adapter_config.json)")
+            raise ValueError(
+                f"model.adapter_path: {adapter!r} is not a PEFT adapter folder (no adapter_config.json)"
+            )
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold the adapter only, never the frozen base
         self.lm_settings: LMSettings = typed(LMSettings, lm)
@@ -80,7 +84,8 @@ class PolicyModule(LightningModule):
         self._adapter_exported = False  # set by the end-of-fit export (on_train_end, else on_fit_end)
 
     def load_policy(self) -> bool:
-        """Load the policy and tokenizer once (``hparams.model``, ``hparams.adapter_path``); False if already loaded."""
+        """Load the policy and tokenizer once (``hparams.model``, ``hparams.adapter_path``); False if already
+        loaded."""
         if self.policy is not None:
             return False
         self.policy, self.tokenizer = load_policy(
@@ -114,10 +119,12 @@ class PolicyModule(LightningModule):
             run_rounds, steps_per_round = self.schedule_rounds()
         elif settings.warmup_ratio > 0 and max_steps == 0:
             rank_zero_warn(
-                f"memalpha: optimizer.warmup_ratio={settings.warmup_ratio} but trainer.max_steps is unset, so there"
-                " is no warm-up (optimizer.schedule_unit=round warms up over data.epochs' rounds)"
+                f"memalpha: optimizer.warmup_ratio={settings.warmup_ratio} but trainer.max_steps is unset, "
+                "so there is no warm-up (optimizer.schedule_unit=round warms up over data.epochs' rounds)"
             )
-        total = schedule_length(settings, max_steps=max_steps, run_rounds=run_rounds, steps_per_round=steps_per_round)
+        total = schedule_length(
+            settings, max_steps=max_steps, run_rounds=run_rounds, steps_per_round=steps_per_round
+        )
         optimizer, scheduler = build_optimizer(self.trainable_parameters(), settings, total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -137,7 +144,8 @@ class PolicyModule(LightningModule):
         checkpoint[NONFINITE_STREAK_KEY] = self.nonfinite_streak.count
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Take back the count of non-finite steps in a row, so a resumed run stops where the whole run would."""
+        """Take back the count of non-finite steps in a row, so a resumed run stops where the whole run
+        would."""
         self.nonfinite_streak.count = int(checkpoint.get(NONFINITE_STREAK_KEY, 0))
 
     def mean_over_ranks(self, value: float) -> float:

@@ -5,7 +5,8 @@ takes seconds to minutes, so this bar (the default of ``memalpha fit`` and ``mem
 counts optimiser steps (``trainer.global_step``) against the run's length, and its description
 says which phase of the step runs now, as :mod:`memalpha.agent.progress` reports it::
 
-    step 2: sampling chunk 2/4, 310 tok/s   25%|██▌       | 1/4 steps [01:21<04:03, reward=0.512, tool_success=0.938, step_s=81.02]
+    step 2: sampling chunk 2/4, 310 tok/s   25%|██▌       | 1/4 steps [01:21<04:03,
+        reward=0.512, tool_success=0.938, step_s=81.02]
 
 The postfix holds the last step's values (what the module logs with ``prog_bar=True``: the
 round's mean reward, its tool-call success and the step's seconds). During validation the
@@ -27,7 +28,9 @@ from memalpha.agent.progress import Phase
 FIRST = ("reward", "tool_success", "step_s")
 """Postfix values shown first, in this order; the others follow."""
 
-STEPS_FORMAT = "{desc} {percentage:3.0f}%|{bar:10}| {n_fmt}/{total_fmt} steps [{elapsed}<{remaining}{postfix}]"
+STEPS_FORMAT = (
+    "{desc} {percentage:3.0f}%|{bar:10}| {n_fmt}/{total_fmt} steps [{elapsed}<{remaining}{postfix}]"
+)
 OPEN_FORMAT = "{desc} {n_fmt} steps [{elapsed}{postfix}]"
 BATCHES_FORMAT = "{desc} {percentage:3.0f}%|{bar:10}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
 DESCRIPTION_WIDTH = 40
@@ -71,7 +74,9 @@ class StepProgressBar(TQDMProgressBar):
         super().setup(trainer, pl_module, stage)
         if self._ticking is None and self.is_enabled and trainer.is_global_zero and _on_terminal():
             self._ticking = threading.Event()
-            threading.Thread(target=self._tick, args=(self._ticking,), name="memalpha-progress", daemon=True).start()
+            threading.Thread(
+                target=self._tick, args=(self._ticking,), name="memalpha-progress", daemon=True
+            ).start()
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         self._stop_ticking()

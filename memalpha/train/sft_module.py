@@ -32,7 +32,8 @@ class SFTModule(PolicyModule):
         lora: LoRA adapter shape; keep it equal to the GRPO run's, which loads this adapter.
         optimizer: Optimiser, learning rate, warm-up and gradient clipping.
         micro_batch_size: Demonstrations per forward/backward; gradients accumulate over a step's batch.
-        export_adapter_dir: Where the final adapter is saved as a PEFT folder (default: ``<log_dir>/adapter``).
+        export_adapter_dir: Where the final adapter is saved as a PEFT folder (default:
+            ``<log_dir>/adapter``).
         seed: Seed of the LoRA initialisation.
     """
 
@@ -123,5 +124,7 @@ class SFTModule(PolicyModule):
         nll, hits, tokens = sums.tolist()
         if tokens > 0:
             self.log_dict(
-                {"val/loss": nll / tokens, "val/token_accuracy": hits / tokens}, rank_zero_only=True, batch_size=1
+                {"val/loss": nll / tokens, "val/token_accuracy": hits / tokens},
+                rank_zero_only=True,
+                batch_size=1,
             )

@@ -24,7 +24,9 @@ def last_checkpoint_path(trainer: Trainer) -> str:
     callback = trainer.checkpoint_callback
     if not isinstance(callback, ModelCheckpoint):
         callback = ModelCheckpoint  # its class constants: last.ckpt
-    folder = getattr(callback, "dirpath", None) or os.path.join(trainer.log_dir or trainer.default_root_dir, "checkpoints")
+    folder = getattr(callback, "dirpath", None) or os.path.join(
+        trainer.log_dir or trainer.default_root_dir, "checkpoints"
+    )
     return os.path.join(folder, callback.CHECKPOINT_NAME_LAST + callback.FILE_EXTENSION)
 
 

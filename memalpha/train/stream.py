@@ -48,7 +48,9 @@ class PassCursor:
             if not order:
                 raise ValueError("a stream cannot take items from an empty pass")
             if drop_last and len(order) < count:
-                raise ValueError(f"a pass of {len(order)} items cannot fill one take of {count} with drop_last")
+                raise ValueError(
+                    f"a pass of {len(order)} items cannot fill one take of {count} with drop_last"
+                )
             if self.cursor >= len(order) or (drop_last and not picked and len(order) - self.cursor < count):
                 self.epoch, self.cursor = self.epoch + 1, 0
                 continue

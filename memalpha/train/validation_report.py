@@ -96,7 +96,9 @@ def format_table(summary: dict[str, Any]) -> str:
     failures = summary["overall"]["reader_failures"]
     if failures:
         # a reader outage must not pass for a bad memory: say how much of the accuracy it cost
-        table += f"\n{failures} of {summary['overall']['questions']} questions scored 0 because the reader failed"
+        table += (
+            f"\n{failures} of {summary['overall']['questions']} questions scored 0 because the reader failed"
+        )
     return table
 
 
@@ -113,7 +115,8 @@ def format_columns(cells: Sequence[Sequence[str]]) -> str:
 
 
 def write_validation_report(summary: dict[str, Any], records: Sequence[Any], path: str | Path) -> str:
-    """Write the summary plus every question's prediction and score to ``path`` (atomically); return the table."""
+    """Write the summary plus every question's prediction and score to ``path`` (atomically); return the
+    table."""
     write_json_atomically(path, {"summary": summary, "records": [asdict(r) for r in records]})
     return format_table(summary) + f"\n(written to {path})"
 
