@@ -128,7 +128,11 @@ def oracle_demonstrations(
             separate = note_contents(notes[chunk_index], rng)
             forms = [
                 (packing, _reply(call_format, packing, rng, framed))
-                for packing, framed in ((separate, True), (separate, False), (packed_contents(notes[chunk_index], rng), False))
+                for packing, framed in (
+                    (separate, True),
+                    (separate, False),
+                    (packed_contents(notes[chunk_index], rng), False),
+                )
             ]
             lengths = [count_tokens(reply) + 1 for _, reply in forms]  # + the end-of-turn token
             fitting = [i for i, n in enumerate(lengths) if n <= reply_share * settings.max_new_tokens]
@@ -137,7 +141,8 @@ def oracle_demonstrations(
             if not fitting:
                 raise OracleError(
                     f"{where}: storing its {len(notes[chunk_index])} facts takes {lengths[-1]} tokens, "
-                    f"over rollout.max_new_tokens={settings.max_new_tokens}; raise it or use fewer facts per chunk"
+                    f"over rollout.max_new_tokens={settings.max_new_tokens}; "
+                    "raise it or use fewer facts per chunk"
                 )
             parsed = call_format.parse(reply)
             results = [execute_call(memory, call) for call in parsed.calls]

@@ -53,8 +53,12 @@ class DistillStats:
         self.dropped.update(other.dropped)
 
     def describe(self) -> str:
-        reasons = ", ".join(f"{self.dropped[r]} {r.replace('_', ' ')}" for r in DROP_REASONS if self.dropped[r])
-        return f"kept {self.kept} of {self.turns} recorded turns" + (f" (dropped: {reasons})" if reasons else "")
+        reasons = ", ".join(
+            f"{self.dropped[r]} {r.replace('_', ' ')}" for r in DROP_REASONS if self.dropped[r]
+        )
+        return f"kept {self.kept} of {self.turns} recorded turns" + (
+            f" (dropped: {reasons})" if reasons else ""
+        )
 
 
 def replay_trajectory(
@@ -85,10 +89,13 @@ def replay_trajectory(
         where = f"instance {instance.instance_id!r}, chunk {turn.chunk_index}"
         if not previous < turn.chunk_index < len(instance.chunks):
             raise ValueError(
-                f"{where}: recorded turns must name the instance's chunks (0-{len(instance.chunks) - 1}) in increasing order"
+                f"{where}: recorded turns must name the instance's chunks "
+                f"(0-{len(instance.chunks) - 1}) in increasing order"
             )
         previous = turn.chunk_index
-        messages, _ = turn_prompt(tokenizer, memory, instance.chunks[turn.chunk_index], target, settings, where=where)
+        messages, _ = turn_prompt(
+            tokenizer, memory, instance.chunks[turn.chunk_index], target, settings, where=where
+        )
         outcome = execute_response(memory, turn.response, written, settings.call_repair)
         stats.turns += 1
         if outcome.attempts == 0:

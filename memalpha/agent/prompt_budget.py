@@ -27,7 +27,9 @@ def empty_memory(tokenizer, settings: RolloutSettings) -> Memory:
     return Memory(token_counter=make_token_counter(tokenizer), core_token_limit=settings.core_token_limit)
 
 
-def check_prompt_budget(instances: Sequence[Instance], tokenizer, settings: RolloutSettings, source: str) -> None:
+def check_prompt_budget(
+    instances: Sequence[Instance], tokenizer, settings: RolloutSettings, source: str
+) -> None:
     """Raise a :class:`RolloutError` naming ``source``, the instance and the chunk when a chunk's
     prompt is over ``settings.max_prompt_tokens`` with an empty memory.
 
@@ -44,7 +46,9 @@ def check_prompt_budget(instances: Sequence[Instance], tokenizer, settings: Roll
         return len(turn_prompt(tokenizer, memory, chunk, call_format, settings, where)[1])
 
     overhead = prompt_tokens("", f"{source}: the prompt without a chunk")
-    chunks = [(instance, index, chunk) for instance in instances for index, chunk in enumerate(instance.chunks)]
+    chunks = [
+        (instance, index, chunk) for instance in instances for index, chunk in enumerate(instance.chunks)
+    ]
     counts = tokenizer([chunk for _, _, chunk in chunks], add_special_tokens=False)["input_ids"]
     for (instance, index, chunk), ids in zip(chunks, counts):
         if overhead + len(ids) <= settings.max_prompt_tokens - MARGIN:

@@ -66,15 +66,21 @@ def memorise_messages(
     t = templates or default_templates()
     compact = profile == "compact"
     tool_block = call_format.instructions(compact=compact, templates=t)
-    system = t.render("compact_system" if compact else "memorise_system", memory_view=memory_view, tool_block=tool_block)
+    system = t.render(
+        "compact_system" if compact else "memorise_system", memory_view=memory_view, tool_block=tool_block
+    )
     limit_note = t.render("response_limit_note", limit=response_token_limit) if response_token_limit else ""
     user = t.render("compact_user" if compact else "memorise_user", chunk=chunk, limit_note=limit_note)
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def answer_judge_prompt(question: str, rubric: str, response: str, templates: PromptTemplates | None = None) -> str:
+def answer_judge_prompt(
+    question: str, rubric: str, response: str, templates: PromptTemplates | None = None
+) -> str:
     """The yes/no prompt of the ``llm_judge`` metric (LongMemEval-style rubric grading)."""
-    return (templates or default_templates()).render("answer_judge", question=question, rubric=rubric, response=response)
+    return (templates or default_templates()).render(
+        "answer_judge", question=question, rubric=rubric, response=response
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -84,7 +90,9 @@ def answer_judge_prompt(question: str, rubric: str, response: str, templates: Pr
 CONTENT_JUDGE_KINDS = ("core", "semantic", "episodic")
 
 
-def content_judge_messages(kind: str, content: str, templates: PromptTemplates | None = None) -> list[dict[str, str]]:
+def content_judge_messages(
+    kind: str, content: str, templates: PromptTemplates | None = None
+) -> list[dict[str, str]]:
     """The r4 LLM judge's chat for one write; ``kind`` is ``core``, ``semantic`` or ``episodic``.
 
     One user message (``content_judge``: the rules and the entry), or, when the templates define
@@ -92,7 +100,9 @@ def content_judge_messages(kind: str, content: str, templates: PromptTemplates |
     kind's rules and a user message holding the entry.
     """
     if kind not in CONTENT_JUDGE_KINDS:
-        raise ValueError(f"content judge: memory kind must be one of {sorted(CONTENT_JUDGE_KINDS)}, got {kind!r}")
+        raise ValueError(
+            f"content judge: memory kind must be one of {sorted(CONTENT_JUDGE_KINDS)}, got {kind!r}"
+        )
     t = templates or default_templates()
     rules = t.render(f"content_judge_{kind}")
     user = {"role": "user", "content": t.render("content_judge", kind=kind, rules=rules, content=content)}

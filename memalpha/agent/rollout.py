@@ -65,7 +65,8 @@ class RolloutSettings:
             code states 0.8 of it, 1,638 of 2,048; docs/official_compatibility.md, difference 4).
             The real cap stays ``max_new_tokens``; training, validation and the demonstrations
             state the same number.
-        max_prompt_tokens: Prompt budget per turn; the visible memory shrinks (k halves) to fit (official ~6k).
+        max_prompt_tokens: Prompt budget per turn; the visible memory shrinks (k halves) to fit (official
+            ~6k).
         temperature: Sampling temperature (official 1.0); also used for the training log-probs.
         top_p: Nucleus sampling threshold (1.0 = off).
         top_k: Top-k sampling (0 = off).
@@ -74,7 +75,8 @@ class RolloutSettings:
         memory_view_k: Most recent entries per list shown while memorising (official 5).
         core_token_limit: Core memory cap in tokens; longer text is cut with a marker (official 512).
         generation_batch_size: Max prompts per ``generate`` call (None = all live rollouts at once).
-        chat_template_kwargs: Extra arguments for the chat template, e.g. ``{"enable_thinking": false}`` for Qwen3.
+        chat_template_kwargs: Extra arguments for the chat template, e.g. ``{"enable_thinking": false}`` for
+            Qwen3.
         prompt_profile: ``full`` (every memory part explained, the tools' JSON schemas; ~1.1k
             tokens with the hermes format) or ``compact`` (a few sentences and one signature line
             per tool; ~650 tokens less: for small models on a CPU budget).
@@ -141,12 +143,18 @@ class RolloutSettings:
         if self.top_k < 0:
             raise ValueError(f"rollout.top_k must be >= 0 (0 = off), got {self.top_k}")
         if self.generation_batch_size is not None and self.generation_batch_size < 1:
-            raise ValueError(f"rollout.generation_batch_size must be >= 1 or null, got {self.generation_batch_size}")
+            raise ValueError(
+                f"rollout.generation_batch_size must be >= 1 or null, got {self.generation_batch_size}"
+            )
         get_call_format(self.call_format)  # raises with the known names
         if self.prompt_profile not in PROMPT_PROFILES:
-            raise ValueError(f"rollout.prompt_profile must be one of {list(PROMPT_PROFILES)}, got {self.prompt_profile!r}")
+            raise ValueError(
+                f"rollout.prompt_profile must be one of {list(PROMPT_PROFILES)}, got {self.prompt_profile!r}"
+            )
         if self.call_repair not in CALL_REPAIRS:
-            raise ValueError(f"rollout.call_repair must be one of {list(CALL_REPAIRS)}, got {self.call_repair!r}")
+            raise ValueError(
+                f"rollout.call_repair must be one of {list(CALL_REPAIRS)}, got {self.call_repair!r}"
+            )
         try:
             self._templates = load_templates(self.prompt_templates)
         except ValueError as exc:
@@ -297,7 +305,11 @@ def start_rollouts(
     instances: Sequence[Instance], group_size: int, settings: RolloutSettings, count_tokens, seed: int
 ) -> list[Rollout]:
     """``group_size`` rollouts per instance, each with an empty memory seeded for its memory ids."""
-    pairs = [(group_id, instance, index) for group_id, instance in enumerate(instances) for index in range(group_size)]
+    pairs = [
+        (group_id, instance, index)
+        for group_id, instance in enumerate(instances)
+        for index in range(group_size)
+    ]
     return [
         Rollout(
             rollout_id=rollout_id,
@@ -331,9 +343,9 @@ def memorise_chunks(
     For chunk index ``i`` the live rollouts (instances with fewer chunks have dropped out) get
     one batched ``generate`` (``engine`` when given, e.g. a vLLM server, else the policy in
     this process through ``settings.backend``: :func:`~memalpha.lm.sampling.generation.sampler_for`); each
-    response is parsed and executed on its own rollout's memory, and the turn is appended to the rollout (a :class:`TurnSample`, its calls, a log entry).
-    ``on_phase`` hears ``sampling`` as each chunk index starts, with the tokens per second so far.
-    Returns the number of generated tokens.
+    response is parsed and executed on its own rollout's memory, and the turn is appended to the rollout (a
+    :class:`TurnSample`, its calls, a log entry). ``on_phase`` hears ``sampling`` as each chunk index starts,
+    with the tokens per second so far. Returns the number of generated tokens.
     """
     call_format = get_call_format(settings.call_format)
     generated_tokens = 0
@@ -377,7 +389,11 @@ def memorise_chunks(
                 parsed = call_format.parse(text, settings.call_repair)
                 results = [execute_call(rollout.memory, call, settings.call_repair) for call in parsed.calls]
                 rollout.calls.append(
-                    TurnCalls(results=results, parse_errors=list(parsed.errors), chunk=rollout.instance.chunks[chunk_index])
+                    TurnCalls(
+                        results=results,
+                        parse_errors=list(parsed.errors),
+                        chunk=rollout.instance.chunks[chunk_index],
+                    )
                 )
                 rollout.samples.append(
                     TurnSample(
@@ -486,7 +502,9 @@ def assign_rewards(
             chunk_tokens_of[instance.instance_id] = sum(count_tokens(c) for c in instance.chunks)
         chunk_tokens = chunk_tokens_of[instance.instance_id]
         memory_tokens = rollout.memory.total_tokens()
-        reward = rollout_rewards(answered.scores, rollout.calls, memory_tokens, chunk_tokens, weights, content_judge)
+        reward = rollout_rewards(
+            answered.scores, rollout.calls, memory_tokens, chunk_tokens, weights, content_judge
+        )
         for t, sample in enumerate(rollout.samples):
             sample.r2, sample.r4, sample.reward = reward.r2[t], reward.r4[t], reward.total[t]
             rollout.turns[t].update(r2=reward.r2[t], r4=reward.r4[t], reward=reward.total[t])

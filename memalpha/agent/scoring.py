@@ -179,7 +179,9 @@ def _judge_prompt(question: str, gold: Gold, prediction: str, templates=None) ->
     from memalpha.agent.prompts import answer_judge_prompt
 
     rubric = "; ".join(_golds(gold))
-    return answer_judge_prompt(question=question, rubric=rubric, response=strip_thinking(prediction), templates=templates)
+    return answer_judge_prompt(
+        question=question, rubric=rubric, response=strip_thinking(prediction), templates=templates
+    )
 
 
 def llm_judge(
@@ -217,7 +219,9 @@ def _judge_many(
             "or override the metric for this data_source"
         )
     templates = getattr(judge, "templates", None)  # the judge reader's prompt templates
-    prompts = [_judge_prompt(q, g, p, templates) for p, g, q in zip(predictions, golds, questions, strict=True)]
+    prompts = [
+        _judge_prompt(q, g, p, templates) for p, g, q in zip(predictions, golds, questions, strict=True)
+    ]
     replies = judge.complete(prompts)
     read_reply = YES_NO_BY_STYLE[style]
     scores = [read_reply(r.text) if r.ok else 0.0 for r in replies]
@@ -315,7 +319,10 @@ OFFICIAL_METRICS: dict[str, Callable[..., float]] = {
 """The ``official`` style's function for each metric name (the judge differs only in reading its reply)."""
 
 MetricStyle = Literal["memalpha", "official"]
-METRICS_BY_STYLE: dict[str, dict[str, Callable[..., float]]] = {"memalpha": METRICS, "official": OFFICIAL_METRICS}
+METRICS_BY_STYLE: dict[str, dict[str, Callable[..., float]]] = {
+    "memalpha": METRICS,
+    "official": OFFICIAL_METRICS,
+}
 YES_NO_BY_STYLE: dict[str, Callable[[str], float]] = {"memalpha": parse_yes_no, "official": official_yes_no}
 
 
@@ -437,7 +444,9 @@ def score_answers(
     questions = list(questions) if questions is not None else [""] * n
     ok = list(ok) if ok is not None else [True] * n
     if len(questions) != n or len(ok) != n:
-        raise ValueError(f"score_answers: {n} predictions but {len(questions)} questions / {len(ok)} ok flags")
+        raise ValueError(
+            f"score_answers: {n} predictions but {len(questions)} questions / {len(ok)} ok flags"
+        )
     check_metric_style(style)
     name = metric_for_source(data_source, overrides)
     scores = [0.0] * n

@@ -62,7 +62,10 @@ def oracle(instance: Instance, chunk_index: int, rng: random.Random) -> Calls:
     notes = instance.metadata.get("notes")
     if not isinstance(notes, list) or len(notes) != len(instance.chunks):
         raise ValueError(f"instance {instance.instance_id!r} has no notes per chunk: no oracle policy")
-    return [(INSERT, {"memory_type": kind, "content": text}) for kind, text in note_contents(notes[chunk_index], rng)]
+    return [
+        (INSERT, {"memory_type": kind, "content": text})
+        for kind, text in note_contents(notes[chunk_index], rng)
+    ]
 
 
 POLICIES: dict[str, ScriptedPolicy] = {
@@ -78,19 +81,26 @@ class ScriptedEngine:
 
     Each prompt is matched to its instance and chunk by finding the chunk's text in the decoded
     prompt: every memorising prompt holds its chunk verbatim, after the memory view (which may hold
-    earlier chunks, copied), so the chunk that ends last is the one being read; the reply is the calls rendered in
-    ``call_format``, tokenised, plus the end token. The rng of a turn is seeded by ``seed``, the
+    earlier chunks, copied), so the chunk that ends last is the one being read; the reply is the calls
+    rendered in ``call_format``, tokenised, plus the end token. The rng of a turn is seeded by ``seed``, the
     instance and the chunk, so a rollout's text does not depend on the batch it is in.
     """
 
     def __init__(
-        self, policy: ScriptedPolicy, instances: Sequence[Instance], tokenizer, call_format: CallFormat, seed: int = 0
+        self,
+        policy: ScriptedPolicy,
+        instances: Sequence[Instance],
+        tokenizer,
+        call_format: CallFormat,
+        seed: int = 0,
     ) -> None:
         self.policy = policy
         self.tokenizer = tokenizer
         self.call_format = call_format
         self.seed = seed
-        self._chunks = [(chunk, instance, index) for instance in instances for index, chunk in enumerate(instance.chunks)]
+        self._chunks = [
+            (chunk, instance, index) for instance in instances for index, chunk in enumerate(instance.chunks)
+        ]
 
     def locate(self, prompt_text: str) -> tuple[Instance, int]:
         """The instance and chunk index of the chunk that ends last in ``prompt_text`` (the longer
@@ -116,7 +126,9 @@ class ScriptedEngine:
             text = self.reply(*self.locate(self.tokenizer.decode(prompt)))
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             responses.append(ids + [self.tokenizer.eos_token_id])
-        return Generation(prompt_ids=[list(p) for p in prompts], response_ids=responses, truncated=[False] * len(prompts))
+        return Generation(
+            prompt_ids=[list(p) for p in prompts], response_ids=responses, truncated=[False] * len(prompts)
+        )
 
 
 class _NoModel:

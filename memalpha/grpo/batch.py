@@ -60,7 +60,8 @@ class GRPOBatch:
         return sum(len(response) for response in self.response_ids)
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain containers and tensors only, so a checkpoint holding the batch loads with ``weights_only``."""
+        """Plain containers and tensors only, so a checkpoint holding the batch loads with
+        ``weights_only``."""
         return {
             "prompt_ids": [list(p) for p in self.prompt_ids],
             "response_ids": [list(r) for r in self.response_ids],
@@ -98,7 +99,9 @@ def cut_minibatches(batch: GRPOBatch, num_mini_batches: int, ppo_epochs: int, se
     ``ppo_epochs * min(num_mini_batches, len(batch))`` batches in the order they are trained.
     """
     if num_mini_batches < 1 or ppo_epochs < 1:
-        raise ValueError(f"num_mini_batches and ppo_epochs must be >= 1, got {num_mini_batches}, {ppo_epochs}")
+        raise ValueError(
+            f"num_mini_batches and ppo_epochs must be >= 1, got {num_mini_batches}, {ppo_epochs}"
+        )
     if len(batch) == 0:
         raise ValueError("cannot cut an empty batch into mini-batches")
     parts: list[GRPOBatch] = []

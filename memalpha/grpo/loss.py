@@ -100,7 +100,8 @@ def policy_loss(
         raise ValueError(f"agg must be one of {LOSS_AGGREGATIONS}, got {agg!r}")
     if logps.dim() != 2 or response_mask.shape != logps.shape:
         raise ValueError(
-            f"logps and response_mask must both be [B, T]; got {tuple(logps.shape)} and {tuple(response_mask.shape)}"
+            "logps and response_mask must both be [B, T]; got "
+            f"{tuple(logps.shape)} and {tuple(response_mask.shape)}"
         )
     if kl_coef != 0.0 and ref_logps is None:
         raise ValueError("kl_coef is nonzero but ref_logps is None")

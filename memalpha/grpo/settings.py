@@ -95,7 +95,8 @@ class UpdateSettings:
             if self.num_mini_batches != 1:
                 raise ValueError(
                     "update.mini_batch_size and update.num_mini_batches both set the steps per round: "
-                    f"set one (num_mini_batches must stay 1 with mini_batch_size, got {self.num_mini_batches})"
+                    "set one (num_mini_batches must stay 1 with "
+                    f"mini_batch_size, got {self.num_mini_batches})"
                 )
 
     def mini_batches_per_epoch(self, round_samples: int) -> int:

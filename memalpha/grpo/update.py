@@ -63,10 +63,10 @@ class NonFiniteStreak:
         self.count += 1
         if self.count >= self.limit:
             raise NonFiniteTrainingError(
-                f"non-finite values in {self.count} consecutive optimiser step{'' if self.count == 1 else 's'}"
-                f" (optimizer.max_consecutive_nonfinite={self.limit}); the last, at global step {step},"
-                f" had non-finite {problem}; stopping rather than training on garbage"
-                " (see docs/metrics_and_rewards.md)"
+                f"non-finite values in {self.count} consecutive optimiser "
+                f"step{'' if self.count == 1 else 's'} (optimizer.max_consecutive_nonfinite={self.limit}); "
+                f"the last, at global step {step}, had non-finite {problem}; stopping rather than training "
+                "on garbage (see docs/metrics_and_rewards.md)"
             )
         return (
             f"global step {step}: non-finite {problem}, the optimiser step is skipped "
@@ -229,7 +229,11 @@ def lr_multiplier(step: int, warmup: int, start: WarmupStart) -> float:
 
 
 def schedule_length(
-    settings: OptimizerSettings, *, max_steps: int, run_rounds: int | None = None, steps_per_round: int | None = None
+    settings: OptimizerSettings,
+    *,
+    max_steps: int,
+    run_rounds: int | None = None,
+    steps_per_round: int | None = None,
 ) -> int:
     """The run's length in scheduler steps, what :func:`warmup_steps` takes a share of.
 
@@ -248,7 +252,8 @@ def schedule_length(
     if settings.warmup_ratio <= 0:
         return 0
     raise ValueError(
-        "optimizer.schedule_unit=round needs the run's length in rollout rounds for its warm-up: set data.epochs"
+        "optimizer.schedule_unit=round needs the run's length "
+        "in rollout rounds for its warm-up: set data.epochs"
         + ("" if steps_per_round is None else " or trainer.max_steps")
         + " (or optimizer.warmup_ratio=0)"
     )
@@ -266,7 +271,9 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], settings: OptimizerSet
     if settings.name == "paged_adamw_8bit":
         import bitsandbytes as bnb
 
-        optimizer = bnb.optim.PagedAdamW8bit(params, lr=settings.learning_rate, weight_decay=settings.weight_decay)
+        optimizer = bnb.optim.PagedAdamW8bit(
+            params, lr=settings.learning_rate, weight_decay=settings.weight_decay
+        )
     else:
         optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=settings.weight_decay)
     warmup, start = warmup_steps(settings, max_steps), settings.warmup_start

@@ -67,9 +67,13 @@ def _numbered_block(tag: str, entries: list[MemoryEntry], t: PromptTemplates) ->
 
 
 def render_answer(
-    memory: Memory, semantic: list[MemoryEntry], episodic: list[MemoryEntry], templates: PromptTemplates | None = None
+    memory: Memory,
+    semantic: list[MemoryEntry],
+    episodic: list[MemoryEntry],
+    templates: PromptTemplates | None = None,
 ) -> str:
-    """``memory``'s core (if non-empty), then the given semantic and episodic entries numbered, ids dropped."""
+    """``memory``'s core (if non-empty), then the given semantic and episodic entries numbered, ids
+    dropped."""
     t = templates or _MEMALPHA
     parts = [_block("core_memory", memory.core)] if memory.core else []
     parts.append(_numbered_block("semantic_memory", semantic, t))

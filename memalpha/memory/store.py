@@ -233,10 +233,14 @@ class Memory:
         if not isinstance(d, dict):
             raise MemoryFormatError(f"{source}: expected a JSON object, got {type(d).__name__}")
         if d.get("format", DICT_FORMAT) != DICT_FORMAT:
-            raise MemoryFormatError(f"{source}: field 'format' is {d.get('format')!r}, expected {DICT_FORMAT!r}")
+            raise MemoryFormatError(
+                f"{source}: field 'format' is {d.get('format')!r}, expected {DICT_FORMAT!r}"
+            )
         for name, kind in (("core", str), ("core_token_limit", int), ("seed", int), ("id_counter", int)):
             if not isinstance(d.get(name), kind) or isinstance(d.get(name), bool):
-                raise MemoryFormatError(f"{source}: field {name!r} must be {kind.__name__}, got {d.get(name)!r}")
+                raise MemoryFormatError(
+                    f"{source}: field {name!r} must be {kind.__name__}, got {d.get(name)!r}"
+                )
         memory = cls(token_counter=token_counter, core_token_limit=d["core_token_limit"], seed=d["seed"])
         memory._core = d["core"]
         memory._ids = IdAllocator(d["seed"], d["id_counter"])
@@ -245,12 +249,15 @@ class Memory:
             target = memory.semantic if field_name == "semantic" else memory.episodic
             items = d.get(field_name)
             if not isinstance(items, list):
-                raise MemoryFormatError(f"{source}: field {field_name!r} must be a list, got {type(items).__name__}")
+                raise MemoryFormatError(
+                    f"{source}: field {field_name!r} must be a list, got {type(items).__name__}"
+                )
             for index, item in enumerate(items):
                 if not (isinstance(item, dict) and isinstance(item.get("id"), str)
                         and isinstance(item.get("content"), str)):
                     raise MemoryFormatError(
-                        f"{source}: {field_name}[{index}] must be {{'id': str, 'content': str}}, got {item!r:.200}"
+                        f"{source}: {field_name}[{index}] must be "
+                        f"{{'id': str, 'content': str}}, got {item!r:.200}"
                     )
                 if item["id"] in seen:
                     raise MemoryFormatError(f"{source}: {field_name}[{index}] repeats id {item['id']!r}")

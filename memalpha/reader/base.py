@@ -150,7 +150,8 @@ class Reader(ABC):
         """The text BM25 ranks the entries for (see ``bm25_query``)."""
         if instruction is None or self.bm25_query == "question":
             return question
-        return self.templates.render("answer_user", instruction=instruction, question=question)  # the user message
+        # the user message
+        return self.templates.render("answer_user", instruction=instruction, question=question)
 
     def prompt_limit(self) -> int:
         """The token limit ``k`` is reduced against: the prompt budget, or the system-prompt limit."""
@@ -163,7 +164,9 @@ class Reader(ABC):
             return self.conversation_tokens(conversation)
         return self.count_tokens(conversation[0]["content"])
 
-    def _answer_messages(self, memory: Memory, semantic, episodic, question: str, instruction: str | None) -> Conversation:
+    def _answer_messages(
+        self, memory: Memory, semantic, episodic, question: str, instruction: str | None
+    ) -> Conversation:
         view = render_answer(memory, semantic, episodic, self.templates)
         return answer_messages(view, question, instruction, self.templates, has_core=bool(memory.core))
 
@@ -196,7 +199,9 @@ class Reader(ABC):
         """The answer-mode chat for every item (:meth:`retrieved` entries, ``k`` cut by ``k_reduction``)."""
         conversations: list[Conversation] = []
         limit = self.prompt_limit()
-        for (memory, question), (instruction, semantic, episodic) in zip(items, self.retrieved(items, sources)):
+        for (memory, question), (instruction, semantic, episodic) in zip(
+            items, self.retrieved(items, sources)
+        ):
 
             def measure(sem, epi, _memory=memory, _question=question, _instruction=instruction) -> int:
                 return self.measure_prompt(self._answer_messages(_memory, sem, epi, _question, _instruction))
@@ -213,7 +218,9 @@ class Reader(ABC):
         return conversations
 
     # -- public entry points --------------------------------------------------------------
-    def answer(self, items: Sequence[tuple[Memory, str]], sources: Sequence[str] | None = None) -> list[ReaderAnswer]:
+    def answer(
+        self, items: Sequence[tuple[Memory, str]], sources: Sequence[str] | None = None
+    ) -> list[ReaderAnswer]:
         """Answer each question from its memory (one reply per item, in order); ``sources``, one
         data source per item, gives each question its source's instruction."""
         if not items:
@@ -236,12 +243,18 @@ class Reader(ABC):
             systems = [None] * len(prompts)
         elif len(systems) != len(prompts):
             raise ValueError(f"{len(systems)} system messages for {len(prompts)} prompts")
-        return self._run([
-            ([] if system is None else [{"role": "system", "content": system}]) + [{"role": "user", "content": prompt}]
-            for prompt, system in zip(prompts, systems)
-        ], sampling)
+        return self._run(
+            [
+                ([] if system is None else [{"role": "system", "content": system}])
+                + [{"role": "user", "content": prompt}]
+                for prompt, system in zip(prompts, systems)
+            ],
+            sampling,
+        )
 
-    def _run(self, conversations: Sequence[Conversation], sampling: Sampling | None = None) -> list[ReaderAnswer]:
+    def _run(
+        self, conversations: Sequence[Conversation], sampling: Sampling | None = None
+    ) -> list[ReaderAnswer]:
         try:
             if sampling is not None and sampling.overrides:
                 answers = self.chat(conversations, sampling=sampling)  # type: ignore[call-arg]
@@ -250,11 +263,14 @@ class Reader(ABC):
         except Exception as exc:  # a backend bug must not kill a training run; want of memory does
             if is_out_of_memory(exc):
                 raise
-            logger.exception("reader backend %s failed on a batch of %d", type(self).__name__, len(conversations))
+            logger.exception(
+                "reader backend %s failed on a batch of %d", type(self).__name__, len(conversations)
+            )
             answers = [ReaderAnswer("", False, f"{type(exc).__name__}: {exc}") for _ in conversations]
         if len(answers) != len(conversations):
             raise RuntimeError(
-                f"{type(self).__name__}.chat returned {len(answers)} answers for {len(conversations)} conversations"
+                f"{type(self).__name__}.chat returned {len(answers)} "
+                f"answers for {len(conversations)} conversations"
             )
         self.requests += len(answers)
         failed = [a for a in answers if not a.ok]

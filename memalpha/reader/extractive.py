@@ -33,12 +33,18 @@ if TYPE_CHECKING:
 class ExtractiveReader(Reader):
     """Answers each ``(memory, question)`` item with the memory text retrieved for the question."""
 
-    def answer(self, items: Sequence[tuple[Memory, str]], sources: Sequence[str] | None = None) -> list[ReaderAnswer]:
+    def answer(
+        self, items: Sequence[tuple[Memory, str]], sources: Sequence[str] | None = None
+    ) -> list[ReaderAnswer]:
         """One answer per item: the core memory, then the retrieved semantic and episodic
         entries' contents, one per line (empty when the memory is empty)."""
         answers = []
-        for (memory, _question), (_instruction, semantic, episodic) in zip(items, self.retrieved(items, sources)):
-            lines = ([memory.core] if memory.core else []) + [entry.content for entry in (*semantic, *episodic)]
+        for (memory, _question), (_instruction, semantic, episodic) in zip(
+            items, self.retrieved(items, sources)
+        ):
+            lines = ([memory.core] if memory.core else []) + [
+                entry.content for entry in (*semantic, *episodic)
+            ]
             answers.append(ReaderAnswer("\n".join(lines), True))
         self.requests += len(items)
         return answers
@@ -46,7 +52,8 @@ class ExtractiveReader(Reader):
     def chat(self, conversations: Sequence[Conversation]) -> list[ReaderAnswer]:
         raise RuntimeError(
             "the extractive reader (reader.kind: extractive) answers questions from memory only and "
-            "cannot reply to prompts such as judge questions: use a language-model reader (local, openai or engine)"
+            "cannot reply to prompts such as judge questions: "
+            "use a language-model reader (local, openai or engine)"
         )
 
     def count_tokens(self, text: str) -> int:

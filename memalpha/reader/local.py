@@ -106,7 +106,9 @@ class LocalReader(Reader):
         templates: PromptTemplates | None = None,
         backend: str = "auto",
     ) -> None:
-        super().__init__(retrieval=retrieval, question_instructions=question_instructions, templates=templates)
+        super().__init__(
+            retrieval=retrieval, question_instructions=question_instructions, templates=templates
+        )
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if max_new_tokens < 1:
@@ -151,7 +153,9 @@ class LocalReader(Reader):
         seed = self.seed if seed is None else seed
         thinking = self.enable_thinking if enable_thinking is None else enable_thinking
         prompts = [
-            self.tokenizer(chat_prompt_text(self.tokenizer, c, thinking), add_special_tokens=False)["input_ids"]
+            self.tokenizer(chat_prompt_text(self.tokenizer, c, thinking), add_special_tokens=False)[
+                "input_ids"
+            ]
             for c in conversations
         ]
         if not prompts:
@@ -183,8 +187,16 @@ class LocalReader(Reader):
             results[i] = LocalGeneration(text, len(prompts[i]), len(response), bool(out.truncated[j]))
         return [r for r in results if r is not None]
 
-    def chat(self, conversations: Sequence[Conversation], sampling: Sampling | None = None) -> list[ReaderAnswer]:
+    def chat(
+        self, conversations: Sequence[Conversation], sampling: Sampling | None = None
+    ) -> list[ReaderAnswer]:
         """Reply to each conversation; ``sampling`` replaces ``temperature`` and ``max_new_tokens``
         for this call where it sets them."""
-        overrides = {} if sampling is None else {"temperature": sampling.temperature, "max_new_tokens": sampling.max_tokens}
-        return [ReaderAnswer(g.text, g.error is None, g.error) for g in self.generate(conversations, **overrides)]
+        overrides = (
+            {}
+            if sampling is None
+            else {"temperature": sampling.temperature, "max_new_tokens": sampling.max_tokens}
+        )
+        return [
+            ReaderAnswer(g.text, g.error is None, g.error) for g in self.generate(conversations, **overrides)
+        ]

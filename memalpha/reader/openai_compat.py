@@ -3,8 +3,8 @@
 Requests go out concurrently (``max_concurrency`` threads, stdlib HTTP only). A request
 that times out, cannot connect, loses its connection, gets a 5xx/429 reply, or returns a
 malformed body (not JSON, no ``choices``) is retried up to ``max_retries`` times, waiting
-:func:`~memalpha.lm.core.http_post.backoff_delay` before each retry; other 4xx replies are not retried. What still fails
-becomes a failed :class:`ReaderAnswer`: nothing a server does can raise out of this reader, so
+:func:`~memalpha.lm.core.http_post.backoff_delay` before each retry; other 4xx replies are not retried. What
+still fails becomes a failed :class:`ReaderAnswer`: nothing a server does can raise out of this reader, so
 a reader outage costs a training run its scores for that while, never the run.
 
 The API key is read from the environment variable ``api_key_env`` at request time (never
@@ -78,7 +78,9 @@ class OpenAIReader(Reader):
         question_instructions: QuestionInstructions | None = None,
         templates: PromptTemplates | None = None,
     ) -> None:
-        super().__init__(retrieval=retrieval, question_instructions=question_instructions, templates=templates)
+        super().__init__(
+            retrieval=retrieval, question_instructions=question_instructions, templates=templates
+        )
         self.endpoint = endpoint
         self.url = endpoint.base_url.rstrip("/") + "/chat/completions"
         self.model = endpoint.model
@@ -119,8 +121,12 @@ class OpenAIReader(Reader):
     def request_body(self, conversation: Conversation, sampling: Sampling | None = None) -> dict[str, Any]:
         """The JSON body of one request; ``sampling`` replaces the temperature and ``max_tokens``
         where it sets them (``extra_body`` is merged last and wins over both)."""
-        temperature = self.temperature if sampling is None or sampling.temperature is None else sampling.temperature
-        max_tokens = self.max_tokens if sampling is None or sampling.max_tokens is None else sampling.max_tokens
+        temperature = (
+            self.temperature if sampling is None or sampling.temperature is None else sampling.temperature
+        )
+        max_tokens = (
+            self.max_tokens if sampling is None or sampling.max_tokens is None else sampling.max_tokens
+        )
         body: dict[str, Any] = {
             "model": self.model,
             "messages": conversation,
@@ -145,7 +151,9 @@ class OpenAIReader(Reader):
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise RetryableRequestError(f"malformed reply from {self.url}: {raw[:200]!r}") from exc
         if not isinstance(content, str):
-            raise RetryableRequestError(f"malformed reply from {self.url}: message content is {type(content).__name__}")
+            raise RetryableRequestError(
+                f"malformed reply from {self.url}: message content is {type(content).__name__}"
+            )
         return content
 
     def _ask(self, conversation: Conversation, sampling: Sampling | None = None) -> ReaderAnswer:
@@ -164,9 +172,13 @@ class OpenAIReader(Reader):
             except Exception as exc:  # anything unforeseen fails this item only
                 logger.exception("reader request to %s failed unexpectedly", self.url)
                 return ReaderAnswer(text="", ok=False, error=f"{type(exc).__name__}: {exc}")
-        return ReaderAnswer(text="", ok=False, error=f"gave up after {self.max_retries + 1} attempts: {last_error}")
+        return ReaderAnswer(
+            text="", ok=False, error=f"gave up after {self.max_retries + 1} attempts: {last_error}"
+        )
 
-    def chat(self, conversations: Sequence[Conversation], sampling: Sampling | None = None) -> list[ReaderAnswer]:
+    def chat(
+        self, conversations: Sequence[Conversation], sampling: Sampling | None = None
+    ) -> list[ReaderAnswer]:
         """Reply to each conversation, ``sampling`` (if given) in every request's body."""
         if len(conversations) == 1 or self.max_concurrency == 1:
             return [self._ask(c, sampling) for c in conversations]

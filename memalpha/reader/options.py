@@ -23,7 +23,8 @@ from memalpha.reader.retrieval import (
 
 BM25Query = Literal["question", "with_instruction"]
 BM25_QUERIES: tuple[str, ...] = get_args(BM25Query)
-"""What BM25 is queried with: the bare question, or the source's instruction, an empty line and the question."""
+"""What BM25 is queried with: the bare question, or the source's instruction, an empty line and the
+question."""
 
 
 @dataclass
@@ -60,9 +61,15 @@ class RetrievalSettings:
                 raise ValueError(f"reader.retrieval.{name} must be >= 1, got {getattr(self, name)}")
         if self.top_k_entries < 0:
             raise ValueError(f"reader.retrieval.top_k_entries must be >= 0, got {self.top_k_entries}")
-        for name, allowed in (("bm25", BM25_VARIANTS), ("k_reduction", K_REDUCTIONS), ("bm25_query", BM25_QUERIES)):
+        for name, allowed in (
+            ("bm25", BM25_VARIANTS),
+            ("k_reduction", K_REDUCTIONS),
+            ("bm25_query", BM25_QUERIES),
+        ):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"reader.retrieval.{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"reader.retrieval.{name} must be one of {list(allowed)}, got {getattr(self, name)!r}"
+                )
 
 
 @dataclass

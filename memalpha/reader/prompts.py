@@ -34,5 +34,9 @@ def answer_messages(
     """
     t = templates or default_templates()
     system = t.render("answer_system" if has_core else "answer_system_no_core", memory=memory_text)
-    user = question if instruction is None else t.render("answer_user", instruction=instruction, question=question)
+    user = (
+        question
+        if instruction is None
+        else t.render("answer_user", instruction=instruction, question=question)
+    )
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]

@@ -48,7 +48,9 @@ class QuestionInstructions:
         return None
 
 
-def load_question_instructions(path: str | None, option: str = "reader.question_instructions") -> QuestionInstructions:
+def load_question_instructions(
+    path: str | None, option: str = "reader.question_instructions"
+) -> QuestionInstructions:
     """The table named by ``path``: :data:`BUILTIN` for the shipped one, ``None`` for none, else a YAML file.
 
     An empty file is an empty table. Raises a one-line ``ValueError`` starting with ``option`` and
@@ -65,7 +67,8 @@ def load_question_instructions(path: str | None, option: str = "reader.question_
         origin = str(file)
         if not file.is_file():
             raise ValueError(
-                f"{option}: {origin}: no such file (give a YAML file, {BUILTIN!r} for memalpha's table, or null for none)"
+                f"{option}: {origin}: no such file (give a YAML file, "
+                f"{BUILTIN!r} for memalpha's table, or null for none)"
             )
         text = file.read_text(encoding="utf-8")
     return QuestionInstructions(parse_table(text, f"{option}: {origin}"))

@@ -48,10 +48,12 @@ _TOKEN = re.compile(r"\w+")
 DEFAULT_TOP_K = 20
 BM25Variant = Literal["lucene", "okapi"]
 BM25_VARIANTS: tuple[str, ...] = get_args(BM25Variant)
-"""``reader.retrieval.bm25``: ``lucene`` (bm25s) or ``okapi`` (rank_bm25's BM25Okapi, the official scoring)."""
+"""``reader.retrieval.bm25``: ``lucene`` (bm25s) or ``okapi`` (rank_bm25's BM25Okapi, the official
+scoring)."""
 KReduction = Literal["budget", "official"]
 K_REDUCTIONS: tuple[str, ...] = get_args(KReduction)
-"""``reader.retrieval.k_reduction``: bisect k to fit the whole prompt, or the official one-by-one rule on the system prompt."""
+"""``reader.retrieval.k_reduction``: bisect k to fit the whole prompt, or the official one-by-one rule on the
+system prompt."""
 DEFAULT_SYSTEM_PROMPT_LIMIT = 30_000
 """The official server's limit on the reader's system prompt, in tokens."""
 

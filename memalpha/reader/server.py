@@ -79,7 +79,9 @@ class _Fault:
     remaining: int
 
 
-def parse_request(body: dict[str, Any], default_max_tokens: int) -> tuple[list[dict[str, str]], SamplingParams]:
+def parse_request(
+    body: dict[str, Any], default_max_tokens: int
+) -> tuple[list[dict[str, str]], SamplingParams]:
     """Validate a chat-completions request body; raise :class:`RequestError` naming the field."""
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
@@ -94,7 +96,9 @@ def parse_request(body: dict[str, Any], default_max_tokens: int) -> tuple[list[d
         if role not in ("system", "user", "assistant"):
             raise RequestError(f"messages[{i}].role must be system, user or assistant, got {role!r}")
         if isinstance(content, list):  # content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+            content = "".join(
+                p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+            )
         if not isinstance(content, str):
             raise RequestError(f"messages[{i}].content must be a string")
         clean.append({"role": role, "content": content})
@@ -182,7 +186,10 @@ class ChatCompletionServer:
             self._httpd = self._listen(self._port)
         worker = threading.Thread(target=self._work, name="chat-server-worker", daemon=True)
         http = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": STOP_POLL_S}, name="chat-server-http", daemon=True
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": STOP_POLL_S},
+            name="chat-server-http",
+            daemon=True,
         )
         self._threads = [worker, http]
         for thread in self._threads:
@@ -365,7 +372,9 @@ class ChatCompletionServer:
                     if not server._authorised(self.headers.get("Authorization")):
                         self._error(401, "missing or wrong API key", "authentication_error")
                         return
-                    self._send(200, {"object": "list", "data": [{"id": server.model_name, "object": "model"}]})
+                    self._send(
+                        200, {"object": "list", "data": [{"id": server.model_name, "object": "model"}]}
+                    )
                 else:
                     self._error(404, f"no route {self.path}", "not_found")
 
@@ -376,7 +385,9 @@ class ChatCompletionServer:
                     return
                 length = int(self.headers.get("Content-Length") or 0)
                 if length <= 0 or length > MAX_BODY_BYTES:
-                    self._error(400, f"request body must be 1..{MAX_BODY_BYTES} bytes", "invalid_request_error")
+                    self._error(
+                        400, f"request body must be 1..{MAX_BODY_BYTES} bytes", "invalid_request_error"
+                    )
                     return
                 raw = self.rfile.read(length)
                 if not server._authorised(self.headers.get("Authorization")):
@@ -417,7 +428,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000, help="TCP port on 127.0.0.1 (0: any free port)")
     parser.add_argument("--max-batch", type=int, default=8, help="requests generated together")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="default max_tokens")
-    parser.add_argument("--dtype", default="auto", help="torch dtype of the weights (auto, float32, bfloat16)")
+    parser.add_argument(
+        "--dtype", default="auto", help="torch dtype of the weights (auto, float32, bfloat16)"
+    )
     parser.add_argument(
         "--api-key-env", default=None, metavar="NAME",
         help="environment variable holding the API key clients must send (default: no key needed)",
@@ -442,7 +455,9 @@ def main(argv: list[str] | None = None) -> None:
     use_bounded_attention(model)
     if torch.cuda.is_available():
         model = model.to("cuda")
-    reader = LocalReader(model, load_tokenizer(path), max_new_tokens=args.max_new_tokens, batch_size=args.max_batch)
+    reader = LocalReader(
+        model, load_tokenizer(path), max_new_tokens=args.max_new_tokens, batch_size=args.max_batch
+    )
     server = ChatCompletionServer(
         reader, args.served_name or args.model, args.port, max_batch=args.max_batch, api_key=api_key
     )

@@ -1,4 +1,5 @@
-"""The reader's settings group, and the one place that builds a :class:`~memalpha.reader.base.Reader` from it."""
+"""The reader's settings group, and the one place that builds a :class:`~memalpha.reader.base.Reader` from
+it."""
 
 from __future__ import annotations
 
@@ -103,7 +104,9 @@ class ReaderSettings:
         """
         instructions = load_question_instructions(self.question_instructions)
         if self.kind == "extractive":
-            return ExtractiveReader(retrieval=self.retrieval, question_instructions=instructions, templates=templates)
+            return ExtractiveReader(
+                retrieval=self.retrieval, question_instructions=instructions, templates=templates
+            )
         if self.kind == "local":
             return LocalReader(
                 policy,

@@ -5,9 +5,9 @@ braces doubled: ``{{`` and ``}}``). memalpha's own texts are ``memalpha.yaml`` n
 module, the default; a config replaces them all at once with ``rollout.prompt_templates: PATH``
 (``memalpha prompts import`` writes such a file from a local clone of the official Mem-α code,
 :mod:`memalpha.templates.official`). :func:`load_templates` checks the file: every field present
-(but the optional ``content_judge_system`` and ``content_judge_retry``), no other key, and each template holding exactly the
-placeholders its caller fills (:data:`PLACEHOLDERS`; ``tool_block_qwen`` may instead be a fixed
-text without any), so a wrong file fails when the config is read, not mid-run.
+(but the optional ``content_judge_system`` and ``content_judge_retry``), no other key, and each template
+holding exactly the placeholders its caller fills (:data:`PLACEHOLDERS`; ``tool_block_qwen`` may instead be a
+fixed text without any), so a wrong file fails when the config is read, not mid-run.
 
 This package is a leaf: it imports nothing from memalpha, so every layer (memory, tools,
 reader, agent, train) can take a :class:`PromptTemplates`.
@@ -182,7 +182,9 @@ def check_templates(texts: object, where: str) -> dict[str, str]:
     missing = [name for name in TEMPLATE_NAMES if name not in texts and name not in OPTIONAL_TEMPLATES]
     if missing:
         raise ValueError(f"{where}: missing template key(s) {missing}")
-    present = [name for name in TEMPLATE_NAMES if not (name in OPTIONAL_TEMPLATES and texts.get(name) is None)]
+    present = [
+        name for name in TEMPLATE_NAMES if not (name in OPTIONAL_TEMPLATES and texts.get(name) is None)
+    ]
     for name in present:
         text = texts[name]
         if not isinstance(text, str):
@@ -190,7 +192,9 @@ def check_templates(texts: object, where: str) -> dict[str, str]:
         try:
             found = placeholders(text)
         except ValueError as exc:
-            raise ValueError(f"{where}: {name} is not a valid template ({exc}; double literal braces)") from None
+            raise ValueError(
+                f"{where}: {name} is not a valid template ({exc}; double literal braces)"
+            ) from None
         wanted = frozenset() if name in FIXED_TEMPLATES and not found else wanted_placeholders(name, texts)
         if found != wanted:
             raise ValueError(

@@ -125,7 +125,9 @@ def _find_fstring(function: ast.AST, names: set[str], where: str) -> ast.JoinedS
     """The one f-string in ``function`` whose fields are exactly ``names``."""
     found = [n for n in ast.walk(function) if isinstance(n, ast.JoinedStr) and _names(n) == names]
     if len(found) != 1:
-        raise OfficialTextError(f"{where}: expected one f-string with the fields {sorted(names)}, found {len(found)}")
+        raise OfficialTextError(
+            f"{where}: expected one f-string with the fields {sorted(names)}, found {len(found)}"
+        )
     return found[0]
 
 
@@ -147,12 +149,16 @@ def _memory_texts(memory: _Source) -> dict[str, str]:
     lines = [s for s in _strings(render) if s.startswith("* ")]
     kinds = []
     for kind in ("core_memory", "semantic_memory", "episodic_memory"):
-        kinds.append(_one([s for s in lines if s.startswith(f"* {kind}")], where, f"'* {kind}' memory-type line"))
+        kinds.append(
+            _one([s for s in lines if s.startswith(f"* {kind}")], where, f"'* {kind}' memory-type line")
+        )
     system = _find_fstring(render, {"instructions_text", "memory_state_text"}, where)
     memorise_system = _fstring(
         system, {"instructions_text": _escape("\n".join(kinds)), "memory_state_text": "{memory_view}"}, where
     )
-    header = _find_fstring(render, {"visible_semantic", "total_semantic", "self._block(lines=semantic_items)"}, where)
+    header = _find_fstring(
+        render, {"visible_semantic", "total_semantic", "self._block(lines=semantic_items)"}, where
+    )
     text = _fstring(header, {"visible_semantic": "{shown}", "total_semantic": "{total}",
                              "self._block(lines=semantic_items)": ""}, where)
     if not text.startswith("<semantic_memory> ") or "\n" not in text:
@@ -176,7 +182,11 @@ def _server_texts(server: _Source) -> dict[str, str]:
     construct = server.function("MemoryProcessor.construct_system_prompt")
     items: dict[str, str] = {}
     for node in ast.walk(construct):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and ast.unparse(node.func.value) == "memory_structure_items":
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and ast.unparse(node.func.value) == "memory_structure_items"
+        ):
             for arg in node.args:
                 for item in (arg.elts if isinstance(arg, (ast.List, ast.Tuple)) else [arg]):
                     if isinstance(item, ast.Constant) and isinstance(item.value, str):
@@ -186,21 +196,33 @@ def _server_texts(server: _Source) -> dict[str, str]:
     if len(core) != 1 or len(rest) != 2:
         raise OfficialTextError(f"{where}: expected one core and two list lines of memory_structure_items")
     system = _find_fstring(construct, {"memory_structure", "memory_content"}, where)
-    with_core = _fstring(system, {"memory_structure": _escape("\n".join(core + rest)), "memory_content": "{memory}"}, where)
-    no_core = _fstring(system, {"memory_structure": _escape("\n".join(rest)), "memory_content": "{memory}"}, where)
+    with_core = _fstring(
+        system, {"memory_structure": _escape("\n".join(core + rest)), "memory_content": "{memory}"}, where
+    )
+    no_core = _fstring(
+        system, {"memory_structure": _escape("\n".join(rest)), "memory_content": "{memory}"}, where
+    )
     where_block = f"{server.where}: MemoryProcessor._format_memory_block"
     bodies = [
         _fstring(n, {"block_name": "TAG"}, where_block).split("\n")
         for n in ast.walk(server.function("MemoryProcessor._format_memory_block"))
         if isinstance(n, ast.JoinedStr) and _names(n) == {"block_name"}
     ]
-    body = _one([b[1] for b in bodies if len(b) == 3 and b[1]], where_block, "f-string of an empty list's block")
+    body = _one(
+        [b[1] for b in bodies if len(b) == 3 and b[1]], where_block, "f-string of an empty list's block"
+    )
     where_judge = f"{server.where}: MemoryProcessor._get_analysis_prompt"
     rules: dict[str, str] = {}
     for node in ast.walk(server.function("MemoryProcessor._get_analysis_prompt")):
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and isinstance(node.test.comparators[0], ast.Constant):
+        if (
+            isinstance(node, ast.If)
+            and isinstance(node.test, ast.Compare)
+            and isinstance(node.test.comparators[0], ast.Constant)
+        ):
             kind = node.test.comparators[0].value
-            returned = [s.value for s in node.body if isinstance(s, ast.Return) and isinstance(s.value, ast.Constant)]
+            returned = [
+                s.value for s in node.body if isinstance(s, ast.Return) and isinstance(s.value, ast.Constant)
+            ]
             if kind in ("core", "semantic", "episodic") and returned:
                 rules[kind] = returned[0].value
     missing = [k for k in ("core", "semantic", "episodic") if k not in rules]
@@ -235,11 +257,21 @@ def _instruction_join(generation: _Source) -> str:
     """The text the official training code puts between a source's ``query_prompt`` and the question."""
     found = []
     for node in ast.walk(generation.tree):
-        if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and isinstance(node.right, ast.Constant)
-                and isinstance(node.right.value, str) and isinstance(node.left, ast.Subscript)
-                and isinstance(node.left.slice, ast.Constant) and node.left.slice.value == "query_prompt"):
+        if (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.Add)
+            and isinstance(node.right, ast.Constant)
+            and isinstance(node.right.value, str)
+            and isinstance(node.left, ast.Subscript)
+            and isinstance(node.left.slice, ast.Constant)
+            and node.left.slice.value == "query_prompt"
+        ):
             found.append(node.right.value)
-    return "{instruction}" + _escape(_one(found, generation.where, "text joining query_prompt and the question")) + "{question}"
+    return (
+        "{instruction}"
+        + _escape(_one(found, generation.where, "text joining query_prompt and the question"))
+        + "{question}"
+    )
 
 
 def _answer_judge(evaluator: _Source) -> str:
@@ -250,7 +282,9 @@ def _answer_judge(evaluator: _Source) -> str:
                 and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
             found.append(node.value.value)
     text = _one(found, where, "judge `template`")
-    problem = OfficialTextError(f"{where}: the judge template must have three {{}} fields (question, rubric, response)")
+    problem = OfficialTextError(
+        f"{where}: the judge template must have three {{}} fields (question, rubric, response)"
+    )
     try:  # the official code fills it with str.format(question, rubric, response)
         parsed = list(string.Formatter().parse(text))
     except ValueError:
@@ -259,7 +293,9 @@ def _answer_judge(evaluator: _Source) -> str:
     if fields != ["", "", ""]:
         raise problem
     ours = iter(("{question}", "{rubric}", "{response}"))
-    return "".join(_escape(literal) + (next(ours) if name is not None else "") for literal, name, _, _ in parsed)
+    return "".join(
+        _escape(literal) + (next(ours) if name is not None else "") for literal, name, _, _ in parsed
+    )
 
 
 def _user_texts(root: Path) -> dict[str, str]:
@@ -274,7 +310,8 @@ def _user_texts(root: Path) -> dict[str, str]:
     *body, last = prompt.split("\n\n")
     if "{max_new_tokens}" not in last or "{context}" not in "\n\n".join(body):
         raise OfficialTextError(
-            f"{relative}: unified_prompt must hold {{context}} and end with a paragraph holding {{max_new_tokens}}"
+            f"{relative}: unified_prompt must hold {{context}} "
+            "and end with a paragraph holding {max_new_tokens}"
         )
 
     def convert(text: str, official: str, ours: str) -> str:
@@ -355,7 +392,11 @@ def _official_tools(functions: _Source) -> list[dict]:
     where = f"{functions.where}: MEMORY_TOOL_FUNCTIONS"
     listed = [n.value for n in functions.tree.body if isinstance(n, ast.Assign)
               and [ast.unparse(t) for t in n.targets] == ["MEMORY_TOOL_FUNCTIONS"]]
-    if len(listed) != 1 or not isinstance(listed[0], ast.List) or not all(isinstance(e, ast.Name) for e in listed[0].elts):
+    if (
+        len(listed) != 1
+        or not isinstance(listed[0], ast.List)
+        or not all(isinstance(e, ast.Name) for e in listed[0].elts)
+    ):
         raise OfficialTextError(f"{where}: expected one list of tool classes")
     classes = {n.name: n for n in functions.tree.body if isinstance(n, ast.ClassDef)}
     tools = []
@@ -375,7 +416,9 @@ def _official_tools(functions: _Source) -> list[dict]:
         properties, required = {}, []
         for call in parameters.elts:
             if not (isinstance(call, ast.Call) and ast.unparse(call.func) == "Parameter" and not call.args):
-                raise OfficialTextError(f"{where_class}: expected Parameter(...) calls with keyword arguments")
+                raise OfficialTextError(
+                    f"{where_class}: expected Parameter(...) calls with keyword arguments"
+                )
             try:
                 given = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
             except ValueError:
@@ -421,7 +464,9 @@ def qwen_tool_block(root: str | Path, qwen_agent: str | Path) -> str:
     """
     root = Path(root)
     if not (root / "functions.py").is_file():
-        raise OfficialTextError(f"{root}: not a clone of the official Mem-alpha repository (missing functions.py)")
+        raise OfficialTextError(
+            f"{root}: not a clone of the official Mem-alpha repository (missing functions.py)"
+        )
     tools = _official_tools(_Source(root, "functions.py"))
     file = _qwen_agent_file(Path(qwen_agent))
     source = _Source(file.parent, file.name)
@@ -440,28 +485,49 @@ def qwen_tool_block(root: str | Path, qwen_agent: str | Path) -> str:
     if len(templates) != 1:
         raise OfficialTextError(f"{where_desc}: expected one tool_desc_template dict")
     tool_text = _english(ast.literal_eval(templates[0]), where_desc, "tool_desc_template")
-    branches = [n for n in ast.walk(describe) if isinstance(n, ast.If) and "'code_interpreter'" in ast.unparse(n.test)]
-    formats = [v for b in branches for s in b.orelse for v in _assigned(s, "args_format") if isinstance(v, ast.Dict)]
+    branches = [
+        n for n in ast.walk(describe) if isinstance(n, ast.If) and "'code_interpreter'" in ast.unparse(n.test)
+    ]
+    formats = [
+        v for b in branches for s in b.orelse for v in _assigned(s, "args_format") if isinstance(v, ast.Dict)
+    ]
     if len(formats) != 1:
-        raise OfficialTextError(f"{where_desc}: expected one args_format dict for tools other than code_interpreter")
+        raise OfficialTextError(
+            f"{where_desc}: expected one args_format dict for tools other than code_interpreter"
+        )
     args_format = _english(ast.literal_eval(formats[0]), where_desc, "args_format")
     fields = {"name_for_human", "name_for_model", "description_for_model", "parameters", "args_format"}
     problem = None
     try:
         if {n for _, n, _, _ in string.Formatter().parse(tool_text) if n is not None} != fields:
             problem = f"{where_desc}: the 'en' tool template must have the fields {sorted(fields)}"
-        elif {n for _, n, _, _ in string.Formatter().parse(block) if n is not None} != {"tool_descs", "tool_names"}:
-            problem = f"{source.where}: FN_CALL_TEMPLATE['en_parallel'] must have the fields ['tool_descs', 'tool_names']"
+        elif (
+            {n for _, n, _, _ in string.Formatter().parse(block) if n is not None}
+            != {"tool_descs", "tool_names"}
+        ):
+            problem = (
+                f"{source.where}: FN_CALL_TEMPLATE['en_parallel'] "
+                "must have the fields ['tool_descs', 'tool_names']"
+            )
     except ValueError:
         problem = f"{source.where}: a tool-block template is not a valid format string"
     if problem:
         raise OfficialTextError(problem)
     descriptions = [
-        tool_text.format(name_for_human=t["name"], name_for_model=t["name"], description_for_model=t["description"],
-                         parameters=json.dumps(t["parameters"], ensure_ascii=False), args_format=args_format).rstrip()
+        tool_text.format(
+            name_for_human=t["name"],
+            name_for_model=t["name"],
+            description_for_model=t["description"],
+            parameters=json.dumps(t["parameters"], ensure_ascii=False),
+            args_format=args_format,
+        ).rstrip()
         for t in tools
     ]
-    return _escape(block.format(tool_descs=desc_join.join(descriptions), tool_names=name_join.join(t["name"] for t in tools)))
+    return _escape(
+        block.format(
+            tool_descs=desc_join.join(descriptions), tool_names=name_join.join(t["name"] for t in tools)
+        )
+    )
 
 
 def import_official(root: str | Path, qwen_agent: str | Path | None = None) -> dict[str, str]:
@@ -477,7 +543,9 @@ def import_official(root: str | Path, qwen_agent: str | Path | None = None) -> d
         raise OfficialTextError(f"{root}: not a folder")
     absent = [f for f in REQUIRED_FILES if not (root / f).is_file()]
     if absent:
-        raise OfficialTextError(f"{root}: not a clone of the official Mem-alpha repository (missing {', '.join(absent)})")
+        raise OfficialTextError(
+            f"{root}: not a clone of the official Mem-alpha repository (missing {', '.join(absent)})"
+        )
     texts = {
         **_memory_texts(_Source(root, "memory.py")),
         **_server_texts(_Source(root, "memory_server.py")),
@@ -492,15 +560,21 @@ def import_official(root: str | Path, qwen_agent: str | Path | None = None) -> d
         texts[name] = getattr(ours, name)
     if qwen_agent is not None:
         texts["tool_block_qwen"] = qwen_tool_block(root, qwen_agent)
-    return check_templates({name: texts[name] for name in TEMPLATE_NAMES if name in texts}, f"{root} (imported)")
+    return check_templates(
+        {name: texts[name] for name in TEMPLATE_NAMES if name in texts}, f"{root} (imported)"
+    )
 
 
 HEADER = """Prompt templates imported by `memalpha prompts import` from a local clone of the official
 Mem-alpha code at {root}. Use with rollout.prompt_templates: PATH (docs/official_compatibility.md).
 {tools}"""
-TOOLS_OURS = "The tool blocks are memalpha's (the official one comes from the Qwen-Agent package: --qwen-agent DIR)."
-TOOLS_OFFICIAL = """tool_block_qwen is the official tool block, built with the Qwen-Agent install at {qwen_agent};
-the hermes tool blocks are memalpha's."""
+TOOLS_OURS = (
+    "The tool blocks are memalpha's (the official one comes from the Qwen-Agent package: --qwen-agent DIR)."
+)
+TOOLS_OFFICIAL = (
+    "tool_block_qwen is the official tool block, built with the Qwen-Agent install at {qwen_agent};\n"
+    "the hermes tool blocks are memalpha's."
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -510,13 +584,19 @@ def main(argv: list[str] | None = None) -> None:
         description="Prompt-template files (docs/official_compatibility.md, difference 4).",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    imp = commands.add_parser("import", help="write a template file from a local clone of the official Mem-alpha repository")
-    imp.add_argument("path", help="folder of a clone of github.com/wangyu-ustc/Mem-alpha (nothing is downloaded)")
+    imp = commands.add_parser(
+        "import", help="write a template file from a local clone of the official Mem-alpha repository"
+    )
+    imp.add_argument(
+        "path", help="folder of a clone of github.com/wangyu-ustc/Mem-alpha (nothing is downloaded)"
+    )
     imp.add_argument("--output", default="official_prompts.yaml", help="file to write (default: %(default)s)")
     imp.add_argument(
-        "--qwen-agent", metavar="DIR", default=None,
-        help="a local Qwen-Agent install (the folder holding qwen_agent/, e.g. site-packages; the official code "
-        "pins qwen-agent 0.0.29): tool_block_qwen becomes the official tool block (default: memalpha's)",
+        "--qwen-agent",
+        metavar="DIR",
+        default=None,
+        help="a local Qwen-Agent install (the folder holding qwen_agent/, e.g. site-packages; the official "
+        "code pins qwen-agent 0.0.29): tool_block_qwen becomes the official tool block (default: memalpha's)",
     )
     args = parser.parse_args(argv)
     try:
@@ -525,6 +605,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.exit(2, f"memalpha prompts import: error: {exc}\n")
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    tools = TOOLS_OURS if args.qwen_agent is None else TOOLS_OFFICIAL.format(qwen_agent=Path(args.qwen_agent).resolve())
-    output.write_text(dump_templates(texts, HEADER.format(root=Path(args.path).resolve(), tools=tools)), encoding="utf-8")
+    tools = (
+        TOOLS_OURS
+        if args.qwen_agent is None
+        else TOOLS_OFFICIAL.format(qwen_agent=Path(args.qwen_agent).resolve())
+    )
+    output.write_text(
+        dump_templates(texts, HEADER.format(root=Path(args.path).resolve(), tools=tools)), encoding="utf-8"
+    )
     print(f"wrote {output} ({len(texts)} templates); use it with --model.rollout.prompt_templates {output}")

@@ -143,7 +143,9 @@ def _id_or_error(call: ToolCall, memory: Memory, memory_type: str) -> tuple[str,
     if memory.find(memory_type, memory_id) is None:
         other = next(t for t in LIST_TYPES if t != memory_type)
         hint = f" (it is in {other})" if memory.find(other, memory_id) is not None else ""
-        return "", _error(call, "unknown_id", f"{call.name}: no {memory_type} item with id {memory_id!r:.40}{hint}")
+        return "", _error(
+            call, "unknown_id", f"{call.name}: no {memory_type} item with id {memory_id!r:.40}{hint}"
+        )
     return memory_id, None
 
 
@@ -182,7 +184,9 @@ def _update(memory: Memory, call: ToolCall) -> ToolResult:
                           memory_id=memory_id)
     old = memory.find(memory_type, memory_id).content
     memory.update(memory_type, memory_id, content)
-    return ToolResult("ok", f"updated [{memory_id}] in {memory_type}", call, memory_id=memory_id, replaced=old)
+    return ToolResult(
+        "ok", f"updated [{memory_id}] in {memory_type}", call, memory_id=memory_id, replaced=old
+    )
 
 
 def _delete(memory: Memory, call: ToolCall) -> ToolResult:

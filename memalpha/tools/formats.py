@@ -165,7 +165,8 @@ def _find_outside_thinking(text: str, marker: str) -> int | None:
 
 
 def _common_prefix_length(first: str, second: str) -> int:
-    """How many leading characters ``first`` and ``second`` share (no ``os.path``: tools import no I/O module)."""
+    """How many leading characters ``first`` and ``second`` share (no ``os.path``: tools import no I/O
+    module)."""
     for index, (a, b) in enumerate(zip(first, second)):
         if a != b:
             return index
@@ -285,7 +286,9 @@ class CallFormat(ABC):
             raise ValueError(f"call_repair must be one of {list(CALL_REPAIRS)}, got {call_repair!r}")
         result = ParseResult()
         if not isinstance(text, str):
-            result.errors.append(ParseError(reason="response is not text", raw=_clip(repr(text)), code="not_text"))
+            result.errors.append(
+                ParseError(reason="response is not text", raw=_clip(repr(text)), code="not_text")
+            )
             return result
         return self._parse_text(strip_thinking(text), result, call_repair)
 
@@ -314,7 +317,9 @@ class QwenFormat(CallFormat):
 
     def instructions(self, compact: bool = False, templates: PromptTemplates | None = None) -> str:
         listing = compact_signatures() if compact else _tools_json_lines()
-        return (templates or _MEMALPHA).render("tool_block_qwen", tools=listing, tool_names=", ".join(TOOL_NAMES))
+        return (templates or _MEMALPHA).render(
+            "tool_block_qwen", tools=listing, tool_names=", ".join(TOOL_NAMES)
+        )
 
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         return f"{FN_MARK}: {name}\n{ARGS_MARK}: {json.dumps(arguments, ensure_ascii=False)}"

@@ -133,7 +133,9 @@ def repair_object_as_official(text: str) -> JsonRead:
         try:
             value = json.loads(repair_json(body))
         except Exception as exc:  # noqa: BLE001 - see the docstring
-            return JsonRead(error=f"invalid JSON even after json-repair: {type(exc).__name__}", code="invalid_json")
+            return JsonRead(
+                error=f"invalid JSON even after json-repair: {type(exc).__name__}", code="invalid_json"
+            )
         repairs = [_REPAIRED_BY_PACKAGE]
     if not isinstance(value, dict):
         return JsonRead(error="arguments are not a JSON object", code="not_object")

@@ -1,4 +1,5 @@
-"""The three memory tools (docs/method.md: memorising) as JSON schemas: the single definition everything reads.
+"""The three memory tools (docs/method.md: memorising) as JSON schemas: the single definition everything
+reads.
 
 The schemas use the OpenAI/Qwen function format
 ``{"type": "function", "function": {"name", "description", "parameters"}}``;
