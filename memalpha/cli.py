@@ -7,8 +7,8 @@
 :class:`~memalpha.train.demo_datamodule.DemoDataModule` (the cold start from demonstrations).
 ``memalpha data ...`` holds the dataset tools, all in :mod:`memalpha.commands.data` (synth,
 inspect, convert start without importing Lightning; ``demos`` writes oracle demonstrations for a
-training config, ``distill`` demonstrations from recorded trajectories). ``memalpha demo`` runs the cold-start demo's
-commands (:data:`DEMO_STAGES`) in one process.
+training config, ``distill`` demonstrations from recorded trajectories). ``memalpha demo`` runs the cold-start
+demo's commands (:data:`DEMO_STAGES`) in one process.
 """
 
 from __future__ import annotations
@@ -25,8 +25,22 @@ DEMO_STAGES: tuple[list[str], ...] = (
     ["data", "demos", *_TINY, "--out", "runs/demos/val.jsonl", "--split", "test", "--count", "2"],
     ["validate", *_TINY, "--trainer.logger.init_args.version", "base"],
     ["sft", "--config", "configs/sft_tiny_cpu.yaml"],
-    ["validate", *_TINY, "--model.adapter_path", "runs/sft_tiny_cpu/adapter", "--trainer.logger.init_args.version", "sft"],
-    ["fit", *_TINY, "--model.adapter_path", "runs/sft_tiny_cpu/adapter", "--trainer.logger.init_args.version", "grpo"],
+    [
+        "validate",
+        *_TINY,
+        "--model.adapter_path",
+        "runs/sft_tiny_cpu/adapter",
+        "--trainer.logger.init_args.version",
+        "sft",
+    ],
+    [
+        "fit",
+        *_TINY,
+        "--model.adapter_path",
+        "runs/sft_tiny_cpu/adapter",
+        "--trainer.logger.init_args.version",
+        "grpo",
+    ],
 )
 
 
@@ -35,7 +49,9 @@ def run_demo(args: list[str]) -> None:
     this process (printing each as the command it is; one interpreter start instead of six), then
     the before/after table of :mod:`memalpha.train.demo_summary`."""
     if args:
-        raise SystemExit(f"memalpha demo: error: takes no arguments, got {args}; edit configs/tiny_cpu.yaml instead")
+        raise SystemExit(
+            f"memalpha demo: error: takes no arguments, got {args}; edit configs/tiny_cpu.yaml instead"
+        )
     for config in ("configs/tiny_cpu.yaml", "configs/sft_tiny_cpu.yaml"):
         if not Path(config).is_file():
             raise SystemExit(f"memalpha demo: error: {config} not found; run it from the repository root")
@@ -56,7 +72,8 @@ def run_demo(args: list[str]) -> None:
 
 
 def run(argv: list[str] | None = None):
-    """Run the command and return the ``MemAlphaCLI`` (``None`` for ``memalpha data`` and ``prompts``); for Python callers."""
+    """Run the command and return the ``MemAlphaCLI`` (``None`` for ``memalpha data`` and ``prompts``); for
+    Python callers."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "demo":
         run_demo(args[1:])

@@ -305,7 +305,8 @@ def seed_level_change(
     seed: int = BOOTSTRAP_SEED,
 ) -> dict[str, Any]:
     """Everything the seed level says about one paired comparison, from ``{seed: [differences]}``:
-    ``{"per_seed": {seed: mean change}, "t": seed_interval(...), "bootstrap": seed_bootstrap_interval(...)}``."""
+    ``{"per_seed": {seed: mean change}, "t": seed_interval(...),
+    "bootstrap": seed_bootstrap_interval(...)}``."""
     return {
         "per_seed": per_seed_means(differences),
         "t": seed_interval(differences, level),

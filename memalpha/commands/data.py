@@ -9,7 +9,8 @@
 data source, the instance count and min/median/max of chunks per instance, tokens per
 chunk and questions per instance; ``convert`` writes memalpha JSONL from any supported
 source and layout (with ``--processing official``, raw MemoryAgentBench processed as the Mem-α
-evaluation set is: :mod:`memalpha.data.official_processing`). Bad input exits with status 2 and a message naming file, record and field.
+evaluation set is: :mod:`memalpha.data.official_processing`). Bad input exits with status 2 and a message
+naming file, record and field.
 
 ``demos`` and ``distill`` (:mod:`memalpha.commands.demos`, :mod:`memalpha.commands.distill`) have their
 own parsers; :func:`main` hands them their arguments, importing them (and Lightning) only then.
@@ -47,7 +48,8 @@ DEFAULT_TOKENIZER = "smollm2-135m-instruct"
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run ``memalpha data`` with ``argv`` (the arguments after ``data``). Exits with status 2 on bad input."""
+    """Run ``memalpha data`` with ``argv`` (the arguments after ``data``). Exits with status 2 on bad
+    input."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demos"]:
         from memalpha.commands.demos import main as demos_main
@@ -73,12 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="memalpha data",
         description="Make, inspect and convert instance files.",
         epilog=(
-            "memalpha data demos --config FIT.yaml --out FILE.jsonl writes oracle demonstrations for memalpha sft; "
-            "memalpha data distill --config FIT.yaml --out FILE.jsonl --records REPORT.json writes them from recorded "
-            "trajectories."
+            "memalpha data demos --config FIT.yaml --out FILE.jsonl writes oracle demonstrations for "
+            "memalpha sft; memalpha data distill --config FIT.yaml --out FILE.jsonl --records REPORT.json "
+            "writes them from recorded trajectories."
         ),
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{synth,inspect,convert,demos,distill}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{synth,inspect,convert,demos,distill}"
+    )
 
     synth = sub.add_parser("synth", help="write synthetic train/validation JSONL (deterministic from --seed)")
     synth.add_argument("--out", required=True, type=Path, help="folder for train.jsonl and validation.jsonl")
@@ -89,9 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--facts-per-chunk", type=int, default=3)
     synth.add_argument("--distractors-per-chunk", type=int, default=1)
     synth.add_argument("--questions-per-instance", type=int, default=4)
-    synth.add_argument("--chunk-words", type=int, default=120, help="approximate words per chunk (default 120)")
     synth.add_argument(
-        "--families", default=",".join(FAMILIES), help=f"comma-separated families (default {','.join(FAMILIES)})"
+        "--chunk-words", type=int, default=120, help="approximate words per chunk (default 120)"
+    )
+    synth.add_argument(
+        "--families",
+        default=",".join(FAMILIES),
+        help=f"comma-separated families (default {','.join(FAMILIES)})",
     )
     synth.set_defaults(run=_run_synth)
 
@@ -132,8 +140,12 @@ def _add_load_options(parser: argparse.ArgumentParser) -> None:
         help=f"tokenizer (model name or path) for token counts and chunking (default {DEFAULT_TOKENIZER}; "
         "'none' counts white-space words)",
     )
-    parser.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS, help="chunk size for long contexts")
-    parser.add_argument("--wrap", choices=WRAP_STYLES, default=None, help="wrap chunks as dated dialogue/reading")
+    parser.add_argument(
+        "--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS, help="chunk size for long contexts"
+    )
+    parser.add_argument(
+        "--wrap", choices=WRAP_STYLES, default=None, help="wrap chunks as dated dialogue/reading"
+    )
     parser.add_argument("--skip-bad", action="store_true", help="skip (and report) bad records")
     parser.add_argument("--limit", type=int, default=None, help="read only the first N records")
 
@@ -200,7 +212,9 @@ def _run_inspect(args: argparse.Namespace) -> None:
 
 def instance_stats(instances: Sequence[Instance], tokenizer: Any) -> dict[str, dict[str, list[int]]]:
     """Per data source (and ``all``): chunks per instance, tokens per chunk, questions per instance."""
-    stats: dict[str, dict[str, list[int]]] = defaultdict(lambda: {"chunks": [], "tokens": [], "questions": []})
+    stats: dict[str, dict[str, list[int]]] = defaultdict(
+        lambda: {"chunks": [], "tokens": [], "questions": []}
+    )
     for instance in instances:
         for key in (instance.data_source, "all"):
             stats[key]["chunks"].append(len(instance.chunks))
@@ -235,8 +249,10 @@ def format_stats(stats: dict[str, dict[str, list[int]]]) -> str:
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
-             for row in rows]
+    lines = [
+        "  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
+        for row in rows
+    ]
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -259,20 +275,31 @@ def _run_convert(args: argparse.Namespace) -> None:
 def _run_official_convert(args: argparse.Namespace) -> None:
     """``convert --processing official``: raw MemoryAgentBench in, the official evaluation processing out."""
     if args.wrap is not None:
-        raise ValueError("--wrap does not combine with --processing official (it wraps each source as the official set does)")
+        raise ValueError(
+            "--wrap does not combine with --processing official "
+            "(it wraps each source as the official set does)"
+        )
     if args.layout not in ("auto", "memoryagentbench"):
-        raise ValueError(f"--processing official reads the raw memoryagentbench layout, got --layout {args.layout}")
+        raise ValueError(
+            f"--processing official reads the raw memoryagentbench layout, got --layout {args.layout}"
+        )
     keyword_golds = None if args.keyword_golds is None else load_keyword_golds(args.keyword_golds)
     tokenizer = _tokenizer_from(args.tokenizer)
     if tokenizer is None:
-        raise ValueError("--processing official counts tokens for its chunks: give --tokenizer a model, not 'none'")
+        raise ValueError(
+            "--processing official counts tokens for its chunks: give --tokenizer a model, not 'none'"
+        )
     instances, report = _load(args, args.input, tokenizer)
     if report.layout != "memoryagentbench":
         raise ValueError(
-            f"--processing official reads the raw memoryagentbench layout; {report.source} has the {report.layout} layout"
+            "--processing official reads the raw memoryagentbench "
+            f"layout; {report.source} has the {report.layout} layout"
         )
     processed, outcome = process_official(
-        instances, lambda text: count_tokens(text, tokenizer), chunk_tokens=args.chunk_tokens, keyword_golds=keyword_golds
+        instances,
+        lambda text: count_tokens(text, tokenizer),
+        chunk_tokens=args.chunk_tokens,
+        keyword_golds=keyword_golds,
     )
     save_jsonl(processed, args.output)
     skipped = f", skipped {report.num_skipped} bad records" if report.num_skipped else ""

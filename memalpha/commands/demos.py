@@ -60,24 +60,37 @@ def run(args: argparse.Namespace) -> int:
 def demonstrations_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """A parser with the two options every demonstration writer takes: ``--config`` and ``--out``."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--config", required=True, type=Path, help="the memalpha fit config the demonstrations serve")
+    parser.add_argument(
+        "--config", required=True, type=Path, help="the memalpha fit config the demonstrations serve"
+    )
     parser.add_argument("--out", required=True, type=Path, help="JSONL file to write")
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = demonstrations_parser(
-        "memalpha data demos", "Write oracle demonstrations (JSONL) whose prompts match a training config's rollouts."
+        "memalpha data demos",
+        "Write oracle demonstrations (JSONL) whose prompts match a training config's rollouts.",
     )
-    parser.add_argument("--split", default="train", choices=("train", "val", "test"), help="synthetic split (default train)")
-    parser.add_argument("--count", type=int, default=32, help="synthetic instances (default 32); one demonstration per chunk")
-    parser.add_argument("--seed", type=int, default=None, help="seed of the synthetic instances (default: the config's data.seed)")
+    parser.add_argument(
+        "--split", default="train", choices=("train", "val", "test"), help="synthetic split (default train)"
+    )
+    parser.add_argument(
+        "--count", type=int, default=32, help="synthetic instances (default 32); one demonstration per chunk"
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the synthetic instances (default: the config's data.seed)",
+    )
     parser.add_argument(
         "--reply-share",
         type=float,
         default=DEFAULT_REPLY_SHARE,
-        help=f"longest reply, as a share of rollout.max_new_tokens, that a demonstration may take when a shorter "
-        f"form exists (default {DEFAULT_REPLY_SHARE}): headroom so the imitating model is not cut at the cap",
+        help="longest reply, as a share of rollout.max_new_tokens, that a demonstration may take when a "
+        f"shorter form exists (default {DEFAULT_REPLY_SHARE}): "
+        "headroom so the imitating model is not cut at the cap",
     )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:

@@ -49,11 +49,15 @@ def _field(record: dict[str, Any], name: str, kind: type | tuple[type, ...], fil
     value = record.get(name)
     if not isinstance(value, kind):
         expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise DataValidationError(file, f"must be {expected}, got {type(value).__name__}", index=index, field=name)
+        raise DataValidationError(
+            file, f"must be {expected}, got {type(value).__name__}", index=index, field=name
+        )
     return value
 
 
-def memalpha_trajectories(path: Path, min_accuracy: float) -> Iterator[tuple[str, int, list[RecordedTurn], dict]]:
+def memalpha_trajectories(
+    path: Path, min_accuracy: float
+) -> Iterator[tuple[str, int, list[RecordedTurn], dict]]:
     """``(instance_id, memory_seed, turns, metadata)`` of every rollout in a validation report
     whose accuracy reaches ``min_accuracy``."""
     file = str(path)
@@ -71,7 +75,9 @@ def memalpha_trajectories(path: Path, min_accuracy: float) -> Iterator[tuple[str
         memory = _field(record, "memory", dict, file, index)
         seed = memory.get("seed")
         if not isinstance(seed, int):
-            raise DataValidationError(file, "must hold the memory's integer 'seed'", index=index, field="memory.seed")
+            raise DataValidationError(
+                file, "must hold the memory's integer 'seed'", index=index, field="memory.seed"
+            )
         questions = _field(record, "questions", list, file, index)
         scores = [q.get("score", 0.0) for q in questions if isinstance(q, dict)]
         accuracy = sum(scores) / len(scores) if scores else 0.0
@@ -79,11 +85,20 @@ def memalpha_trajectories(path: Path, min_accuracy: float) -> Iterator[tuple[str
             continue
         turns = []
         for position, turn in enumerate(_field(record, "turns", list, file, index)):
-            if not isinstance(turn, dict) or not isinstance(turn.get("response"), str) or not isinstance(turn.get("chunk_index"), int):
+            if (
+                not isinstance(turn, dict)
+                or not isinstance(turn.get("response"), str)
+                or not isinstance(turn.get("chunk_index"), int)
+            ):
                 raise DataValidationError(
-                    file, "a turn needs an integer 'chunk_index' and a 'response' string", index=index, field=f"turns[{position}]"
+                    file,
+                    "a turn needs an integer 'chunk_index' and a 'response' string",
+                    index=index,
+                    field=f"turns[{position}]",
                 )
-            turns.append(RecordedTurn(turn["chunk_index"], turn["response"], bool(turn.get("truncated", False))))
+            turns.append(
+                RecordedTurn(turn["chunk_index"], turn["response"], bool(turn.get("truncated", False)))
+            )
         meta = {"teacher_accuracy": accuracy, "rollout_index": record.get("rollout_index", 0)}
         yield instance_id, seed, turns, meta
 
@@ -111,7 +126,12 @@ def official_trajectories(path: Path) -> Iterator[tuple[str, int, list[RecordedT
     if not by_instance:
         raise DataValidationError(file, "holds no recorded turns")
     for instance_id, turns in by_instance.items():
-        yield instance_id, stable_seed(0, "official", instance_id), sorted(turns, key=lambda t: t.chunk_index), {}
+        yield (
+            instance_id,
+            stable_seed(0, "official", instance_id),
+            sorted(turns, key=lambda t: t.chunk_index),
+            {},
+        )
 
 
 def config_instances(model: dict[str, Any], data: dict[str, Any]) -> list[Instance]:
@@ -125,11 +145,21 @@ def run(args: argparse.Namespace) -> tuple[int, DistillStats]:
     model, data = config_sections(args.config)
     rollout = RolloutSettings(**(model.get("rollout") or {}))
     if args.records is not None:
-        trajectories, source, source_format = memalpha_trajectories(args.records, args.min_accuracy), "teacher", None
+        trajectories, source, source_format = (
+            memalpha_trajectories(args.records, args.min_accuracy),
+            "teacher",
+            None,
+        )
     else:
         if args.instances is None:
-            raise ValueError("--official-responses needs --instances (the instances the responses were recorded on)")
-        trajectories, source, source_format = official_trajectories(args.official_responses), "official", "qwen"
+            raise ValueError(
+                "--official-responses needs --instances (the instances the responses were recorded on)"
+            )
+        trajectories, source, source_format = (
+            official_trajectories(args.official_responses),
+            "official",
+            "qwen",
+        )
     if args.instances is not None:
         instances, _ = load_instances(args.instances)
     else:
@@ -142,9 +172,18 @@ def run(args: argparse.Namespace) -> tuple[int, DistillStats]:
         instance = by_id.get(instance_id)
         if instance is None:
             where = args.instances or f"{args.config}'s validation set"
-            raise ValueError(f"instance {instance_id!r} of the recorded trajectories is not in {where}; pass --instances")
+            raise ValueError(
+                f"instance {instance_id!r} of the recorded trajectories is not in {where}; pass --instances"
+            )
         got, _, turn_stats = replay_trajectory(
-            instance, turns, tokenizer, rollout, memory_seed=seed, source=source, source_format=source_format, metadata=meta
+            instance,
+            turns,
+            tokenizer,
+            rollout,
+            memory_seed=seed,
+            source=source,
+            source_format=source_format,
+            metadata=meta,
         )
         demos.extend(got)
         stats.add(turn_stats)
@@ -162,9 +201,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     recorded = parser.add_mutually_exclusive_group(required=True)
     recorded.add_argument("--records", type=Path, help="a memalpha validation report (validation*.json)")
-    recorded.add_argument("--official-responses", type=Path, help="official Mem-α responses.jsonl (one chunk turn per line)")
-    parser.add_argument("--instances", type=Path, default=None, help="the instances the trajectories were recorded on")
-    parser.add_argument("--min-accuracy", type=float, default=0.0, help="keep rollouts whose accuracy reaches this (--records)")
+    recorded.add_argument(
+        "--official-responses", type=Path, help="official Mem-α responses.jsonl (one chunk turn per line)"
+    )
+    parser.add_argument(
+        "--instances", type=Path, default=None, help="the instances the trajectories were recorded on"
+    )
+    parser.add_argument(
+        "--min-accuracy",
+        type=float,
+        default=0.0,
+        help="keep rollouts whose accuracy reaches this (--records)",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         if not 0.0 <= args.min_accuracy <= 1.0:

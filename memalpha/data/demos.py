@@ -37,7 +37,11 @@ class Demonstration:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"messages": [dict(m) for m in self.messages], "response": self.response, "metadata": dict(self.metadata)}
+        return {
+            "messages": [dict(m) for m in self.messages],
+            "response": self.response,
+            "metadata": dict(self.metadata),
+        }
 
 
 def parse_demonstration(record: Any, *, file: str, index: int) -> Demonstration:
@@ -72,7 +76,9 @@ def parse_demonstration(record: Any, *, file: str, index: int) -> Demonstration:
     metadata = record.get("metadata", {})
     if not isinstance(metadata, dict):
         raise fail("metadata", f"must be an object, got {type(metadata).__name__}")
-    return Demonstration([{"role": m["role"], "content": m["content"]} for m in messages], response, dict(metadata))
+    return Demonstration(
+        [{"role": m["role"], "content": m["content"]} for m in messages], response, dict(metadata)
+    )
 
 
 def load_demonstrations(path: str | os.PathLike, limit: int | None = None) -> list[Demonstration]:
@@ -97,7 +103,9 @@ def load_demonstrations(path: str | os.PathLike, limit: int | None = None) -> li
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise DataValidationError(name, f"line {line_number} is not valid JSON: {exc.msg}", index=index) from exc
+            raise DataValidationError(
+                name, f"line {line_number} is not valid JSON: {exc.msg}", index=index
+            ) from exc
         demos.append(parse_demonstration(record, file=name, index=index))
         index += 1
     if not demos:

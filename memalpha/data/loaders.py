@@ -94,8 +94,9 @@ def load_instances(
     Args:
         source: file, folder or hub dataset name.
         layout: ``auto``, ``jsonl``, ``memalpha`` or ``memoryagentbench``.
-        tokenizer: tokenizer (object, or a model name / path for :func:`memalpha.lm.core.embedded.load_tokenizer`)
-            used to chunk MemoryAgentBench contexts; required for that layout only.
+        tokenizer: tokenizer (object, or a model name / path for
+            :func:`memalpha.lm.core.embedded.load_tokenizer`) used to chunk MemoryAgentBench contexts;
+            required for that layout only.
         chunk_tokens: chunk size in tokens for MemoryAgentBench contexts (official: 2048; 1024 for the
             test-time-learning sets).
         wrap: ``None``, ``"dialogue"`` or ``"reading"``: wrap every chunk as a dated dialogue turn or a
@@ -230,7 +231,8 @@ def list_data_files(folder: str | Path) -> list[Path]:
 
 
 def select_data_file(folder: Path, split: str | None) -> Path:
-    """The data file of ``split`` in a plain folder (its name starts with the split), or its only data file."""
+    """The data file of ``split`` in a plain folder (its name starts with the split), or its only data
+    file."""
     files = list_data_files(folder)
     if not files:
         raise DataValidationError(str(folder), f"no data file ({', '.join(DATA_SUFFIXES)}) in this folder")
@@ -274,7 +276,9 @@ def _records_from_jsonl(path: Path) -> list[RawRecord]:
                 records.append(RawRecord(index, json.loads(line)))
             except json.JSONDecodeError as exc:
                 error = DataValidationError(
-                    str(path), f"line {line_no} is not valid JSON ({exc.msg} at column {exc.colno})", index=index
+                    str(path),
+                    f"line {line_no} is not valid JSON ({exc.msg} at column {exc.colno})",
+                    index=index,
                 )
                 records.append(RawRecord(index, error=error))
     return records
@@ -288,7 +292,9 @@ def _records_from_json(path: Path) -> list[RawRecord]:
     if isinstance(data, dict) and isinstance(data.get("instances"), list):
         data = data["instances"]
     if not isinstance(data, list):
-        raise DataValidationError(str(path), "expected a JSON list of records (or an object with an 'instances' list)")
+        raise DataValidationError(
+            str(path), "expected a JSON list of records (or an object with an 'instances' list)"
+        )
     return [RawRecord(i, value) for i, value in enumerate(data)]
 
 
@@ -314,7 +320,9 @@ def _records_from_saved_dataset(folder: Path, split: str | None) -> list[RawReco
     try:
         loaded = datasets.load_from_disk(str(folder))
     except Exception as exc:
-        raise DataValidationError(str(folder), f"cannot load dataset folder ({type(exc).__name__}: {exc})") from exc
+        raise DataValidationError(
+            str(folder), f"cannot load dataset folder ({type(exc).__name__}: {exc})"
+        ) from exc
     dataset = _pick_split(loaded, split, str(folder))
     return [RawRecord(i, value) for i, value in enumerate(dataset.to_list())]
 
@@ -382,7 +390,9 @@ def _record_parser(layout: str, *, tokenizer: Any, chunk_tokens: int) -> RecordP
         def parse(record: Any, file: str, index: int) -> Instance:
             if not resolved:
                 resolved.append(_resolve_tokenizer(tokenizer, file))
-            return parse_memoryagentbench_record(record, file, index, tokenizer=resolved[0], chunk_tokens=chunk_tokens)
+            return parse_memoryagentbench_record(
+                record, file, index, tokenizer=resolved[0], chunk_tokens=chunk_tokens
+            )
 
         return parse
     raise ValueError(f"unknown layout {layout!r}")
@@ -391,7 +401,8 @@ def _record_parser(layout: str, *, tokenizer: Any, chunk_tokens: int) -> RecordP
 def _resolve_tokenizer(tokenizer: Any, label: str) -> Any:
     if tokenizer is None:
         raise DataValidationError(
-            label, "the memoryagentbench layout is chunked by tokens: pass tokenizer= (a tokenizer or a model name)"
+            label,
+            "the memoryagentbench layout is chunked by tokens: pass tokenizer= (a tokenizer or a model name)",
         )
     if isinstance(tokenizer, (str, Path)):
         from memalpha.lm.core.embedded import load_tokenizer
@@ -424,7 +435,9 @@ def parse_memalpha_record(record: Any, file: str, index: int) -> Instance:
     qa_raw = check.json_value(check.require(record, "questions_and_answers"), "questions_and_answers")
     questions = check.questions(qa_raw, "questions_and_answers", coerce_numbers=True)
     metadata_raw = record.get("metadata")
-    metadata = {} if metadata_raw is None else check.mapping(check.json_value(metadata_raw, "metadata"), "metadata")
+    metadata = (
+        {} if metadata_raw is None else check.mapping(check.json_value(metadata_raw, "metadata"), "metadata")
+    )
     for count_field, actual in (("num_chunks", len(chunks)), ("num_questions", len(questions))):
         declared = record.get(count_field)
         if declared is None:
@@ -433,7 +446,15 @@ def parse_memalpha_record(record: Any, file: str, index: int) -> Instance:
             check.fail(count_field, f"expected an integer, got {type(declared).__name__}")
         if declared != actual:
             check.fail(count_field, f"says {declared} but the decoded list has {actual}")
-    known = {"instance_id", "data_source", "chunks", "questions_and_answers", "metadata", "num_chunks", "num_questions"}
+    known = {
+        "instance_id",
+        "data_source",
+        "chunks",
+        "questions_and_answers",
+        "metadata",
+        "num_chunks",
+        "num_questions",
+    }
     extra = {k: v for k, v in record.items() if k not in known and v is not None}
     return Instance(instance_id, data_source, list(chunks), questions, {**extra, **metadata})
 
@@ -441,7 +462,8 @@ def parse_memalpha_record(record: Any, file: str, index: int) -> Instance:
 def parse_memoryagentbench_record(
     record: Any, file: str, index: int, *, tokenizer: Any, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
 ) -> Instance:
-    """One MemoryAgentBench record: its ``context`` cut into token chunks, ``questions`` paired with ``answers``.
+    """One MemoryAgentBench record: its ``context`` cut into token chunks, ``questions`` paired with
+    ``answers``.
 
     ``data_source`` is ``metadata.source``; the instance id is the record's ``instance_id`` or ``id``,
     else ``metadata.id``, else ``{source}-{index}``.
@@ -472,6 +494,10 @@ def parse_memoryagentbench_record(
         chunks = chunk_by_tokens(context, tokenizer, chunk_tokens)
     except TypeError as exc:
         check.fail("context", str(exc))
-    extra = {k: v for k, v in record.items() if k not in ("context", "questions", "answers", "metadata", "instance_id", "id")}
+    extra = {
+        k: v
+        for k, v in record.items()
+        if k not in ("context", "questions", "answers", "metadata", "instance_id", "id")
+    }
     meta = {**extra, **metadata, "chunk_tokens": chunk_tokens}
     return Instance(instance_id, source, chunks, qas, meta)

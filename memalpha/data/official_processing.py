@@ -1,4 +1,5 @@
-"""The deterministic parts of the Mem-α processing of MemoryAgentBench (``data convert --processing official``).
+"""The deterministic parts of the Mem-α processing of MemoryAgentBench
+(``data convert --processing official``).
 
 The paper evaluates on a processed MemoryAgentBench (the ``test.parquet`` of the Hugging Face data
 set ``YuWangX/Memalpha-Memoryagentbench``). Its processing, rebuilt here from the raw benchmark
@@ -80,7 +81,8 @@ def drop_reason(source: str) -> str | None:
 
 
 def is_test_time_learning(source: str) -> bool:
-    """The classification sources of the Test_Time_Learning split (``icl_*``): 1,024-token chunks, rewritten."""
+    """The classification sources of the Test_Time_Learning split (``icl_*``): 1,024-token chunks,
+    rewritten."""
     return source.startswith("icl_")
 
 
@@ -96,7 +98,9 @@ def split_sentences(text: str) -> list[str]:
     return [piece for piece in _SENTENCE_END.split(text.strip()) if piece.strip()]
 
 
-def pack_sentences(sentences: Sequence[str], count_tokens: Callable[[str], int], max_tokens: int) -> list[str]:
+def pack_sentences(
+    sentences: Sequence[str], count_tokens: Callable[[str], int], max_tokens: int
+) -> list[str]:
     """Sentences packed in order into chunks of at most ``max_tokens`` tokens, joined by one space.
 
     A chunk's size is the sum of its sentences' token counts plus ``count_tokens(" ")`` for each
@@ -173,8 +177,12 @@ def load_keyword_golds(path: str | Path) -> dict[str, list[str]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: line {number} is not JSON ({exc.msg}); expected a JSON object or JSONL") from None
-            key = next((row[k] for k in ("instance_id", "id", "source") if isinstance(row, dict) and k in row), None)
+                raise ValueError(
+                    f"{where}: line {number} is not JSON ({exc.msg}); expected a JSON object or JSONL"
+                ) from None
+            key = next(
+                (row[k] for k in ("instance_id", "id", "source") if isinstance(row, dict) and k in row), None
+            )
             if key is None:
                 raise ValueError(f"{where}: line {number} has no instance_id, id or source")
             data[str(key)] = row
@@ -213,8 +221,8 @@ def keyword_golds_for(instance: Instance, table: Mapping[str, list[str]] | None)
         if key in table:
             return list(table[key])
     raise ValueError(
-        f"source {instance.data_source!r}: {KEYWORD_OPTION} has no entry for instance {instance.instance_id!r} "
-        "or for the source"
+        f"source {instance.data_source!r}: {KEYWORD_OPTION} has no entry for instance "
+        f"{instance.instance_id!r} or for the source"
     )
 
 
@@ -276,7 +284,9 @@ def process_instance(
     if is_test_time_learning(source):
         chunks = [text for text in (rewrite_labelled_chunk(c) for c in chunks) if text]
     if not chunks:
-        raise ValueError(f"source {source!r}, instance {instance.instance_id!r}: no chunk left after the processing")
+        raise ValueError(
+            f"source {source!r}, instance {instance.instance_id!r}: no chunk left after the processing"
+        )
     if needs_keyword_golds(source):
         keywords = keyword_golds_for(instance, keyword_golds)
         question = summary_question(f"{chunk_day(0):%Y-%m-%d}", f"{chunk_day(len(chunks) - 1):%Y-%m-%d}")

@@ -70,7 +70,10 @@ class QA:
         return [self.answer] if isinstance(self.answer, str) else list(self.answer)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"question": self.question, "answer": self.answer if isinstance(self.answer, str) else list(self.answer)}
+        return {
+            "question": self.question,
+            "answer": self.answer if isinstance(self.answer, str) else list(self.answer),
+        }
 
 
 @dataclass
@@ -224,7 +227,8 @@ def parse_record(record: Any, *, file: str, index: int) -> Instance:
     if unknown:
         check.fail(
             unknown[0],
-            f"unknown field (expected {', '.join(REQUIRED_FIELDS + OPTIONAL_FIELDS)}; put extra data under metadata)",
+            f"unknown field (expected {', '.join(REQUIRED_FIELDS + OPTIONAL_FIELDS)}; "
+            "put extra data under metadata)",
         )
     data_source = check.string(check.require(record, "data_source"), "data_source")
     chunks = check.chunks(check.require(record, "chunks"))

@@ -99,7 +99,8 @@ class SyntheticSettings:
         self.families = tuple(self.families)
         if not self.families or any(family not in FAMILIES for family in self.families):
             raise ValueError(
-                f"data.synthetic.families must be a non-empty list of {list(FAMILIES)}, got {list(self.families)}"
+                "data.synthetic.families must be a non-empty list "
+                f"of {list(FAMILIES)}, got {list(self.families)}"
             )
 
     def generate(self, split: str, seed: int, count: int | None = None) -> list[Instance]:
@@ -140,7 +141,9 @@ def split_pools(split: str) -> SplitPools:
         activities=part(vocab.ACTIVITIES),
         towns=part(vocab.TOWNS),
         key_objects=part(vocab.KEY_OBJECTS),
-        icl_topics=list(vocab.ICL_TOPICS[vocab.SPLITS.index(vocab.canonical_split(split)) :: len(vocab.SPLITS)]),
+        icl_topics=list(
+            vocab.ICL_TOPICS[vocab.SPLITS.index(vocab.canonical_split(split)) :: len(vocab.SPLITS)]
+        ),
     )
 
 
@@ -168,7 +171,9 @@ def generate_synthetic(
     unknown = [f for f in families if f not in _BUILDERS]
     if unknown:
         raise ValueError(f"unknown synthetic families {unknown}; expected some of {FAMILIES}")
-    config = SynthConfig(num_chunks, facts_per_chunk, distractors_per_chunk, questions_per_instance, chunk_words)
+    config = SynthConfig(
+        num_chunks, facts_per_chunk, distractors_per_chunk, questions_per_instance, chunk_words
+    )
     config.validate()
     split = vocab.canonical_split(split)
     pools = split_pools(split)
@@ -213,7 +218,8 @@ def _article(phrase: str) -> str:
 
 
 def _take(rng: random.Random, pool: Sequence[str], k: int) -> list[str]:
-    """``k`` items of ``pool``: all distinct when the pool is big enough, else repeating it in shuffled rounds."""
+    """``k`` items of ``pool``: all distinct when the pool is big enough, else repeating it in shuffled
+    rounds."""
     out: list[str] = []
     while len(out) < k:
         batch = list(pool)
@@ -242,7 +248,9 @@ def _dates(rng: random.Random, n: int) -> list[date]:
     return days
 
 
-def _compose(rng: random.Random, required: list[str], filler: Sequence[str], min_words: int, sep: str = " ") -> str:
+def _compose(
+    rng: random.Random, required: list[str], filler: Sequence[str], min_words: int, sep: str = " "
+) -> str:
     """The ``required`` sentences mixed at random places into filler sentences, up to ``min_words`` words."""
     sentences = list(required)
     words = sum(len(s.split()) for s in sentences)
@@ -289,15 +297,28 @@ class PersonalAttribute:
 
 
 PERSONAL_ATTRIBUTES = (
-    PersonalAttribute("city", vocab.CITIES, "{p} told me they moved to {v} a few weeks ago.", "Which city did {p} move to?"),
-    PersonalAttribute("pet", vocab.PET_NAMES, "{p} adopted a puppy and called it {v}.", "What is the name of {p}'s puppy?"),
-    PersonalAttribute("dish", vocab.DISHES, "{p} says their favourite dish is {v}.", "What is {p}'s favourite dish?"),
+    PersonalAttribute(
+        "city", vocab.CITIES, "{p} told me they moved to {v} a few weeks ago.", "Which city did {p} move to?"
+    ),
+    PersonalAttribute(
+        "pet", vocab.PET_NAMES, "{p} adopted a puppy and called it {v}.", "What is the name of {p}'s puppy?"
+    ),
+    PersonalAttribute(
+        "dish", vocab.DISHES, "{p} says their favourite dish is {v}.", "What is {p}'s favourite dish?"
+    ),
     PersonalAttribute("job", vocab.PROFESSIONS, "{p} now works as {a} {v}.", "What does {p} work as?"),
     PersonalAttribute(
-        "instrument", vocab.INSTRUMENTS, "{p} has started taking {v} lessons.", "Which instrument is {p} learning?"
+        "instrument",
+        vocab.INSTRUMENTS,
+        "{p} has started taking {v} lessons.",
+        "Which instrument is {p} learning?",
     ),
-    PersonalAttribute("hobby", vocab.HOBBIES, "{p} has taken up {v} as a hobby.", "Which hobby has {p} taken up?"),
-    PersonalAttribute("street", vocab.STREETS, "{p} rented a flat on {v}.", "On which street did {p} rent a flat?"),
+    PersonalAttribute(
+        "hobby", vocab.HOBBIES, "{p} has taken up {v} as a hobby.", "Which hobby has {p} taken up?"
+    ),
+    PersonalAttribute(
+        "street", vocab.STREETS, "{p} rented a flat on {v}.", "On which street did {p} rent a flat?"
+    ),
     PersonalAttribute(
         "language",
         vocab.LANGUAGES,
@@ -307,7 +328,9 @@ PERSONAL_ATTRIBUTES = (
 )
 
 
-def _personal_facts(rng: random.Random, pools: SplitPools, count: int, people: list[str]) -> list[tuple[str, PersonalAttribute, str]]:
+def _personal_facts(
+    rng: random.Random, pools: SplitPools, count: int, people: list[str]
+) -> list[tuple[str, PersonalAttribute, str]]:
     pairs = rng.sample(list(itertools.product(people, PERSONAL_ATTRIBUTES)), count)
     values: dict[str, list[str]] = {}
     for attr in PERSONAL_ATTRIBUTES:
@@ -335,7 +358,9 @@ def _build_personal(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> 
     for c in range(cfg.num_chunks):
         ids = list(range(c * cfg.facts_per_chunk, (c + 1) * cfg.facts_per_chunk))
         told = [_say(facts[i]) for i in ids]
-        told += [_say(d) for d in distractors[c * cfg.distractors_per_chunk : (c + 1) * cfg.distractors_per_chunk]]
+        told += [
+            _say(d) for d in distractors[c * cfg.distractors_per_chunk : (c + 1) * cfg.distractors_per_chunk]
+        ]
         body = _compose(rng, told, vocab.DIALOGUE_FILLER, cfg.chunk_words)
         chunks.append(wrap_chunk(body, "dialogue", days[c], variant=rng.randrange(1 << 16)))
         per_chunk.append(ids)
@@ -344,15 +369,27 @@ def _build_personal(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> 
     questions = [QA(facts[i][1].question.format(p=facts[i][0]), facts[i][2]) for i in picked]
     evidence = [[i // cfg.facts_per_chunk] for i in picked]
     entities = set(everyone) | {v for _, _, v in facts + distractors}
-    return chunks, questions, evidence, entities, {"people": people, "distractor_people": others, "notes": notes}
+    return (
+        chunks,
+        questions,
+        evidence,
+        entities,
+        {"people": people, "distractor_people": others, "notes": notes},
+    )
 
 
 # ---------------------------------------------------------------------------
 # synth_timeline
 # ---------------------------------------------------------------------------
 
-TIMES_OF_DAY = ("Early this morning", "Later in the morning", "Around noon today", "This afternoon", "This evening",
-                "Late tonight")
+TIMES_OF_DAY = (
+    "Early this morning",
+    "Later in the morning",
+    "Around noon today",
+    "This afternoon",
+    "This evening",
+    "Late tonight",
+)
 
 
 def _build_timeline(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> _Built:
@@ -369,7 +406,11 @@ def _build_timeline(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> 
         actors = [(p, True) for p in rng.sample(people, per_day)]
         actors += [(p, False) for p in _take(rng, others, cfg.distractors_per_chunk)] if others else []
         rng.shuffle(actors)
-        slots = sorted(rng.sample(range(len(TIMES_OF_DAY)), len(actors))) if len(actors) <= len(TIMES_OF_DAY) else None
+        slots = (
+            sorted(rng.sample(range(len(TIMES_OF_DAY)), len(actors)))
+            if len(actors) <= len(TIMES_OF_DAY)
+            else None
+        )
         told, ids, chunk_notes = [], [], []
         for j, (person, asked) in enumerate(actors):
             activity = activities.pop()
@@ -387,7 +428,13 @@ def _build_timeline(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> 
     questions = [QA(f"What did {events[i][0]} do on {events[i][1]:%Y-%m-%d}?", events[i][2]) for i in picked]
     evidence = [[events[i][3]] for i in picked]
     entities = set(everyone) | {e[2] for e in events}
-    return chunks, questions, evidence, entities, {"people": people, "distractor_people": others, "notes": notes}
+    return (
+        chunks,
+        questions,
+        evidence,
+        entities,
+        {"people": people, "distractor_people": others, "notes": notes},
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -450,7 +497,11 @@ def _build_icl(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> _Buil
         questions.append(QA(ICL_QUESTION.format(s=sentence), str(label)))
         evidence.append(sorted(label_chunks[label]))
     entities = {w for t in label_topics for w in t} | (set(distractor_topic) if distractor_topic else set())
-    extra = {"num_labels": n_labels, "label_topics": {str(i): t[0] for i, t in enumerate(label_topics)}, "notes": notes}
+    extra = {
+        "num_labels": n_labels,
+        "label_topics": {str(i): t[0] for i, t in enumerate(label_topics)},
+        "notes": notes,
+    }
     return chunks, questions, evidence, entities, extra
 
 

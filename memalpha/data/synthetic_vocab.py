@@ -15,7 +15,8 @@ SPLIT_ALIASES = {"val": "validation", "valid": "validation", "dev": "validation"
 
 
 def canonical_split(split: str) -> str:
-    """``train`` / ``validation`` / ``test`` for a split name or one of its aliases (``val``, ``dev``, ...)."""
+    """``train`` / ``validation`` / ``test`` for a split name or one of its aliases (``val``, ``dev``,
+    ...)."""
     name = SPLIT_ALIASES.get(split.lower(), split.lower())
     if name not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS} (or {sorted(SPLIT_ALIASES)})")
@@ -31,9 +32,10 @@ FIRST_NAMES = (
     "Adela", "Bruno", "Celine", "Dorian", "Elodie", "Fabian", "Greta", "Hector", "Ingrid", "Jasper",
     "Katja", "Leopold", "Mirela", "Nikolai", "Odette", "Pascal", "Rosalind", "Soren", "Tamsin", "Ulrich",
     "Valentina", "Wendell", "Ximena", "Yorick", "Zelda", "Anselm", "Beatrix", "Casimir", "Delphine", "Emeric",
-    "Florentyna", "Gideon", "Henrietta", "Isidore", "Jolanda", "Konrad", "Lucinda", "Matthias", "Nerea", "Oswin",
-    "Perpetua", "Quentin", "Rafaela", "Sebastien", "Theodora", "Umberto", "Viveka", "Wilhelmina", "Yannick", "Zora",
-    "Alaric", "Brigitta", "Cornelius", "Dagny", "Evander", "Fenna", "Gustavo", "Hedda", "Ignatius", "Juno",
+    "Florentyna", "Gideon", "Henrietta", "Isidore", "Jolanda", "Konrad", "Lucinda", "Matthias", "Nerea",
+    "Oswin", "Perpetua", "Quentin", "Rafaela", "Sebastien", "Theodora", "Umberto", "Viveka", "Wilhelmina",
+    "Yannick", "Zora", "Alaric", "Brigitta", "Cornelius", "Dagny", "Evander", "Fenna", "Gustavo", "Hedda",
+    "Ignatius", "Juno",
 )
 LAST_NAMES = (
     "Abernathy", "Brandvold", "Castellano", "Drummond", "Eklund", "Falkenrath", "Gallagher", "Hartigan",
@@ -63,8 +65,8 @@ DISHES = (
     "mushroom risotto", "lentil curry", "fish tacos", "beef stroganoff", "pumpkin ravioli", "shakshuka",
     "chicken katsu", "spinach lasagne", "pad thai", "goulash", "paella", "falafel wraps",
     "ramen with miso", "stuffed peppers", "moussaka", "jambalaya", "pierogi", "bibimbap",
-    "cauliflower gratin", "clam chowder", "tagine with apricots", "gnocchi in sage butter", "borscht", "empanadas",
-    "duck confit", "laksa", "ratatouille", "ceviche", "pho", "cassoulet",
+    "cauliflower gratin", "clam chowder", "tagine with apricots", "gnocchi in sage butter", "borscht",
+    "empanadas", "duck confit", "laksa", "ratatouille", "ceviche", "pho", "cassoulet",
     "tamales", "kedgeree", "okonomiyaki", "ribollita", "biryani", "chilli con carne",
 )
 PROFESSIONS = (
@@ -103,25 +105,29 @@ ACTIVITIES = (
     "repainted the garden shed", "baked rye bread", "repaired a bicycle chain", "planted tulip bulbs",
     "visited the planetarium", "cleaned the aquarium", "assembled a bookshelf", "went to a glazing workshop",
     "restrung a guitar", "hiked to the waterfall", "replaced a leaking tap", "sorted old letters",
-    "trained for the relay race", "painted a sunset watercolour", "built a birdhouse", "cooked a lobster dinner",
-    "rehearsed a violin duet", "sanded the oak table", "photographed a lunar eclipse", "wrote a sonnet",
-    "repotted the cactus", "took the ferry to the island", "organised a chess tournament", "knitted a blue scarf",
-    "tiled the bathroom floor", "visited the cheese market", "fixed the garage door", "flew a kite at the beach",
+    "trained for the relay race", "painted a sunset watercolour", "built a birdhouse",
+    "cooked a lobster dinner", "rehearsed a violin duet", "sanded the oak table",
+    "photographed a lunar eclipse", "wrote a sonnet", "repotted the cactus", "took the ferry to the island",
+    "organised a chess tournament", "knitted a blue scarf", "tiled the bathroom floor",
+    "visited the cheese market", "fixed the garage door", "flew a kite at the beach",
     "carved a pumpkin lantern", "mended a fishing net", "tuned the old piano", "picked wild blackberries",
     "renewed a passport", "climbed the clock tower", "brewed ginger beer", "learned to juggle clubs",
     "donated blood", "framed a vintage map", "groomed the neighbour's horse", "recorded a podcast episode",
     "waxed the surfboard", "adopted a tortoise", "sewed new curtains", "rebuilt a stone wall",
     "judged a baking contest", "toured the salt mine", "varnished the rowing boat", "ran a charity quiz",
     "cleared the gutters", "sketched the cathedral", "pickled red cabbage", "restored a rocking chair",
-    "tested a homemade kaleidoscope", "swam across the lake", "catalogued seashells", "installed a rain barrel",
-    "spun wool on a wheel", "laid a brick path", "printed linocut posters", "bottled elderflower cordial",
+    "tested a homemade kaleidoscope", "swam across the lake", "catalogued seashells",
+    "installed a rain barrel", "spun wool on a wheel", "laid a brick path", "printed linocut posters",
+    "bottled elderflower cordial",
 )
 
-#: Reading-passage pools for the summary family: protagonists come from the names; places and key objects here.
+#: Reading-passage pools for the summary family: protagonists come from the names;
+#: places and key objects here.
 TOWNS = (
-    "Harrowmere", "Saltcombe", "Wyndle Cross", "Ebbridge", "Corvasse", "Lowmarsh", "Tarrowby", "Dunvegan Reach",
-    "Mirefield", "Kestlow", "Brackenholt", "Fennick Bay", "Ostrava Vale", "Quillstone", "Rookhaven", "Sable Point",
-    "Thornwick", "Umberfell", "Varrow", "Whitlow Sands", "Ashenby", "Bellmouth", "Caldermoor", "Drayhaven",
+    "Harrowmere", "Saltcombe", "Wyndle Cross", "Ebbridge", "Corvasse", "Lowmarsh", "Tarrowby",
+    "Dunvegan Reach", "Mirefield", "Kestlow", "Brackenholt", "Fennick Bay", "Ostrava Vale", "Quillstone",
+    "Rookhaven", "Sable Point", "Thornwick", "Umberfell", "Varrow", "Whitlow Sands", "Ashenby", "Bellmouth",
+    "Caldermoor", "Drayhaven",
 )
 KEY_OBJECTS = (
     "brass compass", "hurricane lamp", "sealed letter", "silver locket", "ship's logbook", "copper kettle",
@@ -138,26 +144,37 @@ KEY_OBJECTS = (
 
 #: In-context classification topics: each is a set of words; an instance maps some topics to labels.
 ICL_TOPICS = (
-    ("glacier", "iceberg", "snowdrift", "permafrost", "avalanche", "frost", "sleet", "icicle", "blizzard", "tundra"),
-    ("violin", "orchestra", "symphony", "conductor", "overture", "cellist", "sonata", "choir", "metronome", "tempo"),
-    ("tractor", "harvest", "barley", "silo", "furrow", "scarecrow", "haystack", "orchard", "plough", "livestock"),
-    ("satellite", "orbit", "rocket", "astronaut", "telescope", "nebula", "comet", "launchpad", "asteroid", "capsule"),
-    ("invoice", "ledger", "dividend", "audit", "mortgage", "pension", "budget", "receipt", "tariff", "shareholder"),
+    ("glacier", "iceberg", "snowdrift", "permafrost", "avalanche", "frost", "sleet", "icicle", "blizzard",
+     "tundra"),
+    ("violin", "orchestra", "symphony", "conductor", "overture", "cellist", "sonata", "choir", "metronome",
+     "tempo"),
+    ("tractor", "harvest", "barley", "silo", "furrow", "scarecrow", "haystack", "orchard", "plough",
+     "livestock"),
+    ("satellite", "orbit", "rocket", "astronaut", "telescope", "nebula", "comet", "launchpad", "asteroid",
+     "capsule"),
+    ("invoice", "ledger", "dividend", "audit", "mortgage", "pension", "budget", "receipt", "tariff",
+     "shareholder"),
     ("lighthouse", "anchor", "harbour", "trawler", "buoy", "tide", "seagull", "dock", "mooring", "sailcloth"),
-    ("vaccine", "stethoscope", "clinic", "bandage", "prescription", "surgeon", "antibiotic", "ward", "pulse", "syringe"),
-    ("goalkeeper", "penalty", "stadium", "referee", "striker", "trophy", "league", "halftime", "tackle", "scoreboard"),
+    ("vaccine", "stethoscope", "clinic", "bandage", "prescription", "surgeon", "antibiotic", "ward", "pulse",
+     "syringe"),
+    ("goalkeeper", "penalty", "stadium", "referee", "striker", "trophy", "league", "halftime", "tackle",
+     "scoreboard"),
     ("volcano", "lava", "crater", "magma", "geyser", "ash cloud", "eruption", "basalt", "fissure", "caldera"),
-    ("courtroom", "verdict", "jury", "lawsuit", "testimony", "judge", "appeal", "bailiff", "subpoena", "plaintiff"),
+    ("courtroom", "verdict", "jury", "lawsuit", "testimony", "judge", "appeal", "bailiff", "subpoena",
+     "plaintiff"),
     ("oven", "dough", "pastry", "whisk", "batter", "croissant", "yeast", "icing", "rolling pin", "meringue"),
-    ("compiler", "database", "server", "algorithm", "keyboard", "firmware", "debugger", "router", "spreadsheet", "cursor"),
-    ("rainforest", "jaguar", "canopy", "orchid", "toucan", "vine", "monsoon", "tree frog", "mangrove", "parrot"),
-    ("castle", "knight", "drawbridge", "moat", "armour", "banner", "throne", "catapult", "battlement", "jousting"),
-    ("railway", "locomotive", "platform", "timetable", "carriage", "signal box", "guard's whistle", "sleeper car",
-     "junction", "ticket barrier"),
+    ("compiler", "database", "server", "algorithm", "keyboard", "firmware", "debugger", "router",
+     "spreadsheet", "cursor"),
+    ("rainforest", "jaguar", "canopy", "orchid", "toucan", "vine", "monsoon", "tree frog", "mangrove",
+     "parrot"),
+    ("castle", "knight", "drawbridge", "moat", "armour", "banner", "throne", "catapult", "battlement",
+     "jousting"),
+    ("railway", "locomotive", "platform", "timetable", "carriage", "signal box", "guard's whistle",
+     "sleeper car", "junction", "ticket barrier"),
     ("museum", "curator", "exhibit", "fossil", "gallery", "artefact", "sculpture", "archive", "display case",
      "restoration"),
-    ("election", "ballot", "candidate", "parliament", "campaign", "senator", "polling station", "manifesto", "debate",
-     "coalition"),
+    ("election", "ballot", "candidate", "parliament", "campaign", "senator", "polling station", "manifesto",
+     "debate", "coalition"),
     ("desert", "camel", "dune", "oasis", "cactus", "mirage", "caravan", "sandstorm", "scorpion", "nomad"),
 )
 ICL_TEMPLATES = (

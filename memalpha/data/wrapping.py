@@ -89,7 +89,10 @@ def wrap_chunk(text: str, style: str, day: date, variant: int = 0) -> str:
         )
     if style == "reading":
         request = READING_REQUEST.format(day=f"{day:%Y-%m-%d}")
-        return f"[Reading event on {day:%Y-%m-%d}: the user is reading a book]\n<User> {text}\n\n<System> {request}"
+        return (
+            f"[Reading event on {day:%Y-%m-%d}: the user is reading a book]\n"
+            f"<User> {text}\n\n<System> {request}"
+        )
     raise ValueError(f"unknown wrap style {style!r}; expected one of {WRAP_STYLES}")
 
 
