@@ -1,4 +1,4 @@
-"""The control-arms experiment's pure parts (experiments/studies/control_arms_report.py, control_arms.py):
+"""The control-arms experiment's pure parts (memalpha/lab/control_arms_report.py, arm_configs.py):
 paired intervals pooled over seeds and per seed against hand-computed numbers, the rebuild check,
 the wall-clock matching rule, and the configs of the arms."""
 
@@ -7,10 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments" / "studies"))
 
 from memalpha.lab.control_arms_report import arm_means, compare, comparisons, main
 
@@ -127,7 +124,8 @@ def test_report_check_passes_on_its_own_summary_and_fails_on_a_changed_number(tm
 
 
 def test_arm_configs_validate_outside_the_fit_and_the_no_update_arm_has_its_rate(tmp_path):
-    from control_arms import arm_fit_config, continued_sft_config, load_yaml
+    from memalpha.lab.arm_configs import arm_fit_config, continued_sft_config
+    from memalpha.lab.recipe_configs import load_yaml
 
     root = Path(__file__).resolve().parent.parent
     args = argparse.Namespace(steps=8, val=48, questions=4, lr0=1e-30)

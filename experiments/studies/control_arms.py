@@ -62,19 +62,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from learning_curve import (
-    add_recipe_arguments,
-    check_positive,
-    fit_config,
-    load_records,
-    load_yaml,
-    memalpha,
-    parse_seeds,
-    sft_config,
-    write_yaml,
-)
+from learning_curve import add_recipe_arguments, check_positive, memalpha, parse_seeds
 
-from memalpha.lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, write_json
+from memalpha.lab.arm_configs import arm_fit_config, continued_sft_config, logger, tag, validate_config
+from memalpha.lab.common import REPO_ROOT, RESULTS_DIR, command_line, load_records, machine_info, write_json
 from memalpha.lab.compute import measured, stage_record, training_compute, validation_counts
 from memalpha.lab.control_arms_report import (
     INTERVALS,
@@ -85,81 +76,16 @@ from memalpha.lab.control_arms_report import (
     plot,
     print_report,
 )
+from memalpha.lab.recipe_configs import load_yaml, sft_config, write_yaml
 from memalpha.train.demo_summary import event_scalars
 from memalpha.train.instance_scores import instance_values
 
 GRPO_ARMS = ("grpo", "grpo_lr0")
 
 
-def tag(seed: int, arm: str) -> str:
-    return f"seed{seed}_{arm}"
-
-
 def adapter_done(folder: Path) -> bool:
     """An exported PEFT adapter (its config and its weights)."""
     return (folder / "adapter_config.json").is_file() and (folder / "adapter_model.safetensors").is_file()
-
-
-def checkpointing(dirpath: Path, every: int) -> list[dict[str, Any]]:
-    return [{
-        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-        "init_args": {"dirpath": str(dirpath), "every_n_train_steps": every, "save_top_k": 0, "save_last": True},
-    }]
-
-
-def logger(run_dir: Path, name: str, version: str) -> dict[str, Any]:
-    return {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-            "init_args": {"save_dir": str(run_dir), "name": name, "version": version}}
-
-
-def curve_settings(args: argparse.Namespace, learning_rate: float | None) -> argparse.Namespace:
-    """The options :func:`learning_curve.fit_config` reads."""
-    return argparse.Namespace(steps=args.steps, every=args.steps, learning_rate=learning_rate, val=args.val,
-                              questions=args.questions)
-
-
-def arm_fit_config(base: dict[str, Any], run_dir: Path, args: argparse.Namespace, seed: int, arm: str) -> dict[str, Any]:
-    """``fit`` of a GRPO arm: no validation inside the run (``validate`` scores its exported adapter)."""
-    config = fit_config(base, run_dir, curve_settings(args, args.lr0 if arm == "grpo_lr0" else None), seed)
-    name = tag(seed, arm)
-    config["model"]["adapter_path"] = str(run_dir / "sft" / "adapter")  # every arm starts from the SFT start
-    config["model"]["export_adapter_dir"] = str(run_dir / "arms" / name / "adapter")
-    config["trainer"]["logger"] = logger(run_dir, "arms", name)
-    config["trainer"]["callbacks"] = checkpointing(run_dir / "checkpoints" / name, 1)
-    config["trainer"]["limit_val_batches"] = 0
-    return config
-
-
-def validate_config(base: dict[str, Any], run_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """``validate`` of any adapter on the held-out instances (they depend on ``data.seed`` only)."""
-    config = fit_config(base, run_dir, curve_settings(args, None), 0)
-    config["trainer"]["logger"] = logger(run_dir, "validate", START)
-    config["trainer"]["callbacks"] = []
-    config["model"].pop("export_adapter_dir", None)  # validate exports nothing
-    return config
-
-
-CONTINUED_SFT_STEP_CAP = 100_000
-"""``max_steps`` of the continued SFT arm, whose length ``trainer.max_time`` sets."""
-
-
-def continued_sft_config(base: dict[str, Any], run_dir: Path, seed: int, seconds: float) -> dict[str, Any]:
-    """``sft`` of the arm ``sft_continued``: SFT from the start adapter for ``seconds`` of training
-    (``trainer.max_time``), its own seed for the demonstrations' order, checkpoints every 10 steps."""
-    config = sft_config(base, run_dir, CONTINUED_SFT_STEP_CAP)
-    whole = max(1, round(seconds))  # Lightning's DD:HH:MM:SS form (a mapping would parse as text on the CLI)
-    config["trainer"]["max_time"] = f"{whole // 86400:02d}:{whole % 86400 // 3600:02d}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
-    config["trainer"]["limit_val_batches"] = 0  # validate scores its exported adapter
-    name = tag(seed, "sft_continued")
-    config["seed_everything"] = seed
-    config["model"]["seed"] = seed
-    config["model"]["adapter_path"] = str(run_dir / "sft" / "adapter")
-    config["model"]["export_adapter_dir"] = str(run_dir / "arms" / name / "adapter")
-    config["data"]["seed"] = seed
-    config["trainer"]["logger"] = logger(run_dir, "arms", name)
-    config["trainer"]["callbacks"] = checkpointing(run_dir / "checkpoints" / name, 10)
-    config["trainer"]["enable_checkpointing"] = True
-    return config
 
 
 def step_seconds(folder: Path) -> list[float]:

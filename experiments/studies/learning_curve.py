@@ -29,8 +29,6 @@ continues where it stopped).
 from __future__ import annotations
 
 import argparse
-import copy
-import json
 import os
 import re
 import subprocess
@@ -43,9 +41,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import yaml
-
-from memalpha.lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, print_table, write_json
+from memalpha.lab.common import (
+    REPO_ROOT,
+    RESULTS_DIR,
+    command_line,
+    load_records,
+    machine_info,
+    print_table,
+    write_json,
+)
+from memalpha.lab.recipe_configs import fit_config, load_yaml, sft_config, write_yaml
 from memalpha.lab.stats import METRICS, instance_values, paired_difference, summarise_with_ci
 from memalpha.train.demo_summary import event_scalars
 
@@ -75,83 +80,9 @@ def memalpha(*args: str, log: Path) -> None:
         raise SystemExit(f"{Path(sys.argv[0]).stem}: `memalpha {' '.join(args)}` failed (status {done.returncode}); see {log}")
 
 
-def load_yaml(path: Path) -> dict[str, Any]:
-    config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    if not isinstance(config, dict):
-        raise SystemExit(f"learning curve: {path} is not a YAML mapping")
-    return config
-
-
-def write_yaml(config: dict[str, Any], path: Path) -> Path:
-    """Write ``config`` atomically (a second experiment process rewriting the same config never shows a
-    half-written file to a running stage)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
-
-
-def sft_config(base: dict[str, Any], run_dir: Path, steps: int) -> dict[str, Any]:
-    config = copy.deepcopy(base)
-    trainer = config.setdefault("trainer", {})
-    trainer["max_steps"] = steps
-    trainer["val_check_interval"] = steps
-    trainer["logger"] = {
-        "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-        "init_args": {"save_dir": str(run_dir), "name": "sft"},
-    }
-    trainer["callbacks"] = []
-    trainer["enable_checkpointing"] = False
-    config["model"]["export_adapter_dir"] = str(run_dir / "sft" / "adapter")
-    config["data"]["train_path"] = str(run_dir / "demos" / "train.jsonl")
-    config["data"]["val_path"] = str(run_dir / "demos" / "val.jsonl")
-    return config
-
-
-def fit_config(base: dict[str, Any], run_dir: Path, args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    """The GRPO run of one seed (its own TensorBoard version, checkpoints and adapter)."""
-    config = copy.deepcopy(base)
-    version = f"seed{seed}"
-    config["seed_everything"] = seed
-    config["model"]["seed"] = seed
-    config["model"]["export_adapter_dir"] = str(run_dir / "curve" / version / "adapter")
-    trainer = config.setdefault("trainer", {})
-    trainer["max_steps"] = args.steps
-    trainer["val_check_interval"] = args.every
-    trainer["check_val_every_n_epoch"] = None
-    trainer["logger"] = {
-        "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-        "init_args": {"save_dir": str(run_dir), "name": "curve", "version": version},
-    }
-    trainer["callbacks"] = [
-        {
-            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-            "init_args": {
-                "dirpath": str(run_dir / "checkpoints" / version),
-                "every_n_train_steps": 1,
-                "save_top_k": 0,
-                "save_last": True,
-            },
-        }
-    ]
-    config["model"]["log_text_every_n_steps"] = 0
-    if args.learning_rate is not None:
-        config["model"].setdefault("optimizer", {})["learning_rate"] = args.learning_rate
-    config["data"].setdefault("synthetic", {})["val"] = args.val
-    if args.questions is not None:  # more questions per instance make r1 (and accuracy) finer-grained
-        config["data"]["synthetic"]["questions"] = args.questions
-    config["data"]["val_path"] = None
-    return config
-
-
 def report_step(path: Path) -> int:
     match = re.fullmatch(r"validation_step(\d+)", path.stem)
     return int(match.group(1)) if match else 0
-
-
-def load_records(path: Path) -> list[dict[str, Any]]:
-    return json.loads(path.read_text(encoding="utf-8"))["records"]
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

@@ -129,6 +129,11 @@ def write_json(report: dict[str, Any], path: str | os.PathLike, *, machine: dict
     return path
 
 
+def load_records(path: Path) -> list[dict[str, Any]]:
+    """The per-rollout records of a ``memalpha validate`` report (``validation.json``)."""
+    return json.loads(path.read_text(encoding="utf-8"))["records"]
+
+
 def command_line() -> str:
     """The command that ran this benchmark, for the report (relative script path)."""
     script = Path(sys.argv[0])
