@@ -164,18 +164,21 @@ def _config_files(args: list[str]) -> list[str]:
     return files
 
 
-def check_config_syntax(args: list[str]) -> None:
-    """Raise ``ValueError`` naming the file, line and column of the first config file in ``args``
-    that is not valid YAML (jsonargparse's own message names only ``"<unicode string>"``)."""
+def read_config_files(args: list[str]) -> list[tuple[str, Any]]:
+    """Each config file named in ``args`` (``--config F``, ``--config=F``) with its parsed YAML, read
+    once; raise ``ValueError`` naming the file, line and column of the first one that is not valid
+    YAML (jsonargparse's own message names only ``"<unicode string>"``). A missing or unreadable
+    file is left out: the CLI itself reports it."""
     import yaml
 
+    configs = []
     for path in _config_files(args):
         try:
             text = Path(path).read_text(encoding="utf-8")
         except OSError:
-            continue  # the CLI itself reports a missing or unreadable file
+            continue
         try:
-            yaml.safe_load(text)
+            configs.append((path, yaml.safe_load(text)))
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -184,19 +187,19 @@ def check_config_syntax(args: list[str]) -> None:
             raise ValueError(
                 f"{path}{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
             ) from None
+    return configs
 
 
-def check_renamed_keys(args: list[str], groups: tuple[str, ...] = ("model", "data")) -> None:
+def check_renamed_keys(
+    args: list[str],
+    groups: tuple[str, ...] = ("model", "data"),
+    configs: list[tuple[str, Any]] | None = None,
+) -> None:
     """Exit with one line per old key (:data:`RENAMED_MODEL_KEYS`, :data:`RENAMED_GROUP_KEYS`) of
-    ``groups`` found in ``args`` or the config files they name."""
-    import yaml
-
+    ``groups`` found in ``args`` or the config files they name (``configs``, as
+    :func:`read_config_files` returns them: read here when not given)."""
     problems = []
-    for path in _config_files(args):
-        try:
-            config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError):
-            continue  # the CLI itself reports unreadable configs
+    for path, config in read_config_files(args) if configs is None else configs:
         sections = (
             [config] + [config.get(sub) for sub in ("fit", "validate")] if isinstance(config, dict) else []
         )
@@ -285,14 +288,14 @@ class MemAlphaCLI(LightningCLI):
         if args is None or isinstance(args, list):
             given = list(sys.argv[1:] if args is None else args)
             try:
-                check_config_syntax(given)
+                configs = read_config_files(given)
             except ValueError as exc:
                 command = "sft" if isinstance(self, SFTCLI) else (given[0] if given else "")
                 raise SystemExit(f"memalpha {command}: error: {exc}") from None
-        if self.renamed_key_sections and (args is None or isinstance(args, list)):
-            check_renamed_keys(list(sys.argv[1:] if args is None else args), self.renamed_key_sections)
-        if self.takes_profile and (args is None or isinstance(args, list)):
-            self._apply_profile(list(sys.argv[1:] if args is None else args))
+            if self.renamed_key_sections:
+                check_renamed_keys(given, self.renamed_key_sections, configs)
+            if self.takes_profile:
+                self._apply_profile(given)
         super().parse_arguments(parser, args)
         self._check_ckpt_path()  # before Lightning reads the checkpoint's hyperparameters
 
