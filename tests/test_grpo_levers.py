@@ -1,4 +1,4 @@
-"""The GRPO-levers experiment's pure parts (experiments/studies/grpo_levers.py, grpo_levers_report.py): every
+"""The GRPO-levers experiment's pure parts (memalpha/lab/levers.py, grpo_levers_report.py): every
 lever's config is a valid `memalpha fit` config that differs from the seed's grpo arm only where the
 lever says, and the report's paired intervals against hand-computed numbers and its rebuild check."""
 
@@ -7,17 +7,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments" / "studies"))
-
-from grpo_levers import LEVERS, lever_config
-
 from memalpha.lab.grpo_levers_report import lever_comparisons, main
+from memalpha.lab.levers import LEVERS, lever_config
 
 REPO = Path(__file__).resolve().parent.parent
 T2 = 4.302653  # the 0.975 quantile of Student's t with 2 degrees of freedom
@@ -35,9 +31,9 @@ def flat(config: dict, prefix: str = "") -> dict:
 
 @pytest.mark.parametrize("lever", list(LEVERS))
 def test_each_lever_changes_only_its_settings_and_parses_as_a_fit_config(lever, tmp_path, capsys):
-    from control_arms import arm_fit_config, load_yaml
-
     from memalpha.cli import main as memalpha
+    from memalpha.lab.arm_configs import arm_fit_config
+    from memalpha.lab.recipe_configs import load_yaml
 
     args = argparse.Namespace(steps=8, val=48, questions=4, lr0=None)
     base = load_yaml(REPO / "configs" / "tiny_cpu.yaml")
@@ -114,7 +110,7 @@ def test_the_committed_headline_over_seeds():
 
 
 def test_the_report_covers_every_lever_run_validated_in_the_folder(tmp_path):
-    from grpo_levers import lever_runs
+    from memalpha.lab.levers import lever_runs
 
     for name in ("seed1_lever_extractive_reader", "seed0_lever_lr_1e-3", "seed0_lever_extractive_reader",
                  "seed0_lever_unknown", "seed0_grpo", "seed2_lever_group_8"):

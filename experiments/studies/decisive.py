@@ -49,13 +49,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from control_arms import Experiment, adapter_done, arm_compute, step_seconds, tag
-from grpo_levers import LEVERS, set_dotted
 from learning_curve import add_recipe_arguments, check_positive, load_records, parse_seeds, write_yaml
 
 from memalpha.lab.common import REPO_ROOT, RESULTS_DIR, command_line, write_json
 from memalpha.lab.compute import stage_record, training_compute
 from memalpha.lab.control_arms_report import INTERVALS, START, TRAIN_TAGS
 from memalpha.lab.decisive_report import GRPO, GUARD_LIMIT, PRIMARY, SECONDARY, SFT, print_decisive, rebuild
+from memalpha.lab.levers import LEVERS, set_dotted
 from memalpha.train.demo_summary import event_scalars
 from memalpha.train.instance_scores import InstanceScores, instance_values
 

@@ -11,7 +11,7 @@ time (below it on fact recall; docs/results.md, "control_arms"). With r1 from th
 reader and 4 instances a step GRPO beats that control on fact recall over 3 seeds
 (docs/results.md, "grpo_levers"). Each *lever* here is that GRPO
 arm (``fit`` from the same SFT start, same seed, same steps, validated by the same ``validate``
-config on the same held-out instances) with the settings of :data:`LEVERS` changed:
+config on the same held-out instances) with the settings of :data:`memalpha.lab.levers.LEVERS` changed:
 
 ``extractive_reader``  r1 from ``reader.kind: extractive`` (no reader model: a question scores
                        when its gold is stored where retrieval finds it), so the reward measures
@@ -53,54 +53,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from control_arms import (
-    adapter_done,
-    arm_compute,
-    arm_fit_config,
-    step_seconds,
-    tag,
-    train_run,
-    validate,
-    validate_config,
-)
-from learning_curve import check_positive, load_yaml, parse_seeds, write_yaml
+from control_arms import adapter_done, arm_compute, step_seconds, train_run, validate
+from learning_curve import check_positive, parse_seeds
 
+from memalpha.lab.arm_configs import tag, validate_config
 from memalpha.lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, write_json
 from memalpha.lab.compute import measured
 from memalpha.lab.control_arms_report import INTERVALS, START, TRAIN_TAGS
 from memalpha.lab.grpo_levers_report import LEVER_METRICS, REFERENCES, lever_comparisons, print_levers
+from memalpha.lab.levers import LEVERS, lever_config, lever_runs
+from memalpha.lab.recipe_configs import load_yaml, write_yaml
 from memalpha.train.demo_summary import event_scalars
-
-LEVERS: dict[str, dict[str, Any]] = {
-    "extractive_reader": {"model.reader.kind": "extractive"},
-    "r1_weight_3": {"model.reward.accuracy_weight": 3.0},
-    "lr_1e-3": {"model.optimizer.learning_rate": 1e-3},
-    "group_8": {"model.rollout.group_size": 8},
-    "instances_4": {"data.instances_per_step": 4},
-    "extractive_instances_4": {"model.reader.kind": "extractive", "data.instances_per_step": 4},
-    "steps_24": {"trainer.max_steps": 24},
-}
-"""Lever name -> the dotted settings it changes in the seed's ``grpo`` fit config."""
-
-
-def set_dotted(config: dict[str, Any], key: str, value: Any) -> None:
-    """``config[a][b][c] = value`` for ``key = "a.b.c"``, creating the groups on the way."""
-    *groups, last = key.split(".")
-    for group in groups:
-        config = config.setdefault(group, {})
-    config[last] = value
-
-
-def lever_config(base: dict[str, Any], run_dir: Path, args: argparse.Namespace, lever: str, seed: int) -> dict[str, Any]:
-    """The seed's ``grpo`` fit config with ``lever``'s settings, under its own name."""
-    config = arm_fit_config(base, run_dir, args, seed, "grpo")
-    name = tag(seed, f"lever_{lever}")
-    config["model"]["export_adapter_dir"] = str(run_dir / "arms" / name / "adapter")
-    config["trainer"]["logger"]["init_args"]["version"] = name
-    config["trainer"]["callbacks"][0]["init_args"]["dirpath"] = str(run_dir / "checkpoints" / name)
-    for key, value in LEVERS[lever].items():
-        set_dotted(config, key, value)
-    return config
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -124,16 +87,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.seed_list = parse_seeds(parser, args.seeds)
     args.lr0 = None  # arm_fit_config reads it only for the arm grpo_lr0
     return args
-
-
-def lever_runs(run_dir: Path) -> list[tuple[int, str]]:
-    """Every ``(seed, lever)`` validated in ``run_dir`` so far, by seed then lever order."""
-    found = []
-    for report in (run_dir / "validate").glob("seed*_lever_*/validation.json"):
-        seed, _, lever = report.parent.name.removeprefix("seed").partition("_lever_")
-        if seed.isdigit() and lever in LEVERS:
-            found.append((int(seed), lever))
-    return sorted(found, key=lambda run: (run[0], list(LEVERS).index(run[1])))
 
 
 def report(args: argparse.Namespace, run_dir: Path, val_yaml: Path, machine: dict[str, Any], started: float) -> dict[str, Any]:
