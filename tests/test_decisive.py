@@ -1,20 +1,33 @@
-"""The pre-registered decisive experiment's pure parts (experiments/studies/decisive.py, decisive_report.py): the
-verdict rule on every side of its thresholds, the guard, the t interval over seeds it reads against a
-hand-computed one, the arms' configs and held-out set, and the --check rebuild on small made-up files."""
+"""The pre-registered decisive experiment (memalpha/lab/decisive_plan.py, decisive_report.py): the verdict
+rule on every side of its thresholds, the guard, the t interval over seeds it reads against a hand-computed
+one, the arms' configs and held-out set, the --check rebuild on small made-up files, and
+experiments/studies/decisive.py run as its command line: its options' checks, and the configs and summary
+it writes when it resumes a run folder whose every stage is done."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments" / "studies"))
-
+from memalpha.lab.decisive_plan import (
+    TRAIN_DATA_SEED_BASE,
+    VAL_DATA_SEED,
+    collect_scores,
+    guarded_values,
+    held_out_config,
+    recipe_config,
+)
 from memalpha.lab.decisive_report import GUARD_LIMIT, decide, guard, main, rebuild, verdict_of
+from memalpha.lab.recipe_configs import load_yaml
 
 REPO = Path(__file__).resolve().parent.parent
 T4 = 2.776445  # the 0.975 quantile of Student's t with 4 degrees of freedom
@@ -70,8 +83,6 @@ def test_a_policy_that_copies_its_input_fails_the_guard_and_cannot_win():
 
 
 def test_memory_share_is_memory_over_input_tokens_per_instance():
-    from decisive import guarded_values
-
     records = [{"data_source": "s", "instance_id": "a", "memory_tokens": 30, "chunk_tokens": 120, "r3": 0.0,
                 "turns": [{"results": [{"status": "ok"}], "reward": 1.0}], "questions": [{"score": 1.0, "gold": "x"}],
                 "memory": {}}]
@@ -79,22 +90,23 @@ def test_memory_share_is_memory_over_input_tokens_per_instance():
     assert values["s"]["a"]["memory_share"] == pytest.approx(0.25) and values["s"]["a"]["accuracy"] == 1.0
 
 
-def test_arm_configs_use_the_recipe_its_own_stream_and_the_new_held_out_set(tmp_path, capsys):
-    from decisive import Decisive, parse_args, recipe_config
+PLAN = argparse.Namespace(recipe="extractive_instances_4", steps=8, val=96, questions=4, lr0=None,
+                          train_data_seed_base=TRAIN_DATA_SEED_BASE)
+"""The settings of the pre-registered plan that the configs read (decisive.py's defaults)."""
 
+
+def test_arm_configs_use_the_recipe_its_own_stream_and_the_new_held_out_set(tmp_path, capsys):
     from memalpha.cli import main as memalpha
 
-    args = parse_args(["--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "out.json"), "--reuse"])
-    experiment = Decisive(args)
-    config = recipe_config(experiment, 3)
+    base = load_yaml(REPO / "configs" / "tiny_cpu.yaml")
+    config = recipe_config(base, tmp_path / "run", PLAN, 3)
     assert config["model"]["reader"]["kind"] == "extractive" and config["data"]["instances_per_step"] == 4
     assert config["data"]["seed"] == 3913 and config["seed_everything"] == 3 and config["model"]["seed"] == 3
     assert config["model"]["adapter_path"] == str(tmp_path / "run" / "sft" / "adapter")
     assert config["trainer"]["max_steps"] == 8 and config["trainer"]["limit_val_batches"] == 0
-    held_out = yaml.safe_load(experiment.val_yaml.read_text())
+    held_out = held_out_config(base, tmp_path / "run", PLAN, VAL_DATA_SEED)
     assert held_out["data"]["seed"] == 3900 and held_out["data"]["synthetic"]["val"] == 96
     assert held_out["data"]["synthetic"]["questions"] == 4 and held_out["model"]["reader"]["kind"] == "local"
-    assert yaml.safe_load(experiment.demos_yaml.read_text())["data"]["seed"] == 0  # the control arms' demos
     path = tmp_path / "a.yaml"
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(SystemExit) as done:
@@ -103,18 +115,82 @@ def test_arm_configs_use_the_recipe_its_own_stream_and_the_new_held_out_set(tmp_
     assert yaml.safe_load(capsys.readouterr().out)["data"]["seed"] == 3913
 
 
-def test_the_held_out_seed_must_be_new(tmp_path):
-    from decisive import parse_args
+def decisive(*args: str) -> subprocess.CompletedProcess:
+    """``experiments/studies/decisive.py args`` as a user runs it, from the repository, in a session of its
+    own: past the timeout it is killed with any ``memalpha`` command it started."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "experiments/studies/decisive.py", *args]
+    with subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True) as process:
+        try:
+            out, err = process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
 
-    with pytest.raises(SystemExit):
-        parse_args(["--val-data-seed", "3912"])
-    with pytest.raises(SystemExit):
-        parse_args(["--val-data-seed", "0"])
+
+def test_the_held_out_seed_must_be_new(tmp_path):
+    (tmp_path / "run").mkdir()  # were the seed accepted, the script would stop here: the folder exists
+    for taken in ("3912", "0"):  # seed 2's training stream; the demonstrations' data seed
+        done = decisive("--val-data-seed", taken, "--run-dir", str(tmp_path / "run"), "--out",
+                        str(tmp_path / "out.json"))
+        assert done.returncode == 2 and f"--val-data-seed {taken} must differ" in done.stderr
+    accepted = decisive("--val-data-seed", "3901", "--run-dir", str(tmp_path / "run"), "--out",
+                        str(tmp_path / "out.json"))
+    assert accepted.returncode == 1 and "pass --reuse" in accepted.stderr
+
+
+def test_a_run_whose_stages_are_done_gets_the_plans_configs_and_a_pending_verdict(tmp_path):
+    """decisive.py --reuse over a run folder holding every stage's output of seed 3 (adapters, made-up
+    validation reports, arm A's TensorBoard step times) runs no stage; it writes each stage's config
+    from its defaults (the pre-registered plan) and the summary of what the folder holds."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = tmp_path.resolve() / "run"  # the script resolves its --run-dir
+    base = load_yaml(REPO / "configs" / "tiny_cpu.yaml")
+    record = {"data_source": "s", "instance_id": "a", "memory_tokens": 10, "chunk_tokens": 100, "r3": 0.0,
+              "turns": [], "questions": [{"score": 1.0, "gold": "x"}], "memory": {}}
+    (run / "demos").mkdir(parents=True)
+    (run / "demos" / "val.jsonl").write_text("")
+    (run / "sft" / "start").mkdir(parents=True)  # the start's TensorBoard folder
+    for name in ("sft/adapter", "arms/seed3_grpo/adapter", "arms/seed3_sft_continued/adapter"):
+        (run / name).mkdir(parents=True)
+        for file in ("adapter_config.json", "adapter_model.safetensors"):
+            (run / name / file).write_text("")
+    for name in ("start", "seed3_grpo", "seed3_sft_continued"):
+        (run / "validate" / name).mkdir(parents=True)
+        (run / "validate" / name / "validation.json").write_text(json.dumps({"records": [record]}))
+    writer = SummaryWriter(str(run / "arms" / "seed3_grpo"))
+    for step, seconds in enumerate((190.0, 190.5)):  # arm A trained 380.5 s: B gets as long
+        writer.add_scalar("step_s", seconds, step)
+    writer.close()
+
+    out = tmp_path / "results" / "decisive.json"
+    done = decisive("--reuse", "--seeds", "3", "--run-dir", str(run), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert not (run / "logs").exists()  # no memalpha command ran
+    held_out = yaml.safe_load((run / "validate.yaml").read_text())
+    assert held_out == held_out_config(base, run, PLAN, VAL_DATA_SEED)
+    assert held_out["data"]["seed"] == 3900 and held_out["data"]["synthetic"]["val"] == 96
+    assert yaml.safe_load((run / "demos.yaml").read_text())["data"]["seed"] == 0  # the control arms' demos
+    arm_a = yaml.safe_load((run / "seed3_grpo.yaml").read_text())
+    assert arm_a == recipe_config(base, run, PLAN, 3)
+    arm_b = yaml.safe_load((run / "seed3_sft_continued.yaml").read_text())
+    assert arm_b["trainer"]["max_time"] == "00:00:06:20" and arm_b["data"]["seed"] == 3
+    assert arm_b["model"]["adapter_path"] == str(run / "sft" / "adapter")
+    summary = json.loads(out.read_text())
+    assert summary["decision"]["verdict"] == "pending" and summary["settings"]["seeds"] == [0, 1, 2, 3, 4]
+    assert summary["settings"]["train_data_seeds"]["3"] == 3913
+    assert summary["settings"]["val_data_seed"] == 3900 and summary["settings"]["recipe"] == PLAN.recipe
+    assert summary["runs"]["seed3_sft_continued"]["max_time_s"] == pytest.approx(380.5)
+    scores = json.loads((out.parent / "decisive" / "instance_scores.json").read_text())
+    assert set(scores["seeds"]) == {"3"} and scores["seeds"]["3"]["grpo"]["s"]["a"]["memory_share"] == 0.1
+    assert "pending" in done.stdout
 
 
 def test_scores_are_collected_from_every_validation_in_the_folder(tmp_path):
-    from decisive import collect_scores
-
     record = {"data_source": "s", "instance_id": "a", "memory_tokens": 10, "chunk_tokens": 100, "r3": 0.0,
               "turns": [], "questions": [{"score": 0.0, "gold": "x"}], "memory": {}}
     for name in ("start", "seed0_grpo", "seed0_sft_continued", "seed4_grpo"):

@@ -13,11 +13,12 @@ the user's command line, through ``experiments/studies/control_arms.py``'s :clas
   ``--demos-data-seed``, 0: the control arms' demonstrations) and ``--sft-steps`` SFT steps, the
   control arms' recipe; validated once (greedy, so deterministic);
 * per seed ``s``, **A** (arm ``grpo``): ``memalpha fit`` from the start for ``--steps`` steps with the
-  settings of lever ``--recipe`` (``grpo_levers.LEVERS``), ``seed_everything = model.seed = s`` and its
-  own GRPO stream, synthetic data seed ``--train-data-seed-base + s``;
+  settings of lever ``--recipe`` (``memalpha.lab.levers.LEVERS``), ``seed_everything = model.seed = s``
+  and its own GRPO stream, synthetic data seed ``--train-data-seed-base + s``
+  (:func:`memalpha.lab.decisive_plan.recipe_config`);
 * per seed, **B** (arm ``sft_continued``): ``memalpha sft`` continued from the start on the same
   demonstrations for A's training time (``trainer.max_time`` = A's summed TensorBoard ``step_s``,
-  :func:`control_arms.continued_sft_config`);
+  :func:`memalpha.lab.arm_configs.continued_sft_config`);
 * every adapter validated by ``memalpha validate`` on ``--val`` held-out instances x ``--questions``
   questions of the validation split at synthetic data seed ``--val-data-seed`` (3900: no earlier study
   validated on it; they all used 0), scored by the local 135M reader.
@@ -39,7 +40,7 @@ import fcntl
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -48,84 +49,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from control_arms import Experiment, adapter_done, arm_compute, step_seconds, tag
-from learning_curve import add_recipe_arguments, check_positive, load_records, parse_seeds, write_yaml
+from control_arms import Experiment, adapter_done, arm_compute, step_seconds
+from learning_curve import add_recipe_arguments, check_positive, parse_seeds
 
+from memalpha.lab.arm_configs import tag
 from memalpha.lab.common import REPO_ROOT, RESULTS_DIR, command_line, write_json
 from memalpha.lab.compute import stage_record, training_compute
 from memalpha.lab.control_arms_report import INTERVALS, START, TRAIN_TAGS
+from memalpha.lab.decisive_plan import (
+    TRAIN_DATA_SEED_BASE,
+    VAL_DATA_SEED,
+    collect_scores,
+    held_out_config,
+    recipe_config,
+)
 from memalpha.lab.decisive_report import GRPO, GUARD_LIMIT, PRIMARY, SECONDARY, SFT, print_decisive, rebuild
-from memalpha.lab.levers import LEVERS, set_dotted
+from memalpha.lab.levers import LEVERS
+from memalpha.lab.recipe_configs import write_yaml
 from memalpha.train.demo_summary import event_scalars
-from memalpha.train.instance_scores import InstanceScores, instance_values
-
-VAL_DATA_SEED = 3900
-"""The held-out set's synthetic data seed: every earlier study validated on data seed 0."""
-TRAIN_DATA_SEED_BASE = 3910
-"""Seed ``s``'s GRPO stream draws its training instances at synthetic data seed ``3910 + s``."""
-
-
-def memory_shares(records: list[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
-    """``{source: {instance: mean over its rollouts of memory_tokens / chunk_tokens}}`` (the guard's
-    metric; an instance without input tokens has none)."""
-    sums: dict[tuple[str, str], list[float]] = {}
-    for record in records:
-        if record["chunk_tokens"] > 0:
-            key = (record["data_source"], record["instance_id"])
-            sums.setdefault(key, []).append(record["memory_tokens"] / record["chunk_tokens"])
-    out: dict[str, dict[str, float]] = {}
-    for (source, instance), shares in sums.items():
-        out.setdefault(source, {})[instance] = sum(shares) / len(shares)
-    return out
-
-
-def guarded_values(records: list[Mapping[str, Any]]) -> InstanceScores:
-    """:func:`memalpha.train.instance_scores.instance_values` with each instance's ``memory_share``."""
-    values = instance_values(records)
-    for source, instances in memory_shares(records).items():
-        for instance, share in instances.items():
-            values[source][instance]["memory_share"] = share
-    return values
-
-
-def recipe_config(experiment: Experiment, seed: int) -> dict[str, Any]:
-    """Arm A of ``seed``: the control arms' ``grpo`` fit config with the recipe's settings and its own
-    GRPO stream (synthetic data seed ``train_data_seed_base + seed``)."""
-    args = experiment.args
-    config = Experiment.fit_config(experiment, seed, GRPO)
-    for key, value in LEVERS[args.recipe].items():
-        set_dotted(config, key, value)
-    config["data"]["seed"] = args.train_data_seed_base + seed
-    return config
-
-
-def held_out_config(experiment: Experiment, data_seed: int) -> dict[str, Any]:
-    """The control arms' ``validate`` config on the held-out set of synthetic data seed ``data_seed``."""
-    config = Experiment.validation_config(experiment)
-    config["data"]["seed"] = data_seed
-    return config
-
-
-def validated(run_dir: Path, name: str) -> Path | None:
-    """The validation report of ``name`` in ``run_dir``, None before it exists."""
-    report = run_dir / "validate" / name / "validation.json"
-    return report if report.is_file() else None
-
-
-def collect_scores(run_dir: Path, seeds: list[int]) -> dict[str, Any]:
-    """``{"start": ..., "seeds": {seed: {arm: ...}}}`` of every validation of ``run_dir`` so far
-    (:func:`guarded_values`), over ``seeds`` and any other seed validated there."""
-    found = {int(p.parent.name.removeprefix("seed").split("_")[0])
-             for p in (run_dir / "validate").glob("seed*_*/validation.json")
-             if p.parent.name.removeprefix("seed").split("_")[0].isdigit()}
-    scores: dict[str, Any] = {START: None, "seeds": {}}
-    if (report := validated(run_dir, START)) is not None:
-        scores[START] = guarded_values(load_records(report))
-    for seed in sorted(set(seeds) | found):
-        for arm in (GRPO, SFT):
-            if (report := validated(run_dir, tag(seed, arm))) is not None:
-                scores["seeds"].setdefault(str(seed), {})[arm] = guarded_values(load_records(report))
-    return scores
 
 
 def collect_runs(run_dir: Path, seeds: list[int]) -> dict[str, Any]:
@@ -159,15 +100,14 @@ class Decisive(Experiment):
 
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__(args)
-        demos = Experiment.validation_config(self)
-        demos["data"]["seed"] = args.demos_data_seed
+        demos = held_out_config(self.base_fit, self.run_dir, args, args.demos_data_seed)
         self.demos_yaml = write_yaml(demos, self.run_dir / "demos.yaml")
 
     def validation_config(self) -> dict[str, Any]:
-        return held_out_config(self, self.args.val_data_seed)
+        return held_out_config(self.base_fit, self.run_dir, self.args, self.args.val_data_seed)
 
     def fit_config(self, seed: int, arm: str) -> dict[str, Any]:
-        return recipe_config(self, seed)
+        return recipe_config(self.base_fit, self.run_dir, self.args, seed)
 
     def write(self) -> dict[str, Any]:
         """Both JSON files from everything ``run_dir`` holds (this process's stages and another's)."""
