@@ -1,16 +1,18 @@
-"""The learning-curve statistics (``memalpha/lab/stats.py``) against hand-computed values."""
+"""The learning-curve statistics (``memalpha/lab/stats.py``, ``memalpha/lab/across_seeds.py``) against
+hand-computed values, and ``experiments/studies/learning_curve_seeds.py`` run as its command line."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments" / "studies"))
-
+from memalpha.lab.across_seeds import combine
 from memalpha.lab.stats import instance_values, mean_ci, paired_difference, summarise_with_ci, t975
 
 
@@ -117,39 +119,60 @@ def _seed_report(seeds_and_gains, **settings):
     }
 
 
-def test_learning_curve_seeds_combines_per_seed_changes_with_a_t_interval_over_seeds(tmp_path):
-    import learning_curve_seeds
+REPO = Path(__file__).resolve().parent.parent
 
+
+def learning_curve_seeds(*args: str) -> subprocess.CompletedProcess:
+    """``experiments/studies/learning_curve_seeds.py args`` as a user runs it, from the repository."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "experiments/studies/learning_curve_seeds.py", *args], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_learning_curve_seeds_combines_per_seed_changes_with_a_t_interval_over_seeds(tmp_path):
     reports = {"a": _seed_report([(0, 0.05)]), "b": _seed_report([(1, 0.20), (2, 0.35)])}
-    result = learning_curve_seeds.combine(reports)
+    result = combine(reports)
     across = result["across_seeds"]["mean_reward"]
     # gains 0.05, 0.20, 0.35: mean 0.20, sd 0.15, half width t(2) * 0.15 / sqrt(3) = 4.303 * 0.0866
     assert across["n"] == 3 and across["mean"] == pytest.approx(0.20)
     assert across["half_width"] == pytest.approx(4.303 * 0.15 / math.sqrt(3), rel=1e-3)
     assert result["seeds_rising_beyond_own_interval"]["mean_reward"] == 2  # 0.20 and 0.35 exceed their 0.1
-    paths = []
-    for name, report in reports.items():
-        paths.append(tmp_path / f"{name}.json")
-        paths[-1].write_text(json.dumps(report))
-    written = learning_curve_seeds.main([*map(str, paths), "--out", str(tmp_path / "seeds.json")])
-    assert json.loads((tmp_path / "seeds.json").read_text())["across_seeds"] == written["across_seeds"]
     with pytest.raises(ValueError, match="steps"):
-        learning_curve_seeds.combine({"a": _seed_report([(0, 0.1)]), "b": _seed_report([(1, 0.1)], steps=40)})
+        combine({"a": _seed_report([(0, 0.1)]), "b": _seed_report([(1, 0.1)], steps=40)})
     with pytest.raises(ValueError, match="seed appears twice"):
-        learning_curve_seeds.combine({"a": _seed_report([(0, 0.1)]), "b": _seed_report([(0, 0.2)])})
+        combine({"a": _seed_report([(0, 0.1)]), "b": _seed_report([(0, 0.2)])})
     with pytest.raises(ValueError, match="b: not a learning_curve.py report"):
-        learning_curve_seeds.combine({"a": _seed_report([(0, 0.1)]), "b": {"settings": reports["a"]["settings"]}})
+        combine({"a": _seed_report([(0, 0.1)]), "b": {"settings": reports["a"]["settings"]}})
+
+
+def test_learning_curve_seeds_writes_the_combined_report_and_refuses_differing_recipes(tmp_path):
+    reports = {tmp_path / "a.json": _seed_report([(0, 0.05)]),
+               tmp_path / "b.json": _seed_report([(1, 0.20), (2, 0.35)])}
+    for path, report in reports.items():
+        path.write_text(json.dumps(report))
+    out = tmp_path / "seeds.json"
+    done = learning_curve_seeds(*map(str, reports), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    written = json.loads(out.read_text())
+    expected = combine({str(path): report for path, report in reports.items()})
+    assert written["across_seeds"] == expected["across_seeds"] and written["runs"] == expected["runs"]
+    assert written["inputs"] == [str(path) for path in reports]
+    assert written["benchmark"] == "learning_curve_seeds"
+    assert "across 3 seeds" in done.stdout and f"wrote {out}" in done.stdout
+    longer = tmp_path / "longer.json"
+    longer.write_text(json.dumps(_seed_report([(3, 0.1)], steps=40)))
+    refused = learning_curve_seeds(str(tmp_path / "a.json"), str(longer),
+                                   "--out", str(tmp_path / "refused.json"))
+    assert refused.returncode == 2 and "settings differ" in refused.stderr and "steps" in refused.stderr
+    assert not (tmp_path / "refused.json").exists()
 
 
 def test_the_committed_learning_curve_seeds_report_is_rebuilt_from_its_committed_inputs():
-    import learning_curve_seeds
-
     from memalpha.lab.control_arms_report import same_numbers
 
-    root = Path(__file__).resolve().parent.parent
-    committed = json.loads((root / "experiments" / "results" / "learning_curve_seeds.json").read_text())
-    reports = {where: json.loads((root / where).read_text()) for where in committed["inputs"]}
-    rebuilt = learning_curve_seeds.combine(reports)
+    committed = json.loads((REPO / "experiments" / "results" / "learning_curve_seeds.json").read_text())
+    reports = {where: json.loads((REPO / where).read_text()) for where in committed["inputs"]}
+    rebuilt = combine(reports)
     assert same_numbers(rebuilt, {key: committed[key] for key in rebuilt})
     assert committed["across_seeds"]["mean_reward"]["n"] == 3  # already an interval over seeds (t, 2 df)
 

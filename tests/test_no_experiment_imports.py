@@ -25,7 +25,6 @@ NOT_YET: dict[str, str] = {
     "test_bench_vs_trl.py": "bench_vs_trl's job builders and settings",
     "test_parity_check.py": "bench_vs_trl's parity arguments",
     "test_trl_exact_parity.py": "bench_vs_trl --exact with the comparison replaced",
-    "test_experiment_stats.py": "learning_curve_seeds' main()",
     "test_gpu_fit_check.py": "gpu_fit_check's report writer, replaced to see each report",
 }
 

@@ -1,9 +1,10 @@
 """The measuring kit the scripts in ``experiments/`` share, and that the tests check directly.
 
 Report files and tables (:mod:`.common`), the statistics and compute records of the studies
-(:mod:`.stats`, :mod:`.compute`), the configs the studies run (:mod:`.recipe_configs`, the control
-arms' :mod:`.arm_configs`, the GRPO levers' :mod:`.levers`, the decisive study's arms and scores
-:mod:`.decisive_plan`), the studies' report math with their ``--check`` rebuilds
+(:mod:`.stats`, :mod:`.compute`, learning curves over seeds :mod:`.across_seeds`), the configs the
+studies run (:mod:`.recipe_configs`, the control arms' :mod:`.arm_configs`, the GRPO levers'
+:mod:`.levers`, the decisive study's arms and scores :mod:`.decisive_plan`), the studies' report math
+with their ``--check`` rebuilds
 (:mod:`.control_arms_report`, :mod:`.grpo_levers_report`, :mod:`.decisive_report`), the
 learning-parity verdict and the exact one-batch comparison with TRL (:mod:`.parity`,
 :mod:`.trl_exact`), the same-seed comparison of two runs (:mod:`.compare_runs`), and the record
