@@ -22,9 +22,6 @@ SCRIPT_MODULES = {path.stem for path in (REPO / "experiments").rglob("*.py")}
 NOT_YET: dict[str, str] = {
     "test_bench_smoke.py": "calls each benchmark's main() in-process",
     "test_bench_step_path.py": "spies on memalpha.train.step while a benchmark runs in-process",
-    "test_bench_vs_trl.py": "bench_vs_trl's job builders and settings",
-    "test_parity_check.py": "bench_vs_trl's parity arguments",
-    "test_trl_exact_parity.py": "bench_vs_trl --exact with the comparison replaced",
     "test_gpu_fit_check.py": "gpu_fit_check's report writer, replaced to see each report",
 }
 

@@ -1,24 +1,24 @@
-"""The parity check of experiments/bench/bench_vs_trl.py --parity (memalpha/lab/parity.py): its verdict
+"""The parity check of experiments/bench/bench_vs_trl.py --parity (memalpha/lab/parity.py, run by
+memalpha/lab/vs_trl_parity.py from the options of memalpha/lab/vs_trl_options.py): its verdict
 fails an arm that never learns and passes equal arms, and its runs resume from their files.
 
-Runs are recorded per-step rewards (no model): ``run_child`` is replaced, so these tests take
-well under a second; tests/test_bench_vs_trl.py runs the real children.
+Runs are recorded per-step rewards (no model): the driver gets a ``run_child`` that returns them,
+so these tests take about a second; tests/test_bench_vs_trl.py runs the real children. The
+committed report is rebuilt by the script itself.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments" / "bench"))
-
-import bench_vs_trl
+from script_probe import run_script
 
 from memalpha.lab import common as _common
 from memalpha.lab import parity as _parity
+from memalpha.lab import vs_trl_parity
+from memalpha.lab.vs_trl_options import parse_args, settings_from_args
 
 STEPS = 20
 # per-step rewards of a learning run: 0.6 rising by 0.04 a step, a small wobble by seed
@@ -94,10 +94,16 @@ def _fake_child(calls):
     return run_child
 
 
+def _parity_check(argv, run_child):
+    """What ``bench_vs_trl.py ARGV`` does in its parity mode, with ``run_child`` for the children."""
+    args = parse_args(argv)
+    assert args.parity
+    return vs_trl_parity.run(args, settings_from_args(args), {}, run_child)
+
+
 def test_parity_runs_resume_from_their_files_and_the_summary_waits_for_all(tmp_path, monkeypatch, capsys):
     calls = []
-    monkeypatch.setattr(bench_vs_trl, "run_child", _fake_child(calls))
-    monkeypatch.setattr(bench_vs_trl, "_require_trl", lambda: None)
+    child = _fake_child(calls)
     monkeypatch.setattr(_common, "machine_info", dict)  # torch and transformers versions: seconds of imports
     runs_dir, out = tmp_path / "runs", tmp_path / "parity.json"
     args = ["--parity", "--steps", str(STEPS), "--repeats", "4", "--seed", "0", "--runs-dir", str(runs_dir),
@@ -105,22 +111,20 @@ def test_parity_runs_resume_from_their_files_and_the_summary_waits_for_all(tmp_p
     # a first invocation that planned two seeds (as if stopped after them): a report, but no parity check
     plots = []
     monkeypatch.setattr(_parity, "plot", lambda *a: plots.append(a))
-    report = bench_vs_trl.main([*args[:4], "2", *args[5:]])
+    report = _parity_check([*args[:4], "2", *args[5:]], child)
     assert report is not None and not report["learning"]["adequate"]  # 2 runs a side: reported, never a pass
     assert not report["learning"]["passes"]
     assert calls == [(arm, seed) for seed in (0, 1) for arm in _parity.ARMS]
     assert len(list(runs_dir.glob("*.json"))) == 6
     out.unlink()
     # --summary-only with runs missing: nothing runs, no report
-    assert bench_vs_trl.main([*args, "--summary-only"]) is None and len(calls) == 6
+    assert _parity_check([*args, "--summary-only"], child) is None and len(calls) == 6
     assert "6 of 12 runs missing" in capsys.readouterr().err
-    assert len(plots) == 1
+    assert len(plots) == 1 and not out.exists()
     monkeypatch.undo()
-    monkeypatch.setattr(bench_vs_trl, "run_child", _fake_child(calls))
-    monkeypatch.setattr(bench_vs_trl, "_require_trl", lambda: None)
     monkeypatch.setattr(_common, "machine_info", dict)
     # the full invocation runs only seeds 2 and 3, then reports
-    report = bench_vs_trl.main(args)
+    report = _parity_check(args, child)
     assert calls[6:] == [(arm, seed) for seed in (2, 3) for arm in _parity.ARMS]
     assert report["seeds"] == [0, 1, 2, 3] and report["learning"]["discriminates"] is True
     assert report["ratio_memalpha_over_trl"]["step_s_median"] == pytest.approx(0.5)
@@ -131,31 +135,32 @@ def test_parity_runs_resume_from_their_files_and_the_summary_waits_for_all(tmp_p
     assert json.loads(run_file.read_text())["seed"] == 2 and "trl_seed2_" in run_file.name
     # rebuilt from the files alone, the same verdict
     monkeypatch.setattr(_parity, "plot", lambda *a: None)
-    again = bench_vs_trl.main([*args, "--summary-only"])
+    again = _parity_check([*args, "--summary-only"], child)
     assert len(calls) == 12 and again["learning"] == report["learning"]
     assert json.loads(run_file.read_text())["settings"]["seed"] == 2
     # a checkout without the adapter the runs started from names their digest
     digest = saved["settings_digest"]
-    named = bench_vs_trl.main([*args, "--summary-only", "--adapter-path", str(tmp_path / "gone"),
-                               "--settings-digest", digest])
+    named = _parity_check([*args, "--summary-only", "--adapter-path", str(tmp_path / "gone"),
+                           "--settings-digest", digest], child)
     assert named["learning"] == report["learning"]
     with pytest.raises(ValueError, match="not a PEFT adapter folder"):
-        bench_vs_trl.main([*args, "--adapter-path", str(tmp_path / "gone"), "--settings-digest", digest])
+        _parity_check([*args, "--adapter-path", str(tmp_path / "gone"), "--settings-digest", digest], child)
 
 
-def test_the_committed_parity_report_is_rebuilt_from_its_committed_runs(tmp_path, monkeypatch):
+def test_the_committed_parity_report_is_rebuilt_from_its_committed_runs(tmp_path):
     """docs/results.md quotes experiments/results/bench_vs_trl_parity.json: its verdicts must come
     out of the 12 runs stored beside it, by the report's own command, without the adapter."""
     results = Path(__file__).resolve().parent.parent / "experiments" / "results"
     committed = json.loads((results / "bench_vs_trl_parity.json").read_text())
-    monkeypatch.setattr(_common, "machine_info", dict)
-    monkeypatch.setattr(_parity, "plot", lambda *a: None)
     argv = committed["command"].split()[2:]  # drop the interpreter and the script
     argv[argv.index("--adapter-path") + 1] = str(tmp_path / "no_adapter_here")
-    rebuilt = bench_vs_trl.main([*argv, "--settings-digest", committed["settings_digest"],
-                                 "--runs-dir", str(results / "parity"), "--out", str(tmp_path / "parity.json")])
-    assert rebuilt is not None
+    out = tmp_path / "parity.json"
+    done = run_script("experiments/bench/bench_vs_trl.py", *argv, "--settings-digest",
+                      committed["settings_digest"], "--runs-dir", results / "parity", "--out", out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rebuilt = json.loads(out.read_text())
     assert rebuilt["learning"] == committed["learning"]
     assert rebuilt["ratio_memalpha_over_trl"] == pytest.approx(committed["ratio_memalpha_over_trl"])
     against = committed["learning"]["against_trl"]
     assert against["memalpha-lr0"]["verdict"] == "different" and committed["learning"]["no_update_fails"]
+    assert "the check discriminates" in done.stdout and out.with_suffix(".png").stat().st_size > 0

@@ -2,7 +2,7 @@
 
 Per setting (every loss aggregation TRL shares with memalpha, KL off and on): memalpha's
 per-token log-probs, loss and LoRA gradient against TRL's, end to end and on the same float64
-log-probs, within ``_trl_exact.TOLERANCES``. The check can fail: a TRL side with another clip
+log-probs, within ``trl_exact.TOLERANCES``. The check can fail: a TRL side with another clip
 range or KL coefficient fails it. Where the two differ by design (the KL clamp, ``bnpo``'s
 per-micro-batch normaliser, the position numbering of left-padded rows, the advantages' std) the
 difference is shown, not hidden. One tiny float64 Llama (the embedded tokenizer), built once.
@@ -140,27 +140,28 @@ def test_trl_advantages_use_the_bessel_std_memalpha_the_population_std():
     assert float(nanstd(rewards)) / float(rewards.std(correction=0)) == pytest.approx(math.sqrt(2))
 
 
-def test_bench_exact_mode_writes_its_report_and_fails_on_a_failed_setting(tmp_path, monkeypatch):
-    """``bench_vs_trl.py --exact`` prints the rows, writes the report and exits 1 when a setting fails
-    (the comparison itself replaced by a stored row: the real one runs in the tests above)."""
+def test_bench_exact_mode_writes_its_report_and_fails_on_a_failed_setting(tmp_path, capsys):
+    """``bench_vs_trl.py --exact`` (:func:`trl_exact.check`) prints the rows, writes the report and
+    exits 1 when a setting fails (the comparison itself a stored row: the real one runs in the
+    tests above)."""
     import json
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "bench"))
-    import bench_vs_trl
 
     row = {"setting": "token-mean/dapo, kl 0", "logprob_max_abs_diff": 1e-6, "logprob_memalpha_vs_fp64": 0.0,
            "logprob_trl_vs_fp64_own_positions": 1e-6, "loss_memalpha": 0.1, "loss_abs_diff": 1e-8,
            "grad_norm_memalpha": 2.0, "grad_max_abs_rel": 1e-6, "same_logps_loss_abs_diff": 0.0,
            "same_logps_grad_max_abs_diff": 0.0, "passed": True}
     report = {"settings": [row], "tolerances": dict(TOLERANCES), "passed": True}
-    monkeypatch.setattr(exact, "run_all", lambda: json.loads(json.dumps(report)))
     out = tmp_path / "exact.json"
-    assert bench_vs_trl.main(["--exact", "--out", str(out)])["passed"]
+    assert exact.check(out, {"command": "x"}, compare=lambda: json.loads(json.dumps(report)))["passed"]
     written = json.loads(out.read_text())
     assert written["settings"][0]["setting"] == row["setting"] and "machine" in written
-    report.update(passed=False, settings=[{**row, "passed": False}])
+    assert written["command"] == "x" and "same-logp" in written["notes"]
+    printed = capsys.readouterr().out
+    assert row["setting"] in printed and "all settings within tolerance" in printed
+    assert f"wrote {out}" in printed
+    failed = {**report, "passed": False, "settings": [{**row, "passed": False}]}
     with pytest.raises(SystemExit) as stopped:
-        bench_vs_trl.main(["--exact", "--out", str(out)])
+        exact.check(out, {}, compare=lambda: json.loads(json.dumps(failed)))
     assert stopped.value.code == 1
+    assert json.loads(out.read_text())["passed"] is False  # written before it exits
+    assert "SOME SETTINGS OUTSIDE TOLERANCE" in capsys.readouterr().out

@@ -14,8 +14,8 @@ import argparse
 from pathlib import Path
 
 import torch
-from bench_vs_trl import build_job
 
+from memalpha.lab.vs_trl_job import build_job
 from memalpha.lm.core.chat import chat_prompt_ids
 from memalpha.lm.core.policy import LoraSettings, load_policy
 

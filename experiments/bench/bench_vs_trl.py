@@ -52,17 +52,15 @@ tolerances. The table goes to stdout, the report to ``experiments/results/bench_
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -71,189 +69,30 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from memalpha.lab import parity as _parity
+from memalpha.lab import vs_trl_parity
 from memalpha.lab.common import (
-    RESULTS_DIR,
     command_line,
     current_rss_bytes,
-    git_commit,
     lifetime_peak_rss_bytes,
     load_average,
     machine_info,
     print_table,
     write_json,
 )
+from memalpha.lab.parity import ARMS
+from memalpha.lab.vs_trl_job import SIDES, BenchSettings, build_job, job_reward
+from memalpha.lab.vs_trl_options import (
+    DEFAULT_OUT,
+    EXACT_OUT,
+    names,
+    parse_args,
+    require_trl,
+    settings_from_args,
+)
+from memalpha.lab.vs_trl_report import TABLE_HEADERS, build_report, table_rows
 
-SIDES = ("memalpha", "trl")
-JOBS = ("validity", "memory")
 RESULT_MARKER = "BENCH_VS_TRL_RESULT "
-DEFAULT_OUT = RESULTS_DIR / "bench_vs_trl.json"
-PARITY_OUT = RESULTS_DIR / "bench_vs_trl_parity.json"
-PARITY_RUNS_DIR = RESULTS_DIR / "parity"
-EXACT_OUT = RESULTS_DIR / "bench_vs_trl_exact.json"
 MIB = 2**20
-
-
-@dataclass
-class BenchSettings:
-    """One benchmark job; every field is shared by both sides.
-
-    Args:
-        model: embedded model name or a local HF folder.
-        prompts_per_step: distinct prompts per optimiser step.
-        group_size: samples per prompt (TRL ``num_generations``).
-        max_new_tokens: completion length cap (TRL ``max_completion_length``).
-        steps: optimiser steps per run.
-        micro_batch_size: sequences per forward/backward (memalpha ``micro_batch_size``, TRL
-            ``per_device_train_batch_size`` with ``gradient_accumulation_steps`` making up the step);
-            gradients of the step's micro-batches are accumulated before the one optimiser step.
-        num_prompts: size of the prompt pool (0: ``prompts_per_step * steps``, so each run
-            sees every prompt once).
-        temperature: sampling temperature (also scales the scored distribution).
-        learning_rate: AdamW learning rate (constant).
-        kl_coef: k3 KL weight (memalpha ``kl_coef``, TRL ``beta``); 0 skips the reference pass.
-        lora_r: LoRA rank.
-        lora_alpha: LoRA alpha.
-        seed: seed of prompts, sampling and adapter init.
-        threads: torch intra-op threads in each run (0: torch's default).
-        job: ``validity`` (the reward is tool-call validity; full prompts, the synthetic default
-            shape) or ``memory`` (validity plus the share of the chunk's facts the reply stores;
-            the compact prompts and synthetic shape of ``configs/tiny_cpu.yaml``, the job its
-            SFT adapter was trained for).
-        adapter_path: start both sides from this PEFT adapter (a ``memalpha sft`` export) instead
-            of a fresh one; ``lora_r`` and ``lora_alpha`` are then ignored. The KL reference is
-            then that starting adapter on both sides (TRL copies it; memalpha runs with
-            ``update.kl_reference: start``).
-    """
-
-    model: str = "smollm2-135m-instruct"
-    prompts_per_step: int = 2
-    group_size: int = 4
-    max_new_tokens: int = 48
-    steps: int = 4
-    micro_batch_size: int = 2
-    num_prompts: int = 0
-    temperature: float = 1.0
-    learning_rate: float = 1e-5
-    kl_coef: float = 0.04
-    lora_r: int = 16
-    lora_alpha: int = 32
-    seed: int = 0
-    threads: int = 0
-    job: str = "validity"
-    adapter_path: str = ""
-
-    def batch_size(self) -> int:
-        """Completions per optimiser step."""
-        return self.prompts_per_step * self.group_size
-
-    def pool_size(self) -> int:
-        return self.num_prompts or self.prompts_per_step * self.steps
-
-    def validate(self, check_adapter: bool = True) -> None:
-        if self.group_size < 2:
-            raise ValueError(f"group_size must be >= 2 (TRL refuses smaller groups), got {self.group_size}")
-        for name in ("prompts_per_step", "max_new_tokens", "steps", "micro_batch_size", "lora_r", "lora_alpha"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.batch_size() % self.micro_batch_size:
-            raise ValueError(
-                f"micro_batch_size ({self.micro_batch_size}) must divide prompts_per_step * group_size ({self.batch_size()})"
-            )
-        if self.num_prompts < 0 or self.threads < 0:
-            raise ValueError("num_prompts and threads must be >= 0")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.job not in JOBS:
-            raise ValueError(f"job must be one of {JOBS}, got {self.job!r}")
-        if check_adapter and self.adapter_path and not (Path(self.adapter_path) / "adapter_config.json").is_file():
-            raise ValueError(f"adapter_path {self.adapter_path!r} is not a PEFT adapter folder (no adapter_config.json)")
-
-
-# ----------------------------------------------------------------------------- the job
-
-
-def build_prompts(count: int, seed: int, response_token_limit: int | None = None) -> list[list[dict[str, str]]]:
-    """``count`` memorising prompts (``[system, user]`` messages), one synthetic chunk each, empty memory."""
-    return [messages for messages, _ in build_job(count, seed, response_token_limit, "validity")]
-
-
-# configs/tiny_cpu.yaml's synthetic shape and prompt profile: the memory job's SFT adapter knows them
-MEMORY_JOB_SYNTHETIC = {
-    "num_chunks": 2, "facts_per_chunk": 2, "distractors_per_chunk": 0, "questions_per_instance": 2,
-    "chunk_words": 60, "families": ("synth_personal", "synth_timeline"),
-}
-
-
-def build_job(count: int, seed: int, response_token_limit: int | None, job: str) -> list[tuple[list[dict[str, str]], list[str]]]:
-    """``count`` prompts of ``job`` with the facts each prompt's chunk tells (empty for ``validity``)."""
-    from memalpha.agent.prompts import memorise_messages
-    from memalpha.data.synthetic import generate_synthetic
-    from memalpha.memory.render import render_memorise
-    from memalpha.memory.store import Memory
-    from memalpha.tools.formats import get_call_format
-
-    call_format = get_call_format("hermes")
-    view = render_memorise(Memory())
-    if job == "validity":
-        instances = generate_synthetic(count, split="train", seed=seed)
-        return [(memorise_messages(view, inst.chunks[0], call_format, response_token_limit), []) for inst in instances]
-    instances = generate_synthetic(count, split="train", seed=seed, **MEMORY_JOB_SYNTHETIC)
-    return [
-        (
-            memorise_messages(view, inst.chunks[0], call_format, response_token_limit, profile="compact"),
-            [note["fact"] for note in inst.metadata["notes"][0]],
-        )
-        for inst in instances
-    ]
-
-
-def tool_call_validity(completions: Sequence[str]) -> list[float]:
-    """Per completion: calls that execute ok on a fresh memory / calls attempted (parse errors included); 0 if none."""
-    return [validity for validity, _ in _executed(completions)]
-
-
-def _executed(completions: Sequence[str]) -> list[tuple[float, str]]:
-    """Per completion: its tool-call validity and the text its calls stored (lower-cased)."""
-    from memalpha.memory.store import Memory
-    from memalpha.tools.executor import execute_response
-    from memalpha.tools.formats import get_call_format
-
-    call_format = get_call_format("hermes")
-    out = []
-    for text in completions:
-        memory = Memory()
-        outcome = execute_response(memory, text, call_format)
-        stored = " ".join(e.content for e in memory.semantic + memory.episodic) + " " + memory.core
-        out.append((outcome.successes / outcome.attempts if outcome.attempts else 0.0, " ".join(stored.lower().split())))
-    return out
-
-
-def _normalised(fact: str) -> str:
-    return " ".join(fact.lower().rstrip(".").split())
-
-
-def memory_job_reward(completions: Sequence[str], facts: Sequence[Sequence[str]]) -> list[float]:
-    """Per completion: tool-call validity plus the share of its chunk's facts the calls stored (0 to 2)."""
-    rewards = []
-    for (validity, stored), chunk_facts in zip(_executed(completions), facts, strict=True):
-        share = sum(_normalised(f) in stored for f in chunk_facts) / len(chunk_facts) if chunk_facts else 0.0
-        rewards.append(validity + share)
-    return rewards
-
-
-def job_reward(settings: BenchSettings, prompts: list[tuple[list[dict[str, str]], list[str]]]):
-    """``reward(user_texts, completions)`` of the job; the facts are looked up by the prompt's chunk turn."""
-    facts_of = {messages[-1]["content"]: facts for messages, facts in prompts}
-
-    def reward(user_texts: Sequence[str], completions: Sequence[str]) -> list[float]:
-        if settings.job == "validity":
-            return tool_call_validity(completions)
-        return memory_job_reward(completions, [facts_of[text] for text in user_texts])
-
-    return reward
 
 
 def _lora(settings: BenchSettings):
@@ -501,92 +340,6 @@ def run_child(side: str, settings: BenchSettings, timeout_s: float) -> dict[str,
     return result
 
 
-def kept_steps(run: dict[str, Any]) -> list[dict[str, Any]]:
-    """The steps of a run that count: all but step 0 (warm-up) when the run has more than one."""
-    steps = run["steps"]
-    return steps[1:] if len(steps) > 1 else steps
-
-
-def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Pooled statistics over the kept steps of one side's runs."""
-    steps = [s for run in runs for s in kept_steps(run)]
-    step_s = [s["step_s"] for s in steps]
-    gen_s = [s["gen_s"] for s in steps]
-    tokens = sum(s["generated_tokens"] for s in steps)
-    return {
-        "runs": len(runs),
-        "steps_kept": len(steps),
-        "step_s_median": statistics.median(step_s),
-        "step_s_min": min(step_s),
-        "step_s_max": max(step_s),
-        "gen_s_median": statistics.median(gen_s),
-        "train_s_median": statistics.median(s["step_s"] - s["gen_s"] for s in steps),
-        "tokens_per_step_mean": tokens / len(steps),
-        "tokens_per_s": tokens / sum(step_s),
-        "gen_tokens_per_s": tokens / sum(gen_s),
-        "peak_rss_mib": max(run["peak_rss_mib"] for run in runs),
-        "rss_after_import_mib": max(run["rss_after_import_mib"] for run in runs),
-        "setup_s_median": statistics.median(run["setup_s"] for run in runs),
-        "reward_mean": statistics.fmean(s["reward"] for s in steps),
-    }
-
-
-def ratios(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float]:
-    """memalpha / TRL for the headline figures (below 1 is better for times and memory, above 1 for tokens/s)."""
-    keys = ("step_s_median", "gen_s_median", "train_s_median", "tokens_per_s", "gen_tokens_per_s", "peak_rss_mib")
-    return {key: ours[key] / theirs[key] if theirs[key] else float("nan") for key in keys}
-
-
-TABLE_HEADERS = (
-    "side", "runs", "steps", "step s med", "min", "max", "gen s", "train s", "tok/step",
-    "tok/s", "gen tok/s", "peak RSS MiB", "reward",
-)
-
-
-def table_rows(summary: dict[str, dict[str, Any]], ratio: dict[str, float] | None) -> list[list[Any]]:
-    rows = []
-    for side, s in summary.items():
-        rows.append([
-            side, s["runs"], s["steps_kept"], s["step_s_median"], s["step_s_min"], s["step_s_max"],
-            s["gen_s_median"], s["train_s_median"], s["tokens_per_step_mean"], s["tokens_per_s"],
-            s["gen_tokens_per_s"], s["peak_rss_mib"], s["reward_mean"],
-        ])
-    if ratio is not None:
-        rows.append([
-            "memalpha/trl", None, None, ratio["step_s_median"], None, None, ratio["gen_s_median"],
-            ratio["train_s_median"], None, ratio["tokens_per_s"], ratio["gen_tokens_per_s"], ratio["peak_rss_mib"], None,
-        ])
-    return rows
-
-
-def build_report(settings: BenchSettings, repeats: int, sides: Sequence[str], runs: dict[str, list[dict[str, Any]]],
-                 order: list[str]) -> dict[str, Any]:
-    """The report over the runs so far; ``complete`` is False until every planned run is in."""
-    summary = {side: summarise(done) for side, done in runs.items() if done}
-    ratio = ratios(summary["memalpha"], summary["trl"]) if set(SIDES) <= set(summary) else None
-    learning = learning_summary(runs, settings.steps) if any(runs.values()) else None
-    return {"settings": asdict(settings), "repeats": repeats, "complete": len(order) == repeats * len(sides),
-            "order": order, "summary": summary, "ratio_memalpha_over_trl": ratio, "learning": learning, "runs": runs}
-
-
-def learning_summary(runs: dict[str, list[dict[str, Any]]], steps: int) -> dict[str, Any]:
-    """Mean reward per step of each side (mean, min and max over its runs) and each run's mean
-    reward over the last half of its steps. A description only: the learning comparison is the
-    parity mode's (``memalpha/lab/parity.py``)."""
-    window = max(1, steps // 2)
-    per_side: dict[str, Any] = {}
-    for side in [side for side in runs if runs.get(side)]:
-        curves = [[s["reward"] for s in run["steps"]] for run in runs[side]]
-        per_side[side] = {
-            "reward_per_step_mean": [statistics.fmean(c[i] for c in curves) for i in range(steps)],
-            "reward_per_step_min": [min(c[i] for c in curves) for i in range(steps)],
-            "reward_per_step_max": [max(c[i] for c in curves) for i in range(steps)],
-            "final_window_per_run": [statistics.fmean(c[-window:]) for c in curves],
-        }
-        per_side[side]["final_window_mean"] = statistics.fmean(per_side[side]["final_window_per_run"])
-    return {"final_window_steps": window, "sides": per_side}
-
-
 def benchmark(
     settings: BenchSettings,
     repeats: int,
@@ -618,201 +371,9 @@ def benchmark(
     return build_report(settings, repeats, sides, runs, order)
 
 
-# ----------------------------------------------------------------------------- the parity check
-
-
-def parity_report(settings: BenchSettings, arms: Sequence[str], seeds: Sequence[int],
-                  found: dict[tuple[int, str], dict[str, Any]], margin: float, window: int) -> dict[str, Any]:
-    """The parity report over complete runs: timing per arm (step time as in the timing mode,
-    step 0 dropped) with memalpha / TRL, the reward curves and the verdicts."""
-    runs = {arm: [found[(seed, arm)] for seed in seeds] for arm in arms}
-    summary = {arm: summarise(done) for arm, done in runs.items()}
-    ratio = ratios(summary["memalpha"], summary["trl"]) if {"memalpha", "trl"} <= set(summary) else None
-    return {
-        "settings": asdict(settings), "arms": list(arms), "seeds": list(seeds),
-        "run_ids": {arm: [run["run_id"] for run in done] for arm, done in runs.items()},
-        "summary": summary, "ratio_memalpha_over_trl": ratio,
-        "learning": _parity.summarise_learning(runs, margin, settings.steps, window), "runs": runs,
-    }
-
-
-def parity(args: argparse.Namespace, settings: BenchSettings, extra: dict[str, Any]) -> dict[str, Any] | None:
-    """Run (or, with ``--summary-only``, only read) the parity check's runs; with all of them on
-    disk, print and write the report. Returns it, or None while runs are missing."""
-    arms = _names(args.arms, _parity.ARMS, "--arms")
-    seeds = [settings.seed + i for i in range(args.repeats)]
-    digest = args.settings_digest or _parity.settings_digest(asdict(settings))
-    runs_dir = Path(args.runs_dir)
-    todo = _parity.plan(arms, seeds)
-    if not args.summary_only and "trl" in arms:  # reading stored runs needs no TRL
-        _require_trl()
-
-    def log(line: str) -> None:
-        print(f"[parity] {line}", file=sys.stderr, flush=True)
-
-    def run_one(arm: str, seed: int) -> dict[str, Any]:
-        seeded = replace(settings, seed=seed)
-        run = run_child(arm, seeded, args.timeout)
-        run.update(settings=asdict(seeded), code=git_commit())
-        return run
-
-    log(f"settings digest {digest}, runs in {runs_dir}")
-    if args.summary_only:
-        found = _parity.load_runs(runs_dir, todo, digest)
-    else:
-        found = _parity.execute(todo, runs_dir, digest, run_one, log)
-    missing = [_parity.run_id(arm, seed, digest) for seed, arm in todo if (seed, arm) not in found]
-    if missing:
-        for (seed, arm), run in sorted(found.items()):
-            log(f"finished {arm} seed {seed}: last-{args.window} mean {_parity.final_mean(run, args.window):.3f}")
-        log(f"{len(missing)} of {len(todo)} runs missing, no summary: {', '.join(missing)}")
-        return None
-    report = parity_report(settings, arms, seeds, found, args.margin, args.window)
-    report.update(extra, runs_dir=str(runs_dir), settings_digest=digest)
-    print_table(TABLE_HEADERS, table_rows(report["summary"], report["ratio_memalpha_over_trl"]))
-    learning = report["learning"]
-    rows = [[arm, *data["final_window_per_run"], data["final_window_mean"]] for arm, data in learning["arms"].items()]
-    print_table(["arm", *[f"seed {s}" for s in seeds], f"mean of last {args.window}"], rows, floats=3)
-    print("\n".join(_parity.verdict_lines(learning)))
-    out = Path(args.out) if args.out else PARITY_OUT
-    path = write_json(report, out)
-    title = f"{settings.job} job, {len(seeds)} seeds a side, {settings.steps} steps"
-    _parity.plot(learning, title, path.with_suffix(".png"))
-    print(f"wrote {path} and {path.with_suffix('.png')}")
-    return report
-
-
-# ----------------------------------------------------------------------------- the exact check
-
-
-EXACT_HEADERS = (
-    "memalpha agg / TRL loss_type, kl", "logp diff", "ours vs fp64", "TRL vs fp64", "loss memalpha",
-    "loss diff", "grad norm", "grad diff (rel)", "same-logp loss diff", "same-logp grad diff", "ok",
-)
-
-
-def _sci(value: float) -> str:
-    return f"{value:.1e}"
-
-
-def exact_rows(report: dict[str, Any]) -> list[list[Any]]:
-    """One table row per setting of the ``--exact`` report (differences in scientific notation)."""
-    return [
-        [
-            row["setting"], _sci(row["logprob_max_abs_diff"]), _sci(row["logprob_memalpha_vs_fp64"]),
-            _sci(row["logprob_trl_vs_fp64_own_positions"]), f"{row['loss_memalpha']:.6f}",
-            _sci(row["loss_abs_diff"]), f"{row['grad_norm_memalpha']:.4f}", _sci(row["grad_max_abs_rel"]),
-            _sci(row["same_logps_loss_abs_diff"]), _sci(row["same_logps_grad_max_abs_diff"]),
-            "yes" if row["passed"] else "NO",
-        ]
-        for row in report["settings"]
-    ]
-
-
-def exact(args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]:
-    """Run the exact check of ``_trl_exact.py``, print its table, write its report; returns it."""
-    _require_trl()
-    from memalpha.lab import trl_exact as _trl_exact
-
-    machine = machine_info()
-    report = _trl_exact.run_all()
-    report.update(extra, notes=(
-        "one batch, no training: memalpha's update path and TRL's GRPOTrainer loss on the same prompts, "
-        "responses, advantages, old and reference log-probs and LoRA weights (float64 model); "
-        "'vs fp64': against a float64 log-softmax of the full logits (TRL's at its own position numbering); "
-        "'same-logp': both losses on memalpha's float64 log-probs; see memalpha/lab/trl_exact.py"
-    ))
-    print_table(EXACT_HEADERS, exact_rows(report))
-    tolerances = ", ".join(f"{key} {value:g}" for key, value in report["tolerances"].items())
-    print(f"tolerances: {tolerances}")
-    print("all settings within tolerance" if report["passed"] else "SOME SETTINGS OUTSIDE TOLERANCE")
-    path = write_json(report, Path(args.out) if args.out else EXACT_OUT, machine=machine)
-    print(f"wrote {path}")
-    return report
-
-
-# ----------------------------------------------------------------------------- the command line
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    defaults = BenchSettings()
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=defaults.model, help="embedded model name or local HF folder")
-    parser.add_argument("--prompts-per-step", type=int, default=defaults.prompts_per_step)
-    parser.add_argument("--group-size", type=int, default=defaults.group_size)
-    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
-    parser.add_argument("--steps", type=int, default=defaults.steps, help="optimiser steps per run")
-    parser.add_argument("--micro-batch-size", type=int, default=defaults.micro_batch_size,
-                        help="sequences per forward/backward; must divide prompts-per-step * group-size")
-    parser.add_argument("--num-prompts", type=int, default=defaults.num_prompts,
-                        help="prompt pool size (0: prompts-per-step * steps)")
-    parser.add_argument("--temperature", type=float, default=defaults.temperature)
-    parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
-    parser.add_argument("--kl-coef", type=float, default=defaults.kl_coef)
-    parser.add_argument("--lora-r", type=int, default=defaults.lora_r)
-    parser.add_argument("--lora-alpha", type=int, default=defaults.lora_alpha)
-    parser.add_argument("--seed", type=int, default=defaults.seed,
-                        help="the seed (timing); with --parity run i of every arm uses seed + i")
-    parser.add_argument("--threads", type=int, default=defaults.threads, help="torch threads per run (0: default)")
-    parser.add_argument("--job", choices=JOBS, default=defaults.job,
-                        help="validity: tool-call validity; memory: validity plus the chunk's facts stored")
-    parser.add_argument("--adapter-path", default=defaults.adapter_path,
-                        help="start both sides from this PEFT adapter (a memalpha sft export)")
-    parser.add_argument("--parity", action="store_true",
-                        help="the learning-parity check (memalpha/lab/parity.py): --repeats fresh runs of each "
-                             f"of --arms, one JSON each in --runs-dir, the report in {PARITY_OUT.name} unless --out")
-    parser.add_argument("--exact", action="store_true",
-                        help="no training: memalpha's and TRL's log-probs, loss and LoRA gradient on one "
-                             "identical batch (memalpha/lab/trl_exact.py), the report in "
-                             f"{EXACT_OUT.name} unless --out")
-    parser.add_argument("--arms", default=",".join(_parity.ARMS),
-                        help=f"with --parity: comma-separated subset of {','.join(_parity.ARMS)}")
-    parser.add_argument("--margin", type=float, default=_parity.DEFAULT_MARGIN,
-                        help="with --parity: the equivalence margin on the mean reward (0-2 scale)")
-    parser.add_argument("--window", type=int, default=_parity.DEFAULT_WINDOW,
-                        help="with --parity: the last steps whose mean reward is each run's result")
-    parser.add_argument("--runs-dir", default=str(PARITY_RUNS_DIR),
-                        help="with --parity: one JSON per finished run; finished runs are not run again")
-    parser.add_argument("--summary-only", action="store_true",
-                        help="with --parity: run nothing, rebuild the report from --runs-dir")
-    parser.add_argument("--settings-digest", default=None,
-                        help="with --summary-only: the runs' settings digest (their file names' last part), "
-                             "for a checkout without the adapter folder they started from")
-    parser.add_argument("--repeats", type=int, default=2,
-                        help="runs of each side, alternating (with --parity: fresh runs of each arm, seed + i)")
-    parser.add_argument("--sides", default="memalpha,trl", help="comma-separated subset of memalpha,trl")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per run")
-    parser.add_argument("--out", default=None, help=f"JSON report path (default {DEFAULT_OUT.name})")
-    parser.add_argument("--child", choices=tuple(RUNNERS), help=argparse.SUPPRESS)
-    parser.add_argument("--settings", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
-
-
-def settings_from_args(args: argparse.Namespace) -> BenchSettings:
-    names = {f.name for f in fields(BenchSettings)}
-    settings = BenchSettings(**{name: getattr(args, name) for name in names})
-    # a summary of stored runs named by their digest needs no adapter folder
-    settings.validate(check_adapter=not (args.summary_only and args.settings_digest))
-    return settings
-
-
-def _names(text: str, known: Sequence[str], flag: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = sorted(set(names) - set(known))
-    if unknown or not names:
-        raise SystemExit(f"{flag} must name some of {tuple(known)}, got {text!r}")
-    return names
-
-
-def _require_trl() -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("trl") is None:
-        raise SystemExit("TRL is not installed: pip install -e '.[bench]' -c constraints.txt (or leave trl out)")
-
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
-    args = parse_args(argv)
+    args = parse_args(argv, __doc__.split("\n\n")[0])
     if args.child:
         child_main(args.child, BenchSettings(**json.loads(args.settings)))
         return None
@@ -833,15 +394,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         ),
     }
     if args.exact:
-        report = exact(args, extra)
-        if not report["passed"]:
-            raise SystemExit(1)
-        return report
+        require_trl()
+        from memalpha.lab import trl_exact  # torch: only this mode imports it in the driver
+
+        return trl_exact.check(Path(args.out) if args.out else EXACT_OUT, extra)
     if args.parity:
-        return parity(args, settings, extra)
-    sides = _names(args.sides, SIDES, "--sides")
+        if not args.summary_only and "trl" in names(args.arms, ARMS, "--arms"):  # stored runs need no TRL
+            require_trl()
+        return vs_trl_parity.run(args, settings, extra, run_child)
+    sides = names(args.sides, SIDES, "--sides")
     if "trl" in sides:
-        _require_trl()
+        require_trl()
     machine = machine_info()
     out = Path(args.out) if args.out else DEFAULT_OUT
     report = benchmark(
@@ -852,7 +415,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     print_table(TABLE_HEADERS, table_rows(report["summary"], report["ratio_memalpha_over_trl"]))
     learning = report["learning"]
     if learning is not None:
-        rows = [[side, *data["reward_per_step_mean"], data["final_window_mean"]] for side, data in learning["sides"].items()]
+        rows = [[side, *data["reward_per_step_mean"], data["final_window_mean"]]
+                for side, data in learning["sides"].items()]
         print_table(["side", *[f"step {i}" for i in range(settings.steps)], "final"], rows, floats=3)
     path = write_json(report, out, machine=machine)
     print(f"wrote {path}")

@@ -29,7 +29,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from bench_vs_trl import build_prompts, tool_call_validity
 
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import build_optimizer
@@ -41,6 +40,7 @@ from memalpha.lab.common import (
     print_table,
     write_json,
 )
+from memalpha.lab.vs_trl_job import build_prompts, tool_call_validity
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.sampling.generation import sampler_for
 from memalpha.lm.scoring.spec import ScoringSpec

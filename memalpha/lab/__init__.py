@@ -7,7 +7,9 @@ studies run (:mod:`.recipe_configs`, the control arms' :mod:`.arm_configs`, the 
 with their ``--check`` rebuilds
 (:mod:`.control_arms_report`, :mod:`.grpo_levers_report`, :mod:`.decisive_report`), the
 learning-parity verdict and the exact one-batch comparison with TRL (:mod:`.parity`,
-:mod:`.trl_exact`), the same-seed comparison of two runs (:mod:`.compare_runs`), and the record
+:mod:`.trl_exact`), ``bench_vs_trl.py``'s job and settings, command line, timing report and parity
+runs (:mod:`.vs_trl_job`, :mod:`.vs_trl_options`, :mod:`.vs_trl_report`, :mod:`.vs_trl_parity`),
+the same-seed comparison of two runs (:mod:`.compare_runs`), and the record
 every GPU result carries (:mod:`.gpu_record` with :mod:`.tree_state`, :mod:`.phase_clock`,
 :mod:`.backend_probe`, :mod:`.cuda_match`). Nothing in the product imports it.
 """

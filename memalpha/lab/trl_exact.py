@@ -1,6 +1,6 @@
 """memalpha's GRPO update and TRL's ``GRPOTrainer`` on one identical batch, number against number.
 
-The learning-parity check (``_parity.py``) compares the rewards of whole training runs and cannot
+The learning-parity check (``parity.py``) compares the rewards of whole training runs and cannot
 resolve a difference below its noise. This check takes sampling and optimisation out: one
 hand-built batch (the same prompts, responses, advantages, old and reference log-probs, and one
 float64 LoRA policy loaded twice) goes through
@@ -55,12 +55,14 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from memalpha.lab.common import machine_info, print_table, write_json
 
 TRL_LOSS_TYPE = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo"}
 """memalpha ``loss_agg`` -> the TRL ``loss_type`` that aggregates the same way."""
@@ -568,3 +570,54 @@ def run_all(settings: Sequence[ExactSetting] = DEFAULT_SETTINGS, spec: ExactBatc
 def with_spec(spec: ExactBatchSpec, **changes: Any) -> ExactBatchSpec:
     """``spec`` with ``changes`` (a convenience for tests and the command line)."""
     return replace(spec, **changes)
+
+
+TABLE_HEADERS = (
+    "memalpha agg / TRL loss_type, kl", "logp diff", "ours vs fp64", "TRL vs fp64", "loss memalpha",
+    "loss diff", "grad norm", "grad diff (rel)", "same-logp loss diff", "same-logp grad diff", "ok",
+)
+
+NOTES = (
+    "one batch, no training: memalpha's update path and TRL's GRPOTrainer loss on the same prompts, "
+    "responses, advantages, old and reference log-probs and LoRA weights (float64 model); "
+    "'vs fp64': against a float64 log-softmax of the full logits (TRL's at its own position numbering); "
+    "'same-logp': both losses on memalpha's float64 log-probs; see memalpha/lab/trl_exact.py"
+)
+
+
+def _sci(value: float) -> str:
+    return f"{value:.1e}"
+
+
+def table_rows(report: Mapping[str, Any]) -> list[list[Any]]:
+    """One table row per setting of a :func:`run_all` report (differences in scientific notation)."""
+    return [
+        [
+            row["setting"], _sci(row["logprob_max_abs_diff"]), _sci(row["logprob_memalpha_vs_fp64"]),
+            _sci(row["logprob_trl_vs_fp64_own_positions"]), f"{row['loss_memalpha']:.6f}",
+            _sci(row["loss_abs_diff"]), f"{row['grad_norm_memalpha']:.4f}", _sci(row["grad_max_abs_rel"]),
+            _sci(row["same_logps_loss_abs_diff"]), _sci(row["same_logps_grad_max_abs_diff"]),
+            "yes" if row["passed"] else "NO",
+        ]
+        for row in report["settings"]
+    ]
+
+
+def check(
+    out: Path, extra: Mapping[str, Any], compare: Callable[[], dict[str, Any]] = run_all
+) -> dict[str, Any]:
+    """``bench_vs_trl.py --exact``: the comparison (``compare``, :func:`run_all`), its table on
+    stdout and its report with ``extra`` written to ``out``; returns the report, or exits with 1
+    when a setting is outside its tolerance."""
+    machine = machine_info()
+    report = compare()
+    report.update(extra, notes=NOTES)
+    print_table(TABLE_HEADERS, table_rows(report))
+    tolerances = ", ".join(f"{key} {value:g}" for key, value in report["tolerances"].items())
+    print(f"tolerances: {tolerances}")
+    print("all settings within tolerance" if report["passed"] else "SOME SETTINGS OUTSIDE TOLERANCE")
+    path = write_json(report, out, machine=machine)
+    print(f"wrote {path}")
+    if not report["passed"]:
+        raise SystemExit(1)
+    return report
