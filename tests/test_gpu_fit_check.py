@@ -1,39 +1,41 @@
 """experiments/gpu/gpu_fit_check.py end to end on the CPU (``--tiny``): the same script the GPU check
-runs, on a one-layer random model with the config shrunk, writing its JSON after every step."""
+runs, on a one-layer random model with the config shrunk, writing its JSON after every step.
+
+Both runs share one child process (``script_probe.py``, its ``writes`` probe keeping a copy of
+every report written): a tree the shared state calls dirty, refused in one line, then the tiny fit.
+"""
 
 from __future__ import annotations
 
-import copy
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from script_probe import Run, run_probed
 
 from memalpha.lab import tree_state
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "gpu"))
-import gpu_fit_check
+SCRIPT = "experiments/gpu/gpu_fit_check.py"
 
 
-@pytest.fixture
-def writes(monkeypatch):
-    """Every report the check writes, as written (a copy of each)."""
-    seen: list[dict] = []
-    original = gpu_fit_check.write_report
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gpu-fit")
+    dirty = {"commit": "0123456789abcdef" * 2 + "01234567", "dirty": True, "changed": ["a.py"],
+             "untracked": 0, "source": "git"}
+    (tmp / "dirty.json").write_text(json.dumps(dirty))
+    refused, fit = run_probed(tmp, [
+        Run(SCRIPT, ["--tiny", "--out", tmp / "refused.json"],
+            env={tree_state.STATE_ENV: str(tmp / "dirty.json")}),
+        Run(SCRIPT, ["--tiny", "--allow-dirty", "--out", tmp / "fit.json"], env={tree_state.STATE_ENV: None}),
+    ], probes=["writes"])
+    return {"refused": refused, "fit": fit, "tmp": tmp}
 
-    def keep(report, out, machine):
-        seen.append(copy.deepcopy(report))
-        return original(report, out, machine)
 
-    monkeypatch.setattr(gpu_fit_check, "write_report", keep)
-    monkeypatch.delenv(tree_state.STATE_ENV, raising=False)
-    return seen
-
-
-def test_the_tiny_fit_writes_its_report_after_each_of_two_steps(tmp_path, writes):
-    out = tmp_path / "gpu_fit_check.json"
-    gpu_fit_check.main(["--tiny", "--allow-dirty", "--out", str(out)])
+def test_the_tiny_fit_writes_its_report_after_each_of_two_steps(runs):
+    fit, out = runs["fit"], runs["tmp"] / "fit.json"
+    assert fit["code"] == 0, fit["stderr"][-3000:]
+    writes = [w["report"] for w in fit["writes"] if w["path"] == str(out)]
+    assert len(writes) == len(fit["writes"])  # the check writes its report and nothing else
     statuses = [(w["status"], len(w["steps"])) for w in writes]
     assert statuses == [("loading", 0), ("running", 1), ("running", 2), ("ok", 2)]
     after_first = writes[1]["steps"][0]
@@ -52,12 +54,10 @@ def test_the_tiny_fit_writes_its_report_after_each_of_two_steps(tmp_path, writes
     assert {"build_model", "load", "sampling", "reader", "update"} <= set(record["phase_totals"])
 
 
-def test_the_fit_check_refuses_a_dirty_tree_in_one_line(tmp_path, monkeypatch, capsys, writes):
-    def refuse(allow_dirty=False, **kwargs):
-        raise tree_state.DirtyTree("refusing to run: the tree has uncommitted changes to 1 file(s) (a.py)")
-
-    monkeypatch.setattr(gpu_fit_check.GpuRecord, "start", refuse)
-    with pytest.raises(SystemExit) as stopped:
-        gpu_fit_check.main(["--tiny", "--out", str(tmp_path / "x.json")])
-    assert stopped.value.code == 3 and writes == []
-    assert capsys.readouterr().err.strip().startswith("refusing to run: the tree has uncommitted changes")
+def test_the_fit_check_refuses_a_dirty_tree_in_one_line(runs):
+    refused = runs["refused"]
+    assert refused["code"] == 3 and refused.get("writes") is None
+    assert not (runs["tmp"] / "refused.json").exists()
+    refusal = [line for line in refused["stderr"].splitlines() if line.startswith("refusing to run")]
+    assert refusal == refused["stderr"].strip().splitlines()[-1:]  # one line, the last
+    assert refusal[0].startswith("refusing to run: the tree has uncommitted changes to 1 file(s) (a.py)")

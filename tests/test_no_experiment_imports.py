@@ -22,7 +22,6 @@ SCRIPT_MODULES = {path.stem for path in (REPO / "experiments").rglob("*.py")}
 NOT_YET: dict[str, str] = {
     "test_bench_smoke.py": "calls each benchmark's main() in-process",
     "test_bench_step_path.py": "spies on memalpha.train.step while a benchmark runs in-process",
-    "test_gpu_fit_check.py": "gpu_fit_check's report writer, replaced to see each report",
 }
 
 _EXPERIMENTS_ON_PATH = re.compile(r"sys\.path(\.insert|\.append|\.extend|\[)[^\n]*experiments", re.IGNORECASE)

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
@@ -50,10 +49,8 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-import yaml
 
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import build_optimizer
@@ -68,105 +65,23 @@ from memalpha.lab.common import (
     write_json,
 )
 from memalpha.lab.gpu_record import GpuRecord, add_arguments
+from memalpha.lab.qlora_4090 import (
+    CONFIG_PATH,
+    GPU_CAP_BYTES,
+    QWEN3_4B,
+    build_random_model_dir,
+    read_recipe,
+    scaled_shape,
+)
 from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
-from memalpha.lm.core.policy import LMSettings, LoraSettings, load_policy
+from memalpha.lm.core.policy import load_policy
 from memalpha.lm.sampling.backend import SAMPLING_BACKENDS
 from memalpha.lm.sampling.generation import sampler_for
 from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_samples, train_minibatch
 
 DEFAULT_OUT = RESULTS_DIR / "bench_scale.json"
-CONFIG_PATH = Path(__file__).resolve().parents[2] / "configs" / "qlora_4090.yaml"
-GPU_CAP_BYTES = 24 * 2**30
-
-# Qwen3-4B's published configuration (the values that set memory and time).
-QWEN3_4B = {
-    "vocab_size": 151936,
-    "hidden_size": 2560,
-    "intermediate_size": 9728,
-    "num_hidden_layers": 36,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": True,
-    "attention_bias": False,
-    "hidden_act": "silu",
-}
 CPU_DEFAULTS = {"scale": 0.125, "prompt_tokens": 256, "response_tokens": 32}
-
-
-def read_recipe(path: Path = CONFIG_PATH) -> dict[str, Any]:
-    """The step-shaping values of ``configs/qlora_4090.yaml``."""
-    config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    model = config["model"]
-    rollout, lora, lm = model["rollout"], model["lora"], model["lm"]
-    update, optimizer = model["update"], model["optimizer"]
-    return {
-        "group_size": int(rollout["group_size"]),
-        "prompt_tokens": int(rollout["max_prompt_tokens"]),
-        "response_tokens": int(rollout["max_new_tokens"]),
-        "generation_batch_size": int(rollout.get("generation_batch_size") or rollout["group_size"]),
-        "temperature": float(rollout["temperature"]),
-        "micro_batch_size": int(update["micro_batch_size"]),
-        "lora": LoraSettings(r=int(lora["r"]), alpha=int(lora["alpha"]), dropout=float(lora["dropout"]),
-                             target_modules=lora["target_modules"]),
-        "compute_dtype": lm["compute_dtype"],
-        "upcast_unquantised": bool(lm.get("upcast_unquantised", LMSettings.upcast_unquantised)),
-        "gradient_checkpointing": bool(lm["gradient_checkpointing"]),
-        "backend": rollout.get("backend", "auto"),
-        "optimizer": optimizer["name"],
-        "learning_rate": float(optimizer["learning_rate"]),
-        "weight_decay": float(optimizer["weight_decay"]),
-        "grad_clip": float(optimizer["grad_clip"]),
-        "kl_coef": float(update["kl_coef"]),
-        "clip_low": float(update["clip_low"]),
-        "clip_high": float(update["clip_high"]),
-    }
-
-
-def scaled_shape(scale: float, vocab_size: int | None = None) -> dict[str, Any]:
-    """Qwen3-4B's config values with layers, widths and head counts times ``scale`` (GQA ratio kept)."""
-    if not 0 < scale <= 1:
-        raise ValueError(f"scale must be in (0, 1], got {scale}")
-    shape = dict(QWEN3_4B)
-    ratio = QWEN3_4B["num_attention_heads"] // QWEN3_4B["num_key_value_heads"]
-    kv_heads = max(1, round(QWEN3_4B["num_key_value_heads"] * scale))
-    shape.update(
-        num_hidden_layers=max(1, round(QWEN3_4B["num_hidden_layers"] * scale)),
-        hidden_size=64 * max(1, round(QWEN3_4B["hidden_size"] * scale / 64)),
-        intermediate_size=64 * max(1, round(QWEN3_4B["intermediate_size"] * scale / 64)),
-        num_key_value_heads=kv_heads,
-        num_attention_heads=kv_heads * ratio,
-    )
-    if vocab_size is not None:
-        shape["vocab_size"] = vocab_size
-    return shape
-
-
-def build_random_model_dir(path: str | os.PathLike, shape: dict[str, Any], tokenizer, seed: int = 0) -> int:
-    """Save a random-weight Qwen3 of ``shape`` (bf16) with ``tokenizer`` into ``path``; returns its parameter count."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    config = Qwen3Config(
-        **shape,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        model = Qwen3ForCausalLM(config)
-    finally:
-        torch.set_default_dtype(previous)
-    count = sum(p.numel() for p in model.parameters())
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    del model
-    return count
 
 
 class Phase:

@@ -6,7 +6,7 @@ Run (CPU, the same script on a tiny random model and a shrunk config, as tests/t
       HF_HUB_OFFLINE=1 .venv/bin/python experiments/gpu/gpu_fit_check.py --tiny --out /tmp/fit.json
 
 Time and memory depend only on shapes, so a random-weight model of Qwen3-4B's shape
-(``experiments/bench/bench_scale.py``'s, built on the GPU in seconds) stands in for the real one, and
+(``memalpha/lab/qlora_4090.py``'s, built on the GPU in seconds) stands in for the real one, and
 synthetic instances (``memalpha data synth``) whose chunks fill ~6k-token prompts stand in for the
 Mem-α data. Everything else is the config's: NF4 + LoRA r 32 on all linear layers, 8 rollouts,
 2048 new tokens a turn, the reader on the 4-bit base, micro-batches of 2, paged 8-bit AdamW. Only
@@ -37,16 +37,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # bench_scale: the random 4B model
-
 import torch
 import yaml
-from bench_scale import GPU_CAP_BYTES, QWEN3_4B, build_random_model_dir, scaled_shape
 from lightning.pytorch.callbacks import Callback
 
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.lab.common import RESULTS_DIR, command_line, machine_info, print_table, write_json
 from memalpha.lab.gpu_record import GpuRecord, add_arguments
+from memalpha.lab.qlora_4090 import GPU_CAP_BYTES, QWEN3_4B, build_random_model_dir, scaled_shape
 from memalpha.lab.tree_state import DirtyTree
 from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
 from memalpha.train.lightning_cli import run_lightning_cli
@@ -83,12 +81,7 @@ class FitRun:
             worst = [v for v in (self.report["peak_reserved_gib"], self.report["device_used_peak_gib"]) if v]
             fits = status in ("ok", "running") and max(worst, default=0) <= GPU_CAP_BYTES / 2**30
             self.report["fits_24gib"] = fits if worst else None
-        return write_report(self.report, self.out, self.machine)
-
-
-def write_report(report: dict[str, Any], out: Path, machine: dict[str, Any]) -> Path:
-    """Write ``report`` (a hook for the tests, which keep a copy of every write)."""
-    return write_json(report, out, machine=machine)
+        return write_json(self.report, self.out, machine=self.machine)
 
 
 RUN: FitRun | None = None

@@ -9,7 +9,8 @@ with their ``--check`` rebuilds
 learning-parity verdict and the exact one-batch comparison with TRL (:mod:`.parity`,
 :mod:`.trl_exact`), ``bench_vs_trl.py``'s job and settings, command line, timing report and parity
 runs (:mod:`.vs_trl_job`, :mod:`.vs_trl_options`, :mod:`.vs_trl_report`, :mod:`.vs_trl_parity`),
-the same-seed comparison of two runs (:mod:`.compare_runs`), and the record
-every GPU result carries (:mod:`.gpu_record` with :mod:`.tree_state`, :mod:`.phase_clock`,
+what ``configs/qlora_4090.yaml`` runs without downloads (:mod:`.qlora_4090`), the same-seed
+comparison of two runs (:mod:`.compare_runs`), and the record every GPU result carries
+(:mod:`.gpu_record` with :mod:`.tree_state`, :mod:`.phase_clock`,
 :mod:`.backend_probe`, :mod:`.cuda_match`). Nothing in the product imports it.
 """
