@@ -1,62 +1,61 @@
 """The benchmarks time the product's step, not a copy of it (issue 40, item 1).
 
-Each benchmark's smallest mode runs with spies on the functions of :mod:`memalpha.train.step` it
-must reach (the reference weights of ``update.kl_reference``, the accumulated GRPO gradients, the
-optimiser step) and on the one sampler that honours ``rollout.backend``; and no script under
-``experiments/`` calls the loss or assembles a round by hand.
+Each benchmark's smallest mode runs as a script (one child process for all of them,
+``script_probe.py``) with probes on the functions of :mod:`memalpha.train.step` it must reach (the
+reference weights of ``update.kl_reference``, the accumulated GRPO gradients, the optimiser step)
+and on the one sampler that honours ``rollout.backend``; and no script under ``experiments/``
+calls the loss or assembles a round by hand.
 """
 
 from __future__ import annotations
 
+import json
 import re
-import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
 from conftest import build_tiny_model_dir
+from script_probe import Run, run_probed
 
-from memalpha.lm.core.reference import reference_weights
-from memalpha.lm.sampling import generation
-from memalpha.train import step
+from memalpha.lm.core.adapters import export_adapter
+from memalpha.lm.core.policy import LoraSettings, load_policy
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments" / "bench"
-sys.path.insert(0, str(EXPERIMENTS))
 
 
-@pytest.fixture
-def spied(monkeypatch):
-    """Counts of the step's calls, and each policy ``generate`` call's backend and folding."""
-    calls: Counter = Counter()
-    sampled: list[tuple[str, bool, str]] = []
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tokenizer, tiny_model_dir):
+    """bench_rollout (from a starting adapter under ``kl_reference: start``), bench_scale,
+    profile_grpo_step and bench_update, each in its smallest mode, with the ``step`` probe."""
+    tmp = tmp_path_factory.mktemp("step-path")
+    model_dir = build_tiny_model_dir(tmp / "tiny", tokenizer, hidden=32, layers=2, seed=1)
+    policy, policy_tokenizer = load_policy(model_dir, lora=LoraSettings(r=8, alpha=16, dropout=0.0,
+                                                                        target_modules="all-linear"))
+    adapter = export_adapter(policy, policy_tokenizer, tmp / "start")
+    bench = "experiments/bench"
+    done = run_probed(tmp, [
+        Run(f"{bench}/bench_rollout.py", ["--smoke", "--model", model_dir, "--backend", "growing-cache",
+                                          "--adapter-path", adapter, "--kl-reference", "start",
+                                          "--out", tmp / "rollout.json"]),
+        Run(f"{bench}/bench_scale.py", ["--smoke", "--backend", "growing-cache",
+                                        "--out", tmp / "scale.json"]),
+        Run(f"{bench}/profile_grpo_step.py", ["--model", tiny_model_dir, "--out", tmp / "profile.json"]),
+        Run(f"{bench}/bench_update.py", ["--model", model_dir, "--max-new-tokens", "4", "--repeats", "1",
+                                         "--out", tmp / "update.json"]),
+    ], probes=["step"])
+    by_script = {Path(run["script"]).stem: run for run in done}
+    for name, run in by_script.items():
+        assert run["code"] == 0, f"{name} failed:\n{run['stderr'][-3000:]}"
+    reports = {"bench_rollout": "rollout", "bench_update": "update"}
+    for name, report in reports.items():
+        by_script[name]["report"] = json.loads((tmp / f"{report}.json").read_text())
+    return by_script
 
-    def spy(name, real):
-        def wrapper(*args, **kwargs):
-            calls[name] += 1
-            return real(*args, **kwargs)
-        return wrapper
 
-    for name in ("reference_weights", "accumulate_grpo_gradients", "optimizer_step", "response_logprobs"):
-        monkeypatch.setattr(step, name, spy(name, getattr(step, name)))
-    real_generate = generation.generate
-
-    def generate(*args, **kwargs):
-        sampled.append((kwargs.get("backend", "auto"), kwargs.get("fold_adapters", False),
-                        kwargs.get("announce_as", "sampling")))
-        return real_generate(*args, **kwargs)
-
-    monkeypatch.setattr(generation, "generate", generate)
-    return calls, sampled
-
-
-def test_bench_rollout_takes_the_modules_step_with_its_reference_and_backend(tmp_path, tokenizer, spied):
-    import bench_rollout
-
-    calls, sampled = spied
-    model_dir = build_tiny_model_dir(tmp_path / "tiny", tokenizer, hidden=32, layers=2, seed=1)
-    report = bench_rollout.main(["--smoke", "--model", model_dir, "--backend", "growing-cache",
-                                 "--out", str(tmp_path / "bench.json")])
-    assert report["settings"]["backend"] == "growing-cache"
+def test_bench_rollout_takes_the_modules_step_with_its_reference_and_backend(runs):
+    rollout = runs["bench_rollout"]
+    calls, sampled = rollout["calls"], rollout["generate"]
+    assert rollout["report"]["settings"]["backend"] == "growing-cache"
     # the reference comes from reference_weights (update.kl_reference), not a bare disable_adapter()
     assert calls["reference_weights"] == 1 and calls["accumulate_grpo_gradients"] == 1
     assert calls["optimizer_step"] == 1
@@ -65,62 +64,27 @@ def test_bench_rollout_takes_the_modules_step_with_its_reference_and_backend(tmp
     assert policy == {("growing-cache", False)} and reader == {("growing-cache", False)}
 
 
-def test_bench_rollout_reference_is_the_starting_adapter_under_kl_reference_start(
-    tmp_path, tokenizer, monkeypatch
-):
-    """With ``kl_reference: start`` and a starting adapter the reference pass runs with that
+def test_bench_rollout_reference_is_the_starting_adapter_under_kl_reference_start(runs):
+    """With ``--kl-reference start`` and ``--adapter-path`` the reference pass runs with that
     adapter loaded as the frozen reference (not the base that disable_adapter() would give)."""
-    import bench_rollout
-
-    seen: list[bool] = []
-
-    def recording(policy):
-        from memalpha.lm.core.reference import has_reference_adapter
-
-        seen.append(has_reference_adapter(policy))
-        return reference_weights(policy)
-
-    monkeypatch.setattr(step, "reference_weights", recording)
-    model_dir = build_tiny_model_dir(tmp_path / "tiny", tokenizer, hidden=32, layers=2, seed=1)
-    shape = {"max_new_tokens": 4, "max_prompt_tokens": 1536, "reader_max_new_tokens": 4,
-             "micro_batch_size": 2, "learning_rate": 1e-5, "seed": 0}
-    module = bench_rollout.build_module(model_dir, **shape)
-    from memalpha.lm.core.adapters import export_adapter
-
-    adapter = export_adapter(module.policy, module.tokenizer, tmp_path / "start")
-    started = bench_rollout.build_module(model_dir, **shape, adapter_path=str(adapter), kl_reference="start")
-    assert started.update_settings.kl_reference == "start"
-    from memalpha.data.synthetic import generate_synthetic
-    from memalpha.grpo.update import build_optimizer
-
-    pool = generate_synthetic(1, split="train", seed=0, num_chunks=1, facts_per_chunk=2,
-                              questions_per_instance=1, chunk_words=20)
-    optimizer, _ = build_optimizer([p for p in started.policy.parameters() if p.requires_grad],
-                                   started.optimizer_settings)
-    bench_rollout.bench_step(started, pool, 2, optimizer, seed=0)
-    assert seen == [True]
+    settings = runs["bench_rollout"]["report"]["settings"]
+    assert settings["kl_reference"] == "start" and settings["adapter_path"].endswith("start")
+    assert runs["bench_rollout"]["reference_adapter"] == [True]
 
 
-def test_bench_scale_and_profile_and_update_go_through_the_step(tmp_path, tiny_model_dir, tokenizer, spied):
-    import bench_scale
-    import bench_update
-    import profile_grpo_step
+def test_bench_scale_and_profile_and_update_go_through_the_step(runs):
+    scale = runs["bench_scale"]
+    assert scale["calls"]["reference_weights"] == 1 and scale["calls"]["accumulate_grpo_gradients"] == 1
+    assert scale["calls"]["optimizer_step"] == 1
+    assert [s[:2] for s in scale["generate"]] == [["growing-cache", False]]
 
-    calls, sampled = spied
-    bench_scale.main(["--smoke", "--backend", "growing-cache", "--out", str(tmp_path / "scale.json")])
-    assert calls["reference_weights"] == 1 and calls["accumulate_grpo_gradients"] == 1
-    assert calls["optimizer_step"] == 1 and [s[:2] for s in sampled] == [("growing-cache", False)]
+    profile = runs["profile_grpo_step"]["calls"]  # a warm-up step and the profiled one
+    assert profile["reference_weights"] == 2 and profile["accumulate_grpo_gradients"] == 2
+    assert profile["optimizer_step"] == 2
 
-    calls.clear()
-    profile_grpo_step.main(["--model", tiny_model_dir, "--out", str(tmp_path / "profile.json")])
-    assert calls["reference_weights"] == 2 and calls["accumulate_grpo_gradients"] == 2  # warm-up + profiled
-    assert calls["optimizer_step"] == 2
-
-    calls.clear()
-    model_dir = build_tiny_model_dir(tmp_path / "tiny", tokenizer, hidden=32, layers=2, seed=1)
-    bench_update.main(["--model", model_dir, "--max-new-tokens", "4", "--repeats", "1",
-                       "--out", str(tmp_path / "update.json")])
-    assert calls["accumulate_grpo_gradients"] == len(bench_update.PATHS)
+    update = runs["bench_update"]
+    assert len(update["report"]["summary"]) == 4  # padded, packed, streamed, accumulated
+    assert update["calls"]["accumulate_grpo_gradients"] == len(update["report"]["summary"])
 
 
 HAND_BUILT = re.compile(

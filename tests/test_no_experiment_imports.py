@@ -19,10 +19,7 @@ THIS = Path(__file__).name  # its own sample lines are strings
 SCRIPT_MODULES = {path.stem for path in (REPO / "experiments").rglob("*.py")}
 
 # test file -> why it still imports a script (spies on in-process calls, or a script's config builders)
-NOT_YET: dict[str, str] = {
-    "test_bench_smoke.py": "calls each benchmark's main() in-process",
-    "test_bench_step_path.py": "spies on memalpha.train.step while a benchmark runs in-process",
-}
+NOT_YET: dict[str, str] = {}
 
 _EXPERIMENTS_ON_PATH = re.compile(r"sys\.path(\.insert|\.append|\.extend|\[)[^\n]*experiments", re.IGNORECASE)
 

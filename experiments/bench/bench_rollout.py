@@ -3,6 +3,7 @@
 Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench/bench_rollout.py
       [--groups 1,4,8] [--instances 1,2,4] [--max-new-tokens 48] [--chunks 2] [--out PATH]
       [--engine hf,vllm [--vllm-venv .venv-vllm | --vllm-url URL]]
+      [--adapter-path DIR [--kl-reference start]]
 
 For every (group size n, instances per step) pair one GRPO step runs on synthetic training
 instances (two chunks each by default: the first turn of every rollout starts from an empty
@@ -18,6 +19,10 @@ step). Reported per pair: generated tokens/s and turns/s of
 the agent's generation, reader questions/s, and the share of the step in rollout (agent
 generation, parsing and tool execution), reader (answers and scoring) and training (reference
 pass and update).
+
+The policy starts from a fresh LoRA adapter, or from ``--adapter-path`` (a ``memalpha sft``
+export); ``--kl-reference start`` then makes that adapter, frozen, the KL reference instead of
+the base model, as ``model.update.kl_reference: start`` does in training.
 
 ``--engine hf,vllm`` runs every pair with both ways of sampling, alternating (hf, vllm, hf, ...
 so slow drifts of a shared machine hit both alike): ``hf`` samples in this process as
@@ -38,19 +43,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutSettings
 from memalpha.data.synthetic import generate_synthetic
-from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
+from memalpha.grpo.settings import KLReference, OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import build_optimizer
 from memalpha.lab.common import (
     RESULTS_DIR,
@@ -243,9 +246,12 @@ def run_benchmark(
     vllm_dir: str | os.PathLike = "runs/bench_rollout_vllm",
     out: str | os.PathLike | None = DEFAULT_OUT,
     verbose: bool = True,
+    adapter_path: str | None = None,
+    kl_reference: str = "base",
 ) -> dict[str, Any]:
     """Run every (group size, instances) pair with every engine; print the table; write the
-    JSON to ``out`` (None: don't)."""
+    JSON to ``out`` (None: don't). The policy starts from ``adapter_path`` (a fresh adapter when
+    None), its KL reference as ``kl_reference`` says (``update.kl_reference``)."""
     if not groups or not instances or min(groups) < 1 or min(instances) < 1:
         raise ValueError(f"groups and instances must be non-empty lists of positive ints, got {groups}, {instances}")
     if not engines or any(e not in ENGINES for e in engines):
@@ -260,6 +266,8 @@ def run_benchmark(
         learning_rate=learning_rate,
         seed=seed,
         backend=backend,
+        adapter_path=adapter_path,
+        kl_reference=kl_reference,
     )
     optimizer, _ = build_optimizer(
         [p for p in module.policy.parameters() if p.requires_grad], module.optimizer_settings
@@ -304,6 +312,8 @@ def run_benchmark(
                 "seed": seed,
                 "engines": list(engines),
                 "backend": backend,
+                "adapter_path": adapter_path,
+                "kl_reference": kl_reference,
                 "vllm_server_start_s": server_start_s,
             },
             "columns": {
@@ -380,6 +390,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         help="rollout engines to compare, alternating: hf, vllm or hf,vllm")
     parser.add_argument("--backend", default="auto", choices=SAMPLING_BACKENDS,
                         help="how the hf rows sample in this process (model.rollout.backend; default auto)")
+    parser.add_argument("--adapter-path", default=None,
+                        help="PEFT adapter folder the policy starts from (default: a fresh adapter)")
+    parser.add_argument("--kl-reference", default="base", choices=get_args(KLReference),
+                        help="what the KL term pulls towards (model.update.kl_reference): the base model, "
+                             "or the adapter the policy started from")
     parser.add_argument("--vllm-venv", default=".venv-vllm", help="venv of the vLLM server (make vllm-env)")
     parser.add_argument("--vllm-url", default=None, help="a running vLLM server instead of starting one")
     parser.add_argument("--vllm-dir", default="runs/bench_rollout_vllm",
@@ -407,6 +422,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         vllm_url=args.vllm_url,
         vllm_dir=args.vllm_dir,
         out=args.out,
+        adapter_path=args.adapter_path,
+        kl_reference=args.kl_reference,
     )
 
 
