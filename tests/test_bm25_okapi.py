@@ -104,7 +104,10 @@ def test_degenerate_lists_keep_memory_order():
 def _recorded_lists():
     """(entries, question) for every question and non-empty list of the recorded Mem-α-4B memories."""
     memories = json.loads((FIXTURE / "final_memory.json").read_text(encoding="utf-8"))
-    rows = [json.loads(line) for line in (FIXTURE / "reader_results.jsonl").read_text(encoding="utf-8").splitlines()]
+    rows = [
+        json.loads(line)
+        for line in (FIXTURE / "reader_results.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
     for row in rows:
         for kind in ("semantic", "episodic"):
             items = memories[row["instance_id"]][kind]
@@ -117,7 +120,9 @@ def test_rank_bm25_gives_the_recorded_top20_and_scores():
     recorded memories (300 questions x semantic, episodic) the same top 20 in the same order, with
     the same scores (recorded by the old code; equal bit for bit when recorded, compared here with a
     float tolerance), and the official server's ranking (a stable sort on the package's scores)."""
-    recorded = [json.loads(line) for line in (FIXTURE / "okapi_top20.jsonl").read_text(encoding="utf-8").splitlines()]
+    recorded = [
+        json.loads(line) for line in (FIXTURE / "okapi_top20.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
     lists = list(_recorded_lists())
     assert len(recorded) == len(lists) == 600
     for (entries, question), want in zip(lists, recorded):
@@ -176,7 +181,9 @@ def test_okapi_and_lucene_rank_differently_and_ties_keep_memory_order():
 
 
 def _lists(n_sem: int, n_epi: int) -> tuple[list[MemoryEntry], list[MemoryEntry]]:
-    return [MemoryEntry(f"s{i}", "s") for i in range(n_sem)], [MemoryEntry(f"e{i}", "e") for i in range(n_epi)]
+    return [MemoryEntry(f"s{i}", "s") for i in range(n_sem)], [
+        MemoryEntry(f"e{i}", "e") for i in range(n_epi)
+    ]
 
 
 def _table_measure(lengths: dict[int, int]):
@@ -206,7 +213,9 @@ def test_the_two_rules_differ_where_the_length_is_not_monotone():
     assert reduce_k(semantic, episodic, measure, 30, "official") == (semantic[:2], episodic[:2], True)
     # bisection assumes growth: 1 (40) is over, so it settles on 0
     assert reduce_k(semantic, episodic, measure, 30, "budget") == ([], [], True)
-    assert reduce_k(semantic, episodic, measure, 30, "budget") == fit_to_budget(semantic, episodic, measure, 30)
+    assert reduce_k(semantic, episodic, measure, 30, "budget") == fit_to_budget(
+        semantic, episodic, measure, 30
+    )
     with pytest.raises(ValueError, match="k_reduction must be one of"):
         reduce_k(semantic, episodic, measure, 30, "halve")
 
@@ -262,7 +271,9 @@ def _memory() -> Memory:
 
 def _system_words(memory: Memory, k: int, question: str) -> int:
     ranked_sem, ranked_epi = list(memory.semantic), list(memory.episodic)  # all tie: memory order
-    return len(answer_messages(render_answer(memory, ranked_sem[:k], ranked_epi[:k]), question)[0]["content"].split())
+    return len(
+        answer_messages(render_answer(memory, ranked_sem[:k], ranked_epi[:k]), question)[0]["content"].split()
+    )
 
 
 def test_reader_official_rule_counts_the_system_prompt_against_its_limit():
@@ -280,7 +291,9 @@ def test_reader_official_rule_counts_the_system_prompt_against_its_limit():
     system = reader.answer_conversations([(memory, question)])[0][0]["content"]
     assert "note 0 about" in system and "note 1 about" not in system
     # the budget rule measures the whole prompt against prompt_budget_tokens instead
-    budget = WordReader(retrieval=RetrievalSettings(top_k_entries=5, prompt_tokens=1, system_prompt_limit=limit))
+    budget = WordReader(
+        retrieval=RetrievalSettings(top_k_entries=5, prompt_tokens=1, system_prompt_limit=limit)
+    )
     system = budget.answer_conversations([(memory, question)])[0][0]["content"]
     assert "note 0" not in system and budget.over_budget == 1
 
@@ -300,14 +313,21 @@ def test_reader_threads_the_bm25_variant_and_the_query():
     memory.insert(SEMANTIC, "the moon")
     # the bare question ranks "dog" first; with the instruction, "moon" matches too and wins
     assert first_entry(WordReader(question_instructions=table), ["src"]).endswith("dog")
-    with_instruction = WordReader(question_instructions=table, retrieval=RetrievalSettings(bm25_query="with_instruction"))
+    with_instruction = WordReader(
+        question_instructions=table, retrieval=RetrievalSettings(bm25_query="with_instruction")
+    )
     assert first_entry(with_instruction, ["src"]).endswith("the moon")
     assert with_instruction.bm25_query_text("dog", "Mind the moon.") == "Mind the moon.\n\ndog"
     assert with_instruction.bm25_query_text("dog", None) == "dog"
 
 
 def test_reader_settings_validate_and_reach_the_reader():
-    retrieval = {"bm25": "okapi", "k_reduction": "official", "system_prompt_limit": 123, "bm25_query": "with_instruction"}
+    retrieval = {
+        "bm25": "okapi",
+        "k_reduction": "official",
+        "system_prompt_limit": 123,
+        "bm25_query": "with_instruction",
+    }
     reader = ReaderSettings(kind="openai", retrieval=retrieval, question_instructions=None).build(None, None)
     assert (reader.bm25, reader.k_reduction, reader.system_prompt_limit, reader.bm25_query) == (
         "okapi", "official", 123, "with_instruction")

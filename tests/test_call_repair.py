@@ -32,7 +32,9 @@ FIXTURE = Path(__file__).parent / "fixtures" / "memalpha4b_pubmed"
 _NEW_ID = re.compile(r"'new_memory': \{'([0-9a-f]+)':")
 QWEN = get_call_format("qwen")
 HERMES = get_call_format("hermes")
-CUT = '✿FUNCTION✿: new_memory_insert\n✿ARGS✿: {"memory_type": "semantic_memory", "content": "Marta lives in Lis'
+CUT = (
+    '✿FUNCTION✿: new_memory_insert\n✿ARGS✿: {"memory_type": "semantic_memory", "content": "Marta lives in Lis'
+)
 WHOLE = '✿FUNCTION✿: new_memory_insert\n✿ARGS✿: {"memory_type": "semantic_memory", "content": "Tom is 40."}'
 
 
@@ -90,7 +92,9 @@ def test_json_repair_cuts_after_the_last_brace_as_the_official_code_does():
     ("✿FUNCTION✿: new_memory_insert", "missing_args"),
     ("✿FUNCTION✿:", "missing_name"),
 ])
-def test_call_without_arguments_at_the_end_is_reported_by_strict_and_dropped_by_json_repair(dangling, strict_code):
+def test_call_without_arguments_at_the_end_is_reported_by_strict_and_dropped_by_json_repair(
+    dangling, strict_code
+):
     response = f"{WHOLE}\n{dangling}"
     _, strict = _run(response, "strict")
     assert [e.code for e in strict.errors] == [strict_code] and (strict.successes, strict.attempts) == (1, 2)
@@ -132,7 +136,10 @@ def test_complete_calls_read_the_same_under_both_policies(call_repair):
 
 
 def test_hermes_blocks_follow_the_same_rules():
-    cut = '<tool_call>\n{"name": "new_memory_insert", "arguments": {"memory_type": "semantic_memory", "content": "Tom is'
+    cut = (
+        '<tool_call>\n{"name": "new_memory_insert", '
+        '"arguments": {"memory_type": "semantic_memory", "content": "Tom is'
+    )
     _, strict = _run(f"{cut}", "strict", HERMES)
     assert [e.code for e in strict.errors] == ["truncated"]
     memory, official = _run(cut, "json_repair", HERMES)
@@ -159,12 +166,18 @@ def test_default_profile_keeps_strict_and_official_profile_repairs():
 def test_json_repair_never_raises_and_yields_objects_on_random_cuts():
     """Every prefix of a rendered response, under every policy: parsed, never raised, objects only."""
     rng = random.Random(6)
-    rendered = QWEN.render_calls([("memory_update", {"memory_type": "core_memory", "new_content": 'a "q" {b} [c]'}),
-                                  ("new_memory_insert", {"memory_type": "episodic_memory", "content": "x\\y\nz"})])
+    rendered = QWEN.render_calls(
+        [
+            ("memory_update", {"memory_type": "core_memory", "new_content": 'a "q" {b} [c]'}),
+            ("new_memory_insert", {"memory_type": "episodic_memory", "content": "x\\y\nz"}),
+        ]
+    )
     for cut in sorted(rng.sample(range(len(rendered) + 1), 120)):
         for call_repair in CALL_REPAIRS:
             parsed = QWEN.parse(rendered[:cut], call_repair)
-            assert all(isinstance(call, ToolCall) and isinstance(call.arguments, dict) for call in parsed.calls)
+            assert all(
+                isinstance(call, ToolCall) and isinstance(call.arguments, dict) for call in parsed.calls
+            )
 
 
 _AUDITED = """
@@ -174,9 +187,11 @@ from memalpha.tools.formats import get_call_format
 from memalpha.memory.store import Memory
 texts = [
     '✿FUNCTION✿: new_memory_insert\\n✿ARGS✿: {"memory_type": "semantic_memory", "content": "/etc/passwd',
-    '✿FUNCTION✿: new_memory_insert\\n✿ARGS✿: {"memory_type": "semantic_memory", "content": "__import__(\\'os\\')',
+    '✿FUNCTION✿: new_memory_insert\\n✿ARGS✿: {"memory_type": "semantic_memory", '
+        '"content": "__import__(\\'os\\')',
     '✿FUNCTION✿: memory_update\\n✿ARGS✿: {\\'memory_type\\': \\'core_memory\\', \\'new_content\\': \\'file:///x',
-    '<tool_call>{"name": "new_memory_insert", "arguments": "{\\\\"memory_type\\\\": \\\\"episodic_memory\\\\", \\\\"content\\\\": \\\\"x',
+    '<tool_call>{"name": "new_memory_insert", '
+        '"arguments": "{\\\\"memory_type\\\\": \\\\"episodic_memory\\\\", \\\\"content\\\\": \\\\"x',
     '✿FUNCTION✿: memory_delete\\n✿ARGS✿: ' + '[' * 5000,
 ]
 events = []
@@ -207,7 +222,9 @@ def test_json_repair_policy_opens_runs_and_imports_nothing(tmp_path):
 # ------------------------------------------------------------------ the real recorded responses
 def _turns() -> list[dict]:
     lines = (FIXTURE / "responses.jsonl").read_text(encoding="utf-8").splitlines()
-    return sorted((json.loads(line) for line in lines if line.strip()), key=lambda t: (t["instance_id"], t["chunk_idx"]))
+    return sorted(
+        (json.loads(line) for line in lines if line.strip()), key=lambda t: (t["instance_id"], t["chunk_idx"])
+    )
 
 
 def _replay(call_repair: str) -> tuple[dict[str, Memory], Counter]:
@@ -232,7 +249,8 @@ def _replay(call_repair: str) -> tuple[dict[str, Memory], Counter]:
                      "status:ok": 55, "status:skipped": 24}),
 ])
 def test_recorded_turns_score_as_pinned(call_repair, expected):
-    """The numbers in docs/official_compatibility.md (difference 6): 30 turns, 79 recorded calls, 11 cut off."""
+    """The numbers in docs/official_compatibility.md (difference 6): 30 turns, 79 recorded calls, 11 cut
+    off."""
     assert +_replay(call_repair)[1] == Counter(expected)
 
 
@@ -256,5 +274,8 @@ def test_json_repair_stores_exactly_what_the_official_run_stored():
     for instance_id, memory in memories.items():
         expected = official[instance_id]
         assert memory.core == expected["core"]
-        for ours, theirs in ((memory.semantic, expected["semantic"]), (memory.episodic, expected["episodic"])):
+        for ours, theirs in (
+            (memory.semantic, expected["semantic"]),
+            (memory.episodic, expected["episodic"]),
+        ):
             assert [entry.content for entry in ours] == [text for item in theirs for text in item.values()]

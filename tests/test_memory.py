@@ -197,7 +197,9 @@ def test_round_trip_after_random_operations_continues_identically(seed):
     loaded = Memory.from_dict(json.loads(json.dumps(memory.to_dict())))
     assert loaded == memory
     assert loaded.to_dict() == memory.to_dict()
-    assert loaded.insert("semantic_memory", "brand new").id == memory.insert("semantic_memory", "brand new").id
+    assert (
+        loaded.insert("semantic_memory", "brand new").id == memory.insert("semantic_memory", "brand new").id
+    )
     _random_operations(memory, random.Random(99), 50)
     _random_operations(loaded, random.Random(99), 50)
     assert loaded == memory

@@ -22,11 +22,13 @@ from memalpha.tools.executor import execute_call
 from memalpha.tools.formats import ParseError, ToolCall
 
 CHUNK = wrap_chunk(
-    "Anselm Esterhazy signed up for evening classes in Finnish. There was a long queue at the post office today.",
+    "Anselm Esterhazy signed up for evening classes in Finnish. "
+    "There was a long queue at the post office today.",
     "dialogue",
     date(2024, 4, 14),
 )
-# content tokens of CHUNK: 2024 04 14 anselm esterhazy signed evening classes finnish long queue post office today
+# content tokens of CHUNK:
+# 2024 04 14 anselm esterhazy signed evening classes finnish long queue post office today
 SUPPORTED = "Anselm Esterhazy takes Finnish evening classes."  # 5 of its 6 tokens in the chunk ("takes" not)
 GENERIC = "The user shared some information today."  # user shared information today: 1 of 4
 
@@ -45,21 +47,28 @@ DELETE_CORE = call("memory_delete", memory_type="core_memory")
 def r2(memory: Memory, *calls: ToolCall, errors: int = 0) -> float:
     results = [execute_call(memory, c) for c in calls]
     parse_errors = [ParseError(reason="arguments are not JSON", raw="{oops")] * errors
-    return tool_success_reward(TurnCalls(results=results, parse_errors=parse_errors, chunk=CHUNK), RewardSettings())
+    return tool_success_reward(
+        TurnCalls(results=results, parse_errors=parse_errors, chunk=CHUNK), RewardSettings()
+    )
 
 
 def test_the_chunk_supports_what_it_tells_and_not_its_wrapper():
     source = chunk_tokens(CHUNK)
-    assert source == {"2024", "04", "14", "anselm", "esterhazy", "signed", "evening", "classes", "finnish", "long",
-                      "queue", "post", "office", "today"}
+    assert source == {
+        "2024", "04", "14", "anselm", "esterhazy", "signed", "evening", "classes", "finnish", "long", "queue",
+        "post", "office", "today",
+    }
     rule = {"min_share": 0.5, "min_tokens": 2}
     assert is_supported(SUPPORTED, source, **rule)  # 5 / 6
     assert not is_supported(GENERIC, source, **rule)  # 1 / 4, and fewer than 2
-    assert not is_supported("Here is something new to keep in mind, user.", source, **rule)  # the wrapper's words
+    # the wrapper's words
+    assert not is_supported("Here is something new to keep in mind, user.", source, **rule)
     assert is_supported("Finnish classes.", source, **rule)  # 2 / 2
     assert not is_supported("Finnish.", source, **rule)  # 1 < min_tokens
     assert not is_supported("Anselm Esterhazy likes jazz, chess, opera and sailing.", source, **rule)  # 2 / 7
-    assert is_supported("Anselm Esterhazy likes jazz, chess, opera and sailing.", source, min_share=0.25, min_tokens=2)
+    assert is_supported(
+        "Anselm Esterhazy likes jazz, chess, opera and sailing.", source, min_share=0.25, min_tokens=2
+    )
 
 
 def test_r2_counts_changes_of_memory_that_the_chunk_supports():
@@ -74,7 +83,9 @@ def test_r2_counts_changes_of_memory_that_the_chunk_supports():
     # an update to the text already there changes nothing: alone in its turn, 0
     memory = Memory()
     entry = execute_call(memory, insert(SUPPORTED))
-    same = call("memory_update", memory_type="semantic_memory", memory_id=entry.memory_id, new_content=SUPPORTED)
+    same = call(
+        "memory_update", memory_type="semantic_memory", memory_id=entry.memory_id, new_content=SUPPORTED
+    )
     assert r2(memory, same) == 0.0
     # supported insert, skipped delete, unsupported insert, one parse error: 1 / 4
     assert r2(Memory(), insert(SUPPORTED), DELETE_CORE, insert(GENERIC), errors=1) == 0.25
@@ -104,7 +115,9 @@ def test_an_update_is_judged_by_what_it_adds():
 
 def test_hand_computed_rollout_under_memalpha_rules():
     memory = Memory()
-    turn1 = TurnCalls(results=[execute_call(memory, insert(SUPPORTED)), execute_call(memory, DELETE_CORE)], chunk=CHUNK)
+    turn1 = TurnCalls(
+        results=[execute_call(memory, insert(SUPPORTED)), execute_call(memory, DELETE_CORE)], chunk=CHUNK
+    )
     turn2 = TurnCalls(results=[execute_call(memory, insert(GENERIC))], chunk=CHUNK)
     reward = rollout_rewards([1.0, 0.0], [turn1, turn2], memory_tokens=20, chunk_tokens=100,
                              weights=RewardSettings(), content_judge=RuleContentJudge())
@@ -148,13 +161,18 @@ def test_a_turn_without_its_chunk_cannot_be_judged_by_the_support_rule():
 
 # ------------------------------------------------------------------------------ fact recall
 
-FACTS = ["Anselm Esterhazy signed up for evening classes in Finnish.", "2024-10-07 Rosalind Montgomery installed a rain barrel."]
+FACTS = [
+    "Anselm Esterhazy signed up for evening classes in Finnish.",
+    "2024-10-07 Rosalind Montgomery installed a rain barrel.",
+]
 
 
 def test_fact_recall_hand_computed():
     # fact 1: 5 of its 6 tokens in one entry (0.83 >= 0.8); fact 2 without its date: 5 of 8 (0.625)
     assert fact_recall(FACTS, [SUPPORTED, "Rosalind Montgomery installed a rain barrel."]) == 0.5
-    assert fact_recall(FACTS, [SUPPORTED, "On 2024-10-07 Rosalind Montgomery installed a rain barrel."]) == 1.0
+    assert (
+        fact_recall(FACTS, [SUPPORTED, "On 2024-10-07 Rosalind Montgomery installed a rain barrel."]) == 1.0
+    )
     # words scattered over two items do not add up to a fact
     assert fact_recall(FACTS[:1], ["Anselm Esterhazy signed up.", "Evening classes in Finnish."]) == 0.0
     assert fact_recall(FACTS, []) == 0.0 and fact_recall([], [SUPPORTED]) == 0.0
@@ -175,8 +193,17 @@ def test_fact_recall_reads_the_notes_and_knows_when_there_are_none():
 def _record(instance_id: str, source: str, recall: float | None):
     from memalpha.agent.rollout import RolloutRecord
 
-    return RolloutRecord(instance_id, source, 0, [{"chunk_index": 0, "response": "", "results": [], "reward": 1.0}],
-                         {}, 10, 100, [{"score": 1.0}], fact_recall=recall)
+    return RolloutRecord(
+        instance_id,
+        source,
+        0,
+        [{"chunk_index": 0, "response": "", "results": [], "reward": 1.0}],
+        {},
+        10,
+        100,
+        [{"score": 1.0}],
+        fact_recall=recall,
+    )
 
 
 def test_fact_recall_is_logged_per_round_and_reported_beside_accuracy():
@@ -186,7 +213,11 @@ def test_fact_recall_is_logged_per_round_and_reported_beside_accuracy():
     from memalpha.train.round_report import round_metrics
     from memalpha.train.validation_report import format_table, summarise_records
 
-    records = [_record("a", "synth_personal", 1.0), _record("b", "synth_personal", 0.5), _record("c", "squad", None)]
+    records = [
+        _record("a", "synth_personal", 1.0),
+        _record("b", "synth_personal", 0.5),
+        _record("c", "squad", None),
+    ]
     summary = summarise_records(records)
     assert summary["overall"]["fact_recall"] == 0.75 and summary["overall"]["fact_recall_rollouts"] == 2
     assert summary["per_source"]["squad"]["fact_recall"] is None  # no known facts: nothing, not 0

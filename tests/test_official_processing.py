@@ -1,4 +1,5 @@
-"""The official processing of raw MemoryAgentBench (``memalpha data convert --processing official``) on hand-made inputs."""
+"""The official processing of raw MemoryAgentBench (``memalpha data convert --processing official``) on
+hand-made inputs."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ def words(text: str) -> int:
 
 
 # Three labelled examples, as the benchmark's classification contexts hold them.
-TTL_CONTEXT = "where is my card\nlabel: 11\n\ntop up failed. please help\nlabel: 58\n\nwhy was I charged?\nlabel: 4"
+TTL_CONTEXT = (
+    "where is my card\nlabel: 11\n\ntop up failed. please help\nlabel: 58\n\nwhy was I charged?\nlabel: 4"
+)
 
 
 def test_sentences_and_packing_on_a_hand_made_text():
@@ -46,7 +49,12 @@ def test_sentences_and_packing_on_a_hand_made_text():
     assert pack_sentences(["a b c d", "e f g", "h i"], words, 9) == ["a b c d e f g", "h i"]
     assert pack_sentences(["one two three four five"], words, 2) == ["one two three four five"]  # alone, over
     assert pack_sentences(["a<|endoftext|>b"], words, 5) == ["a\nb"]
-    assert split_sentences('He said "stop." Then left!  Why?\nNo') == ['He said "stop."', "Then left!", "Why?", "No"]
+    assert split_sentences('He said "stop." Then left!  Why?\nNo') == [
+        'He said "stop."',
+        "Then left!",
+        "Why?",
+        "No",
+    ]
 
 
 def test_ttl_rewrite_gives_the_exact_text_and_chunk_boundaries():
@@ -79,7 +87,8 @@ KEPT = ["ruler_qa1_197K", "ruler_qa2_421K", "longmemeval_s*", "icl_trec_coarse_6
 def test_dropped_sources_are_dropped():
     assert all(drop_reason(s) for s in DROPPED) and not any(drop_reason(s) for s in KEPT)
     instances = [
-        Instance(str(n), source, ["Fact one. Fact two\nlabel: 1"], [QA("q?", "a")]) for n, source in enumerate(DROPPED + KEPT)
+        Instance(str(n), source, ["Fact one. Fact two\nlabel: 1"], [QA("q?", "a")])
+        for n, source in enumerate(DROPPED + KEPT)
     ]
     kept, report = process_official(instances, words, chunk_tokens=2048)
     assert [i.data_source for i in kept] == KEPT
@@ -109,9 +118,14 @@ def test_keyword_golds_replace_the_summary_question_and_gold():
     by_id = process_instance(summary_instance(), words, chunk_tokens=3, keyword_golds={"3": ["Ann", "home"]})
     assert [parse_wrapped_chunk(c).text for c in by_id.chunks] == ["Ann left home.", "She came back."]
     assert all(parse_wrapped_chunk(c).style == "reading" for c in by_id.chunks)
-    assert by_id.questions == [QA("Summarise the book I read between 2024-01-01 and 2024-01-02.", ["Ann", "home"])]
+    assert by_id.questions == [
+        QA("Summarise the book I read between 2024-01-01 and 2024-01-02.", ["Ann", "home"])
+    ]
     by_source = process_instance(
-        summary_instance(), words, chunk_tokens=3, keyword_golds={"infbench_sum_eng_shots2": ["back"], "4": ["no"]}
+        summary_instance(),
+        words,
+        chunk_tokens=3,
+        keyword_golds={"infbench_sum_eng_shots2": ["back"], "4": ["no"]},
     )
     assert by_source.questions[0].answer == ["back"]
 
@@ -121,7 +135,9 @@ def test_keyword_gold_files(tmp_path):
     official_shape.write_text(json.dumps({"0": {"keywords": ["lamp", " storm "]}, "1": "a, b ,c"}))
     assert load_keyword_golds(official_shape) == {"0": ["lamp", "storm"], "1": ["a", "b", "c"]}
     lines = tmp_path / "golds.jsonl"
-    lines.write_text('{"source": "infbench_sum_eng_shots2", "keywords": ["x"]}\n\n{"instance_id": 5, "keywords": "y"}\n')
+    lines.write_text(
+        '{"source": "infbench_sum_eng_shots2", "keywords": ["x"]}\n\n{"instance_id": 5, "keywords": "y"}\n'
+    )
     assert load_keyword_golds(lines) == {"infbench_sum_eng_shots2": ["x"], "5": ["y"]}
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"0": []}))
@@ -135,12 +151,24 @@ def raw_records() -> list[dict]:
     """Raw MemoryAgentBench records (one ``context`` each)."""
     examples = "\n\n".join(f"request number {i} is about topic {i % 3}\nlabel: {i % 3}" for i in range(60))
     return [
-        {"context": examples, "questions": ["request number 99 is about topic 0"], "answers": [["0"]],
-         "metadata": {"source": "icl_trec_coarse_6600shot_balance"}},
-        {"context": "The keeper lit the lamp. " * 30, "questions": ["Summarise."], "answers": [["long summary"]],
-         "metadata": {"source": "infbench_sum_eng_shots2"}},
-        {"context": "Needle here. " * 5, "questions": ["Where?"], "answers": [["here"]],
-         "metadata": {"source": "ruler_niah_mk_8k"}},
+        {
+            "context": examples,
+            "questions": ["request number 99 is about topic 0"],
+            "answers": [["0"]],
+            "metadata": {"source": "icl_trec_coarse_6600shot_balance"},
+        },
+        {
+            "context": "The keeper lit the lamp. " * 30,
+            "questions": ["Summarise."],
+            "answers": [["long summary"]],
+            "metadata": {"source": "infbench_sum_eng_shots2"},
+        },
+        {
+            "context": "Needle here. " * 5,
+            "questions": ["Where?"],
+            "answers": [["here"]],
+            "metadata": {"source": "ruler_niah_mk_8k"},
+        },
     ]
 
 
@@ -168,7 +196,9 @@ def test_convert_with_official_processing(tmp_path, embedded_model_dir, capsys):
     # 60 examples of ~14 tokens: a few 1,024-token chunks, every kept example rewritten whole
     assert len(texts) >= 1 and all(t.startswith("Sentence: request number ") for t in texts)
     pairs = [pair for t in texts for pair in t.split("\n\n")]
-    assert pairs == [f"Sentence: request number {i} is about topic {i % 3}\nLabel: {i % 3}" for i in range(60)]
+    assert pairs == [
+        f"Sentence: request number {i} is about topic {i % 3}\nLabel: {i % 3}" for i in range(60)
+    ]
     assert summary.questions[0].answer == ["keeper", "lamp"]
     assert summary.questions[0].question.startswith("Summarise the book I read between 2024-01-01 and ")
 

@@ -69,8 +69,13 @@ def _assert_matches_official(memories: dict[str, Memory], turns: list[dict]) -> 
     for instance_id, memory in memories.items():
         expected = official[instance_id]
         assert memory.core == expected["core"], instance_id
-        for ours, theirs in ((memory.semantic, expected["semantic"]), (memory.episodic, expected["episodic"])):
-            kept = [content for item in theirs for entry_id, content in item.items() if entry_id not in dropped]
+        for ours, theirs in (
+            (memory.semantic, expected["semantic"]),
+            (memory.episodic, expected["episodic"]),
+        ):
+            kept = [
+                content for item in theirs for entry_id, content in item.items() if entry_id not in dropped
+            ]
             assert [e.content for e in ours] == kept, instance_id
 
 

@@ -26,7 +26,9 @@ def call(name: str, **arguments) -> ToolCall:
     return ToolCall(name=name, arguments=arguments, raw="")
 
 
-INSERT_TEA = call("new_memory_insert", memory_type="semantic_memory", content="The user drinks green tea daily.")
+INSERT_TEA = call(
+    "new_memory_insert", memory_type="semantic_memory", content="The user drinks green tea daily."
+)
 
 
 def run(memory: Memory, *calls: ToolCall):
@@ -80,7 +82,8 @@ def test_deleting_an_unknown_id_succeeds_only_under_the_official_rule():
 
 def test_updating_an_unknown_id_fails_under_both_rules():
     result = execute_call(
-        Memory(), call("memory_update", memory_type="semantic_memory", new_content="New text here.", memory_id="zz99")
+        Memory(),
+        call("memory_update", memory_type="semantic_memory", new_content="New text here.", memory_id="zz99"),
     )
     assert result.code == "unknown_id"
     assert not call_succeeded(result, "status") and not call_succeeded(result, "official")
@@ -116,7 +119,9 @@ def test_r2_of_a_mixed_turn_under_both_rules_and_the_settings():
     assert tool_success_reward(turn, RewardSettings(call_success="official")) == pytest.approx(2 / 6)
     duplicate_only = TurnCalls(results=results[:2])
     by_rule = {
-        rule: rollout_rewards([1.0], [duplicate_only], 0, 10, RewardSettings(gamma=0.0, call_success=rule), None).r2
+        rule: rollout_rewards(
+            [1.0], [duplicate_only], 0, 10, RewardSettings(gamma=0.0, call_success=rule), None
+        ).r2
         for rule in ("status", "official")
     }
     assert by_rule == {"status": [1.0], "official": [0.5]}
@@ -192,7 +197,10 @@ def test_the_judges_yes_under_both_styles(reply, memalpha, official):
     judge = ScriptedJudge(reply)
     for source in ("lme_train", "longmemeval_s"):
         assert score_answer(source, "You like tea.", "tea", "What do I drink?", judge=judge) == memalpha
-        assert score_answer(source, "You like tea.", "tea", "What do I drink?", judge=judge, style="official") == official
+        assert (
+            score_answer(source, "You like tea.", "tea", "What do I drink?", judge=judge, style="official")
+            == official
+        )
     scores, errors = score_answers(
         "lme_train", ["a", "b"], ["tea", "tea"], ["q", "q"], judge, ok=[True, False], style="official"
     )
@@ -222,7 +230,9 @@ class FixedReader(Reader):
 
 
 def test_the_rollout_scores_answers_in_the_chosen_style():
-    squad = Instance("squad-1", "squad", ["The user lives in the U.S.A."], [QA("Where does the user live?", "USA")])
+    squad = Instance(
+        "squad-1", "squad", ["The user lives in the U.S.A."], [QA("Where does the user live?", "USA")]
+    )
     rollouts = start_rollouts([squad], 1, RolloutSettings(), lambda text: len(text.split()), seed=0)
     reader = FixedReader("In the U.S.A.")
     default = answer_questions(rollouts, reader)
@@ -234,10 +244,16 @@ def test_the_rollout_scores_answers_in_the_chosen_style():
 @pytest.mark.parametrize(("style", "expected"), [("memalpha", 1.0), ("official", 0.0)])
 def test_run_rollouts_takes_the_style_from_the_reward_settings(tiny_model_dir, tokenizer, style, expected):
     policy, _ = load_policy(tiny_model_dir, lora=LoraSettings(r=4, alpha=8))
-    squad = Instance("squad-1", "squad", ["The user lives in the U.S.A."], [QA("Where does the user live?", "USA")])
-    settings = RolloutSettings(group_size=1, max_new_tokens=4, max_prompt_tokens=4096, prompt_profile="compact")
+    squad = Instance(
+        "squad-1", "squad", ["The user lives in the U.S.A."], [QA("Where does the user live?", "USA")]
+    )
+    settings = RolloutSettings(
+        group_size=1, max_new_tokens=4, max_prompt_tokens=4096, prompt_profile="compact"
+    )
     weights = RewardSettings(gamma=0.0, metric_style=style)
-    out = run_rollouts([squad], policy, tokenizer, FixedReader("In the U.S.A."), settings, weights, None, seed=0)
+    out = run_rollouts(
+        [squad], policy, tokenizer, FixedReader("In the U.S.A."), settings, weights, None, seed=0
+    )
     assert out.records[0].r1 == expected and out.records[0].questions[0]["score"] == expected
 
 

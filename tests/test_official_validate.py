@@ -67,7 +67,9 @@ def write_official_parquet(path: Path) -> Path:
         qa = [{"question": q, "answer": a} for q, a in qas]
         # pandas fills the column that only the long-range rows have with NaN, which json.dumps
         # writes as a bare NaN: the real file's metadata strings hold it
-        dates = {"start": "2024-01-01", "end": "2024-01-01"} if bucket == "long_range_understanding" else math.nan
+        dates = (
+            {"start": "2024-01-01", "end": "2024-01-01"} if bucket == "long_range_understanding" else math.nan
+        )
         rows.append(
             {
                 "instance_id": number,

@@ -40,7 +40,9 @@ from memalpha.templates.loader import (
 )
 from memalpha.tools.formats import ToolCall, get_call_format
 
-EXPECTED = json.loads((Path(__file__).parent / "fixtures" / "prompt_texts_memalpha.json").read_text(encoding="utf-8"))
+EXPECTED = json.loads(
+    (Path(__file__).parent / "fixtures" / "prompt_texts_memalpha.json").read_text(encoding="utf-8")
+)
 
 
 def _memory() -> Memory:
@@ -67,9 +69,16 @@ def render_all(templates=None) -> dict:
         for profile in ("full", "compact"):
             for limit in (None, 300):
                 out[f"memorise_{fmt}_{profile}_{limit}"] = memorise_messages(
-                    render_memorise(full, 2, **t), "The chunk {with} braces.", get_call_format(fmt), limit, profile, **t
+                    render_memorise(full, 2, **t),
+                    "The chunk {with} braces.",
+                    get_call_format(fmt),
+                    limit,
+                    profile,
+                    **t,
                 )
-    out["answer_messages_bare"] = answer_messages(render_answer(full, full.semantic, [], **t), "Who? {x}", **t)
+    out["answer_messages_bare"] = answer_messages(
+        render_answer(full, full.semantic, [], **t), "Who? {x}", **t
+    )
     out["answer_messages_instr"] = answer_messages(
         render_answer(empty, [], [], **t), "Label?", "Put it in \\boxed{}.", has_core=False, **t
     )
@@ -118,14 +127,22 @@ def test_a_replacement_file_changes_every_prompt(tmp_path):
     assert "<answer_view_empty_list>" in got["answer_view_none"]
     system, user = (m["content"] for m in got["memorise_qwen_full_300"])
     assert system.startswith("<memorise_system>[memory_view=<core_memory>")
-    assert "[tool_block=<tool_block_qwen>[tool_names=new_memory_insert, memory_update, memory_delete][tools={" in system
-    assert user == "<memorise_user>[chunk=The chunk {with} braces.][limit_note=<response_limit_note>[limit=300]]"
+    assert (
+        "[tool_block=<tool_block_qwen>[tool_names=new_memory_insert, memory_update, memory_delete][tools={"
+        in system
+    )
+    assert (
+        user == "<memorise_user>[chunk=The chunk {with} braces.][limit_note=<response_limit_note>[limit=300]]"
+    )
     assert got["memorise_hermes_compact_None"][0]["content"].count("<tool_block_hermes_compact>") == 1
     assert got["memorise_hermes_full_None"][0]["content"].count("<tool_block_hermes>") == 1
     assert got["memorise_qwen_compact_None"][1]["content"].startswith("<compact_user>")
     assert got["answer_messages_bare"][0]["content"].startswith("<answer_system>[memory=")
     assert got["answer_messages_instr"][0]["content"].startswith("<answer_system_no_core>[memory=")
-    assert got["answer_messages_instr"][1]["content"] == "<answer_user>[instruction=Put it in \\boxed{}.][question=Label?]"
+    assert (
+        got["answer_messages_instr"][1]["content"]
+        == "<answer_user>[instruction=Put it in \\boxed{}.][question=Label?]"
+    )
     assert got["answer_judge"] == "<answer_judge>[question=Q {a}?][response=resp][rubric=rubric]"
     assert got["content_judge_episodic"] == (
         "<content_judge>[content=At noon {x} happened.][kind=episodic][rules=<content_judge_episodic>]"
@@ -137,20 +154,50 @@ def test_a_replacement_file_changes_every_prompt(tmp_path):
     [
         (lambda t: t.update(extra="x"), "own.yaml: unknown template key(s) ['extra']"),
         (lambda t: t.pop("answer_user"), "own.yaml: missing template key(s) ['answer_user']"),
-        (lambda t: t.update(answer_user="{question}"),
-         "own.yaml: answer_user must have exactly the placeholders ['instruction', 'question'], got ['question']"),
-        (lambda t: t.update(view_empty_list="{x}"), "own.yaml: view_empty_list must have exactly the placeholders [], got ['x']"),
-        (lambda t: t.update(answer_judge="{} {} {}"), "own.yaml: answer_judge is not a valid template (has a positional"),
-        (lambda t: t.update(content_judge="{kind} {rules} {content"), "own.yaml: content_judge is not a valid template"),
+        (
+            lambda t: t.update(answer_user="{question}"),
+            (
+                "own.yaml: answer_user must have exactly the placeholders "
+                "['instruction', 'question'], got ['question']"
+            ),
+        ),
+        (
+            lambda t: t.update(view_empty_list="{x}"),
+            "own.yaml: view_empty_list must have exactly the placeholders [], got ['x']",
+        ),
+        (
+            lambda t: t.update(answer_judge="{} {} {}"),
+            "own.yaml: answer_judge is not a valid template (has a positional",
+        ),
+        (
+            lambda t: t.update(content_judge="{kind} {rules} {content"),
+            "own.yaml: content_judge is not a valid template",
+        ),
         (lambda t: t.update(memorise_user=3), "own.yaml: memorise_user must be a text, got int"),
-        (lambda t: t.update(content_judge_system="[rules={rules}]"),  # the rules moved: not in the user message
-         "own.yaml: content_judge must have exactly the placeholders ['content', 'kind'], got ['content', 'kind', 'rules']"),
-        (lambda t: t.update(content_judge_system="{kind}", content_judge="{kind} {content}"),
-         "own.yaml: content_judge_system must have exactly the placeholders ['rules'], got ['kind']"),
-        (lambda t: t.update(tool_block_qwen="{tools} only"),  # all of its placeholders, or none (a fixed block)
-         "own.yaml: tool_block_qwen must have exactly the placeholders ['tool_names', 'tools'], got ['tools']"),
-        (lambda t: t.update(tool_block_hermes="fixed"),
-         "own.yaml: tool_block_hermes must have exactly the placeholders ['tools'], got []"),
+        # the rules moved: not in the user message
+        (
+            lambda t: t.update(content_judge_system="[rules={rules}]"),
+            (
+                "own.yaml: content_judge must have exactly the placeholders "
+                "['content', 'kind'], got ['content', 'kind', 'rules']"
+            ),
+        ),
+        (
+            lambda t: t.update(content_judge_system="{kind}", content_judge="{kind} {content}"),
+            "own.yaml: content_judge_system must have exactly the placeholders ['rules'], got ['kind']",
+        ),
+        # all of its placeholders, or none (a fixed block)
+        (
+            lambda t: t.update(tool_block_qwen="{tools} only"),
+            (
+                "own.yaml: tool_block_qwen must have exactly the placeholders "
+                "['tool_names', 'tools'], got ['tools']"
+            ),
+        ),
+        (
+            lambda t: t.update(tool_block_hermes="fixed"),
+            "own.yaml: tool_block_hermes must have exactly the placeholders ['tools'], got []",
+        ),
     ],
 )
 def test_loader_refuses_a_wrong_file_in_one_line(tmp_path, change, message):
@@ -177,7 +224,9 @@ def test_loader_refuses_a_missing_or_unreadable_file(tmp_path):
 
 
 def test_rollout_setting_validates_and_reaches_the_turn_prompt(tmp_path):
-    with pytest.raises(ValueError, match=r"^rollout.prompt_templates: .*missing.yaml: prompt-template file not found"):
+    with pytest.raises(
+        ValueError, match=r"^rollout.prompt_templates: .*missing.yaml: prompt-template file not found"
+    ):
         RolloutSettings(prompt_templates=str(tmp_path / "missing.yaml"))
     assert RolloutSettings().templates is default_templates()
     path = tmp_path / "own.yaml"
@@ -193,7 +242,9 @@ def test_rollout_setting_validates_and_reaches_the_turn_prompt(tmp_path):
     assert "<view_recent_header>[shown=3][total=3]" in messages[0]["content"]
     default_messages, _ = turn_prompt(Tokenizer(), _memory(), "chunk", get_call_format("qwen"),
                                       replace(settings, prompt_templates=None), where="t")
-    assert default_messages == memorise_messages(render_memorise(_memory(), 5), "chunk", get_call_format("qwen"), 2048)
+    assert default_messages == memorise_messages(
+        render_memorise(_memory(), 5), "chunk", get_call_format("qwen"), 2048
+    )
 
 
 class _EchoReader(Reader):
@@ -214,12 +265,16 @@ def test_reader_and_judges_use_the_readers_templates(tmp_path):
     [conversation] = reader.answer_conversations([(memory, "what?")])
     assert conversation[0]["content"].startswith("<answer_system>[memory=<core_memory>")
     [conversation] = reader.answer_conversations([(Memory(), "what?")])
-    assert conversation[0]["content"].startswith("<answer_system_no_core>[memory=<semantic_memory>\n<answer_view_empty_list>")
+    assert conversation[0]["content"].startswith(
+        "<answer_system_no_core>[memory=<semantic_memory>\n<answer_view_empty_list>"
+    )
     sent = []
     reader.complete = lambda prompts: sent.extend(prompts) or [ReaderAnswer("yes", True) for _ in prompts]
     assert llm_judge("resp", "gold", question="q", judge=reader) == 1.0
     assert sent[-1] == "<answer_judge>[question=q][response=resp][rubric=gold]"
-    LLMContentJudge(reader).judge([ToolCall("new_memory_insert", {"memory_type": "semantic_memory", "content": "c"}, "")])
+    LLMContentJudge(reader).judge(
+        [ToolCall("new_memory_insert", {"memory_type": "semantic_memory", "content": "c"}, "")]
+    )
     assert sent[-1] == "<content_judge>[content=c][kind=semantic][rules=<content_judge_semantic>]"
     assert _EchoReader().templates is default_templates()
 
@@ -233,24 +288,36 @@ class _RecordingReader(Reader):
 
     def chat(self, conversations):
         self.sent.extend(conversations)
-        return [ReaderAnswer('```json\n{"VALID": true, "ISSUES": [], "EXPLANATION": "ok"}\n```', True) for _ in conversations]
+        return [
+            ReaderAnswer('```json\n{"VALID": true, "ISSUES": [], "EXPLANATION": "ok"}\n```', True)
+            for _ in conversations
+        ]
 
     def count_tokens(self, text):
         return len(text.split())
 
 
 def test_content_judge_sends_one_message_or_the_split_the_templates_define(tmp_path):
-    calls = [ToolCall("new_memory_insert", {"memory_type": "episodic_memory", "content": "At noon {x} happened."}, ""),
-             ToolCall("memory_delete", {"memory_type": "semantic_memory", "memory_id": "1"}, ""),
-             ToolCall("memory_update", {"memory_type": "core_memory", "new_content": "User reads."}, "")]
+    calls = [
+        ToolCall(
+            "new_memory_insert", {"memory_type": "episodic_memory", "content": "At noon {x} happened."}, ""
+        ),
+        ToolCall("memory_delete", {"memory_type": "semantic_memory", "memory_id": "1"}, ""),
+        ToolCall("memory_update", {"memory_type": "core_memory", "new_content": "User reads."}, ""),
+    ]
     # memalpha's texts: one user message per judged write, the prompt of before
     reader = _RecordingReader()
     assert LLMContentJudge(reader).judge(calls) == [1.0, 0.0, 1.0]
     assert reader.sent == [[{"role": "user", "content": EXPECTED["content_judge_episodic"]}],
                            [{"role": "user", "content": content_judge_prompt("core", "User reads.")}]]
-    assert content_judge_messages("core", "c") == [{"role": "user", "content": content_judge_prompt("core", "c")}]
+    assert content_judge_messages("core", "c") == [
+        {"role": "user", "content": content_judge_prompt("core", "c")}
+    ]
     # a file with content_judge_system: the rules as the system message, the entry as the user message
-    texts = _own_texts() | {"content_judge_system": "<system>[rules={rules}]", "content_judge": "<user>[kind={kind}][content={content}]"}
+    texts = _own_texts() | {
+        "content_judge_system": "<system>[rules={rules}]",
+        "content_judge": "<user>[kind={kind}][content={content}]",
+    }
     path = tmp_path / "split.yaml"
     path.write_text(dump_templates(texts), encoding="utf-8")
     split = load_templates(path)
@@ -266,7 +333,12 @@ def test_content_judge_sends_one_message_or_the_split_the_templates_define(tmp_p
     ]
     # without the key (or with it null) the file keeps the one-message judge
     assert load_templates(_write(tmp_path / "own.yaml", _own_texts())).content_judge_system is None
-    assert load_templates(_write(tmp_path / "null.yaml", _own_texts() | {"content_judge_system": None})).content_judge_system is None
+    assert (
+        load_templates(
+            _write(tmp_path / "null.yaml", _own_texts() | {"content_judge_system": None})
+        ).content_judge_system
+        is None
+    )
     assert default_templates().content_judge_system is None
 
 
@@ -275,15 +347,26 @@ def test_the_retry_text_is_optional_fixed_and_reaches_the_judge_only_when_asked_
     assert load_templates(_write(tmp_path / "own.yaml", _own_texts())).content_judge_retry is None
     texts = _own_texts() | {"content_judge_retry": "\n\nMADE-UP RETRY {{literal}}."}
     path = tmp_path / "retry.yaml"
-    path.write_text(dump_templates(texts), encoding="utf-8")  # a text starting with an empty line survives the dump
+    # a text starting with an empty line survives the dump
+    path.write_text(dump_templates(texts), encoding="utf-8")
     retrying = load_templates(path)
     assert retrying.render("content_judge_retry") == "\n\nMADE-UP RETRY {literal}."
-    with pytest.raises(ValueError, match=r"content_judge_retry must have exactly the placeholders \[\], got \['kind'\]"):
+    with pytest.raises(
+        ValueError, match=r"content_judge_retry must have exactly the placeholders \[\], got \['kind'\]"
+    ):
         load_templates(_write(tmp_path / "bad.yaml", _own_texts() | {"content_judge_retry": "again {kind}"}))
     call = ToolCall("new_memory_insert", {"memory_type": "semantic_memory", "content": "c"}, "")
     reader = _RecordingReader(templates=retrying)
-    assert LLMContentJudge(reader, attempts=3).judge([call]) == [1.0]  # well-formed at once: one ask, no retry text
-    assert reader.sent == [[{"role": "user", "content": "<content_judge>[content=c][kind=semantic][rules=<content_judge_semantic>]"}]]
+    # well-formed at once: one ask, no retry text
+    assert LLMContentJudge(reader, attempts=3).judge([call]) == [1.0]
+    assert reader.sent == [
+        [
+            {
+                "role": "user",
+                "content": "<content_judge>[content=c][kind=semantic][rules=<content_judge_semantic>]",
+            }
+        ]
+    ]
 
 
 def _write(path, texts):
@@ -294,7 +377,8 @@ def _write(path, texts):
 @pytest.mark.parametrize(
     ("cap", "share", "stated"),
     [(2048, 0.8, 1638), (2048, 1.0, 2048), (64, 0.8, 51), (1000, 0.7, 700), (2048, 0.3, 614),
-     (100, 0.29, 28),  # 100 * 0.29 is 28.999... in floating point: int() truncates it, as the official code does
+     # 100 * 0.29 is 28.999... in floating point: int() truncates it, as the official code does
+     (100, 0.29, 28),
      (1, 0.5, 1)],  # never below one token
 )
 def test_stated_response_limit_truncates_share_times_cap(cap, share, stated):
@@ -310,14 +394,31 @@ def test_stated_limit_share_is_validated_and_states_the_same_number_everywhere(t
     settings = RolloutSettings(max_new_tokens=256, stated_limit_share=0.8, max_prompt_tokens=4096)
     messages, _ = turn_prompt(tokenizer, _memory(), "chunk", get_call_format("qwen"), settings, where="t")
     assert messages[1]["content"].endswith("\n\nYour reply may be at most 204 tokens: keep every call short.")
-    default, _ = turn_prompt(tokenizer, _memory(), "chunk", get_call_format("qwen"), replace(settings, stated_limit_share=1.0),
-                             where="t")
+    default, _ = turn_prompt(
+        tokenizer,
+        _memory(),
+        "chunk",
+        get_call_format("qwen"),
+        replace(settings, stated_limit_share=1.0),
+        where="t",
+    )
     assert default[1]["content"].endswith("at most 256 tokens: keep every call short.")
     # the oracle demonstrations (SFT) take their prompts from the same turn_prompt
     from memalpha.agent.demos import oracle_demonstrations
     from memalpha.data.synthetic import generate_synthetic
 
-    instances = generate_synthetic(1, split="train", seed=1, num_chunks=2, facts_per_chunk=1, distractors_per_chunk=0,
-                                   questions_per_instance=1, chunk_words=30, families=("synth_personal",))
+    instances = generate_synthetic(
+        1,
+        split="train",
+        seed=1,
+        num_chunks=2,
+        facts_per_chunk=1,
+        distractors_per_chunk=0,
+        questions_per_instance=1,
+        chunk_words=30,
+        families=("synth_personal",),
+    )
     demos = oracle_demonstrations(instances, tokenizer, settings, seed=1)
-    assert demos and all(d.messages[1]["content"].endswith("at most 204 tokens: keep every call short.") for d in demos)
+    assert demos and all(
+        d.messages[1]["content"].endswith("at most 204 tokens: keep every call short.") for d in demos
+    )

@@ -117,11 +117,12 @@ End."""
         return system_prompt
 '''
 
-GENERATION_PY = '''
+GENERATION_PY = """
 def questions(self, qa_list, idx, data_sources):
-    return [{'question': self.prompts_wrt_datasource[data_sources[idx]]['query_prompt'] + " || " + qa['question']}
+    return [{'question': self.prompts_wrt_datasource[data_sources[idx]]['query_prompt']
+                         + " || " + qa['question']}
             for qa in qa_list]
-'''
+"""
 
 EVAL_PY = '''
 class LongContextEvaluator:
@@ -134,7 +135,9 @@ class LongContextEvaluator:
 '''
 
 CONFIG = {
-    "unified_prompt": "STORE THIS {{literal}}.\n\n<new_chunk>\n{context}\n</new_chunk>\n\nAt most {max_new_tokens} tokens.",
+    "unified_prompt": (
+        "STORE THIS {{literal}}.\n\n<new_chunk>\n{context}\n</new_chunk>\n\nAt most {max_new_tokens} tokens."
+    ),
     "booksum": {"query_prompt": "About the book.", "including_core": True},
 }
 
@@ -189,9 +192,17 @@ def test_import_writes_a_file_that_renders_the_stand_in_texts(tmp_path, capsys):
     )
     assert with_core[1]["content"] == "About the book. || Who?"
     no_core = answer_messages("M", "Who?", None, t, has_core=False)
-    assert no_core == [{"role": "system", "content": "READER.\nParts:\n- Semantic: facts\n- Episodic: events\nMemory:\nM\nEnd."},
-                       {"role": "user", "content": "Who?"}]
-    assert content_judge_prompt("core", "x {y}", t) == 'CORE RULES {"VALID": bool}\n\nGrade this core note:\n\nx {y}'
+    assert no_core == [
+        {
+            "role": "system",
+            "content": "READER.\nParts:\n- Semantic: facts\n- Episodic: events\nMemory:\nM\nEnd.",
+        },
+        {"role": "user", "content": "Who?"},
+    ]
+    assert (
+        content_judge_prompt("core", "x {y}", t)
+        == 'CORE RULES {"VALID": bool}\n\nGrade this core note:\n\nx {y}'
+    )
     assert content_judge_prompt("episodic", "e", t) == "EPISODIC RULES\n\nGrade this episodic note:\n\ne"
     # the official judge's split: the kind's rules as the system message, the entry as the user message
     assert "content_judge_system: '{rules}'" in out.read_text(encoding="utf-8")
@@ -205,7 +216,7 @@ def test_import_writes_a_file_that_renders_the_stand_in_texts(tmp_path, capsys):
     assert t.render("content_judge_retry") == "\n\nAGAIN, {in braces}."
 
 
-FUNCTIONS_PY = '''
+FUNCTIONS_PY = """
 from dataclasses import dataclass
 
 
@@ -227,7 +238,8 @@ class NewMemoryInsert(ToolFunction):
     name = "new_memory_insert"
     description = "Put a note {somewhere}."
     parameters = [
-        Parameter(name="memory_type", type="string", description="Which list.", enum=["semantic_memory", "episodic_memory"]),
+        Parameter(name="memory_type", type="string", description="Which list.",
+                  enum=["semantic_memory", "episodic_memory"]),
         Parameter(name="content", type="string", description="The note, café."),
     ]
 
@@ -236,7 +248,8 @@ class MemoryDelete(ToolFunction):
     name = "memory_delete"
     description = "Drop a note."
     parameters = [
-        Parameter(name="memory_type", type="string", description="Which.", enum=["core_memory", "semantic_memory"]),
+        Parameter(name="memory_type", type="string", description="Which.",
+                  enum=["core_memory", "semantic_memory"]),
         Parameter(name="memory_id", type="string", description="Its id.", required=False),
     ]
 
@@ -249,7 +262,7 @@ class SearchMemory(ToolFunction):
 
 MEMORY_TOOL_FUNCTIONS = [NewMemoryInsert, MemoryDelete]
 SEARCH_TOOL_FUNCTIONS = [SearchMemory]
-'''
+"""
 
 QWEN_FNCALL_PY = '''
 FN_NAME = '<<F>>'
@@ -284,27 +297,32 @@ class QwenFnCallPrompt:
 def get_function_description(function, lang):
     tool_desc_template = {
         'zh': 'ZH {name_for_human} {name_for_model} {description_for_model} {parameters} {args_format}',
-        'en': '## {name_for_human}\\n{name_for_model} does {description_for_model} ARGS {parameters} {args_format}   ',
+        'en': ('## {name_for_human}\\n{name_for_model} does {description_for_model} '
+               'ARGS {parameters} {args_format}   '),
     }
     name = function.get('name')
     if name == 'code_interpreter':
         args_format = {'zh': 'ZH FENCE', 'en': 'IN A FENCE'}
     else:
         args_format = {'zh': 'ZH JSON', 'en': 'AS JSON'}
-    return tool_desc_template[lang].format(name_for_human=name, name_for_model=name, description_for_model=function['description'],
-                                           parameters=str(function['parameters']), args_format=args_format).rstrip()
+    return tool_desc_template[lang].format(name_for_human=name, name_for_model=name,
+                                           description_for_model=function['description'],
+                                           parameters=str(function['parameters']),
+                                           args_format=args_format).rstrip()
 '''
 
 OFFICIAL_BLOCK = (  # the stand-in's block for its two memorising tools, written out by hand
     "TOOLBOX\n\n"
     "## new_memory_insert\nnew_memory_insert does Put a note {somewhere}. ARGS "
     '{"type": "object", "properties": {"memory_type": {"type": "string", "description": "Which list.", '
-    '"enum": ["semantic_memory", "episodic_memory"]}, "content": {"type": "string", "description": "The note, café."}}, '
+    '"enum": ["semantic_memory", "episodic_memory"]}, '
+    '"content": {"type": "string", "description": "The note, café."}}, '
     '"required": ["memory_type", "content"]} AS JSON'
     " ~~ "
     "## memory_delete\nmemory_delete does Drop a note. ARGS "
     '{"type": "object", "properties": {"memory_type": {"type": "string", "description": "Which.", '
-    '"enum": ["core_memory", "semantic_memory"]}, "memory_id": {"type": "string", "description": "Its id."}}, '
+    '"enum": ["core_memory", "semantic_memory"]}, '
+    '"memory_id": {"type": "string", "description": "Its id."}}, '
     '"required": ["memory_type"]} AS JSON'
     "\n\nCALLS\n<<F>>: one of [new_memory_insert|memory_delete]\n<<A>>: its input"
 )
@@ -323,15 +341,20 @@ def test_import_with_qwen_agent_writes_the_official_tool_block(tmp_path, capsys)
     (root / "functions.py").write_text(FUNCTIONS_PY, encoding="utf-8")
     site = write_qwen_agent(tmp_path / "site-packages")
     assert qwen_tool_block(root, site).replace("{{", "{").replace("}}", "}") == OFFICIAL_BLOCK
-    assert qwen_tool_block(root, site / "qwen_agent") == qwen_tool_block(root, site)  # the package folder itself
+    # the package folder itself
+    assert qwen_tool_block(root, site / "qwen_agent") == qwen_tool_block(root, site)
     out = tmp_path / "official.yaml"
     run(["prompts", "import", str(root), "--output", str(out), "--qwen-agent", str(site)])
     assert "built with the Qwen-Agent install" in out.read_text(encoding="utf-8")
     t = load_templates(out)
     view = render_memorise(Memory(), 5, t)
     for fmt_profile in (("qwen", "full"), ("qwen", "compact")):
-        system, _ = memorise_messages(view, "c", get_call_format(fmt_profile[0]), 1638, fmt_profile[1], templates=t)
-        assert system["content"].endswith(f"{view}\n" + 'Reply {"done": true} when finished.' + "\n\n" + OFFICIAL_BLOCK)
+        system, _ = memorise_messages(
+            view, "c", get_call_format(fmt_profile[0]), 1638, fmt_profile[1], templates=t
+        )
+        assert system["content"].endswith(
+            f"{view}\n" + 'Reply {"done": true} when finished.' + "\n\n" + OFFICIAL_BLOCK
+        )
     # the hermes blocks, and the qwen block without --qwen-agent, stay memalpha's
     assert t.tool_block_hermes == default_templates().tool_block_hermes
     assert import_official(root)["tool_block_qwen"] == default_templates().tool_block_qwen
@@ -340,16 +363,38 @@ def test_import_with_qwen_agent_writes_the_official_tool_block(tmp_path, capsys)
 @pytest.mark.parametrize(
     ("breakage", "message"),
     [
-        (lambda root, site: (site / QWEN_AGENT_FILE).unlink(), "no Qwen-Agent install (missing qwen_agent/llm/fncall_prompts/"),
-        (lambda root, site: (root / "functions.py").unlink(), "not a clone of the official Mem-alpha repository (missing functions.py)"),
-        (lambda root, site: (site / QWEN_AGENT_FILE).write_text(QWEN_FNCALL_PY.replace("'en_parallel'", "'en_para'")),
-         "qwen_fncall_prompt.py: no FN_CALL_TEMPLATE['en_parallel'] text"),
-        (lambda root, site: (site / QWEN_AGENT_FILE).write_text(QWEN_FNCALL_PY.replace("{args_format}   ", "")),
-         "get_function_description: the 'en' tool template must have the fields"),
-        (lambda root, site: (root / "functions.py").write_text(FUNCTIONS_PY.replace("MEMORY_TOOL_FUNCTIONS =", "TOOLS =")),
-         "functions.py: MEMORY_TOOL_FUNCTIONS: expected one list of tool classes"),
-        (lambda root, site: (root / "functions.py").write_text(FUNCTIONS_PY.replace('"Drop a note."', "DROP")),
-         "functions.py: MemoryDelete: expected text attributes name and description"),
+        (
+            lambda root, site: (site / QWEN_AGENT_FILE).unlink(),
+            "no Qwen-Agent install (missing qwen_agent/llm/fncall_prompts/",
+        ),
+        (
+            lambda root, site: (root / "functions.py").unlink(),
+            "not a clone of the official Mem-alpha repository (missing functions.py)",
+        ),
+        (
+            lambda root, site: (site / QWEN_AGENT_FILE).write_text(
+                QWEN_FNCALL_PY.replace("'en_parallel'", "'en_para'")
+            ),
+            "qwen_fncall_prompt.py: no FN_CALL_TEMPLATE['en_parallel'] text",
+        ),
+        (
+            lambda root, site: (site / QWEN_AGENT_FILE).write_text(
+                QWEN_FNCALL_PY.replace("{args_format}   ", "")
+            ),
+            "get_function_description: the 'en' tool template must have the fields",
+        ),
+        (
+            lambda root, site: (root / "functions.py").write_text(
+                FUNCTIONS_PY.replace("MEMORY_TOOL_FUNCTIONS =", "TOOLS =")
+            ),
+            "functions.py: MEMORY_TOOL_FUNCTIONS: expected one list of tool classes",
+        ),
+        (
+            lambda root, site: (root / "functions.py").write_text(
+                FUNCTIONS_PY.replace('"Drop a note."', "DROP")
+            ),
+            "functions.py: MemoryDelete: expected text attributes name and description",
+        ),
     ],
 )
 def test_qwen_agent_errors_are_one_line(tmp_path, breakage, message):
@@ -365,18 +410,44 @@ def test_qwen_agent_errors_are_one_line(tmp_path, breakage, message):
 @pytest.mark.parametrize(
     ("breakage", "message"),
     [
-        (lambda root: (root / "memory_server.py").unlink(), "not a clone of the official Mem-alpha repository (missing memory_server.py)"),
-        (lambda root: (root / "memory.py").write_text("class Memory:\n    pass\n"), "memory.py: no function Memory.render_system_prompt"),
-        (lambda root: (root / "memory_server.py").write_text(SERVER_PY.replace("_get_analysis_prompt", "_rules")),
-         "memory_server.py: no function MemoryProcessor._get_analysis_prompt"),
-        (lambda root: (root / "long_context_eval.py").write_text(EVAL_PY.replace("template =", "other =")),
-         "long_context_eval.py: LongContextEvaluator._compute_score: expected one judge `template`, found 0"),
-        (lambda root: (root / "config/prompts_wrt_datasource.yaml").write_text("booksum: {}\n"),
-         "config/prompts_wrt_datasource.yaml: no unified_prompt text"),
-        (lambda root: (root / "memory.py").write_text("def broken(:\n"), "memory.py: cannot be read as Python"),
-        (lambda root: (root / "memory_server.py").write_text(SERVER_PY.replace('messages[1]["content"] +=', "extra =")),
-         ("memory_server.py: MemoryProcessor.analyze_memory_content: expected one text appended to the user message's "
-          "content on a retry, found 0")),
+        (
+            lambda root: (root / "memory_server.py").unlink(),
+            "not a clone of the official Mem-alpha repository (missing memory_server.py)",
+        ),
+        (
+            lambda root: (root / "memory.py").write_text("class Memory:\n    pass\n"),
+            "memory.py: no function Memory.render_system_prompt",
+        ),
+        (
+            lambda root: (root / "memory_server.py").write_text(
+                SERVER_PY.replace("_get_analysis_prompt", "_rules")
+            ),
+            "memory_server.py: no function MemoryProcessor._get_analysis_prompt",
+        ),
+        (
+            lambda root: (root / "long_context_eval.py").write_text(EVAL_PY.replace("template =", "other =")),
+            (
+                "long_context_eval.py: LongContextEvaluator._compute_score: "
+                "expected one judge `template`, found 0"
+            ),
+        ),
+        (
+            lambda root: (root / "config/prompts_wrt_datasource.yaml").write_text("booksum: {}\n"),
+            "config/prompts_wrt_datasource.yaml: no unified_prompt text",
+        ),
+        (
+            lambda root: (root / "memory.py").write_text("def broken(:\n"),
+            "memory.py: cannot be read as Python",
+        ),
+        (
+            lambda root: (root / "memory_server.py").write_text(
+                SERVER_PY.replace('messages[1]["content"] +=', "extra =")
+            ),
+            (
+                "memory_server.py: MemoryProcessor.analyze_memory_content: expected one text appended to the "
+                "user message's content on a retry, found 0"
+            ),
+        ),
     ],
 )
 def test_import_errors_are_one_line_naming_file_and_name(tmp_path, breakage, message):

@@ -25,8 +25,10 @@ REPO = Path(__file__).resolve().parents[1]
 PUBMED_PARQUET = REPO / "tests" / "fixtures" / "data" / "memalpha_pubmed.parquet"
 
 # the data_source names of the official Mem-α training set and of MemoryAgentBench
-CLASSIFICATION = ["pubmed-rct", "ttl_train", "icl_banking77_5900shot_balance", "icl_clinic150_7050shot_balance",
-                  "icl_nlu_8296shot_balance", "icl_trec_coarse_6600shot_balance", "icl_trec_fine_6400shot_balance"]
+CLASSIFICATION = [
+    "pubmed-rct", "ttl_train", "icl_banking77_5900shot_balance", "icl_clinic150_7050shot_balance",
+    "icl_nlu_8296shot_balance", "icl_trec_coarse_6600shot_balance", "icl_trec_fine_6400shot_balance",
+]
 SUMMARY = ["booksum", "infbench_sum_eng_shots2"]
 BARE = ["squad", "hotpotqa", "perltqa", "lme_train", "ruler_qa1_197K", "ruler_qa2_421K", "longmemeval_s*",
         "synth_icl", "synth_personal", "unlisted_source"]
@@ -45,7 +47,9 @@ def test_every_boxed_label_source_is_told_to_box_one_number(builtin, source):
     assert BOXED in instruction and "single number" in instruction
     assert instruction.index("core memory") < instruction.index(BOXED)
     # as in the official table: labelled examples are mentioned except for PubMed-RCT and TREC
-    assert ("labelled examples" in instruction) == (source.startswith(("ttl_", "icl_")) and "trec" not in source)
+    assert ("labelled examples" in instruction) == (
+        source.startswith(("ttl_", "icl_")) and "trec" not in source
+    )
 
 
 @pytest.mark.parametrize("source", SUMMARY)
@@ -125,7 +129,10 @@ def test_an_empty_file_switches_the_instructions_off(tmp_path, text):
 
 
 def test_null_switches_the_instructions_off_and_the_default_is_the_shipped_table():
-    assert ReaderSettings(kind="openai", question_instructions=None).build(None, None).instruction_for("booksum") is None
+    assert (
+        ReaderSettings(kind="openai", question_instructions=None).build(None, None).instruction_for("booksum")
+        is None
+    )
     assert ReaderSettings().question_instructions == BUILTIN
     assert "summary" in ReaderSettings(kind="openai").build(None, None).instruction_for("booksum")
 
@@ -135,7 +142,10 @@ def test_null_switches_the_instructions_off_and_the_default_is_the_shipped_table
     [
         ("pubmed-rct: [1, 2]\n", "'pubmed-rct' must map to a non-empty text or null (none), got list"),
         ("pubmed-rct: '  '\n", "'pubmed-rct' must map to a non-empty text or null (none), got '  '"),
-        ("- pubmed-rct\n- booksum\n", "expected a mapping of data_source names or patterns to instructions, got list"),
+        (
+            "- pubmed-rct\n- booksum\n",
+            "expected a mapping of data_source names or patterns to instructions, got list",
+        ),
         ("just a sentence\n", "expected a mapping of data_source names or patterns to instructions, got str"),
         ("2024: text\n", "key 2024 must be a non-empty data_source name or glob pattern"),
         ("pubmed-rct: [unclosed\n", "not valid YAML at line 2, column 1"),
@@ -152,7 +162,9 @@ def test_a_malformed_file_fails_in_one_line_naming_it(tmp_path, text, problem):
 
 
 def test_a_missing_file_fails_in_one_line(tmp_path):
-    with pytest.raises(ValueError, match=r"^reader.question_instructions: \S+absent.yaml: no such file \(") as caught:
+    with pytest.raises(
+        ValueError, match=r"^reader.question_instructions: \S+absent.yaml: no such file \("
+    ) as caught:
         ReaderSettings(question_instructions=str(tmp_path / "absent.yaml"))
     assert "\n" not in str(caught.value)
 
@@ -187,7 +199,9 @@ def labelled_memory() -> Memory:
 
 def test_the_prompt_budget_counts_the_instruction_and_retrieval_ignores_it(builtin, tokenizer):
     memory, question = labelled_memory(), "Sentence: the trial 3 enrolled 30 patients.\n\nWhich label?"
-    reader = LocalReader(None, tokenizer, retrieval=RetrievalSettings(top_k_entries=8), question_instructions=builtin)
+    reader = LocalReader(
+        None, tokenizer, retrieval=RetrievalSettings(top_k_entries=8), question_instructions=builtin
+    )
     instruction = builtin.for_source("pubmed-rct")
     bare = reader.answer_conversations([(memory, question)])[0]
     told = reader.answer_conversations([(memory, question)], ["pubmed-rct"])[0]
@@ -200,7 +214,9 @@ def test_the_prompt_budget_counts_the_instruction_and_retrieval_ignores_it(built
     assert len(fitted[0]["content"]) < len(bare[0]["content"])
 
 
-def test_the_reader_model_receives_the_instruction_before_the_question(tiny_model_dir, tokenizer, monkeypatch):
+def test_the_reader_model_receives_the_instruction_before_the_question(
+    tiny_model_dir, tokenizer, monkeypatch
+):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -224,7 +240,9 @@ def test_the_reader_model_receives_the_instruction_before_the_question(tiny_mode
 
     answered = answer_questions(rollouts, reader)
 
-    prompts = [tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) for ids in seen]
+    prompts = [
+        tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) for ids in seen
+    ]
     assert len(prompts) == 3
     instruction = reader.instruction_for("pubmed-rct")
     for qa in pubmed.questions:

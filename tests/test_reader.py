@@ -82,8 +82,13 @@ def test_local_reader_batches_and_respects_the_prompt_budget(tiny_model, tokeniz
     answers = reader.answer(items)
     assert len(answers) == 5 and all(isinstance(a, ReaderAnswer) and a.ok for a in answers)
     # greedy decoding is deterministic and independent of batching
-    single = LocalReader(tiny_model, tokenizer, max_new_tokens=4, batch_size=1,
-                         retrieval=RetrievalSettings(top_k_entries=10, prompt_tokens=reader.prompt_budget_tokens))
+    single = LocalReader(
+        tiny_model,
+        tokenizer,
+        max_new_tokens=4,
+        batch_size=1,
+        retrieval=RetrievalSettings(top_k_entries=10, prompt_tokens=reader.prompt_budget_tokens),
+    )
     assert [a.text for a in single.answer(items)] == [a.text for a in answers]
 
     # core + question alone over budget: answered anyway, counted
@@ -134,7 +139,9 @@ def test_openai_reader_complete_sends_per_call_sampling(tiny_model, tokenizer):
     assert client.request_body([{"role": "user", "content": "q"}]) == client.request_body(
         [{"role": "user", "content": "q"}], Sampling())
 
-    with ChatCompletionServer(LocalReader(tiny_model, tokenizer, max_new_tokens=4), model_name="tiny") as server:
+    with ChatCompletionServer(
+        LocalReader(tiny_model, tokenizer, max_new_tokens=4), model_name="tiny"
+    ) as server:
         received = []
         submit = server.submit
         server.submit = lambda messages, params: received.append(params) or submit(messages, params)
@@ -143,9 +150,14 @@ def test_openai_reader_complete_sends_per_call_sampling(tiny_model, tokenizer):
         prompts = ["Is the sky blue?", "Name a colour."]
         assert all(a.ok for a in client.complete(prompts))
         assert all(a.ok for a in client.complete(prompts, sampling=Sampling(temperature=0.1, max_tokens=7)))
-        assert all(a.ok for a in client.complete(prompts[:1], systems=["Be brief."], sampling=Sampling(max_tokens=5)))
+        assert all(
+            a.ok for a in client.complete(prompts[:1], systems=["Be brief."], sampling=Sampling(max_tokens=5))
+        )
         assert all(a.ok for a in client.complete(prompts[:1]))
-    assert [(p.max_tokens, p.temperature) for p in received] == [(3, 0.0)] * 2 + [(7, 0.1)] * 2 + [(5, 0.0), (3, 0.0)]
+    assert [(p.max_tokens, p.temperature) for p in received] == [(3, 0.0)] * 2 + [(7, 0.1)] * 2 + [
+        (5, 0.0),
+        (3, 0.0),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -169,7 +181,9 @@ def test_local_reader_answers_with_peft_base_weights(tiny_model_dir, tokenizer):
     torch.manual_seed(0)
     peft_model = get_peft_model(
         load_model(tiny_model_dir),
-        LoraConfig(r=8, lora_alpha=64, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False),
+        LoraConfig(
+            r=8, lora_alpha=64, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False
+        ),
     )
     peft_model.train()
     with_adapters = LocalReader(peft_model, tokenizer, max_new_tokens=8, disable_adapters=False).answer(items)
@@ -268,7 +282,9 @@ def test_openai_reader_timeout_and_server_errors(server):
     assert server.requests_seen - seen == 1
 
     # nobody listening: connection refused, retried, failed
-    dead = OpenAIReader(OpenAISettings("http://127.0.0.1:9/v1", "m", max_retries=1, backoff_s=0.01, timeout_s=2))
+    dead = OpenAIReader(
+        OpenAISettings("http://127.0.0.1:9/v1", "m", max_retries=1, backoff_s=0.01, timeout_s=2)
+    )
     assert not dead.answer(item)[0].ok and dead.failures == 1
 
 

@@ -51,7 +51,9 @@ def tiny_model(tiny_model_dir):
 @pytest.fixture
 def server(tiny_model, tokenizer):
     """A fresh loopback server over the tiny model, so no test inherits another's fault."""
-    srv = ChatCompletionServer(LocalReader(tiny_model, tokenizer, max_new_tokens=4), model_name="tiny").start()
+    srv = ChatCompletionServer(
+        LocalReader(tiny_model, tokenizer, max_new_tokens=4), model_name="tiny"
+    ).start()
     yield srv
     srv.stop()
 
@@ -120,8 +122,11 @@ def test_the_real_sleep_waits_the_backoff(server):
 
 def test_settings_retry_count_and_timeout_are_honoured(server):
     reader = ReaderSettings(
-        kind="openai", max_new_tokens=4,
-        openai=OpenAISettings(base_url=server.base_url, model="tiny", timeout_s=0.3, max_retries=2, max_concurrency=1),
+        kind="openai",
+        max_new_tokens=4,
+        openai=OpenAISettings(
+            base_url=server.base_url, model="tiny", timeout_s=0.3, max_retries=2, max_concurrency=1
+        ),
     ).build(None, None)
     waits: list[float] = []
     reader.sleep = waits.append
@@ -180,8 +185,10 @@ def test_a_client_error_is_not_retried(server):
 
 def test_nobody_listening_fails_every_question_without_raising():
     waits: list[float] = []
-    reader = OpenAIReader(OpenAISettings(f"http://127.0.0.1:{free_port()}/v1", "m", max_retries=2, max_concurrency=4),
-                          sleep=waits.append)
+    reader = OpenAIReader(
+        OpenAISettings(f"http://127.0.0.1:{free_port()}/v1", "m", max_retries=2, max_concurrency=4),
+        sleep=waits.append,
+    )
     answers = reader.answer(memory_items(5))
     assert not any(a.ok for a in answers) and all("refused" in a.error for a in answers)
     assert reader.failures == 5 and len(waits) == 5 * 2
@@ -244,10 +251,16 @@ def test_a_failed_answer_judgement_scores_zero_and_counts_as_a_failure(server, t
 
 
 def test_the_content_judge_scores_zero_when_its_reader_fails():
-    dead = OpenAIReader(OpenAISettings(f"http://127.0.0.1:{free_port()}/v1", "judge", max_retries=1), sleep=lambda _s: None)
+    dead = OpenAIReader(
+        OpenAISettings(f"http://127.0.0.1:{free_port()}/v1", "judge", max_retries=1), sleep=lambda _s: None
+    )
     judge = LLMContentJudge(dead)
     calls = [
-        ToolCall(INSERT, {"memory_type": "semantic_memory", "content": f"Fact {i}: the user owns {i} bikes."}, raw="")
+        ToolCall(
+            INSERT,
+            {"memory_type": "semantic_memory", "content": f"Fact {i}: the user owns {i} bikes."},
+            raw="",
+        )
         for i in range(3)
     ]
     assert judge.judge(calls) == [0.0, 0.0, 0.0]
@@ -260,10 +273,18 @@ def test_a_round_against_a_dead_reader_completes_and_counts_every_question(tiny_
                  [QA("Where does Anna live?", "Oslo"), QA("What does Anna own?", "a red bike")])
         for i in range(2)
     ]
-    dead = OpenAIReader(OpenAISettings(f"http://127.0.0.1:{free_port()}/v1", "m", max_retries=1), sleep=lambda _s: None)
+    dead = OpenAIReader(
+        OpenAISettings(f"http://127.0.0.1:{free_port()}/v1", "m", max_retries=1), sleep=lambda _s: None
+    )
     out = run_rollouts(
-        instances, tiny_model, tokenizer, dead,
-        RolloutSettings(group_size=2, max_new_tokens=8, max_prompt_tokens=2048), RewardSettings(), None, seed=0,
+        instances,
+        tiny_model,
+        tokenizer,
+        dead,
+        RolloutSettings(group_size=2, max_new_tokens=8, max_prompt_tokens=2048),
+        RewardSettings(),
+        None,
+        seed=0,
     )
     assert len(out.records) == 4 and all(r.r1 == 0.0 and r.reader_failures == 2 for r in out.records)
     assert all(q["score"] == 0.0 and "refused" in q["error"] for r in out.records for q in r.questions)
@@ -277,9 +298,13 @@ def test_a_round_against_a_dead_reader_completes_and_counts_every_question(tiny_
 def test_the_validation_summary_counts_reader_failures_and_the_table_says_so():
     def record(source: str, errors: list[str | None]) -> RolloutRecord:
         questions = [{"score": 0.0 if e else 1.0, "error": e} for e in errors]
-        return RolloutRecord("i", source, 0, [], {}, 0, 10, questions, reader_failures=sum(e is not None for e in errors))
+        return RolloutRecord(
+            "i", source, 0, [], {}, 0, 10, questions, reader_failures=sum(e is not None for e in errors)
+        )
 
-    summary = summarise_records([record("synth_personal", ["refused", None]), record("synth_timeline", [None])])
+    summary = summarise_records(
+        [record("synth_personal", ["refused", None]), record("synth_timeline", [None])]
+    )
     assert summary["overall"]["reader_failures"] == 1
     assert summary["per_source"]["synth_personal"]["reader_failures"] == 1
     assert summary["per_source"]["synth_timeline"]["reader_failures"] == 0

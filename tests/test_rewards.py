@@ -39,7 +39,9 @@ def call(name: str, **arguments) -> ToolCall:
     return ToolCall(name=name, arguments=arguments, raw="")
 
 
-SISTER = call("new_memory_insert", memory_type="semantic_memory", content="Anna is the user's younger sister.")
+SISTER = call(
+    "new_memory_insert", memory_type="semantic_memory", content="Anna is the user's younger sister."
+)
 HIKE = call("new_memory_insert", memory_type="episodic_memory", content="The user went hiking with Anna.")
 CORE_SELF = call("memory_update", memory_type="core_memory", new_content="The core memory has been updated.")
 DELETE = call("memory_delete", memory_type="semantic_memory", memory_id="zz99")
@@ -101,13 +103,21 @@ def test_accuracy_weight_scales_r1_against_the_tool_reward():
 
 def test_weights_turns_without_calls_and_compression_sign():
     empty = TurnCalls()
-    reward = rollout_rewards([0.0, 1.0], [empty], memory_tokens=1500, chunk_tokens=1000,
-                             weights=RewardSettings(beta=0.2, gamma=1.0, **UNGROUNDED), content_judge=RuleContentJudge())
+    reward = rollout_rewards(
+        [0.0, 1.0],
+        [empty],
+        memory_tokens=1500,
+        chunk_tokens=1000,
+        weights=RewardSettings(beta=0.2, gamma=1.0, **UNGROUNDED),
+        content_judge=RuleContentJudge(),
+    )
     assert reward.r2 == [0.0] and reward.r4 == [0.0]
     assert reward.r3 == pytest.approx(-0.5)  # memory larger than the input: negative
     assert reward.total == pytest.approx([0.5 - 0.1])
     # gamma = 0 or no judge: r4 reported as 0 without judging
-    no_judge = rollout_rewards([1.0], two_turns(), 0, 10, RewardSettings(gamma=0.0, **UNGROUNDED), RuleContentJudge())
+    no_judge = rollout_rewards(
+        [1.0], two_turns(), 0, 10, RewardSettings(gamma=0.0, **UNGROUNDED), RuleContentJudge()
+    )
     assert no_judge.r4 == [0.0, 0.0]
     assert rollout_rewards([], two_turns(), 0, 10, RewardSettings(**UNGROUNDED), None).r1 == 0.0
     # a result without a call counts in r2's and r4's denominators with score 0
@@ -123,16 +133,29 @@ def test_rewards_from_real_parsed_turns():
     """The reward consumes what the parser and executor produce."""
     fmt = get_call_format("qwen")
     memory = Memory()
-    response = fmt.render_calls([
-        ("new_memory_insert", {"memory_type": "semantic_memory", "content": "Paris is the capital of France."}),
-        ("new_memory_insert", {"memory_type": "semantic_memory", "content": "Paris is the capital of France."}),
-        ("memory_delete", {"memory_type": "episodic_memory", "memory_id": "nope"}),
-    ]) + "\n✿FUNCTION✿: new_memory_insert\n✿ARGS✿:"
+    response = (
+        fmt.render_calls(
+            [
+                (
+                    "new_memory_insert",
+                    {"memory_type": "semantic_memory", "content": "Paris is the capital of France."},
+                ),
+                (
+                    "new_memory_insert",
+                    {"memory_type": "semantic_memory", "content": "Paris is the capital of France."},
+                ),
+                ("memory_delete", {"memory_type": "episodic_memory", "memory_id": "nope"}),
+            ]
+        )
+        + "\n✿FUNCTION✿: new_memory_insert\n✿ARGS✿:"
+    )
     outcome = execute_response(memory, response, fmt)
     turn = TurnCalls(results=outcome.results, parse_errors=outcome.errors)
     assert [r.status for r in outcome.results] == ["ok", "skipped", "error"]
     assert len(outcome.errors) == 1
-    reward = rollout_rewards([1.0], [turn], memory.total_tokens(), 100, RewardSettings(**UNGROUNDED), RuleContentJudge())
+    reward = rollout_rewards(
+        [1.0], [turn], memory.total_tokens(), 100, RewardSettings(**UNGROUNDED), RuleContentJudge()
+    )
     assert reward.r2 == pytest.approx([2 / 4])
     assert reward.r4 == pytest.approx([2 / 3])
     # memalpha's rule, the chunk telling the fact: only the first insert changed the memory
@@ -333,7 +356,12 @@ def test_the_judge_asks_again_only_for_malformed_writes_with_the_retry_text_and_
                 {"role": "user", "content": f"NOTE (semantic): {entry}" + RETRY * retries}]
 
     assert [batch for batch, _ in reader.batches] == [
-        [conversation("alpha", 0), conversation("beta", 0), conversation("gamma", 0), conversation("delta", 0)],
+        [
+            conversation("alpha", 0),
+            conversation("beta", 0),
+            conversation("gamma", 0),
+            conversation("delta", 0),
+        ],
         [conversation("alpha", 1), conversation("gamma", 1), conversation("delta", 0)],
         [conversation("gamma", 2), conversation("delta", 1)],
     ]
@@ -357,12 +385,25 @@ def test_one_attempt_asks_once_as_before():
     plain.complete = lambda prompts, **options: sent.append((list(prompts), options)) or [
         ReaderAnswer(VALID_REPLY, True) for _ in prompts]
     assert RewardSettings(content_judge="llm").build_content_judge(plain).judge([insert("beta")]) == [1.0]
-    assert sent == [([default_templates().render("content_judge", kind="semantic", content="beta",
-                                                 rules=default_templates().render("content_judge_semantic"))], {})]
+    assert sent == [
+        (
+            [
+                default_templates().render(
+                    "content_judge",
+                    kind="semantic",
+                    content="beta",
+                    rules=default_templates().render("content_judge_semantic"),
+                )
+            ],
+            {},
+        )
+    ]
 
 
 def test_without_a_retry_text_the_same_messages_are_asked_again():
-    reader = ReplayJudge({"alpha": ["not JSON", "not JSON"]}, templates=replace(SPLIT, content_judge_retry=None))
+    reader = ReplayJudge(
+        {"alpha": ["not JSON", "not JSON"]}, templates=replace(SPLIT, content_judge_retry=None)
+    )
     judge = LLMContentJudge(reader, attempts=2)
     assert judge.judge([insert("alpha")]) == [0.0]
     assert reader.batches[0][0] == reader.batches[1][0]
@@ -376,8 +417,10 @@ def test_without_a_retry_text_the_same_messages_are_asked_again():
         (INVALID_REPLY, False, False),
         ('{"VALID": true, "ISSUES": [], "EXPLANATION": "bare"}', True, None),  # no fence
         ('```\n{"VALID": true, "ISSUES": [], "EXPLANATION": "untagged"}\n```', True, None),  # no json tag
-        ('<think>```json\n{"VALID": false}\n```</think>' + VALID_REPLY, True, None),  # the first fence is read as is
-        ('```json\n{"VALID": true, "ISSUES": "none", "EXPLANATION": "x"}\n```', None, None),  # ISSUES not a list
+        # the first fence is read as is
+        ('<think>```json\n{"VALID": false}\n```</think>' + VALID_REPLY, True, None),
+        # ISSUES not a list
+        ('```json\n{"VALID": true, "ISSUES": "none", "EXPLANATION": "x"}\n```', None, None),
     ],
 )
 def test_the_official_parse_needs_a_json_fence(reply, memalpha, official):
@@ -398,9 +441,15 @@ def test_the_judge_uses_its_parse():
     ("options", "message"),
     [
         ({"content_judge_attempts": 0}, "reward.content_judge_attempts must be >= 1, got 0"),
-        ({"content_judge_temperature": -0.1}, "reward.content_judge_temperature must be >= 0 (0 = greedy) or null, got -0.1"),
+        (
+            {"content_judge_temperature": -0.1},
+            "reward.content_judge_temperature must be >= 0 (0 = greedy) or null, got -0.1",
+        ),
         ({"content_judge_max_tokens": 0}, "reward.content_judge_max_tokens must be >= 1 or null, got 0"),
-        ({"content_judge_parse": "loose"}, "reward.content_judge_parse must be one of ['memalpha', 'official'], got 'loose'"),
+        (
+            {"content_judge_parse": "loose"},
+            "reward.content_judge_parse must be one of ['memalpha', 'official'], got 'loose'",
+        ),
     ],
 )
 def test_judge_settings_are_checked_with_one_line_errors(options, message):

@@ -169,7 +169,10 @@ def test_hermes_arguments_as_json_string_are_decoded_and_flagged():
         (call("memory_delete", memory_type=["core_memory"]), "wrong_type"),
         (call("new_memory_insert", memory_type="semantic", content="x"), "bad_memory_type"),
         (call("new_memory_insert", memory_type="core_memory", content="x"), "insert_into_core"),
-        (call("memory_update", memory_type="semantic_memory", new_content="x", memory_id="none"), "unknown_id"),
+        (
+            call("memory_update", memory_type="semantic_memory", new_content="x", memory_id="none"),
+            "unknown_id",
+        ),
         (call("memory_delete", memory_type="episodic_memory", memory_id="none"), "unknown_id"),
         (call("memory_delete", memory_type="episodic_memory"), "missing_argument"),
         (call("memory_update", memory_type="semantic_memory", new_content="x"), "missing_argument"),
@@ -264,9 +267,14 @@ def test_compact_profile_keeps_every_tool_argument_and_the_layout(fmt):
     assert "memory_id?: string" in compact  # optional arguments are marked
     memory = Memory()
     memory.insert("episodic_memory", "On 2024-01-01, Anna moved.")
-    messages = memorise_messages(render_memorise(memory), "the chunk", fmt, response_token_limit=90, profile="compact")
+    messages = memorise_messages(
+        render_memorise(memory), "the chunk", fmt, response_token_limit=90, profile="compact"
+    )
     assert compact in messages[0]["content"] and messages[0]["content"].endswith(render_memorise(memory))
-    assert "<new_chunk>\nthe chunk\n</new_chunk>" in messages[1]["content"] and "90 tokens" in messages[1]["content"]
+    assert (
+        "<new_chunk>\nthe chunk\n</new_chunk>" in messages[1]["content"]
+        and "90 tokens" in messages[1]["content"]
+    )
     with pytest.raises(ValueError, match="prompt profile"):
         memorise_messages(render_memorise(memory), "x", fmt, profile="tiny")
 
@@ -346,7 +354,9 @@ def test_parse_survives_huge_and_deep_input(fmt):
     deep = "✿FUNCTION✿: x\n✿ARGS✿: " + '{"a":' + "[" * 50_000 if fmt is QWEN else \
         '<tool_call>{"name": "x", "arguments": ' + "[" * 50_000 + "</tool_call>"
     assert fmt.parse(deep).total == 1
-    huge = fmt.render_call("new_memory_insert", {"memory_type": "semantic_memory", "content": "z" * 2_000_000})
+    huge = fmt.render_call(
+        "new_memory_insert", {"memory_type": "semantic_memory", "content": "z" * 2_000_000}
+    )
     parsed = fmt.parse(huge[:1_000_000])
     assert parsed.total == 1 and parsed.errors[0].code == "truncated" and len(parsed.errors[0].raw) < 3000
     assert fmt.parse(None).errors[0].code == "not_text"  # type: ignore[arg-type]
