@@ -33,7 +33,9 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, rel: float, what:
     assert error <= rel, f"{what}: relative norm difference {error:.3g} > {rel:g}"
 
 
-def assert_same_gradients(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], rel: float = GRADIENT_REL):
+def assert_same_gradients(
+    actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], rel: float = GRADIENT_REL
+):
     """Same parameter names, and every gradient within ``rel`` of the other by norm."""
     assert actual.keys() == expected.keys() and len(expected) > 0, (sorted(actual), sorted(expected))
     for name, grad in expected.items():

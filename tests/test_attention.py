@@ -50,7 +50,11 @@ class ScoreShapes(TorchDispatchMode):
 def _inputs(rows=2, heads=4, kv_heads=2, queries=12, keys=12, width=8, dtype=torch.float64, grad=False):
     generator = torch.Generator().manual_seed(0)
     make = lambda *shape: torch.randn(*shape, generator=generator, dtype=dtype).requires_grad_(grad)
-    return make(rows, heads, queries, width), make(rows, kv_heads, keys, width), make(rows, kv_heads, keys, width)
+    return (
+        make(rows, heads, queries, width),
+        make(rows, kv_heads, keys, width),
+        make(rows, kv_heads, keys, width),
+    )
 
 
 def _reference(query, key, value, mask=None, is_causal=False):
@@ -168,9 +172,13 @@ def gqa_policy(tmp_path_factory, tokenizer):
 
 
 def _prompts(tokenizer, lengths=(90, 61, 75)):
-    words = ["memory", "agent", "reads", "each", "chunk", "and", "stores", "the", "facts", "it", "needs", "later", "for", "the", "questions"]
+    words = [
+        "memory", "agent", "reads", "each", "chunk", "and", "stores", "the", "facts", "it", "needs", "later",
+        "for", "the", "questions",
+    ]
     return [
-        tokenizer((" ".join(words) + " ") * 8, add_special_tokens=False)["input_ids"][:length] for length in lengths
+        tokenizer((" ".join(words) + " ") * 8, add_special_tokens=False)["input_ids"][:length]
+        for length in lengths
     ]
 
 
@@ -197,7 +205,9 @@ def test_no_pass_builds_a_full_score_tensor_when_only_math_runs(gqa_policy, shar
         with sdpa_kernel(SDPBackend.MATH), ScoreShapes(elements=SCORE_BUDGET // 4) as shapes:
             sampled = generate(model, tokenizer, prompts, max_new_tokens=6, seed=0, share_prefix=share_prefix)
             with base_weights(model):  # the reader: the base, adapters off
-                generate(model, tokenizer, prompts, max_new_tokens=4, do_sample=False, share_prefix=share_prefix)
+                generate(
+                    model, tokenizer, prompts, max_new_tokens=4, do_sample=False, share_prefix=share_prefix
+                )
             with torch.no_grad(), model.disable_adapter():  # the reference
                 token_scores(
                     model,
@@ -229,7 +239,9 @@ def test_detector_sees_the_score_tensor_of_plain_sdpa(gqa_policy):
     base.set_attn_implementation("sdpa")
     try:
         with sdpa_kernel(SDPBackend.MATH), ScoreShapes(elements=SCORE_BUDGET // 4) as shapes:
-            generate(model, tokenizer, _prompts(tokenizer), max_new_tokens=2, do_sample=False, share_prefix=False)
+            generate(
+                model, tokenizer, _prompts(tokenizer), max_new_tokens=2, do_sample=False, share_prefix=False
+            )
     finally:
         use_bounded_attention(model)
     assert shapes.seen

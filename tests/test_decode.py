@@ -44,7 +44,15 @@ def hf_filtered(logits: torch.Tensor, temperature: float, top_k: int, top_p: flo
 
 @pytest.mark.parametrize(
     ("temperature", "top_k", "top_p"),
-    [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 5, 1.0), (1.0, 0, 0.8), (0.6, 12, 0.9), (1.3, 3, 0.05), (1.0, 500, 0.99)],
+    [
+        (1.0, 0, 1.0),
+        (0.7, 0, 1.0),
+        (1.0, 5, 1.0),
+        (1.0, 0, 0.8),
+        (0.6, 12, 0.9),
+        (1.3, 3, 0.05),
+        (1.0, 500, 0.99),
+    ],
 )
 def test_filters_drop_exactly_the_tokens_transformers_drops(temperature, top_k, top_p):
     logits = torch.randn(6, 200, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 3
@@ -110,8 +118,15 @@ def test_sampled_tokens_follow_the_models_distribution(small_vocab_model_dir):
 
     model = AutoModelForCausalLM.from_pretrained(small_vocab_model_dir, dtype=torch.float64)
     tokenizer = AutoTokenizer.from_pretrained(small_vocab_model_dir)
-    out = generate(model, tokenizer, [SAMPLING_PROMPT] * SAMPLING_ROWS, max_new_tokens=2, seed=0, eos_token_id=NEVER,
-                   **SAMPLING_FILTERS)
+    out = generate(
+        model,
+        tokenizer,
+        [SAMPLING_PROMPT] * SAMPLING_ROWS,
+        max_new_tokens=2,
+        seed=0,
+        eos_token_id=NEVER,
+        **SAMPLING_FILTERS,
+    )
     assert_follows_the_models_distribution(model, torch.tensor(out.response_ids))
 
 
@@ -130,7 +145,9 @@ def test_growing_cache_holds_the_filled_columns_and_refuses_sliding_windows(peak
     layer.batch_select_indices(torch.tensor([2, 0]))
     assert layer.keys.shape[0] == 2 and layer.keys.shape[2] == len(SYSTEM)
     with pytest.raises(ValueError, match="holds 20 columns, 21 were asked for"):
-        layer.update(*(torch.zeros(2, layer.keys.shape[1], 13, layer.keys.shape[3], dtype=layer.keys.dtype),) * 2)
+        layer.update(
+            *(torch.zeros(2, layer.keys.shape[1], 13, layer.keys.shape[3], dtype=layer.keys.dtype),) * 2
+        )
 
     windowed = MistralConfig(
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -147,8 +164,15 @@ def test_a_sliding_window_decoder_samples_through_model_generate(tokenizer):
 
     torch.manual_seed(0)
     config = MistralConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        sliding_window=4, vocab_size=128, max_position_embeddings=64, initializer_range=0.3,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=4,
+        vocab_size=128,
+        max_position_embeddings=64,
+        initializer_range=0.3,
     )
     model = MistralForCausalLM(config).to(torch.float64).eval()
     assert full_attention_layers(config) is None

@@ -62,7 +62,9 @@ def test_an_exception_inside_the_block_restores_the_layers(peaked_policy):
 def test_folded_sampling_gives_the_same_tokens(peaked_policy):
     model, tokenizer = peaked_policy
     kwargs = {"max_new_tokens": 8, "eos_token_id": 10_000}
-    greedy = [generate(model, tokenizer, PROMPTS, do_sample=False, fold_adapters=f, **kwargs) for f in (False, True)]
+    greedy = [
+        generate(model, tokenizer, PROMPTS, do_sample=False, fold_adapters=f, **kwargs) for f in (False, True)
+    ]
     assert greedy[0].response_ids == greedy[1].response_ids
     sampled = [generate(model, tokenizer, PROMPTS, seed=3, fold_adapters=f, **kwargs) for f in (False, True)]
     assert sampled[0].response_ids == sampled[1].response_ids

@@ -20,7 +20,14 @@ from memalpha.lm.sampling.generation import generate
 
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]
 # two groups of two, a single prompt, and a prompt shorter than the rest (left padding)
-PROMPTS = [SYSTEM + [20, 21, 22], SYSTEM + [20, 21, 22], SYSTEM + [30], SYSTEM + [30], SYSTEM + [40, 41], [19, 23]]
+PROMPTS = [
+    SYSTEM + [20, 21, 22],
+    SYSTEM + [20, 21, 22],
+    SYSTEM + [30],
+    SYSTEM + [30],
+    SYSTEM + [40, 41],
+    [19, 23],
+]
 NEVER = 10_000  # an end token no row emits
 
 
@@ -83,7 +90,14 @@ def test_greedy_tokens_equal_model_generate_while_groups_end_apart(peaked_policy
 
 def test_seeded_samples_equal_the_unfolded_paths(peaked_policy, monkeypatch):
     model, tokenizer = peaked_policy
-    kwargs = {"max_new_tokens": 12, "eos_token_id": NEVER, "seed": 5, "temperature": 1.3, "top_k": 40, "top_p": 0.95}
+    kwargs = {
+        "max_new_tokens": 12,
+        "eos_token_id": NEVER,
+        "seed": 5,
+        "temperature": 1.3,
+        "top_k": 40,
+        "top_p": 0.95,
+    }
     fused = generate(model, tokenizer, PROMPTS, fold_adapters=True, **kwargs)
     own_loop = generate(model, tokenizer, PROMPTS, fold_adapters=False, **kwargs)
     folded_layers = generate(model, tokenizer, PROMPTS, fold_adapters=True, backend="growing-cache", **kwargs)
@@ -93,7 +107,10 @@ def test_seeded_samples_equal_the_unfolded_paths(peaked_policy, monkeypatch):
 def tiny_qwen(kind: str, path, tokenizer) -> str:
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    config_class, model_class = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[kind]
+    config_class, model_class = {
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    }[kind]
     torch.manual_seed(0)
     config = config_class(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -114,7 +131,9 @@ def tiny_qwen(kind: str, path, tokenizer) -> str:
 def test_qwen_decoders_give_model_generates_greedy_tokens(kind, tmp_path, tokenizer, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_qwen(kind, tmp_path, tokenizer), dtype=torch.float64).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_qwen(kind, tmp_path, tokenizer), dtype=torch.float64
+    ).eval()
     assert FusedDecoder.build(*split_decoder_and_head(model)) is not None
     if kind == "qwen2":
         assert model.model.layers[0].self_attn.q_proj.bias is not None
@@ -153,7 +172,9 @@ def test_packed_float32_step_gives_model_generates_greedy_tokens(peaked_policy, 
     tokenizer = peaked_policy[1]
     rows_seen: list[int] = []
     packed = torch.ops.mkl._mkl_linear
-    monkeypatch.setattr(torch.ops.mkl, "_mkl_linear", lambda x, *args: rows_seen.append(x.shape[0]) or packed(x, *args))
+    monkeypatch.setattr(
+        torch.ops.mkl, "_mkl_linear", lambda x, *args: rows_seen.append(x.shape[0]) or packed(x, *args)
+    )
     end = early_end_token(model, tokenizer, PROMPTS, others_from=2, all_others=True)
     kwargs = {"max_new_tokens": 10, "do_sample": False, "eos_token_id": end}
     ours = generate(model, tokenizer, PROMPTS, fold_adapters=True, **kwargs)

@@ -49,9 +49,17 @@ def graph_sample(model, tokenizer, prompts, *, max_new_tokens, eos_token_id, do_
         if seed is not None:
             torch.manual_seed(seed)
         return graph_decode.sample(
-            model, prompts, pad_id=tokenizer.pad_token_id, max_new_tokens=max_new_tokens, eos_ids=[eos_token_id],
-            bucket_columns=bucket_columns, share_prefix=share_prefix, eos_check_steps=eos_check_steps,
-            stats=stats, compile_backend=compile_backend, **how,
+            model,
+            prompts,
+            pad_id=tokenizer.pad_token_id,
+            max_new_tokens=max_new_tokens,
+            eos_ids=[eos_token_id],
+            bucket_columns=bucket_columns,
+            share_prefix=share_prefix,
+            eos_check_steps=eos_check_steps,
+            stats=stats,
+            compile_backend=compile_backend,
+            **how,
         )
 
 
@@ -66,7 +74,9 @@ def nf4_policy(tmp_path_factory, tokenizer):
 
     folder = build_tiny_model_dir(tmp_path_factory.mktemp("nf4-policy"), tokenizer, initializer_range=0.3)
     torch.manual_seed(0)
-    model, tokenizer = load_policy(folder, precision="nf4", compute_dtype="float32", lora=LoraSettings(r=4, alpha=8))
+    model, tokenizer = load_policy(
+        folder, precision="nf4", compute_dtype="float32", lora=LoraSettings(r=4, alpha=8)
+    )
     randomise_lora_b(model, 0.2)
     for module in model.modules():  # bitsandbytes' AVX512-BF16 CPU kernel would multiply in bf16
         if is_four_bit(module):
@@ -78,7 +88,9 @@ def nf4_policy(tmp_path_factory, tokenizer):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_greedy_tokens_equal_generate_and_model_generate_while_rows_end_apart(peaked_policy, monkeypatch, dtype):
+def test_greedy_tokens_equal_generate_and_model_generate_while_rows_end_apart(
+    peaked_policy, monkeypatch, dtype
+):
     model, tokenizer = peaked_policy
     model = copy.deepcopy(model).to(dtype).eval()
     assert graph_decode.supports(model) is None
@@ -99,7 +111,14 @@ def test_seeded_samples_equal_memalphas_loop_while_rows_end(peaked_policy):
     """Only live rows draw, in their order, so the random stream is the reference loop's."""
     model, tokenizer = peaked_policy
     end = early_end_token(model, tokenizer, PROMPTS, others_from=1, all_others=False)
-    kwargs = {"max_new_tokens": 12, "eos_token_id": end, "seed": 5, "temperature": 1.3, "top_k": 40, "top_p": 0.95}
+    kwargs = {
+        "max_new_tokens": 12,
+        "eos_token_id": end,
+        "seed": 5,
+        "temperature": 1.3,
+        "top_k": 40,
+        "top_p": 0.95,
+    }
     ours, cut = graph_sample(model, tokenizer, PROMPTS, **kwargs)
     theirs = generate(model, tokenizer, PROMPTS, **kwargs)
     assert ours == theirs.response_ids and cut == theirs.truncated
@@ -130,7 +149,9 @@ def test_end_tokens_stop_rows_and_only_live_rows_are_picked(peaked_policy):
         return torch.tensor(next(script))
 
     with torch.no_grad():
-        tokens, cut = graph_decode.decode(decoder, head, config, batch, max_new_tokens=4, eos_ids=[99], pick=pick)
+        tokens, cut = graph_decode.decode(
+            decoder, head, config, batch, max_new_tokens=4, eos_ids=[99], pick=pick
+        )
     assert tokens == [[5, 7, 99], [99], [6, 8, 9, 10]]
     assert cut == [False, False, True]
     assert seen_rows == [3, 2, 2, 1]
@@ -168,7 +189,9 @@ def test_a_step_run_twice_changes_nothing_and_reads_buffers_that_never_move(peak
     assert len(addresses) == 5 and all(a == addresses[0] for a in addresses)
 
 
-HOST_READS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_dim"}
+HOST_READS = {
+    "_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_dim",
+}
 """Operators that read a device tensor on the host (``item``, ``bool``, ``tolist``) or size their
 output by its data: a CUDA graph cannot capture them."""
 
@@ -243,7 +266,9 @@ def test_a_shared_prefix_layout_gives_the_same_tokens(peaked_policy):
     greedy = {"max_new_tokens": 6, "eos_ids": [NEVER], "pick": lambda logits: logits.argmax(-1)}
     with torch.no_grad():
         plain = pad_prompt_response(prompts, [[] for _ in prompts], tokenizer.pad_token_id)
-        holed = pad_prompt_response(prompts, [[] for _ in prompts], tokenizer.pad_token_id, shared_prefix=len(SYSTEM))
+        holed = pad_prompt_response(
+            prompts, [[] for _ in prompts], tokenizer.pad_token_id, shared_prefix=len(SYSTEM)
+        )
         assert not torch.equal(plain.attention_mask, holed.attention_mask)
         expected, _ = graph_decode.decode(decoder, head, config, plain, **greedy)
         assert graph_decode.decode(decoder, head, config, holed, **greedy)[0] == expected
@@ -335,7 +360,9 @@ def test_bucketed_steps_give_the_growing_cache_loops_logits_in_float64(peaked_po
      ([PROMPTS[0]] * 4, len(PROMPTS[0]) - 1)],
     ids=["none", "none-distinct", "prefix", "prefix-distinct", "identical"],
 )
-def test_shared_prompts_prefilled_once_give_the_unshared_logits_in_float64(peaked_policy, prompts, prefix_length):
+def test_shared_prompts_prefilled_once_give_the_unshared_logits_in_float64(
+    peaked_policy, prompts, prefix_length
+):
     """Each distinct prompt prefilled once (on its shared prefix) and copied to its rows gives every
     row the logits it gets alone; no prefill, distinct prompts or identical, hands the decoder a
     per-row mask of more than one query (a prompt runs alone, at batch size 1, unpadded)."""
@@ -675,11 +702,20 @@ def test_dora_sliding_windows_and_training_mode_are_refused(tmp_path, tokenizer,
     )
     assert "DoRA" in graph_decode.supports(dora)
     with pytest.raises(ValueError, match="cannot sample from this model: .*DoRA"):
-        graph_decode.sample(dora, PROMPTS, pad_id=0, max_new_tokens=2, eos_ids=[NEVER], pick=lambda x: x.argmax(-1))
-    windowed = MistralForCausalLM(MistralConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        sliding_window=4, vocab_size=64,
-    ))
+        graph_decode.sample(
+            dora, PROMPTS, pad_id=0, max_new_tokens=2, eos_ids=[NEVER], pick=lambda x: x.argmax(-1)
+        )
+    windowed = MistralForCausalLM(
+        MistralConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            sliding_window=4,
+            vocab_size=64,
+        )
+    )
     assert "sliding-window" in graph_decode.supports(windowed)
     model, tokenizer = peaked_policy
     decoder, head, config = split_decoder_and_head(model)
@@ -687,7 +723,9 @@ def test_dora_sliding_windows_and_training_mode_are_refused(tmp_path, tokenizer,
     model.train()
     try:
         with pytest.raises(ValueError, match="eval mode"):
-            graph_decode.decode(decoder, head, config, batch, max_new_tokens=2, eos_ids=[NEVER], pick=lambda x: x)
+            graph_decode.decode(
+                decoder, head, config, batch, max_new_tokens=2, eos_ids=[NEVER], pick=lambda x: x
+            )
     finally:
         model.eval()
     with pytest.raises(ValueError, match="CUDA device"):

@@ -63,7 +63,8 @@ RATIOS = torch.tensor([[1.5, 0.7, 1.0], [1.1, 0.5, 2.0]])
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
 ADV = torch.tensor([1.0, -2.0])
 # by hand, clip 0.2:
-#   row 0 (A=+1): r=1.5 -> min(1.5, 1.2) = 1.2 (clipped high) -> -1.2; r=0.7 -> min(0.7, 0.8) = 0.7 -> -0.7; r=1 -> -1
+#   row 0 (A=+1): r=1.5 -> min(1.5, 1.2) = 1.2 (clipped high) -> -1.2;
+#                 r=0.7 -> min(0.7, 0.8) = 0.7 -> -0.7; r=1 -> -1
 #   row 1 (A=-2): r=1.1 -> min(-2.2, -2.2) -> 2.2; r=0.5 -> min(-1.0, -1.6) = -1.6 (clipped low) -> 1.6
 #   sum = -2.9 + 3.8 = 0.9 over 5 tokens
 PG_SUM, TOKENS = 0.9, 5
@@ -109,7 +110,8 @@ def test_seq_mean_token_sum_norm():
 
 
 def test_k3_kl_by_hand_with_clamps():
-    # d = ref - logp: 0 -> 0; ln2 -> 2 - ln2 - 1; -ln2 -> 0.5 + ln2 - 1; ln3 -> 3 - ln3 - 1; 25 -> clamp 20 -> cap 10
+    # d = ref - logp: 0 -> 0; ln2 -> 2 - ln2 - 1; -ln2 -> 0.5 + ln2 - 1; ln3 -> 3 - ln3 - 1;
+    # 25 -> clamp 20 -> cap 10
     logps = _logps()
     d = torch.tensor([[0.0, math.log(2), -math.log(2)], [math.log(3), 25.0, 123.0]])
     ref = logps.detach() + d
@@ -132,7 +134,11 @@ def test_kl_needs_reference():
 
 
 def test_global_normaliser_makes_micro_batches_add_up():
-    for agg, normaliser in (("token-mean", 5.0), ("seq-mean-token-mean", 2.0), ("seq-mean-token-sum-norm", 2.0)):
+    for agg, normaliser in (
+        ("token-mean", 5.0),
+        ("seq-mean-token-mean", 2.0),
+        ("seq-mean-token-sum-norm", 2.0),
+    ):
         full = policy_loss(_logps(), OLD, None, ADV, MASK, agg=agg, max_len=4).loss
         parts = sum(
             policy_loss(_logps()[i : i + 1], OLD[i : i + 1], None, ADV[i : i + 1], MASK[i : i + 1], agg=agg,
@@ -183,9 +189,12 @@ from conftest import SMALL_VOCAB_CHOSEN as CHOSEN
 
 def _first_token_probability(model, prompts) -> float:
     with torch.no_grad():
-        logp = torch.stack([
-            torch.log_softmax(model(input_ids=torch.tensor([p])).logits[0, -1].float(), -1)[CHOSEN] for p in prompts
-        ])
+        logp = torch.stack(
+            [
+                torch.log_softmax(model(input_ids=torch.tensor([p])).logits[0, -1].float(), -1)[CHOSEN]
+                for p in prompts
+            ]
+        )
     return float(logp.exp().mean())
 
 

@@ -59,7 +59,9 @@ def test_logprobs_come_in_float32_or_float64_for_a_float64_model(policy, policy6
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-@pytest.mark.parametrize(("token_chunk", "vocab_chunk", "micro_batch_size"), [(512, None, 4), (3, None, 3), (2, 1000, 1)])
+@pytest.mark.parametrize(
+    ("token_chunk", "vocab_chunk", "micro_batch_size"), [(512, None, 4), (3, None, 3), (2, 1000, 1)]
+)
 def test_logprobs_equal_naive_log_softmax(policy64, temperature, token_chunk, vocab_chunk, micro_batch_size):
     model, _ = policy64
     with torch.no_grad():
@@ -95,7 +97,9 @@ def test_logprobs_equal_naive_log_softmax(policy64, temperature, token_chunk, vo
     assert torch.all(got[0, :4] < 0)
 
 
-@pytest.mark.parametrize(("temperature", "vocab_chunk", "bias"), [(1.0, None, False), (0.7, 7, True), (1.3, 3, True)])
+@pytest.mark.parametrize(
+    ("temperature", "vocab_chunk", "bias"), [(1.0, None, False), (0.7, 7, True), (1.3, 3, True)]
+)
 def test_head_logprob_gradients_equal_finite_differences(temperature, vocab_chunk, bias):
     """The streamed head's hand-written backward against float64 finite differences, for the
     hidden rows, the head's weight and its bias; targets fall in every vocabulary slice."""

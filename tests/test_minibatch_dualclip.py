@@ -74,7 +74,10 @@ def test_ten_samples_with_size_four_give_sizes_four_three_three():
     ("kwargs", "message"),
     [
         ({"mini_batch_size": 0}, r"^update\.mini_batch_size must be >= 1"),
-        ({"mini_batch_size": 4, "num_mini_batches": 2}, r"^update\.mini_batch_size and update\.num_mini_batches"),
+        (
+            {"mini_batch_size": 4, "num_mini_batches": 2},
+            r"^update\.mini_batch_size and update\.num_mini_batches",
+        ),
         ({"clip_ratio_c": 1.0}, r"^update\.clip_ratio_c must be > 1"),
         ({"clip_ratio_c": 0.5}, r"^update\.clip_ratio_c must be > 1"),
     ],
@@ -130,7 +133,9 @@ def test_the_dual_share_counts_masked_tokens_only():
     old = torch.zeros(2, 3, dtype=torch.float64)
     logps = torch.log(torch.tensor([[10.0, 1.0, 10.0], [10.0, 10.0, 1.0]], dtype=torch.float64))
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    out = policy_loss(logps, old, None, torch.tensor([-1.0, 1.0], dtype=torch.float64), mask, clip_ratio_c=3.0)
+    out = policy_loss(
+        logps, old, None, torch.tensor([-1.0, 1.0], dtype=torch.float64), mask, clip_ratio_c=3.0
+    )
     # response tokens: (row 0) ratio 10 bounded, ratio 1 not; (row 1) positive advantage
     assert out.metrics["clip_ratio/dual"] == pytest.approx(1 / 3)
     # token losses: row 0 min(10, 3 * 1) = 3.0 and 1.0; row 1 -min(10, 1.2) * 1 = -1.2

@@ -43,7 +43,9 @@ def nf4_model_dir(tmp_path_factory, tokenizer):
 
 def _nf4_policy(folder):
     torch.manual_seed(0)
-    model, tokenizer = load_policy(folder, precision="nf4", compute_dtype="float32", lora=LORA, device=TEST_DEVICE)
+    model, tokenizer = load_policy(
+        folder, precision="nf4", compute_dtype="float32", lora=LORA, device=TEST_DEVICE
+    )
     randomise_lora_b(model, 0.2)  # a fresh B is zero, which would hide every A gradient
     return model, tokenizer
 
@@ -88,7 +90,9 @@ def test_nf4_lora_gradients_survive_sampling_and_scoring(nf4_model_dir):
     assert_same_gradients(after, expected, FLOAT32_VS_FLOAT64_REL)
     layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
     packed = [m for m in layers if getattr(m.weight.quant_state, "packing_format_for_cpu", False)]
-    assert len(layers) == 14 and not packed, f"{len(packed)} of {len(layers)} NF4 layers packed for CPU inference"
+    assert len(layers) == 14 and not packed, (
+        f"{len(packed)} of {len(layers)} NF4 layers packed for CPU inference"
+    )
 
 
 def test_a_layer_already_packed_is_refused(nf4_model_dir):

@@ -20,7 +20,14 @@ from memalpha.lm.scoring.spec import ScoringSpec
 SYSTEM = [11, 12, 13, 14, 15]
 # two groups whose response lengths differ, one of them with an empty response, and a short prompt
 PROMPTS = [SYSTEM + [20, 21]] * 3 + [SYSTEM + [30]] * 3
-RESPONSES = [[100, 101, 102, 103, 104, 105, 106], [107], [108, 109, 2], [110, 111], [], [112, 113, 114, 115, 116, 117]]
+RESPONSES = [
+    [100, 101, 102, 103, 104, 105, 106],
+    [107],
+    [108, 109, 2],
+    [110, 111],
+    [],
+    [112, 113, 114, 115, 116, 117],
+]
 
 
 def test_worth_packing_by_hand():
@@ -99,7 +106,8 @@ def test_packed_scores_equal_the_padded_path(policy64, monkeypatch, attention):
     assert_close(ours.logprobs, theirs.logprobs, rel, "log-probs")
     assert_close(ours.entropy, theirs.entropy, rel, "entropy")
     assert torch.all(ours.logprobs[4] == 0) and torch.all(ours.logprobs[1, 1:] == 0)
-    # float32 softmax rounding reaches eager's float64 gradients at ~1e-6; a wrong mask or position moves them by > 1e-3
+    # float32 softmax rounding reaches eager's float64 gradients at ~1e-6;
+    # a wrong mask or position moves them by > 1e-3
     assert_same_gradients(our_grads, their_grads, GRADIENT_REL if attention == "sdpa" else 1e-5)
     assert any(g.abs().sum() > 0 for g in our_grads.values())
 

@@ -46,7 +46,8 @@ def test_fp32_lora_settings_and_only_adapter_trainable(tiny_model_dir):
     assert {n.split(".")[-4] for n in names} == {"q_proj", "v_proj"}
     all_linear, _ = load_policy(tiny_model_dir, lora=LoraSettings(r=2))
     adapted = {n.split(".")[-4] for n in trainable_parameters(all_linear)}
-    assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}  # not lm_head
+    # not lm_head
+    assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 
 def test_reference_is_the_base_model_and_base_weights_stay(tiny_model_dir):
@@ -84,7 +85,9 @@ def test_continue_from_a_saved_adapter(tiny_model_dir, tmp_path):
     assert reloaded.training and trainable_parameters(reloaded)
     reloaded.eval()
     with torch.no_grad():
-        assert torch.equal(token_logprobs(model, PROMPTS, RESPONSES), token_logprobs(reloaded, PROMPTS, RESPONSES))
+        assert torch.equal(
+            token_logprobs(model, PROMPTS, RESPONSES), token_logprobs(reloaded, PROMPTS, RESPONSES)
+        )
 
 
 def test_bf16_and_bare_model(tiny_model_dir):
@@ -116,7 +119,9 @@ def _count_recomputes(model):
 @pytest.mark.parametrize("precision", ["fp32", "nf4"])
 def test_checkpointed_training_step_updates_only_lora(tiny_model_dir, precision):
     torch.manual_seed(0)
-    model, _ = load_policy(tiny_model_dir, precision=precision, lora=LoraSettings(r=4), gradient_checkpointing=True)
+    model, _ = load_policy(
+        tiny_model_dir, precision=precision, lora=LoraSettings(r=4), gradient_checkpointing=True
+    )
     if precision == "nf4":
         import bitsandbytes as bnb
 
@@ -188,7 +193,9 @@ def test_generate_shapes_seed_and_training_mode(tiny_policy):
 def test_greedy_left_padded_batch_equals_one_by_one(tiny_policy):
     model, tokenizer = tiny_policy
     batched = generate(model, tokenizer, PROMPTS, max_new_tokens=6, do_sample=False)
-    single = [generate(model, tokenizer, [p], max_new_tokens=6, do_sample=False).response_ids[0] for p in PROMPTS]
+    single = [
+        generate(model, tokenizer, [p], max_new_tokens=6, do_sample=False).response_ids[0] for p in PROMPTS
+    ]
     assert batched.response_ids == single
     small = generate(model, tokenizer, PROMPTS, max_new_tokens=6, do_sample=False, batch_size=1)
     assert small.response_ids == single
@@ -231,8 +238,14 @@ def test_padded_layout():
 def test_embedded_model_greedy_tokens_are_the_argmax(embedded_model_dir):
     model, tokenizer = load_policy("smollm2-135m-instruct", lora=None)
     messages = [[{"role": "user", "content": text}] for text in ("What is the capital of France?", "Say hi.")]
-    prompts = [list(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)
-                    ["input_ids"]) for m in messages]
+    prompts = [
+        list(
+            tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)[
+                "input_ids"
+            ]
+        )
+        for m in messages
+    ]
     out = generate(model, tokenizer, prompts, max_new_tokens=12, do_sample=False)
     assert "Paris" in tokenizer.decode(out.response_ids[0])
     with torch.no_grad():

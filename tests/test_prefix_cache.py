@@ -135,7 +135,8 @@ def test_gradients_through_the_shared_prefix_equal_the_plain_path(policy):
         model.zero_grad(set_to_none=True)
         model.eval()
     assert_same_gradients(shared, plain)
-    assert any(g.abs().sum() > 0 for n, g in plain.items() if "q_proj" in n)  # the prefix's keys carry gradient
+    # the prefix's keys carry gradient
+    assert any(g.abs().sum() > 0 for n, g in plain.items() if "q_proj" in n)
 
 
 def test_gradient_checkpointing_takes_the_plain_path(tiny_model_dir):
@@ -173,7 +174,10 @@ def test_generation_with_shared_prefix_equals_the_plain_batch(policy):
     sampled = generate(model, tokenizer, PROMPTS, max_new_tokens=6, seed=3, eos_token_id=10_000)
     again = generate(model, tokenizer, PROMPTS, max_new_tokens=6, seed=3, eos_token_id=10_000)
     assert sampled.response_ids == again.response_ids
-    assert sampled.response_ids[0] != sampled.response_ids[1] or sampled.response_ids[2] != sampled.response_ids[3]
+    assert (
+        sampled.response_ids[0] != sampled.response_ids[1]
+        or sampled.response_ids[2] != sampled.response_ids[3]
+    )
 
 
 def test_a_handed_in_prefix_must_start_every_prompt(policy):
@@ -189,7 +193,8 @@ def test_a_handed_in_prefix_must_start_every_prompt(policy):
         with pytest.raises(ValueError, match=r"prompt_ids\[0\] does not extend the 8-token shared prefix"):
             token_logprobs(model, [[99] + SYSTEM], [[1]], prefix=prefix)
         with pytest.raises(ValueError, match=r"prompt_ids\[1\]"):
-            token_logprobs(model, [SYSTEM + [1], SYSTEM], [[1], [2]], prefix=prefix)  # nothing after the prefix
+            # nothing after the prefix
+            token_logprobs(model, [SYSTEM + [1], SYSTEM], [[1], [2]], prefix=prefix)
 
 
 # Rows in no particular order: the update sorts them so that equal prompts share a micro-batch.
@@ -241,7 +246,9 @@ def test_update_with_one_prefix_per_mini_batch_equals_the_plain_update(policy, m
     try:
         batch = _update_batch(model)
         plain_metrics, plain = _update_gradients(model, batch, share=False, micro_batch_size=micro_batch_size)
-        shared_metrics, shared = _update_gradients(model, batch, share=True, micro_batch_size=micro_batch_size)
+        shared_metrics, shared = _update_gradients(
+            model, batch, share=True, micro_batch_size=micro_batch_size
+        )
     finally:
         model.eval()
     assert_same_gradients(shared, plain)
@@ -259,7 +266,9 @@ def test_prefix_gradient_is_unscaled_by_the_grad_scale(policy):
         batch = _update_batch(model)
         _, plain = _update_gradients(model, batch, share=False, micro_batch_size=2)
         _, scaled = _update_gradients(model, batch, share=True, micro_batch_size=2, scale=8.0)
-        _, unaware = _update_gradients(model, batch, share=True, micro_batch_size=2, scale=8.0, grad_scale=1.0)
+        _, unaware = _update_gradients(
+            model, batch, share=True, micro_batch_size=2, scale=8.0, grad_scale=1.0
+        )
     finally:
         model.eval()
     assert_same_gradients(scaled, {name: 8.0 * grad for name, grad in plain.items()})

@@ -76,13 +76,17 @@ def test_an_exported_adapter_leaves_the_reference_out(tiny_model_dir, start_adap
 
 
 @pytest.mark.parametrize("kl_reference", ["base", "start"])
-def test_single_turn_kl_at_the_first_step_is_zero_only_against_the_start(tiny_model_dir, start_adapter, kl_reference):
+def test_single_turn_kl_at_the_first_step_is_zero_only_against_the_start(
+    tiny_model_dir, start_adapter, kl_reference
+):
     settings = SingleTurnSettings(
         steps=1, prompts_per_step=1, group_size=2, max_new_tokens=4, adapter_path=str(start_adapter),
         update=UpdateSettings(kl_coef=0.1, kl_reference=kl_reference, micro_batch_size=2),
         optimizer=OptimizerSettings(learning_rate=1e-3, weight_decay=0.0, warmup_ratio=0.0),
     )
-    result = train_single_turn(tiny_model_dir, ["Remember: Ada likes tea."], lambda p, c: [0.0, 1.0], settings)
+    result = train_single_turn(
+        tiny_model_dir, ["Remember: Ada likes tea."], lambda p, c: [0.0, 1.0], settings
+    )
     kl = result.history[0]["kl"]
     assert kl == 0.0 if kl_reference == "start" else kl > 1e-4
 

@@ -96,9 +96,17 @@ def test_a_named_fused_step_that_declines_the_weights_is_an_error_and_auto_choos
 def test_sliding_window_decoders_go_to_model_generate(tmp_path, tokenizer):
     from transformers import MistralConfig, MistralForCausalLM
 
-    config = MistralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, sliding_window=4,
-                           pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    config = MistralConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=4,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(0)
     MistralForCausalLM(config).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
