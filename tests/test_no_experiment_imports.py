@@ -1,10 +1,7 @@
 """Tests import nothing from ``experiments/`` (issue 40, item 4): what a test checks directly lives
 in the package (``memalpha/lab/`` for the experiments' measuring kit), and a script is tested by
-running it as a subprocess. A test file that imports a script's module, or puts a folder of
-``experiments/`` on ``sys.path``, fails here.
-
-:data:`NOT_YET` lists the files that still do, each to be turned into subprocess runs or moved
-into the package; the list may only shrink (a listed file that no longer imports is an error too).
+running it in a child process (``tests/script_probe.py``). A test file that imports a script's
+module, or puts a folder of ``experiments/`` on ``sys.path``, fails here.
 """
 
 from __future__ import annotations
@@ -18,14 +15,12 @@ TESTS = REPO / "tests"
 THIS = Path(__file__).name  # its own sample lines are strings
 SCRIPT_MODULES = {path.stem for path in (REPO / "experiments").rglob("*.py")}
 
-# test file -> why it still imports a script (spies on in-process calls, or a script's config builders)
-NOT_YET: dict[str, str] = {}
-
 _EXPERIMENTS_ON_PATH = re.compile(r"sys\.path(\.insert|\.append|\.extend|\[)[^\n]*experiments", re.IGNORECASE)
 
 
 def offences(path: Path) -> list[str]:
-    """The script modules ``path`` imports (anywhere in the file) and its sys.path lines naming experiments."""
+    """The script modules ``path`` imports (anywhere in the file) and its sys.path lines naming
+    experiments."""
     text = path.read_text(encoding="utf-8")
     found = []
     for node in ast.walk(ast.parse(text)):
@@ -43,16 +38,13 @@ def offences(path: Path) -> list[str]:
 
 def test_no_test_imports_a_script_or_puts_experiments_on_the_path():
     offending = {path.name: offences(path) for path in sorted(TESTS.glob("*.py")) if path.name != THIS}
-    new = {name: found for name, found in offending.items() if found and name not in NOT_YET}
-    assert new == {}, "tests must run experiments/ scripts as subprocesses, or import from memalpha.lab"
-
-
-def test_the_not_yet_list_only_shrinks():
-    cleaned = sorted(name for name in NOT_YET if not offences(TESTS / name))
-    assert cleaned == [], f"no longer importing from experiments/: remove from NOT_YET: {cleaned}"
+    found = {name: lines for name, lines in offending.items() if lines}
+    assert found == {}, "tests must run experiments/ scripts as subprocesses, or import from memalpha.lab"
 
 
 def test_the_rule_sees_a_script_import_and_a_path_insert(tmp_path):
     sample = tmp_path / "test_sample.py"
-    sample.write_text('import sys\nsys.path.insert(0, "experiments/bench")\n\n\ndef f():\n    import bench_scale\n')
+    sample.write_text(
+        'import sys\nsys.path.insert(0, "experiments/bench")\n\n\ndef f():\n    import bench_scale\n'
+    )
     assert offences(sample) == ["import bench_scale", 'sys.path: sys.path.insert(0, "experiments/bench")']
