@@ -93,7 +93,9 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], floats: 
     widths = [max([len(h)] + [len(r[c]) for r in cells]) for c, h in enumerate(headers)]
 
     def line(values: Sequence[str]) -> str:
-        return "  ".join(v.rjust(w) if numeric[c] else v.ljust(w) for c, (v, w) in enumerate(zip(values, widths)))
+        return "  ".join(
+            v.rjust(w) if numeric[c] else v.ljust(w) for c, (v, w) in enumerate(zip(values, widths))
+        )
 
     out = [line(list(headers)), "  ".join("-" * w for w in widths)]
     out.extend(line(r) for r in cells)
@@ -104,7 +106,9 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], floats: i
     print(format_table(headers, rows, floats), flush=True)
 
 
-def write_json(report: dict[str, Any], path: str | os.PathLike, *, machine: dict[str, Any] | None = None) -> Path:
+def write_json(
+    report: dict[str, Any], path: str | os.PathLike, *, machine: dict[str, Any] | None = None
+) -> Path:
     """Write ``report`` (plus a ``machine`` block) as indented JSON, atomically; returns the path.
 
     ``machine`` defaults to :func:`machine_info` taken now; pass the one taken at the start of
@@ -193,7 +197,8 @@ class RssSampler:
 
 
 class Stopwatch:
-    """``with Stopwatch(sync) as w: ...`` then ``w.seconds``; ``sync`` (e.g. CUDA synchronise) runs at both ends."""
+    """``with Stopwatch(sync) as w: ...`` then ``w.seconds``; ``sync`` (e.g. CUDA synchronise)
+    runs at both ends."""
 
     def __init__(self, sync=None) -> None:
         self.sync = sync
@@ -259,13 +264,16 @@ def tiny_fit_config(run_dir: Path, model_dir: str, *, steps: int, val_every: int
     config["trainer"].update(max_steps=steps, val_check_interval=val_every, limit_val_batches=1,
                              enable_progress_bar=False)
     config["trainer"]["logger"]["init_args"].update(save_dir=str(run_dir), name="tb", version=None)
-    config["trainer"]["callbacks"][0]["init_args"].update(dirpath=str(run_dir / "checkpoints"), every_n_train_steps=1)
+    config["trainer"]["callbacks"][0]["init_args"].update(
+        dirpath=str(run_dir / "checkpoints"), every_n_train_steps=1
+    )
     config["model"].update(model=model_dir, **model_options)
     config["model"]["reader"].update(max_new_tokens=6)
     config["model"]["rollout"].update(group_size=2, max_new_tokens=12, max_prompt_tokens=2048)
     config["model"]["update"].update(micro_batch_size=4)
-    config["data"].setdefault("synthetic", {}).update(train=train_instances, val=val_instances, chunks=2, questions=2,
-                                                      chunk_words=30)
+    config["data"].setdefault("synthetic", {}).update(
+        train=train_instances, val=val_instances, chunks=2, questions=2, chunk_words=30
+    )
     config["data"].update(instances_per_step=2, val_batch_size=val_instances)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "config.yaml"

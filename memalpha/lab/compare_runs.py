@@ -1,7 +1,8 @@
 """Same results before and after a change: two runs of the same command on the same seed compared
 value by value (issue 31's check of a restructure).
 
-Run:  .venv/bin/python experiments/studies/compare_runs.py BEFORE_DIR AFTER_DIR [--out PATH] [--tolerance 1e-6]
+Run:  .venv/bin/python experiments/studies/compare_runs.py BEFORE_DIR AFTER_DIR
+          [--out PATH] [--tolerance 1e-6]
 
 Each directory is a run's output folder (a TensorBoard ``save_dir``). Compared:
 
@@ -79,8 +80,12 @@ def compare_scalars(before: dict[str, dict[int, float]], after: dict[str, dict[i
         gap = max((abs(before[key][s] - after[key][s]) for s in steps), default=0.0)
         rows.append({"tag": key, "steps": len(steps), "max_abs_difference": gap, "verdict": worst(verdicts)})
     timing = sorted(k for k in shared if is_timing(k.split(":", 1)[1]))
-    return {"rows": rows, "added": sorted(set(after) - set(before)), "removed": sorted(set(before) - set(after)),
-            "timing_skipped": timing}
+    return {
+        "rows": rows,
+        "added": sorted(set(after) - set(before)),
+        "removed": sorted(set(before) - set(after)),
+        "timing_skipped": timing,
+    }
 
 
 def compare_values(before: Any, after: Any, path: str, tolerance: float, out: dict[str, list]) -> None:
@@ -99,7 +104,9 @@ def compare_values(before: Any, after: Any, path: str, tolerance: float, out: di
             out["differs"].append(f"{path} (length {len(before)} -> {len(after)})")
         for index, (b, a) in enumerate(zip(before, after)):
             compare_values(b, a, f"{path}[{index}]", tolerance, out)
-    elif isinstance(before, (int, float)) and isinstance(after, (int, float)) and not isinstance(before, bool):
+    elif (
+        isinstance(before, (int, float)) and isinstance(after, (int, float)) and not isinstance(before, bool)
+    ):
         out[verdict(float(before), float(after), tolerance)].append(path)
     elif before == after:
         out["equal"].append(path)
@@ -114,14 +121,25 @@ def compare_reports(before_dir: Path, after_dir: Path, tolerance: float) -> list
     for name in names:
         b, a = before_dir / name, after_dir / name
         if not (b.exists() and a.exists()):
-            rows.append({"report": name, "verdict": "differs", "missing": "before" if not b.exists() else "after"})
+            rows.append(
+                {"report": name, "verdict": "differs", "missing": "before" if not b.exists() else "after"}
+            )
             continue
         out: dict[str, list] = {"equal": [], "rounding": [], "differs": [], "added": [], "removed": []}
         compare_values(json.loads(b.read_text()), json.loads(a.read_text()), "", tolerance, out)
         verdicts = (["differs"] if out["differs"] else []) + (["rounding"] if out["rounding"] else [])
-        rows.append({"report": name, "values": len(out["equal"]) + len(out["rounding"]) + len(out["differs"]),
-                     "equal": len(out["equal"]), "rounding": out["rounding"][:20], "differs": out["differs"][:20],
-                     "added": out["added"][:20], "removed": out["removed"][:20], "verdict": worst(verdicts)})
+        rows.append(
+            {
+                "report": name,
+                "values": len(out["equal"]) + len(out["rounding"]) + len(out["differs"]),
+                "equal": len(out["equal"]),
+                "rounding": out["rounding"][:20],
+                "differs": out["differs"][:20],
+                "added": out["added"][:20],
+                "removed": out["removed"][:20],
+                "verdict": worst(verdicts),
+            }
+        )
     return rows
 
 
@@ -129,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("before", type=Path)
     parser.add_argument("after", type=Path)
-    parser.add_argument("--tolerance", type=float, default=1e-6, help="relative difference still called rounding")
+    parser.add_argument(
+        "--tolerance", type=float, default=1e-6, help="relative difference still called rounding"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "compare_runs.json")
     args = parser.parse_args(argv)
     for side in (args.before, args.after):
@@ -137,8 +157,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{side}: not a directory")
     scalars = compare_scalars(read_scalars(args.before), read_scalars(args.after), args.tolerance)
     reports = compare_reports(args.before, args.after, args.tolerance)
-    print_table(("scalar", "steps", "max |difference|", "verdict"),
-                [[r["tag"], r["steps"], r["max_abs_difference"], r["verdict"]] for r in scalars["rows"]], floats=9)
+    print_table(
+        ("scalar", "steps", "max |difference|", "verdict"),
+        [[r["tag"], r["steps"], r["max_abs_difference"], r["verdict"]] for r in scalars["rows"]],
+        floats=9,
+    )
     for side in ("added", "removed"):
         if scalars[side]:
             print(f"scalars {side}: {', '.join(scalars[side])}")

@@ -60,7 +60,15 @@ COMPARISONS: tuple[tuple[str, str], ...] = (
     ("grpo_lr0", START),
     ("sft_continued", START),
 )
-METRICS = ("accuracy", "fact_recall", "mean_reward", "tool_success", "memory_tokens", "answer_stored", "reader_given_stored")
+METRICS = (
+    "accuracy",
+    "fact_recall",
+    "mean_reward",
+    "tool_success",
+    "memory_tokens",
+    "answer_stored",
+    "reader_given_stored",
+)
 HEADLINE = ("accuracy", "fact_recall", "mean_reward")
 TRAIN_TAGS = (
     "train/reward",
@@ -77,9 +85,11 @@ TRAIN_TAGS = (
     "train/kl",
     "step_s",
 )
-INTERVALS = ("95 %, paired per instance; seed_level = per-seed mean changes, Student t over seeds (seeds - 1 df)"
-             " and a two-level bootstrap (seeds, then instances); pooled = Student t over instances, each"
-             " averaged over seeds first")
+INTERVALS = (
+    "95 %, paired per instance; seed_level = per-seed mean changes, Student t over seeds (seeds - 1 df)"
+    " and a two-level bootstrap (seeds, then instances); pooled = Student t over instances, each"
+    " averaged over seeds first"
+)
 """The summaries' ``settings.intervals``: what their comparisons hold."""
 SCORES_PATH = RESULTS_DIR / "control_arms" / "instance_scores.json"
 SUMMARY_PATH = RESULTS_DIR / "control_arms.json"
@@ -90,7 +100,11 @@ Flat = dict[str, dict[str, float]]
 
 def flatten(scores: InstanceScores) -> Flat:
     """One key per instance, ``source/instance``."""
-    return {f"{source}/{instance}": dict(values) for source, inst in scores.items() for instance, values in inst.items()}
+    return {
+        f"{source}/{instance}": dict(values)
+        for source, inst in scores.items()
+        for instance, values in inst.items()
+    }
 
 
 def arm_scores(scores: Mapping[str, Any], seed: str, arm: str) -> Flat | None:
@@ -179,7 +193,8 @@ def format_interval(interval: Mapping[str, float] | None) -> str:
 
 
 def seed_level_part(comparison: Mapping[str, Any], part: str) -> Mapping[str, float] | None:
-    """The ``part`` (``"t"`` or ``"bootstrap"``) interval of a comparison's seed level, None if it has none."""
+    """The ``part`` (``"t"`` or ``"bootstrap"``) interval of a comparison's seed level, None if it
+    has none."""
     level = comparison.get("seed_level")
     return None if level is None else level[part]
 
@@ -191,23 +206,47 @@ def comparison_rows(name: str, by_metric: Mapping[str, Any], metrics: Sequence[s
     n_seeds = len(first["seed_level"]["seeds"]) if first.get("seed_level") else 0
     rows = []
     if n_seeds:
-        rows.append([name, "seeds, t", n_seeds, *[format_interval(seed_level_part(by_metric[m], "t")) for m in metrics]])
+        rows.append(
+            [
+                name,
+                "seeds, t",
+                n_seeds,
+                *[format_interval(seed_level_part(by_metric[m], "t")) for m in metrics],
+            ]
+        )
         rows.append(["", "seeds, bootstrap", n_seeds,
                      *[format_interval(seed_level_part(by_metric[m], "bootstrap")) for m in metrics]])
-    rows.append([name if not n_seeds else "", "instances, pooled", first["pooled"]["n"] if first["pooled"] else 0,
-                 *[format_interval(by_metric[m]["pooled"]) for m in metrics]])
+    rows.append(
+        [
+            name if not n_seeds else "",
+            "instances, pooled",
+            first["pooled"]["n"] if first["pooled"] else 0,
+            *[format_interval(by_metric[m]["pooled"]) for m in metrics],
+        ]
+    )
     return rows
 
 
 def print_report(means: Mapping[str, Any], compared: Mapping[str, Any]) -> None:
     """The arm means, then the seed-level, pooled and per-seed paired differences of the headline metrics."""
     print("\nheld-out means over instances (each averaged over seeds), 95 % t interval")
-    rows = [[arm, ",".join(map(str, v["seeds"])) or "-",
-             *[("-" if v.get(m) is None else f"{v[m]['mean']:.3f} ± {v[m]['half_width']:.3f}") for m in METRICS]]
-            for arm, v in means.items()]
+    rows = [
+        [
+            arm,
+            ",".join(map(str, v["seeds"])) or "-",
+            *[
+                ("-" if v.get(m) is None else f"{v[m]['mean']:.3f} ± {v[m]['half_width']:.3f}")
+                for m in METRICS
+            ],
+        ]
+        for arm, v in means.items()
+    ]
     print_table(["arm", "seeds", *METRICS], rows)
-    print("\npaired differences, mean [95 % interval]: over seeds first (t with seeds - 1 df; two-level bootstrap),"
-          " then over instances (pooled = each instance averaged over seeds first), then each seed alone")
+    print(
+        "\npaired differences, mean [95 % interval]: over seeds first (t with seeds - 1 df; "
+        "two-level bootstrap), then over instances (pooled = each instance averaged over seeds "
+        "first), then each seed alone"
+    )
     rows = []
     for name, by_metric in compared.items():
         first = by_metric[HEADLINE[0]]
@@ -279,8 +318,16 @@ def plot(means: Mapping[str, Any], compared: Mapping[str, Any], train: Mapping[s
                             color=f"C{offset}", label=f"{metric}, over seeds" if i == 0 else None)
             interval = compared[name][metric]["pooled"]
             if interval is not None:
-                ax.errorbar(x + 0.05, interval["mean"], yerr=interval["half_width"], fmt="o", mfc="white",
-                            capsize=3, color=f"C{offset}", label=f"{metric}, over instances" if i == 0 else None)
+                ax.errorbar(
+                    x + 0.05,
+                    interval["mean"],
+                    yerr=interval["half_width"],
+                    fmt="o",
+                    mfc="white",
+                    capsize=3,
+                    color=f"C{offset}",
+                    label=f"{metric}, over instances" if i == 0 else None,
+                )
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xticks(range(len(names)), names, rotation=10, fontsize=8)
     ax.set_title("paired differences: t over seeds (squares), pooled instances (circles)", fontsize=8)
@@ -350,7 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--scores", type=Path, default=SCORES_PATH)
     parser.add_argument("--summary", type=Path, default=SUMMARY_PATH)
-    parser.add_argument("--check", action="store_true", help="exit 1 unless the summary's intervals are rebuilt")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 unless the summary's intervals are rebuilt"
+    )
     parser.add_argument("--update", action="store_true",
                         help="rewrite the summary's intervals from the scores file, keeping the rest of it")
     parser.add_argument("--plot", type=Path, default=None, help="redraw the figure to this PNG")
@@ -359,7 +408,9 @@ def main(argv: list[str] | None = None) -> int:
     means, compared = arm_means(scores), comparisons(scores)
     print_report(means, compared)
     if args.update:
-        update_summary(args.summary, {"arm_means": means, "comparisons": compared}, report_command(__file__, argv))
+        update_summary(
+            args.summary, {"arm_means": means, "comparisons": compared}, report_command(__file__, argv)
+        )
         print(f"(intervals written to {args.summary})")
     if args.summary.exists():
         print_compute(read_json(args.summary).get("runs", {}))
@@ -369,7 +420,9 @@ def main(argv: list[str] | None = None) -> int:
             plot(means, compared, summary.get("train", {}), args.plot)
             print(f"(plot written to {args.plot})")
         if args.check:
-            ok = same_numbers(compared, summary.get("comparisons")) and same_numbers(means, summary.get("arm_means"))
+            ok = same_numbers(compared, summary.get("comparisons")) and same_numbers(
+                means, summary.get("arm_means")
+            )
             print("rebuilt intervals " + ("match" if ok else "DIFFER from") + f" {args.summary}")
             return 0 if ok else 1
     return 0

@@ -42,7 +42,10 @@ def verdict(torch_cuda: str | None, folder: Path | None, override: str | None = 
     if folder is None:
         return (
             2,
-            f"cuda check: torch CUDA {torch_cuda}, but bitsandbytes is not installed (bash experiments/gpu/gpu_pack.sh)",
+            (
+                f"cuda check: torch CUDA {torch_cuda}, but bitsandbytes is not installed "
+                "(bash experiments/gpu/gpu_pack.sh)"
+            ),
         )
     wanted = override or torch_cuda.replace(".", "")
     tags = library_tags(folder)

@@ -129,15 +129,19 @@ def print_decisive(rebuilt: Mapping[str, Any]) -> None:
               f"{'passed' if held['passed'] else 'NOT passed'} ({shares})")
     t = decision["t_over_seeds"]
     where = "-" if t is None else f"{t['mean']:+.3f} [{t['low']:+.3f}, {t['high']:+.3f}]"
-    print(f"verdict ({decision['comparison']}, {decision['metric']}, t over seeds {decision['seeds_done']} of "
-          f"{decision['seeds_planned']}: {where}): {decision['verdict']}")
+    print(
+        f"verdict ({decision['comparison']}, {decision['metric']}, t over seeds {decision['seeds_done']} of "
+        f"{decision['seeds_planned']}: {where}): {decision['verdict']}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--scores", type=Path, default=SCORES_PATH)
     parser.add_argument("--summary", type=Path, default=SUMMARY_PATH)
-    parser.add_argument("--check", action="store_true", help="exit 1 unless the summary's numbers are rebuilt")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 unless the summary's numbers are rebuilt"
+    )
     args = parser.parse_args(argv)
     scores = read_json(args.scores)
     summary = read_json(args.summary) if args.summary.exists() else {}

@@ -86,7 +86,8 @@ class GpuRecord:
 
     @classmethod
     def start(cls, allow_dirty: bool = False, repo: Path = REPO_ROOT, **kwargs: Any) -> GpuRecord:
-        """Check the tree of ``repo`` (raises :class:`tree_state.DirtyTree`, one line, when it must not run)."""
+        """Check the tree of ``repo`` (raises :class:`tree_state.DirtyTree`, one line, when it must
+        not run)."""
         return cls(checked_state(allow_dirty, repo), **kwargs)
 
     def __enter__(self) -> Self:

@@ -59,8 +59,10 @@ def lever_comparisons(scores: Mapping[str, Any], metrics: Sequence[str] = LEVER_
 
 
 def print_levers(compared: Mapping[str, Any], metrics: Sequence[str] = HEADLINE) -> None:
-    print("\npaired differences, mean [95 % interval]: over seeds first where 2 or more ran (t with seeds - 1 df;"
-          " two-level bootstrap), then over held-out instances (each averaged over the seeds run)")
+    print(
+        "\npaired differences, mean [95 % interval]: over seeds first where 2 or more ran (t with seeds - 1 "
+        "df; two-level bootstrap), then over held-out instances (each averaged over the seeds run)"
+    )
     rows = [row for name, by_metric in compared.items() for row in comparison_rows(name, by_metric, metrics)]
     print_table(["comparison", "over", "n", *metrics], rows)
 

@@ -72,7 +72,9 @@ def run_path(runs_dir: Path, arm: str, seed: int, digest: str) -> Path:
     return runs_dir / f"{run_id(arm, seed, digest)}.json"
 
 
-def load_runs(runs_dir: Path, todo: Iterable[tuple[int, str]], digest: str) -> dict[tuple[int, str], dict[str, Any]]:
+def load_runs(
+    runs_dir: Path, todo: Iterable[tuple[int, str]], digest: str
+) -> dict[tuple[int, str], dict[str, Any]]:
     """The finished runs of ``todo`` found in ``runs_dir``."""
     found = {}
     for seed, arm in todo:
@@ -188,8 +190,9 @@ def verdict_lines(learning: Mapping[str, Any]) -> list[str]:
     lines = []
     for arm, v in learning["against_trl"].items():
         lines.append(
-            f"{arm} - trl over the last {learning['window']} steps: {v['difference']:+.3f}, 95 % Welch interval "
-            f"[{v['low']:+.3f}, {v['high']:+.3f}] (df {v['df']:.1f}) against ±{v['margin']}: {v['verdict']}"
+            f"{arm} - trl over the last {learning['window']} steps: {v['difference']:+.3f}, "
+            f"95 % Welch interval [{v['low']:+.3f}, {v['high']:+.3f}] (df {v['df']:.1f}) "
+            f"against ±{v['margin']}: {v['verdict']}"
         )
     if not learning["adequate"]:
         lines.append(f"not a parity check: {'; '.join(learning['problems'])}")
@@ -211,7 +214,9 @@ def plot(learning: Mapping[str, Any], title: str, path: Path) -> None:
         steps = list(range(1, len(data["reward_per_step_mean"]) + 1))
         ax.plot(steps, data["reward_per_step_mean"], marker="o", markersize=3, color=colour,
                 label=f"{arm} (mean of {len(data['seeds'])} runs)")
-        ax.fill_between(steps, data["reward_per_step_min"], data["reward_per_step_max"], color=colour, alpha=0.15)
+        ax.fill_between(
+            steps, data["reward_per_step_min"], data["reward_per_step_max"], color=colour, alpha=0.15
+        )
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("mean reward of the step's samples")
     ax.set_title(title, fontsize=9)

@@ -22,7 +22,8 @@ METRICS = ("accuracy", "tool_success", "memory_tokens", "compression", "mean_rew
 
 
 def t975(df: float) -> float:
-    """The 0.975 quantile of Student's t with ``df`` degrees of freedom (:func:`memalpha.intervals.t_quantile`)."""
+    """The 0.975 quantile of Student's t with ``df`` degrees of freedom
+    (:func:`memalpha.intervals.t_quantile`)."""
     if df < 1:
         raise ValueError(f"degrees of freedom must be >= 1, got {df}")
     return t_quantile(0.975, df)
