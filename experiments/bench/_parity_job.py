@@ -25,8 +25,12 @@ PARITY_LORA = LoraSettings(r=16, alpha=32, dropout=0.0, target_modules="all-line
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """``--model``, ``--adapter-path``, ``--prompts``, ``--group-size`` and ``--max-new-tokens``."""
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="embedded model name or local HF folder")
-    parser.add_argument("--adapter-path", default=None, help="PEFT adapter folder (default: a fresh drawn adapter)")
+    parser.add_argument(
+        "--model", default="smollm2-135m-instruct", help="embedded model name or local HF folder"
+    )
+    parser.add_argument(
+        "--adapter-path", default=None, help="PEFT adapter folder (default: a fresh drawn adapter)"
+    )
     parser.add_argument("--prompts", type=int, default=2, help="distinct prompts")
     parser.add_argument("--group-size", type=int, default=4, help="rows per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=112)
@@ -38,7 +42,9 @@ def check_job_arguments(parser: argparse.ArgumentParser, args: argparse.Namespac
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.adapter_path and not (Path(args.adapter_path) / "adapter_config.json").is_file():
-        parser.error(f"--adapter-path {args.adapter_path!r} is not a PEFT adapter folder (no adapter_config.json)")
+        parser.error(
+            f"--adapter-path {args.adapter_path!r} is not a PEFT adapter folder (no adapter_config.json)"
+        )
 
 
 def load_job(args: argparse.Namespace, job_seed: int):

@@ -1,6 +1,7 @@
 """Decoding-step time of memalpha's three sampling paths on the parity job's generation.
 
-Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench/bench_decode.py [--adapter-path runs/learning_curve/sft/adapter]
+Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench/bench_decode.py
+          [--adapter-path runs/learning_curve/sft/adapter]
 
 The job is ``bench_vs_trl.py --parity``'s: the embedded model with an adapter, ``--prompts``
 memorising prompts of the memory job (~560 tokens) sampled ``--group-size`` times each, up to
@@ -8,13 +9,14 @@ memorising prompts of the memory job (~560 tokens) sampled ``--group-size`` time
 full length), so every path runs the same number of steps at the same batch and the time per
 step compares like with like. The paths, in one process, alternating ``--repeats`` times:
 
-* ``peft``    -- ``fold_adapters=False``: memalpha's loop (:mod:`memalpha.lm.sampling.growing_cache`) through
-                 PEFT's LoRA layers (base product plus two thin ones per adapted layer);
+* ``peft``    -- ``fold_adapters=False``: memalpha's loop (:mod:`memalpha.lm.sampling.growing_cache`)
+                 through PEFT's LoRA layers (base product plus two thin ones per adapted layer);
 * ``folded``  -- the same loop with each LoRA layer run as one product over a folded copy of
                  its weight (:mod:`memalpha.lm.core.folded_lora`; what non-Llama decoders get);
 * ``fused``   -- ``fold_adapters=True``: memalpha's own decoding step
                  (:mod:`memalpha.lm.sampling.fused_decode`), q/k/v stacked, prompt keys read once per
-                 prompt, float32 products packed for the batch's rows (:mod:`memalpha.lm.sampling.packed_linear`);
+                 prompt, float32 products packed for the batch's rows
+                 (:mod:`memalpha.lm.sampling.packed_linear`);
 * ``fused_plain`` -- the same step with its products through ``F.linear`` (packing off).
 
 Prefill (the prompts' keys, once per distinct prompt) is timed apart from the decoding steps.
@@ -47,7 +49,8 @@ NO_END = 10**9  # an end token no row emits
 
 
 class DecodeTimer:
-    """Times the decoding loops that :func:`memalpha.lm.sampling.generation.generate` calls (not the prefill)."""
+    """Times the decoding loops that :func:`memalpha.lm.sampling.generation.generate` calls
+    (not the prefill)."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
@@ -63,7 +66,9 @@ class DecodeTimer:
         return timed
 
 
-def run_path(path: str, model, tokenizer, rows: list[list[int]], max_new_tokens: int, seed: int) -> dict[str, float]:
+def run_path(
+    path: str, model, tokenizer, rows: list[list[int]], max_new_tokens: int, seed: int
+) -> dict[str, float]:
     """One generation of ``rows`` through ``path``; total and decoding seconds."""
     timer = DecodeTimer()
     saved = (generation.decode, generation.fused_decode, generation.FusedDecoder)
@@ -116,7 +121,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_job_arguments(parser)
     parser.add_argument("--repeats", type=int, default=3, help="rounds of all paths, alternating")
-    parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {','.join(PATHS)}")
+    parser.add_argument(
+        "--paths", default=",".join(PATHS), help=f"comma-separated subset of {','.join(PATHS)}"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(RESULTS), help="JSON report path")
     args = parser.parse_args(argv)
@@ -139,8 +146,11 @@ def main(argv=None) -> dict[str, Any]:
         for path in args.paths:
             record = run_path(path, model, tokenizer, rows, args.max_new_tokens, args.seed + repeat)
             records[path].append(record)
-            print(f"[bench_decode] repeat {repeat + 1}/{args.repeats} {path}: {record['ms_per_step']:.1f} ms/step, "
-                  f"prefill {record['prefill_s']:.2f} s", flush=True)
+            print(
+                f"[bench_decode] repeat {repeat + 1}/{args.repeats} {path}: {record['ms_per_step']:.1f} "
+                f"ms/step, prefill {record['prefill_s']:.2f} s",
+                flush=True,
+            )
     summary = {path: summarise(recs) for path, recs in records.items()}
     print_table(
         ["path", "runs", "ms/step med", "min", "max", "prefill s", "decode s", "total s", "tok/s"],

@@ -45,11 +45,12 @@ Decode tokens/s counts the tokens of whole decoding steps over their time: for t
 host-picking graph clocked at the token picker (:class:`PickClock`: no prefill, no capture), for
 the in-graph sampler the token loop less its captures (it reads the host every
 ``EOS_CHECK_STEPS`` steps, so no picker runs per step); total tokens/s
-counts every token over the whole call (weights folded, prefill, capture included). Before timing, ``--check-steps`` steps of each path run with the
-same scripted tokens fed back (teacher forcing) and their logits are compared step by step
-(:func:`check_logits`): the backend against the loop should differ by the folded weights' bf16
-rounding (a few 1e-2 at most; a wrong mask, position or cache column gives ~1), and the captured
-step against the same step run eagerly by nothing (a stale buffer in the graph shows there). Writes ``experiments/results/bench_graph_decode.json`` (``--out``).
+counts every token over the whole call (weights folded, prefill, capture included). Before timing,
+``--check-steps`` steps of each path run with the same scripted tokens fed back (teacher forcing) and their
+logits are compared step by step (:func:`check_logits`): the backend against the loop should differ by the
+folded weights' bf16 rounding (a few 1e-2 at most; a wrong mask, position or cache column gives ~1), and the
+captured step against the same step run eagerly by nothing (a stale buffer in the graph shows there). Writes
+``experiments/results/bench_graph_decode.json`` (``--out``).
 """
 
 from __future__ import annotations
@@ -92,7 +93,9 @@ TINY = {
 }
 
 
-def build_model(device: torch.device, *, tiny: bool, nf4: bool, lora_rank: int, seed: int, upcast: bool = True):
+def build_model(
+    device: torch.device, *, tiny: bool, nf4: bool, lora_rank: int, seed: int, upcast: bool = True
+):
     """The random Qwen3 the module docstring describes, in eval mode."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -107,7 +110,9 @@ def build_model(device: torch.device, *, tiny: bool, nf4: bool, lora_rank: int, 
     if lora_rank:
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules="all-linear"))
+        model = get_peft_model(
+            model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules="all-linear")
+        )
         with torch.no_grad():
             for name, parameter in model.named_parameters():
                 if "lora_B" in name:
@@ -129,8 +134,13 @@ def quantise_decoder(model, compute_dtype: torch.dtype, upcast: bool = True) -> 
                 continue
             parent = layer.get_submodule(name.rpartition(".")[0]) if "." in name else layer
             quantised = bnb.nn.Linear4bit(
-                module.in_features, module.out_features, bias=module.bias is not None, compute_dtype=compute_dtype,
-                compress_statistics=True, quant_type="nf4", device="meta",
+                module.in_features,
+                module.out_features,
+                bias=module.bias is not None,
+                compute_dtype=compute_dtype,
+                compress_statistics=True,
+                quant_type="nf4",
+                device="meta",
             )
             quantised.weight = bnb.nn.Params4bit(
                 module.weight.data, requires_grad=False, compress_statistics=True, quant_type="nf4"
@@ -210,7 +220,9 @@ def run_graph(model, prompts, max_new_tokens: int, seed: int, device: torch.devi
     every step (the backend's first form), timed at the picker (:class:`PickClock`)."""
     stats: dict[str, Any] = {}
     clock = PickClock(lambda logits: next_tokens(logits, do_sample=True))
-    choice = {"sampling": graph_decode.Sampling(do_sample=True)} if sampling == "in-graph" else {"pick": clock}
+    choice = (
+        {"sampling": graph_decode.Sampling(do_sample=True)} if sampling == "in-graph" else {"pick": clock}
+    )
     synchronise(device)
     start = time.perf_counter()
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -272,7 +284,9 @@ def step_bytes_limit(model, result: dict[str, Any], rows: int, device: torch.dev
     return limit_record(shape, bandwidth or bandwidth_for(name), result["ms_per_step"], name)
 
 
-def profile_graph_steps(model, prompts, steps: int, device: torch.device, top: int = 15) -> list[dict[str, Any]]:
+def profile_graph_steps(
+    model, prompts, steps: int, device: torch.device, top: int = 15
+) -> list[dict[str, Any]]:
     """The kernels (or, on a CPU, operators) that took the most time over ``steps`` decoding steps
     of the graph backend run eagerly (a captured replay shows as one launch; its kernels are the
     eager step's): name, calls, total milliseconds, share of the profiled time. Printed as a table."""
@@ -289,7 +303,9 @@ def profile_graph_steps(model, prompts, steps: int, device: torch.device, top: i
     events = [e for e in prof.key_averages()
               if (e.self_device_time_total > 0 and str(e.device_type).endswith("CUDA") if on_device
                   else e.self_cpu_time_total > 0)]
-    timed = sorted(events, key=lambda e: e.self_device_time_total if on_device else e.self_cpu_time_total, reverse=True)
+    timed = sorted(
+        events, key=lambda e: e.self_device_time_total if on_device else e.self_cpu_time_total, reverse=True
+    )
     total = sum(e.self_device_time_total if on_device else e.self_cpu_time_total for e in events) or 1.0
     rows = [{"name": e.key[:80], "calls": e.count,
              "ms": (e.self_device_time_total if on_device else e.self_cpu_time_total) / 1000.0,
@@ -297,7 +313,11 @@ def profile_graph_steps(model, prompts, steps: int, device: torch.device, top: i
             for e in timed[:top]]
     print(f"[bench_graph_decode] profile of {steps} eager graph-backend steps (prefill included), "
           f"{'device' if on_device else 'CPU'} time {total / 1000:.1f} ms:", flush=True)
-    print_table(["kernel", "calls", "ms", "share"], [[r["name"], r["calls"], r["ms"], r["share"]] for r in rows], floats=3)
+    print_table(
+        ["kernel", "calls", "ms", "share"],
+        [[r["name"], r["calls"], r["ms"], r["share"]] for r in rows],
+        floats=3,
+    )
     return rows
 
 
@@ -332,8 +352,12 @@ def check_logits(model, prompts, steps: int, capture: bool | None, seed: int) ->
         cache = own_loop.growing_cache(decoder, batch.input_ids.shape[1] + steps)
         own_loop.decode(decoder, head, config, batch, cache, pick=recorder(loop_logits), **limits)
         with folded_adapters(model, quantised=True):
-            graph_decode.decode(decoder, head, config, batch, pick=recorder(graph_logits), capture=capture, **limits)
-            graph_decode.decode(decoder, head, config, batch, pick=recorder(eager_logits), capture=False, **limits)
+            graph_decode.decode(
+                decoder, head, config, batch, pick=recorder(graph_logits), capture=capture, **limits
+            )
+            graph_decode.decode(
+                decoder, head, config, batch, pick=recorder(eager_logits), capture=False, **limits
+            )
     return {
         "graph_vs_loop": difference(graph_logits, loop_logits),
         "captured_vs_eager": difference(graph_logits, eager_logits),
@@ -343,9 +367,15 @@ def check_logits(model, prompts, steps: int, capture: bool | None, seed: int) ->
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--tiny", action="store_true", help="a 2-layer, 64-wide Qwen3 instead of Qwen3-4B's shapes")
-    parser.add_argument("--nf4", action="store_true", help="NF4 decoder layers (bitsandbytes), as memalpha's QLoRA")
-    parser.add_argument("--lora-rank", type=int, default=32, help="LoRA rank on every linear layer (0: no adapter)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="a 2-layer, 64-wide Qwen3 instead of Qwen3-4B's shapes"
+    )
+    parser.add_argument(
+        "--nf4", action="store_true", help="NF4 decoder layers (bitsandbytes), as memalpha's QLoRA"
+    )
+    parser.add_argument(
+        "--lora-rank", type=int, default=32, help="LoRA rank on every linear layer (0: no adapter)"
+    )
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=1024)
     parser.add_argument("--max-new-tokens", type=int, default=256,
@@ -356,16 +386,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--capture", choices=("auto", "on", "off"), default="auto",
                         help="auto: capture on CUDA, eager if capture fails; on: fail if it does; off: eager")
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--upcast-unquantised", choices=("on", "off"), default="on",
-                        help="model.lm.upcast_unquantised: on (the default) keeps embedding, norms and head in float32 "
-                             "(a float32 residual stream and cache); off keeps them in bf16 (configs/qlora_4090.yaml)")
-    parser.add_argument("--profile-steps", type=int, default=0,
-                        help="after timing, run this many graph steps eagerly under torch.profiler and report the "
-                             "kernels that took the most device time (0: skip)")
-    parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {','.join(PATHS)}")
-    parser.add_argument("--sampling", choices=("in-graph", "host"), default="in-graph",
-                        help="graph path: in-graph draws inside the captured step, the host reading tokens every "
-                        "EOS_CHECK_STEPS steps (what generate runs); host picks after every step")
+    parser.add_argument(
+        "--upcast-unquantised",
+        choices=("on", "off"),
+        default="on",
+        help="model.lm.upcast_unquantised: on (the default) keeps embedding, norms and head in float32 "
+        "(a float32 residual stream and cache); off keeps them in bf16 (configs/qlora_4090.yaml)",
+    )
+    parser.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="after timing, run this many graph steps eagerly under torch.profiler and report the "
+        "kernels that took the most device time (0: skip)",
+    )
+    parser.add_argument(
+        "--paths", default=",".join(PATHS), help=f"comma-separated subset of {','.join(PATHS)}"
+    )
+    parser.add_argument(
+        "--sampling",
+        choices=("in-graph", "host"),
+        default="in-graph",
+        help="graph path: in-graph draws inside the captured step, the host reading tokens every "
+        "EOS_CHECK_STEPS steps (what generate runs); host picks after every step",
+    )
     parser.add_argument("--compile-step", default="off",
                         help="graph path: torch.compile backend of the decoding step before each width is "
                         "captured (e.g. inductor; off: none); its compile time falls in capture_s")
@@ -418,10 +462,15 @@ def main(argv=None) -> dict[str, Any]:
     if args.identical_prompts:
         prompts = [prompts[0]] * args.rows
     refused = graph_decode.supports(model)
-    print(f"[bench_graph_decode] model built in {build_s:.1f} s on {device}; "
-          f"4-bit layers {sum(is_four_bit(m) for m in model.modules())}; graph backend: {refused or 'supported'}",
-          flush=True)
-    check = check_logits(model, prompts, args.check_steps, args.capture, args.seed) if args.check_steps else {}
+    print(
+        f"[bench_graph_decode] model built in {build_s:.1f} s on {device}; "
+        f"4-bit layers {sum(is_four_bit(m) for m in model.modules())}; "
+        f"graph backend: {refused or 'supported'}",
+        flush=True,
+    )
+    check = (
+        check_logits(model, prompts, args.check_steps, args.capture, args.seed) if args.check_steps else {}
+    )
     for name, differences in check.items():
         print(f"[bench_graph_decode] teacher-forced logits, relative difference {name.replace('_', ' ')}: "
               f"max {max(differences):.3g}, per step {[float(f'{d:.3g}') for d in differences]}", flush=True)
@@ -443,9 +492,12 @@ def main(argv=None) -> dict[str, Any]:
                                 folded=args.hf_weights == "folded")
             result["bytes_limit"] = step_bytes_limit(model, result, args.rows, device, args.bandwidth)
             records[path].append(result)
-            print(f"[bench_graph_decode] repeat {repeat + 1}/{args.repeats} {path}: "
-                  f"{result['decode_tokens_per_s'] or 0:.1f} new tokens/s decoding, {result['tokens_per_s']:.1f} overall",
-                  flush=True)
+            print(
+                f"[bench_graph_decode] repeat {repeat + 1}/{args.repeats} {path}: "
+                f"{result['decode_tokens_per_s'] or 0:.1f} new tokens/s decoding, "
+                f"{result['tokens_per_s']:.1f} overall",
+                flush=True,
+            )
     best = {path: max(recs, key=lambda r: r["decode_tokens_per_s"] or 0) for path, recs in records.items()}
     print_table(
         ["path", "rows", "new tokens", "ms/step", "decode tok/s", "limit ms", "of limit", "total s",
@@ -460,24 +512,39 @@ def main(argv=None) -> dict[str, Any]:
         floats=1,
     )
     if "loop" in best and "graph" in best:
-        print(f"speed-up of decoding: {best['graph']['decode_tokens_per_s'] / best['loop']['decode_tokens_per_s']:.1f}x")
+        print(
+            "speed-up of decoding: "
+            f"{best['graph']['decode_tokens_per_s'] / best['loop']['decode_tokens_per_s']:.1f}x"
+        )
     profile = profile_graph_steps(model, prompts, args.profile_steps, device) if args.profile_steps else []
     report = {
         "benchmark": "bench_graph_decode",
         "command": command_line(),
         "settings": {
-            "device": str(device), "tiny": args.tiny, "nf4": args.nf4, "lora_rank": args.lora_rank,
-            "rows": args.rows, "prompt_tokens": args.prompt_tokens, "max_new_tokens": tokens,
-            "capture": args.capture, "model_config": TINY if args.tiny else QWEN3_4B, "build_s": build_s,
-            "backend_refusal": refused, "upcast_unquantised": args.upcast_unquantised == "on",
-            "profile_steps": args.profile_steps, "bucket_columns": args.bucket_columns,
-            "identical_prompts": args.identical_prompts, "hf_compile": args.hf_compile,
+            "device": str(device),
+            "tiny": args.tiny,
+            "nf4": args.nf4,
+            "lora_rank": args.lora_rank,
+            "rows": args.rows,
+            "prompt_tokens": args.prompt_tokens,
+            "max_new_tokens": tokens,
+            "capture": args.capture,
+            "model_config": TINY if args.tiny else QWEN3_4B,
+            "build_s": build_s,
+            "backend_refusal": refused,
+            "upcast_unquantised": args.upcast_unquantised == "on",
+            "profile_steps": args.profile_steps,
+            "bucket_columns": args.bucket_columns,
+            "identical_prompts": args.identical_prompts,
+            "hf_compile": args.hf_compile,
             "hf_weights": args.hf_weights,
             "bandwidth_Bps": args.bandwidth,
         },
         "profile_top_kernels": profile,
         "check_relative_difference": check,
-        "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+        "peak_gpu_memory_gib": (
+            torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+        ),
         "best": best,
         "runs": records,
     }

@@ -61,7 +61,9 @@ def chunk_units(chunk: str) -> list[str]:
         if paragraph.startswith("Sample:"):
             units.append(" ".join(paragraph.split()))
             continue
-        units.extend(prefix + s.strip() for s in _SENTENCE_END.split(paragraph.replace("\n", " ")) if s.strip())
+        units.extend(
+            prefix + s.strip() for s in _SENTENCE_END.split(paragraph.replace("\n", " ")) if s.strip()
+        )
     return units
 
 
@@ -85,7 +87,9 @@ def run(reader: LocalReader, items) -> tuple[list, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--instances", type=int, default=16, help="validation instances (cycling the 4 families)")
+    parser.add_argument(
+        "--instances", type=int, default=16, help="validation instances (cycling the 4 families)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--prompt-budget", type=int, default=4096)
@@ -104,8 +108,14 @@ def main() -> None:
     instances = generate_synthetic(args.instances, split="val", seed=args.seed)
 
     def reader(batch_size: int) -> LocalReader:
-        return LocalReader(model, tokenizer, max_new_tokens=args.max_new_tokens, temperature=0.0,
-                           retrieval=RetrievalSettings(prompt_tokens=args.prompt_budget), batch_size=batch_size)
+        return LocalReader(
+            model,
+            tokenizer,
+            max_new_tokens=args.max_new_tokens,
+            temperature=0.0,
+            retrieval=RetrievalSettings(prompt_tokens=args.prompt_budget),
+            batch_size=batch_size,
+        )
 
     report: dict = {
         "command": "HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench/bench_reader.py"
@@ -140,8 +150,13 @@ def main() -> None:
         by_family: dict[str, list[float]] = defaultdict(list)
         for source in sorted({s for s, _ in meta}):
             idx = [i for i, (s, _) in enumerate(meta) if s == source]
-            scores, _ = score_answers(source, [answers8[i].text for i in idx], [meta[i][1].answer for i in idx],
-                                      [meta[i][1].question for i in idx], ok=[answers8[i].ok for i in idx])
+            scores, _ = score_answers(
+                source,
+                [answers8[i].text for i in idx],
+                [meta[i][1].answer for i in idx],
+                [meta[i][1].question for i in idx],
+                ok=[answers8[i].ok for i in idx],
+            )
             by_family[source] = scores
         all_scores = [s for v in by_family.values() for s in v]
         prompt_tokens = [reader(8).conversation_tokens(c) for c in reader(8).answer_conversations(items)]
@@ -160,12 +175,24 @@ def main() -> None:
         }
         report["layouts"][layout] = entry
         for bs, t in timings.items():
-            rows.append((layout, bs, len(items), entry["mean_prompt_tokens"], len(items) / t, entry["accuracy"],
-                         entry["accuracy_by_family"]))
+            rows.append(
+                (
+                    layout,
+                    bs,
+                    len(items),
+                    entry["mean_prompt_tokens"],
+                    len(items) / t,
+                    entry["accuracy"],
+                    entry["accuracy_by_family"],
+                )
+            )
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2), encoding="utf-8")
-    print(f"\n{'memory':<10} {'batch':>5} {'questions':>9} {'prompt tok':>10} {'q/s':>6} {'accuracy':>8}  by family")
+    print(
+        f"\n{'memory':<10} {'batch':>5} {'questions':>9} "
+        f"{'prompt tok':>10} {'q/s':>6} {'accuracy':>8}  by family"
+    )
     for layout, bs, n, ptok, qps, acc, fam in rows:
         fams = ", ".join(f"{k.removeprefix('synth_')} {v:.2f}" for k, v in fam.items())
         print(f"{layout:<10} {bs:>5} {n:>9} {ptok:>10.0f} {qps:>6.2f} {acc:>8.3f}  {fams}")

@@ -145,7 +145,12 @@ class _EngineGap:
 
 
 def bench_step(
-    module: GRPOModule, instances, group_size: int, optimizer, seed: int, engine_sync: EngineSync | None = None
+    module: GRPOModule,
+    instances,
+    group_size: int,
+    optimizer,
+    seed: int,
+    engine_sync: EngineSync | None = None,
 ) -> dict[str, Any]:
     """One GRPO step on ``instances`` at ``group_size``, through :mod:`memalpha.train.step` as
     :meth:`~memalpha.train.module.GRPOModule.training_step` runs it: the round collected
@@ -218,9 +223,22 @@ def bench_step(
 
 def table_row(r: dict[str, Any]) -> list[Any]:
     return [
-        r["engine"], r["group_size"], r["instances"], r["turns"], r["generated_tokens"], r["tokens_per_s"],
-        r["turns_per_s"], r["questions"], r["questions_per_s"], r["sync_s"], r["rollout_s"], r["reader_s"], r["train_s"],
-        100 * r["share"]["rollout"], 100 * r["share"]["reader"], 100 * r["share"]["training"],
+        r["engine"],
+        r["group_size"],
+        r["instances"],
+        r["turns"],
+        r["generated_tokens"],
+        r["tokens_per_s"],
+        r["turns_per_s"],
+        r["questions"],
+        r["questions_per_s"],
+        r["sync_s"],
+        r["rollout_s"],
+        r["reader_s"],
+        r["train_s"],
+        100 * r["share"]["rollout"],
+        100 * r["share"]["reader"],
+        100 * r["share"]["training"],
     ]
 
 
@@ -253,7 +271,9 @@ def run_benchmark(
     JSON to ``out`` (None: don't). The policy starts from ``adapter_path`` (a fresh adapter when
     None), its KL reference as ``kl_reference`` says (``update.kl_reference``)."""
     if not groups or not instances or min(groups) < 1 or min(instances) < 1:
-        raise ValueError(f"groups and instances must be non-empty lists of positive ints, got {groups}, {instances}")
+        raise ValueError(
+            f"groups and instances must be non-empty lists of positive ints, got {groups}, {instances}"
+        )
     if not engines or any(e not in ENGINES for e in engines):
         raise ValueError(f"engines must be a non-empty list of {list(ENGINES)}, got {list(engines)}")
     machine = machine_info()
@@ -303,7 +323,12 @@ def run_benchmark(
                 "instances": list(instances),
                 "max_new_tokens": max_new_tokens,
                 "max_prompt_tokens": max_prompt_tokens,
-                "synthetic": {"chunks": chunks, "chunk_words": chunk_words, "facts_per_chunk": 2, "questions": questions},
+                "synthetic": {
+                    "chunks": chunks,
+                    "chunk_words": chunk_words,
+                    "facts_per_chunk": 2,
+                    "questions": questions,
+                },
                 "reader_max_new_tokens": reader_max_new_tokens,
                 "micro_batch_size": micro_batch_size,
                 "learning_rate": learning_rate,
@@ -332,7 +357,12 @@ def run_benchmark(
         for k, g, engine in planned:
             n_instances, group_size = instances[k], groups[g]
             result = bench_step(
-                module, pool[:n_instances], group_size, optimizer, seed=seed + 100 * k + g, engine_sync=syncs[engine]
+                module,
+                pool[:n_instances],
+                group_size,
+                optimizer,
+                seed=seed + 100 * k + g,
+                engine_sync=syncs[engine],
             )
             results.append(result)
             report["complete"] = len(results) == len(planned)
@@ -373,10 +403,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="embedded name or a local HF folder")
     parser.add_argument("--groups", type=_int_list, default=[1, 4, 8], help="group sizes n, e.g. 1,4,8")
-    parser.add_argument("--instances", type=_int_list, default=[1, 2, 4], help="instances per step, e.g. 1,2,4")
+    parser.add_argument(
+        "--instances", type=_int_list, default=[1, 2, 4], help="instances per step, e.g. 1,2,4"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=48, help="agent response cap per chunk turn")
-    parser.add_argument("--chunks", type=int, default=2,
-                        help="synthetic chunks per instance (from the second on, each rollout sees its own memory)")
+    parser.add_argument(
+        "--chunks",
+        type=int,
+        default=2,
+        help="synthetic chunks per instance (from the second on, each rollout sees its own memory)",
+    )
     parser.add_argument("--chunk-words", type=int, default=60, help="synthetic chunk length in words")
     parser.add_argument("--questions", type=int, default=2, help="synthetic questions per instance")
     parser.add_argument("--reader-max-new-tokens", type=int, default=24)
@@ -384,8 +420,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         help="samples per forward/backward (8 x 1.2k-token turns needed > 12 GB RSS)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-warmup", action="store_true", help="skip the unreported warm-up step")
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny run for tests: n 2, 1 instance, 1 chunk, 4 new tokens (with --model a tiny folder)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny run for tests: n 2, 1 instance, 1 chunk, 4 new tokens (with --model a tiny folder)",
+    )
     parser.add_argument("--engine", type=_engine_list, default=["hf"],
                         help="rollout engines to compare, alternating: hf, vllm or hf,vllm")
     parser.add_argument("--backend", default="auto", choices=SAMPLING_BACKENDS,

@@ -14,8 +14,8 @@ exactly as ``configs/qlora_4090.yaml`` does: NF4 base (double quantisation), LoR
 64 on all linear layers, gradient checkpointing. One GRPO step at that config's lengths follows:
 
 1. ``generate``   ``group_size`` rollouts, each of its own ``prompt_tokens``-long random prompt
-                  (nothing shared, so :mod:`memalpha.lm.core.prefix_cache` saves nothing: the worst case), forced to
-                  exactly ``response_tokens`` new tokens (the end-of-sequence id handed to
+                  (nothing shared, so :mod:`memalpha.lm.core.prefix_cache` saves nothing: the worst case),
+                  forced to exactly ``response_tokens`` new tokens (the end-of-sequence id handed to
                   :func:`memalpha.lm.sampling.generation.generate` is one past the vocabulary, so it can never
                   be sampled), ``generation_batch_size`` prompts per call;
 2. ``reference``  reference log-probs (the fresh adapter's reference is the base; no grad),
@@ -176,15 +176,27 @@ class GradientPass:
 
 
 def make_optimizer(params, name: str, cuda: bool, lr: float, weight_decay: float):
-    """Paged 8-bit AdamW (bitsandbytes) on a GPU when the recipe asks for it, else torch AdamW; constant LR."""
+    """Paged 8-bit AdamW (bitsandbytes) on a GPU when the recipe asks for it, else torch AdamW;
+    constant LR."""
     name = name if cuda and name == "paged_adamw_8bit" else "adamw"
     settings = OptimizerSettings(name=name, learning_rate=lr, weight_decay=weight_decay, warmup_ratio=0.0)
     optimizer, _ = build_optimizer(params, settings)
     return optimizer, name
 
 
-def grpo_step(policy, tokenizer, recipe: dict[str, Any], phases: dict[str, Phase], *, vocab_size: int,
-              prompt_tokens: int, response_tokens: int, group_size: int, cuda: bool, seed: int) -> dict[str, Any]:
+def grpo_step(
+    policy,
+    tokenizer,
+    recipe: dict[str, Any],
+    phases: dict[str, Phase],
+    *,
+    vocab_size: int,
+    prompt_tokens: int,
+    response_tokens: int,
+    group_size: int,
+    cuda: bool,
+    seed: int,
+) -> dict[str, Any]:
     """Generation, reference log-probs, policy forward/backward per micro-batch, optimiser step."""
     mbs = recipe["micro_batch_size"]
     temperature = recipe["temperature"]
@@ -204,7 +216,9 @@ def grpo_step(policy, tokenizer, recipe: dict[str, Any], phases: dict[str, Phase
     )
     lengths = generation.response_lengths
     if any(n != response_tokens for n in lengths):
-        raise RuntimeError(f"generation was meant to be forced to {response_tokens} tokens, got lengths {lengths}")
+        raise RuntimeError(
+            f"generation was meant to be forced to {response_tokens} tokens, got lengths {lengths}"
+        )
     responses = generation.response_ids
 
     update = UpdateSettings(kl_coef=recipe["kl_coef"], clip_low=recipe["clip_low"],
@@ -267,7 +281,9 @@ def run_benchmark(
         recipe["group_size"] = group_size
     scale = scale if scale is not None else (1.0 if cuda else CPU_DEFAULTS["scale"])
     prompt_tokens = prompt_tokens or (recipe["prompt_tokens"] if cuda else CPU_DEFAULTS["prompt_tokens"])
-    response_tokens = response_tokens or (recipe["response_tokens"] if cuda else CPU_DEFAULTS["response_tokens"])
+    response_tokens = response_tokens or (
+        recipe["response_tokens"] if cuda else CPU_DEFAULTS["response_tokens"]
+    )
     compute_dtype = compute_dtype or (recipe["compute_dtype"] if cuda else "float32")
     shape = scaled_shape(scale, vocab_size)
     record = GpuRecord.start(allow_dirty=allow_dirty or not cuda)  # a CPU run is no GPU result
@@ -295,7 +311,11 @@ def run_benchmark(
         "micro_batch_size": recipe["micro_batch_size"],
         "generation_batch_size": recipe["generation_batch_size"],
         "compute_dtype": compute_dtype,
-        "lora": {"r": recipe["lora"].r, "alpha": recipe["lora"].alpha, "target_modules": recipe["lora"].target_modules},
+        "lora": {
+            "r": recipe["lora"].r,
+            "alpha": recipe["lora"].alpha,
+            "target_modules": recipe["lora"].target_modules,
+        },
         "gradient_checkpointing": recipe["gradient_checkpointing"],
         "backend": recipe["backend"],
         "upcast_unquantised": recipe["upcast_unquantised"],
@@ -311,7 +331,8 @@ def run_benchmark(
     tokenizer = load_tokenizer(str(resolve_model_path(tokenizer)))
     status = "ok"
     with record, tempfile.TemporaryDirectory(prefix="memalpha-scale-") as folder:
-        with torch.device("cuda" if cuda else "cpu"):  # 4B random weights: seconds on a GPU, minutes on its CPU
+        # 4B random weights: seconds on a GPU, minutes on its CPU
+        with torch.device("cuda" if cuda else "cpu"):
             report["base_parameters"] = build_random_model_dir(folder, shape, tokenizer, seed=seed)
         if cuda:
             torch.cuda.empty_cache()
@@ -342,18 +363,21 @@ def run_benchmark(
         report["peak_allocated_gib"] = max(gib(p.peak_allocated) for p in phases.values())
         report["peak_reserved_gib"] = max(gib(p.peak_reserved) for p in phases.values())
         report["device_used_gib"] = max(gib(p.device_used) for p in phases.values())
-        report["fits_24gib"] = status == "ok" and max(report["peak_reserved_gib"], report["device_used_gib"]) <= gib(
-            GPU_CAP_BYTES
-        )
+        report["fits_24gib"] = status == "ok" and max(
+            report["peak_reserved_gib"], report["device_used_gib"]
+        ) <= gib(GPU_CAP_BYTES)
     else:
         report["peak_rss_gib"] = max(gib(p.peak_rss) for p in phases.values())
 
     if verbose:
         what = "Qwen3-4B" if report["full_qwen3_4b_shape"] else f"Qwen3-4B structure at scale {scale}"
-        print(f"\n{what}: {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}, "
-              f"heads {shape['num_attention_heads']}/{shape['num_key_value_heads']}, vocab {shape['vocab_size']}, "
-              f"{report['base_parameters'] / 1e6:.0f}M params; n={recipe['group_size']}, prompt {prompt_tokens}, "
-              f"response {response_tokens}, micro-batch {recipe['micro_batch_size']}, {report['device']}")
+        print(
+            f"\n{what}: {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}, "
+            f"heads {shape['num_attention_heads']}/{shape['num_key_value_heads']}, vocab "
+            f"{shape['vocab_size']}, {report['base_parameters'] / 1e6:.0f}M params; "
+            f"n={recipe['group_size']}, prompt {prompt_tokens}, response {response_tokens}, "
+            f"micro-batch {recipe['micro_batch_size']}, {report['device']}"
+        )
         mem_header = ("peak alloc GiB", "peak reserved GiB") if cuda else ("peak RSS GiB",)
         rows = []
         for p in phases.values():
@@ -378,10 +402,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--scale", type=float, default=None,
                         help=f"shrink layers/widths/heads (default 1 on GPU, {CPU_DEFAULTS['scale']} on CPU)")
-    parser.add_argument("--prompt-tokens", type=int, default=None, help="prompt length (default: the recipe's 6144 on GPU)")
+    parser.add_argument(
+        "--prompt-tokens", type=int, default=None, help="prompt length (default: the recipe's 6144 on GPU)"
+    )
     parser.add_argument("--response-tokens", type=int, default=None,
                         help="forced response length (default: the recipe's 2048 on GPU)")
-    parser.add_argument("--group-size", type=int, default=None, help="rollouts in the step (default: the recipe's 8)")
+    parser.add_argument(
+        "--group-size", type=int, default=None, help="rollouts in the step (default: the recipe's 8)"
+    )
     parser.add_argument("--micro-batch-size", type=int, default=None, help="default: the recipe's")
     parser.add_argument("--vocab-size", type=int, default=None, help="shrink the vocabulary (smoke tests)")
     parser.add_argument("--compute-dtype", choices=("bfloat16", "float32", "float16"), default=None,
@@ -390,8 +418,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tokenizer", default="smollm2-135m-instruct",
                         help="tokenizer folder or the embedded model's name (default: the embedded one)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny run for tests: scale 0.03, vocab 2048, prompt 16, response 4, n 2, micro-batch 1")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny run for tests: scale 0.03, vocab 2048, prompt 16, response 4, n 2, micro-batch 1",
+    )
     parser.add_argument("--backend", default=None, choices=SAMPLING_BACKENDS,
                         help="how tokens are sampled (model.rollout.backend; default the recipe's, auto)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON file to write")

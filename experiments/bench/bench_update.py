@@ -1,6 +1,7 @@
 """Time of one GRPO update on the parity job's batch, through the update's successive paths.
 
-Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench/bench_update.py [--adapter-path runs/learning_curve/sft/adapter]
+Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench/bench_update.py
+          [--adapter-path runs/learning_curve/sft/adapter]
 
 The batch is ``bench_vs_trl.py --parity``'s: the embedded model with an adapter samples
 ``--prompts`` memorising prompts of the memory job (~560 tokens) ``--group-size`` times each, up
@@ -142,15 +143,28 @@ def main(argv=None) -> dict[str, Any]:
     lengths = [len(r) for r in batch.response_ids]
     print_table(
         ["path", "runs", "update s med", "min", "max", "x padded", "loss", "grad diff"],
-        [[path, s["runs"], s["update_s_median"], s["update_s_min"], s["update_s_max"], s["over_padded"], s["loss"],
-          f"{s['gradient_relative_difference']:.1e}"] for path, s in summary.items()],
+        [
+            [
+                path,
+                s["runs"],
+                s["update_s_median"],
+                s["update_s_min"],
+                s["update_s_max"],
+                s["over_padded"],
+                s["loss"],
+                f"{s['gradient_relative_difference']:.1e}",
+            ]
+            for path, s in summary.items()
+        ],
         floats=3,
     )
     print(f"response lengths {lengths}")
     report = {
         "benchmark": "bench_update",
         "command": command_line(),
-        "settings": job_settings(args, prompts, micro_batch_size=args.micro_batch_size, response_tokens=lengths),
+        "settings": job_settings(
+            args, prompts, micro_batch_size=args.micro_batch_size, response_tokens=lengths
+        ),
         "summary": summary,
         "ratio_packed_over_padded": summary["packed"]["over_padded"],
         "ratio_default_over_padded": summary["accumulated"]["over_padded"],

@@ -1,4 +1,5 @@
-"""The same single-turn GRPO job run by memalpha's single-turn trainer and by TRL's ``GRPOTrainer``, side by side.
+"""The same single-turn GRPO job run by memalpha's single-turn trainer and by TRL's ``GRPOTrainer``,
+side by side.
 
 Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench/bench_vs_trl.py
       (needs the ``bench`` extra: ``pip install -e '.[bench]' -c constraints.txt``)
@@ -21,7 +22,8 @@ clip 1, PPO clip 0.2 both ways, group-normalised advantages, the k3 KL to the ba
 correction of the KL term switched off because memalpha has none), and token-mean loss
 aggregation over the whole step (TRL ``loss_type="dapo"``: sum over every completion token
 of the generation batch / their count, as memalpha's ``token-mean`` with its global
-normaliser; ``bnpo`` would divide by each micro-batch's own count). TRL runs without vLLM, logs nowhere (``report_to="none"``) and saves nothing.
+normaliser; ``bnpo`` would divide by each micro-batch's own count). TRL runs without vLLM, logs nowhere
+(``report_to="none"``) and saves nothing.
 
 Measurement: the runs alternate memalpha, TRL, memalpha, TRL, ... (``--repeats`` pairs) so
 drift of the shared machine hits both sides alike. Every run is a fresh Python subprocess
@@ -98,7 +100,9 @@ MIB = 2**20
 def _lora(settings: BenchSettings):
     from memalpha.lm.core.policy import LoraSettings
 
-    return LoraSettings(r=settings.lora_r, alpha=settings.lora_alpha, dropout=0.0, target_modules="all-linear")
+    return LoraSettings(
+        r=settings.lora_r, alpha=settings.lora_alpha, dropout=0.0, target_modules="all-linear"
+    )
 
 
 def run_memalpha(settings: BenchSettings, learning_rate: float | None = None) -> dict[str, Any]:
@@ -134,12 +138,17 @@ def run_memalpha(settings: BenchSettings, learning_rate: float | None = None) ->
             micro_batch_size=settings.micro_batch_size,
         ),
         optimizer=OptimizerSettings(
-            name="adamw", learning_rate=settings.learning_rate, weight_decay=0.0, warmup_ratio=0.0, grad_clip=1.0
+            name="adamw",
+            learning_rate=settings.learning_rate,
+            weight_decay=0.0,
+            warmup_ratio=0.0,
+            grad_clip=1.0,
         ),
         seed=settings.seed,
     )
     if learning_rate is not None:
-        # OptimizerSettings refuses 0 (a training run at 0 is a mistake); the no-update arm sets it after validation
+        # OptimizerSettings refuses 0 (a training run at 0 is a mistake); the no-update arm sets it
+        # after validation
         loop.optimizer.learning_rate = learning_rate
     first_step_end: list[float] = []
 
@@ -188,7 +197,9 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
             return completion_ids, logprobs
 
     if not hasattr(GRPOTrainer, "_generate_single_turn"):
-        raise RuntimeError("this TRL has no GRPOTrainer._generate_single_turn; install the version in constraints.txt")
+        raise RuntimeError(
+            "this TRL has no GRPOTrainer._generate_single_turn; install the version in constraints.txt"
+        )
 
     def reward(prompts, completions, **kwargs) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -263,7 +274,10 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
             from transformers import AutoModelForCausalLM
 
             base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-            model, peft_config = PeftModel.from_pretrained(base, settings.adapter_path, is_trainable=True), None
+            model, peft_config = (
+                PeftModel.from_pretrained(base, settings.adapter_path, is_trainable=True),
+                None,
+            )
         trainer = TimedGRPOTrainer(
             model=model,
             reward_funcs=reward,
@@ -276,7 +290,8 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
         trainer.train()
     if len(timer.step_s) != settings.steps or len(generations) != settings.steps:
         raise RuntimeError(
-            f"TRL ran {len(timer.step_s)} steps and {len(generations)} generation rounds, expected {settings.steps} of each"
+            f"TRL ran {len(timer.step_s)} steps and {len(generations)} "
+            f"generation rounds, expected {settings.steps} of each"
         )
     steps = []
     for index, step_s in enumerate(timer.step_s):
@@ -328,7 +343,14 @@ def child_main(side: str, settings: BenchSettings) -> None:
 
 def run_child(side: str, settings: BenchSettings, timeout_s: float) -> dict[str, Any]:
     """One run of ``side`` in a fresh interpreter; returns its parsed result."""
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--settings", json.dumps(asdict(settings))]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        side,
+        "--settings",
+        json.dumps(asdict(settings)),
+    ]
     began = time.perf_counter()
     proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_MARKER)]

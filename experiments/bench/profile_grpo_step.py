@@ -47,13 +47,15 @@ from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_sample
 PHASES = ("generate", "reference_logprobs", "policy_loss_backward", "optimizer_step")
 MAX_NEW_TOKENS = 48
 UPDATE = UpdateSettings(kl_coef=0.04, micro_batch_size=2)  # PPO clip 0.2 both ways, token-mean
-OPTIMIZER = OptimizerSettings(learning_rate=1e-5, weight_decay=0.0, warmup_ratio=0.0, grad_clip=0.0)  # no clipping
+# no clipping
+OPTIMIZER = OptimizerSettings(learning_rate=1e-5, weight_decay=0.0, warmup_ratio=0.0, grad_clip=0.0)
 
 
 def one_step(
     policy, tokenizer, prompts: list[list[int]], group_size: int, seed: int, optimizer, share: bool
 ) -> int:
-    """Generation, reward, reference pass, policy pass with backward, optimiser step; returns tokens generated."""
+    """Generation, reward, reference pass, policy pass with backward, optimiser step; returns
+    tokens generated."""
     pad_id = tokenizer.pad_token_id
     group_prompts = [p for p in prompts for _ in range(group_size)]
     with torch.profiler.record_function("generate"):
@@ -86,16 +88,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--no-share-prefix", action="store_true", help="compute every row's prompt in full")
-    parser.add_argument("--out", type=Path, default=None, help="JSON path (default under experiments/results/)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="JSON path (default under experiments/results/)"
+    )
     args = parser.parse_args(argv)
     share = not args.no_share_prefix
-    out_path = args.out or RESULTS_DIR / ("profile_grpo_step.json" if share else "profile_grpo_step_no_share.json")
+    out_path = args.out or RESULTS_DIR / (
+        "profile_grpo_step.json" if share else "profile_grpo_step_no_share.json"
+    )
     machine = machine_info()
     torch.manual_seed(0)
     policy, tokenizer = load_policy(args.model, lora=LoraSettings(r=16, alpha=32, dropout=0.0))
     optimizer, _ = build_optimizer([p for p in policy.parameters() if p.requires_grad], OPTIMIZER)
     prompts = [
-        list(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+        list(
+            tokenizer.apply_chat_template(
+                m, add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+        )
         for m in build_prompts(4, seed=0, response_token_limit=MAX_NEW_TOKENS)
     ]
     one_step(policy, tokenizer, prompts[:2], 4, seed=1, optimizer=optimizer, share=share)  # warm-up
@@ -106,7 +116,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     events = prof.key_averages()
     by_name = {e.key: e for e in events}
     phases = [(name, by_name[name].cpu_time_total / 1e6) for name in PHASES if name in by_name]
-    ops = sorted((e for e in events if e.key not in PHASES), key=lambda e: e.self_cpu_time_total, reverse=True)[:10]
+    ops = sorted(
+        (e for e in events if e.key not in PHASES), key=lambda e: e.self_cpu_time_total, reverse=True
+    )[:10]
     total_self = sum(e.self_cpu_time_total for e in events) or 1.0
     print(f"share_prefix={share}: step {step_s:.1f} s (profiled), {tokens} tokens generated, "
           f"mean prompt {sum(map(len, prompts[2:])) / 2:.0f} tokens")
@@ -114,7 +126,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print()
     print_table(
         ("operator", "self CPU s", "% of self CPU", "calls"),
-        [(e.key, e.self_cpu_time_total / 1e6, 100 * e.self_cpu_time_total / total_self, e.count) for e in ops],
+        [
+            (e.key, e.self_cpu_time_total / 1e6, 100 * e.self_cpu_time_total / total_self, e.count)
+            for e in ops
+        ],
     )
     report = {
         "benchmark": "profile_grpo_step",

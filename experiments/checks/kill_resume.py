@@ -103,7 +103,9 @@ def timed_run(config: Path, run_dir: Path) -> tuple[float, list[float]]:
         watcher.poll()
         time.sleep(0.02)
     if process.returncode != 0 or not watcher.saves:
-        raise SystemExit(f"the uninterrupted run failed (status {process.returncode}); run its config by hand: {config}")
+        raise SystemExit(
+            f"the uninterrupted run failed (status {process.returncode}); run its config by hand: {config}"
+        )
     return time.perf_counter() - start, watcher.saves
 
 
@@ -131,8 +133,12 @@ def trial(index: int, config: Path, run_dir: Path, aim: tuple[int, float], timin
     process = subprocess.Popen(fit_command(config), env=run_env(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     ckpt = run_dir / "checkpoints" / "last.ckpt"
-    row: dict[str, Any] = {"trial": index, "after_saves": after_saves, "delay_s": round(delay_s, 2),
-                           **kill_at(process, SaveWatcher(ckpt, start), after_saves, delay_s, timing["first_step_s"])}
+    row: dict[str, Any] = {
+        "trial": index,
+        "after_saves": after_saves,
+        "delay_s": round(delay_s, 2),
+        **kill_at(process, SaveWatcher(ckpt, start), after_saves, delay_s, timing["first_step_s"]),
+    }
     row["temp_files_left"] = len(list(ckpt.parent.glob(".*.tmp"))) if ckpt.parent.is_dir() else 0
     saved_step = 0
     if ckpt.exists():
@@ -147,7 +153,9 @@ def trial(index: int, config: Path, run_dir: Path, aim: tuple[int, float], timin
     row["saved_step"] = saved_step
     resume = ["--ckpt_path", str(ckpt)] if ckpt.exists() else []
     resume_start = time.perf_counter()
-    done = subprocess.run(fit_command(config, *resume), env=run_env(), capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        fit_command(config, *resume), env=run_env(), capture_output=True, text=True, check=False
+    )
     row["resume_s"] = round(time.perf_counter() - resume_start, 1)
     if done.returncode != 0:
         row.update(matches=False, error=done.stderr.strip().splitlines()[-1:])
@@ -170,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         scratch = Path(scratch)
         model_dir = tiny_model_folder(scratch / "model")
         straight_dir = scratch / "straight"
-        config = tiny_fit_config(straight_dir, model_dir, steps=args.steps, val_every=args.steps, log_text_every_n_steps=0)
+        config = tiny_fit_config(
+            straight_dir, model_dir, steps=args.steps, val_every=args.steps, log_text_every_n_steps=0
+        )
         straight_s, save_times = timed_run(config, straight_dir)
         reference = logged(straight_dir)[0]
         step_s = (save_times[-1] - save_times[0]) / max(len(save_times) - 1, 1)
@@ -179,13 +189,18 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for index in range(args.trials):
             run_dir = scratch / f"trial{index}"
-            config = tiny_fit_config(run_dir, model_dir, steps=args.steps, val_every=args.steps, log_text_every_n_steps=0)
+            config = tiny_fit_config(
+                run_dir, model_dir, steps=args.steps, val_every=args.steps, log_text_every_n_steps=0
+            )
             after_saves = rng.randint(0, args.steps)  # args.steps: after the last save (validation, export)
             delay_s = rng.uniform(0.0, timing["tail_s"] if after_saves == args.steps else step_s)
             rows.append(trial(index, config, run_dir, (after_saves, delay_s), timing, reference, args.steps))
             row = rows[-1]
-            print(f"trial {index}: killed {row['delay_s']} s after save {after_saves}, checkpoint "
-                  f"{row['checkpoint']}, step {row.get('saved_step')}, matches {row.get('matches')}", flush=True)
+            print(
+                f"trial {index}: killed {row['delay_s']} s after save {after_saves}, checkpoint "
+                f"{row['checkpoint']}, step {row.get('saved_step')}, matches {row.get('matches')}",
+                flush=True,
+            )
     killed = [r for r in rows if r["killed"]]
     summary = {
         "trials": len(rows),
@@ -197,9 +212,22 @@ def main(argv: list[str] | None = None) -> int:
         "saved_steps_seen": sorted({r["saved_step"] for r in rows if r.get("saved_step") is not None}),
         **{key: round(value, 2) for key, value in timing.items()},
     }
-    print_table(["trial", "after save", "+ s", "killed at s", "checkpoint", "saved step", "tmp left", "matches"],
-                [[r["trial"], r["after_saves"], r["delay_s"], r["kill_at_s"], r["checkpoint"], r.get("saved_step"),
-                  r["temp_files_left"], r.get("matches")] for r in rows])
+    print_table(
+        ["trial", "after save", "+ s", "killed at s", "checkpoint", "saved step", "tmp left", "matches"],
+        [
+            [
+                r["trial"],
+                r["after_saves"],
+                r["delay_s"],
+                r["kill_at_s"],
+                r["checkpoint"],
+                r.get("saved_step"),
+                r["temp_files_left"],
+                r.get("matches"),
+            ]
+            for r in rows
+        ],
+    )
     print_table(list(summary), [list(summary.values())])
     write_json({"benchmark": "kill_resume", "command": command_line(), "steps": args.steps, "seed": args.seed,
                 "summary": summary, "trials": rows}, args.out, machine=machine)

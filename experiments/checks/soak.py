@@ -1,6 +1,7 @@
 """Soak: hundreds of `memalpha fit` steps on a tiny random model; does memory or the descriptor count creep?
 
-    HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 .venv/bin/python experiments/checks/soak.py [--steps 300] [--val-every 50]
+    HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 .venv/bin/python experiments/checks/soak.py
+        [--steps 300] [--val-every 50]
 
 A run that lasts days dies of what grows a little every step: a list that keeps every round, a
 file opened per checkpoint and never closed, a thread per reader call. This script runs
@@ -67,7 +68,8 @@ def process_status() -> dict[str, int]:
 
 
 class ResourceProbe(Callback):
-    """After every training step: RSS, descriptors, threads, the step's wall time; Python objects every 10 steps."""
+    """After every training step: RSS, descriptors, threads, the step's wall time; Python objects
+    every 10 steps."""
 
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
@@ -141,7 +143,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--steps", type=int, default=300, help="optimiser steps to run")
     parser.add_argument("--val-every", type=int, default=50, help="steps between validations (4 instances)")
-    parser.add_argument("--model", default=None, help="a local HF folder (default: a fresh tiny random Llama)")
+    parser.add_argument(
+        "--model", default=None, help="a local HF folder (default: a fresh tiny random Llama)"
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON file to write")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.val_every < 1:
@@ -154,8 +158,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         scratch = Path(scratch)
         model_dir = args.model or tiny_model_folder(scratch / "model")
         run_dir = scratch / "run"
-        config = tiny_fit_config(run_dir, model_dir, steps=args.steps, val_every=args.val_every, train_instances=64,
-                                 val_instances=4, log_text_every_n_steps=10, export_adapter_dir=str(run_dir / "adapter"))
+        config = tiny_fit_config(
+            run_dir,
+            model_dir,
+            steps=args.steps,
+            val_every=args.val_every,
+            train_instances=64,
+            val_instances=4,
+            log_text_every_n_steps=10,
+            export_adapter_dir=str(run_dir / "adapter"),
+        )
         probe = f"{ResourceProbe.__module__}.ResourceProbe"
         cli = run_lightning_cli(["fit", "--config", str(config), f"--trainer.callbacks+={probe}"])
         records = next(c for c in cli.trainer.callbacks if isinstance(c, ResourceProbe)).records
@@ -164,12 +176,32 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     summary = summarise(records)
     summary["wall_s"] = round(wall_s, 1)
     print_table(
-        ["steps", "RSS after warm-up MiB", "RSS end MiB", "growth %", "MiB/100 steps", "fds start", "fds end",
-         "threads", "step s (median)", "wall s"],
-        [[summary["steps"], summary["rss_after_warmup_mib"], summary["rss_end_mib"], summary["rss_growth_percent"],
-          summary["rss_slope_mib_per_100_steps"], summary["fds_after_warmup"], summary["fds_end"],
-          f"{summary['threads_after_warmup']}->{summary['threads_end']}", summary["step_s_median"],
-          summary["wall_s"]]],
+        [
+            "steps",
+            "RSS after warm-up MiB",
+            "RSS end MiB",
+            "growth %",
+            "MiB/100 steps",
+            "fds start",
+            "fds end",
+            "threads",
+            "step s (median)",
+            "wall s",
+        ],
+        [
+            [
+                summary["steps"],
+                summary["rss_after_warmup_mib"],
+                summary["rss_end_mib"],
+                summary["rss_growth_percent"],
+                summary["rss_slope_mib_per_100_steps"],
+                summary["fds_after_warmup"],
+                summary["fds_end"],
+                f"{summary['threads_after_warmup']}->{summary['threads_end']}",
+                summary["step_s_median"],
+                summary["wall_s"],
+            ]
+        ],
     )
     verdict = "met" if summary["passed"] else "MISSED"
     print(f"goal (RSS growth after warm-up < {MAX_RSS_GROWTH_PERCENT} %, descriptors not growing): {verdict}")

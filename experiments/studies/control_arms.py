@@ -107,8 +107,11 @@ def validate(run_dir: Path, val_yaml: Path, adapter: Path, version: str, reuse: 
     report = run_dir / "validate" / version / "validation.json"
     if not (reuse and report.is_file()):
         with measured(run_dir, f"validate_{version}"):
-            memalpha("validate", "--config", str(val_yaml), "--model.adapter_path", str(adapter),
-                     "--trainer.logger.init_args.version", version, log=run_dir / "logs" / f"validate_{version}.log")
+            memalpha(
+                "validate", "--config", str(val_yaml), "--model.adapter_path", str(adapter),
+                "--trainer.logger.init_args.version", version,
+                log=run_dir / "logs" / f"validate_{version}.log",
+            )
     return instance_values(load_records(report))
 
 
@@ -128,7 +131,10 @@ def max_abs_change(before: Path, after: Path) -> float:
     """The largest absolute change of any weight between two exported adapters."""
     from safetensors.torch import load_file
 
-    a, b = load_file(str(before / "adapter_model.safetensors")), load_file(str(after / "adapter_model.safetensors"))
+    a, b = (
+        load_file(str(before / "adapter_model.safetensors")),
+        load_file(str(after / "adapter_model.safetensors")),
+    )
     if a.keys() != b.keys():
         raise SystemExit(f"control arms: {before} and {after} hold different tensors")
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
@@ -136,12 +142,21 @@ def max_abs_change(before: Path, after: Path) -> float:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    add_recipe_arguments(parser, sft_steps=16, sft_help="SFT steps of the shared start (make demo: 16)", steps=8,
-                         steps_help="GRPO steps of each GRPO arm")
+    add_recipe_arguments(
+        parser,
+        sft_steps=16,
+        sft_help="SFT steps of the shared start (make demo: 16)",
+        steps=8,
+        steps_help="GRPO steps of each GRPO arm",
+    )
     parser.add_argument("--val", type=int, default=48, help="held-out synthetic validation instances")
-    parser.add_argument("--questions", type=int, default=4, help="questions per training and validation instance")
+    parser.add_argument(
+        "--questions", type=int, default=4, help="questions per training and validation instance"
+    )
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (the SFT start is shared)")
-    parser.add_argument("--lr0", type=float, default=1e-30, help="learning rate of the no-update arm grpo_lr0")
+    parser.add_argument(
+        "--lr0", type=float, default=1e-30, help="learning rate of the no-update arm grpo_lr0"
+    )
     parser.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "control_arms")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "control_arms.json")
     parser.add_argument("--reuse", action="store_true", help="keep the stages whose outputs exist")
@@ -184,15 +199,17 @@ class Experiment:
         demos = run_dir / "demos"
         if not (args.reuse and (demos / "val.jsonl").is_file()):
             with measured(run_dir, "demos"):
-                memalpha("data", "demos", "--config", str(self.demos_yaml), "--out", str(demos / "train.jsonl"),
-                         "--count", str(args.demos), log=self.logs / "demos_train.log")
+                memalpha("data", "demos", "--config", str(self.demos_yaml),
+                         "--out", str(demos / "train.jsonl"), "--count", str(args.demos),
+                         log=self.logs / "demos_train.log")
                 memalpha("data", "demos", "--config", str(self.demos_yaml), "--out", str(demos / "val.jsonl"),
                          "--split", "test", "--count", "2", log=self.logs / "demos_val.log")
         if not (args.reuse and adapter_done(self.adapter)):
             config = sft_config(self.base_sft, run_dir, args.sft_steps)
             config["trainer"]["logger"] = logger(run_dir, "sft", START)  # one events folder, rerun or not
             with measured(run_dir, f"sft_{START}"):
-                memalpha("sft", "--config", str(write_yaml(config, run_dir / "sft.yaml")), log=self.logs / "sft.log")
+                memalpha("sft", "--config", str(write_yaml(config, run_dir / "sft.yaml")),
+                         log=self.logs / "sft.log")
         self.sft_step_s = step_seconds(run_dir / "sft" / START)
         self.scores[START] = validate(run_dir, self.val_yaml, self.adapter, START, args.reuse)
         self.write()
@@ -205,7 +222,9 @@ class Experiment:
         if not (self.args.reuse and adapter_done(folder / "adapter")):
             with measured(self.run_dir, f"fit_{name}"):
                 train_run(path, config, self.logs / f"fit_{name}.log", "fit")
-        self.train[name] = {t: {str(k): v for k, v in s.items()} for t, s in event_scalars(folder, TRAIN_TAGS).items()}
+        self.train[name] = {
+            t: {str(k): v for k, v in s.items()} for t, s in event_scalars(folder, TRAIN_TAGS).items()
+        }
         self.runs[name] = {"train_s": sum(step_seconds(folder)), "steps": self.args.steps}
         if arm == "grpo_lr0":
             self.runs[name]["no_update_max_abs_change"] = max_abs_change(self.adapter, folder / "adapter")
@@ -229,7 +248,9 @@ class Experiment:
         name = tag(seed, arm)
         self.scores["seeds"].setdefault(str(seed), {})[arm] = validate(
             self.run_dir, self.val_yaml, adapter, name, self.args.reuse)
-        self.runs[name]["compute"] = arm_compute(self.run_dir, name, "sft" if arm == "sft_continued" else "fit")
+        self.runs[name]["compute"] = arm_compute(
+            self.run_dir, name, "sft" if arm == "sft_continued" else "fit"
+        )
         self.write()
 
     def write(self) -> dict[str, Any]:
@@ -243,13 +264,23 @@ class Experiment:
             "benchmark": "control_arms",
             "command": command_line(),
             "settings": {
-                "config": str(args.config), "sft_config": str(args.sft_config), "demos": args.demos,
-                "sft_steps": args.sft_steps, "steps": args.steps, "val_instances": args.val,
-                "questions": args.questions, "seeds": args.seed_list, "lr0": args.lr0,
-                "time_matching": "sft_continued: Lightning trainer.max_time = the same seed grpo run summed step_s",
+                "config": str(args.config),
+                "sft_config": str(args.sft_config),
+                "demos": args.demos,
+                "sft_steps": args.sft_steps,
+                "steps": args.steps,
+                "val_instances": args.val,
+                "questions": args.questions,
+                "seeds": args.seed_list,
+                "lr0": args.lr0,
+                "time_matching": (
+                    "sft_continued: Lightning trainer.max_time = the same seed grpo run summed step_s"
+                ),
                 "intervals": INTERVALS,
             },
-            "instance_scores": str(scores_path.relative_to(REPO_ROOT) if scores_path.is_relative_to(REPO_ROOT) else scores_path),
+            "instance_scores": str(
+                scores_path.relative_to(REPO_ROOT) if scores_path.is_relative_to(REPO_ROOT) else scores_path
+            ),
             "start_sft_step_s": sft_step_s,
             "runs": self.runs,
             "arm_means": means,
@@ -280,8 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     result = experiment.write()
     print_report(result["arm_means"], result["comparisons"])
     for name, run in result["runs"].items():
-        print(f"  {name}: {run['steps']} steps, {run['train_s']:.0f} s of training"
-              + (f", max |weight change| {run['no_update_max_abs_change']:.1e}" if "no_update_max_abs_change" in run else ""))
+        print(
+            f"  {name}: {run['steps']} steps, {run['train_s']:.0f} s of training"
+            + (
+                f", max |weight change| {run['no_update_max_abs_change']:.1e}"
+                if "no_update_max_abs_change" in run
+                else ""
+            )
+        )
     print(f"\n(written to {args.out}, {args.out.with_suffix('.png')}; {result['wall_s'] / 60:.1f} min)")
     return 0
 

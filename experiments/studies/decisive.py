@@ -4,7 +4,8 @@ Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/studies/decisive.py --reuse
           [--seeds 0,1,2,3,4] [--recipe extractive_instances_4] [--steps 8] [--val 96] [--questions 4]
           [--val-data-seed 3900] [--train-data-seed-base 3910] [--plan-commit HASH]
           [--run-dir runs/decisive] [--out experiments/results/decisive.json]
-      .venv/bin/python experiments/studies/decisive.py --check      (experiments/studies/decisive_report.py --check)
+      .venv/bin/python experiments/studies/decisive.py --check
+          (experiments/studies/decisive_report.py --check)
 
 The plan, its thresholds and its commit are in docs/results.md ("Pre-registered: ..."). Every stage is
 the user's command line, through ``experiments/studies/control_arms.py``'s :class:`control_arms.Experiment`:
@@ -151,14 +152,23 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    add_recipe_arguments(parser, sft_steps=16, sft_help="SFT steps of the start (the control arms': 16)", steps=8,
-                         steps_help="GRPO steps of arm A")
+    add_recipe_arguments(
+        parser,
+        sft_steps=16,
+        sft_help="SFT steps of the start (the control arms': 16)",
+        steps=8,
+        steps_help="GRPO steps of arm A",
+    )
     parser.add_argument("--recipe", default="extractive_instances_4", choices=sorted(LEVERS),
                         help="the grpo_levers lever whose settings arm A trains with")
     parser.add_argument("--val", type=int, default=96, help="held-out synthetic validation instances")
-    parser.add_argument("--questions", type=int, default=4, help="questions per training and validation instance")
+    parser.add_argument(
+        "--questions", type=int, default=4, help="questions per training and validation instance"
+    )
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds this process runs")
-    parser.add_argument("--planned-seeds", default="0,1,2,3,4", help="the pre-registered seeds the verdict needs")
+    parser.add_argument(
+        "--planned-seeds", default="0,1,2,3,4", help="the pre-registered seeds the verdict needs"
+    )
     parser.add_argument("--val-data-seed", type=int, default=VAL_DATA_SEED)
     parser.add_argument("--train-data-seed-base", type=int, default=TRAIN_DATA_SEED_BASE)
     parser.add_argument("--demos-data-seed", type=int, default=0)
@@ -181,7 +191,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 @contextmanager
 def start_lock(run_dir: Path) -> Iterator[None]:
-    """Hold ``run_dir/start.lock``: a second process over the same folder waits while the first builds the start."""
+    """Hold ``run_dir/start.lock``: a second process over the same folder waits while the first
+    builds the start."""
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "start.lock", "w", encoding="utf-8") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)

@@ -31,8 +31,8 @@ memory) and fact recall say what the memory holds whatever the reader makes of i
 ``reader_given_stored`` (the reader's accuracy on the questions whose answer is stored) how much of
 that the reader turns into accuracy. The report pairs each lever with the seed's ``grpo``,
 ``sft_continued`` and the ``start`` per instance (95 % intervals, ``control_arms_report``'s
-functions: over seeds where a lever ran two or more, and pooled over them, as the control arms do), and carries the
-per-step training scalars r1-r4. It covers every lever run validated in the run folder, this
+functions: over seeds where a lever ran two or more, and pooled over them, as the control arms do), and
+carries the per-step training scalars r1-r4. It covers every lever run validated in the run folder, this
 invocation's and earlier ones' (``--levers extractive_reader --seeds 1,2`` adds two seeds to a
 seed-0 report); a seed's references enter once ``control_arms.py`` has validated them. Outputs: the summary
 ``experiments/results/grpo_levers.json`` and the per-instance scores of every validation it used in
@@ -69,9 +69,14 @@ from memalpha.train.demo_summary import event_scalars
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "tiny_cpu.yaml")
-    parser.add_argument("--levers", default="extractive_reader,r1_weight_3,instances_4,extractive_instances_4,lr_1e-3",
-                        help=f"comma-separated, from {', '.join(LEVERS)}")
-    parser.add_argument("--seeds", default="0", help="comma-separated control-arms seeds whose grpo run is changed")
+    parser.add_argument(
+        "--levers",
+        default="extractive_reader,r1_weight_3,instances_4,extractive_instances_4,lr_1e-3",
+        help=f"comma-separated, from {', '.join(LEVERS)}",
+    )
+    parser.add_argument(
+        "--seeds", default="0", help="comma-separated control-arms seeds whose grpo run is changed"
+    )
     parser.add_argument("--steps", type=int, default=8, help="GRPO steps (the control arms' --steps)")
     parser.add_argument("--val", type=int, default=48, help="held-out instances (the control arms' --val)")
     parser.add_argument("--questions", type=int, default=4, help="questions per instance (the control arms')")
@@ -89,7 +94,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def report(args: argparse.Namespace, run_dir: Path, val_yaml: Path, machine: dict[str, Any], started: float) -> dict[str, Any]:
+def report(
+    args: argparse.Namespace, run_dir: Path, val_yaml: Path, machine: dict[str, Any], started: float
+) -> dict[str, Any]:
     """Both JSON files from every lever run validated in ``run_dir`` (this invocation's and earlier
     ones'), each with its seed's control-arms references where those are validated."""
     adapter = run_dir / "sft" / "adapter"
@@ -102,12 +109,16 @@ def report(args: argparse.Namespace, run_dir: Path, val_yaml: Path, machine: dic
             name = tag(seed, arm)
             if arm not in arms and (run_dir / "validate" / name / "validation.json").is_file():
                 arms[arm] = validate(run_dir, val_yaml, adapter, name, True)
-                runs[name] = {"train_s": sum(step_seconds(run_dir / "arms" / name)),
-                              "compute": arm_compute(run_dir, name, "sft" if arm == "sft_continued" else "fit")}
+                runs[name] = {
+                    "train_s": sum(step_seconds(run_dir / "arms" / name)),
+                    "compute": arm_compute(run_dir, name, "sft" if arm == "sft_continued" else "fit"),
+                }
         name = tag(seed, f"lever_{lever}")
         folder = run_dir / "arms" / name
         arms[f"lever_{lever}"] = validate(run_dir, val_yaml, folder / "adapter", name, True)
-        train[name] = {t: {str(k): v for k, v in s.items()} for t, s in event_scalars(folder, TRAIN_TAGS).items()}
+        train[name] = {
+            t: {str(k): v for k, v in s.items()} for t, s in event_scalars(folder, TRAIN_TAGS).items()
+        }
         taken = step_seconds(folder)
         runs[name] = {"train_s": sum(taken), "steps": len(taken), "settings": LEVERS[lever],
                       "compute": arm_compute(run_dir, name, "fit")}
@@ -116,10 +127,18 @@ def report(args: argparse.Namespace, run_dir: Path, val_yaml: Path, machine: dic
     result = {
         "benchmark": "grpo_levers",
         "command": command_line(),
-        "settings": {"config": str(args.config), "steps": args.steps, "val_instances": args.val,
-                     "questions": args.questions, "levers": LEVERS, "runs": [list(r) for r in lever_runs(run_dir)],
-                     "intervals": INTERVALS},
-        "instance_scores": str(scores_path.relative_to(REPO_ROOT) if scores_path.is_relative_to(REPO_ROOT) else scores_path),
+        "settings": {
+            "config": str(args.config),
+            "steps": args.steps,
+            "val_instances": args.val,
+            "questions": args.questions,
+            "levers": LEVERS,
+            "runs": [list(r) for r in lever_runs(run_dir)],
+            "intervals": INTERVALS,
+        },
+        "instance_scores": str(
+            scores_path.relative_to(REPO_ROOT) if scores_path.is_relative_to(REPO_ROOT) else scores_path
+        ),
         "runs": runs,
         "comparisons": lever_comparisons(scores, LEVER_METRICS),
         "train": train,
@@ -133,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     run_dir = args.run_dir.resolve()
     if not adapter_done(run_dir / "sft" / "adapter"):
-        raise SystemExit(f"grpo_levers: no SFT start at {run_dir / 'sft' / 'adapter'}: run experiments/studies/control_arms.py first")
+        raise SystemExit(
+            f"grpo_levers: no SFT start at {run_dir / 'sft' / 'adapter'}: "
+            "run experiments/studies/control_arms.py first"
+        )
     base = load_yaml(args.config)
     val_yaml = write_yaml(validate_config(base, run_dir, args), run_dir / "validate.yaml")
     machine, started = machine_info(), time.perf_counter()
@@ -148,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                 with measured(run_dir, f"fit_{name}"):
                     train_run(path, config, run_dir / "logs" / f"fit_{name}.log", "fit")
             validate(run_dir, val_yaml, folder / "adapter", name, args.reuse)
-            result = report(args, run_dir, val_yaml, machine, started)  # after every run: a stopped one keeps the rest
+            # after every run: a stopped one keeps the rest
+            result = report(args, run_dir, val_yaml, machine, started)
     print_levers(result["comparisons"])
     print(f"\n(written to {args.out}; {result['wall_s'] / 60:.1f} min)")
     return 0

@@ -77,7 +77,10 @@ def memalpha(*args: str, log: Path) -> None:
     print(f"  memalpha {name} -> {log} ({time.perf_counter() - start:.0f} s)", flush=True)
     if done.returncode != 0:
         # the experiment's own name: control_arms.py runs its stages through this function too
-        raise SystemExit(f"{Path(sys.argv[0]).stem}: `memalpha {' '.join(args)}` failed (status {done.returncode}); see {log}")
+        raise SystemExit(
+            f"{Path(sys.argv[0]).stem}: `memalpha {' '.join(args)}` "
+            f"failed (status {done.returncode}); see {log}"
+        )
 
 
 def report_step(path: Path) -> int:
@@ -101,7 +104,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
             for source in sources:
                 means = [p["metrics"][source][metric]["mean"] for p in points]
                 half = [p["metrics"][source][metric]["half_width"] for p in points]
-                style = {"linewidth": 2.2, "color": "black"} if source == "all" else {"linewidth": 1, "alpha": 0.8}
+                style = (
+                    {"linewidth": 2.2, "color": "black"}
+                    if source == "all"
+                    else {"linewidth": 1, "alpha": 0.8}
+                )
                 ax.errorbar(steps, means, yerr=half, capsize=3, marker="o", markersize=3,
                             label=f"{source} (seed {seed_run['seed']})", **style)
             ax.set_title(f"held-out {metric}")
@@ -119,7 +126,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     axes[-1].set_xlabel("GRPO step")
     axes[0].legend(fontsize=6)
     axes[-1].legend(fontsize=6)
-    fig.suptitle("GRPO from a partial SFT start (means over held-out instances, 95 % t intervals)", fontsize=10)
+    fig.suptitle(
+        "GRPO from a partial SFT start (means over held-out instances, 95 % t intervals)", fontsize=10
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.png")
@@ -133,7 +142,9 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, *, sft_steps: int, sft
     """The options of the recipe both experiments run (configs, demonstrations, SFT and GRPO steps)."""
     parser.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "tiny_cpu.yaml")
     parser.add_argument("--sft-config", type=Path, default=REPO_ROOT / "configs" / "sft_tiny_cpu.yaml")
-    parser.add_argument("--demos", type=int, default=24, help="training instances to draw demonstrations from")
+    parser.add_argument(
+        "--demos", type=int, default=24, help="training instances to draw demonstrations from"
+    )
     parser.add_argument("--sft-steps", type=int, default=sft_steps, help=sft_help)
     parser.add_argument("--steps", type=int, default=steps, help=steps_help)
 
@@ -163,9 +174,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=5, help="GRPO steps between validations")
     parser.add_argument("--val", type=int, default=32, help="held-out synthetic validation instances")
     parser.add_argument("--seeds", default="0", help="comma-separated GRPO seeds (the SFT start is shared)")
-    parser.add_argument("--learning-rate", type=float, default=None, help="override model.optimizer.learning_rate")
-    parser.add_argument("--questions", type=int, default=None,
-                        help="override data.synthetic.questions (questions per training and validation instance)")
+    parser.add_argument(
+        "--learning-rate", type=float, default=None, help="override model.optimizer.learning_rate"
+    )
+    parser.add_argument(
+        "--questions",
+        type=int,
+        default=None,
+        help="override data.synthetic.questions (questions per training and validation instance)",
+    )
     parser.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "learning_curve")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "learning_curve.json")
     parser.add_argument("--reuse", action="store_true", help="keep the stages whose outputs exist")
@@ -219,15 +236,29 @@ def main(argv: list[str] | None = None) -> int:
         curve = []
         for report in reports:
             values = instance_values(load_records(report))
-            curve.append({"step": report_step(report), "report": str(report.relative_to(REPO_ROOT) if report.is_relative_to(REPO_ROOT) else report),
-                          "metrics": summarise_with_ci(values)})
+            curve.append(
+                {
+                    "step": report_step(report),
+                    "report": str(
+                        report.relative_to(REPO_ROOT) if report.is_relative_to(REPO_ROOT) else report
+                    ),
+                    "metrics": summarise_with_ci(values),
+                }
+            )
         final_values = instance_values(load_records(reports[-1]))
-        seed_runs.append({
-            "seed": seed,
-            "curve": curve,
-            "change_last_minus_start": {m: paired_difference(start_values, final_values, m) for m in METRICS},
-            "train": {tag: {int(k): v for k, v in series.items()} for tag, series in event_scalars(folder, TRAIN_SCALARS).items()},
-        })
+        seed_runs.append(
+            {
+                "seed": seed,
+                "curve": curve,
+                "change_last_minus_start": {
+                    m: paired_difference(start_values, final_values, m) for m in METRICS
+                },
+                "train": {
+                    tag: {int(k): v for k, v in series.items()}
+                    for tag, series in event_scalars(folder, TRAIN_SCALARS).items()
+                },
+            }
+        )
 
     result = {
         "benchmark": "learning_curve",
@@ -259,8 +290,11 @@ def main(argv: list[str] | None = None) -> int:
         train = seed_run["train"]
         if train:
             steps = sorted(next(iter(train.values())))
-            print_table(["step", *[t.split("/")[1] for t in TRAIN_SCALARS if t in train]],
-                        [[s, *[train[t].get(s) for t in TRAIN_SCALARS if t in train]] for s in steps], floats=3)
+            print_table(
+                ["step", *[t.split("/")[1] for t in TRAIN_SCALARS if t in train]],
+                [[s, *[train[t].get(s) for t in TRAIN_SCALARS if t in train]] for s in steps],
+                floats=3,
+            )
     print(f"\n(written to {out} and {png}; {result['wall_s'] / 60:.1f} min)")
     return 0
 

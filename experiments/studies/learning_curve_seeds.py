@@ -1,7 +1,8 @@
 """Learning curve over seeds: each seed's paired held-out change, and their mean with a t interval over seeds.
 
-Run:  .venv/bin/python experiments/studies/learning_curve_seeds.py experiments/results/learning_curve_q4.json \\
-          experiments/results/learning_curve_q4_seed1.json experiments/results/learning_curve_q4_seed2.json
+Run:
+    .venv/bin/python experiments/studies/learning_curve_seeds.py experiments/results/learning_curve_q4.json \\
+        experiments/results/learning_curve_q4_seed1.json experiments/results/learning_curve_q4_seed2.json
 
 Each input is a report of ``experiments/studies/learning_curve.py``; every seed run in it contributes
 its last-validation-minus-start change over all instances (paired over the same held-out

@@ -66,9 +66,15 @@ def profile_settings(profile: str) -> tuple[str, RewardSettings]:
 def official_memory_sizes(count_tokens) -> dict[str, int]:
     """Tokens of the memory the official run ended with, per instance."""
     sizes = {}
-    for instance_id, memory in json.loads((FIXTURE / "final_memory.json").read_text(encoding="utf-8")).items():
-        entries = [text for part in ("semantic", "episodic") for item in memory[part] for text in item.values()]
-        sizes[instance_id] = (count_tokens(memory["core"]) if memory["core"] else 0) + sum(map(count_tokens, entries))
+    for instance_id, memory in json.loads(
+        (FIXTURE / "final_memory.json").read_text(encoding="utf-8")
+    ).items():
+        entries = [
+            text for part in ("semantic", "episodic") for item in memory[part] for text in item.values()
+        ]
+        sizes[instance_id] = (count_tokens(memory["core"]) if memory["core"] else 0) + sum(
+            map(count_tokens, entries)
+        )
     return sizes
 
 
@@ -88,7 +94,9 @@ def replay_profile(profile: str, tokenizer: Any) -> dict[str, Any]:
     rows = []
     for instance_id in sorted(turns):
         instance = instances[instance_id]
-        memory = Memory(token_counter=count_tokens, core_token_limit=RolloutSettings().core_token_limit, seed=0)
+        memory = Memory(
+            token_counter=count_tokens, core_token_limit=RolloutSettings().core_token_limit, seed=0
+        )
         calls: list[TurnCalls] = []
         for turn in sorted(turns[instance_id], key=lambda t: t["chunk_idx"]):
             outcome = execute_response(memory, turn["raw_response"], call_format, call_repair)
@@ -96,11 +104,15 @@ def replay_profile(profile: str, tokenizer: Any) -> dict[str, Any]:
                                    chunk=instance["chunks"][turn["chunk_idx"]]))
         recorded = answers[instance_id]
         scores, _ = score_answers(
-            instance["data_source"], [r["reader_response"] for r in recorded], [r["answer"] for r in recorded],
+            instance["data_source"],
+            [r["reader_response"] for r in recorded],
+            [r["answer"] for r in recorded],
             style=reward.metric_style,
         )
         chunk_tokens = sum(count_tokens(chunk) for chunk in instance["chunks"])
-        result = rollout_rewards(scores, calls, memory.total_tokens(), chunk_tokens, reward, RuleContentJudge())
+        result = rollout_rewards(
+            scores, calls, memory.total_tokens(), chunk_tokens, reward, RuleContentJudge()
+        )
         attempted = sum(len(t.results) + len(t.parse_errors) for t in calls)
         succeeded = sum(turn_call_successes(t, reward) for t in calls)
         rows.append({
@@ -127,9 +139,19 @@ def replay_profile(profile: str, tokenizer: Any) -> dict[str, Any]:
 
     summary = {
         "instance_id": "ALL",
-        **{key: sum(r[key] for r in rows) for key in ("turns", "calls", "successful_calls", "turns_all_successful",
-                                                       "questions", "memory_tokens", "official_memory_tokens",
-                                                       "chunk_tokens")},
+        **{
+            key: sum(r[key] for r in rows)
+            for key in (
+                "turns",
+                "calls",
+                "successful_calls",
+                "turns_all_successful",
+                "questions",
+                "memory_tokens",
+                "official_memory_tokens",
+                "chunk_tokens",
+            )
+        },
         **{key: turn_mean(key) for key in ("r1", "r2", "r3", "r4", "mean_reward")},
     }
     return {
@@ -149,15 +171,42 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON file to write")
     args = parser.parse_args(argv)
     tokenizer = load_tokenizer("smollm2-135m-instruct")
-    report = {"fixture": str(FIXTURE.relative_to(FIXTURE.parents[2])), "token_counter": "smollm2-135m-instruct",
-              "profiles": [replay_profile(name, tokenizer) for name in ("memalpha", "official")]}
-    headers = ["profile", "instance", "calls", "ok calls", "ok turns", "r1", "r2", "mem tok", "r3", "r4", "mean R_t"]
+    report = {
+        "fixture": str(FIXTURE.relative_to(FIXTURE.parents[2])),
+        "token_counter": "smollm2-135m-instruct",
+        "profiles": [replay_profile(name, tokenizer) for name in ("memalpha", "official")],
+    }
+    headers = [
+        "profile",
+        "instance",
+        "calls",
+        "ok calls",
+        "ok turns",
+        "r1",
+        "r2",
+        "mem tok",
+        "r3",
+        "r4",
+        "mean R_t",
+    ]
     table = []
     for entry in report["profiles"]:
         for row in [*entry["instances"], entry["all"]]:
-            table.append([entry["profile"], row["instance_id"].replace("memalpha-pubmed-rct-", "pubmed-"), row["calls"],
-                          row["successful_calls"], f"{row['turns_all_successful']}/{row['turns']}", row["r1"],
-                          row["r2"], row["memory_tokens"], row["r3"], row["r4"], row["mean_reward"]])
+            table.append(
+                [
+                    entry["profile"],
+                    row["instance_id"].replace("memalpha-pubmed-rct-", "pubmed-"),
+                    row["calls"],
+                    row["successful_calls"],
+                    f"{row['turns_all_successful']}/{row['turns']}",
+                    row["r1"],
+                    row["r2"],
+                    row["memory_tokens"],
+                    row["r3"],
+                    row["r4"],
+                    row["mean_reward"],
+                ]
+            )
     print_table(headers, table, floats=3)
     write_json(report, args.out)
     print(f"(written to {args.out})")

@@ -5,10 +5,10 @@ Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/studies/scripted_policies.py
 
 Four scripted policies (:mod:`memalpha.agent.scripted`) write every chunk turn of the held-out
 synthetic instances of ``configs/tiny_cpu.yaml`` (personal facts and dated events; by default 48
-instances of 4 questions, as the learning curve's SFT start in ``experiments/results/learning_curve_q4.json``):
-delete the empty core (content-free), insert one fixed sentence (generic), insert the whole chunk
-(copy), insert each gold fact (oracle). Their replies go through the real rollout: prompts,
-parsing, execution, the reader, and the reward under three rules:
+instances of 4 questions, as the learning curve's SFT start in
+``experiments/results/learning_curve_q4.json``): delete the empty core (content-free), insert one fixed
+sentence (generic), insert the whole chunk (copy), insert each gold fact (oracle). Their replies go through
+the real rollout: prompts, parsing, execution, the reader, and the reward under three rules:
 
 * ``memalpha``  the default profile after issue 30: r2 counts supported changes of memory, r4
                 gives unsupported writes 0, r3 is paid in proportion to r1;
@@ -17,10 +17,10 @@ parsing, execution, the reader, and the reward under three rules:
 * ``official``  the official profile's reward settings.
 
 Two readers: ``echo``, the extractive reader (``reader.kind: extractive``, no model: it answers
-with the memory retrieved for the question, so a question scores when its gold is stored there) and ``local``, the embedded SmolLM2-135M-Instruct with the
-config's reader settings, the reader of the demo and of the learning curve. Answers do not depend
-on the rule, so each memory is read once per reader. The reward's weights are the defaults
-(beta 0.05, gamma 0.1) with the rule judge.
+with the memory retrieved for the question, so a question scores when its gold is stored there) and ``local``,
+the embedded SmolLM2-135M-Instruct with the config's reader settings, the reader of the demo and of the
+learning curve. Answers do not depend on the rule, so each memory is read once per reader. The reward's
+weights are the defaults (beta 0.05, gamma 0.1) with the rule judge.
 
 Prints one table per reader (policy, rule, r1, r2, r3, r4, R, fact recall) and writes the JSON.
 """
@@ -68,7 +68,9 @@ def rule_settings(rule: str) -> RewardSettings:
     if rule == "status":
         return RewardSettings(call_success="status", content_grounding="none", compression_gate="none")
     prefix = "model.reward."
-    return RewardSettings(**{k[len(prefix):]: v for k, v in PROFILES["official"].items() if k.startswith(prefix)})
+    return RewardSettings(
+        **{k[len(prefix) :]: v for k, v in PROFILES["official"].items() if k.startswith(prefix)}
+    )
 
 
 def remember_answers(reader) -> None:
@@ -127,8 +129,11 @@ def main() -> None:
                 out = run_scripted(policy, instances, tokenizer, reader, settings, rule_settings(rule))
                 terms = reward_terms(out)
                 rows.append({"reader": reader_kind, "policy": policy, "rule": rule, **terms})
-                print(f"  {reader_kind} {policy} {rule}: R {terms['R']:.3f} ({time.perf_counter() - start:.0f} s)",
-                      flush=True)
+                print(
+                    f"  {reader_kind} {policy} {rule}: R {terms['R']:.3f} "
+                    f"({time.perf_counter() - start:.0f} s)",
+                    flush=True,
+                )
                 table.append([policy, rule, *(terms[t] for t in TERMS)])
         print(f"\nreader: {reader_kind} ({len(instances)} instances, {args.questions} questions each)")
         print_table(["policy", "rule", *TERMS], table, floats=3)
@@ -141,9 +146,22 @@ def main() -> None:
             "val_instances": args.val,
             "questions": args.questions,
             "families": list(synthetic.families),
-            "rules": {rule: {k: getattr(rule_settings(rule), k) for k in (
-                "call_success", "content_grounding", "compression_gate", "support_min_share", "support_min_tokens",
-                "beta", "gamma", "content_judge")} for rule in args.rules.split(",")},
+            "rules": {
+                rule: {
+                    k: getattr(rule_settings(rule), k)
+                    for k in (
+                        "call_success",
+                        "content_grounding",
+                        "compression_gate",
+                        "support_min_share",
+                        "support_min_tokens",
+                        "beta",
+                        "gamma",
+                        "content_judge",
+                    )
+                }
+                for rule in args.rules.split(",")
+            },
         },
         "sft_reference": SFT_REFERENCE,
         "results": rows,
