@@ -34,8 +34,14 @@ TINY = [
 
 
 def test_tool_call_validity_counts_failed_and_parse_errors():
-    ok = '<tool_call>\n{"name": "new_memory_insert", "arguments": {"memory_type": "semantic_memory", "content": "x"}}\n</tool_call>'
-    bad_type = '<tool_call>{"name": "new_memory_insert", "arguments": {"memory_type": "nope", "content": "x"}}</tool_call>'
+    ok = (
+        '<tool_call>\n{"name": "new_memory_insert", "arguments": '
+        '{"memory_type": "semantic_memory", "content": "x"}}\n</tool_call>'
+    )
+    bad_type = (
+        '<tool_call>{"name": "new_memory_insert", "arguments": '
+        '{"memory_type": "nope", "content": "x"}}</tool_call>'
+    )
     broken = '<tool_call>{"name": "new_memory_insert", "arguments": {"content": "cut'
     rewards = tool_call_validity([ok, ok + bad_type, "no call here", ok + broken, broken])
     assert rewards == [1.0, 0.5, 0.0, 0.5, 0.0]
@@ -90,10 +96,16 @@ def test_both_sides_one_step(tiny_model_dir, tmp_path):
 
 
 def test_memory_job_rewards_validity_plus_the_share_of_facts_stored():
-    insert = '<tool_call>\n{{"name": "new_memory_insert", "arguments": {{"memory_type": "episodic_memory", "content": "{}"}}}}\n</tool_call>'
+    insert = (
+        '<tool_call>\n{{"name": "new_memory_insert", "arguments": '
+        '{{"memory_type": "episodic_memory", "content": "{}"}}}}\n</tool_call>'
+    )
     facts = ["Ada moves to Oslo.", "Bo buys a red bike."]
     both = insert.format("2024-01-02: ada moves to  Oslo. Bo buys a red bike")
-    one = insert.format("Ada moves to Oslo.") + '<tool_call>{"name": "memory_delete", "arguments": {}}</tool_call>'
+    one = (
+        insert.format("Ada moves to Oslo.")
+        + '<tool_call>{"name": "memory_delete", "arguments": {}}</tool_call>'
+    )
     rewards = memory_job_reward([both, one, "nothing"], [facts, facts, facts])
     assert rewards == [2.0, 0.5 + 0.5, 0.0]
 
@@ -118,7 +130,10 @@ def test_learning_summary_describes_the_curves():
     learning = learning_summary(runs, steps=4)
     mem = learning["sides"]["memalpha"]
     assert mem["reward_per_step_mean"] == [0.5, 1.0, 1.5, 2.0]
-    assert mem["reward_per_step_min"] == [0.0, 1.0, 1.0, 1.0] and mem["reward_per_step_max"] == [1.0, 1.0, 2.0, 3.0]
+    assert (
+        mem["reward_per_step_min"] == [0.0, 1.0, 1.0, 1.0]
+        and mem["reward_per_step_max"] == [1.0, 1.0, 2.0, 3.0]
+    )
     assert mem["final_window_per_run"] == [2.5, 1.0] and mem["final_window_mean"] == 1.75
     assert "parity" not in learning  # the verdict is the parity mode's (tests/test_parity_check.py)
 
@@ -135,12 +150,17 @@ def test_parity_mode_runs_memalpha_and_its_no_update_arm_from_an_adapter(tiny_mo
     run); the verdict and the resuming are tests/test_parity_check.py's."""
     from memalpha.lm.core.policy import LoraSettings, load_policy
 
-    policy, _ = load_policy(tiny_model_dir, lora=LoraSettings(r=2, alpha=4, dropout=0.0, target_modules="all-linear"))
+    policy, _ = load_policy(
+        tiny_model_dir, lora=LoraSettings(r=2, alpha=4, dropout=0.0, target_modules="all-linear")
+    )
     policy.save_pretrained(str(tmp_path / "adapter"))
     out = tmp_path / "parity.json"
-    args = ["--model", tiny_model_dir, *TINY[:-2], "--repeats", "1", "--parity", "--arms", "memalpha,memalpha-lr0",
-            "--job", "memory", "--adapter-path", str(tmp_path / "adapter"), "--kl-coef", "0.04",
-            "--seed", "3", "--window", "1", "--runs-dir", str(tmp_path / "runs"), "--out", str(out)]
+    args = [
+        "--model", tiny_model_dir, *TINY[:-2], "--repeats", "1", "--parity",
+        "--arms", "memalpha,memalpha-lr0", "--job", "memory", "--adapter-path", str(tmp_path / "adapter"),
+        "--kl-coef", "0.04", "--seed", "3", "--window", "1", "--runs-dir", str(tmp_path / "runs"),
+        "--out", str(out),
+    ]
     done = run_script(SCRIPT, *args)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -148,7 +168,10 @@ def test_parity_mode_runs_memalpha_and_its_no_update_arm_from_an_adapter(tiny_mo
     assert memalpha["seed"] == lr0["seed"] == 3
     assert memalpha["learning_rate"] == 1e-5 and lr0["learning_rate"] == 0.0
     assert memalpha["steps"][0]["kl"] == 0.0  # the reference is the starting adapter
-    assert sorted(p.name.split("_")[0] for p in (tmp_path / "runs").glob("*.json")) == ["memalpha", "memalpha-lr0"]
+    assert sorted(p.name.split("_")[0] for p in (tmp_path / "runs").glob("*.json")) == [
+        "memalpha",
+        "memalpha-lr0",
+    ]
     learning = report["learning"]
     assert not learning["adequate"] and not learning["passes"] and learning["discriminates"] is None
     assert out.with_suffix(".png").stat().st_size > 0

@@ -17,7 +17,12 @@ T2 = 4.302653  # the 0.975 quantile of Student's t with 2 degrees of freedom
 def table(accuracy: dict[str, float], recall: dict[str, float] | None = None) -> dict:
     """A made-up InstanceScores of one source ``s``."""
     recall = recall or {}
-    return {"s": {k: {"accuracy": v, **({"fact_recall": recall[k]} if k in recall else {})} for k, v in accuracy.items()}}
+    return {
+        "s": {
+            k: {"accuracy": v, **({"fact_recall": recall[k]} if k in recall else {})}
+            for k, v in accuracy.items()
+        }
+    }
 
 
 SCORES = {
@@ -27,7 +32,8 @@ SCORES = {
               "sft_continued": table({"a": 0.5, "b": 0.5, "c": 0.0}, {"a": 0.5, "b": 0.5, "c": 0.0})},
         "1": {"grpo": table({"a": 0.5, "b": 1.0, "c": 0.5}, {"a": 1.0, "b": 1.0}),
               "sft_continued": table({"a": 0.5, "b": 0.0, "c": 0.5}, {"a": 0.5, "b": 0.0, "c": 1.0})},
-        "2": {"grpo": table({"a": 0.0, "b": 0.0, "c": 0.0})},  # its control not run yet: left out of grpo - sft
+        # its control not run yet: left out of grpo - sft
+        "2": {"grpo": table({"a": 0.0, "b": 0.0, "c": 0.0})},
     },
 }
 
@@ -59,8 +65,12 @@ def test_start_is_shared_by_every_seed_and_arms_without_runs_are_left_out():
     assert against_start["seeds"] == [0, 1, 2]
     # grpo averaged over three seeds: a 0.5, b 0.5, c 1/6; minus start 0.5, 0, 0
     assert math.isclose(against_start["pooled"]["mean"], (0.0 + 0.5 + 1 / 6) / 3)
-    assert compare(SCORES, "grpo", "grpo_lr0", "accuracy") == {"seed_level": None, "pooled": None, "seeds": [],
-                                                                "per_seed": {}}
+    assert compare(SCORES, "grpo", "grpo_lr0", "accuracy") == {
+        "seed_level": None,
+        "pooled": None,
+        "seeds": [],
+        "per_seed": {},
+    }
     means = arm_means(SCORES, ("accuracy",))
     assert set(means) == {"start", "grpo", "sft_continued"} and means["grpo"]["seeds"] == [0, 1, 2]
     assert math.isclose(means["start"]["accuracy"]["mean"], 0.5 / 3)
@@ -82,7 +92,8 @@ def test_seed_level_is_the_t_over_the_per_seed_paired_means_beside_a_bootstrap()
 
 
 def test_the_committed_summary_is_rebuilt_from_the_committed_scores(capsys):
-    assert main(["--check"]) == 0  # experiments/results/control_arms.json from .../control_arms/instance_scores.json
+    # experiments/results/control_arms.json from .../control_arms/instance_scores.json
+    assert main(["--check"]) == 0
     out = capsys.readouterr().out
     assert "rebuilt intervals match" in out and "seeds, t" in out and "optimiser steps" in out
 
@@ -95,7 +106,10 @@ def test_update_rewrites_only_the_intervals_of_the_summary(tmp_path):
                                    "machine": {"cpu_count": 2}}))
     assert main(["--scores", str(scores), "--summary", str(summary), "--update"]) == 0
     written = json.loads(summary.read_text())
-    assert written["runs"] == {"seed0_grpo": {"train_s": 3.5, "steps": 8}} and written["machine"] == {"cpu_count": 2}
+    assert (
+        written["runs"] == {"seed0_grpo": {"train_s": 3.5, "steps": 8}}
+        and written["machine"] == {"cpu_count": 2}
+    )
     assert "--update" in written["intervals_rebuilt"]["command"]
     assert main(["--scores", str(scores), "--summary", str(summary), "--check"]) == 0
 
@@ -103,10 +117,14 @@ def test_update_rewrites_only_the_intervals_of_the_summary(tmp_path):
 def test_compute_lists_what_the_summary_records_and_nothing_else():
     from memalpha.lab.control_arms_report import run_compute
 
-    runs = {"seed1_sft_continued": {"train_s": 389.2, "steps": 44, "max_time_s": 380.4}, "seed0_grpo": {"train_s": 380.4}}
-    assert run_compute(runs) == [{"run": "seed1_sft_continued", "seed": 1, "arm": "sft_continued", "train_s": 389.2,
-                                  "steps": 44},
-                                 {"run": "seed0_grpo", "seed": 0, "arm": "grpo", "train_s": 380.4}]
+    runs = {
+        "seed1_sft_continued": {"train_s": 389.2, "steps": 44, "max_time_s": 380.4},
+        "seed0_grpo": {"train_s": 380.4},
+    }
+    assert run_compute(runs) == [
+        {"run": "seed1_sft_continued", "seed": 1, "arm": "sft_continued", "train_s": 389.2, "steps": 44},
+        {"run": "seed0_grpo", "seed": 0, "arm": "grpo", "train_s": 380.4},
+    ]
 
 
 def test_report_check_passes_on_its_own_summary_and_fails_on_a_changed_number(tmp_path, capsys):

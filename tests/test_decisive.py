@@ -67,7 +67,10 @@ def test_decide_reads_the_t_interval_over_the_seeds_mean_changes():
     mean = sum(changes) / 5
     sd = math.sqrt(sum((c - mean) ** 2 for c in changes) / 4)
     t = decision["t_over_seeds"]
-    assert t["mean"] == pytest.approx(mean) and t["low"] == pytest.approx(mean - T4 * sd / math.sqrt(5), abs=1e-6)
+    assert (
+        t["mean"] == pytest.approx(mean)
+        and t["low"] == pytest.approx(mean - T4 * sd / math.sqrt(5), abs=1e-6)
+    )
     assert decision["verdict"] == "GRPO beats" and decision["seeds_done"] == [0, 1, 2, 3, 4]
     assert decide(scores([0.1, -0.2, 0.05, 0.15, 0.1]), [0, 1, 2, 3, 4])["verdict"] == "not shown"
     assert decide(scores([-0.1, -0.2, -0.05, -0.15, -0.1]), [0, 1, 2, 3, 4])["verdict"] == "GRPO is worse"
@@ -83,9 +86,18 @@ def test_a_policy_that_copies_its_input_fails_the_guard_and_cannot_win():
 
 
 def test_memory_share_is_memory_over_input_tokens_per_instance():
-    records = [{"data_source": "s", "instance_id": "a", "memory_tokens": 30, "chunk_tokens": 120, "r3": 0.0,
-                "turns": [{"results": [{"status": "ok"}], "reward": 1.0}], "questions": [{"score": 1.0, "gold": "x"}],
-                "memory": {}}]
+    records = [
+        {
+            "data_source": "s",
+            "instance_id": "a",
+            "memory_tokens": 30,
+            "chunk_tokens": 120,
+            "r3": 0.0,
+            "turns": [{"results": [{"status": "ok"}], "reward": 1.0}],
+            "questions": [{"score": 1.0, "gold": "x"}],
+            "memory": {},
+        }
+    ]
     values = guarded_values(records)
     assert values["s"]["a"]["memory_share"] == pytest.approx(0.25) and values["s"]["a"]["accuracy"] == 1.0
 

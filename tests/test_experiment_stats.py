@@ -21,7 +21,9 @@ def record(instance, source, scores, statuses, rewards, memory_tokens=10, r3=0.5
         "instance_id": instance,
         "data_source": source,
         "questions": [{"score": s} for s in scores],
-        "turns": [{"results": [{"status": st} for st in turn], "reward": r} for turn, r in zip(statuses, rewards)],
+        "turns": [
+            {"results": [{"status": st} for st in turn], "reward": r} for turn, r in zip(statuses, rewards)
+        ],
         "memory_tokens": memory_tokens,
         "r3": r3,
     }
@@ -84,12 +86,19 @@ def test_answer_stored_and_reader_given_stored_separate_the_memory_from_the_read
         return rec
 
     # golds Dunedin (stored, read right), Finnish (stored, read wrong), pho (not stored, guessed right)
-    values = instance_values([qa("synth_personal", [("Dunedin", 1), ("finnish", 0), ("pho", 1)])])["synth_personal"]["i"]
+    values = instance_values(
+        [qa("synth_personal", [("Dunedin", 1), ("finnish", 0), ("pho", 1)])]
+    )["synth_personal"]["i"]
     assert values["answer_stored"] == 2 / 3 and values["reader_given_stored"] == 1 / 2
     assert values["accuracy"] == 2 / 3
     # nothing stored: no reader_given_stored; a second rollout without a memory drops answer_stored too
-    assert "reader_given_stored" not in instance_values([qa("synth_personal", [("pho", 1)])])["synth_personal"]["i"]
-    two = instance_values([qa("synth_personal", [("Dunedin", 1)]), qa("synth_personal", [("Dunedin", 0)], False)])
+    assert (
+        "reader_given_stored"
+        not in instance_values([qa("synth_personal", [("pho", 1)])])["synth_personal"]["i"]
+    )
+    two = instance_values(
+        [qa("synth_personal", [("Dunedin", 1)]), qa("synth_personal", [("Dunedin", 0)], False)]
+    )
     assert "answer_stored" not in two["synth_personal"]["i"]
     # a boxed label cannot be read off a memory text
     assert "answer_stored" not in instance_values([qa("synth_icl", [("2", 1)])])["synth_icl"]["i"]

@@ -37,7 +37,10 @@ def test_each_lever_changes_only_its_settings_and_parses_as_a_fit_config(lever, 
 
     args = argparse.Namespace(steps=8, val=48, questions=4, lr0=None)
     base = load_yaml(REPO / "configs" / "tiny_cpu.yaml")
-    grpo, changed = flat(arm_fit_config(base, tmp_path, args, 0, "grpo")), flat(lever_config(base, tmp_path, args, lever, 0))
+    grpo, changed = (
+        flat(arm_fit_config(base, tmp_path, args, 0, "grpo")),
+        flat(lever_config(base, tmp_path, args, lever, 0)),
+    )
     differing = {k for k in grpo.keys() | changed.keys() if grpo.get(k) != changed.get(k)}
     own_folders = {"model.export_adapter_dir", "trainer.logger.init_args.version", "trainer.callbacks"}
     assert differing - own_folders == set(LEVERS[lever])
@@ -92,7 +95,8 @@ def test_report_check_passes_on_its_own_summary_and_fails_on_a_changed_number(tm
 
 
 def test_the_committed_summary_is_rebuilt_from_the_committed_scores(capsys):
-    assert main(["--check"]) == 0  # experiments/results/grpo_levers.json from .../grpo_levers/instance_scores.json
+    # experiments/results/grpo_levers.json from .../grpo_levers/instance_scores.json
+    assert main(["--check"]) == 0
     out = capsys.readouterr().out
     assert "rebuilt intervals match" in out and "seeds, bootstrap" in out
 
@@ -102,11 +106,14 @@ def test_the_committed_headline_over_seeds():
     from memalpha.lab.grpo_levers_report import SUMMARY_PATH
 
     # issue 39: over 3 seeds the lever's fact-recall gain over SFT continued is +0.132 [-0.231, +0.495]
-    level = read_json(SUMMARY_PATH)["comparisons"]["lever_extractive_instances_4 - sft_continued"]["fact_recall"]
+    level = read_json(SUMMARY_PATH)["comparisons"][
+        "lever_extractive_instances_4 - sft_continued"
+    ]["fact_recall"]
     assert level["seed_level"]["seeds"] == [0, 1, 2]
     t = level["seed_level"]["t"]
     assert [round(t[k], 3) for k in ("mean", "low", "high")] == [0.132, -0.231, 0.495]
-    assert level["pooled"]["low"] > 0 > t["low"]  # the instance-level interval excludes 0, the seed-level one not
+    # the instance-level interval excludes 0, the seed-level one not
+    assert level["pooled"]["low"] > 0 > t["low"]
 
 
 def test_the_report_covers_every_lever_run_validated_in_the_folder(tmp_path):
@@ -117,4 +124,9 @@ def test_the_report_covers_every_lever_run_validated_in_the_folder(tmp_path):
         (tmp_path / "validate" / name).mkdir(parents=True)
         (tmp_path / "validate" / name / "validation.json").write_text("{}")
     (tmp_path / "validate" / "seed3_lever_group_8").mkdir()  # not validated yet
-    assert lever_runs(tmp_path) == [(0, "extractive_reader"), (0, "lr_1e-3"), (1, "extractive_reader"), (2, "group_8")]
+    assert lever_runs(tmp_path) == [
+        (0, "extractive_reader"),
+        (0, "lr_1e-3"),
+        (1, "extractive_reader"),
+        (2, "group_8"),
+    ]

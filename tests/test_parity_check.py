@@ -43,20 +43,32 @@ def test_final_mean_and_the_verdict_fail_an_arm_that_never_learns_and_pass_equal
     assert _parity.final_mean(runs["trl"][0], 10) == pytest.approx(sum(LEARNS[0][-10:]) / 10)
     learning = _parity.summarise_learning(runs, margin=0.1, steps=STEPS, window=10)
     mem, lr0 = learning["against_trl"]["memalpha"], learning["against_trl"]["memalpha-lr0"]
-    assert mem["difference"] == pytest.approx(0.0, abs=1e-12) and mem["verdict"] == "equivalent" and mem["passes"]
+    assert (
+        mem["difference"] == pytest.approx(0.0, abs=1e-12)
+        and mem["verdict"] == "equivalent"
+        and mem["passes"]
+    )
     # the flat arm sits 0.04 * mean(10..19) = 0.58 below
     assert lr0["difference"] == pytest.approx(-0.58, abs=1e-9) and lr0["verdict"] == "different"
     assert learning["adequate"] and learning["passes"] and learning["no_update_fails"] is True
     assert learning["discriminates"] is True
     assert learning["arms"]["memalpha-lr0"]["reward_per_step_mean"][0] == pytest.approx(0.6, abs=0.01)
     lines = "\n".join(_parity.verdict_lines(learning))
-    assert "memalpha-lr0 - trl" in lines and "different" in lines and "the check discriminates (memalpha passes, lr-0 fails): True" in lines
+    assert (
+        "memalpha-lr0 - trl" in lines
+        and "different" in lines
+        and "the check discriminates (memalpha passes, lr-0 fails): True" in lines
+    )
 
 
 def test_the_verdict_cannot_pass_a_short_or_small_check_or_a_noisy_one():
     runs = {"memalpha": [_run(LEARNS[s]) for s in range(4)], "trl": [_run(LEARNS[s]) for s in range(4)]}
     short = _parity.summarise_learning(runs, margin=0.1, steps=5, window=2)
-    assert not short["adequate"] and not short["passes"] and short["against_trl"]["memalpha"]["verdict"] == "equivalent"
+    assert (
+        not short["adequate"]
+        and not short["passes"]
+        and short["against_trl"]["memalpha"]["verdict"] == "equivalent"
+    )
     few = _parity.summarise_learning({arm: done[:3] for arm, done in runs.items()}, 0.1, STEPS, 10)
     assert not few["passes"] and "memalpha: 3 runs < 4" in few["problems"][0]
     # runs whose final means spread by ±0.3: the interval is wider than the margin
@@ -87,8 +99,16 @@ def _fake_child(calls):
     def run_child(arm, settings, timeout_s):
         calls.append((arm, settings.seed))
         rewards = FLAT[settings.seed] if arm == "memalpha-lr0" else LEARNS[settings.seed]
-        steps = [{"reward": r, "step_s": 2.0 if arm == "trl" else 1.0, "gen_s": 0.5, "generated_tokens": 10, "kl": 0.0}
-                 for r in rewards]
+        steps = [
+            {
+                "reward": r,
+                "step_s": 2.0 if arm == "trl" else 1.0,
+                "gen_s": 0.5,
+                "generated_tokens": 10,
+                "kl": 0.0,
+            }
+            for r in rewards
+        ]
         return {"steps": steps, "setup_s": 1.0, "peak_rss_mib": 100.0, "rss_after_import_mib": 50.0}
 
     return run_child
