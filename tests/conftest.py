@@ -40,7 +40,12 @@ def build_tiny_model_dir(
     from memalpha.lab.common import tiny_model_folder
 
     return tiny_model_folder(
-        path, tokenizer=tokenizer, hidden=hidden, layers=layers, seed=seed, initializer_range=initializer_range
+        path,
+        tokenizer=tokenizer,
+        hidden=hidden,
+        layers=layers,
+        seed=seed,
+        initializer_range=initializer_range,
     )
 
 
@@ -74,16 +79,22 @@ def model_generate_path(model, tokenizer, prompts, **kwargs):
     """memalpha's ``generate`` through ``model.generate``: neither its own loop nor its fused step."""
     from memalpha.lm.sampling import generation
 
-    return generation.generate(model, tokenizer, prompts, fold_adapters=False, backend="hf-generate", **kwargs)
+    return generation.generate(
+        model, tokenizer, prompts, fold_adapters=False, backend="hf-generate", **kwargs
+    )
 
 
-def early_end_token(model, tokenizer, prompts, *, others_from: int, all_others: bool, never: int = 10_000) -> int:
+def early_end_token(
+    model, tokenizer, prompts, *, others_from: int, all_others: bool, never: int = 10_000
+) -> int:
     """A token that row 0 emits greedily among its first six tokens (not before that step) and the
     rows from ``others_from`` on emit later or never (all of them with ``all_others``, at least one
     otherwise): as the end token, it makes rows end at different steps."""
     from memalpha.lm.sampling.generation import generate
 
-    free = generate(model, tokenizer, prompts, max_new_tokens=10, do_sample=False, eos_token_id=never).response_ids
+    free = generate(
+        model, tokenizer, prompts, max_new_tokens=10, do_sample=False, eos_token_id=never
+    ).response_ids
     test = all if all_others else any
     for step in range(1, 6):
         token = free[0][step]

@@ -14,8 +14,14 @@ class RankProbe(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        lora = {n: p.detach().cpu().clone() for n, p in pl_module.policy.named_parameters() if p.requires_grad}
+        lora = {
+            n: p.detach().cpu().clone() for n, p in pl_module.policy.named_parameters() if p.requires_grad
+        }
         torch.save(
-            {"instances": list(trainer.datamodule.seen_instance_ids), "lora": lora, "world": trainer.world_size},
+            {
+                "instances": list(trainer.datamodule.seen_instance_ids),
+                "lora": lora,
+                "world": trainer.world_size,
+            },
             self.out_dir / f"rank{trainer.global_rank}.pt",
         )

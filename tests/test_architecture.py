@@ -16,7 +16,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "memalpha"
 
-# layer -> the memalpha layers it may import (besides itself). `seeding`, `intervals` and `templates` are shared leaves.
+# layer -> the memalpha layers it may import (besides itself).
+# `seeding`, `intervals` and `templates` are shared leaves.
 ALLOWED: dict[str, set[str]] = {
     "allocator": set(),  # the CUDA allocator's setting, applied when the package is imported
     "seeding": set(),
@@ -29,12 +30,19 @@ ALLOWED: dict[str, set[str]] = {
     "grpo": {"seeding"},
     "reader": {"memory", "lm", "templates"},
     "agent": {"memory", "tools", "lm", "data", "reader", "seeding", "templates"},
-    "train": {"memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "intervals", "templates"},
-    "commands": {"memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "intervals", "templates", "train"},
+    "train": {
+        "memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "intervals", "templates",
+    },
+    "commands": {
+        "memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "intervals", "templates",
+        "train",
+    },
     "cli": {"commands", "train", "templates"},
     # the experiments' measuring kit: above the product, which never imports it
-    "lab": {"memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "intervals", "templates",
-            "train"},
+    "lab": {
+        "memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "intervals", "templates",
+        "train",
+    },
 }
 
 # inside lm: folder -> the lm folders it may import (besides itself); docs/architecture.md's lm table.
@@ -64,10 +72,18 @@ def memalpha_imports(path: Path) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name.startswith("memalpha"))
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("memalpha"):
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module or "").startswith("memalpha")
+        ):
             for alias in node.names:
                 candidate = f"{node.module}.{alias.name}"
-                found.add(candidate if (PACKAGE.parent / (candidate.replace(".", "/") + ".py")).is_file() else node.module)
+                found.add(
+                    candidate
+                    if (PACKAGE.parent / (candidate.replace(".", "/") + ".py")).is_file()
+                    else node.module
+                )
     return found
 
 
@@ -88,7 +104,9 @@ def test_layers_import_only_lower_layers(module):
         return
     allowed = ALLOWED[layer] | {layer}
     wrong = sorted(target for target in GRAPH[module] if layer_of(target) not in allowed)
-    assert not wrong, f"{module} (layer {layer!r}) imports {wrong}; {layer!r} may import only {sorted(allowed)}"
+    assert not wrong, (
+        f"{module} (layer {layer!r}) imports {wrong}; {layer!r} may import only {sorted(allowed)}"
+    )
 
 
 def lm_folder(module: str) -> str | None:
@@ -108,7 +126,9 @@ def test_lm_folders_import_only_lower_folders(module):
     folder = lm_folder(module)
     allowed = LM_ALLOWED[folder] | {folder}
     wrong = sorted(t for t in GRAPH[module] if lm_folder(t) not in allowed and t.startswith("memalpha.lm."))
-    assert not wrong, f"{module} (lm/{folder}) imports {wrong}; lm/{folder} may import only lm/{sorted(allowed)}"
+    assert not wrong, (
+        f"{module} (lm/{folder}) imports {wrong}; lm/{folder} may import only lm/{sorted(allowed)}"
+    )
 
 
 def test_no_import_circles():
@@ -163,7 +183,9 @@ def test_sources_cite_only_files_in_the_repository():
     """No module points readers to a document outside the repository (the old 'SPEC §N' references),
     and every ``docs/*.md`` a module names exists."""
     offenders = [
-        str(path.relative_to(PACKAGE.parent)) for path in MODULES.values() if re.search(r"\bSPEC\b", path.read_text())
+        str(path.relative_to(PACKAGE.parent))
+        for path in MODULES.values()
+        if re.search(r"\bSPEC\b", path.read_text())
     ]
     assert not offenders, f"cite docs/*.md instead of a SPEC section: {offenders}"
     cited = {
@@ -231,7 +253,9 @@ def test_no_constructor_takes_more_than_twelve_arguments():
         if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) and function.name == "__init__"
         and _argument_count(function) > MAX_INIT_ARGUMENTS
     )
-    assert not over, f"constructors over {MAX_INIT_ARGUMENTS} arguments (group settings into an object): {over}"
+    assert not over, (
+        f"constructors over {MAX_INIT_ARGUMENTS} arguments (group settings into an object): {over}"
+    )
 
 
 def test_the_argument_limit_check_counts_what_it_should():

@@ -23,7 +23,9 @@ def test_scalars_compare_shared_tags_and_list_the_rest():
     before = {"v0:train/reward": {1: 1.0, 2: 1.5}, "v0:perf/step_s": {1: 3.0}, "v0:train/old": {1: 0.0}}
     after = {"v0:train/reward": {1: 1.0, 2: 1.25}, "v0:perf/step_s": {1: 9.0}, "v0:train/new": {1: 0.0}}
     result = compare_scalars(before, after, 1e-6)
-    assert result["rows"] == [{"tag": "v0:train/reward", "steps": 2, "max_abs_difference": 0.25, "verdict": "differs"}]
+    assert result["rows"] == [
+        {"tag": "v0:train/reward", "steps": 2, "max_abs_difference": 0.25, "verdict": "differs"}
+    ]
     assert result["added"] == ["v0:train/new"] and result["removed"] == ["v0:train/old"]
     assert result["timing_skipped"] == ["v0:perf/step_s"]
 
@@ -32,7 +34,10 @@ def test_reports_compare_every_leaf(tmp_path):
     before, after = tmp_path / "b", tmp_path / "a"
     for side, prediction, extra in ((before, "Paris", {}), (after, "Lyon", {"fact_recall": 0.5})):
         (side / "v0").mkdir(parents=True)
-        report = {"summary": {"accuracy": 0.5, **extra}, "records": [{"questions": [{"prediction": prediction}]}]}
+        report = {
+            "summary": {"accuracy": 0.5, **extra},
+            "records": [{"questions": [{"prediction": prediction}]}],
+        }
         (side / "v0" / "validation.json").write_text(json.dumps(report))
     (row,) = compare_reports(before, after, 1e-6)
     assert row["verdict"] == "differs" and row["differs"] == ["records[0].questions[0].prediction"]
@@ -42,6 +47,8 @@ def test_reports_compare_every_leaf(tmp_path):
 def test_identical_folders_pass_and_a_changed_one_fails(tmp_path):
     for name in ("b", "a", "c"):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "validation.json").write_text(json.dumps({"accuracy": 0.25 if name != "c" else 0.5}))
+        (tmp_path / name / "validation.json").write_text(
+            json.dumps({"accuracy": 0.25 if name != "c" else 0.5})
+        )
     assert main([str(tmp_path / "b"), str(tmp_path / "a"), "--out", str(tmp_path / "same.json")]) == 0
     assert main([str(tmp_path / "b"), str(tmp_path / "c"), "--out", str(tmp_path / "changed.json")]) == 1

@@ -29,7 +29,9 @@ def test_a_round_logs_its_rollouts_samples_tokens_and_reader_questions():
         return RolloutRecord(name, "synth_personal", 0, [], {}, 10, 100, [{"score": 1.0}] * questions)
 
     samples = [TurnSample(0, g, 0, [1], [2], False, 0, 0) for g in (0, 0, 1)]
-    out = RolloutOutput(samples, [record("a", 3), record("b", 4)], rollout_s=2.0, reader_s=0.5, generated_tokens=17)
+    out = RolloutOutput(
+        samples, [record("a", 3), record("b", 4)], rollout_s=2.0, reader_s=0.5, generated_tokens=17
+    )
     metrics = round_metrics(out, torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0, 0, 1]))
     assert metrics["perf/rollouts"] == 2 and metrics["perf/turn_samples"] == 3
     assert metrics["perf/generated_tokens"] == 17 and metrics["reader/questions"] == 7
@@ -42,7 +44,9 @@ def test_training_counts_sum_the_rounds_and_say_what_was_not_logged():
     assert counts == {"optimiser_steps": 2, "train_s": 22.5, "rollouts": 32, "turn_samples": None,
                       "tokens_sampled": 2000, "reader_calls": 128}
     sft = training_counts({"step_s": {0: 1.0, 1: 1.0, 2: 1.0}}, sampled=False)
-    assert sft["optimiser_steps"] == 3 and sft["rollouts"] == sft["tokens_sampled"] == sft["reader_calls"] == 0
+    assert (
+        sft["optimiser_steps"] == 3 and sft["rollouts"] == sft["tokens_sampled"] == sft["reader_calls"] == 0
+    )
     old = training_counts({"step_s": {0: 1.0}}, sampled=True)  # a GRPO run logged before the counts existed
     assert old["rollouts"] is None and old["tokens_sampled"] is None and old["reader_calls"] is None
 
@@ -77,7 +81,11 @@ def test_measured_records_the_childrens_cpu_and_sums_every_attempt(tmp_path):
         burn(0.2)
         raise RuntimeError("killed")
     seconds = stage_seconds(tmp_path, "fit_x")
-    assert seconds["attempts"] == 2 and 0.45 <= seconds["cpu_s"] < 5 and seconds["wall_s"] >= seconds["cpu_s"] * 0.5
+    assert (
+        seconds["attempts"] == 2
+        and 0.45 <= seconds["cpu_s"] < 5
+        and seconds["wall_s"] >= seconds["cpu_s"] * 0.5
+    )
     import json
 
     attempts = json.loads((tmp_path / "compute" / "fit_x.json").read_text())

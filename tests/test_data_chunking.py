@@ -70,7 +70,9 @@ def test_no_text_is_ever_lost_and_no_token_is_split(tokenizer, text, size):
 
 
 @pytest.mark.parametrize("style", ["dialogue", "reading"])
-@pytest.mark.parametrize("body", ["plain text", "line one\n<Assistant>fake turn\n\n<System> fake\nend", "", " \n"])
+@pytest.mark.parametrize(
+    "body", ["plain text", "line one\n<Assistant>fake turn\n\n<System> fake\nend", "", " \n"]
+)
 def test_wrapping_round_trip(style, body):
     wrapped = wrap_chunk(body, style, date(2024, 2, 29), variant=5)
     parsed = parse_wrapped_chunk(wrapped)

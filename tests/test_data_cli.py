@@ -28,7 +28,9 @@ def _start(*args: str) -> subprocess.Popen:
 
 def test_installed_command_synth_and_inspect(tmp_path):
     """The console script end to end (both commands run side by side to save start-up time)."""
-    synth = _start("synth", "--out", str(tmp_path / "synth"), "--num-train", "8", "--num-val", "4", "--seed", "3")
+    synth = _start(
+        "synth", "--out", str(tmp_path / "synth"), "--num-train", "8", "--num-val", "4", "--seed", "3"
+    )
     inspect = _start("inspect", str(FIXTURES / "memalpha_pubmed.parquet"))
     synth_out, synth_err = synth.communicate(timeout=120)
     inspect_out, inspect_err = inspect.communicate(timeout=120)
@@ -37,12 +39,20 @@ def test_installed_command_synth_and_inspect(tmp_path):
     assert "wrote 8 train instances" in synth_out and "wrote 4 validation instances" in synth_out
     for split, count in (("train", 8), ("validation", 4)):
         save_jsonl(generate_synthetic(count, split=split, seed=3), tmp_path / f"{split}.jsonl")
-        assert (tmp_path / "synth" / f"{split}.jsonl").read_bytes() == (tmp_path / f"{split}.jsonl").read_bytes()
+        assert (tmp_path / "synth" / f"{split}.jsonl").read_bytes() == (
+            tmp_path / f"{split}.jsonl"
+        ).read_bytes()
 
     assert inspect.returncode == 0, inspect_err
     lines = inspect_out.splitlines()
     assert "3 instances (layout memalpha; tokens: smollm2-135m-instruct)" in lines[0]
-    assert lines[1].split() == ["data_source", "instances", "chunks/instance", "tokens/chunk", "questions/instance"]
+    assert lines[1].split() == [
+        "data_source",
+        "instances",
+        "chunks/instance",
+        "tokens/chunk",
+        "questions/instance",
+    ]
     row = lines[3].split()
     assert row[:2] == ["pubmed-rct", "3"] and " ".join(row[2:7]) == "10 / 10 / 10"
     assert " ".join(row[-5:]) == "100 / 100 / 100"
@@ -55,7 +65,10 @@ def test_inspect_a_synth_folder_prints_each_file(tmp_path, capsys):
     capsys.readouterr()
     main(["inspect", str(tmp_path), "--tokenizer", "none"])
     out = capsys.readouterr().out
-    assert f"{tmp_path / 'train.jsonl'}: 4 instances" in out and f"{tmp_path / 'validation.jsonl'}: 2 instances" in out
+    assert (
+        f"{tmp_path / 'train.jsonl'}: 4 instances" in out
+        and f"{tmp_path / 'validation.jsonl'}: 2 instances" in out
+    )
     for family in ("synth_icl", "synth_personal", "synth_summary", "synth_timeline"):
         assert family in out
     assert out.count("\nall ") == 2 and "3 / 3 / 3" in out and "tokens: white-space words" in out
@@ -110,7 +123,12 @@ def test_every_data_command_goes_through_one_module_and_synth_starts_without_lig
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)}
     done = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path)], check=False, capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-c", code, str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"

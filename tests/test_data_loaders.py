@@ -49,7 +49,9 @@ def test_official_parquet_fixture_loads_the_real_instances():
     for instance in instances:
         assert instance.data_source == "pubmed-rct"
         assert len(instance.chunks) == 10 and len(instance.questions) == 100
-        assert instance.chunks[0].startswith("[Dialogue between User and Assistant on 2024-01-01 00:00]\n<User>")
+        assert instance.chunks[0].startswith(
+            "[Dialogue between User and Assistant on 2024-01-01 00:00]\n<User>"
+        )
         assert {qa.answer for qa in instance.questions} <= {"0", "1", "2", "3", "4"}  # bare labels
         assert "prompt" in instance.metadata  # the official prompt column is kept in metadata
     records = []
@@ -103,12 +105,18 @@ def test_official_layout_decodes_and_coerces(tmp_path):
     [
         ({"chunks": '["c0", "c1"'}, "chunks", "not valid JSON"),
         ({"num_chunks": 3}, "num_chunks", "says 3 but the decoded list has 2"),
-        ({"questions_and_answers": json.dumps([{"question": "q?"}])}, "questions_and_answers[0].answer", "without answer"),
+        (
+            {"questions_and_answers": json.dumps([{"question": "q?"}])},
+            "questions_and_answers[0].answer",
+            "without answer",
+        ),
         ({"metadata": json.dumps([1, 2])}, "metadata", "expected an object"),
     ],
 )
 def test_official_layout_errors_name_the_column(tmp_path, override, field, reason):
-    path = _write_parquet(tmp_path / "bad.parquet", [_official_row(instance_id="ok-0"), _official_row(**override)])
+    path = _write_parquet(
+        tmp_path / "bad.parquet", [_official_row(instance_id="ok-0"), _official_row(**override)]
+    )
     with pytest.raises(DataValidationError) as info:
         load_instances(path)
     assert str(path) in str(info.value) and "record 1 (instance_id='off-0')" in str(info.value)
@@ -210,7 +218,8 @@ def _mab(i: int, **overrides) -> dict:
 
 def test_memoryagentbench_chunks_by_tokens_without_losing_text(tmp_path, tokenizer):
     path = tmp_path / "mab.jsonl"
-    records = [_mab(i, answers=[["street 3", "3"], "crème brûlée"]) for i in range(2)]  # JSON may mix answer kinds
+    # JSON may mix answer kinds
+    records = [_mab(i, answers=[["street 3", "3"], "crème brûlée"]) for i in range(2)]
     path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in records) + "\n", encoding="utf-8")
     instances, report = load_instances(path, tokenizer=tokenizer, chunk_tokens=256)
     assert report.layout == "memoryagentbench"
@@ -249,7 +258,9 @@ def test_memoryagentbench_saved_dataset_dict(tmp_path, tokenizer):
         }
     )
     dd.save_to_disk(str(tmp_path / "mab"))
-    (instance,), _ = load_instances(tmp_path / "mab", split="Test_Time_Learning", tokenizer=tokenizer, chunk_tokens=1024)
+    (instance,), _ = load_instances(
+        tmp_path / "mab", split="Test_Time_Learning", tokenizer=tokenizer, chunk_tokens=1024
+    )
     assert instance.data_source == "icl_banking77" and "".join(instance.chunks) == CONTEXT
 
 

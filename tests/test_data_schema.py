@@ -59,7 +59,9 @@ def test_each_error_kind_names_file_record_and_field(name):
 
 def test_bad_json_line_names_file_record_and_line():
     path = MALFORMED / "bad_json.jsonl"
-    with pytest.raises(DataValidationError, match=r"bad_json\.jsonl: record 1 \(no instance_id\): line 2 is not valid JSON"):
+    with pytest.raises(
+        DataValidationError, match=r"bad_json\.jsonl: record 1 \(no instance_id\): line 2 is not valid JSON"
+    ):
         load_instances(path)
 
 
@@ -93,7 +95,11 @@ def test_nothing_half_loads(tmp_path):
         (lambda r: r["chunks"].append(3), "chunks[2]", "expected a string, got int"),
         (lambda r: r.update(questions=[]), "questions", "empty question list"),
         (lambda r: r["questions"].append("q3?"), "questions[2]", "expected an object, got string"),
-        (lambda r: r["questions"][0].update(answer=[]), "questions[0].answer", "question without answer (empty list)"),
+        (
+            lambda r: r["questions"][0].update(answer=[]),
+            "questions[0].answer",
+            "question without answer (empty list)",
+        ),
         (lambda r: r["questions"][0].update(answer=3), "questions[0].answer", "expected a string or a list"),
         (lambda r: r["questions"][0].pop("question"), "questions[0].question", "missing field"),
         (lambda r: r.update(metadata=[1]), "metadata", "expected an object, got list"),

@@ -32,7 +32,8 @@ def test_same_seed_gives_byte_identical_files_across_processes(tmp_path):
     assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
     # another interpreter with another hash seed writes the same bytes
     code = (
-        "import sys; from memalpha.data.loaders import save_jsonl; from memalpha.data.synthetic import generate_synthetic;"
+        "import sys; from memalpha.data.loaders import save_jsonl; "
+        "from memalpha.data.synthetic import generate_synthetic;"
         "save_jsonl(generate_synthetic(12, split='train', seed=5), sys.argv[1])"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
@@ -43,8 +44,13 @@ def test_same_seed_gives_byte_identical_files_across_processes(tmp_path):
 
 
 def test_splits_never_share_an_entity():
-    sets = {split: generate_synthetic(24, split=split, seed=1, **KNOBS) for split in ("train", "validation", "test")}
-    entities = {split: set().union(*(set(i.metadata["entities"]) for i in insts)) for split, insts in sets.items()}
+    sets = {
+        split: generate_synthetic(24, split=split, seed=1, **KNOBS)
+        for split in ("train", "validation", "test")
+    }
+    entities = {
+        split: set().union(*(set(i.metadata["entities"]) for i in insts)) for split, insts in sets.items()
+    }
     for a in sets:
         for b, other in sets.items():
             if a == b:
@@ -90,7 +96,8 @@ def test_knobs_are_respected():
         assert all(len(unwrap_chunk(c).split()) >= 60 for c in instance.chunks)
         assert not instance.metadata.get("distractor_people")
     few = generate_synthetic(4, num_chunks=1, facts_per_chunk=1, questions_per_instance=9, chunk_words=0)
-    assert [len(i.questions) for i in few] == [1, 1, 9, 1]  # at most one question per fact (icl makes new sentences)
+    # at most one question per fact (icl makes new sentences)
+    assert [len(i.questions) for i in few] == [1, 1, 9, 1]
     for bad in ({"num_chunks": 0}, {"chunk_words": -1}, {"families": ("synth_poetry",)}, {"families": ()}):
         with pytest.raises(ValueError):
             generate_synthetic(1, **bad)
@@ -107,7 +114,9 @@ def test_personal_and_timeline_answers_sit_in_the_evidence_chunk():
             assert qa.answer.lower() not in qa.question.lower()
             chunk = instance.chunks[evidence[0]]
             if instance.data_source == "synth_personal":
-                person = re.search(r"(?:did|is|has|does) ([A-Z]\w+ [A-Z]\w+)|([A-Z]\w+ [A-Z]\w+)'s", qa.question)
+                person = re.search(
+                    r"(?:did|is|has|does) ([A-Z]\w+ [A-Z]\w+)|([A-Z]\w+ [A-Z]\w+)'s", qa.question
+                )
                 name = person.group(1) or person.group(2)
                 assert any(name in s and qa.answer in s for s in _sentences(chunk))
                 others = [c for k, c in enumerate(instance.chunks) if k != evidence[0]]
@@ -120,7 +129,9 @@ def test_personal_and_timeline_answers_sit_in_the_evidence_chunk():
 
 def test_icl_gold_is_a_bare_label_backed_by_examples():
     for instance in generate_synthetic(6, seed=4, families=("synth_icl",), **KNOBS):
-        labels = set(re.findall(r"^Label: (\d+)$", "\n".join(map(unwrap_chunk, instance.chunks)), re.MULTILINE))
+        labels = set(
+            re.findall(r"^Label: (\d+)$", "\n".join(map(unwrap_chunk, instance.chunks)), re.MULTILINE)
+        )
         n_labels = instance.metadata["num_labels"]
         assert labels == {str(k) for k in range(n_labels + 1)}  # the asked labels plus the distractor label
         for qa in instance.questions:
@@ -134,7 +145,8 @@ def test_summary_keywords_come_from_the_asked_range():
     for instance in generate_synthetic(6, seed=5, families=("synth_summary",), **KNOBS):
         days = [str(parse_wrapped_chunk(c).day) for c in instance.chunks]
         assert all(parse_wrapped_chunk(c).style == "reading" for c in instance.chunks)
-        assert f"from {days[0]} to {days[-1]}" in instance.questions[0].question  # the first asks for everything
+        # the first asks for everything
+        assert f"from {days[0]} to {days[-1]}" in instance.questions[0].question
         for qa, evidence in zip(instance.questions, instance.metadata["evidence_chunks"]):
             assert days[evidence[0]] in qa.question and days[evidence[-1]] in qa.question
             keywords = qa.answer.split(", ")

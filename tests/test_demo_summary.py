@@ -31,8 +31,13 @@ BASE = [_record("a", [0, 0], [], 0.0), _record("b", [0, 0], ["error"], 0.0),
         _record("c", [0, 0], ["ok", "error"], 0.5), _record("d", [1, 0], ["ok"], 1.0)]
 SFT = [_record("a", [1, 0], ["ok"], 1.0), _record("b", [0, 1], ["ok"], 1.0),
        _record("c", [1, 1], ["ok", "ok"], 1.5), _record("d", [1, 0], ["ok"], 1.0)]
-GRPO = [_record("a", [1, 0], ["ok"], 1.0), _record("b", [1, 1], ["ok"], 1.5),
-        _record("c", [1, 0], ["ok", "ok"], 1.0), _record("d", [1, 0], ["ok"], 1.0), _record("e", [1, 1], ["ok"], 2.0)]
+GRPO = [
+    _record("a", [1, 0], ["ok"], 1.0),
+    _record("b", [1, 1], ["ok"], 1.5),
+    _record("c", [1, 0], ["ok", "ok"], 1.0),
+    _record("d", [1, 0], ["ok"], 1.0),
+    _record("e", [1, 1], ["ok"], 2.0),
+]
 
 
 def _stage(accuracy, tool_success, records):
@@ -84,10 +89,14 @@ def test_summary_rows_in_stage_order_from_the_last_grpo_validation(tmp_path, cap
     assert main([str(run), str(out)]) == 0
     rows = json.loads(out.read_text())
     assert [r["stage"] for r in rows] == ["base", "sft", "grpo"]
-    assert set(rows[0]) == {"stage", "accuracy", "tool_success", "memory_tokens", "compression", "mean_reward",
-                            "instances", "vs_previous"}
+    assert set(rows[0]) == {
+        "stage", "accuracy", "tool_success", "memory_tokens", "compression", "mean_reward", "instances",
+        "vs_previous",
+    }
     assert rows[2]["accuracy"] == 0.25 and rows[2]["tool_success"] == 0.95
-    assert rows[0]["vs_previous"] is None and rows[1]["vs_previous"]["mean_reward"]["mean"] == pytest.approx(0.75)
+    assert rows[0]["vs_previous"] is None and rows[1]["vs_previous"]["mean_reward"]["mean"] == pytest.approx(
+        0.75
+    )
     assert set(rows[2]["vs_previous"]["accuracy"]) == {"mean", "half_width", "low", "high", "n"}
     table = capsys.readouterr().out
     assert "base" in table and "grpo" in table and "0.950" in table

@@ -27,12 +27,22 @@ from memalpha.tools.formats import get_call_format
 
 REPO = Path(__file__).resolve().parent.parent
 OFFICIAL = Path(__file__).parent / "fixtures" / "memalpha4b_pubmed" / "responses.jsonl"
-SETTINGS = RolloutSettings(call_format="hermes", max_new_tokens=160, max_prompt_tokens=2048, prompt_profile="compact")
+SETTINGS = RolloutSettings(
+    call_format="hermes", max_new_tokens=160, max_prompt_tokens=2048, prompt_profile="compact"
+)
 
 
 def _instances():
-    return generate_synthetic(3, split="val", seed=0, num_chunks=3, facts_per_chunk=2, questions_per_instance=2,
-                              chunk_words=40, families=("synth_personal", "synth_timeline"))
+    return generate_synthetic(
+        3,
+        split="val",
+        seed=0,
+        num_chunks=3,
+        facts_per_chunk=2,
+        questions_per_instance=2,
+        chunk_words=40,
+        families=("synth_personal", "synth_timeline"),
+    )
 
 
 def _oracle_record(instance, demos, tokenizer, *, score: float, broken_chunk: int | None = None) -> dict:
@@ -45,7 +55,9 @@ def _oracle_record(instance, demos, tokenizer, *, score: float, broken_chunk: in
     for demo in demos:
         response = demo.response
         if demo.metadata["chunk_index"] == broken_chunk:
-            response = fmt.render_call("memory_delete", {"memory_type": "semantic_memory", "memory_id": "zzzz"})
+            response = fmt.render_call(
+                "memory_delete", {"memory_type": "semantic_memory", "memory_id": "zzzz"}
+            )
         outcome = execute_response(memory, response, fmt)
         turns.append({"chunk_index": demo.metadata["chunk_index"], "response": response, "truncated": False,
                       "results": [{"status": r.status} for r in outcome.results]})
@@ -80,16 +92,28 @@ def test_replaying_recorded_oracle_turns_gives_back_the_oracle_demonstrations(to
 def test_turns_without_calls_with_a_failed_call_cut_or_over_budget_are_dropped(tokenizer):
     instance = _instances()[0]
     fmt = get_call_format("hermes")
-    good = fmt.render_call("new_memory_insert", {"memory_type": "semantic_memory", "content": "Ada likes tea."})
+    good = fmt.render_call(
+        "new_memory_insert", {"memory_type": "semantic_memory", "content": "Ada likes tea."}
+    )
     bad = fmt.render_call("memory_delete", {"memory_type": "semantic_memory", "memory_id": "nope"})
-    other = fmt.render_call("new_memory_insert", {"memory_type": "semantic_memory", "content": "Bo likes jam."})
+    other = fmt.render_call(
+        "new_memory_insert", {"memory_type": "semantic_memory", "content": "Bo likes jam."}
+    )
     long = fmt.render_call("new_memory_insert", {"memory_type": "semantic_memory", "content": "word " * 300})
-    turns = [RecordedTurn(0, "I have nothing to store."), RecordedTurn(1, good + "\n" + bad), RecordedTurn(2, other, truncated=True)]
-    demos, memory, stats = replay_trajectory(instance, turns, tokenizer, SETTINGS, memory_seed=1, source="teacher")
+    turns = [
+        RecordedTurn(0, "I have nothing to store."),
+        RecordedTurn(1, good + "\n" + bad),
+        RecordedTurn(2, other, truncated=True),
+    ]
+    demos, memory, stats = replay_trajectory(
+        instance, turns, tokenizer, SETTINGS, memory_seed=1, source="teacher"
+    )
     assert demos == [] and stats.kept == 0
     assert dict(stats.dropped) == {"no_call": 1, "failed_call": 1, "truncated": 1}
     assert [e.content for e in memory.semantic] == ["Ada likes tea.", "Bo likes jam."]  # every turn still ran
-    demos, _, stats = replay_trajectory(instance, [RecordedTurn(0, long)], tokenizer, SETTINGS, memory_seed=1, source="t")
+    demos, _, stats = replay_trajectory(
+        instance, [RecordedTurn(0, long)], tokenizer, SETTINGS, memory_seed=1, source="t"
+    )
     assert demos == [] and dict(stats.dropped) == {"over_budget": 1}
     assert "kept 0 of 1 recorded turns (dropped: 1 over budget)" == stats.describe()
     with pytest.raises(ValueError, match="increasing order"):
@@ -106,7 +130,9 @@ def _fit_config(tmp_path: Path, model_dir: str) -> Path:
     return path
 
 
-def test_distill_command_keeps_successful_turns_of_accurate_rollouts(tmp_path, tiny_model_dir, tokenizer, capsys):
+def test_distill_command_keeps_successful_turns_of_accurate_rollouts(
+    tmp_path, tiny_model_dir, tokenizer, capsys
+):
     from memalpha.cli import main
 
     instances = _instances()
@@ -178,7 +204,11 @@ def test_distill_command_reads_the_official_recorded_layout(tmp_path, tiny_model
         assert demo.metadata["source"] == "official"
 
     with pytest.raises(SystemExit) as info:
-        main(["data", "distill", "--config", str(tmp_path / "fit.yaml"), "--official-responses", str(OFFICIAL),
-              "--out", str(out)])
+        main(
+            [
+                "data", "distill", "--config", str(tmp_path / "fit.yaml"), "--official-responses",
+                str(OFFICIAL), "--out", str(out),
+            ]
+        )
     assert info.value.code == 2
     assert "needs --instances" in capsys.readouterr().err

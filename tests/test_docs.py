@@ -23,20 +23,24 @@ def _link_targets(markdown: str) -> list[str]:
 
 
 def relative_links(markdown: str) -> list[str]:
-    """Targets of the markdown links in ``markdown`` that point into the repository (no URLs, no bare anchors)."""
+    """Targets of the markdown links in ``markdown`` that point into the repository (no URLs, no bare
+    anchors)."""
     return [target.split("#", 1)[0] for target in _link_targets(markdown) if not target.startswith("#")]
 
 
 def test_configuration_reference_is_current():
     expected = render_reference()
     current = (REPO_ROOT / OUTPUT).read_text(encoding="utf-8")
-    assert current == expected, f"{OUTPUT} is stale; regenerate it with `python -m memalpha.train.config_reference`"
+    assert current == expected, (
+        f"{OUTPUT} is stale; regenerate it with `python -m memalpha.train.config_reference`"
+    )
 
 
 def test_check_mode_exit_status_and_message(tmp_path, capsys, monkeypatch):
     import memalpha.train.config_reference as reference
 
-    monkeypatch.setattr(reference, "render_reference", lambda: "# the page\n")  # the comparison, not the rendering
+    # the comparison, not the rendering
+    monkeypatch.setattr(reference, "render_reference", lambda: "# the page\n")
     page = tmp_path / "configuration.md"
     assert main(["--check", "--output", str(page)]) == 1
     assert "missing" in capsys.readouterr().err
@@ -111,8 +115,16 @@ def heading_anchors(markdown: str) -> set[str]:
 
 
 def test_heading_anchors_follow_github():
-    text = "# Fix 6: the head's backward (commits `576906a`)\n## bench_vs_trl: a [link](x.md) × 2\n## Again\n## Again\n"
-    assert heading_anchors(text) == {"fix-6-the-heads-backward-commits-576906a", "bench_vs_trl-a-link--2", "again", "again-1"}
+    text = (
+        "# Fix 6: the head's backward (commits `576906a`)\n"
+        "## bench_vs_trl: a [link](x.md) × 2\n## Again\n## Again\n"
+    )
+    assert heading_anchors(text) == {
+        "fix-6-the-heads-backward-commits-576906a",
+        "bench_vs_trl-a-link--2",
+        "again",
+        "again-1",
+    }
     assert anchored_links("[a](#top) [b](x.md#sec) [c](../y.py#L3) [d](https://e.org/#x) [e](z.md)") == [
         ("", "top"), ("x.md", "sec")]
 

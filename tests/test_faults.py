@@ -1,4 +1,5 @@
-"""Faults during `memalpha fit` on a tiny model: a kill anywhere, SIGTERM, a checkpoint that cannot be written.
+"""Faults during `memalpha fit` on a tiny model: a kill anywhere, SIGTERM, a checkpoint that cannot be
+written.
 
 Each faulty run is a real process (``fault_probe.py``) that dies or stops at a chosen point;
 the run resumed from its ``last.ckpt`` must then log, step for step, what an uninterrupted
@@ -23,7 +24,9 @@ from memalpha.cli import main
 
 TESTS = Path(__file__).resolve().parent
 STEPS = 3
-COMPARED = ("train/reward", "train/loss", "train/kl", "rewards/r1_accuracy", "memory/tokens", "lr", "train/grad_norm")
+COMPARED = (
+    "train/reward", "train/loss", "train/kl", "rewards/r1_accuracy", "memory/tokens", "lr", "train/grad_norm",
+)
 
 
 def probe(config: Path, at: str, signal_name: str = "KILL") -> subprocess.CompletedProcess:
@@ -94,7 +97,8 @@ def test_a_checkpoint_that_cannot_be_written_keeps_the_previous_one(tmp_path, ti
     last_line = done.stderr.strip().splitlines()[-1]
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     assert last_line == (
-        f"memalpha fit: error: cannot write checkpoint {ckpt}: File too large; the previous checkpoint there is intact"
+        f"memalpha fit: error: cannot write checkpoint {ckpt}: "
+        "File too large; the previous checkpoint there is intact"
     ), done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert torch.load(ckpt, weights_only=False)["global_step"] == 1

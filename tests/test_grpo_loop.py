@@ -1,4 +1,5 @@
-"""The shared GRPO update and the single-turn trainer (no memory agent): prompts + reward function in, adapter out."""
+"""The shared GRPO update and the single-turn trainer (no memory agent): prompts + reward function in,
+adapter out."""
 
 from __future__ import annotations
 

@@ -62,7 +62,9 @@ def test_mean_interval_by_hand():
     ci = mean_interval([1.0, 2.0, 3.0, 6.0])
     half = t_quantile(0.975, 3) * math.sqrt(14 / 3 / 4)
     assert ci["mean"] == 3.0 and ci["n"] == 4
-    assert ci["half_width"] == pytest.approx(3.18245 * 1.08012, abs=1e-4) and ci["half_width"] == pytest.approx(half)
+    assert ci["half_width"] == pytest.approx(3.18245 * 1.08012, abs=1e-4) and ci[
+        "half_width"
+    ] == pytest.approx(half)
     assert (ci["low"], ci["high"]) == pytest.approx((3 - half, 3 + half))
     assert mean_interval([0.25])["half_width"] == 0.0
     with pytest.raises(ValueError):
@@ -174,7 +176,8 @@ def test_bootstrap_is_deterministic_for_a_seed_and_stays_within_what_resampling_
 
 
 def test_bootstrap_with_one_instance_a_seed_resamples_the_seed_means_only():
-    # two seeds of one value each: a draw's mean is 0 (both draws seed a), 1 or 0.5, with chances 1/4, 1/4, 1/2
+    # two seeds of one value each: a draw's mean is 0 (both draws seed a), 1 or 0.5,
+    # with chances 1/4, 1/4, 1/2
     result = seed_bootstrap_interval({"a": [0.0], "b": [1.0]}, level=0.4, resamples=4000, seed=3)
     assert (result["low"], result["high"]) == (0.5, 0.5)  # the 30th and 70th percentiles fall on 0.5
     wide = seed_bootstrap_interval({"a": [0.0], "b": [1.0]}, level=0.9, resamples=4000, seed=3)

@@ -62,7 +62,9 @@ def test_grpo_raises_a_learnable_reward_over_20_steps(small_vocab_model_dir, tok
             backward=lambda loss: loss.backward(),
         )
         assert finite
-        grad_norms.append(optimizer_step(optimizer, params, finite=finite, grad_clip=1.0, scheduler=scheduler))
+        grad_norms.append(
+            optimizer_step(optimizer, params, finite=finite, grad_clip=1.0, scheduler=scheduler)
+        )
         rewards_per_step.append(float(rewards.mean()))
     first, last = sum(rewards_per_step[:5]) / 5, sum(rewards_per_step[-5:]) / 5
     assert all(norm > 0 for norm in grad_norms), grad_norms

@@ -150,8 +150,12 @@ class RubricReader(Reader):
 
 def test_llm_judge_through_a_reader():
     judge = RubricReader(fail_on="FAILME")
-    assert score_answer("lme_train", "You like green tea.", "green tea", "What do I drink?", judge=judge) == 1.0
-    assert score_answer("longmemeval_s", "You like coffee.", "green tea", "What do I drink?", judge=judge) == 0.0
+    assert (
+        score_answer("lme_train", "You like green tea.", "green tea", "What do I drink?", judge=judge) == 1.0
+    )
+    assert (
+        score_answer("longmemeval_s", "You like coffee.", "green tea", "What do I drink?", judge=judge) == 0.0
+    )
     assert score_answer("lme_train", "FAILME green tea", "green tea", "q", judge=judge) == 0.0
     assert "What do I drink?" in judge.seen[0]
     # batched: one judge call for all live answers; failed reader answers are not judged

@@ -31,7 +31,9 @@ def toy_rollouts(module, rewards_per_round: list[float]):
 
     def rollouts(instances, *, seed: int, greedy: bool) -> RolloutOutput:
         prompts = [p for p in PROMPTS for _ in range(GROUP)]
-        out = generate(module.policy, module.tokenizer, prompts, max_new_tokens=NEW_TOKENS, seed=seed, eos_token_id=2)
+        out = generate(
+            module.policy, module.tokenizer, prompts, max_new_tokens=NEW_TOKENS, seed=seed, eos_token_id=2
+        )
         samples, records = [], []
         for i, (prompt, response) in enumerate(zip(out.prompt_ids, out.response_ids)):
             reward = sum(t == CHOSEN for t in response) / NEW_TOKENS
@@ -40,7 +42,9 @@ def toy_rollouts(module, rewards_per_round: list[float]):
                                       num_successful_calls=0, reward=reward))
             records.append(RolloutRecord(f"toy-{i // GROUP}", "toy", i % GROUP, [], {}, 0, 1, [], r1=reward))
         rewards_per_round.append(sum(s.reward for s in samples) / len(samples))
-        return RolloutOutput(samples, records, rollout_s=0.0, reader_s=0.0, generated_tokens=out.num_generated_tokens)
+        return RolloutOutput(
+            samples, records, rollout_s=0.0, reader_s=0.0, generated_tokens=out.num_generated_tokens
+        )
 
     return rollouts
 

@@ -113,13 +113,16 @@ def grpo(model_dir: str, out: Path, update: dict | None = None):
     return GRPOModule(**model), RolloutDataModule(**data)
 
 
-def fit(module, datamodule, plan: FaultPlan, monkeypatch, out: Path, max_steps: int, ckpt_path=None, extra=()):
+def fit(
+    module, datamodule, plan: FaultPlan, monkeypatch, out: Path, max_steps: int, ckpt_path=None, extra=()
+):
     trainer = Trainer(
         accelerator="cpu", devices=1, max_steps=max_steps, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
         default_root_dir=str(out), callbacks=[Injected(plan, monkeypatch), plan, *extra],
     )
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)  # hparams hold dataclasses
+    # hparams hold dataclasses
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
     return trainer
 
 
@@ -224,7 +227,9 @@ def test_the_cli_stops_with_one_line(tmp_path, tiny_model_dir, monkeypatch):
     with pytest.raises(SystemExit) as stopped:
         main(["fit", "--config", str(config), "--model.optimizer.max_consecutive_nonfinite", "1"])
     message = str(stopped.value.code)
-    assert message.startswith("memalpha fit: error: non-finite values in 1 consecutive optimiser step "), message
+    assert message.startswith("memalpha fit: error: non-finite values in 1 consecutive optimiser step "), (
+        message
+    )
     assert "had non-finite rewards" in message and "\n" not in message
 
 
@@ -237,7 +242,9 @@ class DDPFaultProbe(Callback):
         self.plan = FaultPlan({})
 
     def on_fit_start(self, trainer, module) -> None:
-        self.plan.faults = {1: "rewards"} if trainer.global_rank == 1 else {3: "reference log-probs", 4: "grad norm"}
+        self.plan.faults = (
+            {1: "rewards"} if trainer.global_rank == 1 else {3: "reference log-probs", 4: "grad norm"}
+        )
         inject(module, self.plan, pytest.MonkeyPatch())
 
     def on_train_batch_start(self, *args) -> None:
@@ -268,7 +275,9 @@ def test_ddp_ranks_skip_together_whichever_rank_saw_the_fault(tmp_path, tiny_mod
         "--trainer.devices", "2", "--trainer.strategy", "ddp",
         "--trainer.callbacks+=test_nonfinite.DDPFaultProbe", f"--trainer.callbacks.out_dir={probe_dir}",
     ]
-    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [torch.load(probe_dir / f"rank{rank}.pt", weights_only=False) for rank in (0, 1)]
     skipped = [[call["skipped"] for call in rank["calls"]] for rank in ranks]
@@ -323,7 +332,9 @@ def test_the_single_turn_trainer_follows_the_same_rule(tiny_model_dir):
     with pytest.warns(RuntimeWarning, match="non-finite rewards"), pytest.raises(
         NonFiniteTrainingError, match="3 consecutive optimiser steps.*global step 5, had non-finite rewards"
     ):
-        train_single_turn(tiny_model_dir, ["Remember: Anna likes tea."], reward, settings, on_step=history.append)
+        train_single_turn(
+            tiny_model_dir, ["Remember: Anna likes tea."], reward, settings, on_step=history.append
+        )
     assert [h["skipped_nonfinite"] for h in history] == [0.0, 1.0, 0.0, 1.0, 1.0, 1.0]
     assert math.isfinite(history[2]["grad_norm"]) and math.isnan(history[1]["grad_norm"])
 
@@ -340,7 +351,9 @@ def test_optimizer_step_drops_gradients_whose_norm_is_not_finite():
         assert norm == math.inf and weight.grad is None
         assert torch.equal(weight.detach(), torch.tensor([1.0, 1.0]))
     weight.grad = torch.tensor([3.0, 4.0])
-    assert optimizer_step(optimizer, [weight], finite=True, grad_clip=0.0, scheduler=scheduler) == pytest.approx(5.0)
+    assert optimizer_step(
+        optimizer, [weight], finite=True, grad_clip=0.0, scheduler=scheduler
+    ) == pytest.approx(5.0)
     assert not torch.equal(weight.detach(), torch.tensor([1.0, 1.0]))
 
 

@@ -76,10 +76,15 @@ def test_the_docs_table_lists_exactly_what_the_profile_sets():
     from memalpha.train.datamodule import RolloutDataModule
 
     groups = {  # the "memalpha default" column
-        "update": UpdateSettings(), "reader": ReaderSettings(), "rollout": RolloutSettings(), "reward": RewardSettings(),
+        "update": UpdateSettings(),
+        "reader": ReaderSettings(),
+        "rollout": RolloutSettings(),
+        "reward": RewardSettings(),
         "optimizer": OptimizerSettings(),
     }
-    data_defaults = {name: p.default for name, p in inspect.signature(RolloutDataModule.__init__).parameters.items()}
+    data_defaults = {
+        name: p.default for name, p in inspect.signature(RolloutDataModule.__init__).parameters.items()
+    }
     for key, _, default in rows:
         if key.startswith("data."):
             assert data_defaults[key.split(".", 1)[1]] == yaml.safe_load(default), key

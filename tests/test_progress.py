@@ -56,13 +56,21 @@ def test_rollouts_report_their_phases_in_order(tiny_model_dir, tokenizer):
         Instance("a", "synth_personal", ["Anna lives in Oslo.", "Bo is 31."], qa),
         Instance("b", "synth_personal", ["Anna lives in Oslo.", "Bo is 31.", "Cy likes tea."], qa * 2),
     ]
-    settings = RolloutSettings(group_size=2, max_new_tokens=4, max_prompt_tokens=4096, prompt_profile="compact")
+    settings = RolloutSettings(
+        group_size=2, max_new_tokens=4, max_prompt_tokens=4096, prompt_profile="compact"
+    )
     heard: list[Phase] = []
 
-    out = run_rollouts(instances, policy, tokenizer, reader, settings, RewardSettings(), None, seed=0, on_phase=heard.append)
+    out = run_rollouts(
+        instances, policy, tokenizer, reader, settings, RewardSettings(), None, seed=0, on_phase=heard.append
+    )
 
     assert [(p.name, p.index, p.total) for p in heard] == [
-        ("sampling", 1, 3), ("sampling", 2, 3), ("sampling", 3, 3), ("reader", None, 6), ("rewards", None, None),
+        ("sampling", 1, 3),
+        ("sampling", 2, 3),
+        ("sampling", 3, 3),
+        ("reader", None, 6),
+        ("rewards", None, None),
     ]
     assert heard[0].tokens_per_s is None and heard[1].tokens_per_s > 0  # the rate of the chunks done so far
     assert heard[1].describe().startswith("sampling chunk 2/3, ") and heard[1].describe().endswith(" tok/s")
@@ -113,7 +121,13 @@ def test_a_two_step_fit_counts_steps_and_shows_each_phase(tmp_path, tiny_model_d
     assert "reward=" in last and "tool_success=" in last and "step_s=" in last
     assert "step 1: sampling chunk 2/2, " in screen and "Epoch" not in screen
     values = scalars(version_dirs(tmp_path)[0])
-    for tag in ("perf/rollout_s", "perf/reader_s", "perf/rewards_s", "perf/ref_old_logprob_s", "perf/train_s"):
+    for tag in (
+        "perf/rollout_s",
+        "perf/reader_s",
+        "perf/rewards_s",
+        "perf/ref_old_logprob_s",
+        "perf/train_s",
+    ):
         assert set(values[tag]) == {0, 1}, tag
 
 
@@ -151,7 +165,9 @@ def test_on_a_terminal_the_running_bar_is_redrawn_until_teardown(monkeypatch):
     ],
     ids=["default", "the config's own bar", "no bar"],
 )
-def test_the_step_bar_is_the_default_and_a_configured_bar_wins(tmp_path, tiny_model_dir, monkeypatch, extra, expected):
+def test_the_step_bar_is_the_default_and_a_configured_bar_wins(
+    tmp_path, tiny_model_dir, monkeypatch, extra, expected
+):
     from lightning.pytorch import Trainer
 
     bars = []
@@ -164,12 +180,18 @@ def test_the_step_bar_is_the_default_and_a_configured_bar_wins(tmp_path, tiny_mo
 def test_the_budget_check_agrees_with_the_rollout_to_the_token(tokenizer):
     settings = RolloutSettings(prompt_profile="compact", call_format="hermes")
     chunk = "Anna lives in Oslo. " * 40
-    needed = len(turn_prompt(tokenizer, empty_memory(tokenizer, settings), chunk, get_call_format("hermes"), settings, "x")[1])
+    needed = len(
+        turn_prompt(
+            tokenizer, empty_memory(tokenizer, settings), chunk, get_call_format("hermes"), settings, "x"
+        )[1]
+    )
     instance = Instance("anna", "synth_personal", ["short", chunk], [QA("Where?", "Oslo")])
 
     check_prompt_budget([instance], tokenizer, replace(settings, max_prompt_tokens=needed), "f")
     with pytest.raises(RolloutError) as info:
-        check_prompt_budget([instance], tokenizer, replace(settings, max_prompt_tokens=needed - 1), "data.x=f.jsonl")
+        check_prompt_budget(
+            [instance], tokenizer, replace(settings, max_prompt_tokens=needed - 1), "data.x=f.jsonl"
+        )
     assert str(info.value).startswith("data.x=f.jsonl: instance 'anna', chunk 1 (")
     assert f"the prompt needs {needed} tokens" in str(info.value)
     assert f"rollout.max_prompt_tokens={needed - 1}" in str(info.value)
@@ -177,8 +199,12 @@ def test_the_budget_check_agrees_with_the_rollout_to_the_token(tokenizer):
 
 def test_a_token_chunked_instance_names_data_chunk_tokens(tokenizer):
     instance = Instance("ctx-0", "icl", [LONG_CHUNK], [QA("q", "a")], {"chunk_tokens": 8192})
-    with pytest.raises(RolloutError, match=r"cut at data.load.chunk_tokens=8192: the prompt needs \d+ tokens"):
-        check_prompt_budget([instance], tokenizer, RolloutSettings(max_prompt_tokens=2048), "data.train_path=b.json")
+    with pytest.raises(
+        RolloutError, match=r"cut at data.load.chunk_tokens=8192: the prompt needs \d+ tokens"
+    ):
+        check_prompt_budget(
+            [instance], tokenizer, RolloutSettings(max_prompt_tokens=2048), "data.train_path=b.json"
+        )
 
 
 def test_a_chunk_over_the_budget_stops_validate_in_one_line_before_the_model_loads(tmp_path, tiny_model_dir):
@@ -188,27 +214,43 @@ def test_a_chunk_over_the_budget_stops_validate_in_one_line_before_the_model_loa
                "--data.val_path", str(data)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
     env.pop("MEMALPHA_DEBUG", None)
-    proc = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
+    )
 
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert errors == [proc.stderr.strip().splitlines()[-1]], errors
-    assert errors[0].startswith(f"memalpha validate: error: data.val_path={data}: instance 'long-1', chunk 1 (")
+    assert errors[0].startswith(
+        f"memalpha validate: error: data.val_path={data}: instance 'long-1', chunk 1 ("
+    )
     assert "over model.rollout.max_prompt_tokens=2048" in errors[0]
     assert not list(tmp_path.rglob("validation.json"))
 
-    debug = subprocess.run(command, env={**env, "MEMALPHA_DEBUG": "1"}, cwd=tmp_path, capture_output=True, text=True,
-                           timeout=300, check=False)
+    debug = subprocess.run(
+        command,
+        env={**env, "MEMALPHA_DEBUG": "1"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "RolloutError" in debug.stderr
 
 
-def test_a_rollout_error_mid_run_is_one_line_naming_instance_and_setting(tmp_path, tiny_model_dir, monkeypatch):
+def test_a_rollout_error_mid_run_is_one_line_naming_instance_and_setting(
+    tmp_path, tiny_model_dir, monkeypatch
+):
     import memalpha.train.module
 
     monkeypatch.delenv("MEMALPHA_DEBUG", raising=False)
-    monkeypatch.setattr(memalpha.train.module, "check_prompt_budget", lambda *args: None)  # let it reach the rollout
-    config = write_config(tmp_path, tiny_model_dir, train_path=str(long_instance_file(tmp_path)), instances_per_step=1)
+    # let it reach the rollout
+    monkeypatch.setattr(memalpha.train.module, "check_prompt_budget", lambda *args: None)
+    config = write_config(
+        tmp_path, tiny_model_dir, train_path=str(long_instance_file(tmp_path)), instances_per_step=1
+    )
     with pytest.raises(SystemExit) as info:
         main(["fit", "--config", str(config)])
     message = str(info.value.code)

@@ -66,5 +66,7 @@ def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, command):
     with pytest.raises(SystemExit) as stopped:
         main([command, "--config", str(bad)])
     message = str(stopped.value.code)
-    assert message.startswith(f"memalpha {command}: error: {bad}, line 3, column 2: not valid YAML: "), message
+    assert message.startswith(f"memalpha {command}: error: {bad}, line 3, column 2: not valid YAML: "), (
+        message
+    )
     assert "<unicode string>" not in message and "\n" not in message

@@ -40,13 +40,28 @@ def test_default_85_steps_warm_up_over_5_from_one_sixth():
     settings = OptimizerSettings(warmup_ratio=0.05)
     assert settings.schedule_unit == "optimizer_step" and settings.warmup_start == "one_step"
     assert warmup_steps(settings, 85) == 5  # ceil(4.25)
-    assert [lr_multiplier(s, 5, "one_step") for s in range(7)] == [1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6, 1.0, 1.0]
+    assert [lr_multiplier(s, 5, "one_step") for s in range(7)] == [
+        1 / 6,
+        2 / 6,
+        3 / 6,
+        4 / 6,
+        5 / 6,
+        1.0,
+        1.0,
+    ]
 
 
 @pytest.mark.parametrize(
     ("ratio", "total", "one_step", "zero"),
-    [(0.05, 10, 1, 0), (0.05, 19, 1, 0), (0.05, 20, 1, 1), (0.05, 100, 5, 5), (0.1, 85, 9, 8), (0.0, 85, 0, 0),
-     (0.05, 0, 0, 0)],
+    [
+        (0.05, 10, 1, 0),
+        (0.05, 19, 1, 0),
+        (0.05, 20, 1, 1),
+        (0.05, 100, 5, 5),
+        (0.1, 85, 9, 8),
+        (0.0, 85, 0, 0),
+        (0.05, 0, 0, 0),
+    ],
 )
 def test_warmup_length_ceil_for_one_step_floor_for_zero(ratio, total, one_step, zero):
     assert warmup_steps(OptimizerSettings(warmup_ratio=ratio), total) == one_step
@@ -61,7 +76,10 @@ def test_no_warm_up_is_the_peak_from_the_first_step_in_both_styles():
 @pytest.mark.parametrize(
     ("settings", "expected"),
     [
-        (OptimizerSettings(learning_rate=1e-3, warmup_ratio=0.05, **OFFICIAL), [0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3]),
+        (
+            OptimizerSettings(learning_rate=1e-3, warmup_ratio=0.05, **OFFICIAL),
+            [0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3],
+        ),
         (OptimizerSettings(learning_rate=1.2e-3, warmup_ratio=0.05), [2e-4, 4e-4, 6e-4, 8e-4, 1e-3, 1.2e-3]),
     ],
 )
@@ -84,7 +102,9 @@ def test_schedule_length_in_each_unit():
     assert schedule_length(rounds, max_steps=205, run_rounds=85, steps_per_round=2) == 85  # epochs win
     assert schedule_length(rounds, max_steps=9, steps_per_round=2) == 5  # ceil(9 / 2) rounds
     assert schedule_length(OptimizerSettings(warmup_ratio=0.0, **OFFICIAL), max_steps=-1) == 0
-    with pytest.raises(ValueError, match=r"^optimizer\.schedule_unit=round needs .* set data\.epochs \(") as error:
+    with pytest.raises(
+        ValueError, match=r"^optimizer\.schedule_unit=round needs .* set data\.epochs \("
+    ) as error:
         schedule_length(rounds, max_steps=205)  # mini_batch_size: the steps per round vary
     assert "\n" not in str(error.value)
 
@@ -230,7 +250,9 @@ def _fit_settings(tmp_path: Path, model_dir: str) -> tuple[dict, dict]:
     # 2 instances x 2 rollouts x 2 chunk turns = 8 turn samples a round: two optimiser steps of 4
     model["update"].update(micro_batch_size=4, mini_batch_size=4)
     # int(0.67 * 3 rounds) = 2 warm-up rounds: multipliers 0, 1/2, then 1
-    model["optimizer"].update(learning_rate=5e-3, warmup_ratio=0.67, schedule_unit="round", warmup_start="zero")
+    model["optimizer"].update(
+        learning_rate=5e-3, warmup_ratio=0.67, schedule_unit="round", warmup_start="zero"
+    )
     data = config["data"]
     # 7 instances, 2 a round, drop_last: 3 rounds a pass, the 7th instance of the pass skipped
     data["synthetic"].update(train=7, val=1, chunks=2, questions=2, chunk_words=20)
@@ -241,10 +263,19 @@ def _fit_settings(tmp_path: Path, model_dir: str) -> tuple[dict, dict]:
 def _trainer(tmp_path: Path, log: Callback, max_steps: int = -1) -> Trainer:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    checkpoints = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), every_n_train_steps=1, save_top_k=0, save_last=True)
+    checkpoints = ModelCheckpoint(
+        dirpath=str(tmp_path / "ckpt"), every_n_train_steps=1, save_top_k=0, save_last=True
+    )
     return Trainer(
-        accelerator="cpu", devices=1, max_steps=max_steps, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=str(tmp_path),
+        accelerator="cpu",
+        devices=1,
+        max_steps=max_steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        default_root_dir=str(tmp_path),
         callbacks=[log, checkpoints],
     )
 
@@ -254,7 +285,8 @@ def test_round_unit_gives_both_mini_batches_of_a_round_its_rate_and_epochs_end_t
 ):
     from memalpha.train.module import GRPOModule
 
-    rng = random.Random(0)  # seeded scores: nonzero advantages, so a step at a learning rate > 0 moves the policy
+    # seeded scores: nonzero advantages, so a step at a learning rate > 0 moves the policy
+    rng = random.Random(0)
     monkeypatch.setitem(scoring.METRICS, "substring", lambda prediction, gold: rng.random())
     model, data = _fit_settings(tmp_path, tiny_model_dir)
     log = LearningRates()

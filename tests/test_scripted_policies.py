@@ -26,8 +26,14 @@ SFT_START_REWARD = 1.134  # docs/results.md, learning_curve with 4 questions: st
 @pytest.fixture(scope="module")
 def instances():
     return generate_synthetic(
-        8, split="validation", num_chunks=2, facts_per_chunk=2, distractors_per_chunk=0, questions_per_instance=4,
-        chunk_words=60, families=("synth_personal", "synth_timeline"),
+        8,
+        split="validation",
+        num_chunks=2,
+        facts_per_chunk=2,
+        distractors_per_chunk=0,
+        questions_per_instance=4,
+        chunk_words=60,
+        families=("synth_personal", "synth_timeline"),
     )
 
 

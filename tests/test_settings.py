@@ -120,7 +120,9 @@ def test_cut_minibatches_first_pass_in_order_later_passes_reshuffled():
 
 def test_optimizer_step_clips_and_steps_or_drops_a_nonfinite_update():
     weight = torch.nn.Parameter(torch.tensor([1.0, 1.0]))
-    optimizer, scheduler = build_optimizer([weight], OptimizerSettings(learning_rate=0.1, weight_decay=0.0, warmup_ratio=0.0))
+    optimizer, scheduler = build_optimizer(
+        [weight], OptimizerSettings(learning_rate=0.1, weight_decay=0.0, warmup_ratio=0.0)
+    )
     weight.grad = torch.tensor([3.0, 4.0])
     norm = optimizer_step(optimizer, [weight], finite=True, grad_clip=1.0, scheduler=scheduler)
     assert norm == pytest.approx(5.0)
@@ -138,7 +140,9 @@ def test_warmup_counts_optimiser_steps():
     assert warmup_steps(OptimizerSettings(warmup_ratio=0.05), 4) == 1
     assert warmup_steps(OptimizerSettings(warmup_ratio=0.0), 100) == 0
     weight = torch.nn.Parameter(torch.zeros(1))
-    optimizer, scheduler = build_optimizer([weight], OptimizerSettings(learning_rate=1.0, warmup_ratio=0.5), 4)
+    optimizer, scheduler = build_optimizer(
+        [weight], OptimizerSettings(learning_rate=1.0, warmup_ratio=0.5), 4
+    )
     rates = []
     for _ in range(4):
         rates.append(optimizer.param_groups[0]["lr"])
@@ -149,15 +153,20 @@ def test_warmup_counts_optimiser_steps():
 
 def test_old_flat_keys_name_their_new_key(tmp_path):
     config = tmp_path / "old.yaml"
-    config.write_text(yaml.safe_dump({"model": {"clip_low": 0.1, "reader": "local", "rollout": {"group_size": 2}}}))
+    config.write_text(
+        yaml.safe_dump({"model": {"clip_low": 0.1, "reader": "local", "rollout": {"group_size": 2}}})
+    )
     with pytest.raises(SystemExit) as info:
-        check_renamed_keys(["fit", "--config", str(config), "--model.learning_rate=0.1", "--model.optimizer", "adamw"])
+        check_renamed_keys(
+            ["fit", "--config", str(config), "--model.learning_rate=0.1", "--model.optimizer", "adamw"]
+        )
     message = str(info.value)
     assert f"{config}: model.clip_low is now model.update.clip_low" in message
     assert "model.reader is a settings group now; write model.reader.kind: local" in message
     assert "command line: model.learning_rate is now model.optimizer.learning_rate" in message
     assert "model.optimizer is a settings group now; write model.optimizer.name: adamw" in message
-    check_renamed_keys(["fit", "--model.update.clip_low", "0.1", "--model.reader.kind", "local"])  # current keys pass
+    # current keys pass
+    check_renamed_keys(["fit", "--model.update.clip_low", "0.1", "--model.reader.kind", "local"])
 
 
 def test_every_renamed_key_points_at_a_real_option():
@@ -176,7 +185,9 @@ def test_every_renamed_key_points_at_a_real_option():
         *outer, name = old.split(".")
         options = set(inspect.signature(sections[outer[0]]).parameters)
         if len(outer) > 1:  # model.reader.<name>
-            options = set(inspect.signature(sections[outer[0]]).parameters[outer[1]].default.__dataclass_fields__)
+            options = set(
+                inspect.signature(sections[outer[0]]).parameters[outer[1]].default.__dataclass_fields__
+            )
         assert name not in options, f"{old} is still an option"
 
 
@@ -238,7 +249,10 @@ def test_sft_reads_its_limits_where_fit_does(tmp_path, capsys):
     config = str(Path(__file__).resolve().parents[1] / "configs" / "sft_tiny_cpu.yaml")
     with pytest.raises(SystemExit) as info:
         main(["sft", "--config", config, "--data.train_limit", "2"])
-    assert str(info.value) == "error: command line: data.train_limit is now data.load.train_limit (see docs/configuration.md)"
+    assert (
+        str(info.value)
+        == "error: command line: data.train_limit is now data.load.train_limit (see docs/configuration.md)"
+    )
     with pytest.raises(SystemExit) as info:
         main(["sft", "--config", config, "--data.load.train_limit", "2",
               "--model.micro_batch_size", "2", "--print_config"])
@@ -249,7 +263,9 @@ def test_sft_reads_its_limits_where_fit_does(tmp_path, capsys):
         DemoLoadSettings(val_limit=0)
     demos = tmp_path / "demos.jsonl"
     demos.write_text("")
-    assert DemoDataModule(train_path=str(demos), load={"train_limit": 3}).load == DemoLoadSettings(train_limit=3)
+    assert DemoDataModule(train_path=str(demos), load={"train_limit": 3}).load == DemoLoadSettings(
+        train_limit=3
+    )
 
 
 def test_nested_groups_arrive_as_dicts_and_keep_their_defaults():
@@ -257,7 +273,11 @@ def test_nested_groups_arrive_as_dicts_and_keep_their_defaults():
     assert reader.retrieval == RetrievalSettings(bm25="okapi") and reader.openai == OpenAISettings(model="m")
     data = RolloutDataModule(synthetic={"train": 3, "families": ["synth_icl"]})
     assert data.synthetic == SyntheticSettings(train=3, families=("synth_icl",))
-    assert (SyntheticSettings().train, SyntheticSettings().val, SyntheticSettings().chunk_words) == (64, 16, 100)
+    assert (SyntheticSettings().train, SyntheticSettings().val, SyntheticSettings().chunk_words) == (
+        64,
+        16,
+        100,
+    )
 
 
 def test_cli_refuses_old_keys_and_bad_values_before_any_model_loads(tmp_path, capsys):
@@ -270,7 +290,12 @@ def test_cli_refuses_old_keys_and_bad_values_before_any_model_loads(tmp_path, ca
         main(["fit", "--config", str(old)])
     assert "model.kl_coef is now model.update.kl_coef" in str(info.value)
     with pytest.raises(SystemExit) as info:  # the settings are checked before the model's path
-        main(["fit", "--model.model", missing_model, "--model.update.clip_low", "1.5", "--trainer.accelerator", "cpu"])
+        main(
+            [
+                "fit", "--model.model", missing_model, "--model.update.clip_low", "1.5",
+                "--trainer.accelerator", "cpu",
+            ]
+        )
     assert str(info.value) == "memalpha fit: error: model.update.clip_low must be in [0, 1), got 1.5"
 
 

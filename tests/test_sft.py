@@ -53,7 +53,9 @@ def _naive_nll(model, prompts, responses):
     logp = torch.log_softmax(logits[:, start : start + batch.response_mask.shape[1]], dim=-1)
     picked = logp.gather(-1, batch.input_ids[:, batch.prompt_width :, None]).squeeze(-1)
     mask = batch.response_mask.bool()
-    return -(picked * mask).sum() / mask.sum(), (logp.argmax(-1) == batch.input_ids[:, batch.prompt_width :])[mask]
+    return -(picked * mask).sum() / mask.sum(), (logp.argmax(-1) == batch.input_ids[:, batch.prompt_width :])[
+        mask
+    ]
 
 
 def test_sft_loss_and_gradients_equal_the_naive_masked_cross_entropy(tiny_model_dir):
@@ -81,7 +83,9 @@ def test_sft_loss_and_gradients_equal_the_naive_masked_cross_entropy(tiny_model_
     assert len(losses) == 2  # one backward per micro-batch
     # two different paths through the model (a cached prefix vs one full forward): float32 inside
     # HF's attention and norms bounds their agreement at ~1e-7 (tests/numerics.py)
-    assert_close(torch.tensor(metrics["loss"], dtype=torch.float64), naive_loss.detach(), GRADIENT_REL, "loss")
+    assert_close(
+        torch.tensor(metrics["loss"], dtype=torch.float64), naive_loss.detach(), GRADIENT_REL, "loss"
+    )
     assert metrics["tokens"] == tokens
     assert metrics["token_accuracy"] == pytest.approx(float(naive_hits.double().mean()))
     assert_same_gradients(ours, naive, GRADIENT_REL)
@@ -91,7 +95,9 @@ def test_sft_memorises_four_demonstrations(small_vocab_model_dir):
     torch.manual_seed(0)
     model, _ = load_policy(small_vocab_model_dir, lora=LoraSettings(r=16, alpha=32))
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer, _ = build_optimizer(params, OptimizerSettings(learning_rate=1e-2, weight_decay=0.0, warmup_ratio=0.0))
+    optimizer, _ = build_optimizer(
+        params, OptimizerSettings(learning_rate=1e-2, weight_decay=0.0, warmup_ratio=0.0)
+    )
     prompts = [[1, 3, 4], [6, 7], [4, 4, 1], [5]]
     responses = [[5, 6, 2], [3, 1], [7, 7, 3], [4, 2]]
     tokens = float(sum(map(len, responses)))
@@ -126,8 +132,13 @@ GOOD = json.dumps({"messages": [{"role": "user", "content": "hi"}], "response": 
         ('{"messages": [{"role": "user", "content": "x"}], "response": ""}', "response"),
         ('{"messages": [{"role": "user", "content": "x"}], "response": "y", "metadata": 5}', "metadata"),
         ('{"messages": [{"role": "user", "content": "x"}], "response": "y", "label": 1}', "label"),
-        ('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], "response": "z"}',
-         "messages"),
+        (
+            (
+                '{"messages": [{"role": "user", "content": "x"}, '
+                '{"role": "assistant", "content": "y"}], "response": "z"}'
+            ),
+            "messages",
+        ),
     ],
 )
 def test_a_malformed_demonstration_names_file_record_and_field(tmp_path, record, field):
@@ -154,8 +165,15 @@ def test_demonstration_files_round_trip_and_refuse_non_text(tmp_path):
 @pytest.mark.parametrize("call_format", ["hermes", "qwen"])
 def test_oracle_demonstrations_execute_and_store_every_fact(tokenizer, call_format):
     instances = generate_synthetic(
-        8, split="train", seed=3, num_chunks=3, facts_per_chunk=2, distractors_per_chunk=1,
-        questions_per_instance=2, chunk_words=40, families=("synth_personal", "synth_timeline", "synth_summary"),
+        8,
+        split="train",
+        seed=3,
+        num_chunks=3,
+        facts_per_chunk=2,
+        distractors_per_chunk=1,
+        questions_per_instance=2,
+        chunk_words=40,
+        families=("synth_personal", "synth_timeline", "synth_summary"),
     )
     settings = RolloutSettings(call_format=call_format, max_new_tokens=256, max_prompt_tokens=4096)
     demos = oracle_demonstrations(instances, tokenizer, settings, seed=3)
@@ -178,8 +196,13 @@ def test_oracle_demonstrations_execute_and_store_every_fact(tokenizer, call_form
             for note in notes:
                 assert note["fact"].rstrip(".") in stored, (instance.instance_id, note)
                 if "date" in note:
-                    assert any(note["date"] in e.content and note["fact"].rstrip(".") in e.content for e in memory.episodic)
-    responses = {demo.response.split("<tool_call>")[0] for demo in demos} | {demo.response[-12:] for demo in demos}
+                    assert any(
+                        note["date"] in e.content and note["fact"].rstrip(".") in e.content
+                        for e in memory.episodic
+                    )
+    responses = {demo.response.split("<tool_call>")[0] for demo in demos} | {
+        demo.response[-12:] for demo in demos
+    }
     assert len(responses) > 3  # the wording around the calls varies
 
 
@@ -208,7 +231,9 @@ def _sft_config(tmp_path: Path, model_dir: str, demos: Path, max_steps: int) -> 
     run = tmp_path / "run"
     config["trainer"].update(max_steps=max_steps, val_check_interval=max_steps)
     config["trainer"]["logger"]["init_args"].update(save_dir=str(run), name="tb", version=None)
-    config["trainer"]["callbacks"][0]["init_args"].update(dirpath=str(run / "checkpoints"), every_n_train_steps=1)
+    config["trainer"]["callbacks"][0]["init_args"].update(
+        dirpath=str(run / "checkpoints"), every_n_train_steps=1
+    )
     config["model"].update(model=model_dir, export_adapter_dir=str(run / "adapter"))
     config["data"].update(train_path=str(demos), val_path=str(demos), batch_size=3)
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -219,8 +244,16 @@ def _sft_config(tmp_path: Path, model_dir: str, demos: Path, max_steps: int) -> 
 
 @pytest.fixture(scope="module")
 def demo_file(tmp_path_factory, tokenizer):
-    instances = generate_synthetic(3, split="train", seed=0, num_chunks=2, facts_per_chunk=1, questions_per_instance=1,
-                                   chunk_words=20, families=("synth_personal",))
+    instances = generate_synthetic(
+        3,
+        split="train",
+        seed=0,
+        num_chunks=2,
+        facts_per_chunk=1,
+        questions_per_instance=1,
+        chunk_words=20,
+        families=("synth_personal",),
+    )
     settings = RolloutSettings(call_format="hermes", max_new_tokens=96, max_prompt_tokens=2048)
     path = tmp_path_factory.mktemp("demos") / "train.jsonl"
     save_demonstrations(path, oracle_demonstrations(instances, tokenizer, settings))
@@ -241,7 +274,9 @@ def test_sft_command_trains_logs_resumes_exactly_and_exports_the_adapter(tmp_pat
     main(["sft", "--config", str(config), "--trainer.max_steps", "4",
           "--ckpt_path", str(resumed / "run" / "checkpoints" / "last.ckpt")])
     a = scalars(version_dirs(straight)[0])
-    for tag in ("train/loss", "train/token_accuracy", "perf/tokens_per_s", "val/loss", "val/token_accuracy", "lr"):
+    for tag in (
+        "train/loss", "train/token_accuracy", "perf/tokens_per_s", "val/loss", "val/token_accuracy", "lr",
+    ):
         assert tag in a, tag
     assert a["train/loss"][3] < a["train/loss"][0]
     b: dict[str, dict[int, float]] = {}

@@ -52,7 +52,9 @@ def test_the_share_is_failed_questions_over_questions_and_the_first_error_is_kep
 
     def record(errors):
         questions = [{"error": e} for e in errors]
-        return RolloutRecord("i", "s", 0, [], {}, 0, 1, questions, reader_failures=sum(e is not None for e in errors))
+        return RolloutRecord(
+            "i", "s", 0, [], {}, 0, 1, questions, reader_failures=sum(e is not None for e in errors)
+        )
 
     failures = ReaderFailures.of([record([None, "HTTP 500"]), record(["timeout", None, None])])
     assert (failures.failed, failures.questions, failures.first_error) == (2, 5, "HTTP 500")
@@ -67,7 +69,9 @@ def test_a_round_at_the_limit_trains_and_one_over_it_stops_or_is_skipped():
     with pytest.raises(ReaderFailureError) as stopped:
         check_reader_failures(over, 0.1, "stop", "rollout round 4")
     message = str(stopped.value)
-    assert message.startswith("rollout round 4: 2 of 10 reader answers failed (20%, over reader.max_failed_share=0.1)")
+    assert message.startswith(
+        "rollout round 4: 2 of 10 reader answers failed (20%, over reader.max_failed_share=0.1)"
+    )
     assert "first error: HTTP 500: boom" in message and "\n" not in message
     assert check_reader_failures(over, 0.1, "skip", "rollout round 4") is False
     assert check_reader_failures(ReaderFailures(10, 10, "x"), 1.0, "stop", "r")  # 1 trains on anything
@@ -87,7 +91,9 @@ def test_skipped_rounds_stop_the_run_only_in_a_row():
         streak.update(True, "rollout round 9", "connection refused")
 
 
-@pytest.mark.parametrize("bad", [{"max_failed_share": -0.1}, {"max_failed_share": 1.5}, {"on_failed_round": "ignore"}])
+@pytest.mark.parametrize(
+    "bad", [{"max_failed_share": -0.1}, {"max_failed_share": 1.5}, {"on_failed_round": "ignore"}]
+)
 def test_the_settings_are_checked(bad):
     with pytest.raises(ValueError, match=f"reader.{next(iter(bad))}"):
         ReaderSettings(**bad)
@@ -95,7 +101,9 @@ def test_the_settings_are_checked(bad):
 
 def test_out_of_memory_is_told_from_other_failures():
     assert is_out_of_memory(gpu_out_of_memory())
-    assert is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB"))
+    assert is_out_of_memory(
+        RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB")
+    )
     assert not is_out_of_memory(RuntimeError("shape mismatch"))
     assert not is_out_of_memory(ValueError("out of memory"))  # only the allocator's own errors
     assert "GiB" in memory_held("cpu")
@@ -104,14 +112,18 @@ def test_out_of_memory_is_told_from_other_failures():
 @pytest.mark.parametrize("phase", sorted(LOWER_MEMORY_SETTINGS))
 def test_the_line_names_the_phase_the_memory_and_what_lowers_it(phase):
     line = out_of_memory_line(phase, "global step 3", "1.0 GiB peak resident memory")
-    assert line.startswith(f"out of memory in the {phase} phase of global step 3 (1.0 GiB peak resident memory)")
+    assert line.startswith(
+        f"out of memory in the {phase} phase of global step 3 (1.0 GiB peak resident memory)"
+    )
     assert all(setting in line for setting in LOWER_MEMORY_SETTINGS[phase]) and "\n" not in line
 
 
 # ------------------------------------------------------------------- the readers let it through
 
 
-def test_the_local_reader_raises_out_of_memory_instead_of_failing_its_items(tiny_model_dir, tokenizer, monkeypatch):
+def test_the_local_reader_raises_out_of_memory_instead_of_failing_its_items(
+    tiny_model_dir, tokenizer, monkeypatch
+):
     from transformers import AutoModelForCausalLM
 
     def out_of_memory(*args, **kwargs):
@@ -168,7 +180,9 @@ def inject_out_of_memory(phase: str, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("phase", ["sampling", "reader", "logprobs", "update"])
-def test_out_of_memory_in_each_phase_stops_the_fit_naming_that_phase(phase, tmp_path, tiny_model_dir, monkeypatch):
+def test_out_of_memory_in_each_phase_stops_the_fit_naming_that_phase(
+    phase, tmp_path, tiny_model_dir, monkeypatch
+):
     module, data = grpo(tiny_model_dir, tmp_path)
     inject_out_of_memory(phase, monkeypatch)
     with pytest.raises(StepOutOfMemory) as stopped:
@@ -198,7 +212,9 @@ def test_the_cli_stops_with_one_line_and_the_checkpoint_resumes(tmp_path, tiny_m
     with pytest.raises(SystemExit) as stopped:
         main(["fit", "--config", str(config), "--ckpt_path", str(last)])
     message = str(stopped.value.code)
-    assert message.startswith("memalpha fit: error: out of memory in the update phase of global step 2 ("), message
+    assert message.startswith("memalpha fit: error: out of memory in the update phase of global step 2 ("), (
+        message
+    )
     assert "model.update.micro_batch_size" in message and "\n" not in message
     assert digest(last) == before
 

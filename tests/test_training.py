@@ -1,4 +1,5 @@
-"""End-to-end `memalpha fit` / `memalpha validate` runs on a tiny random model (and one on the embedded model)."""
+"""End-to-end `memalpha fit` / `memalpha validate` runs on a tiny random model (and one on the embedded
+model)."""
 
 from __future__ import annotations
 
@@ -191,7 +192,8 @@ def test_corrupt_data_fails_before_training(tmp_path, tiny_model_dir):
 
 
 def nonzero_adapter(tmp_path: Path, model_dir: str) -> Path:
-    """A LoRA adapter with random B, so the policy differs from the reference and the KL term has a gradient."""
+    """A LoRA adapter with random B, so the policy differs from the reference and the KL term has a
+    gradient."""
     from memalpha.lm.core.policy import LoraSettings, load_policy
 
     policy, _ = load_policy(model_dir, lora=LoraSettings(r=8, alpha=16))
@@ -257,5 +259,13 @@ def test_embedded_model_fit_one_step_then_validate(tmp_path, embedded_model_dir,
     values = scalars(version_dirs(tmp_path)[0])
     assert values["train/response_length"][0] > 0
     assert math.isfinite(values["train/loss"][0]) and values["train/skipped_nonfinite"][0] == 0.0
-    main(["validate", "--config", str(config), "--ckpt_path", str(tmp_path / "run" / "checkpoints" / "last.ckpt")])
+    main(
+        [
+            "validate",
+            "--config",
+            str(config),
+            "--ckpt_path",
+            str(tmp_path / "run" / "checkpoints" / "last.ckpt"),
+        ]
+    )
     assert "ALL" in capsys.readouterr().out

@@ -32,7 +32,11 @@ def test_question_mean_and_instance_mean_differ_when_instances_hold_different_qu
 
 
 def test_rollouts_of_one_instance_are_pooled_before_the_instance_mean():
-    records = [record("a", "squad", [1.0, 1.0]), record("a", "squad", [0.0, 0.0]), record("b", "squad", [1.0])]
+    records = [
+        record("a", "squad", [1.0, 1.0]),
+        record("a", "squad", [0.0, 0.0]),
+        record("b", "squad", [1.0]),
+    ]
     summary = summarise_records(records)["overall"]
     assert summary["accuracy_by_instance"] == pytest.approx((2 / 4 + 1) / 2)
     assert summary["instances"] == 2

@@ -108,7 +108,11 @@ def test_server_command_enables_runtime_lora_and_processed_logprobs():
     command = server_command("py", "/m", port=5, served_name="base", dtype="float32", max_model_len=64,
                              max_lora_rank=8)  # fmt: skip
     assert command[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
-    for flag, value in (("--host", "127.0.0.1"), ("--max-lora-rank", "8"), ("--logprobs-mode", "processed_logprobs")):
+    for flag, value in (
+        ("--host", "127.0.0.1"),
+        ("--max-lora-rank", "8"),
+        ("--logprobs-mode", "processed_logprobs"),
+    ):
         assert command[command.index(flag) + 1] == value
     assert "--enable-lora" in command
 
@@ -153,7 +157,8 @@ def test_launch_generate_sync_and_close(server, tmp_path):
         assert base.response_ids[i] == expected and base.prompt_ids[i] == prompt
         assert base.response_logprobs[i] == [-(k + 1) / 10 for k in range(len(expected))]
     assert base.truncated == [True, True]
-    even = engine.generate([[4, 1]], max_new_tokens=6, eos_token_id=EOS, seed=0)  # the stand-in stops at token 4
+    # the stand-in stops at token 4
+    even = engine.generate([[4, 1]], max_new_tokens=6, eos_token_id=EOS, seed=0)
     assert even.response_ids[0][-1] == EOS and even.truncated == [False]
 
     for version in (0, 1):
@@ -164,8 +169,9 @@ def test_launch_generate_sync_and_close(server, tmp_path):
     tuned = engine.generate(prompts, max_new_tokens=6, eos_token_id=EOS, seed=11)
     assert tuned.adapter_version == 1
     assert tuned.response_ids[0] == [t + 1 for t in base.response_ids[0]]
-    assert engine.generate(prompts, max_new_tokens=6, eos_token_id=EOS, seed=11, use_adapter=False).response_ids \
-        == base.response_ids  # fmt: skip
+    assert engine.generate(
+        prompts, max_new_tokens=6, eos_token_id=EOS, seed=11, use_adapter=False
+    ).response_ids == base.response_ids
     with pytest.raises(ValueError, match="not newer"):
         engine.sync(1, tmp_path / "v1")
     with pytest.raises(VllmEngineError, match="HTTP 404"):
@@ -217,7 +223,9 @@ def test_launch_errors_name_the_venv_or_the_server_log(tmp_path):
 # ---------------------------------------------------------------- stale samples
 def test_check_versions_refuses_samples_of_another_version():
     check_versions([3, 3], 3, "round 1")
-    with pytest.raises(StaleSamplesError, match=r"round 1 was sampled with adapter version base model, 2 .* version 3"):
+    with pytest.raises(
+        StaleSamplesError, match=r"round 1 was sampled with adapter version base model, 2 .* version 3"
+    ):
         check_versions([3, 2, None], 3, "round 1")
 
 
@@ -258,9 +266,13 @@ def test_fit_samples_from_the_server_and_syncs_a_new_adapter_every_step(server, 
     assert len(adapters) == 1 and adapters[0].endswith("-v2")  # two trained steps, older versions unloaded
 
 
-def test_fit_stops_when_the_server_does_not_sample_the_policy_and_stops_the_server(tmp_path, tiny_model_dir, monkeypatch):
+def test_fit_stops_when_the_server_does_not_sample_the_policy_and_stops_the_server(
+    tmp_path, tiny_model_dir, monkeypatch
+):
     log = tmp_path / "server.log"  # memalpha starts the stand-in itself here (no url)
-    config = engine_config(tmp_path, tiny_model_dir, None, venv=str(fake_venv(tmp_path / "venv")), log_file=str(log))
+    config = engine_config(
+        tmp_path, tiny_model_dir, None, venv=str(fake_venv(tmp_path / "venv")), log_file=str(log)
+    )
     monkeypatch.setenv("MEMALPHA_DEBUG", "1")  # the error itself, not its one-line exit
     with pytest.raises(SamplerDriftError, match="not sampling from the policy being trained"):
         main(["fit", "--config", str(config)])
@@ -283,7 +295,8 @@ def test_bench_rollout_runs_both_engines_alternating(server, tmp_path, tiny_mode
     report = json.loads(out.read_text())
     rows = report["results"]
     assert [r["engine"] for r in rows] == ["hf", "vllm"]
-    assert rows[0]["sampler_logprob_gap"] is None and rows[1]["sampler_logprob_gap"] > 1.0  # the stand-in's made-up log-probs
+    # the stand-in's made-up log-probs
+    assert rows[0]["sampler_logprob_gap"] is None and rows[1]["sampler_logprob_gap"] > 1.0
     assert (tmp_path / "server" / "vllm_adapters").is_dir()
     assert rows[1]["sync_s"] > 0 and rows[1]["step_s"] == pytest.approx(
         rows[1]["sync_s"] + rows[1]["rollout_s"] + rows[1]["reader_s"] + rows[1]["train_s"]

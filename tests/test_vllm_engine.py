@@ -53,8 +53,8 @@ MAX_GAP = 0.05  # rollout.vllm.max_logprob_gap's default
 def server(tmp_path_factory, embedded_model_dir):
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     started = VllmServer.launch(
-        str(embedded_model_dir), venv=VENV, log_file=log, dtype="float32", max_model_len=4096, max_lora_rank=8,
-        start_timeout_s=600,
+        str(embedded_model_dir), venv=VENV, log_file=log, dtype="float32", max_model_len=4096,
+        max_lora_rank=8, start_timeout_s=600,
     )  # fmt: skip
     yield started
     started.close()
@@ -74,7 +74,9 @@ def policy(embedded_model_dir):
 
 def memorise(policy, tokenizer, engine_fn, *, do_sample: bool, seed: int = 0):
     """One memorising pass over two short synthetic instances; the turns' samples in order."""
-    instances = generate_synthetic(2, split="val", seed=3, num_chunks=2, chunk_words=40, questions_per_instance=1)
+    instances = generate_synthetic(
+        2, split="val", seed=3, num_chunks=2, chunk_words=40, questions_per_instance=1
+    )
     rollouts = start_rollouts(instances, 1, ROLLOUT, make_token_counter(tokenizer), seed)
     memorise_chunks(rollouts, policy, tokenizer, ROLLOUT, seed=seed, do_sample=do_sample, share_prefix=True,
                     engine=engine_fn)  # fmt: skip
@@ -106,7 +108,10 @@ def optimiser_step(policy, tokenizer, samples, lr=2e-3):
     for sample in samples:
         ids = torch.tensor([sample.prompt_ids + sample.response_ids])
         logits = policy(input_ids=ids).logits[0, len(sample.prompt_ids) - 1 : -1]
-        loss = loss + torch.log_softmax(logits.float(), -1).gather(1, ids[0, len(sample.prompt_ids) :, None]).mean()
+        loss = (
+            loss
+            + torch.log_softmax(logits.float(), -1).gather(1, ids[0, len(sample.prompt_ids) :, None]).mean()
+        )
     loss.backward()
     optimiser.step()
     optimiser.zero_grad(set_to_none=True)
@@ -137,7 +142,9 @@ def test_sampled_logprobs_match_the_trainer_and_a_broken_sync_is_caught(engine, 
     sync.engine, sync.policy_version = engine, engine.adapter_version
     samples = memorise(model, tokenizer, sync.generator(model, tokenizer), do_sample=True, seed=5)
     check_versions([s.adapter_version for s in samples], sync.policy_version, "round 0")
-    gap = sampler_logprob_gap([s.sampler_logprobs for s in samples], trainer_logprobs(model, tokenizer, samples))
+    gap = sampler_logprob_gap(
+        [s.sampler_logprobs for s in samples], trainer_logprobs(model, tokenizer, samples)
+    )
     assert gap < MAX_GAP / 5
     sync.check_gap(gap, "round 0")
 
@@ -152,21 +159,25 @@ def test_sampled_logprobs_match_the_trainer_and_a_broken_sync_is_caught(engine, 
     engine.sync(sync.policy_version, stale_folder)
     forged = memorise(model, tokenizer, engine_fn(engine, model, tokenizer), do_sample=True, seed=7)
     check_versions([s.adapter_version for s in forged], sync.policy_version, "round 1")  # the label passes
-    gap = sampler_logprob_gap([s.sampler_logprobs for s in forged], trainer_logprobs(model, tokenizer, forged))
+    gap = sampler_logprob_gap(
+        [s.sampler_logprobs for s in forged], trainer_logprobs(model, tokenizer, forged)
+    )
     with pytest.raises(SamplerDriftError, match="not sampling from the policy being trained"):
         sync.check_gap(gap, "round 1")
 
 
 def test_reader_on_the_server_answers_as_the_local_reader(server, policy):
     model, tokenizer = policy
-    (instance,) = generate_synthetic(1, split="val", seed=4, num_chunks=1, chunk_words=40, questions_per_instance=3)
+    (instance,) = generate_synthetic(
+        1, split="val", seed=4, num_chunks=1, chunk_words=40, questions_per_instance=3
+    )
     memory = Memory(token_counter=make_token_counter(tokenizer))
     for sentence in instance.chunks[0].split(". "):
         memory.insert("semantic", sentence)
     items = [(memory, q.question) for q in instance.questions]
     local = LocalReader(model, tokenizer, max_new_tokens=24, temperature=0.0, batch_size=3)
-    served = OpenAIReader(OpenAISettings(server.base_url + "/v1", server.served_name), temperature=0.0, max_tokens=24,
-                          tokenizer=tokenizer.name_or_path)  # fmt: skip
+    served = OpenAIReader(OpenAISettings(server.base_url + "/v1", server.served_name), temperature=0.0,
+                          max_tokens=24, tokenizer=tokenizer.name_or_path)  # fmt: skip
     local_answers = [a.text for a in local.answer(items)]
     assert [a.text for a in served.answer(items)] == local_answers and all(local_answers)
 

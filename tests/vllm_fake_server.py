@@ -36,7 +36,11 @@ def main() -> None:
     args, _ = parser.parse_known_args()
     adapters: dict[str, str] = {}
     delay = float(os.environ.get("FAKE_VLLM_DELAY_S", "0"))
-    print(f"fake vLLM server pid {os.getpid()} on port {args.port}, runtime LoRA {os.environ.get('VLLM_ALLOW_RUNTIME_LORA_UPDATING')}", flush=True)
+    print(
+        f"fake vLLM server pid {os.getpid()} on port {args.port}, "
+        f"runtime LoRA {os.environ.get('VLLM_ALLOW_RUNTIME_LORA_UPDATING')}",
+        flush=True,
+    )
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *_):
