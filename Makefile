@@ -94,7 +94,7 @@ test-vllm: $(STAMP) $(VLLM_STAMP)
 	HF_HUB_OFFLINE=1 MEMALPHA_VLLM_VENV=$(abspath $(VLLM_VENV)) $(PY) -m pytest -q tests/test_vllm_engine.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check memalpha tests experiments
+	$(VENV)/bin/ruff check .
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache
