@@ -37,7 +37,6 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from memalpha.lab.common import (
     RESULTS_DIR,
     command_line,

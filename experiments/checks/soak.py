@@ -27,7 +27,6 @@ import argparse
 import gc
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -36,7 +35,6 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lightning.pytorch import Callback
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,7 +47,6 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from control_arms import Experiment, adapter_done, arm_compute, step_seconds
 from learning_curve import add_recipe_arguments, check_positive, parse_seeds

@@ -44,14 +44,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from control_arms import adapter_done, arm_compute, step_seconds, train_run, validate
 from learning_curve import check_positive, parse_seeds
