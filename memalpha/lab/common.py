@@ -106,6 +106,24 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], floats: i
     print(format_table(headers, rows, floats), flush=True)
 
 
+def write_text_atomically(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file of this process, synced and renamed over
+    it: a reader, or a crash, sees the old file or the new one, never half of one. Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
 def write_json(
     report: dict[str, Any], path: str | os.PathLike, *, machine: dict[str, Any] | None = None
 ) -> Path:
@@ -114,23 +132,10 @@ def write_json(
     ``machine`` defaults to :func:`machine_info` taken now; pass the one taken at the start of
     the run to keep its load average, a ``load_average_end`` is added either way.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     machine = dict(machine if machine is not None else machine_info())
     machine["load_average_end"] = load_average()
     payload = {**report, "machine": machine}
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2, ensure_ascii=False)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    return write_text_atomically(path, json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
 
 
 def load_records(path: Path) -> list[dict[str, Any]]:

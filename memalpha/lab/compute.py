@@ -30,6 +30,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from memalpha.lab.common import write_text_atomically
+
 ROUND_COUNTS = {
     "rollouts": "perf/rollouts",
     "turn_samples": "perf/turn_samples",
@@ -53,11 +55,8 @@ def ledger_path(run_dir: Path, stage: str) -> Path:
 def append_attempt(run_dir: Path, stage: str, attempt: Mapping[str, Any]) -> None:
     """Add one attempt to the stage's ledger (a JSON list), written atomically."""
     path = ledger_path(run_dir, stage)
-    path.parent.mkdir(parents=True, exist_ok=True)
     attempts = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
-    tmp = path.with_name(f"{path.name}.tmp")
-    tmp.write_text(json.dumps([*attempts, dict(attempt)], indent=1) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomically(path, json.dumps([*attempts, dict(attempt)], indent=1) + "\n")
 
 
 @contextmanager

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from memalpha.intervals import mean_interval, paired_interval, seed_level_change
-from memalpha.lab.common import RESULTS_DIR, command_line, print_table
+from memalpha.lab.common import RESULTS_DIR, command_line, print_table, write_text_atomically
 from memalpha.train.instance_scores import InstanceScores
 
 ARMS = ("grpo", "grpo_lr0", "sft_continued")
@@ -388,9 +388,7 @@ def update_summary(path: Path, rebuilt: Mapping[str, Any], command: str) -> None
     if isinstance(summary.get("settings"), dict):
         summary["settings"]["intervals"] = INTERVALS
     summary["intervals_rebuilt"] = {"command": command}
-    tmp = path.with_name(f"{path.name}.tmp")
-    tmp.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomically(path, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

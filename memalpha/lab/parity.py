@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from memalpha.intervals import equivalence, welch_interval
+from memalpha.lab.common import write_text_atomically
 
 ARMS = ("memalpha", "trl", "memalpha-lr0")
 REFERENCE = "trl"
@@ -86,12 +87,7 @@ def load_runs(
 
 def save_run(runs_dir: Path, run: dict[str, Any]) -> Path:
     """Write one finished run atomically (a run killed while writing leaves no half file)."""
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    path = runs_dir / f"{run['run_id']}.json"
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomically(runs_dir / f"{run['run_id']}.json", json.dumps(run, indent=2) + "\n")
 
 
 def execute(

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from memalpha.lab.common import write_text_atomically
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -34,11 +35,7 @@ def load_yaml(path: Path) -> dict[str, Any]:
 def write_yaml(config: dict[str, Any], path: Path) -> Path:
     """Write ``config`` atomically (a second experiment process rewriting the same config never shows a
     half-written file to a running stage)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomically(path, yaml.safe_dump(config, sort_keys=False))
 
 
 def sft_config(base: dict[str, Any], run_dir: Path, steps: int) -> dict[str, Any]:
