@@ -111,3 +111,20 @@ def test_the_report_shows_recorded_compute_and_marks_the_rest(capsys):
     print_compute(runs)
     row = capsys.readouterr().out.strip().splitlines()[-1]
     assert "700" in row and "128" in row and row.count("not recorded") == 1
+
+
+def test_an_attempt_killed_with_the_experiment_marks_the_next_one(tmp_path):
+    """An attempt whose experiment process dies records nothing but leaves its marker; the next
+    attempt is recorded as coming after an unrecorded one, and the stage's seconds are not complete."""
+    from memalpha.lab.compute import running_marker, unrecorded_attempt
+
+    with measured(tmp_path, "fit_x"):
+        assert running_marker(tmp_path, "fit_x").is_file()  # held while the attempt runs
+    assert not unrecorded_attempt(tmp_path, "fit_x") and stage_seconds(tmp_path, "fit_x")["complete"]
+    running_marker(tmp_path, "fit_x").touch()  # what a killed experiment leaves
+    assert unrecorded_attempt(tmp_path, "fit_x")
+    with measured(tmp_path, "fit_x"):
+        pass
+    assert not unrecorded_attempt(tmp_path, "fit_x")
+    seconds = stage_seconds(tmp_path, "fit_x")
+    assert seconds["attempts"] == 2 and seconds["complete"] is False

@@ -154,14 +154,11 @@ def test_the_held_out_seed_must_be_new(tmp_path):
     assert accepted.returncode == 1 and "pass --reuse" in accepted.stderr
 
 
-def test_a_run_whose_stages_are_done_gets_the_plans_configs_and_a_pending_verdict(tmp_path):
-    """decisive.py --reuse over a run folder holding every stage's output of seed 3 (adapters, made-up
-    validation reports, arm A's TensorBoard step times) runs no stage; it writes each stage's config
-    from its defaults (the pre-registered plan) and the summary of what the folder holds."""
+def done_run_folder(run: Path) -> None:
+    """A run folder holding every stage's output of seed 3 (adapters, made-up validation reports, arm
+    A's TensorBoard step times), and no compute ledger."""
     from torch.utils.tensorboard import SummaryWriter
 
-    run = tmp_path.resolve() / "run"  # the script resolves its --run-dir
-    base = load_yaml(REPO / "configs" / "tiny_cpu.yaml")
     record = {"data_source": "s", "instance_id": "a", "memory_tokens": 10, "chunk_tokens": 100, "r3": 0.0,
               "turns": [], "questions": [{"score": 1.0, "gold": "x"}], "memory": {}}
     (run / "demos").mkdir(parents=True)
@@ -175,9 +172,22 @@ def test_a_run_whose_stages_are_done_gets_the_plans_configs_and_a_pending_verdic
         (run / "validate" / name).mkdir(parents=True)
         (run / "validate" / name / "validation.json").write_text(json.dumps({"records": [record]}))
     writer = SummaryWriter(str(run / "arms" / "seed3_grpo"))
-    for step, seconds in enumerate((190.0, 190.5)):  # arm A trained 380.5 s: B gets as long
+    for step, seconds in enumerate((190.0, 190.5)):
         writer.add_scalar("step_s", seconds, step)
     writer.close()
+
+
+def test_a_run_whose_stages_are_done_gets_the_plans_configs_and_a_pending_verdict(tmp_path):
+    """decisive.py --reuse over a run folder whose every stage of seed 3 is done runs no stage; it writes
+    each stage's config from its defaults (the pre-registered plan, B's CPU budget from A's compute
+    ledger: amendment 1) and the summary of what the folder holds."""
+    run = tmp_path.resolve() / "run"  # the script resolves its --run-dir
+    base = load_yaml(REPO / "configs" / "tiny_cpu.yaml")
+    done_run_folder(run)
+    (run / "compute").mkdir()
+    attempts = [{"wall_s": 900.0, "cpu_s": 500.25, "finished": False, "ended": "t"},  # A spent 1,360.1 CPU s
+                {"wall_s": 1500.0, "cpu_s": 859.85, "finished": True, "ended": "t"}]
+    (run / "compute" / "fit_seed3_grpo.json").write_text(json.dumps(attempts))
 
     out = tmp_path / "results" / "decisive.json"
     done = decisive("--reuse", "--seeds", "3", "--run-dir", str(run), "--out", str(out))
@@ -190,16 +200,41 @@ def test_a_run_whose_stages_are_done_gets_the_plans_configs_and_a_pending_verdic
     arm_a = yaml.safe_load((run / "seed3_grpo.yaml").read_text())
     assert arm_a == recipe_config(base, run, PLAN, 3)
     arm_b = yaml.safe_load((run / "seed3_sft_continued.yaml").read_text())
-    assert arm_b["trainer"]["max_time"] == "00:00:06:20" and arm_b["data"]["seed"] == 3
+    assert arm_b["trainer"]["max_time"] is None and arm_b["data"]["seed"] == 3
+    assert arm_b["trainer"]["callbacks"][-1] == {"class_path": "memalpha.lab.cpu_budget.CpuBudget",
+                                                 "init_args": {"seconds": 1360.1}}
     assert arm_b["model"]["adapter_path"] == str(run / "sft" / "adapter")
     summary = json.loads(out.read_text())
     assert summary["decision"]["verdict"] == "pending" and summary["settings"]["seeds"] == [0, 1, 2, 3, 4]
     assert summary["settings"]["train_data_seeds"]["3"] == 3913
     assert summary["settings"]["val_data_seed"] == 3900 and summary["settings"]["recipe"] == PLAN.recipe
-    assert summary["runs"]["seed3_sft_continued"]["max_time_s"] == pytest.approx(380.5)
+    assert summary["runs"]["seed3_sft_continued"]["cpu_budget_s"] == pytest.approx(1360.1)
+    assert "CpuBudget" in summary["settings"]["compute_matching"]
     scores = json.loads((out.parent / "decisive" / "instance_scores.json").read_text())
     assert set(scores["seeds"]) == {"3"} and scores["seeds"]["3"]["grpo"]["s"]["a"]["memory_share"] == 0.1
     assert "pending" in done.stdout
+
+
+@pytest.mark.parametrize("ledger", ["missing", "after_unrecorded", "marker_left"])
+def test_b_is_refused_when_as_cpu_seconds_are_not_all_recorded(tmp_path, ledger):
+    """B's budget is A's recorded CPU seconds: with no ledger, with an attempt after an unrecorded one,
+    or with an unrecorded attempt's marker left, the study stops with one line naming what to move
+    aside, and writes no config for B."""
+    run = tmp_path.resolve() / "run"
+    done_run_folder(run)
+    (run / "compute").mkdir()
+    attempt = {"wall_s": 1.0, "cpu_s": 1.0, "finished": True, "ended": "t"}
+    if ledger == "after_unrecorded":
+        unrecorded = [{**attempt, "after_unrecorded": True}]
+        (run / "compute" / "fit_seed3_grpo.json").write_text(json.dumps(unrecorded))
+    elif ledger == "marker_left":
+        (run / "compute" / "fit_seed3_grpo.json").write_text(json.dumps([attempt]))
+        (run / "compute" / "fit_seed3_grpo.running").write_text("")
+    done = decisive("--reuse", "--seeds", "3", "--run-dir", str(run), "--out", str(tmp_path / "out.json"))
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert "does not hold every attempt of seed3_grpo's fit" in last and "move" in last
+    assert not (run / "seed3_sft_continued.yaml").exists()
 
 
 def test_scores_are_collected_from_every_validation_in_the_folder(tmp_path):

@@ -18,8 +18,12 @@ the user's command line, through ``experiments/studies/control_arms.py``'s :clas
   and its own GRPO stream, synthetic data seed ``--train-data-seed-base + s``
   (:func:`memalpha.lab.decisive_plan.recipe_config`);
 * per seed, **B** (arm ``sft_continued``): ``memalpha sft`` continued from the start on the same
-  demonstrations for A's training time (``trainer.max_time`` = A's summed TensorBoard ``step_s``,
-  :func:`memalpha.lab.arm_configs.continued_sft_config`);
+  demonstrations for A's CPU seconds (the amendment in docs/results.md: the budget is the CPU seconds
+  the compute ledger recorded for that seed's ``memalpha fit`` of A, enforced by
+  :class:`memalpha.lab.cpu_budget.CpuBudget` in B's own process,
+  :func:`memalpha.lab.arm_configs.cpu_matched_sft_config`). A's ledger must hold every attempt of its
+  fit: a fit whose earlier attempt was killed with the experiment (``compute/fit_<run>.running`` left)
+  stops the study with one line, and A is rerun from scratch;
 * every adapter validated by ``memalpha validate`` on ``--val`` held-out instances x ``--questions``
   questions of the validation split at synthetic data seed ``--val-data-seed`` (3900: no earlier study
   validated on it; they all used 0), scored by the local 135M reader.
@@ -48,12 +52,20 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from control_arms import Experiment, adapter_done, arm_compute, step_seconds
+from control_arms import Experiment, adapter_done, arm_compute, step_seconds, train_run
 from learning_curve import add_recipe_arguments, check_positive, parse_seeds
 
-from memalpha.lab.arm_configs import tag
+from memalpha.lab.arm_configs import cpu_matched_sft_config, tag
 from memalpha.lab.common import REPO_ROOT, RESULTS_DIR, command_line, write_json
-from memalpha.lab.compute import stage_record, training_compute
+from memalpha.lab.compute import (
+    ledger_path,
+    measured,
+    running_marker,
+    stage_record,
+    stage_seconds,
+    training_compute,
+    unrecorded_attempt,
+)
 from memalpha.lab.control_arms_report import INTERVALS, START, TRAIN_TAGS
 from memalpha.lab.decisive_plan import (
     TRAIN_DATA_SEED_BASE,
@@ -70,7 +82,7 @@ from memalpha.train.demo_summary import event_scalars
 
 def collect_runs(run_dir: Path, seeds: list[int]) -> dict[str, Any]:
     """Each trained run's training seconds, steps and compute (:func:`control_arms.arm_compute`), B's
-    ``max_time_s`` (A's summed ``step_s``), and the start's SFT; from what ``run_dir`` holds."""
+    ``cpu_budget_s`` (A's recorded CPU seconds), and the start's SFT; from what ``run_dir`` holds."""
     runs: dict[str, Any] = {}
     if adapter_done(run_dir / "sft" / "adapter"):
         runs[f"seed0_{START}"] = {"train_s": sum(step_seconds(run_dir / "sft" / START)),
@@ -84,8 +96,32 @@ def collect_runs(run_dir: Path, seeds: list[int]) -> dict[str, Any]:
                 runs[name] = {"train_s": sum(taken), "steps": len(taken),
                               "compute": arm_compute(run_dir, name, command)}
                 if arm == SFT:
-                    runs[name]["max_time_s"] = sum(step_seconds(run_dir / "arms" / tag(seed, GRPO)))
+                    runs[name]["cpu_budget_s"] = recorded_grpo_cpu_seconds(run_dir, seed)
     return runs
+
+
+def recorded_grpo_cpu_seconds(run_dir: Path, seed: int) -> float | None:
+    """The CPU seconds of arm A's ``memalpha fit`` for ``seed`` summed over its recorded attempts; None
+    when the ledger does not hold every attempt (none recorded, or one killed with the experiment)."""
+    stage = f"fit_{tag(seed, GRPO)}"
+    seconds = stage_seconds(run_dir, stage)
+    if seconds is None or not seconds["complete"] or unrecorded_attempt(run_dir, stage):
+        return None
+    return seconds["cpu_s"]
+
+
+def grpo_cpu_seconds(run_dir: Path, seed: int) -> float:
+    """B's budget, :func:`recorded_grpo_cpu_seconds`; exits with one line when it is unknown."""
+    seconds = recorded_grpo_cpu_seconds(run_dir, seed)
+    if seconds is None:
+        stage = f"fit_{tag(seed, GRPO)}"
+        raise SystemExit(
+            f"decisive: {ledger_path(run_dir, stage)} does not hold every attempt of {tag(seed, GRPO)}'s fit "
+            f"(an attempt was killed with the experiment), so B's CPU budget is unknown; move "
+            f"{run_dir / 'arms' / tag(seed, GRPO)}, {run_dir / 'checkpoints' / tag(seed, GRPO)}, that ledger "
+            f"and {running_marker(run_dir, stage)} aside and rerun"
+        )
+    return seconds
 
 
 def arm_compute_start(run_dir: Path) -> dict[str, Any]:
@@ -107,6 +143,29 @@ class Decisive(Experiment):
 
     def fit_config(self, seed: int, arm: str) -> dict[str, Any]:
         return recipe_config(self.base_fit, self.run_dir, self.args, seed)
+
+    def grpo_arm(self, seed: int, arm: str) -> None:
+        """A's fit (:meth:`control_arms.Experiment.grpo_arm`), refused before it starts when an earlier
+        attempt went unrecorded (B's budget would then be unknown, see :func:`grpo_cpu_seconds`)."""
+        name = tag(seed, arm)
+        if not (self.args.reuse and adapter_done(self.run_dir / "arms" / name / "adapter")) \
+                and unrecorded_attempt(self.run_dir, f"fit_{name}"):
+            grpo_cpu_seconds(self.run_dir, seed)  # exits with the line that says what to move aside
+        super().grpo_arm(seed, arm)
+
+    def sft_arm(self, seed: int) -> None:
+        """B: SFT continued from the start until its process has spent A's CPU seconds."""
+        name = tag(seed, SFT)
+        budget = grpo_cpu_seconds(self.run_dir, seed)
+        config = cpu_matched_sft_config(self.base_sft, self.run_dir, seed, budget)
+        path = write_yaml(config, self.run_dir / f"{name}.yaml")
+        folder = self.run_dir / "arms" / name
+        if not (self.args.reuse and adapter_done(folder / "adapter")):
+            with measured(self.run_dir, f"sft_{name}"):
+                train_run(path, config, self.logs / f"sft_{name}.log", "sft")
+        taken = step_seconds(folder)
+        self.runs[name] = {"train_s": sum(taken), "steps": len(taken), "cpu_budget_s": budget}
+        self.finish_arm(seed, SFT, folder / "adapter")
 
     def write(self) -> dict[str, Any]:
         """Both JSON files from everything ``run_dir`` holds (this process's stages and another's)."""
@@ -143,7 +202,9 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "val_instances": args.val, "questions": args.questions, "val_data_seed": args.val_data_seed,
         "val_split": "validation", "primary": f"{PRIMARY}, {GRPO} - {SFT}, t over seeds",
         "secondary": list(SECONDARY), "guard": f"memory_share <= {GUARD_LIMIT} in every seed's {GRPO} run",
-        "time_matching": f"{SFT}: Lightning trainer.max_time = the same seed's {GRPO} run's summed step_s",
+        "compute_matching": f"{SFT}: stopped (memalpha.lab.cpu_budget.CpuBudget) when its memalpha sft "
+                            f"process has spent the CPU seconds of the same seed's {GRPO} memalpha fit "
+                            "(compute ledger); amendment in docs/results.md",
         "intervals": INTERVALS,
     }
 

@@ -8,7 +8,8 @@ checkpoints under ``checkpoints/seed<S>_<arm>``:
 * :func:`arm_fit_config`: ``memalpha fit`` of a GRPO arm (``grpo``, or ``grpo_lr0`` at ``args.lr0``),
   with no validation inside the run;
 * :func:`continued_sft_config`: ``memalpha sft`` of ``sft_continued``, stopped by Lightning's
-  ``trainer.max_time``;
+  ``trainer.max_time`` (the control arms) or, with :func:`cpu_matched_sft_config`, by a budget of CPU
+  seconds (:class:`memalpha.lab.cpu_budget.CpuBudget`; the decisive study's amendment);
 * :func:`validate_config`: ``memalpha validate`` of any adapter on the held-out instances.
 """
 
@@ -80,11 +81,13 @@ def max_time(seconds: float) -> str:
     return f"{whole // 86400:02d}:{whole % 86400 // 3600:02d}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
 
 
-def continued_sft_config(base: dict[str, Any], run_dir: Path, seed: int, seconds: float) -> dict[str, Any]:
+def continued_sft_config(base: dict[str, Any], run_dir: Path, seed: int,
+                         seconds: float | None) -> dict[str, Any]:
     """``sft`` of the arm ``sft_continued``: SFT from the start adapter for ``seconds`` of training
-    (``trainer.max_time``), its own seed for the demonstrations' order, checkpoints every 10 steps."""
+    (``trainer.max_time``; None: no time limit, a callback ends the run), its own seed for the
+    demonstrations' order, checkpoints every 10 steps."""
     config = sft_config(base, run_dir, CONTINUED_SFT_STEP_CAP)
-    config["trainer"]["max_time"] = max_time(seconds)
+    config["trainer"]["max_time"] = None if seconds is None else max_time(seconds)
     config["trainer"]["limit_val_batches"] = 0  # validate scores its exported adapter
     name = tag(seed, "sft_continued")
     config["seed_everything"] = seed
@@ -95,4 +98,15 @@ def continued_sft_config(base: dict[str, Any], run_dir: Path, seed: int, seconds
     config["trainer"]["logger"] = logger(run_dir, "arms", name)
     config["trainer"]["callbacks"] = checkpointing(run_dir / "checkpoints" / name, 10)
     config["trainer"]["enable_checkpointing"] = True
+    return config
+
+
+def cpu_matched_sft_config(base: dict[str, Any], run_dir: Path, seed: int,
+                           cpu_seconds: float) -> dict[str, Any]:
+    """:func:`continued_sft_config` stopped by CPU seconds instead of wall time: no ``trainer.max_time``,
+    and a :class:`memalpha.lab.cpu_budget.CpuBudget` of ``cpu_seconds`` after the checkpoint callback
+    (its state is saved in ``last.ckpt``, so a resumed run counts its earlier processes)."""
+    config = continued_sft_config(base, run_dir, seed, None)
+    config["trainer"]["callbacks"].append({"class_path": "memalpha.lab.cpu_budget.CpuBudget",
+                                           "init_args": {"seconds": round(float(cpu_seconds), 3)}})
     return config

@@ -8,7 +8,9 @@ Two sources, never an estimate:
   that subprocess alone: the experiment runs one at a time). Each attempt is appended to
   ``<run-dir>/compute/<stage>.json`` whether it finishes or fails, so a stage resumed under
   ``--reuse`` sums all its attempts, and a stage run before this record existed has none
-  (``None``, reported as not recorded);
+  (``None``, reported as not recorded). An attempt killed together with the experiment records
+  nothing; the ``<stage>.running`` file it leaves marks the next attempt ``after_unrecorded``, and
+  :func:`stage_seconds` then reports the stage's seconds as not ``complete``;
 * **what a training run did**, from the TensorBoard scalars its module logged: ``step_s`` (one
   per optimiser step: the step count and the training seconds, loading and validation excluded)
   and, per GRPO round (:func:`memalpha.train.round_report.round_metrics`), ``perf/rollouts``,
@@ -59,25 +61,47 @@ def append_attempt(run_dir: Path, stage: str, attempt: Mapping[str, Any]) -> Non
     write_text_atomically(path, json.dumps([*attempts, dict(attempt)], indent=1) + "\n")
 
 
+def running_marker(run_dir: Path, stage: str) -> Path:
+    """The file an attempt of ``stage`` holds while it runs; left behind when the experiment's own
+    process was killed during the attempt (so the attempt was never recorded)."""
+    return run_dir / "compute" / f"{stage}.running"
+
+
+def unrecorded_attempt(run_dir: Path, stage: str) -> bool:
+    """Whether an earlier attempt of ``stage`` ran and was never recorded (its marker is left)."""
+    return running_marker(run_dir, stage).is_file()
+
+
 @contextmanager
 def measured(run_dir: Path, stage: str) -> Iterator[None]:
     """Record the wall and children-CPU seconds of the block as one attempt of ``stage``
-    (``finished`` False when it raised, a failed or interrupted subprocess included)."""
+    (``finished`` False when it raised, a failed or interrupted subprocess included;
+    ``after_unrecorded`` True when an earlier attempt was never recorded, see
+    :func:`unrecorded_attempt`)."""
+    marker = running_marker(run_dir, stage)
+    after_unrecorded = marker.is_file()
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
     wall, cpu = time.perf_counter(), children_cpu_s()
     finished = False
     try:
         yield
         finished = True
     finally:
-        append_attempt(run_dir, stage, {
+        attempt = {
             "wall_s": round(time.perf_counter() - wall, 3), "cpu_s": round(children_cpu_s() - cpu, 3),
             "finished": finished, "ended": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        })
+        }
+        if after_unrecorded:
+            attempt["after_unrecorded"] = True
+        append_attempt(run_dir, stage, attempt)
+        marker.unlink(missing_ok=True)
 
 
 def stage_seconds(run_dir: Path, stage: str) -> dict[str, Any] | None:
-    """``{"wall_s", "cpu_s", "attempts"}`` summed over the stage's recorded attempts; None when none
-    was recorded (the stage ran before this record, or has not run)."""
+    """``{"wall_s", "cpu_s", "attempts", "complete"}`` summed over the stage's recorded attempts
+    (``complete`` False when an attempt came after an unrecorded one, so the sums miss its seconds);
+    None when none was recorded (the stage ran before this record, or has not run)."""
     path = ledger_path(run_dir, stage)
     if not path.is_file():
         return None
@@ -85,7 +109,8 @@ def stage_seconds(run_dir: Path, stage: str) -> dict[str, Any] | None:
     if not attempts:
         return None
     return {"wall_s": round(sum(a["wall_s"] for a in attempts), 3),
-            "cpu_s": round(sum(a["cpu_s"] for a in attempts), 3), "attempts": len(attempts)}
+            "cpu_s": round(sum(a["cpu_s"] for a in attempts), 3), "attempts": len(attempts),
+            "complete": not any(a.get("after_unrecorded", False) for a in attempts)}
 
 
 def training_counts(series: Mapping[str, Mapping[int, float]], sampled: bool) -> dict[str, Any]:
