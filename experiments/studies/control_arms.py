@@ -228,17 +228,22 @@ class Experiment:
             self.runs[name]["no_update_max_abs_change"] = max_abs_change(self.adapter, folder / "adapter")
         self.finish_arm(seed, arm, folder / "adapter")
 
+    def continued_sft(self, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The ``sft_continued`` run's config, and how its compute was matched (for its run record):
+        Lightning's ``trainer.max_time`` = the same seed's ``grpo`` run's summed ``step_s``."""
+        seconds = sum(step_seconds(self.run_dir / "arms" / tag(seed, "grpo")))
+        return continued_sft_config(self.base_sft, self.run_dir, seed, seconds), {"max_time_s": seconds}
+
     def sft_arm(self, seed: int) -> None:
         name = tag(seed, "sft_continued")
-        seconds = sum(step_seconds(self.run_dir / "arms" / tag(seed, "grpo")))
-        config = continued_sft_config(self.base_sft, self.run_dir, seed, seconds)
+        config, matched = self.continued_sft(seed)
         path = write_yaml(config, self.run_dir / f"{name}.yaml")
         folder = self.run_dir / "arms" / name
         if not (self.args.reuse and adapter_done(folder / "adapter")):
             with measured(self.run_dir, f"sft_{name}"):
                 train_run(path, config, self.logs / f"sft_{name}.log", "sft")
         taken = step_seconds(folder)
-        self.runs[name] = {"train_s": sum(taken), "steps": len(taken), "max_time_s": seconds}
+        self.runs[name] = {"train_s": sum(taken), "steps": len(taken), **matched}
         self.finish_arm(seed, "sft_continued", folder / "adapter")
 
     def finish_arm(self, seed: int, arm: str, adapter: Path) -> None:

@@ -52,14 +52,13 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from control_arms import Experiment, adapter_done, arm_compute, step_seconds, train_run
+from control_arms import Experiment, adapter_done, arm_compute, step_seconds
 from learning_curve import add_recipe_arguments, check_positive, parse_seeds
 
 from memalpha.lab.arm_configs import cpu_matched_sft_config, tag
 from memalpha.lab.common import REPO_ROOT, RESULTS_DIR, command_line, write_json
 from memalpha.lab.compute import (
     ledger_path,
-    measured,
     running_marker,
     stage_record,
     stage_seconds,
@@ -153,19 +152,10 @@ class Decisive(Experiment):
             grpo_cpu_seconds(self.run_dir, seed)  # exits with the line that says what to move aside
         super().grpo_arm(seed, arm)
 
-    def sft_arm(self, seed: int) -> None:
-        """B: SFT continued from the start until its process has spent A's CPU seconds."""
-        name = tag(seed, SFT)
+    def continued_sft(self, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """B's config: SFT continued from the start until its process has spent A's CPU seconds."""
         budget = grpo_cpu_seconds(self.run_dir, seed)
-        config = cpu_matched_sft_config(self.base_sft, self.run_dir, seed, budget)
-        path = write_yaml(config, self.run_dir / f"{name}.yaml")
-        folder = self.run_dir / "arms" / name
-        if not (self.args.reuse and adapter_done(folder / "adapter")):
-            with measured(self.run_dir, f"sft_{name}"):
-                train_run(path, config, self.logs / f"sft_{name}.log", "sft")
-        taken = step_seconds(folder)
-        self.runs[name] = {"train_s": sum(taken), "steps": len(taken), "cpu_budget_s": budget}
-        self.finish_arm(seed, SFT, folder / "adapter")
+        return cpu_matched_sft_config(self.base_sft, self.run_dir, seed, budget), {"cpu_budget_s": budget}
 
     def write(self) -> dict[str, Any]:
         """Both JSON files from everything ``run_dir`` holds (this process's stages and another's)."""
