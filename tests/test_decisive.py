@@ -262,3 +262,10 @@ def test_check_passes_on_its_own_summary_and_fails_on_a_changed_number(tmp_path,
     bad.write_text(json.dumps(summary))
     assert main(["--scores", str(path), "--summary", str(bad), "--check"]) == 1
     assert main(["--scores", str(path), "--summary", str(tmp_path / "missing.json"), "--check"]) == 1
+
+
+def test_the_committed_summary_is_rebuilt_from_the_committed_scores(capsys):
+    """experiments/results/decisive.json (the study's verdict) from .../decisive/instance_scores.json."""
+    assert main(["--check"]) == 0
+    out = capsys.readouterr().out
+    assert "rebuilt numbers match" in out and "verdict" in out and "optimiser steps" in out
