@@ -109,17 +109,22 @@ def recorded_grpo_cpu_seconds(run_dir: Path, seed: int) -> float | None:
     return seconds["cpu_s"]
 
 
+def budget_unknown(run_dir: Path, seed: int) -> SystemExit:
+    """The one-line stop when A's CPU seconds are not all recorded, naming what to move aside."""
+    stage = f"fit_{tag(seed, GRPO)}"
+    return SystemExit(
+        f"decisive: {ledger_path(run_dir, stage)} does not hold every attempt of {tag(seed, GRPO)}'s fit "
+        f"(an attempt was killed with the experiment), so B's CPU budget is unknown; move "
+        f"{run_dir / 'arms' / tag(seed, GRPO)}, {run_dir / 'checkpoints' / tag(seed, GRPO)}, that ledger "
+        f"and {running_marker(run_dir, stage)} aside and rerun"
+    )
+
+
 def grpo_cpu_seconds(run_dir: Path, seed: int) -> float:
     """B's budget, :func:`recorded_grpo_cpu_seconds`; exits with one line when it is unknown."""
     seconds = recorded_grpo_cpu_seconds(run_dir, seed)
     if seconds is None:
-        stage = f"fit_{tag(seed, GRPO)}"
-        raise SystemExit(
-            f"decisive: {ledger_path(run_dir, stage)} does not hold every attempt of {tag(seed, GRPO)}'s fit "
-            f"(an attempt was killed with the experiment), so B's CPU budget is unknown; move "
-            f"{run_dir / 'arms' / tag(seed, GRPO)}, {run_dir / 'checkpoints' / tag(seed, GRPO)}, that ledger "
-            f"and {running_marker(run_dir, stage)} aside and rerun"
-        )
+        raise budget_unknown(run_dir, seed)
     return seconds
 
 
@@ -145,11 +150,11 @@ class Decisive(Experiment):
 
     def grpo_arm(self, seed: int, arm: str) -> None:
         """A's fit (:meth:`control_arms.Experiment.grpo_arm`), refused before it starts when an earlier
-        attempt went unrecorded (B's budget would then be unknown, see :func:`grpo_cpu_seconds`)."""
+        attempt went unrecorded (B's budget would then be unknown, :func:`budget_unknown`)."""
         name = tag(seed, arm)
         if not (self.args.reuse and adapter_done(self.run_dir / "arms" / name / "adapter")) \
                 and unrecorded_attempt(self.run_dir, f"fit_{name}"):
-            grpo_cpu_seconds(self.run_dir, seed)  # exits with the line that says what to move aside
+            raise budget_unknown(self.run_dir, seed)
         super().grpo_arm(seed, arm)
 
     def continued_sft(self, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -30,12 +30,13 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from memalpha.lab.compute import children_cpu_s
+
 
 def process_cpu_s() -> float:
     """User plus system CPU seconds of this process and its finished (waited-for) children."""
     own = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime + children_cpu_s()
 
 
 class CpuBudget(Callback):
@@ -53,10 +54,6 @@ class CpuBudget(Callback):
         """CPU seconds the run has spent: its earlier processes' plus this one's."""
         return self.earlier_s + process_cpu_s()
 
-    @property
-    def state_key(self) -> str:
-        return "CpuBudget"
-
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         spent = self.spent_s()
@@ -70,8 +67,8 @@ class CpuBudget(Callback):
         return {"spent_s": self.spent_s(), "seconds": self.seconds}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        saved = state_dict.get("seconds")
-        if saved is not None and abs(float(saved) - self.seconds) > 1e-6:
+        saved = state_dict["seconds"]
+        if abs(float(saved) - self.seconds) > 1e-6:
             raise ValueError(f"CpuBudget: the checkpoint was saved with a budget of {saved} CPU s, this run "
                              f"has {self.seconds}; resume with the same budget")
         self.earlier_s = float(state_dict["spent_s"])
