@@ -1,10 +1,14 @@
-"""experiments/gpu/gpu_check.sh on the CPU: its stage limits fit one device call with room to rerun, and its
+"""experiments/gpu/gpu_check.sh on the CPU: its stage limits fit one device call with room to rerun, its
 stage logic (the CUDA line first, the tree check, each stage's limit, the summary, the packing into
-$OUT) runs in a dry run and with a stage that outlives its limit."""
+$OUT) runs in a dry run and with a stage that outlives its limit, and it runs a real stage (the fit's
+``--tiny`` form) as the device machine starts it: from a copy of the tracked files, no ``PYTHON``, the
+``python3`` on the path, the copy first on ``PYTHONPATH`` (what ``.device/env.sh`` sets there)."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -19,6 +23,7 @@ TRANSFER_S = 60  # sending the tree and .device, bringing $OUT back
 
 
 def check(*args: str, **env: str) -> subprocess.CompletedProcess:
+    """The script run from this checkout with this interpreter as ``PYTHON``."""
     environment = {key: value for key, value in os.environ.items() if key != "OUT"}
     environment.update(PYTHON=sys.executable, **env)
     return subprocess.run(
@@ -83,3 +88,37 @@ def test_a_stage_past_its_limit_is_stopped_and_the_next_one_runs(tmp_path):
 def test_an_unknown_argument_or_stage_is_refused():
     assert check("--fast").returncode == 2
     assert check("--print-budget", GPU_CHECK_STAGES="fit nope").returncode != 0
+
+
+def test_from_a_fresh_copy_the_check_runs_its_stages_from_the_repository_root(tmp_path):
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    copy = tmp_path / "repo"
+    for name in listed.decode().split("\0"):
+        if name and (ROOT / name).is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, copy / name)
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (shim / "python3").chmod(0o755)
+    environment = {key: value for key, value in os.environ.items() if key not in ("OUT", "PYTHON")}
+    environment.update(
+        PATH=f"{shim}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(copy), GPU_CHECK_STAGES="fit"
+    )
+    done = subprocess.run(
+        ["bash", "experiments/gpu/gpu_check.sh", "--allow-dirty", "--tiny"],  # a copy has no commit
+        cwd=copy,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    results = copy / "experiments" / "results" / "gpu"
+    log = (results / "fit.log").read_text() if (results / "fit.log").exists() else ""
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split("\t") for line in (results / "stages.tsv").read_text().splitlines()[1:]]
+    assert [(r[0], r[1]) for r in rows] == [("fit", "0")], done.stdout + log
+    report = json.loads((results / "gpu_fit_check.json").read_text())
+    assert report["status"] == "ok" and report["tiny"] is True and report["global_step"] == 2
+    assert report["record"]["allow_dirty"] is True

@@ -28,15 +28,16 @@
 #   decode_compiled (only when named) the cuda-graph step compiled by inductor before each capture, 8 rows
 #                  after 6,144-token prompts, 512 new tokens (3 widths, each compiled)        issue 37 item 2
 #
-#   bash experiments/gpu/gpu_check.sh [--allow-dirty] [--dry-run] [--print-budget]
+#   bash experiments/gpu/gpu_check.sh [--allow-dirty] [--dry-run] [--print-budget] [--tiny]
 #     --dry-run       every check and stage's bookkeeping, each stage's command printed, not run
 #     --print-budget  the stages' limits and the fixed costs as TSV, and the total against BUDGET_S
+#     --tiny          a rehearsal on any machine: the fit stage in its CPU form (gpu_fit_check.py --tiny)
 #
 # Results go to experiments/results/gpu/ (GPU_CHECK_RESULTS). Where $OUT is set (the device tool's folder
 # that comes back, at most 8 files), every stage's end also packs that folder into $OUT/gpu_results.tgz,
 # so a call killed at its limit still returns the stages that finished.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."  # the repository root: .device/, .venv and every stage's path are relative to it
 
 RESULTS=${GPU_CHECK_RESULTS:-experiments/results/gpu}
 # The decoding measurement that decides issue 37: the cuda-graph sampler (length-bucketed attention)
@@ -61,13 +62,14 @@ BUDGET_S=480 # 8 minutes: the whole run, well under one 600-second call
 # GPU_CHECK_LIMITS="fit=300 decode=1" overrides limits (a slower card; tests/test_gpu_check.py)
 for pair in ${GPU_CHECK_LIMITS:-}; do LIMIT[${pair%%=*}]=${pair#*=}; done
 
-ALLOW_DIRTY="" DRY_RUN="" PRINT_BUDGET=""
+ALLOW_DIRTY="" DRY_RUN="" PRINT_BUDGET="" TINY=""
 for arg in "$@"; do
   case $arg in
     --allow-dirty) ALLOW_DIRTY=--allow-dirty ;;
     --dry-run) DRY_RUN=1 ;;
     --print-budget) PRINT_BUDGET=1 ;;
-    *) echo "unknown argument $arg (choose from: --allow-dirty --dry-run --print-budget)"; exit 2 ;;
+    --tiny) TINY=--tiny ;;
+    *) echo "unknown argument $arg (choose from: --allow-dirty --dry-run --print-budget --tiny)"; exit 2 ;;
   esac
 done
 STAGES=${GPU_CHECK_STAGES:-$DEFAULT_STAGES}
@@ -118,7 +120,7 @@ printf 'stage\texit\tseconds\tlimit\n' > "$RESULTS/stages.tsv"
 for stage in $STAGES; do
   case $stage in
     fit) run_stage fit "$PY" experiments/gpu/gpu_fit_check.py --tokenizer "$TOKENIZER" --chunks 1 \
-           --out "$RESULTS/gpu_fit_check.json" ;;
+           --out "$RESULTS/gpu_fit_check.json" $TINY ;;
     decode) run_stage decode "$PY" $DECODE_CMD ;;
     decode_hf) run_stage decode_hf "$PY" $DECODE_HF_CMD ;;
     decode_compiled) run_stage decode_compiled "$PY" $DECODE_COMPILED_CMD ;;
