@@ -752,3 +752,31 @@ def test_a_failed_capture_warns_and_runs_eagerly_unless_strict():
     assert len(calls) == 2
     with pytest.raises((RuntimeError, AssertionError)):
         graph_decode.ReplayedStep(step, capture=True)()
+
+
+def test_a_capture_warm_up_at_a_chunks_last_slot_stays_in_bounds(peaked_policy):
+    """The warm-up before a capture really runs the step (twice): each run starts from the state
+    the real step will find, so a step that is the last of its chunk of host reads (a width's first
+    step can be, for prompts of any length) writes no history slot past the chunk's. Run here on
+    the CPU, where an index past the end raises, as on the GPU it fails a device-side assert that
+    ends the process's CUDA context (the fit of configs/qlora_4090.yaml on an H200 did)."""
+    model, tokenizer = peaked_policy
+    decoder, head, config = split_decoder_and_head(model.eval())
+    batch = pad_prompt_response(PROMPTS, [[] for _ in PROMPTS], tokenizer.pad_token_id)
+    with torch.no_grad(), folded_adapters(model, quantised=True):
+        fixed = graph_decode.FixedStep(decoder, head, config, batch, max_new_tokens=3, bucket_columns=4)
+        fixed.prefill_columns()
+        sampler = graph_decode.InGraphSampler(fixed, graph_decode.Sampling(True), [NEVER], chunk=3)
+        sampler.begin()
+        for _ in range(2):
+            sampler.step(fixed.width())
+            fixed.filled += 1
+        assert int(sampler.slot) == 2 and int(fixed.column) == fixed.capacity - 2  # the last step's
+        width = fixed.width()
+        before = [tensor.clone() for tensor in sampler.state()]
+        step = graph_decode.ReplayedStep(lambda: sampler.step(width), capture=False, state=sampler.state())
+        step.warm_up()
+        for tensor, copy in zip(sampler.state(), before):
+            assert torch.equal(tensor, copy)
+        step()  # the real step, at the same slot and column
+        assert int(sampler.slot) == 3 and int(fixed.column) == fixed.capacity - 1

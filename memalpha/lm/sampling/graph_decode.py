@@ -277,8 +277,10 @@ class ReplayedStep:
     warm-up runs really execute ``step``: it must be idempotent for buffers that do not change
     between calls (a step writing its cache column is: it writes the same values again), and
     the buffers it advances itself (``state``: the in-graph sampler's tokens, positions and
-    counters) are copied before the warm-up and put back after it, so the replay that follows
-    the capture is the step's first real run.
+    counters) are copied before the warm-up and put back after every warm-up run, so each run
+    starts where the real step will (a second run from the advanced state would write one
+    history slot or cache column past the step's own: out of bounds when the step is a chunk's
+    last or the cache's last) and the replay that follows the capture is the step's first real run.
     ``capture=None`` captures and, if capture fails, warns and runs eagerly (``captured`` says
     which); ``capture=True`` lets the failure raise."""
 
@@ -304,20 +306,27 @@ class ReplayedStep:
         self.graph.replay()
         return self.output
 
+    def warm_up(self) -> None:
+        """Run ``step`` ``warmup`` times, each from the ``state`` it found (put back after every
+        run, also when one raises): the runs write only the slots and columns the real step will."""
+        saved = [tensor.clone() for tensor in self.state]
+        for _ in range(self.warmup):
+            try:
+                self.step()
+            finally:
+                for tensor, copy in zip(self.state, saved):
+                    tensor.copy_(copy)
+
     def _record(self) -> None:
         start = time.perf_counter()
         try:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
-            saved = [tensor.clone() for tensor in self.state]
             try:
                 with torch.cuda.stream(side):
-                    for _ in range(self.warmup):
-                        self.step()
+                    self.warm_up()
             finally:
                 torch.cuda.current_stream().wait_stream(side)
-                for tensor, copy in zip(self.state, saved):
-                    tensor.copy_(copy)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 output = self.step()
