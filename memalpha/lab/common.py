@@ -14,7 +14,6 @@ import json
 import os
 import platform
 import resource
-import subprocess
 import sys
 import threading
 import time
@@ -23,23 +22,23 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Self
 
+from memalpha.lab import tree_state
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "experiments" / "results"
 
 
-def git_commit(repo: Path = REPO_ROOT) -> dict[str, Any]:
-    """``{"commit": sha or None, "dirty": bool or None}`` of the checkout holding the benchmark."""
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=repo, capture_output=True, text=True, timeout=10, check=True,
-        ).stdout
-        return {"commit": sha, "dirty": bool(status.strip())}
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
+def commit_state(repo: Path = REPO_ROOT) -> dict[str, Any]:
+    """``{"commit": sha or None, "dirty": bool or None}`` of the checkout holding the benchmark: the
+    state ``experiments/gpu/gpu_check.sh`` checked once at its start where it set
+    :data:`~memalpha.lab.tree_state.STATE_ENV`, else git's, else the stamp's of a copy carried
+    without ``.git`` (:func:`~memalpha.lab.tree_state.tree_state`)."""
+    shared = os.environ.get(tree_state.STATE_ENV)
+    if shared and Path(shared).is_file():
+        state = json.loads(Path(shared).read_text(encoding="utf-8"))
+    else:
+        state = tree_state.tree_state(repo)
+    return {"commit": state["commit"], "dirty": state["dirty"]}
 
 
 def load_average() -> list[float] | None:
@@ -63,7 +62,7 @@ def machine_info() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "load_average": load_average(),
         "cuda": torch.cuda.is_available(),
-        **git_commit(),
+        **commit_state(),
     }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)

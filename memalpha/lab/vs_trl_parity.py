@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from memalpha.lab import parity as _parity
-from memalpha.lab.common import git_commit, print_table, write_json
+from memalpha.lab.common import commit_state, print_table, write_json
 from memalpha.lab.vs_trl_job import BenchSettings
 from memalpha.lab.vs_trl_options import PARITY_OUT, names
 from memalpha.lab.vs_trl_report import TABLE_HEADERS, ratios, summarise, table_rows
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace, settings: BenchSettings, extra: dict[str, Any]
     def run_one(arm: str, seed: int) -> dict[str, Any]:
         seeded = replace(settings, seed=seed)
         done = run_child(arm, seeded, args.timeout)
-        done.update(settings=asdict(seeded), code=git_commit())
+        done.update(settings=asdict(seeded), code=commit_state())
         return done
 
     log(f"settings digest {digest}, runs in {runs_dir}")
