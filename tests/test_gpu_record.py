@@ -309,3 +309,18 @@ def test_threads_are_left_behind_by_no_phase():
     with clock.phase("x"):
         pass
     assert "mem-get-info-poller" not in {t.name for t in threading.enumerate()} - before
+
+
+def test_the_check_command_reads_a_stamp_before_git_when_given_one(repo, tmp_path, capsys):
+    stamp = tmp_path / "tree.json"
+    assert tree_state.main(["--repo", str(repo), "stamp", "--out", str(stamp)]) == 0
+    stamped = json.loads(stamp.read_text())["commit"]
+    (repo / "a.py").write_text("x = 2\n")
+    git(repo, "commit", "-q", "-am", "later")  # git now names another commit than the stamp
+    out = tmp_path / "state.json"
+    assert tree_state.main(["--repo", str(repo), "check", "--stamp", str(stamp), "--out", str(out)]) == 3
+    assert "a.py" in capsys.readouterr().err  # the file differs from the stamped commit's
+    git(repo, "checkout", "-q", "HEAD~1", "--", "a.py")
+    assert tree_state.main(["--repo", str(repo), "check", "--stamp", str(stamp), "--out", str(out)]) == 0
+    state = json.loads(out.read_text())
+    assert state["commit"] == stamped and state["source"] == "stamp" and state["dirty"] is False

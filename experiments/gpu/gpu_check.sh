@@ -96,7 +96,11 @@ TOKENIZER=${MEMALPHA_TOKENIZER:-$( [ -d .device/tok ] && echo .device/tok || ech
 if [ "${PIPESTATUS[0]}" = 1 ] && [ -z "${GPU_CHECK_IGNORE_CUDA:-}" ]; then
   echo "stopping: the 4-bit stages cannot load this bitsandbytes (GPU_CHECK_IGNORE_CUDA=1 runs them)"; exit 4
 fi
-"$PY" -m memalpha.lab.tree_state check $ALLOW_DIRTY --out "$RESULTS/tree.json" || exit 3
+# the pack's stamp, not git, where .device/ came with the copy: the device tool's copy can carry a .git
+# of another commit than the files (seen on 2026-11-28: HEAD of the session's start, every later commit
+# "uncommitted"); the stamp hashes every tracked file against the commit the pack was made for
+STAMP_ARG=$( [ -f .device/tree.json ] && echo "--stamp .device/tree.json" )
+"$PY" -m memalpha.lab.tree_state check $ALLOW_DIRTY $STAMP_ARG --out "$RESULTS/tree.json" || exit 3
 export MEMALPHA_TREE_STATE=$RESULTS/tree.json  # the stages record this state, checked once here
 
 run_stage() {  # name, command...: its own limit, its log beside its JSON, its exit status in the summary

@@ -167,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument(
         "--out", type=Path, default=None, help="write the state here (for MEMALPHA_TREE_STATE)"
     )
+    check.add_argument(
+        "--stamp", type=Path, default=None,
+        help="check the files against this stamp, not git (a carried copy's .git can be another commit's)",
+    )
     parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the checkout (default: this one)")
     args = parser.parse_args(argv)
     if args.command == "stamp":
@@ -176,7 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         flag = " (dirty: commit first, or the device run will refuse)" if data["dirty"] else ""
         print(f"stamped {data['commit'][:10]}, {len(data['files'])} files -> {args.out}{flag}")
         return 0
-    state = {**tree_state(args.repo), "allow_dirty": args.allow_dirty}
+    if args.stamp is not None:
+        state = from_stamp(json.loads(args.stamp.read_text(encoding="utf-8")), args.repo)
+    else:
+        state = tree_state(args.repo)
+    state["allow_dirty"] = args.allow_dirty
     line = refusal(state)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
