@@ -8,12 +8,12 @@ block that fits though the free bytes would: run 1 of the 24 GiB recipe died out
 shrink by mapping pages, so freed memory is reusable whatever the sizes.
 
 The allocator reads its settings from the environment when CUDA initialises, once per process,
-so they must be set before the first CUDA call. :func:`prefer_expandable_segments` runs when the
-``memalpha`` package is imported (``memalpha/__init__.py``), before any memalpha command, trainer,
-sampler or experiment touches CUDA: the single place for every way memalpha starts a CUDA run. A
-user who set an allocator configuration (any of :data:`SETTINGS`) keeps it unchanged; one who
-wants the plain caching allocator back sets ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False``.
-A process that initialised CUDA before importing memalpha keeps the allocator it has.
+so they must be set before the first CUDA call. :func:`prefer_expandable_segments` is called where
+a process starts, before anything touches CUDA: the ``memalpha`` command's entry point
+(``memalpha/cli.py``) and the GPU experiments' ``main``. Importing memalpha changes no environment
+variable: a program that imports it as a library chooses its own allocator. A user who set an
+allocator configuration (any of :data:`SETTINGS`) keeps it unchanged; one who wants the plain
+caching allocator back sets ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False``.
 """
 
 from __future__ import annotations

@@ -98,7 +98,11 @@ def run(argv: list[str] | None = None):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: returns nothing, so the process exits 0 on success."""
+    """Console entry point: returns nothing, so the process exits 0 on success. The CUDA
+    allocator's setting is made here, before anything touches CUDA (memalpha/allocator.py)."""
+    from memalpha.allocator import prefer_expandable_segments
+
+    prefer_expandable_segments()
     run(argv)
 
 

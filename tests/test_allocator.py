@@ -1,5 +1,6 @@
-"""The CUDA allocator's expandable segments: set by ``import memalpha`` when the user set no
-allocator configuration, left alone when they did (issue 37, item 3)."""
+"""The CUDA allocator's expandable segments: set where the ``memalpha`` command starts when the user
+set no allocator configuration, left alone when they did (issue 37, item 3); importing memalpha sets
+nothing (issue 45, item 3)."""
 
 from __future__ import annotations
 
@@ -25,18 +26,28 @@ def test_left_alone_when_the_user_set_any_allocator_configuration(name):
     assert environ == {name: "max_split_size_mb:128"}
 
 
-def allocator_setting_after_import(**preset: str) -> str:
-    """``PYTORCH_CUDA_ALLOC_CONF`` in a fresh interpreter after ``import memalpha``, its
-    environment cleared of allocator settings but ``preset``; and whether CUDA was initialised
-    by then (it must not be: the allocator reads the setting when CUDA initialises)."""
+def allocator_setting_after(script: str, **preset: str) -> str:
+    """``PYTORCH_CUDA_ALLOC_CONF`` in a fresh interpreter after ``script``, its environment cleared
+    of allocator settings but ``preset``; and whether CUDA was initialised by then (it must not be:
+    the allocator reads the setting when CUDA initialises)."""
     env = {key: value for key, value in os.environ.items() if key not in SETTINGS} | preset
-    script = ("import os, sys, memalpha; torch = sys.modules.get('torch');"
+    report = ("import os, sys; torch = sys.modules.get('torch');"
               "print(os.environ.get('PYTORCH_CUDA_ALLOC_CONF'), bool(torch and torch.cuda.is_initialized()))")
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, "-c", f"{script}\n{report}"], env=env, capture_output=True,
+                          text=True, check=True)
     return done.stdout.strip()
 
 
-def test_import_memalpha_sets_it_before_cuda_initialises_and_keeps_the_users():
-    assert allocator_setting_after_import() == f"{EXPANDABLE} False"
-    assert allocator_setting_after_import(PYTORCH_CUDA_ALLOC_CONF="backend:native") == "backend:native False"
-    assert allocator_setting_after_import(PYTORCH_ALLOC_CONF="backend:native") == "None False"
+def test_importing_memalpha_changes_no_environment_variable():
+    script = "import os; before = dict(os.environ); import memalpha, memalpha.cli; assert dict(os.environ) == before"
+    assert allocator_setting_after(script) == "None False"
+
+
+ENTRY = "import memalpha.cli as cli; cli.run = lambda argv: None; cli.main([])"
+"""The console entry point with the command itself replaced: what it does before any command runs."""
+
+
+def test_the_command_sets_it_before_cuda_initialises_and_keeps_the_users():
+    assert allocator_setting_after(ENTRY) == f"{EXPANDABLE} False"
+    assert allocator_setting_after(ENTRY, PYTORCH_CUDA_ALLOC_CONF="backend:native") == "backend:native False"
+    assert allocator_setting_after(ENTRY, PYTORCH_ALLOC_CONF="backend:native") == "None False"

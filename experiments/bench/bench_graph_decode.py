@@ -68,6 +68,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 from hf_static_decode import run_hf_static
 
+from memalpha.allocator import prefer_expandable_segments
 from memalpha.lab.common import command_line, machine_info, print_table, write_json
 from memalpha.lm.core.folded_lora import is_four_bit
 from memalpha.lm.core.layout import pad_prompt_response
@@ -554,4 +555,5 @@ def main(argv=None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    prefer_expandable_segments()  # before anything touches CUDA (memalpha/allocator.py)
     main()

@@ -52,6 +52,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 
+from memalpha.allocator import prefer_expandable_segments
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import build_optimizer
 from memalpha.lab.common import (
@@ -446,4 +447,5 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    prefer_expandable_segments()  # before anything touches CUDA (memalpha/allocator.py)
     main()

@@ -41,6 +41,7 @@ import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
 
+from memalpha.allocator import prefer_expandable_segments
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.lab.common import RESULTS_DIR, command_line, machine_info, print_table, write_json
 from memalpha.lab.gpu_record import GpuRecord, add_arguments
@@ -324,4 +325,5 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    prefer_expandable_segments()  # before anything touches CUDA (memalpha/allocator.py)
     main()
