@@ -236,3 +236,22 @@ def test_sign_rewarded_token_becomes_more_likely(small_vocab_model_dir, tokenize
 def test_sign_penalised_token_becomes_less_likely(small_vocab_model_dir, tokenizer):
     before, after = _grpo_run(small_vocab_model_dir, tokenizer, reward_sign=-1)
     assert after < 0.5 * before, (before, after)
+
+
+def test_a_kl_coefficient_without_reference_logprobs_is_an_error_not_a_silent_zero():
+    """micro_batch_loss passes the setting's coefficient as it is: a batch that lost its reference
+    log-probs under kl_coef > 0 stops the update instead of training without the penalty."""
+    from memalpha.grpo.batch import GRPOBatch
+    from memalpha.grpo.settings import UpdateSettings
+    from memalpha.grpo.update import micro_batch_loss
+
+    logps = _logps()
+    rows = [logps[i, : int(MASK[i].sum())].detach() for i in range(logps.shape[0])]
+    batch = GRPOBatch(prompt_ids=[[1]] * len(rows), response_ids=[[2] * len(r) for r in rows],
+                      advantages=ADV, old_logps=rows, ref_logps=None)
+    common = {"token_normaliser": float(MASK.sum()), "seq_normaliser": float(len(rows)),
+              "max_response_len": logps.shape[1]}
+    with pytest.raises(ValueError, match="kl_coef is 0.1 but the batch has no reference log-probs"):
+        micro_batch_loss(logps, None, batch, UpdateSettings(kl_coef=0.1), **common)
+    out, _ = micro_batch_loss(logps, None, batch, UpdateSettings(kl_coef=0.0), **common)
+    assert torch.isfinite(out.loss)

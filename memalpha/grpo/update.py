@@ -115,8 +115,9 @@ def micro_batch_loss(
     """The clipped GRPO loss of one micro-batch whose policy log-probs (``[B, T]``, response
     columns) are ``logps``: the sampling and reference log-probs of ``batch`` padded to ``T``,
     the mini-batch's global normaliser for ``settings.loss_agg`` (so the micro-batch losses add
-    up to the mini-batch's), the KL term only when ``batch`` has reference log-probs. Returns
-    the loss and the response mask it used."""
+    up to the mini-batch's), the KL term at ``settings.kl_coef`` (a ``batch`` without reference
+    log-probs under a coefficient above 0 is an error, never a silent 0). Returns the loss and the
+    response mask it used."""
     width = logps.shape[1]
     mask = response_mask_of([len(r) for r in batch.response_ids], width, logps.device, logps.dtype)
     old = None if batch.old_logps is None else pad_rows(batch.old_logps, width, logps.device, logps.dtype)
@@ -130,7 +131,7 @@ def micro_batch_loss(
         clip_low=settings.clip_low,
         clip_high=settings.clip_high,
         clip_ratio_c=settings.clip_ratio_c,
-        kl_coef=settings.kl_coef if ref is not None else 0.0,
+        kl_coef=settings.kl_coef,  # above 0 without reference log-probs: policy_loss refuses it
         agg=settings.loss_agg,
         token_normaliser=token_normaliser if settings.loss_agg == "token-mean" else seq_normaliser,
         max_len=max_response_len,
