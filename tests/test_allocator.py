@@ -39,7 +39,8 @@ def allocator_setting_after(script: str, **preset: str) -> str:
 
 
 def test_importing_memalpha_changes_no_environment_variable():
-    script = "import os; before = dict(os.environ); import memalpha, memalpha.cli; assert dict(os.environ) == before"
+    script = ("import os; before = dict(os.environ); import memalpha, memalpha.cli;"
+              "assert dict(os.environ) == before")
     assert allocator_setting_after(script) == "None False"
 
 

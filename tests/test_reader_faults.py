@@ -1,8 +1,9 @@
-"""A failing reader or judge never crashes a run: the ``openai`` reader against the loopback server
-(serving the tiny random model) with faults injected: HTTP errors, timeouts, malformed replies,
-refused connections, a server that dies mid-round and comes back. Each failed question scores 0
-and is counted; retries back off; the API key never reaches a file of the run. Whether a round
-with failed answers is trained on is ``reader.max_failed_share``'s (tests/test_step_faults.py)."""
+"""A remote reader's transport failures fail only their questions: the ``openai`` reader against the
+loopback server (serving the tiny random model) with faults injected: HTTP 5xx, timeouts, malformed
+replies, refused connections, a server that dies mid-round and comes back. Each failed question
+scores 0 and is counted; retries back off; the API key never reaches a file of the run. A request
+the server refuses itself (a 4xx) stops with one line instead. Whether a round with failed answers
+is trained on, or a validation valid, is ``reader.max_failed_share``'s (tests/test_step_faults.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from memalpha.data.schema import QA, Instance
 from memalpha.lm.core.http_post import backoff_delay
 from memalpha.memory.store import SEMANTIC, Memory
 from memalpha.reader.local import LocalReader
-from memalpha.reader.openai_compat import OpenAIReader
+from memalpha.reader.openai_compat import OpenAIReader, ReaderRequestRefused
 from memalpha.reader.options import OpenAISettings
 from memalpha.reader.server import ChatCompletionServer
 from memalpha.reader.settings import ReaderSettings
@@ -176,11 +177,12 @@ def test_a_fault_fails_only_its_question_and_a_retry_recovers(server, fault):
     assert [a.text for a in recovered] == clean  # greedy: the retried question got its own reply
 
 
-def test_a_client_error_is_not_retried(server):
+def test_a_client_error_is_not_retried_and_stops_with_one_line(server):
     reader = client(server, max_retries=3, extra_body={"n": 2})
-    answer = reader.answer(memory_items(1))[0]
-    assert not answer.ok and "HTTP 400" in answer.error
-    assert server.requests_seen == 1
+    with pytest.raises(ReaderRequestRefused, match="refused a request: HTTP 400") as refused:
+        reader.answer(memory_items(1))
+    assert "\n" not in str(refused.value) and "model.reader.openai" in str(refused.value)
+    assert server.requests_seen == 1 and reader.failures == 0
 
 
 def test_nobody_listening_fails_every_question_without_raising():
@@ -219,8 +221,9 @@ def test_the_server_refuses_a_request_without_its_api_key(tiny_model, tokenizer,
     key = "sk-test-" + secrets.token_hex(8)
     with ChatCompletionServer(LocalReader(tiny_model, tokenizer, max_new_tokens=4), api_key=key) as srv:
         monkeypatch.delenv(KEY_ENV, raising=False)
-        without = client(srv, max_retries=2).answer(memory_items(1))[0]
-        assert not without.ok and "HTTP 401" in without.error  # not retried: a missing key stays missing
+        without = client(srv, max_retries=2)
+        with pytest.raises(ReaderRequestRefused, match="HTTP 401"):  # not retried: a missing key stays so
+            without.answer(memory_items(1))
         monkeypatch.setenv(KEY_ENV, key)
         assert client(srv).answer(memory_items(1))[0].ok
 

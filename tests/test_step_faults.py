@@ -11,6 +11,7 @@ call (the policy's sampler, the reader's generate, the reference log-probs, the 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import random
 from pathlib import Path
@@ -136,7 +137,7 @@ def test_the_local_reader_raises_out_of_memory_instead_of_failing_its_items(
     assert reader.failures == 0
 
 
-def test_any_reader_backend_lets_out_of_memory_through_and_fails_items_on_other_errors():
+def test_whatever_a_reader_backend_raises_propagates_and_is_never_a_failed_answer():
     class Backend(Reader):
         error: Exception
 
@@ -147,11 +148,26 @@ def test_any_reader_backend_lets_out_of_memory_through_and_fails_items_on_other_
             return len(text.split())
 
     reader = Backend()
-    reader.error = RuntimeError("socket closed")
-    assert reader.complete(["q"]) == [ReaderAnswer("", False, "RuntimeError: socket closed")]
-    reader.error = gpu_out_of_memory()
-    with pytest.raises(torch.OutOfMemoryError):
-        reader.complete(["q"])
+    for error in (TypeError("a bug of our own"), RuntimeError("socket closed"), gpu_out_of_memory()):
+        reader.error = error
+        with pytest.raises(type(error)):
+            reader.complete(["q"])
+    assert reader.failures == 0
+
+
+def test_a_bug_in_the_local_readers_decoding_stops_instead_of_scoring_zero(
+    tiny_model_dir, tokenizer, monkeypatch
+):
+    from transformers import AutoModelForCausalLM
+
+    def broken(*args, **kwargs):
+        raise TypeError("generate() got an unexpected keyword argument 'x'")
+
+    monkeypatch.setattr(generation, "generate", broken)
+    reader = LocalReader(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tokenizer, max_new_tokens=4)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        reader.complete(["What is the capital of Norway?"])
+    assert reader.failures == 0
 
 
 # ------------------------------------------------------------ a real fit, a fault in each phase
@@ -279,3 +295,27 @@ def test_a_reader_that_stays_down_stops_a_skipping_run(tmp_path, tiny_model_dir,
     with pytest.raises(ReaderFailureError, match=f"{MAX_SKIPPED_ROUNDS_IN_A_ROW} rounds in a row skipped"):
         fit(module, data, FaultPlan({}), monkeypatch, tmp_path, max_steps=5)
     assert len(calls) == MAX_SKIPPED_ROUNDS_IN_A_ROW
+
+
+def dead_reader_options() -> list[str]:
+    """The openai reader pointed at a port nobody listens on, without retries: every answer fails."""
+    from test_reader_faults import free_port
+
+    return [
+        "--model.reader.kind", "openai",
+        "--model.reader.openai.base_url", f"http://127.0.0.1:{free_port()}/v1",
+        "--model.reader.openai.max_retries", "0",
+    ]
+
+
+def test_validate_against_a_dead_reader_exits_nonzero_and_its_report_says_invalid(tmp_path, tiny_model_dir):
+    config = write_config(tmp_path, tiny_model_dir)
+    with pytest.raises(SystemExit) as stopped:
+        main(["validate", "--config", str(config), *dead_reader_options()])
+    message = str(stopped.value.code)
+    assert message.startswith("memalpha validate: error: validation at global step 0: 4 of 4 reader answers"
+                              " failed (100%, over model.reader.max_failed_share=0.1)"), message
+    assert "\n" not in message and "not valid" in message
+    [report] = (tmp_path / "run").rglob("validation.json")
+    summary = json.loads(report.read_text())["summary"]
+    assert summary["invalid"].startswith("validation at global step 0: 4 of 4")

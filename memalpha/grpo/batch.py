@@ -30,7 +30,8 @@ class GRPOBatch:
         advantages: ``[B]`` float tensor of group-relative advantages.
         old_logps: ``B`` float tensors (one per response, its length) of the sampling policy's
             log-probs, or None: the ratio is taken on-policy (one optimiser step per round).
-        ref_logps: ``B`` float tensors of the reference's log-probs, or None: no KL term (``kl_coef`` must be 0).
+        ref_logps: ``B`` float tensors of the reference's log-probs, or None: no KL term
+            (``kl_coef`` must be 0).
     """
 
     prompt_ids: list[list[int]]

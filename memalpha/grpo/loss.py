@@ -104,7 +104,7 @@ def policy_loss(
             f"{tuple(logps.shape)} and {tuple(response_mask.shape)}"
         )
     if kl_coef != 0.0 and ref_logps is None:
-        raise ValueError(f"kl_coef is {kl_coef:g} but the batch has no reference log-probs (ref_logps is None)")
+        raise ValueError(f"kl_coef is {kl_coef:g} but the batch has no reference log-probs (ref_logps None)")
     if clip_ratio_c is not None and not clip_ratio_c > 1.0:
         raise ValueError(f"clip_ratio_c must be > 1 (or None: off), got {clip_ratio_c}")
     if agg == "seq-mean-token-sum-norm" and (max_len is None or max_len <= 0):

@@ -18,12 +18,14 @@ out) and token counting.
 temperature or reply length than the reader's own settings (the r4 content judge's official
 0.1 and 512 tokens); every other call samples with the reader's settings.
 
-Failures never raise out of :meth:`Reader.answer` or :meth:`Reader.complete`: a failed
-item comes back as ``ReaderAnswer(text="", ok=False, error=...)``, is counted in
-:attr:`Reader.failures` and logged; the metrics score it 0, and a training round with more than
-``reader.max_failed_share`` of its answers failed is not trained on
-(:mod:`memalpha.train.step_faults`). Running out of memory is the exception: it is raised, so
-that the run stops naming the phase instead of scoring every later question 0.
+A fault is never a score. The one failure a backend may return instead of raising is a remote
+reader's transport failure after its retries (:mod:`memalpha.reader.openai_compat`: a refused or
+dropped connection, a timeout, an HTTP 5xx or 429): that item comes back as
+``ReaderAnswer(text="", ok=False, error=...)``, is counted in :attr:`Reader.failures` and logged;
+the metrics score it 0, a training round with more than ``reader.max_failed_share`` of its answers
+failed is not trained on, and a validation over it is invalid (:mod:`memalpha.train.step_faults`).
+Anything else a backend raises (running out of memory, a refused request, a bug of our own)
+propagates out of :meth:`Reader.answer` and :meth:`Reader.complete` and stops the run.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from memalpha.lm.core.out_of_memory import is_out_of_memory
 from memalpha.memory.render import render_answer
 from memalpha.reader.options import RetrievalSettings
 from memalpha.reader.prompts import answer_messages
@@ -126,7 +127,8 @@ class Reader(ABC):
     # -- backend ------------------------------------------------------------------------
     @abstractmethod
     def chat(self, conversations: Sequence[Conversation]) -> list[ReaderAnswer]:
-        """Reply to each conversation; one :class:`ReaderAnswer` per conversation, in order.
+        """Reply to each conversation; one :class:`ReaderAnswer` per conversation, in order. Only a
+        transport failure of a remote backend may come back as a failed answer; anything else raises.
 
         A backend that can sample with other settings per call also takes a keyword
         ``sampling`` (a :class:`Sampling`); it is passed only when :meth:`complete` is given
@@ -255,18 +257,10 @@ class Reader(ABC):
     def _run(
         self, conversations: Sequence[Conversation], sampling: Sampling | None = None
     ) -> list[ReaderAnswer]:
-        try:
-            if sampling is not None and sampling.overrides:
-                answers = self.chat(conversations, sampling=sampling)  # type: ignore[call-arg]
-            else:
-                answers = self.chat(conversations)
-        except Exception as exc:  # a backend bug must not kill a training run; want of memory does
-            if is_out_of_memory(exc):
-                raise
-            logger.exception(
-                "reader backend %s failed on a batch of %d", type(self).__name__, len(conversations)
-            )
-            answers = [ReaderAnswer("", False, f"{type(exc).__name__}: {exc}") for _ in conversations]
+        if sampling is not None and sampling.overrides:
+            answers = self.chat(conversations, sampling=sampling)  # type: ignore[call-arg]
+        else:
+            answers = self.chat(conversations)
         if len(answers) != len(conversations):
             raise RuntimeError(
                 f"{type(self).__name__}.chat returned {len(answers)} "

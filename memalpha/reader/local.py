@@ -19,20 +19,16 @@ is made once per reader phase, not once per batch.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from memalpha.lm.core.modes import eval_mode
-from memalpha.lm.core.out_of_memory import is_out_of_memory
 from memalpha.lm.sampling.backend import in_process
 from memalpha.reader.base import Conversation, Reader, ReaderAnswer, Sampling
 from memalpha.reader.options import RetrievalSettings
 from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.templates.loader import PromptTemplates
-
-logger = logging.getLogger(__name__)
 
 
 def chat_prompt_text(tokenizer: Any, conversation: Conversation, enable_thinking: bool = False) -> str:
@@ -47,7 +43,8 @@ def chat_prompt_text(tokenizer: Any, conversation: Conversation, enable_thinking
 
 @dataclass
 class LocalGeneration:
-    """One local reply with its token counts (used by the HTTP server for ``usage``)."""
+    """One local reply with its token counts (used by the HTTP server for ``usage``); ``error`` is
+    set only by the server, for a generation that raised (answered as HTTP 500)."""
 
     text: str
     prompt_tokens: int
@@ -142,9 +139,8 @@ class LocalReader(Reader):
         seed: int | None = None,
         enable_thinking: bool | None = None,
     ) -> list[LocalGeneration]:
-        """Generate one reply per conversation; a failing call yields failed items, not an exception,
-        except running out of memory, which is raised
-        (:func:`~memalpha.lm.core.out_of_memory.is_out_of_memory`)."""
+        """Generate one reply per conversation. A failing call raises (running out of memory
+        included): a fault of the local reader is never a failed answer scored 0."""
         from memalpha.lm.sampling.generation import sampler_for
 
         max_new_tokens = self.max_new_tokens if max_new_tokens is None else max_new_tokens
@@ -163,23 +159,16 @@ class LocalReader(Reader):
         # longest first: batches hold similar lengths (little padding), and an OOM shows up at once
         order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
         with base_weights(self.model, self.disable_adapters):
-            try:
-                out = sampler_for(self.model, self.tokenizer, self.backend, announce_as="reader")(
-                    [prompts[i] for i in order],
-                    max_new_tokens=max_new_tokens,
-                    temperature=temperature if temperature > 0 else 1.0,
-                    top_p=top_p,
-                    top_k=0,
-                    do_sample=temperature > 0,
-                    seed=seed,
-                    batch_size=self.batch_size,
-                )
-            except Exception as exc:  # a failed call fails its items; running out of memory stops
-                if is_out_of_memory(exc):  # the next call, of the same size, would fail the same way
-                    raise
-                logger.exception("local reader generation failed for %d questions", len(prompts))
-                error = f"{type(exc).__name__}: {exc}"
-                return [LocalGeneration("", len(p), 0, False, error) for p in prompts]
+            out = sampler_for(self.model, self.tokenizer, self.backend, announce_as="reader")(
+                [prompts[i] for i in order],
+                max_new_tokens=max_new_tokens,
+                temperature=temperature if temperature > 0 else 1.0,
+                top_p=top_p,
+                top_k=0,
+                do_sample=temperature > 0,
+                seed=seed,
+                batch_size=self.batch_size,
+            )
         results: list[LocalGeneration | None] = [None] * len(prompts)
         for j, i in enumerate(order):
             response = list(out.response_ids[j])
@@ -198,5 +187,5 @@ class LocalReader(Reader):
             else {"temperature": sampling.temperature, "max_new_tokens": sampling.max_tokens}
         )
         return [
-            ReaderAnswer(g.text, g.error is None, g.error) for g in self.generate(conversations, **overrides)
+            ReaderAnswer(g.text, True, None) for g in self.generate(conversations, **overrides)
         ]

@@ -3,9 +3,11 @@
 Requests go out concurrently (``max_concurrency`` threads, stdlib HTTP only). A request
 that times out, cannot connect, loses its connection, gets a 5xx/429 reply, or returns a
 malformed body (not JSON, no ``choices``) is retried up to ``max_retries`` times, waiting
-:func:`~memalpha.lm.core.http_post.backoff_delay` before each retry; other 4xx replies are not retried. What
-still fails becomes a failed :class:`ReaderAnswer`: nothing a server does can raise out of this reader, so
-a reader outage costs a training run its scores for that while, never the run.
+:func:`~memalpha.lm.core.http_post.backoff_delay` before each retry. What still fails after the retries
+becomes a failed :class:`ReaderAnswer` (scored 0, counted against ``reader.max_failed_share``). A
+reply that refuses the request itself (a 4xx other than 429: a bad key, a model the server does not
+serve, a prompt over its context) would be refused again for every question: it raises
+:class:`ReaderRequestRefused` with one line, as does anything else that goes wrong here.
 
 The API key is read from the environment variable ``api_key_env`` at request time (never
 stored in configs); without it no ``Authorization`` header is sent, which local vLLM
@@ -31,6 +33,11 @@ from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.templates.loader import PromptTemplates
 
 logger = logging.getLogger(__name__)
+
+
+class ReaderRequestRefused(RuntimeError):
+    """The reader's server refused a request itself (a 4xx other than 429): a setting is wrong."""
+
 
 CHARS_PER_TOKEN_ESTIMATE = 3.0
 """Without a tokenizer, prompt length is estimated as characters / 3 (an overestimate for
@@ -168,10 +175,9 @@ class OpenAIReader(Reader):
                 last_error = str(exc)
                 logger.info("reader request attempt %d/%d failed: %s", attempt + 1, self.max_retries + 1, exc)
             except RefusedRequestError as exc:
-                return ReaderAnswer(text="", ok=False, error=str(exc))
-            except Exception as exc:  # anything unforeseen fails this item only
-                logger.exception("reader request to %s failed unexpectedly", self.url)
-                return ReaderAnswer(text="", ok=False, error=f"{type(exc).__name__}: {exc}")
+                raise ReaderRequestRefused(
+                    f"the reader at {self.url} refused a request: {exc} (model.reader.openai.*)"
+                ) from exc
         return ReaderAnswer(
             text="", ok=False, error=f"gave up after {self.max_retries + 1} attempts: {last_error}"
         )

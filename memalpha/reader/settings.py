@@ -48,7 +48,10 @@ class ReaderSettings:
         max_failed_share: The largest share of a training round's questions whose answer (or its
             judgement) may fail, after the reader's own retries, for the round still to be trained
             on: a failed answer scores 0, so beyond a stray failure it would teach the policy that
-            its memory was useless (0 refuses any failure, 1 trains on whatever comes back).
+            its memory was useless (0 refuses any failure, 1 trains on whatever comes back). A
+            validation over it (``memalpha validate``, ``fit``'s validation) stops with one line
+            and marks its report invalid. Only a remote reader's transport failures fail an
+            answer; any other error of a reader stops the run.
         on_failed_round: What a round over ``max_failed_share`` does: ``stop`` the run with one line
             naming the share and the first error (the last checkpoint stays as it was), or ``skip``
             the round untrained, logged as ``train/skipped_reader_rounds``; three skipped in a row

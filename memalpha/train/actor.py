@@ -37,8 +37,9 @@ def accumulate_grpo_gradients(
     """Backward the GRPO loss of one mini-batch, micro-batch by micro-batch.
 
     ``batch`` without ``old_logps`` takes the ratio on-policy; without ``ref_logps`` it needs
-    ``kl_coef`` 0 (above 0 it is an error). ``scoring`` says how the policy's log-probs are computed (the temperature sampling
-    used, the pad id, whether prefixes are shared); ``max_response_len`` is the constant
+    ``kl_coef`` 0 (above 0 it is an error). ``scoring`` says how the policy's log-probs are
+    computed (the temperature sampling used, the pad id, whether prefixes are shared);
+    ``max_response_len`` is the constant
     of the ``seq-mean-token-sum-norm`` aggregation (the response cap). The normalisers are the
     mini-batch's global response-token and sequence counts, so summing the micro-batch losses gives the
     mini-batch loss (and the order of the rows does not matter).

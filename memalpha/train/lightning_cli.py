@@ -234,13 +234,14 @@ def run_errors() -> tuple[type[BaseException], ...]:
     from memalpha.agent.rollout import RolloutError
     from memalpha.data.schema import DataValidationError
     from memalpha.grpo.update import NonFiniteTrainingError
+    from memalpha.reader.openai_compat import ReaderRequestRefused
     from memalpha.train.checkpoint_io import CheckpointWriteError
     from memalpha.train.engine_sync import SamplerDriftError, StaleSamplesError
     from memalpha.train.step_faults import ReaderFailureError, StepOutOfMemory
 
     return (
         DataValidationError, CheckpointWriteError, NonFiniteTrainingError, RolloutError, StaleSamplesError,
-        SamplerDriftError, ReaderFailureError, StepOutOfMemory,
+        SamplerDriftError, ReaderFailureError, StepOutOfMemory, ReaderRequestRefused,
     )
 
 

@@ -51,10 +51,12 @@ from memalpha.train.policy_module import PolicyModule, typed
 from memalpha.train.round_report import rollout_text
 from memalpha.train.step import Agent, Optimisation, collect_round, train_minibatch
 from memalpha.train.step_faults import (
+    ReaderFailureError,
     ReaderFailures,
     SkippedRounds,
     check_reader_failures,
     phase_out_of_memory,
+    validation_refusal,
 )
 from memalpha.train.validation_report import summarise_records, write_validation_report
 
@@ -480,20 +482,25 @@ class GRPOModule(PolicyModule):
             records = [r for part in gathered for r in part]
         summary = summarise_records(records)
         overall = summary["overall"]
-        recall = {} if overall["fact_recall"] is None else {"val/fact_recall": overall["fact_recall"]}
-        self.log_dict(
-            {
-                **recall,
-                "val/accuracy": overall["accuracy"],
-                "val/memory_tokens": overall["memory_tokens"],
-                "val/compression": overall["compression"],
-                "val/tool_success": overall["tool_success"],
-                "val/reader_failures": float(overall["reader_failures"]),
-            },
-            sync_dist=False,
-            rank_zero_only=True,
-            batch_size=max(1, overall["questions"]),
-        )
+        where = f"validation at global step {self.global_step}"
+        refusal = validation_refusal(ReaderFailures.of(records), self.reader_settings.max_failed_share, where)
+        if refusal is not None:  # a reader outage is no score: the report says so, nothing is logged
+            summary["invalid"] = refusal
+        else:
+            recall = {} if overall["fact_recall"] is None else {"val/fact_recall": overall["fact_recall"]}
+            self.log_dict(
+                {
+                    **recall,
+                    "val/accuracy": overall["accuracy"],
+                    "val/memory_tokens": overall["memory_tokens"],
+                    "val/compression": overall["compression"],
+                    "val/tool_success": overall["tool_success"],
+                    "val/reader_failures": float(overall["reader_failures"]),
+                },
+                sync_dist=False,
+                rank_zero_only=True,
+                batch_size=max(1, overall["questions"]),
+            )
         log_dir = Path(self.trainer.log_dir or ".")  # a collective under DDP: every rank must ask
         if self.global_rank == 0 and not self.trainer.sanity_checking:
             name = (
@@ -503,3 +510,5 @@ class GRPOModule(PolicyModule):
             )
             table = write_validation_report(summary, records, log_dir / name)
             self.print(table)  # through the progress bar, which moves its bars below the table
+        if refusal is not None:  # every rank: the records were gathered, so all refuse alike
+            raise ReaderFailureError(refusal)

@@ -95,6 +95,18 @@ def check_reader_failures(
     return False
 
 
+def validation_refusal(failures: ReaderFailures, max_share: float, where: str) -> str | None:
+    """The one line that makes a validation invalid (its accuracy would count a reader outage as
+    a bad memory), or None when few enough answers failed (``reader.max_failed_share``)."""
+    if failures.share <= max_share:
+        return None
+    return (
+        f"{where}: {failures.failed} of {failures.questions} reader answers failed ({failures.share:.0%},"
+        f" over reader.max_failed_share={max_share:g}): the scores are not valid and the report says so;"
+        f" first error: {failures.first_error}"
+    )
+
+
 @dataclass
 class SkippedRounds:
     """Rounds skipped in a row for their reader's failures; at :data:`MAX_SKIPPED_ROUNDS_IN_A_ROW`

@@ -116,9 +116,11 @@ def format_columns(cells: Sequence[Sequence[str]]) -> str:
 
 def write_validation_report(summary: dict[str, Any], records: Sequence[Any], path: str | Path) -> str:
     """Write the summary plus every question's prediction and score to ``path`` (atomically); return the
-    table."""
+    table. A summary with ``invalid`` (too many failed reader answers) keeps it in the JSON and ends
+    the table with it."""
     write_json_atomically(path, {"summary": summary, "records": [asdict(r) for r in records]})
-    return format_table(summary) + f"\n(written to {path})"
+    invalid = f"\nINVALID: {summary['invalid']}" if summary.get("invalid") else ""
+    return format_table(summary) + invalid + f"\n(written to {path})"
 
 
 def write_json_atomically(path: str | Path, payload: Any) -> None:
