@@ -390,7 +390,8 @@ def test_shared_prompts_prefilled_once_give_the_unshared_logits_in_float64(
 
 def test_buckets_and_shared_prompts_keep_seeded_samples_and_generates_tokens(peaked_policy):
     """Seeded samples through small buckets and shared prompts are the reference loop's; and
-    ``generate`` with backend ``cuda-graph`` (now sharing prompts) gives the growing cache's tokens."""
+    ``graph_decode.sample`` with ``generate``'s own in-graph filters and seeding (what the named
+    backend runs on CUDA) gives the growing cache's tokens."""
     model, tokenizer = peaked_policy
     prompts = PROMPTS[:2] * 2 + PROMPTS[2:]
     end = early_end_token(model, tokenizer, prompts, others_from=1, all_others=False)
@@ -399,8 +400,8 @@ def test_buckets_and_shared_prompts_keep_seeded_samples_and_generates_tokens(pea
     ours, cut = graph_sample(model, tokenizer, prompts, bucket_columns=3, **kwargs)
     theirs = generate(model, tokenizer, prompts, backend="growing-cache", **kwargs)
     assert ours == theirs.response_ids and cut == theirs.truncated
-    graph = generate(model, tokenizer, prompts, backend="cuda-graph", fold_adapters=True, **kwargs)
-    assert graph.response_ids == theirs.response_ids and graph.truncated == theirs.truncated
+    in_graph, in_graph_cut = graph_sample(model, tokenizer, prompts, in_graph=True, **kwargs)
+    assert in_graph == theirs.response_ids and in_graph_cut == theirs.truncated
 
 
 # ----------------------------------------------------------------------------- sampling inside the graph
@@ -733,9 +734,9 @@ def test_dora_sliding_windows_and_training_mode_are_refused(tmp_path, tokenizer,
                             capture=True)
 
 
-def test_a_failed_capture_warns_and_runs_eagerly_unless_strict():
-    """On this CPU-only machine the capture fails at its first CUDA call, which exercises the
-    fallback: ``capture=None`` warns and runs the step eagerly, ``capture=True`` raises."""
+def test_a_failed_capture_raises_and_never_decodes_eagerly():
+    """On this CPU-only machine the capture fails at its first CUDA call: the step raises instead
+    of running eagerly under a name that says captured."""
     if torch.cuda.is_available():
         pytest.skip("a GPU would capture")
     calls = []
@@ -744,14 +745,11 @@ def test_a_failed_capture_warns_and_runs_eagerly_unless_strict():
         calls.append(1)
         return torch.ones(2)
 
-    lenient = graph_decode.ReplayedStep(step, capture=None)
-    with pytest.warns(RuntimeWarning, match="capture failed"):
-        assert torch.equal(lenient(), torch.ones(2))
-    assert not lenient.captured and len(calls) == 1
-    lenient()
-    assert len(calls) == 2
     with pytest.raises((RuntimeError, AssertionError)):
         graph_decode.ReplayedStep(step, capture=True)()
+    assert not calls  # nothing ran eagerly
+    eager = graph_decode.ReplayedStep(step, capture=False)
+    assert torch.equal(eager(), torch.ones(2)) and not eager.captured
 
 
 def test_a_capture_warm_up_at_a_chunks_last_slot_stays_in_bounds(peaked_policy):

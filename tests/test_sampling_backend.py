@@ -122,16 +122,25 @@ def test_every_backend_gives_the_same_greedy_tokens(policy):
     runs = {
         backend: generate(model, tokenizer, PROMPTS, max_new_tokens=6, do_sample=False, fold_adapters=True,
                           backend=backend, eos_token_id=10_000).response_ids
-        for backend in ("cpu-fused", "cuda-graph", "growing-cache", "hf-generate")
+        for backend in ("cpu-fused", "growing-cache", "hf-generate")
     }
-    assert runs["cpu-fused"] == runs["cuda-graph"] == runs["growing-cache"] == runs["hf-generate"]
+    assert runs["cpu-fused"] == runs["growing-cache"] == runs["hf-generate"]
 
 
-def test_the_graph_needs_the_folded_copy(policy):
+def test_the_graph_needs_the_folded_copy_and_a_cuda_model(policy):
+    """Named, ``cuda-graph`` runs captured or not at all: a model on the CPU is refused with the
+    setting's name (its eager form is tests/test_graph_decode.py's, called directly)."""
     model, _ = policy
     with pytest.raises(ValueError, match="cuda-graph.*samples unfolded"):
         choose_backend(model, "cuda-graph", fold_adapters=False)
-    assert choose_backend(model, "cuda-graph", fold_adapters=True).name == "cuda-graph"  # eager on the CPU
+    with pytest.raises(ValueError, match="rollout.backend='cuda-graph' cannot sample.*model is on cpu"):
+        choose_backend(model, "cuda-graph", fold_adapters=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with CUDA may name cuda-graph")
+def test_naming_cuda_graph_without_cuda_stops_when_the_setting_is_read():
+    with pytest.raises(ValueError, match="rollout.backend=cuda-graph captures CUDA graphs, and this machine"):
+        RolloutSettings(backend="cuda-graph")
 
 
 def test_the_choice_is_logged_once_per_model(policy, caplog):

@@ -10,8 +10,8 @@ The shapes of issue 37: ``--rows 8 --prompt-tokens 1024``, ``--rows 32 --prompt-
 the same prompt (a GRPO group at chunk 1), which the loop and the graph backend prefill once.
 
 On an H100 the GPU run should take a minute or two (drawing and quantising the weights, the
-check, ``--loop-max-new-tokens`` 64 steps of the loop at ~150 ms, the graph's 256 steps);
-``--capture on`` makes a failed capture an error instead of a warning and an eager run.
+check, ``--loop-max-new-tokens`` 64 steps of the loop at ~150 ms, the graph's 256 steps); a
+failed capture is an error (``--capture off`` times the eager step instead).
 
 The model is built in place (no checkpoint to read): ``Qwen3ForCausalLM`` from
 ``transformers.Qwen3Config`` under ``with torch.device(device)``, so 4B random weights are drawn
@@ -385,7 +385,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="tokens per row for the loop (~150 ms a step on an H100 at Qwen3-4B NF4)")
     parser.add_argument("--check-steps", type=int, default=16, help="teacher-forced steps compared (0: skip)")
     parser.add_argument("--capture", choices=("auto", "on", "off"), default="auto",
-                        help="auto: capture on CUDA, eager if capture fails; on: fail if it does; off: eager")
+                        help="auto: capture on CUDA, eager on the CPU; on: CUDA only; off: eager")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument(
         "--upcast-unquantised",

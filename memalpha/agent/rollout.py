@@ -31,7 +31,7 @@ from memalpha.agent.scoring import score_answers
 from memalpha.data.schema import Instance
 from memalpha.lm.core.chat import chat_prompt_ids
 from memalpha.lm.core.modes import eval_mode
-from memalpha.lm.sampling.backend import Backend, check_backend
+from memalpha.lm.sampling.backend import Backend, check_backend, check_machine
 from memalpha.lm.sampling.generation import Generation, sampler_for
 from memalpha.lm.sampling.vllm_engine import SampledGeneration
 from memalpha.lm.sampling.vllm_settings import VllmSettings
@@ -96,7 +96,8 @@ class RolloutSettings:
             the model and device, logged once at setup), ``cpu-fused`` (memalpha's CPU decoding
             step over weights with the LoRA folded in; float32/float64 Llama-family decoders),
             ``cuda-graph`` (a static cache and a decoding step captured as a CUDA graph over a
-            dense copy of the weights, LoRA folded in, 4-bit bases dequantised; eager on the CPU),
+            dense copy of the weights, LoRA folded in, 4-bit bases dequantised; CUDA only, and a
+            failed capture stops the run),
             ``growing-cache`` (the model's layers as loaded over a cache that grows in place: no
             copy of the weights, for FSDP or when that copy does not fit), ``hf-generate``
             (``transformers``' ``model.generate`` on the model as loaded) or ``vllm`` (a vLLM
@@ -127,6 +128,7 @@ class RolloutSettings:
 
     def __post_init__(self) -> None:
         check_backend(self.backend)
+        check_machine(self.backend)
         if isinstance(self.vllm, dict):
             self.vllm = VllmSettings(**self.vllm)
         for name in ("group_size", "max_new_tokens", "max_prompt_tokens", "core_token_limit"):

@@ -12,8 +12,8 @@ backend            what runs                                                    
                    LoRA folded in, prompt keys read once for all their rows       Mistral, Qwen2/3 on the CPU,
                    (:mod:`memalpha.lm.sampling.fused_decode`)                    with ``fold_adapters``
 ``cuda-graph``     one decoding step of fixed shapes over a static cache,         plain-attention decoders on
-                   captured once as a CUDA graph and replayed per token, over a   CUDA (eager on the CPU,
-                   dense copy of the weights with the LoRA folded in (4-bit       where it is tested)
+                   captured once as a CUDA graph and replayed per token, over a   CUDA (a failed capture
+                   dense copy of the weights with the LoRA folded in (4-bit       stops the run)
                    bases dequantised) (:mod:`memalpha.lm.sampling.graph_decode`)
 ``growing-cache``  the model's layers over a cache that grows in place, ended     plain-attention decoders
                    rows leaving the batch (:mod:`memalpha.lm.sampling.growing_cache`)
@@ -57,6 +57,13 @@ def check_backend(value: str) -> None:
     """Raise ValueError naming :data:`SETTING` when ``value`` is not one of :data:`BACKENDS`."""
     if value not in BACKENDS:
         raise ValueError(f"{SETTING} must be one of {list(BACKENDS)}, got {value!r}")
+
+
+def check_machine(value: str) -> None:
+    """Raise ValueError naming :data:`SETTING` when ``value`` cannot run on this machine whatever
+    the model: ``cuda-graph`` without CUDA (said when the setting is read, before any model loads)."""
+    if value == "cuda-graph" and not torch.cuda.is_available():
+        raise ValueError(f"{SETTING}=cuda-graph captures CUDA graphs, and this machine has no CUDA device")
 
 
 def in_process(backend: str) -> str:
@@ -110,6 +117,8 @@ def why_not(backend: str, model, fold_adapters: bool = True) -> str | None:
     if backend == "cuda-graph":
         if not fold_adapters:
             return "it samples from a dense copy of the weights, and this call samples unfolded"
+        if _device(model).type != "cuda":
+            return f"it captures CUDA graphs, and the model is on {_device(model).type}"
         return graph_decode.supports(model)
     raise ValueError(f"unknown sampling backend {backend!r}; choose one of {list(SAMPLING_BACKENDS)}")
 

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -281,17 +280,16 @@ class ReplayedStep:
     starts where the real step will (a second run from the advanced state would write one
     history slot or cache column past the step's own: out of bounds when the step is a chunk's
     last or the cache's last) and the replay that follows the capture is the step's first real run.
-    ``capture=None`` captures and, if capture fails, warns and runs eagerly (``captured`` says
-    which); ``capture=True`` lets the failure raise."""
+    A capture that fails raises: a backend named for its captured graph never decodes eagerly
+    without saying so."""
 
     def __init__(
-        self, step: Callable[[], torch.Tensor], capture: bool | None, warmup: int = 2,
+        self, step: Callable[[], torch.Tensor], capture: bool, warmup: int = 2,
         state: Sequence[torch.Tensor] = (),
     ):
         self.step = step
         self.state = tuple(state)
-        self.strict = capture is True
-        self.capture = capture is not False
+        self.capture = capture
         self.warmup = warmup
         self.graph = None
         self.output: torch.Tensor | None = None
@@ -330,14 +328,6 @@ class ReplayedStep:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 output = self.step()
-        except Exception as error:  # any capture failure falls back, unless strict
-            if self.strict:
-                raise
-            warnings.warn(
-                f"CUDA graph capture failed, decoding eagerly: {error}", RuntimeWarning, stacklevel=3
-            )
-            self.capture = False
-            return
         finally:
             self.capture_s = time.perf_counter() - start
         self.graph, self.output, self.captured = graph, output, True
@@ -369,11 +359,11 @@ def compile_limits(capacity: int, bucket_columns: int | None):
 class BucketedSteps:
     """A :class:`ReplayedStep` per attention width, each made (and, on CUDA, captured) when the
     width is first asked for. The widths of a call only grow, so the step of the width before is
-    closed then, and one graph at a time holds memory. After one failed capture under
-    ``capture=None`` the later widths run eagerly without trying again."""
+    closed then, and one graph at a time holds memory. ``capture`` False runs every width eagerly
+    (the CPU, and the benchmark's eager reference)."""
 
     def __init__(
-        self, step: Callable[[int], torch.Tensor], capture: bool | None, state: Sequence[torch.Tensor] = ()
+        self, step: Callable[[int], torch.Tensor], capture: bool, state: Sequence[torch.Tensor] = ()
     ):
         self.step = step
         self.state = tuple(state)
@@ -382,7 +372,7 @@ class BucketedSteps:
         self.current: ReplayedStep | None = None
         self.widths: list[int] = []
         self.capture_s = 0.0
-        self.captured = capture is not False  # until a width runs uncaptured
+        self.captured = capture
 
     def __call__(self, width: int) -> torch.Tensor:
         if width != self.width:
@@ -390,12 +380,7 @@ class BucketedSteps:
             self.current = ReplayedStep(partial(self.step, width), self.capture, state=self.state)
             self.width = width
             self.widths.append(width)
-        output = self.current()
-        if self.current.graph is None:
-            self.captured = False
-            if self.capture is None and not self.current.capture:  # its capture failed: eager from now on
-                self.capture = False
-        return output
+        return self.current()
 
     def close(self) -> None:
         """Drop the current graph, if any (the capture time is kept)."""
@@ -676,10 +661,10 @@ def decode(
     form of this backend: ``pick`` maps ``[live, V]`` logits (float32; float64 for a float64
     model) to ``[live]`` token ids.
 
-    ``capture`` None captures the step on CUDA (falling back to eager with a warning if the
-    capture fails) and runs it eagerly elsewhere; True insists on capturing, False never
-    captures. ``stats``, when given, receives ``captured``, ``prefill_s``, ``decode_s`` (the
-    token loop, capture included), ``capture_s`` (all widths' captures), ``steps`` (forwards
+    ``capture`` None captures the step on CUDA and runs it eagerly elsewhere; True insists on
+    capturing, False never captures. A capture that fails raises. ``stats``, when given, receives
+    ``captured``, ``prefill_s``, ``decode_s`` (the token loop, capture included), ``capture_s``
+    (all widths' captures), ``steps`` (forwards
     after the prefill), ``widths`` (the attention widths the steps used, one graph each) and
     ``host_reads`` (the times the loop read the tokens back to the host).
     ``bucket_columns`` sets those widths (:func:`bucket_width`; None: the whole static cache).
@@ -703,17 +688,18 @@ def decode(
     on_cuda = batch.input_ids.device.type == "cuda"
     if capture and not on_cuda:
         raise ValueError("capture=True needs the batch on a CUDA device")
+    capture = on_cuda if capture is None else capture
     fixed = FixedStep(decoder, head, config, batch, max_new_tokens, bucket_columns)
     responses = Responses(batch.input_ids.shape[0], eos_ids)
     start = time.perf_counter()
     if sampling is None:
         logits = fixed.prefill(prefix, prompt_of_row)
-        runner = BucketedSteps(compiled_step(fixed.step, compile_backend), capture if on_cuda else False)
+        runner = BucketedSteps(compiled_step(fixed.step, compile_backend), capture)
     else:
         fixed.prefill_columns(prefix, prompt_of_row)
         sampler = InGraphSampler(fixed, sampling, eos_ids, min(eos_check_steps, max_new_tokens))
         step = compiled_step(sampler.step, compile_backend)
-        runner = BucketedSteps(step, capture if on_cuda else False, state=sampler.state())
+        runner = BucketedSteps(step, capture, state=sampler.state())
     if on_cuda:
         torch.cuda.synchronize(batch.input_ids.device)  # once, so that prefill_s is the prefill's
     loop_start = time.perf_counter()
