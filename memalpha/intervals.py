@@ -3,8 +3,8 @@ equivalence verdict built on them, and the seed-level estimates of a paired chan
 over seeds and a two-level bootstrap over seeds, then instances).
 
 Pure functions over lists of floats, with no dependency beyond :mod:`math` and :mod:`random`, so
-that the package (``memalpha.train.demo_summary``) and the experiments (``memalpha/lab/stats.py``,
-``memalpha/lab/parity.py``, ``experiments/studies/control_arms_report.py``) share one implementation.
+that the package (``memalpha.train.demo_summary``) and the experiments (``lab/memalpha_lab/stats.py``,
+``lab/memalpha_lab/parity.py``, ``experiments/studies/control_arms_report.py``) share one implementation.
 
 The t distribution's CDF is written through the regularized incomplete beta function,
 ``P(T <= t) = 1 - I_x(df/2, 1/2) / 2`` for ``t >= 0`` with ``x = df / (df + t^2)``; the

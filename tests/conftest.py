@@ -36,8 +36,8 @@ def build_tiny_model_dir(
     path, tokenizer, *, hidden: int = 32, layers: int = 2, seed: int = 0, initializer_range: float = 0.02
 ) -> str:
     """A random Llama with the embedded tokenizer, small enough for fast CPU tests
-    (:func:`memalpha.lab.common.tiny_model_folder`, which the experiments share)."""
-    from memalpha.lab.common import tiny_model_folder
+    (:func:`memalpha_lab.common.tiny_model_folder`, which the experiments share)."""
+    from memalpha_lab.common import tiny_model_folder
 
     return tiny_model_folder(
         path,

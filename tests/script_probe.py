@@ -25,7 +25,7 @@ Probes:
   (``announce_as``).
 - ``restored``: whether the functions and switches a benchmark swaps while it times a path
   (``generation.decode``, ``logprobs.streams_head``, ...) are the originals again after the run.
-- ``writes``: every report :func:`memalpha.lab.common.write_json` writes, as written then.
+- ``writes``: every report :func:`memalpha_lab.common.write_json` writes, as written then.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def _probe_restored() -> Callable[[], None]:
 
 
 def _probe_writes() -> Callable[[], None]:
-    from memalpha.lab import common
+    from memalpha_lab import common
 
     real = common.write_json
 

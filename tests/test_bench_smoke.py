@@ -19,9 +19,9 @@ import yaml
 from conftest import build_tiny_model_dir
 from script_probe import REPO, Run, run_probed, run_script
 
-from memalpha.lab import common as _common
-from memalpha.lab.qlora_4090 import QWEN3_4B, read_recipe, scaled_shape
-from memalpha.lm.sampling.bytes_limit import StepShape
+from memalpha_lab import common as _common
+from memalpha_lab.bytes_limit import StepShape
+from memalpha_lab.qlora_4090 import QWEN3_4B, read_recipe, scaled_shape
 
 BENCH = "experiments/bench"
 GRAPH_TINY = ["--device", "cpu", "--tiny"]

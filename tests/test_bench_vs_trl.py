@@ -1,6 +1,6 @@
 """Smoke test of experiments/bench/bench_vs_trl.py: one step of each side on a tiny random model,
-the script run as it is run; and its job (memalpha/lab/vs_trl_job.py) and timing report
-(memalpha/lab/vs_trl_report.py).
+the script run as it is run; and its job (lab/memalpha_lab/vs_trl_job.py) and timing report
+(lab/memalpha_lab/vs_trl_report.py).
 
 The TRL side needs the ``bench`` extra. With TRL installed one invocation runs both sides;
 without it that test skips (saying so) and a memalpha-only run is checked instead, so exactly
@@ -16,14 +16,14 @@ import json
 import pytest
 from script_probe import run_script
 
-from memalpha.lab.vs_trl_job import (
+from memalpha_lab.vs_trl_job import (
     BenchSettings,
     build_job,
     build_prompts,
     memory_job_reward,
     tool_call_validity,
 )
-from memalpha.lab.vs_trl_report import learning_summary
+from memalpha_lab.vs_trl_report import learning_summary
 
 SCRIPT = "experiments/bench/bench_vs_trl.py"
 HAS_TRL = importlib.util.find_spec("trl") is not None

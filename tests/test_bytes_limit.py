@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from memalpha.lm.sampling.bytes_limit import (
+from memalpha_lab.bytes_limit import (
     StepShape,
     bandwidth_for,
     dense_weight_params,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from memalpha.lab.compare_runs import compare_reports, compare_scalars, is_timing, main, verdict
+from memalpha_lab.compare_runs import compare_reports, compare_scalars, is_timing, main, verdict
 
 
 def test_timings_are_told_apart_from_results():

@@ -1,5 +1,5 @@
 """The compute record of experiments (issue 39, item 2): the per-round counts the GRPO module logs
-(memalpha/train/round_report.py), and memalpha/lab/compute.py, which sums them from TensorBoard and
+(memalpha/train/round_report.py), and lab/memalpha_lab/compute.py, which sums them from TensorBoard and
 measures each stage's wall and CPU seconds around its subprocess."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from memalpha.lab.compute import (
+from memalpha_lab.compute import (
     measured,
     stage_record,
     stage_seconds,
@@ -101,7 +101,7 @@ def test_validation_counts_its_rollouts_turns_and_questions():
 
 
 def test_the_report_shows_recorded_compute_and_marks_the_rest(capsys):
-    from memalpha.lab.control_arms_report import print_compute, run_compute
+    from memalpha_lab.control_arms_report import print_compute, run_compute
 
     runs = {"seed0_grpo": {"train_s": 380.4, "steps": 8,
                            "compute": {"train": {"cpu_s": 700.0, "rollouts": 32, "tokens_sampled": None,
@@ -116,7 +116,7 @@ def test_the_report_shows_recorded_compute_and_marks_the_rest(capsys):
 def test_an_attempt_killed_with_the_experiment_marks_the_next_one(tmp_path):
     """An attempt whose experiment process dies records nothing but leaves its marker; the next
     attempt is recorded as coming after an unrecorded one, and the stage's seconds are not complete."""
-    from memalpha.lab.compute import running_marker, unrecorded_attempt
+    from memalpha_lab.compute import running_marker, unrecorded_attempt
 
     with measured(tmp_path, "fit_x"):
         assert running_marker(tmp_path, "fit_x").is_file()  # held while the attempt runs

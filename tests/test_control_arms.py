@@ -1,4 +1,4 @@
-"""The control-arms experiment's pure parts (memalpha/lab/control_arms_report.py, arm_configs.py):
+"""The control-arms experiment's pure parts (lab/memalpha_lab/control_arms_report.py, arm_configs.py):
 paired intervals pooled over seeds and per seed against hand-computed numbers, the rebuild check,
 the wall-clock matching rule, and the configs of the arms."""
 
@@ -9,7 +9,7 @@ import json
 import math
 from pathlib import Path
 
-from memalpha.lab.control_arms_report import arm_means, compare, comparisons, main
+from memalpha_lab.control_arms_report import arm_means, compare, comparisons, main
 
 T2 = 4.302653  # the 0.975 quantile of Student's t with 2 degrees of freedom
 
@@ -115,7 +115,7 @@ def test_update_rewrites_only_the_intervals_of_the_summary(tmp_path):
 
 
 def test_compute_lists_what_the_summary_records_and_nothing_else():
-    from memalpha.lab.control_arms_report import run_compute
+    from memalpha_lab.control_arms_report import run_compute
 
     runs = {
         "seed1_sft_continued": {"train_s": 389.2, "steps": 44, "max_time_s": 380.4},
@@ -142,8 +142,8 @@ def test_report_check_passes_on_its_own_summary_and_fails_on_a_changed_number(tm
 
 
 def test_arm_configs_validate_outside_the_fit_and_the_no_update_arm_has_its_rate(tmp_path):
-    from memalpha.lab.arm_configs import arm_fit_config, continued_sft_config
-    from memalpha.lab.recipe_configs import load_yaml
+    from memalpha_lab.arm_configs import arm_fit_config, continued_sft_config
+    from memalpha_lab.recipe_configs import load_yaml
 
     root = Path(__file__).resolve().parent.parent
     args = argparse.Namespace(steps=8, val=48, questions=4, lr0=1e-30)

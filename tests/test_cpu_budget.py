@@ -1,4 +1,4 @@
-"""memalpha.lab.cpu_budget.CpuBudget, the decisive study's stop for arm B (docs/results.md, amendment 1):
+"""memalpha_lab.cpu_budget.CpuBudget, the decisive study's stop for arm B (docs/results.md, amendment 1):
 a real ``memalpha sft`` run on the tiny model, configured the way the study configures B, stops at the
 first optimiser step whose CPU seconds reach the budget, exports its adapter, and when resumed from a
 checkpoint counts the seconds its earlier process saved. The CPU clock is replaced by one that ticks
@@ -17,8 +17,8 @@ from test_sft import _sft_config, demo_file  # noqa: F401  (the fixture)
 from test_training import scalars, version_dirs
 
 from memalpha.cli import main
-from memalpha.lab import cpu_budget
-from memalpha.lab.cpu_budget import CpuBudget, process_cpu_s
+from memalpha_lab import cpu_budget
+from memalpha_lab.cpu_budget import CpuBudget, process_cpu_s
 
 CLOCK = {"t": 0.0}
 
@@ -45,7 +45,7 @@ def budgeted_config(tmp_path, model_dir, demos, max_steps: int, seconds: float):
     config["trainer"]["val_check_interval"] = None
     config["trainer"]["limit_val_batches"] = 0
     config["trainer"]["callbacks"] += [{"class_path": "test_cpu_budget.Tick"},
-                                       {"class_path": "memalpha.lab.cpu_budget.CpuBudget",
+                                       {"class_path": "memalpha_lab.cpu_budget.CpuBudget",
                                         "init_args": {"seconds": seconds}}]
     path.write_text(yaml.safe_dump(config))
     return path

@@ -1,4 +1,4 @@
-"""The pre-registered decisive experiment (memalpha/lab/decisive_plan.py, decisive_report.py): the verdict
+"""The pre-registered decisive experiment (lab/memalpha_lab/decisive_plan.py, decisive_report.py): the verdict
 rule on every side of its thresholds, the guard, the t interval over seeds it reads against a hand-computed
 one, the arms' configs and held-out set, the --check rebuild on small made-up files, and
 experiments/studies/decisive.py run as its command line: its options' checks, and the configs and summary
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from memalpha.lab.decisive_plan import (
+from memalpha_lab.decisive_plan import (
     TRAIN_DATA_SEED_BASE,
     VAL_DATA_SEED,
     collect_scores,
@@ -26,8 +26,8 @@ from memalpha.lab.decisive_plan import (
     held_out_config,
     recipe_config,
 )
-from memalpha.lab.decisive_report import GUARD_LIMIT, decide, guard, main, rebuild, verdict_of
-from memalpha.lab.recipe_configs import load_yaml
+from memalpha_lab.decisive_report import GUARD_LIMIT, decide, guard, main, rebuild, verdict_of
+from memalpha_lab.recipe_configs import load_yaml
 
 REPO = Path(__file__).resolve().parent.parent
 T4 = 2.776445  # the 0.975 quantile of Student's t with 4 degrees of freedom
@@ -201,7 +201,7 @@ def test_a_run_whose_stages_are_done_gets_the_plans_configs_and_a_pending_verdic
     assert arm_a == recipe_config(base, run, PLAN, 3)
     arm_b = yaml.safe_load((run / "seed3_sft_continued.yaml").read_text())
     assert arm_b["trainer"]["max_time"] is None and arm_b["data"]["seed"] == 3
-    assert arm_b["trainer"]["callbacks"][-1] == {"class_path": "memalpha.lab.cpu_budget.CpuBudget",
+    assert arm_b["trainer"]["callbacks"][-1] == {"class_path": "memalpha_lab.cpu_budget.CpuBudget",
                                                  "init_args": {"seconds": 1360.1}}
     assert arm_b["model"]["adapter_path"] == str(run / "sft" / "adapter")
     summary = json.loads(out.read_text())

@@ -1,4 +1,4 @@
-"""The learning-curve statistics (``memalpha/lab/stats.py``, ``memalpha/lab/across_seeds.py``) against
+"""The learning-curve statistics (``lab/memalpha_lab/stats.py``, ``lab/memalpha_lab/across_seeds.py``) against
 hand-computed values, and ``experiments/studies/learning_curve_seeds.py`` run as its command line."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from memalpha.lab.across_seeds import combine
-from memalpha.lab.stats import instance_values, mean_ci, paired_difference, summarise_with_ci, t975
+from memalpha_lab.across_seeds import combine
+from memalpha_lab.stats import instance_values, mean_ci, paired_difference, summarise_with_ci, t975
 
 
 def record(instance, source, scores, statuses, rewards, memory_tokens=10, r3=0.5):
@@ -177,7 +177,7 @@ def test_learning_curve_seeds_writes_the_combined_report_and_refuses_differing_r
 
 
 def test_the_committed_learning_curve_seeds_report_is_rebuilt_from_its_committed_inputs():
-    from memalpha.lab.control_arms_report import same_numbers
+    from memalpha_lab.control_arms_report import same_numbers
 
     committed = json.loads((REPO / "experiments" / "results" / "learning_curve_seeds.json").read_text())
     reports = {where: json.loads((REPO / where).read_text()) for where in committed["inputs"]}

@@ -12,7 +12,7 @@ import json
 import pytest
 from script_probe import Run, run_probed
 
-from memalpha.lab import tree_state
+from memalpha_lab import tree_state
 
 SCRIPT = "experiments/gpu/gpu_fit_check.py"
 

@@ -1,4 +1,4 @@
-"""The record every GPU result carries (memalpha/lab/gpu_record.py and its parts), checked on the CPU:
+"""The record every GPU result carries (lab/memalpha_lab/gpu_record.py and its parts), checked on the CPU:
 the commit and the refusal of a dirty tree (with git, and from a stamp where the copy has no .git),
 the phase peaks sampled while a phase runs, the backend probe, and the CUDA/bitsandbytes line."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from memalpha.lab import backend_probe, cuda_match, gpu_record, phase_clock, tree_state
+from memalpha_lab import backend_probe, cuda_match, gpu_record, phase_clock, tree_state
 
 GIB = 2**30
 

@@ -1,4 +1,4 @@
-"""The GRPO-levers experiment's pure parts (memalpha/lab/levers.py, grpo_levers_report.py): every
+"""The GRPO-levers experiment's pure parts (lab/memalpha_lab/levers.py, grpo_levers_report.py): every
 lever's config is a valid `memalpha fit` config that differs from the seed's grpo arm only where the
 lever says, and the report's paired intervals against hand-computed numbers and its rebuild check."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from memalpha.lab.grpo_levers_report import lever_comparisons, main
-from memalpha.lab.levers import LEVERS, lever_config
+from memalpha_lab.grpo_levers_report import lever_comparisons, main
+from memalpha_lab.levers import LEVERS, lever_config
 
 REPO = Path(__file__).resolve().parent.parent
 T2 = 4.302653  # the 0.975 quantile of Student's t with 2 degrees of freedom
@@ -32,8 +32,8 @@ def flat(config: dict, prefix: str = "") -> dict:
 @pytest.mark.parametrize("lever", list(LEVERS))
 def test_each_lever_changes_only_its_settings_and_parses_as_a_fit_config(lever, tmp_path, capsys):
     from memalpha.cli import main as memalpha
-    from memalpha.lab.arm_configs import arm_fit_config
-    from memalpha.lab.recipe_configs import load_yaml
+    from memalpha_lab.arm_configs import arm_fit_config
+    from memalpha_lab.recipe_configs import load_yaml
 
     args = argparse.Namespace(steps=8, val=48, questions=4, lr0=None)
     base = load_yaml(REPO / "configs" / "tiny_cpu.yaml")
@@ -102,8 +102,8 @@ def test_the_committed_summary_is_rebuilt_from_the_committed_scores(capsys):
 
 
 def test_the_committed_headline_over_seeds():
-    from memalpha.lab.control_arms_report import read_json
-    from memalpha.lab.grpo_levers_report import SUMMARY_PATH
+    from memalpha_lab.control_arms_report import read_json
+    from memalpha_lab.grpo_levers_report import SUMMARY_PATH
 
     # issue 39: over 3 seeds the lever's fact-recall gain over SFT continued is +0.132 [-0.231, +0.495]
     level = read_json(SUMMARY_PATH)["comparisons"][
@@ -117,7 +117,7 @@ def test_the_committed_headline_over_seeds():
 
 
 def test_the_report_covers_every_lever_run_validated_in_the_folder(tmp_path):
-    from memalpha.lab.levers import lever_runs
+    from memalpha_lab.levers import lever_runs
 
     for name in ("seed1_lever_extractive_reader", "seed0_lever_lr_1e-3", "seed0_lever_extractive_reader",
                  "seed0_lever_unknown", "seed0_grpo", "seed2_lever_group_8"):

@@ -14,7 +14,7 @@ from memalpha.lm.sampling.generation import generate
 from memalpha.lm.scoring.logprobs import response_logprobs
 from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.train.actor import accumulate_grpo_gradients
-from memalpha.train.single_turn import SingleTurnSettings, train_single_turn
+from memalpha_lab.single_turn import SingleTurnSettings, train_single_turn
 
 
 def test_shared_update_raises_a_rewarded_token_over_micro_batches_with_kl(small_vocab_model_dir, tokenizer):

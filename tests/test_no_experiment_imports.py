@@ -1,5 +1,5 @@
 """Tests import nothing from ``experiments/`` (issue 40, item 4): what a test checks directly lives
-in the package (``memalpha/lab/`` for the experiments' measuring kit), and a script is tested by
+in the package (``lab/memalpha_lab/`` for the experiments' measuring kit), and a script is tested by
 running it in a child process (``tests/script_probe.py``). A test file that imports a script's
 module, or puts a folder of ``experiments/`` on ``sys.path``, fails here.
 """
@@ -39,7 +39,7 @@ def offences(path: Path) -> list[str]:
 def test_no_test_imports_a_script_or_puts_experiments_on_the_path():
     offending = {path.name: offences(path) for path in sorted(TESTS.glob("*.py")) if path.name != THIS}
     found = {name: lines for name, lines in offending.items() if lines}
-    assert found == {}, "tests must run experiments/ scripts as subprocesses, or import from memalpha.lab"
+    assert found == {}, "tests must run experiments/ scripts as subprocesses, or import from memalpha_lab"
 
 
 def test_the_rule_sees_a_script_import_and_a_path_insert(tmp_path):

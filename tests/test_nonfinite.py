@@ -317,7 +317,7 @@ def test_sft_skips_a_nan_loss_and_stops_after_three(tmp_path, tiny_model_dir, to
 
 def test_the_single_turn_trainer_follows_the_same_rule(tiny_model_dir):
     from memalpha.grpo.settings import OptimizerSettings
-    from memalpha.train.single_turn import SingleTurnSettings, train_single_turn
+    from memalpha_lab.single_turn import SingleTurnSettings, train_single_turn
 
     steps = iter(range(8))
 

@@ -1,5 +1,5 @@
-"""The parity check of experiments/bench/bench_vs_trl.py --parity (memalpha/lab/parity.py, run by
-memalpha/lab/vs_trl_parity.py from the options of memalpha/lab/vs_trl_options.py): its verdict
+"""The parity check of experiments/bench/bench_vs_trl.py --parity (lab/memalpha_lab/parity.py, run by
+lab/memalpha_lab/vs_trl_parity.py from the options of lab/memalpha_lab/vs_trl_options.py): its verdict
 fails an arm that never learns and passes equal arms, and its runs resume from their files.
 
 Runs are recorded per-step rewards (no model): the driver gets a ``run_child`` that returns them,
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from script_probe import run_script
 
-from memalpha.lab import common as _common
-from memalpha.lab import parity as _parity
-from memalpha.lab import vs_trl_parity
-from memalpha.lab.vs_trl_options import parse_args, settings_from_args
+from memalpha_lab import common as _common
+from memalpha_lab import parity as _parity
+from memalpha_lab import vs_trl_parity
+from memalpha_lab.vs_trl_options import parse_args, settings_from_args
 
 STEPS = 20
 # per-step rewards of a learning run: 0.6 rising by 0.04 a step, a small wobble by seed

@@ -207,10 +207,10 @@ def test_embedded_local_reader_answers_from_memory(embedded_model, tokenizer):
 
 @pytest.fixture(scope="module")
 def server(embedded_model, tokenizer):
-    from memalpha.reader.server import ChatCompletionServer
+    from faulty_server import FaultyServer
 
     reader = LocalReader(embedded_model, tokenizer, max_new_tokens=16, batch_size=4)
-    with ChatCompletionServer(reader, model_name="smollm2", port=0, max_batch=4) as srv:
+    with FaultyServer(reader, model_name="smollm2", port=0, max_batch=4) as srv:
         yield srv
 
 

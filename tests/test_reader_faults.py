@@ -13,6 +13,7 @@ import secrets
 import time
 
 import pytest
+from faulty_server import FaultyServer
 from test_training import scalars, version_dirs, write_config
 
 from memalpha.agent.content_judges import LLMContentJudge
@@ -31,7 +32,6 @@ from memalpha.memory.store import SEMANTIC, Memory
 from memalpha.reader.local import LocalReader
 from memalpha.reader.openai_compat import OpenAIReader, ReaderRequestRefused
 from memalpha.reader.options import OpenAISettings
-from memalpha.reader.server import ChatCompletionServer
 from memalpha.reader.settings import ReaderSettings
 from memalpha.tools.formats import ToolCall
 from memalpha.tools.schemas import INSERT
@@ -52,14 +52,14 @@ def tiny_model(tiny_model_dir):
 @pytest.fixture
 def server(tiny_model, tokenizer):
     """A fresh loopback server over the tiny model, so no test inherits another's fault."""
-    srv = ChatCompletionServer(
+    srv = FaultyServer(
         LocalReader(tiny_model, tokenizer, max_new_tokens=4), model_name="tiny"
     ).start()
     yield srv
     srv.stop()
 
 
-def client(server: ChatCompletionServer, **options) -> OpenAIReader:
+def client(server: FaultyServer, **options) -> OpenAIReader:
     endpoint = {"max_retries": 0, "timeout_s": 10.0, "max_concurrency": 1, "api_key_env": KEY_ENV}
     settings = {"max_tokens": 4, "temperature": 0.0, "sleep": lambda _s: None}
     for key, value in options.items():
@@ -219,7 +219,7 @@ def test_a_server_that_dies_mid_round_and_comes_back_on_the_same_port(server):
 
 def test_the_server_refuses_a_request_without_its_api_key(tiny_model, tokenizer, monkeypatch):
     key = "sk-test-" + secrets.token_hex(8)
-    with ChatCompletionServer(LocalReader(tiny_model, tokenizer, max_new_tokens=4), api_key=key) as srv:
+    with FaultyServer(LocalReader(tiny_model, tokenizer, max_new_tokens=4), api_key=key) as srv:
         monkeypatch.delenv(KEY_ENV, raising=False)
         without = client(srv, max_retries=2)
         with pytest.raises(ReaderRequestRefused, match="HTTP 401"):  # not retried: a missing key stays so
@@ -327,7 +327,7 @@ def test_fit_survives_reader_faults_logs_them_and_never_writes_the_api_key(
     key = "sk-memalpha-" + secrets.token_hex(16)
     monkeypatch.setenv(KEY_ENV, key)
     reader = LocalReader(tiny_model, tokenizer, max_new_tokens=6)
-    with ChatCompletionServer(reader, model_name="tiny", api_key=key) as srv:
+    with FaultyServer(reader, model_name="tiny", api_key=key) as srv:
         srv.inject_fault(status=500, count=3)  # three questions of the first round fail
         config = write_config(tmp_path, tiny_model_dir, max_steps=2)
         main([

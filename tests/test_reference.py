@@ -13,7 +13,7 @@ from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.core.reference import REFERENCE_ADAPTER, load_reference_adapter, reference_weights
 from memalpha.lm.scoring.logprobs import response_logprobs
 from memalpha.lm.scoring.spec import ScoringSpec
-from memalpha.train.single_turn import SingleTurnSettings, train_single_turn
+from memalpha_lab.single_turn import SingleTurnSettings, train_single_turn
 
 LORA = LoraSettings(r=4, alpha=8, dropout=0.0, target_modules="all-linear")
 PROMPTS = [[5, 6, 7, 8], [5, 6, 9]]

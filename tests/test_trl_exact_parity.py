@@ -1,4 +1,4 @@
-"""memalpha's GRPO update equals TRL's ``GRPOTrainer`` on one identical batch (memalpha/lab/trl_exact.py).
+"""memalpha's GRPO update equals TRL's ``GRPOTrainer`` on one identical batch (lab/memalpha_lab/trl_exact.py).
 
 Per setting (every loss aggregation TRL shares with memalpha, KL off and on): memalpha's
 per-token log-probs, loss and LoRA gradient against TRL's, end to end and on the same float64
@@ -15,8 +15,8 @@ import math
 import pytest
 import torch
 
-from memalpha.lab import trl_exact as exact
-from memalpha.lab.trl_exact import DEFAULT_SETTINGS, TOLERANCES, ExactSetting
+from memalpha_lab import trl_exact as exact
+from memalpha_lab.trl_exact import DEFAULT_SETTINGS, TOLERANCES, ExactSetting
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from memalpha.lab.vs_trl_job import build_job
 from memalpha.lm.core.chat import chat_prompt_ids
 from memalpha.lm.core.policy import LoraSettings, load_policy
+from memalpha_lab.vs_trl_job import build_job
 
 PARITY_LORA = LoraSettings(r=16, alpha=32, dropout=0.0, target_modules="all-linear")
 """The LoRA shape of ``bench_vs_trl.py``'s jobs."""

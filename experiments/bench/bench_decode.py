@@ -39,9 +39,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 from _parity_job import add_job_arguments, check_job_arguments, job_settings, load_job
 
-from memalpha.lab.common import command_line, machine_info, print_table, write_json
 from memalpha.lm.sampling import fused_decode, generation, packed_linear
 from memalpha.lm.sampling import growing_cache as own_loop
+from memalpha_lab.common import command_line, machine_info, print_table, write_json
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench_decode.json"
 PATHS = ("peft", "folded", "fused", "fused_plain")

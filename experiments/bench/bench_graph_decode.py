@@ -36,7 +36,7 @@ Three paths, each sampling at temperature 1 with no end token (every row decodes
                folded dense weights (``--hf-weights model``: through the model's own layers);
                timed by the difference of two calls (:mod:`hf_static_decode`).
 
-Each result carries ``bytes_limit`` (:mod:`memalpha.lm.sampling.bytes_limit`): the bytes a step
+Each result carries ``bytes_limit`` (:mod:`memalpha_lab.bytes_limit`): the bytes a step
 must read (dense weights in the compute dtype, plus the KV cache filled on average over the
 timed steps, in the embedding's dtype), the GPU's bandwidth (its table, or ``--bandwidth``), the
 shortest step that allows and the fraction of it the measured ms/step reaches.
@@ -69,14 +69,14 @@ import torch
 from hf_static_decode import run_hf_static
 
 from memalpha.allocator import prefer_expandable_segments
-from memalpha.lab.common import command_line, machine_info, print_table, write_json
 from memalpha.lm.core.folded_lora import is_four_bit
 from memalpha.lm.core.layout import pad_prompt_response
 from memalpha.lm.core.prefix_cache import split_decoder_and_head
 from memalpha.lm.sampling import generation, graph_decode
 from memalpha.lm.sampling import growing_cache as own_loop
-from memalpha.lm.sampling.bytes_limit import StepShape, bandwidth_for, limit_record
 from memalpha.lm.sampling.filters import next_tokens
+from memalpha_lab.bytes_limit import StepShape, bandwidth_for, limit_record
+from memalpha_lab.common import command_line, machine_info, print_table, write_json
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench_graph_decode.json"
 PATHS = ("loop", "graph", "hf-static")
@@ -271,7 +271,7 @@ def record(rows: int, tokens: int, total: float, seconds: float, steps: int, fir
 def step_bytes_limit(model, result: dict[str, Any], rows: int, device: torch.device,
                      bandwidth: float | None) -> dict[str, Any] | None:
     """The bytes-read limit of a timed step of ``result`` and the fraction of it reached
-    (:func:`memalpha.lm.sampling.bytes_limit.limit_record`); None when nothing was timed."""
+    (:func:`memalpha_lab.bytes_limit.limit_record`); None when nothing was timed."""
     if not result["timed_steps"]:
         return None
     decoder, _, config = split_decoder_and_head(model)

@@ -55,7 +55,15 @@ from memalpha.agent.rollout import RolloutSettings
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.grpo.settings import KLReference, OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import build_optimizer
-from memalpha.lab.common import (
+from memalpha.lm.core.policy import LMSettings, LoraSettings
+from memalpha.lm.sampling.backend import SAMPLING_BACKENDS
+from memalpha.lm.sampling.vllm_settings import VllmSettings
+from memalpha.reader.options import RetrievalSettings
+from memalpha.reader.settings import ReaderSettings
+from memalpha.train.engine_sync import EngineSync, sampler_logprob_gap
+from memalpha.train.module import GRPOModule
+from memalpha.train.step import ONE_PROCESS, Optimisation, collect_round, train_minibatch
+from memalpha_lab.common import (
     RESULTS_DIR,
     Stopwatch,
     command_line,
@@ -65,14 +73,6 @@ from memalpha.lab.common import (
     print_table,
     write_json,
 )
-from memalpha.lm.core.policy import LMSettings, LoraSettings
-from memalpha.lm.sampling.backend import SAMPLING_BACKENDS
-from memalpha.lm.sampling.vllm_settings import VllmSettings
-from memalpha.reader.options import RetrievalSettings
-from memalpha.reader.settings import ReaderSettings
-from memalpha.train.engine_sync import EngineSync, sampler_logprob_gap
-from memalpha.train.module import GRPOModule
-from memalpha.train.step import ONE_PROCESS, Optimisation, collect_round, train_minibatch
 
 DEFAULT_OUT = RESULTS_DIR / "bench_rollout.json"
 ENGINES = ("hf", "vllm")

@@ -55,7 +55,13 @@ import torch
 from memalpha.allocator import prefer_expandable_segments
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import build_optimizer
-from memalpha.lab.common import (
+from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
+from memalpha.lm.core.policy import load_policy
+from memalpha.lm.sampling.backend import SAMPLING_BACKENDS
+from memalpha.lm.sampling.generation import sampler_for
+from memalpha.lm.scoring.spec import ScoringSpec
+from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_samples, train_minibatch
+from memalpha_lab.common import (
     RESULTS_DIR,
     RssSampler,
     Stopwatch,
@@ -65,8 +71,8 @@ from memalpha.lab.common import (
     print_table,
     write_json,
 )
-from memalpha.lab.gpu_record import GpuRecord, add_arguments
-from memalpha.lab.qlora_4090 import (
+from memalpha_lab.gpu_record import GpuRecord, add_arguments
+from memalpha_lab.qlora_4090 import (
     CONFIG_PATH,
     GPU_CAP_BYTES,
     QWEN3_4B,
@@ -74,12 +80,6 @@ from memalpha.lab.qlora_4090 import (
     read_recipe,
     scaled_shape,
 )
-from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
-from memalpha.lm.core.policy import load_policy
-from memalpha.lm.sampling.backend import SAMPLING_BACKENDS
-from memalpha.lm.sampling.generation import sampler_for
-from memalpha.lm.scoring.spec import ScoringSpec
-from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_samples, train_minibatch
 
 DEFAULT_OUT = RESULTS_DIR / "bench_scale.json"
 CPU_DEFAULTS = {"scale": 0.125, "prompt_tokens": 256, "response_tokens": 32}

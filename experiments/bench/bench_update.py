@@ -47,12 +47,12 @@ from _parity_job import add_job_arguments, check_job_arguments, job_settings, lo
 
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import UpdateSettings
-from memalpha.lab.common import command_line, machine_info, print_table, write_json
 from memalpha.lm.core import prefix_cache
 from memalpha.lm.sampling.generation import sampler_for
 from memalpha.lm.scoring import logprobs
 from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_samples, train_minibatch
+from memalpha_lab.common import command_line, machine_info, print_table, write_json
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench_update.json"
 PATHS = ("padded", "packed", "streamed", "accumulated")

@@ -10,7 +10,7 @@ prompt is one memorising turn: one synthetic chunk (``memalpha.data.synthetic``,
 wrapped in :func:`memalpha.agent.prompts.memorise_messages` with an empty memory and the ``hermes``
 call format. The reward, shared by both sides, is tool-call validity: the share of a reply's
 calls (parse errors count as failed calls) that execute on a fresh :class:`memalpha.memory.store.Memory`,
-0 for a reply without calls. The memalpha side is :func:`memalpha.train.single_turn.train_single_turn`.
+0 for a reply without calls. The memalpha side is :func:`memalpha_lab.single_turn.train_single_turn`.
 
 Both sides get the same settings: fp32 on CPU, no gradient checkpointing, ``group_size``
 samples for each of ``prompts_per_step`` prompts per optimiser step (one generation round
@@ -35,7 +35,7 @@ step time; "gen tok/s" divides by generation time only. Sampling differs between
 implementations, so the completion lengths differ too: compare tokens/s, not only step time.
 The table goes to stdout and the JSON report to ``experiments/results/bench_vs_trl.json``.
 
-``--parity``: the learning-parity check of ``memalpha/lab/parity.py``: the arms ``memalpha``,
+``--parity``: the learning-parity check of ``lab/memalpha_lab/parity.py``: the arms ``memalpha``,
 ``trl`` and ``memalpha-lr0`` (memalpha at learning rate 0, the negative control), ``--repeats``
 fresh runs each at seeds ``--seed``, ``--seed + 1``, ..., one JSON per finished run in
 ``--runs-dir`` (finished runs are not run again; ``--summary-only`` only reads them), and once
@@ -44,7 +44,7 @@ against ``±--margin``. The report goes to ``experiments/results/bench_vs_trl_pa
 its plot next to it (docs/results.md, "Learning parity").
 
 ``--exact``: no training runs. One identical batch through memalpha's update path and TRL's
-``GRPOTrainer`` loss (``memalpha/lab/trl_exact.py``): per loss aggregation (memalpha
+``GRPOTrainer`` loss (``lab/memalpha_lab/trl_exact.py``): per loss aggregation (memalpha
 ``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum-norm`` against TRL ``dapo``,
 ``grpo``, ``dr_grpo``), KL off and on, the largest differences of the per-token log-probs, the
 loss and the LoRA gradient, end to end and on the same float64 log-probs, against their
@@ -71,8 +71,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from memalpha.lab import vs_trl_parity
-from memalpha.lab.common import (
+from memalpha_lab import vs_trl_parity
+from memalpha_lab.common import (
     command_line,
     current_rss_bytes,
     lifetime_peak_rss_bytes,
@@ -81,9 +81,9 @@ from memalpha.lab.common import (
     print_table,
     write_json,
 )
-from memalpha.lab.parity import ARMS
-from memalpha.lab.vs_trl_job import SIDES, BenchSettings, build_job, job_reward
-from memalpha.lab.vs_trl_options import (
+from memalpha_lab.parity import ARMS
+from memalpha_lab.vs_trl_job import SIDES, BenchSettings, build_job, job_reward
+from memalpha_lab.vs_trl_options import (
     DEFAULT_OUT,
     EXACT_OUT,
     names,
@@ -91,7 +91,7 @@ from memalpha.lab.vs_trl_options import (
     require_trl,
     settings_from_args,
 )
-from memalpha.lab.vs_trl_report import TABLE_HEADERS, build_report, table_rows
+from memalpha_lab.vs_trl_report import TABLE_HEADERS, build_report, table_rows
 
 RESULT_MARKER = "BENCH_VS_TRL_RESULT "
 MIB = 2**20
@@ -106,14 +106,14 @@ def _lora(settings: BenchSettings):
 
 
 def run_memalpha(settings: BenchSettings, learning_rate: float | None = None) -> dict[str, Any]:
-    """Train with :func:`memalpha.train.single_turn.train_single_turn`; per-step records and setup time.
+    """Train with :func:`memalpha_lab.single_turn.train_single_turn`; per-step records and setup time.
 
     ``learning_rate``: overrides ``settings.learning_rate``; 0 gives the parity check's
     no-update arm (AdamW at learning rate 0 leaves every weight as it was, all else runs).
     """
     from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
     from memalpha.lm.core.policy import LMSettings
-    from memalpha.train.single_turn import SingleTurnSettings, train_single_turn
+    from memalpha_lab.single_turn import SingleTurnSettings, train_single_turn
 
     start = time.perf_counter()
     job = build_job(settings.pool_size(), settings.seed, settings.max_new_tokens, settings.job)
@@ -417,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     }
     if args.exact:
         require_trl()
-        from memalpha.lab import trl_exact  # torch: only this mode imports it in the driver
+        from memalpha_lab import trl_exact  # torch: only this mode imports it in the driver
 
         return trl_exact.check(Path(args.out) if args.out else EXACT_OUT, extra)
     if args.parity:

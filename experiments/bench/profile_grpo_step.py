@@ -30,7 +30,11 @@ import torch
 
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import build_optimizer
-from memalpha.lab.common import (
+from memalpha.lm.core.policy import LoraSettings, load_policy
+from memalpha.lm.sampling.generation import sampler_for
+from memalpha.lm.scoring.spec import ScoringSpec
+from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_samples, train_minibatches
+from memalpha_lab.common import (
     RESULTS_DIR,
     command_line,
     lifetime_peak_rss_bytes,
@@ -38,11 +42,7 @@ from memalpha.lab.common import (
     print_table,
     write_json,
 )
-from memalpha.lab.vs_trl_job import build_prompts, tool_call_validity
-from memalpha.lm.core.policy import LoraSettings, load_policy
-from memalpha.lm.sampling.generation import sampler_for
-from memalpha.lm.scoring.spec import ScoringSpec
-from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_samples, train_minibatches
+from memalpha_lab.vs_trl_job import build_prompts, tool_call_validity
 
 PHASES = ("generate", "reference_logprobs", "policy_loss_backward", "optimizer_step")
 MAX_NEW_TOKENS = 48

@@ -37,7 +37,8 @@ from typing import Any
 
 import torch
 
-from memalpha.lab.common import (
+from memalpha.train.demo_summary import event_scalars
+from memalpha_lab.common import (
     RESULTS_DIR,
     command_line,
     machine_info,
@@ -46,7 +47,6 @@ from memalpha.lab.common import (
     tiny_model_folder,
     write_json,
 )
-from memalpha.train.demo_summary import event_scalars
 
 COMPARED = ("train/reward", "train/loss", "train/kl", "train/grad_norm", "memory/tokens", "lr")
 

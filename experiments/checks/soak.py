@@ -38,7 +38,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from lightning.pytorch import Callback
 
-from memalpha.lab.common import (
+from memalpha_lab.common import (
     RESULTS_DIR,
     command_line,
     machine_info,

@@ -92,7 +92,7 @@ PY=${PYTHON:-python3}
 mkdir -p "$RESULTS"
 TOKENIZER=${MEMALPHA_TOKENIZER:-$( [ -d .device/tok ] && echo .device/tok || echo smollm2-135m-instruct )}
 
-"$PY" -m memalpha.lab.cuda_match 2>&1 | tee "$RESULTS/cuda_match.txt"
+"$PY" -m memalpha_lab.cuda_match 2>&1 | tee "$RESULTS/cuda_match.txt"
 if [ "${PIPESTATUS[0]}" = 1 ] && [ -z "${GPU_CHECK_IGNORE_CUDA:-}" ]; then
   echo "stopping: the 4-bit stages cannot load this bitsandbytes (GPU_CHECK_IGNORE_CUDA=1 runs them)"; exit 4
 fi
@@ -100,7 +100,7 @@ fi
 # of another commit than the files (seen on 2026-11-28: HEAD of the session's start, every later commit
 # "uncommitted"); the stamp hashes every tracked file against the commit the pack was made for
 STAMP_ARG=$( [ -f .device/tree.json ] && echo "--stamp .device/tree.json" )
-"$PY" -m memalpha.lab.tree_state check $ALLOW_DIRTY $STAMP_ARG --out "$RESULTS/tree.json" || exit 3
+"$PY" -m memalpha_lab.tree_state check $ALLOW_DIRTY $STAMP_ARG --out "$RESULTS/tree.json" || exit 3
 export MEMALPHA_TREE_STATE=$RESULTS/tree.json  # the stages record this state, checked once here
 
 run_stage() {  # name, command...: its own limit, its log beside its JSON, its exit status in the summary

@@ -6,7 +6,7 @@ Run (CPU, the same script on a tiny random model and a shrunk config, as tests/t
       HF_HUB_OFFLINE=1 .venv/bin/python experiments/gpu/gpu_fit_check.py --tiny --out /tmp/fit.json
 
 Time and memory depend only on shapes, so a random-weight model of Qwen3-4B's shape
-(``memalpha/lab/qlora_4090.py``'s, built on the GPU in seconds) stands in for the real one, and
+(``lab/memalpha_lab/qlora_4090.py``'s, built on the GPU in seconds) stands in for the real one, and
 synthetic instances (``memalpha data synth``) whose chunks fill ~6k-token prompts stand in for the
 Mem-α data. Everything else is the config's: NF4 + LoRA r 32 on all linear layers, 8 rollouts,
 2048 new tokens a turn, the reader on the 4-bit base, micro-batches of 2, paged 8-bit AdamW. Only
@@ -43,13 +43,13 @@ from lightning.pytorch.callbacks import Callback
 
 from memalpha.allocator import prefer_expandable_segments
 from memalpha.data.synthetic import generate_synthetic
-from memalpha.lab.common import RESULTS_DIR, command_line, machine_info, print_table, write_json
-from memalpha.lab.gpu_record import GpuRecord, add_arguments
-from memalpha.lab.qlora_4090 import GPU_CAP_BYTES, QWEN3_4B, build_random_model_dir, scaled_shape
-from memalpha.lab.tree_state import DirtyTree
 from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
 from memalpha.train.lightning_cli import run_lightning_cli
 from memalpha.train.progress_bar import StepProgressBar
+from memalpha_lab.common import RESULTS_DIR, command_line, machine_info, print_table, write_json
+from memalpha_lab.gpu_record import GpuRecord, add_arguments
+from memalpha_lab.qlora_4090 import GPU_CAP_BYTES, QWEN3_4B, build_random_model_dir, scaled_shape
+from memalpha_lab.tree_state import DirtyTree
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = RESULTS_DIR / "gpu_fit_check.json"

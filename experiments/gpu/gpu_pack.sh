@@ -18,6 +18,7 @@ grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/i
 rm -rf .device && mkdir -p .device/whl .device/site .device/tok
 pin() { grep -i "^$1==" constraints.txt | head -n 1 | cut -d' ' -f1; }
 py=${PYTHON:-python3}
+[ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && py=.venv/bin/python  # it has memalpha_lab (make install)
 $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform any -d .device/dl \
@@ -34,10 +35,11 @@ cat > .device/env.sh <<'ENV'
 # On the GPU machine: source .device/env.sh (from the project root)
 _d=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/devsite "$_d"/whl/*.whl >/dev/null 2>&1
-export PYTHONPATH=$_d/site:/tmp/devsite:$(cd "$_d/.." && pwd)
+_root=$(cd "$_d/.." && pwd)
+export PYTHONPATH=$_d/site:/tmp/devsite:$_root:$_root/lab  # memalpha, and memalpha_lab from lab/
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 ENV
 # the commit this pack is for: the GPU run checks its copy's files against it (.git may not travel);
-# after a new commit, `python3 -m memalpha.lab.tree_state stamp` alone refreshes it
-$py -m memalpha.lab.tree_state stamp --out .device/tree.json
+# after a new commit, `.venv/bin/python -m memalpha_lab.tree_state stamp` alone refreshes it
+$py -m memalpha_lab.tree_state stamp --out .device/tree.json
 du -sh .device

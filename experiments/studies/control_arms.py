@@ -62,10 +62,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from learning_curve import add_recipe_arguments, check_positive, memalpha, parse_seeds
 
-from memalpha.lab.arm_configs import arm_fit_config, continued_sft_config, logger, tag, validate_config
-from memalpha.lab.common import REPO_ROOT, RESULTS_DIR, command_line, load_records, machine_info, write_json
-from memalpha.lab.compute import measured, stage_record, training_compute, validation_counts
-from memalpha.lab.control_arms_report import (
+from memalpha.train.demo_summary import event_scalars
+from memalpha.train.instance_scores import instance_values
+from memalpha_lab.arm_configs import arm_fit_config, continued_sft_config, logger, tag, validate_config
+from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, load_records, machine_info, write_json
+from memalpha_lab.compute import measured, stage_record, training_compute, validation_counts
+from memalpha_lab.control_arms_report import (
     INTERVALS,
     START,
     TRAIN_TAGS,
@@ -74,9 +76,7 @@ from memalpha.lab.control_arms_report import (
     plot,
     print_report,
 )
-from memalpha.lab.recipe_configs import load_yaml, sft_config, write_yaml
-from memalpha.train.demo_summary import event_scalars
-from memalpha.train.instance_scores import instance_values
+from memalpha_lab.recipe_configs import load_yaml, sft_config, write_yaml
 
 GRPO_ARMS = ("grpo", "grpo_lr0")
 

@@ -14,14 +14,14 @@ the user's command line, through ``experiments/studies/control_arms.py``'s :clas
   ``--demos-data-seed``, 0: the control arms' demonstrations) and ``--sft-steps`` SFT steps, the
   control arms' recipe; validated once (greedy, so deterministic);
 * per seed ``s``, **A** (arm ``grpo``): ``memalpha fit`` from the start for ``--steps`` steps with the
-  settings of lever ``--recipe`` (``memalpha.lab.levers.LEVERS``), ``seed_everything = model.seed = s``
+  settings of lever ``--recipe`` (``memalpha_lab.levers.LEVERS``), ``seed_everything = model.seed = s``
   and its own GRPO stream, synthetic data seed ``--train-data-seed-base + s``
-  (:func:`memalpha.lab.decisive_plan.recipe_config`);
+  (:func:`memalpha_lab.decisive_plan.recipe_config`);
 * per seed, **B** (arm ``sft_continued``): ``memalpha sft`` continued from the start on the same
   demonstrations for A's CPU seconds (the amendment in docs/results.md: the budget is the CPU seconds
   the compute ledger recorded for that seed's ``memalpha fit`` of A, enforced by
-  :class:`memalpha.lab.cpu_budget.CpuBudget` in B's own process,
-  :func:`memalpha.lab.arm_configs.cpu_matched_sft_config`). A's ledger must hold every attempt of its
+  :class:`memalpha_lab.cpu_budget.CpuBudget` in B's own process,
+  :func:`memalpha_lab.arm_configs.cpu_matched_sft_config`). A's ledger must hold every attempt of its
   fit: a fit whose earlier attempt was killed with the experiment (``compute/fit_<run>.running`` left)
   stops the study with one line, and A is rerun from scratch;
 * every adapter validated by ``memalpha validate`` on ``--val`` held-out instances x ``--questions``
@@ -55,9 +55,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from control_arms import Experiment, adapter_done, arm_compute, step_seconds
 from learning_curve import add_recipe_arguments, check_positive, parse_seeds
 
-from memalpha.lab.arm_configs import cpu_matched_sft_config, tag
-from memalpha.lab.common import REPO_ROOT, RESULTS_DIR, command_line, write_json
-from memalpha.lab.compute import (
+from memalpha.train.demo_summary import event_scalars
+from memalpha_lab.arm_configs import cpu_matched_sft_config, tag
+from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, write_json
+from memalpha_lab.compute import (
     ledger_path,
     running_marker,
     stage_record,
@@ -65,18 +66,17 @@ from memalpha.lab.compute import (
     training_compute,
     unrecorded_attempt,
 )
-from memalpha.lab.control_arms_report import INTERVALS, START, TRAIN_TAGS
-from memalpha.lab.decisive_plan import (
+from memalpha_lab.control_arms_report import INTERVALS, START, TRAIN_TAGS
+from memalpha_lab.decisive_plan import (
     TRAIN_DATA_SEED_BASE,
     VAL_DATA_SEED,
     collect_scores,
     held_out_config,
     recipe_config,
 )
-from memalpha.lab.decisive_report import GRPO, GUARD_LIMIT, PRIMARY, SECONDARY, SFT, print_decisive, rebuild
-from memalpha.lab.levers import LEVERS
-from memalpha.lab.recipe_configs import write_yaml
-from memalpha.train.demo_summary import event_scalars
+from memalpha_lab.decisive_report import GRPO, GUARD_LIMIT, PRIMARY, SECONDARY, SFT, print_decisive, rebuild
+from memalpha_lab.levers import LEVERS
+from memalpha_lab.recipe_configs import write_yaml
 
 
 def collect_runs(run_dir: Path, seeds: list[int]) -> dict[str, Any]:
@@ -197,7 +197,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "val_instances": args.val, "questions": args.questions, "val_data_seed": args.val_data_seed,
         "val_split": "validation", "primary": f"{PRIMARY}, {GRPO} - {SFT}, t over seeds",
         "secondary": list(SECONDARY), "guard": f"memory_share <= {GUARD_LIMIT} in every seed's {GRPO} run",
-        "compute_matching": f"{SFT}: stopped (memalpha.lab.cpu_budget.CpuBudget) when its memalpha sft "
+        "compute_matching": f"{SFT}: stopped (memalpha_lab.cpu_budget.CpuBudget) when its memalpha sft "
                             f"process has spent the CPU seconds of the same seed's {GRPO} memalpha fit "
                             "(compute ledger); amendment in docs/results.md",
         "intervals": INTERVALS,
@@ -259,7 +259,7 @@ def start_lock(run_dir: Path) -> Iterator[None]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.check:
-        from memalpha.lab.decisive_report import main as report
+        from memalpha_lab.decisive_report import main as report
 
         return report(["--scores", str(args.out.parent / args.out.stem / "instance_scores.json"),
                        "--summary", str(args.out), "--check"])

@@ -11,7 +11,7 @@ time (below it on fact recall; docs/results.md, "control_arms"). With r1 from th
 reader and 4 instances a step GRPO beats that control on fact recall over 3 seeds
 (docs/results.md, "grpo_levers"). Each *lever* here is that GRPO
 arm (``fit`` from the same SFT start, same seed, same steps, validated by the same ``validate``
-config on the same held-out instances) with the settings of :data:`memalpha.lab.levers.LEVERS` changed:
+config on the same held-out instances) with the settings of :data:`memalpha_lab.levers.LEVERS` changed:
 
 ``extractive_reader``  r1 from ``reader.kind: extractive`` (no reader model: a question scores
                        when its gold is stored where retrieval finds it), so the reward measures
@@ -54,14 +54,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from control_arms import adapter_done, arm_compute, step_seconds, train_run, validate
 from learning_curve import check_positive, parse_seeds
 
-from memalpha.lab.arm_configs import tag, validate_config
-from memalpha.lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, write_json
-from memalpha.lab.compute import measured
-from memalpha.lab.control_arms_report import INTERVALS, START, TRAIN_TAGS
-from memalpha.lab.grpo_levers_report import LEVER_METRICS, REFERENCES, lever_comparisons, print_levers
-from memalpha.lab.levers import LEVERS, lever_config, lever_runs
-from memalpha.lab.recipe_configs import load_yaml, write_yaml
 from memalpha.train.demo_summary import event_scalars
+from memalpha_lab.arm_configs import tag, validate_config
+from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, write_json
+from memalpha_lab.compute import measured
+from memalpha_lab.control_arms_report import INTERVALS, START, TRAIN_TAGS
+from memalpha_lab.grpo_levers_report import LEVER_METRICS, REFERENCES, lever_comparisons, print_levers
+from memalpha_lab.levers import LEVERS, lever_config, lever_runs
+from memalpha_lab.recipe_configs import load_yaml, write_yaml
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -18,7 +18,7 @@ Every stage is the user's command line (``memalpha data demos``, ``memalpha sft`
    instances every ``--every`` steps (greedy, one rollout each).
 
 Every validation report holds every question and turn, so each point of the curve is a mean
-over instances with a 95 % t interval (``memalpha/lab/stats.py``), per data source and over
+over instances with a 95 % t interval (``lab/memalpha_lab/stats.py``), per data source and over
 all; the step-``N`` minus step-0 difference is paired over the same instances. The training
 scalars (reward, its spread, gradient norm, KL) come from TensorBoard. Output: a table, the
 JSON ``experiments/results/learning_curve.json`` and the plot ``learning_curve.png`` beside
@@ -40,7 +40,8 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from memalpha.lab.common import (
+from memalpha.train.demo_summary import event_scalars
+from memalpha_lab.common import (
     REPO_ROOT,
     RESULTS_DIR,
     command_line,
@@ -49,9 +50,8 @@ from memalpha.lab.common import (
     print_table,
     write_json,
 )
-from memalpha.lab.recipe_configs import fit_config, load_yaml, sft_config, write_yaml
-from memalpha.lab.stats import METRICS, instance_values, paired_difference, summarise_with_ci
-from memalpha.train.demo_summary import event_scalars
+from memalpha_lab.recipe_configs import fit_config, load_yaml, sft_config, write_yaml
+from memalpha_lab.stats import METRICS, instance_values, paired_difference, summarise_with_ci
 
 TRAIN_SCALARS = (
     "train/reward",

@@ -11,7 +11,7 @@ means with a 95 % t interval over seeds (``n - 1`` degrees of freedom): it asks 
 gain holds from seed to seed, not only within one run's instances. The runs should share the
 recipe (steps, validation instances, questions); the script refuses reports whose settings
 differ beyond the seed. Writes ``experiments/results/learning_curve_seeds.json`` (``--out``). The
-arithmetic is :mod:`memalpha.lab.across_seeds` (the tests check it there).
+arithmetic is :mod:`memalpha_lab.across_seeds` (the tests check it there).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from memalpha.lab.across_seeds import combine
-from memalpha.lab.common import command_line, print_table, write_json
-from memalpha.lab.stats import METRICS
+from memalpha_lab.across_seeds import combine
+from memalpha_lab.common import command_line, print_table, write_json
+from memalpha_lab.stats import METRICS
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "learning_curve_seeds.json"
 

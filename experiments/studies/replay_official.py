@@ -32,12 +32,12 @@ from memalpha.agent.reward_math import TurnCalls, rollout_rewards, turn_call_suc
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutSettings, make_token_counter
 from memalpha.agent.scoring import score_answers
-from memalpha.lab.common import RESULTS_DIR, print_table, write_json
 from memalpha.lm.core.embedded import load_tokenizer
 from memalpha.memory.store import Memory
 from memalpha.tools.executor import execute_response
 from memalpha.tools.formats import get_call_format
 from memalpha.train.profiles import PROFILES
+from memalpha_lab.common import RESULTS_DIR, print_table, write_json
 
 FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "memalpha4b_pubmed"
 DEFAULT_OUT = RESULTS_DIR / "replay_official.json"

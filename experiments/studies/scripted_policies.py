@@ -41,11 +41,11 @@ from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutSettings
 from memalpha.agent.scripted import POLICIES, reward_terms, run_scripted
 from memalpha.data.synthetic import SyntheticSettings
-from memalpha.lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, print_table, write_json
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer, resolve_model_path
 from memalpha.reader.extractive import ExtractiveReader
 from memalpha.reader.settings import ReaderSettings
 from memalpha.train.profiles import PROFILES
+from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, print_table, write_json
 
 CONFIG = REPO_ROOT / "configs" / "tiny_cpu.yaml"
 OUT = RESULTS_DIR / "scripted_policies.json"

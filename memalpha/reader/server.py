@@ -16,10 +16,9 @@ that backend end to end::
 With an API key (``api_key``, or ``--api-key-env NAME`` on the command line) every request
 must carry ``Authorization: Bearer <key>``; others get HTTP 401.
 
-:meth:`ChatCompletionServer.inject_fault` is a test hook: the next requests are delayed, or
-answered with an HTTP error status or a malformed body, or the server stops listening as one
-arrives (as a crashed server would); :meth:`~ChatCompletionServer.start` after
-:meth:`~ChatCompletionServer.stop` serves again on the same port.
+:meth:`~ChatCompletionServer.start` after :meth:`~ChatCompletionServer.stop` serves again on the
+same port. :meth:`ChatCompletionServer.intercept` lets a subclass answer an authorised request
+itself before it is parsed (the tests' fault injection, ``tests/faulty_server.py``).
 """
 
 from __future__ import annotations
@@ -67,16 +66,6 @@ class _Job:
     params: SamplingParams
     done: threading.Event = field(default_factory=threading.Event)
     result: LocalGeneration | None = None
-
-
-@dataclass
-class _Fault:
-    delay_s: float
-    status: int | None
-    body: bytes | None
-    die: bool
-    skip: int
-    remaining: int
 
 
 def parse_request(
@@ -155,10 +144,8 @@ class ChatCompletionServer:
         self.model_name = model_name
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
-        self.requests_seen = 0
         self._api_key = api_key
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
-        self._fault: _Fault | None = None
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = self._listen(port)
         self._port = int(self._httpd.server_address[1])
@@ -225,42 +212,10 @@ class ChatCompletionServer:
             self._httpd.server_close()
             self._jobs.put(None)
 
-    # -- test hook ------------------------------------------------------------------------
-    def inject_fault(
-        self,
-        delay_s: float = 0.0,
-        status: int | None = None,
-        count: int = 1,
-        *,
-        body: bytes | None = None,
-        die: bool = False,
-        after: int = 0,
-    ) -> None:
-        """Make ``count`` chat requests, after letting the next ``after`` through, misbehave.
-
-        Each waits ``delay_s``, then: with ``status`` it is answered with that HTTP status; with
-        ``body`` it is answered 200 with these raw bytes (a malformed reply); with ``die`` the
-        server stops listening and hangs up without a reply, so later requests are refused
-        until :meth:`start`; with none of them it is answered normally. ``count=0`` clears the fault.
-        """
-        if sum((status is not None, body is not None, die)) > 1:
-            raise ValueError("inject_fault: give at most one of status, body and die")
-        with self._lock:
-            self._fault = _Fault(delay_s, status, body, die, after, count) if count > 0 else None
-
-    def _take_fault(self) -> _Fault | None:
-        with self._lock:
-            self.requests_seen += 1
-            fault = self._fault
-            if fault is None:
-                return None
-            if fault.skip > 0:
-                fault.skip -= 1
-                return None
-            fault.remaining -= 1
-            if fault.remaining <= 0:
-                self._fault = None
-            return fault
+    def intercept(self, handler: BaseHTTPRequestHandler) -> bool:
+        """Whether ``handler``'s authorised chat request was answered here, before it is parsed;
+        this server answers none (a subclass may: ``tests/faulty_server.py``)."""
+        return False
 
     def _authorised(self, header: str | None) -> bool:
         if self._api_key is None:
@@ -393,19 +348,8 @@ class ChatCompletionServer:
                 if not server._authorised(self.headers.get("Authorization")):
                     self._error(401, "missing or wrong API key", "authentication_error")
                     return
-                fault = server._take_fault()
-                if fault is not None:
-                    time.sleep(fault.delay_s)
-                    if fault.status is not None:
-                        self._error(fault.status, "injected fault", "server_error")
-                        return
-                    if fault.body is not None:
-                        self._send_raw(200, fault.body)
-                        return
-                    if fault.die:
-                        self.close_connection = True
-                        server.stop()
-                        return
+                if server.intercept(self):
+                    return
                 try:
                     messages, params = parse_request(json.loads(raw), server.reader.max_new_tokens)
                 except (RequestError, ValueError) as exc:

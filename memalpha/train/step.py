@@ -11,7 +11,7 @@ Read top to bottom, a step is::
             loss (micro-batch by micro-batch) -> gradients -> clip -> optimiser step
 
 :class:`~memalpha.train.module.GRPOModule` runs them from its Lightning hooks (one mini-batch per
-``training_step``), the single-turn trainer (:mod:`memalpha.train.single_turn`) runs
+``training_step``), the single-turn trainer (:mod:`memalpha_lab.single_turn`) runs
 :func:`score_samples` and :func:`train_minibatch` on its own samples, and the benchmarks under
 ``experiments/`` time the same calls. What differs between processes of a data-parallel run
 (averages over ranks, agreeing to skip a step) goes through :class:`Ranks`; :class:`OneProcess`

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from memalpha.intervals import equivalence, welch_interval
-from memalpha.lab.common import write_text_atomically
+from memalpha_lab.common import write_text_atomically
 
 ARMS = ("memalpha", "trl", "memalpha-lr0")
 REFERENCE = "trl"

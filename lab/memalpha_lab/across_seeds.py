@@ -3,14 +3,14 @@
 Each report of ``experiments/studies/learning_curve.py`` holds, per seed run, its last-validation-
 minus-start change paired over the held-out instances (with its own 95 % interval). :func:`combine`
 takes those per-seed means and gives their mean with a 95 % t interval over seeds (``n - 1`` degrees
-of freedom, :func:`memalpha.lab.stats.mean_ci`), after checking that the reports share their recipe.
+of freedom, :func:`memalpha_lab.stats.mean_ci`), after checking that the reports share their recipe.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from memalpha.lab.stats import METRICS, mean_ci
+from memalpha_lab.stats import METRICS, mean_ci
 
 SEED_ONLY = ("seeds",)  # settings allowed to differ between the reports
 

@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Self
 
-from memalpha.lab import tree_state
+from memalpha_lab import tree_state
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "experiments" / "results"
@@ -31,8 +31,8 @@ RESULTS_DIR = REPO_ROOT / "experiments" / "results"
 def commit_state(repo: Path = REPO_ROOT) -> dict[str, Any]:
     """``{"commit": sha or None, "dirty": bool or None}`` of the checkout holding the benchmark: the
     state ``experiments/gpu/gpu_check.sh`` checked once at its start where it set
-    :data:`~memalpha.lab.tree_state.STATE_ENV`, else git's, else the stamp's of a copy carried
-    without ``.git`` (:func:`~memalpha.lab.tree_state.tree_state`)."""
+    :data:`~memalpha_lab.tree_state.STATE_ENV`, else git's, else the stamp's of a copy carried
+    without ``.git`` (:func:`~memalpha_lab.tree_state.tree_state`)."""
     shared = os.environ.get(tree_state.STATE_ENV)
     if shared and Path(shared).is_file():
         state = json.loads(Path(shared).read_text(encoding="utf-8"))

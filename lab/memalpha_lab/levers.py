@@ -1,8 +1,8 @@
 """The GRPO levers (``experiments/studies/grpo_levers.py``): the control arms' ``grpo`` run with one
 setting changed, each lever's config, and the lever runs a run folder has validated.
 
-A lever run of seed ``S`` is named ``seed<S>_lever_<lever>`` (:func:`memalpha.lab.arm_configs.tag`);
-its config is the seed's ``grpo`` fit config (:func:`memalpha.lab.arm_configs.arm_fit_config`) with
+A lever run of seed ``S`` is named ``seed<S>_lever_<lever>`` (:func:`memalpha_lab.arm_configs.tag`);
+its config is the seed's ``grpo`` fit config (:func:`memalpha_lab.arm_configs.arm_fit_config`) with
 the dotted settings of :data:`LEVERS` set and its own adapter, logger version and checkpoints.
 """
 
@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from memalpha.lab.arm_configs import arm_fit_config, tag
+from memalpha_lab.arm_configs import arm_fit_config, tag
 
 LEVERS: dict[str, dict[str, Any]] = {
     "extractive_reader": {"model.reader.kind": "extractive"},

@@ -5,7 +5,7 @@ GRPO without the memory agent: a plain PyTorch loop over the step the Lightning 
 and the optimiser step), on one process, for single-turn tasks and for comparing against other
 GRPO trainers::
 
-    from memalpha.train.single_turn import SingleTurnSettings, train_single_turn
+    from memalpha_lab.single_turn import SingleTurnSettings, train_single_turn
 
     def reward(prompts, completions):
         return [float("<tool_call>" in c) for c in completions]

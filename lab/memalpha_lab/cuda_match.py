@@ -6,7 +6,7 @@ gpu_pack.sh`` keeps only the CUDA 13 ones, so a machine whose torch is built for
 would fail at the first 4-bit layer, minutes into a run; ``experiments/gpu/gpu_check.sh`` prints this
 line first. The package is found without importing it (importing it on a mismatch prints pages).
 
-    python memalpha/lab/cuda_match.py     # exit 0 on a match, 1 on a mismatch, 2 without CUDA/bitsandbytes
+    python -m memalpha_lab.cuda_match   # exit 0 on a match, 1 on a mismatch, 2 without CUDA/bitsandbytes
 """
 
 from __future__ import annotations

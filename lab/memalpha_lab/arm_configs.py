@@ -1,5 +1,5 @@
 """The configs of the control arms (``experiments/studies/control_arms.py``), which the GRPO levers
-and the decisive study reuse (:mod:`memalpha.lab.levers`, :mod:`memalpha.lab.decisive_plan`).
+and the decisive study reuse (:mod:`memalpha_lab.levers`, :mod:`memalpha_lab.decisive_plan`).
 
 Every arm starts from the shared SFT start ``<run_dir>/sft/adapter`` and exports its own adapter to
 ``<run_dir>/arms/seed<S>_<arm>/adapter`` (:func:`tag`), logs under ``arms/seed<S>_<arm>`` and
@@ -9,7 +9,7 @@ checkpoints under ``checkpoints/seed<S>_<arm>``:
   with no validation inside the run;
 * :func:`continued_sft_config`: ``memalpha sft`` of ``sft_continued``, stopped by Lightning's
   ``trainer.max_time`` (the control arms) or, with :func:`cpu_matched_sft_config`, by a budget of CPU
-  seconds (:class:`memalpha.lab.cpu_budget.CpuBudget`; the decisive study's amendment);
+  seconds (:class:`memalpha_lab.cpu_budget.CpuBudget`; the decisive study's amendment);
 * :func:`validate_config`: ``memalpha validate`` of any adapter on the held-out instances.
 """
 
@@ -19,8 +19,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from memalpha.lab.control_arms_report import START
-from memalpha.lab.recipe_configs import fit_config, sft_config
+from memalpha_lab.control_arms_report import START
+from memalpha_lab.recipe_configs import fit_config, sft_config
 
 CONTINUED_SFT_STEP_CAP = 100_000
 """``max_steps`` of the continued SFT arm, whose length ``trainer.max_time`` sets."""
@@ -47,7 +47,7 @@ def logger(run_dir: Path, name: str, version: str) -> dict[str, Any]:
 
 
 def curve_settings(args: argparse.Namespace, learning_rate: float | None) -> argparse.Namespace:
-    """The options :func:`memalpha.lab.recipe_configs.fit_config` reads."""
+    """The options :func:`memalpha_lab.recipe_configs.fit_config` reads."""
     return argparse.Namespace(steps=args.steps, every=args.steps, learning_rate=learning_rate, val=args.val,
                               questions=args.questions)
 
@@ -104,9 +104,9 @@ def continued_sft_config(base: dict[str, Any], run_dir: Path, seed: int,
 def cpu_matched_sft_config(base: dict[str, Any], run_dir: Path, seed: int,
                            cpu_seconds: float) -> dict[str, Any]:
     """:func:`continued_sft_config` stopped by CPU seconds instead of wall time: no ``trainer.max_time``,
-    and a :class:`memalpha.lab.cpu_budget.CpuBudget` of ``cpu_seconds`` after the checkpoint callback
+    and a :class:`memalpha_lab.cpu_budget.CpuBudget` of ``cpu_seconds`` after the checkpoint callback
     (its state is saved in ``last.ckpt``, so a resumed run counts its earlier processes)."""
     config = continued_sft_config(base, run_dir, seed, None)
-    config["trainer"]["callbacks"].append({"class_path": "memalpha.lab.cpu_budget.CpuBudget",
+    config["trainer"]["callbacks"].append({"class_path": "memalpha_lab.cpu_budget.CpuBudget",
                                            "init_args": {"seconds": round(float(cpu_seconds), 3)}})
     return config

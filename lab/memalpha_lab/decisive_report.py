@@ -31,8 +31,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from memalpha.lab.common import RESULTS_DIR, print_table
-from memalpha.lab.control_arms_report import (
+from memalpha_lab.common import RESULTS_DIR, print_table
+from memalpha_lab.control_arms_report import (
     START,
     arm_means,
     arm_scores,

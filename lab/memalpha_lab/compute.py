@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from memalpha.lab.common import write_text_atomically
+from memalpha_lab.common import write_text_atomically
 
 ROUND_COUNTS = {
     "rollouts": "perf/rollouts",

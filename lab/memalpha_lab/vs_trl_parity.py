@@ -13,11 +13,11 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from memalpha.lab import parity as _parity
-from memalpha.lab.common import commit_state, print_table, write_json
-from memalpha.lab.vs_trl_job import BenchSettings
-from memalpha.lab.vs_trl_options import PARITY_OUT, names
-from memalpha.lab.vs_trl_report import TABLE_HEADERS, ratios, summarise, table_rows
+from memalpha_lab import parity as _parity
+from memalpha_lab.common import commit_state, print_table, write_json
+from memalpha_lab.vs_trl_job import BenchSettings
+from memalpha_lab.vs_trl_options import PARITY_OUT, names
+from memalpha_lab.vs_trl_report import TABLE_HEADERS, ratios, summarise, table_rows
 
 RunChild = Callable[[str, BenchSettings, float], dict[str, Any]]
 """One run of an arm at the given settings within ``timeout_s`` seconds: its steps and times."""

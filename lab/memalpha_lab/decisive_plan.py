@@ -3,12 +3,12 @@ docs/results.md, "Pre-registered: ..."): its held-out set, arm A's config, and t
 validation its run folder holds.
 
 * arm A (``grpo``) of seed ``s`` is the control arms' ``grpo`` fit config with the settings of the lever
-  ``args.recipe`` (:data:`memalpha.lab.levers.LEVERS`) and its own GRPO stream, synthetic data seed
+  ``args.recipe`` (:data:`memalpha_lab.levers.LEVERS`) and its own GRPO stream, synthetic data seed
   ``args.train_data_seed_base + s`` (:func:`recipe_config`);
 * every adapter is validated on the held-out set of synthetic data seed :data:`VAL_DATA_SEED`
   (:func:`held_out_config`), no earlier study's;
 * each validated instance also holds ``memory_share``, its final memory tokens over its input tokens,
-  the guard's metric (:func:`guarded_values`, :mod:`memalpha.lab.decisive_report`).
+  the guard's metric (:func:`guarded_values`, :mod:`memalpha_lab.decisive_report`).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from memalpha.lab.arm_configs import arm_fit_config, tag, validate_config
-from memalpha.lab.common import load_records
-from memalpha.lab.control_arms_report import START
-from memalpha.lab.decisive_report import GRPO, SFT
-from memalpha.lab.levers import LEVERS, set_dotted
 from memalpha.train.instance_scores import InstanceScores, instance_values
+from memalpha_lab.arm_configs import arm_fit_config, tag, validate_config
+from memalpha_lab.common import load_records
+from memalpha_lab.control_arms_report import START
+from memalpha_lab.decisive_report import GRPO, SFT
+from memalpha_lab.levers import LEVERS, set_dotted
 
 VAL_DATA_SEED = 3900
 """The held-out set's synthetic data seed: every earlier study validated on data seed 0."""

@@ -4,7 +4,7 @@ time, because two processes sharing two cores with other work get unequal shares
 
 :class:`CpuBudget` is a Lightning callback a config names under ``trainer.callbacks``::
 
-    - class_path: memalpha.lab.cpu_budget.CpuBudget
+    - class_path: memalpha_lab.cpu_budget.CpuBudget
       init_args: {seconds: 1360.1}
 
 After every training batch (one optimiser step: the memalpha modules optimise by hand, one step a
@@ -15,7 +15,7 @@ callback). The run can overshoot by the one step during which the budget is cros
 
 CPU seconds are :func:`process_cpu_s`: user plus system seconds of this process and its waited-for
 children, from its start, so model loading counts, as it does in the experiment's compute ledger
-(:mod:`memalpha.lab.compute`, which measures a whole ``memalpha`` subprocess the same way). The
+(:mod:`memalpha_lab.compute`, which measures a whole ``memalpha`` subprocess the same way). The
 callback's state (the seconds spent up to a checkpoint) is saved in the checkpoint, so a run
 resumed from ``last.ckpt`` adds the seconds of its earlier processes; seconds spent after the last
 checkpoint by a process that was killed are not counted (the resumed run may train that much
@@ -30,7 +30,7 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from memalpha.lab.compute import children_cpu_s
+from memalpha_lab.compute import children_cpu_s
 
 
 def process_cpu_s() -> float:

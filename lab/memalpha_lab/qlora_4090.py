@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
-from memalpha.lab.common import REPO_ROOT
 from memalpha.lm.core.policy import LMSettings, LoraSettings
+from memalpha_lab.common import REPO_ROOT
 
 CONFIG_PATH = REPO_ROOT / "configs" / "qlora_4090.yaml"
 GPU_CAP_BYTES = 24 * 2**30

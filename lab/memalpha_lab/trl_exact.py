@@ -62,7 +62,7 @@ from typing import Any
 
 import torch
 
-from memalpha.lab.common import machine_info, print_table, write_json
+from memalpha_lab.common import machine_info, print_table, write_json
 
 TRL_LOSS_TYPE = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo"}
 """memalpha ``loss_agg`` -> the TRL ``loss_type`` that aggregates the same way."""
@@ -543,7 +543,7 @@ def build_rig(workdir: str | Path, spec: ExactBatchSpec = ExactBatchSpec(),
               tokenizer: Any = None) -> ExactRig:
     """Save the tiny random Llama (the embedded tokenizer) and memalpha's drawn adapter under
     ``workdir``, load memalpha's policy and build the batch."""
-    from memalpha.lab.common import tiny_model_folder
+    from memalpha_lab.common import tiny_model_folder
 
     workdir = Path(workdir)
     model_dir = tiny_model_folder(workdir / "model", tokenizer=tokenizer, seed=spec.seed,
@@ -581,7 +581,7 @@ NOTES = (
     "one batch, no training: memalpha's update path and TRL's GRPOTrainer loss on the same prompts, "
     "responses, advantages, old and reference log-probs and LoRA weights (float64 model); "
     "'vs fp64': against a float64 log-softmax of the full logits (TRL's at its own position numbering); "
-    "'same-logp': both losses on memalpha's float64 log-probs; see memalpha/lab/trl_exact.py"
+    "'same-logp': both losses on memalpha's float64 log-probs; see lab/memalpha_lab/trl_exact.py"
 )
 
 

@@ -2,7 +2,7 @@
 
 ``experiments/studies/learning_curve.py`` runs the recipe (oracle demonstrations, an SFT start, GRPO
 from it); the control arms, the GRPO levers and the decisive study build their runs on the same two
-configs (:mod:`memalpha.lab.arm_configs`):
+configs (:mod:`memalpha_lab.arm_configs`):
 
 * :func:`sft_config`: ``memalpha sft`` of the start, ``steps`` SFT steps on the run's demonstrations,
   its adapter exported to ``<run_dir>/sft/adapter``;
@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from memalpha.lab.common import write_text_atomically
+from memalpha_lab.common import write_text_atomically
 
 
 def load_yaml(path: Path) -> dict[str, Any]:

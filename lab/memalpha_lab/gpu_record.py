@@ -26,9 +26,9 @@ import importlib.metadata
 from pathlib import Path
 from typing import Any, Self
 
-from memalpha.lab.backend_probe import BackendProbe
-from memalpha.lab.phase_clock import CudaView, MemInfo, PhaseClock
-from memalpha.lab.tree_state import REPO_ROOT, checked_state
+from memalpha_lab.backend_probe import BackendProbe
+from memalpha_lab.phase_clock import CudaView, MemInfo, PhaseClock
+from memalpha_lab.tree_state import REPO_ROOT, checked_state
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

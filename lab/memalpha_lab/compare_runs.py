@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from memalpha.lab.common import RESULTS_DIR, command_line, machine_info, print_table, write_json
+from memalpha_lab.common import RESULTS_DIR, command_line, machine_info, print_table, write_json
 
 TIMING_WORDS = ("seconds", "tokens_per_s", "tok_per_s", "per_second")
 

@@ -6,14 +6,14 @@ A GPU result is only worth keeping if it can be tied to a commit: every figure i
 - **git**: where the checkout has its ``.git`` (this machine, and a device machine if its copy
   carries one), ``HEAD`` and ``git status`` of the tracked files say it directly.
 - **stamp**: where it has none (a copy of the working tree without its history), the file
-  :data:`STAMP` written here before the tree is carried (``python memalpha/lab/tree_state.py
+  :data:`STAMP` written here before the tree is carried (``python -m memalpha_lab.tree_state
   stamp``; ``experiments/gpu/gpu_pack.sh`` runs it) lists ``HEAD`` and the git blob hash of every
   tracked file at ``HEAD``. There, each file is hashed again: a file that differs from its
   committed blob, or is missing, makes the tree dirty.
 
 A run refuses a dirty tree, or one whose commit cannot be known, with one line
 (:class:`DirtyTree`), unless it is started with ``--allow-dirty``; that choice is recorded with
-the state. ``python memalpha/lab/tree_state.py check [--allow-dirty] [--out FILE]`` does the
+the state. ``python -m memalpha_lab.tree_state check [--allow-dirty] [--out FILE]`` does the
 check once for a sequence of runs (``experiments/gpu/gpu_check.sh``) and writes the state to the
 file that :data:`STATE_ENV` names, so that the runs' own result files, written as they go, do
 not count as changes for the runs after them.
@@ -128,7 +128,7 @@ def refusal(state: dict[str, Any]) -> str | None:
     if state["commit"] is None:
         return (
             "refusing to run: the commit of this tree is unknown (no git and no .device/tree.json: run "
-            "`python memalpha/lab/tree_state.py stamp` before carrying it), or pass --allow-dirty"
+            "`python -m memalpha_lab.tree_state stamp` before carrying it), or pass --allow-dirty"
         )
     if state["dirty"]:
         shown = ", ".join(state["changed"][:SHOWN_CHANGES])

@@ -10,9 +10,9 @@ import importlib.util
 from collections.abc import Sequence
 from dataclasses import fields
 
-from memalpha.lab import parity as _parity
-from memalpha.lab.common import RESULTS_DIR
-from memalpha.lab.vs_trl_job import JOBS, BenchSettings
+from memalpha_lab import parity as _parity
+from memalpha_lab.common import RESULTS_DIR
+from memalpha_lab.vs_trl_job import JOBS, BenchSettings
 
 DEFAULT_OUT = RESULTS_DIR / "bench_vs_trl.json"
 PARITY_OUT = RESULTS_DIR / "bench_vs_trl_parity.json"
@@ -47,12 +47,12 @@ def parse_args(argv: Sequence[str] | None = None, description: str = "") -> argp
     parser.add_argument("--adapter-path", default=defaults.adapter_path,
                         help="start both sides from this PEFT adapter (a memalpha sft export)")
     parser.add_argument("--parity", action="store_true",
-                        help="the learning-parity check (memalpha/lab/parity.py): --repeats fresh runs of "
+                        help="the learning-parity check (memalpha_lab/parity.py): --repeats fresh runs of "
                              "each of --arms, one JSON each in --runs-dir, the report in "
                              f"{PARITY_OUT.name} unless --out")
     parser.add_argument("--exact", action="store_true",
                         help="no training: memalpha's and TRL's log-probs, loss and LoRA gradient on one "
-                             "identical batch (memalpha/lab/trl_exact.py), the report in "
+                             "identical batch (lab/memalpha_lab/trl_exact.py), the report in "
                              f"{EXACT_OUT.name} unless --out")
     parser.add_argument("--arms", default=",".join(_parity.ARMS),
                         help=f"with --parity: comma-separated subset of {','.join(_parity.ARMS)}")

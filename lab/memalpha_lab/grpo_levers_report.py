@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from memalpha.lab.common import RESULTS_DIR, print_table
-from memalpha.lab.control_arms_report import (
+from memalpha_lab.common import RESULTS_DIR, print_table
+from memalpha_lab.control_arms_report import (
     START,
     compare,
     comparison_rows,

@@ -48,8 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from memalpha.intervals import mean_interval, paired_interval, seed_level_change
-from memalpha.lab.common import RESULTS_DIR, command_line, print_table, write_text_atomically
 from memalpha.train.instance_scores import InstanceScores
+from memalpha_lab.common import RESULTS_DIR, command_line, print_table, write_text_atomically
 
 ARMS = ("grpo", "grpo_lr0", "sft_continued")
 START = "start"
