@@ -3,9 +3,7 @@
 ``memalpha fit|validate`` land here (:func:`run_lightning_cli`). Besides Lightning's own
 behaviour the CLI links ``model.model`` to ``data.tokenizer_name`` (the DataModule chunks long
 contexts with the policy's tokenizer), writes checkpoints atomically, saves ``last.ckpt`` on
-``SIGTERM``, and refuses the flat ``model.*`` keys of memalpha 0.1 and the prefixed keys that
-became nested groups (``model.reader.openai_*``, the reader's retrieval keys, ``data.synthetic_*``,
-the data files' reading keys) with a message that names the key that replaced each.
+``SIGTERM``, and names the file, line and column of a config file that is not valid YAML.
 
 Bad input ends the process with one line naming the option, the value and what is allowed, and
 no traceback (docs/troubleshooting.md lists each case): a parse error, a setting out of range
@@ -35,124 +33,6 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from memalpha.train.known_warnings import silence_known_warnings
 from memalpha.train.profiles import PROFILES, ProfileName, profile_named
 
-_MOVED = {
-    "lm": ("load_precision:precision", "compute_dtype", "gradient_checkpointing", "share_prefix"),
-    "reader": (
-        "reader_max_new_tokens:max_new_tokens", "reader_temperature:temperature",
-        "reader_top_k_entries:retrieval.top_k_entries", "reader_prompt_tokens:retrieval.prompt_tokens",
-        "reader_batch_size:batch_size", "openai_base_url:openai.base_url", "openai_model:openai.model",
-        "openai_api_key_env:openai.api_key_env", "openai_max_concurrency:openai.max_concurrency",
-        "openai_timeout_s:openai.timeout_s", "openai_max_retries:openai.max_retries",
-    ),
-    "reward": ("beta", "gamma", "content_judge", "metric_overrides"),
-    "update": (
-        "advantage_scale", "clip_low", "clip_high", "kl_coef", "loss_agg", "ppo_epochs", "num_mini_batches",
-        "micro_batch_size",
-    ),
-    "optimizer": ("learning_rate", "weight_decay", "warmup_ratio", "grad_clip"),
-}
-RENAMED_MODEL_KEYS: dict[str, str] = {
-    old: f"{group}.{new or old}"
-    for group, entries in _MOVED.items()
-    for old, _, new in (entry.partition(":") for entry in entries)
-}
-"""Flat ``model.*`` keys of memalpha 0.1 and the grouped key that replaced each."""
-FORMER_CHOICES = {"reader": "reader.kind", "optimizer": "optimizer.name"}
-"""Groups whose name was a plain choice in memalpha 0.1 (``model.reader: local``)."""
-_NESTED = {
-    "model.reader": {
-        **{
-            f"openai_{key}": f"openai.{key}"
-            for key in ("base_url", "model", "api_key_env", "max_concurrency", "timeout_s", "max_retries")
-        },
-        **{
-            key: f"retrieval.{key}"
-            for key in (
-                "top_k_entries",
-                "prompt_tokens",
-                "bm25",
-                "k_reduction",
-                "system_prompt_limit",
-                "bm25_query",
-            )
-        },
-    },
-    "data": {
-        **{
-            f"synthetic_{key}": f"synthetic.{key}"
-            for key in (
-                "train",
-                "val",
-                "chunks",
-                "facts_per_chunk",
-                "distractors_per_chunk",
-                "questions",
-                "chunk_words",
-                "families",
-            )
-        },
-        **{
-            key: f"load.{key}"
-            for key in ("layout", "chunk_tokens", "wrap", "skip_bad", "train_limit", "val_limit")
-        },
-    },
-}
-RENAMED_GROUP_KEYS: dict[str, str] = {
-    **{
-        f"{section}.{old}": f"{section}.{new}"
-        for section, moved in _NESTED.items() for old, new in moved.items()
-    },
-    # one setting says how tokens are sampled (memalpha/lm/sampling/backend.py)
-    **dict.fromkeys(
-        ("model.rollout.engine", "model.lm.sampling_backend", "model.lm.fold_adapters_for_sampling"),
-        "model.rollout.backend",
-    ),
-}
-"""Keys inside a section that moved into a nested group (``model.reader.openai_base_url``,
-``model.reader.bm25``, ``data.synthetic_train``, ``data.layout``) or folded into another
-(``model.rollout.engine``, ``model.lm.sampling_backend``, ``model.lm.fold_adapters_for_sampling``)
-and the key that replaced each (``model.reader.openai.base_url``, ``model.reader.retrieval.bm25``,
-``data.synthetic.train``, ``data.load.layout``, ``model.rollout.backend``)."""
-
-
-RENAMED_HINTS = {
-    "model.rollout.engine": "hf: auto or a named in-process loop; vllm: vllm",
-    "model.lm.fold_adapters_for_sampling": "false: growing-cache or hf-generate, which sample unfolded",
-}
-"""How an old value reads in the key that replaced it, where that is not the same value."""
-
-
-def renamed_key_message(key: str, value: Any, where: str) -> str | None:
-    """The error for an old flat ``model`` key (None when ``key`` is current)."""
-    if key in RENAMED_MODEL_KEYS:
-        return f"{where}: model.{key} is now model.{RENAMED_MODEL_KEYS[key]}"
-    if key in FORMER_CHOICES and isinstance(value, str):
-        return f"{where}: model.{key} is a settings group now; write model.{FORMER_CHOICES[key]}: {value}"
-    return None
-
-
-def renamed_option_message(option: str, value: Any, where: str) -> str | None:
-    """The error for an old option given by its full dotted name (``model.kl_coef``,
-    ``model.reader.bm25``, ``data.synthetic_train``); None when ``option`` is current."""
-    if option in RENAMED_GROUP_KEYS:
-        hint = f" ({RENAMED_HINTS[option]})" if option in RENAMED_HINTS else ""
-        return f"{where}: {option} is now {RENAMED_GROUP_KEYS[option]}{hint}"
-    section, _, key = option.partition(".")
-    if section == "model" and key and "." not in key:
-        return renamed_key_message(key, value, where)
-    return None
-
-
-def _options(mapping: dict[str, Any], prefix: str) -> list[tuple[str, Any]]:
-    """Every ``(dotted option, value)`` of a config mapping, nested mappings included."""
-    found = []
-    for key, value in mapping.items():
-        option = f"{prefix}.{key}"
-        found.append((option, value))
-        if isinstance(value, dict):
-            found.extend(_options(value, option))
-    return found
-
 
 def _config_files(args: list[str]) -> list[str]:
     files = []
@@ -164,21 +44,20 @@ def _config_files(args: list[str]) -> list[str]:
     return files
 
 
-def read_config_files(args: list[str]) -> list[tuple[str, Any]]:
-    """Each config file named in ``args`` (``--config F``, ``--config=F``) with its parsed YAML, read
-    once; raise ``ValueError`` naming the file, line and column of the first one that is not valid
-    YAML (jsonargparse's own message names only ``"<unicode string>"``). A missing or unreadable
-    file is left out: the CLI itself reports it."""
+def check_config_files(args: list[str]) -> None:
+    """Raise ``ValueError`` naming the file, line and column of the first config file named in
+    ``args`` (``--config F``, ``--config=F``) that is not valid YAML (jsonargparse's own message
+    names only ``"<unicode string>"``). A missing or unreadable file is left out: the CLI itself
+    reports it."""
     import yaml
 
-    configs = []
     for path in _config_files(args):
         try:
             text = Path(path).read_text(encoding="utf-8")
         except OSError:
             continue
         try:
-            configs.append((path, yaml.safe_load(text)))
+            yaml.safe_load(text)
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -187,35 +66,6 @@ def read_config_files(args: list[str]) -> list[tuple[str, Any]]:
             raise ValueError(
                 f"{path}{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
             ) from None
-    return configs
-
-
-def check_renamed_keys(
-    args: list[str],
-    groups: tuple[str, ...] = ("model", "data"),
-    configs: list[tuple[str, Any]] | None = None,
-) -> None:
-    """Exit with one line per old key (:data:`RENAMED_MODEL_KEYS`, :data:`RENAMED_GROUP_KEYS`) of
-    ``groups`` found in ``args`` or the config files they name (``configs``, as
-    :func:`read_config_files` returns them: read here when not given)."""
-    problems = []
-    for path, config in read_config_files(args) if configs is None else configs:
-        sections = (
-            [config] + [config.get(sub) for sub in ("fit", "validate")] if isinstance(config, dict) else []
-        )
-        for section in sections:
-            for name in groups:
-                group = section.get(name) if isinstance(section, dict) else None
-                if isinstance(group, dict):
-                    problems.extend(renamed_option_message(o, v, path) for o, v in _options(group, name))
-    for index, arg in enumerate(args):
-        if arg.startswith(tuple(f"--{name}." for name in groups)):
-            option, eq, value = arg[2:].partition("=")
-            value = value if eq else (args[index + 1] if index + 1 < len(args) else None)
-            problems.append(renamed_option_message(option, value, "command line"))
-    problems = [p for p in problems if p]
-    if problems:
-        raise SystemExit("error: " + "\nerror: ".join(problems) + " (see docs/configuration.md)")
 
 
 DEBUG_ENV = "MEMALPHA_DEBUG"
@@ -277,10 +127,6 @@ class MemAlphaCLI(LightningCLI):
     takes_profile = True
     """Offer ``--profile`` (:mod:`memalpha.train.profiles`); its keys are :class:`GRPOModule`'s."""
 
-    renamed_key_sections: tuple[str, ...] = ("model", "data")
-    """Where to refuse memalpha 0.1's flat ``model.*`` keys of :class:`GRPOModule` and the prefixed
-    keys that became nested groups (see :data:`RENAMED_MODEL_KEYS`, :data:`RENAMED_GROUP_KEYS`)."""
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("parser_class", OneLineErrorParser)
         super().__init__(*args, **kwargs)
@@ -289,12 +135,10 @@ class MemAlphaCLI(LightningCLI):
         if args is None or isinstance(args, list):
             given = list(sys.argv[1:] if args is None else args)
             try:
-                configs = read_config_files(given)
+                check_config_files(given)
             except ValueError as exc:
                 command = "sft" if isinstance(self, SFTCLI) else (given[0] if given else "")
                 raise SystemExit(f"memalpha {command}: error: {exc}") from None
-            if self.renamed_key_sections:
-                check_renamed_keys(given, self.renamed_key_sections, configs)
             if self.takes_profile:
                 self._apply_profile(given)
         super().parse_arguments(parser, args)
@@ -473,8 +317,11 @@ class SFTCLI(MemAlphaCLI):
     """:class:`MemAlphaCLI` for ``memalpha sft``: SFTModule's ``model.micro_batch_size`` is its own key,
     and no profile applies (the profiles set GRPO and reader options)."""
 
-    renamed_key_sections = ("data",)  # data.train_limit -> data.load.train_limit, as for fit
     takes_profile = False
+
+    def setup_parser(self, *args: Any, **kwargs: Any) -> None:
+        super().setup_parser(*args, **kwargs)
+        self._subcommand_parsers["fit"].prog = "memalpha sft"  # its errors name the command typed
 
     def _prog(self) -> str:
         return "memalpha sft"
