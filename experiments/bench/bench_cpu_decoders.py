@@ -62,7 +62,8 @@ def one_run(backend: str, steps: int, scratch: Path, index: int) -> dict[str, An
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{backend}: memalpha fit exited {done.returncode}: {done.stderr.strip()[-2000:]}")
-    scalars = event_scalars(folder / "tb", TAGS)
+    [events] = (folder / "tb").glob("version_*")
+    scalars = event_scalars(events, TAGS)
     missing = [tag for tag in TAGS if tag not in scalars]
     if missing:
         raise SystemExit(f"{backend}: the run logged no {missing}")
