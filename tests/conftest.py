@@ -80,7 +80,7 @@ def model_generate_path(model, tokenizer, prompts, **kwargs):
     from memalpha.lm.sampling import generation
 
     return generation.generate(
-        model, tokenizer, prompts, fold_adapters=False, backend="hf-generate", **kwargs
+        model, tokenizer, prompts, backend="hf-generate", **kwargs
     )
 
 

@@ -120,7 +120,7 @@ def _probe_step() -> Callable[[], None]:
 
     def generate(*args, **kwargs):
         called = [kwargs.get(name, default) for name, default in
-                  (("backend", "auto"), ("fold_adapters", False), ("announce_as", "sampling"))]
+                  (("backend", "auto"), ("announce_as", "sampling"))]
         CURRENT.setdefault("generate", []).append(called)
         return real_generate(*args, **kwargs)
 

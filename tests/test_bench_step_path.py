@@ -59,9 +59,9 @@ def test_bench_rollout_takes_the_modules_step_with_its_reference_and_backend(run
     # the reference comes from reference_weights (update.kl_reference), not a bare disable_adapter()
     assert calls["reference_weights"] == 1 and calls["accumulate_grpo_gradients"] == 1
     assert calls["optimizer_step"] == 1
-    policy = {(backend, fold) for backend, fold, who in sampled if who == "sampling"}
-    reader = {(backend, fold) for backend, fold, who in sampled if who == "reader"}
-    assert policy == {("growing-cache", False)} and reader == {("growing-cache", False)}
+    policy = {backend for backend, who in sampled if who == "sampling"}
+    reader = {backend for backend, who in sampled if who == "reader"}
+    assert policy == {"growing-cache"} and reader == {"growing-cache"}
 
 
 def test_bench_rollout_reference_is_the_starting_adapter_under_kl_reference_start(runs):
@@ -76,7 +76,7 @@ def test_bench_scale_and_profile_and_update_go_through_the_step(runs):
     scale = runs["bench_scale"]
     assert scale["calls"]["reference_weights"] == 1 and scale["calls"]["accumulate_grpo_gradients"] == 1
     assert scale["calls"]["optimizer_step"] == 1
-    assert [s[:2] for s in scale["generate"]] == [["growing-cache", False]]
+    assert [s[0] for s in scale["generate"]] == ["growing-cache"]
 
     profile = runs["profile_grpo_step"]["calls"]  # a warm-up step and the profiled one
     assert profile["reference_weights"] == 2 and profile["accumulate_grpo_gradients"] == 2

@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import build_tiny_model_dir, early_end_token, model_generate_path
 
+from memalpha.lm.core.folded_lora import folded_adapters
 from memalpha.lm.core.layout import additive_mask
 from memalpha.lm.core.prefix_cache import split_decoder_and_head
 from memalpha.lm.sampling.fused_decode import (
@@ -81,7 +82,7 @@ def test_greedy_tokens_equal_model_generate_while_groups_end_apart(peaked_policy
     assert FusedDecoder.build(*split_decoder_and_head(model)) is not None
     end = early_end_token(model, tokenizer, PROMPTS, others_from=2, all_others=True)
     kwargs = {"max_new_tokens": 10, "do_sample": False, "eos_token_id": end, "share_prefix": share_prefix}
-    ours = generate(model, tokenizer, PROMPTS, fold_adapters=True, **kwargs)
+    ours = generate(model, tokenizer, PROMPTS, backend="cpu-fused", **kwargs)
     theirs = model_generate_path(model, tokenizer, PROMPTS, **kwargs)
     assert ours.response_ids == theirs.response_ids
     assert ours.truncated == theirs.truncated
@@ -98,9 +99,10 @@ def test_seeded_samples_equal_the_unfolded_paths(peaked_policy, monkeypatch):
         "top_k": 40,
         "top_p": 0.95,
     }
-    fused = generate(model, tokenizer, PROMPTS, fold_adapters=True, **kwargs)
-    own_loop = generate(model, tokenizer, PROMPTS, fold_adapters=False, **kwargs)
-    folded_layers = generate(model, tokenizer, PROMPTS, fold_adapters=True, backend="growing-cache", **kwargs)
+    fused = generate(model, tokenizer, PROMPTS, backend="cpu-fused", **kwargs)
+    own_loop = generate(model, tokenizer, PROMPTS, backend="growing-cache", **kwargs)
+    with folded_adapters(model):  # the loop over single linear layers of folded weights, as cuda-graph runs
+        folded_layers = generate(model, tokenizer, PROMPTS, backend="growing-cache", **kwargs)
     assert fused.response_ids == own_loop.response_ids == folded_layers.response_ids
 
 
@@ -140,7 +142,7 @@ def test_qwen_decoders_give_model_generates_greedy_tokens(kind, tmp_path, tokeni
     else:
         assert hasattr(model.model.layers[0].self_attn, "q_norm")
     kwargs = {"max_new_tokens": 8, "do_sample": False, "eos_token_id": NEVER}
-    ours = generate(model, tokenizer, PROMPTS, fold_adapters=True, **kwargs)
+    ours = generate(model, tokenizer, PROMPTS, backend="cpu-fused", **kwargs)
     theirs = model_generate_path(model, tokenizer, PROMPTS, **kwargs)
     assert ours.response_ids == theirs.response_ids
 
@@ -155,7 +157,7 @@ def test_half_precision_and_dora_decoders_are_not_fused(tmp_path, tokenizer):
     base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     dora = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], use_dora=True))
     assert FusedDecoder.build(*split_decoder_and_head(dora)) is None
-    out = generate(dora, tokenizer, PROMPTS[:2], max_new_tokens=3, do_sample=False, fold_adapters=True)
+    out = generate(dora, tokenizer, PROMPTS[:2], max_new_tokens=3, do_sample=False)  # auto: not cpu-fused
     assert len(out.response_ids) == 2
 
 
@@ -177,7 +179,7 @@ def test_packed_float32_step_gives_model_generates_greedy_tokens(peaked_policy, 
     )
     end = early_end_token(model, tokenizer, PROMPTS, others_from=2, all_others=True)
     kwargs = {"max_new_tokens": 10, "do_sample": False, "eos_token_id": end}
-    ours = generate(model, tokenizer, PROMPTS, fold_adapters=True, **kwargs)
+    ours = generate(model, tokenizer, PROMPTS, backend="cpu-fused", **kwargs)
     assert rows_seen and set(rows_seen) == {len(PROMPTS)}  # every packed call at the rows it was packed for
     theirs = model_generate_path(model, tokenizer, PROMPTS, **kwargs)
     assert ours.response_ids == theirs.response_ids

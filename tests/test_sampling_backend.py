@@ -15,7 +15,6 @@ from memalpha.lm.sampling.backend import (
     announce,
     candidates,
     choose_backend,
-    folds,
     in_process,
     why_not,
 )
@@ -30,19 +29,18 @@ def policy(tiny_model_dir):
     return load_policy(tiny_model_dir, lora=LoraSettings(r=4, alpha=8))
 
 
-def test_auto_on_the_cpu_takes_the_fused_step_only_when_adapters_fold(policy):
+def test_auto_on_the_cpu_takes_the_fused_step(policy):
     model, _ = policy
-    assert candidates(model, fold_adapters=True) == ["cpu-fused", "growing-cache", "hf-generate"]
-    assert choose_backend(model, "auto", fold_adapters=True).name == "cpu-fused"
-    unfolded = choose_backend(model, "auto", fold_adapters=False)
-    assert unfolded.name == "growing-cache" and unfolded.reason == "auto on cpu"
+    assert candidates(model) == ["cpu-fused", "growing-cache", "hf-generate"]
+    choice = choose_backend(model, "auto")
+    assert choice.name == "cpu-fused" and choice.reason == "auto on cpu"
 
 
 def test_auto_says_what_the_better_backends_lacked(policy):
     model, _ = policy
     model.to(torch.bfloat16)
     try:
-        choice = choose_backend(model, "auto", fold_adapters=True)
+        choice = choose_backend(model, "auto")
     finally:
         model.to(torch.float32)
     assert choice.name == "growing-cache"
@@ -51,20 +49,22 @@ def test_auto_says_what_the_better_backends_lacked(policy):
 
 def test_a_named_backend_that_cannot_run_is_an_error_naming_the_setting(policy):
     model, _ = policy
-    with pytest.raises(ValueError, match=r"rollout.backend='cpu-fused' cannot sample .*samples unfolded"):
-        choose_backend(model, "cpu-fused", fold_adapters=False)
+    model.to(torch.bfloat16)
+    try:
+        with pytest.raises(ValueError, match=r"rollout.backend='cpu-fused' cannot sample .*torch.bfloat16"):
+            choose_backend(model, "cpu-fused")
+    finally:
+        model.to(torch.float32)
     with pytest.raises(ValueError, match="rollout.backend must be one of"):
         choose_backend(model, "fastest")
     assert choose_backend(model, "hf-generate").reason == "named by rollout.backend"
 
 
-def test_one_setting_names_the_backend_and_its_folding():
+def test_one_setting_names_the_backend():
     assert RolloutSettings(backend="growing-cache").backend == "growing-cache"
     with pytest.raises(ValueError, match=r"rollout.backend must be one of \['auto'"):
         RolloutSettings(backend="hf")
     assert SAMPLING_BACKENDS[0] == "auto" and "vllm" in BACKENDS and "vllm" not in SAMPLING_BACKENDS
-    values = ("auto", "cpu-fused", "cuda-graph", "growing-cache", "hf-generate", "vllm")
-    assert [folds(b) for b in values] == [True, True, True, False, False, True]
     assert in_process("vllm") == "auto" and in_process("cpu-fused") == "cpu-fused"
     with pytest.raises(ValueError, match="rollout.backend: vllm samples on its server"):
         sampler_for(None, None, "vllm")
@@ -120,21 +120,19 @@ def test_sliding_window_decoders_go_to_model_generate(tmp_path, tokenizer):
 def test_every_backend_gives_the_same_greedy_tokens(policy):
     model, tokenizer = policy
     runs = {
-        backend: generate(model, tokenizer, PROMPTS, max_new_tokens=6, do_sample=False, fold_adapters=True,
+        backend: generate(model, tokenizer, PROMPTS, max_new_tokens=6, do_sample=False,
                           backend=backend, eos_token_id=10_000).response_ids
         for backend in ("cpu-fused", "growing-cache", "hf-generate")
     }
     assert runs["cpu-fused"] == runs["growing-cache"] == runs["hf-generate"]
 
 
-def test_the_graph_needs_the_folded_copy_and_a_cuda_model(policy):
+def test_the_graph_needs_a_cuda_model(policy):
     """Named, ``cuda-graph`` runs captured or not at all: a model on the CPU is refused with the
     setting's name (its eager form is tests/test_graph_decode.py's, called directly)."""
     model, _ = policy
-    with pytest.raises(ValueError, match="cuda-graph.*samples unfolded"):
-        choose_backend(model, "cuda-graph", fold_adapters=False)
     with pytest.raises(ValueError, match="rollout.backend='cuda-graph' cannot sample.*model is on cpu"):
-        choose_backend(model, "cuda-graph", fold_adapters=True)
+        choose_backend(model, "cuda-graph")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with CUDA may name cuda-graph")

@@ -111,6 +111,9 @@ def test_fit_logs_every_metric_and_sample_text(fitted):
     assert text_tags, acc.Tags()
     text = acc.Tensors(text_tags[0])[0].tensor_proto.string_val[0].decode()
     assert "final memory" in text and "chunk 0" in text
+    [backends] = [t for t in acc.Tags()["tensors"] if t.startswith("run/backends")]
+    said = acc.Tensors(backends)[0].tensor_proto.string_val[0].decode()
+    assert said == "policy cpu-fused, reader cpu-fused"
 
 
 def test_checkpoint_holds_adapter_optimizer_and_stream_state(fitted):
@@ -152,8 +155,10 @@ def test_validate_prints_table_and_writes_json(fitted, capsys):
     )
     out = capsys.readouterr().out
     assert "source" in out and "accuracy" in out and "ALL" in out
+    assert "sampled by policy cpu-fused, reader cpu-fused" in out  # what ran, said under the table
     report = json.loads((version_dirs(tmp_path)[-1] / "validation.json").read_text())
     assert report["summary"]["overall"]["questions"] > 0
+    assert report["summary"]["backends"] == {"sampling": "cpu-fused", "reader": "cpu-fused"}
     question = report["records"][0]["questions"][0]
     assert {"question", "gold", "prediction", "score"} <= set(question)
 

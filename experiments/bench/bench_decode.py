@@ -1,4 +1,4 @@
-"""Decoding-step time of memalpha's three sampling paths on the parity job's generation.
+"""Decoding-step time of memalpha's CPU sampling paths on the parity job's generation.
 
 Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench/bench_decode.py
           [--adapter-path runs/learning_curve/sft/adapter]
@@ -9,11 +9,9 @@ memorising prompts of the memory job (~560 tokens) sampled ``--group-size`` time
 full length), so every path runs the same number of steps at the same batch and the time per
 step compares like with like. The paths, in one process, alternating ``--repeats`` times:
 
-* ``peft``    -- ``fold_adapters=False``: memalpha's loop (:mod:`memalpha.lm.sampling.growing_cache`)
+* ``peft``    -- ``backend="growing-cache"``: memalpha's loop (:mod:`memalpha.lm.sampling.growing_cache`)
                  through PEFT's LoRA layers (base product plus two thin ones per adapted layer);
-* ``folded``  -- the same loop with each LoRA layer run as one product over a folded copy of
-                 its weight (:mod:`memalpha.lm.core.folded_lora`; what non-Llama decoders get);
-* ``fused``   -- ``fold_adapters=True``: memalpha's own decoding step
+* ``fused``   -- ``backend="cpu-fused"``: memalpha's own decoding step
                  (:mod:`memalpha.lm.sampling.fused_decode`), q/k/v stacked, prompt keys read once per
                  prompt, float32 products packed for the batch's rows
                  (:mod:`memalpha.lm.sampling.packed_linear`);
@@ -44,7 +42,7 @@ from memalpha.lm.sampling import growing_cache as own_loop
 from memalpha_lab.common import command_line, machine_info, print_table, write_json
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench_decode.json"
-PATHS = ("peft", "folded", "fused", "fused_plain")
+PATHS = ("peft", "fused", "fused_plain")
 NO_END = 10**9  # an end token no row emits
 
 
@@ -71,17 +69,10 @@ def run_path(
 ) -> dict[str, float]:
     """One generation of ``rows`` through ``path``; total and decoding seconds."""
     timer = DecodeTimer()
-    saved = (generation.decode, generation.fused_decode, generation.FusedDecoder)
-
-    class NoFused(fused_decode.FusedDecoder):
-        @classmethod
-        def build(cls, *args, **kwargs):
-            return None
+    saved = (generation.decode, generation.fused_decode)
 
     generation.decode = timer.wrap(own_loop.decode)
     generation.fused_decode = timer.wrap(fused_decode.decode)
-    if path == "folded":
-        generation.FusedDecoder = NoFused
     packing = packed_linear.packing_available
     if path == "fused_plain":
         packed_linear.packing_available = lambda: False
@@ -89,11 +80,11 @@ def run_path(
         start = time.perf_counter()
         out = generation.generate(
             model, tokenizer, rows, max_new_tokens=max_new_tokens, seed=seed, eos_token_id=NO_END,
-            fold_adapters=path != "peft",
+            backend="growing-cache" if path == "peft" else "cpu-fused",
         )
         total = time.perf_counter() - start
     finally:
-        generation.decode, generation.fused_decode, generation.FusedDecoder = saved
+        generation.decode, generation.fused_decode = saved
         packed_linear.packing_available = packing
     return {
         "total_s": total,

@@ -58,7 +58,7 @@ from memalpha.train.step_faults import (
     phase_out_of_memory,
     validation_refusal,
 )
-from memalpha.train.validation_report import summarise_records, write_validation_report
+from memalpha.train.validation_report import describe_backends, summarise_records, write_validation_report
 
 EXPERIENCE_KEY = "memalpha_experience"
 SKIPPED_ROUNDS_KEY = "memalpha_reader_skipped_rounds"
@@ -169,6 +169,7 @@ class GRPOModule(PolicyModule):
         self.engine_sync: EngineSync | None = None  # rollout.backend: vllm (started at the first rollout)
         self.skipped_rounds = SkippedRounds()  # rounds refused for failed reader answers, in a row
         self._phase = "sampling"  # the phase of the step now running (named if it runs out of memory)
+        self.backends: dict[str, str] = {}  # the decoding backend of the policy and the local reader
 
     # ----------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:
@@ -199,7 +200,11 @@ class GRPOModule(PolicyModule):
                 pad_id=self.tokenizer.pad_token_id,
                 share_prefix=self.lm_settings.share_prefix,
             )
-            announce_backends(self.policy, backend, reader_samples_here=self.reader_settings.kind == "local")
+            self.backends = announce_backends(
+                self.policy, backend, reader_samples_here=self.reader_settings.kind == "local"
+            )
+            if self.global_rank == 0:  # the run's record of what sampled (a failed capture stops it)
+                self._log_text("run/backends", describe_backends(self.backends))
 
     # ---------------------------------------------------- checkpoint content
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -480,7 +485,7 @@ class GRPOModule(PolicyModule):
             gathered: list[list[RolloutRecord]] = [None] * self.trainer.world_size  # type: ignore[list-item]
             torch.distributed.all_gather_object(gathered, records)
             records = [r for part in gathered for r in part]
-        summary = summarise_records(records)
+        summary = {**summarise_records(records), "backends": self.backends}
         overall = summary["overall"]
         where = f"validation at global step {self.global_step}"
         refusal = validation_refusal(ReaderFailures.of(records), self.reader_settings.max_failed_share, where)

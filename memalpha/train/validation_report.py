@@ -117,10 +117,18 @@ def format_columns(cells: Sequence[Sequence[str]]) -> str:
 def write_validation_report(summary: dict[str, Any], records: Sequence[Any], path: str | Path) -> str:
     """Write the summary plus every question's prediction and score to ``path`` (atomically); return the
     table. A summary with ``invalid`` (too many failed reader answers) keeps it in the JSON and ends
-    the table with it."""
+    the table with it; ``backends`` (the decoding backend of the policy and the local reader) is
+    said under the table too."""
     write_json_atomically(path, {"summary": summary, "records": [asdict(r) for r in records]})
     invalid = f"\nINVALID: {summary['invalid']}" if summary.get("invalid") else ""
-    return format_table(summary) + invalid + f"\n(written to {path})"
+    backends = f"\nsampled by {describe_backends(summary['backends'])}" if summary.get("backends") else ""
+    return format_table(summary) + invalid + backends + f"\n(written to {path})"
+
+
+def describe_backends(backends: dict[str, str]) -> str:
+    """``{"sampling": "cpu-fused", "reader": "cpu-fused"}`` as ``policy cpu-fused, reader cpu-fused``."""
+    names = {"sampling": "policy"}
+    return ", ".join(f"{names.get(who, who)} {backend}" for who, backend in backends.items())
 
 
 def write_json_atomically(path: str | Path, payload: Any) -> None:

@@ -9,8 +9,8 @@ chooses). The in-process backends:
 backend            what runs                                                      takes
 =================  =============================================================  ==========================
 ``cpu-fused``      memalpha's own decoding step over stacked weights with the     float32/float64 Llama,
-                   LoRA folded in, prompt keys read once for all their rows       Mistral, Qwen2/3 on the CPU,
-                   (:mod:`memalpha.lm.sampling.fused_decode`)                    with ``fold_adapters``
+                   LoRA folded in, prompt keys read once for all their rows       Mistral, Qwen2/3 on the CPU
+                   (:mod:`memalpha.lm.sampling.fused_decode`)
 ``cuda-graph``     one decoding step of fixed shapes over a static cache,         plain-attention decoders on
                    captured once as a CUDA graph and replayed per token, over a   CUDA (a failed capture
                    dense copy of the weights with the LoRA folded in (4-bit       stops the run)
@@ -20,13 +20,13 @@ backend            what runs                                                    
 ``hf-generate``    ``transformers``' ``model.generate``                           any causal LM
 =================  =============================================================  ==========================
 
-``cpu-fused`` and ``cuda-graph`` sample from a copy of the weights with the LoRA update folded in;
-named, ``growing-cache`` and ``hf-generate`` run the model as loaded (no copy of its weights: the
-choice when that copy does not fit, or when the weights are sharded, as under FSDP), while
-``auto`` falling back to them folds the LoRA into temporary copies as the fast backends do
-(:func:`folds`). ``auto`` takes the first in the order of :func:`candidates` that can run and
-logs why; a named backend that cannot run, at setup or when its step declines the weights at run
-time, is an error naming the setting and the reason, while ``auto`` chooses again and logs it.
+One name is one path. ``cpu-fused`` and ``cuda-graph`` sample from a copy of the weights with the
+LoRA update folded in; ``growing-cache`` and ``hf-generate`` run the model as loaded (no copy of its
+weights: the choice when that copy does not fit, or when the weights are sharded, as under FSDP),
+whether named or chosen by ``auto``. ``auto`` takes the first in the order of :func:`candidates`
+that can run and logs why; a named backend that cannot run, at setup or when its step declines
+the weights at run time, is an error naming the setting and the reason, while ``auto`` chooses
+again and logs it.
 All four sample the same distribution (temperature, then top-k, then top-p:
 :mod:`memalpha.lm.sampling.filters`).
 """
@@ -73,11 +73,6 @@ def in_process(backend: str) -> str:
     return "auto" if backend == "vllm" else backend
 
 
-def folds(backend: str) -> bool:
-    """Whether the setting ``backend`` samples from weights with the LoRA folded in: everything but
-    ``growing-cache`` and ``hf-generate`` named outright (the model as loaded, no weight copies)."""
-    return in_process(backend) not in ("growing-cache", "hf-generate")
-
 @dataclass(frozen=True)
 class BackendChoice:
     """The backend that samples, and why: ``reason`` says what made ``auto`` pick it (or that
@@ -91,17 +86,14 @@ def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def candidates(model, fold_adapters: bool) -> list[str]:
+def candidates(model) -> list[str]:
     """The backends ``auto`` tries for ``model``, best first: on CUDA the captured graph, on the
-    CPU the fused step (each only with ``fold_adapters``: both sample from a folded copy of the
-    weights), then the two general loops."""
-    first = (
-        {"cuda": ["cuda-graph"], "cpu": ["cpu-fused"]}.get(_device(model).type, []) if fold_adapters else []
-    )
+    CPU the fused step, then the two general loops."""
+    first = {"cuda": ["cuda-graph"], "cpu": ["cpu-fused"]}.get(_device(model).type, [])
     return [*first, "growing-cache", "hf-generate"]
 
 
-def why_not(backend: str, model, fold_adapters: bool = True) -> str | None:
+def why_not(backend: str, model) -> str | None:
     """Why ``backend`` cannot sample for ``model`` (None when it can)."""
     decoder, _, config = split_decoder_and_head(model)
     if backend == "hf-generate":
@@ -111,31 +103,27 @@ def why_not(backend: str, model, fold_adapters: bool = True) -> str | None:
             return "the decoder has sliding-window, chunked or other non-plain attention layers"
         return None
     if backend == "cpu-fused":
-        if not fold_adapters:
-            return "it folds the LoRA into the weights, and this call samples unfolded"
         return FusedDecoder.unsupported(decoder, config)
     if backend == "cuda-graph":
-        if not fold_adapters:
-            return "it samples from a dense copy of the weights, and this call samples unfolded"
         if _device(model).type != "cuda":
             return f"it captures CUDA graphs, and the model is on {_device(model).type}"
         return graph_decode.supports(model)
     raise ValueError(f"unknown sampling backend {backend!r}; choose one of {list(SAMPLING_BACKENDS)}")
 
 
-def choose_backend(model, requested: str = "auto", fold_adapters: bool = True) -> BackendChoice:
+def choose_backend(model, requested: str = "auto") -> BackendChoice:
     """The backend that samples for ``model``: ``requested`` itself (an error naming the setting
     when it cannot run here) or, for ``auto``, the first of :func:`candidates` that can."""
     if requested not in SAMPLING_BACKENDS:
         raise ValueError(f"{SETTING} must be one of {list(SAMPLING_BACKENDS)} here, got {requested!r}")
     if requested != "auto":
-        reason = why_not(requested, model, fold_adapters)
+        reason = why_not(requested, model)
         if reason is not None:
             raise ValueError(f"{SETTING}={requested!r} cannot sample for this model: {reason}")
         return BackendChoice(requested, f"named by {SETTING}")
     passed = []
-    for name in candidates(model, fold_adapters):
-        reason = why_not(name, model, fold_adapters)
+    for name in candidates(model):
+        reason = why_not(name, model)
         if reason is None:
             skipped = "; ".join(passed)
             return BackendChoice(
@@ -164,15 +152,21 @@ def announce(model, choice: BackendChoice, who: str = "sampling") -> None:
         logger.info("%s backend: %s -- %s", who, choice.name, choice.reason)
 
 
-def announce_backends(model, backend: str, *, reader_samples_here: bool) -> None:
+def announce_backends(model, backend: str, *, reader_samples_here: bool) -> dict[str, str]:
     """Choose and log, once at setup, how the policy (unless ``vllm`` samples it on its server)
     and the local reader (``reader_samples_here``; adapters off, as ``auto`` chooses under
-    ``vllm``) sample; a named backend that cannot run for the model stops the run here."""
+    ``vllm``) sample; a named backend that cannot run for the model stops the run here. Returns
+    the backend of each (``sampling``, and ``reader`` when it samples here), for the run's records."""
     check_backend(backend)
     if backend == "vllm":
         logger.info("sampling backend: vllm -- named by %s", SETTING)
+        chosen = {"sampling": "vllm"}
     else:
-        announce(model, choose_backend(model, backend, folds(backend)), "sampling")
+        choice = choose_backend(model, backend)
+        announce(model, choice, "sampling")
+        chosen = {"sampling": choice.name}
     if reader_samples_here:
-        reader = in_process(backend)
-        announce(model, choose_backend(model, reader, folds(reader)), "reader")
+        choice = choose_backend(model, in_process(backend))
+        announce(model, choice, "reader")
+        chosen["reader"] = choice.name
+    return chosen

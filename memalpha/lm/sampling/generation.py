@@ -25,7 +25,7 @@ from memalpha.lm.core.prefix_cache import (
     split_decoder_and_head,
 )
 from memalpha.lm.sampling import graph_decode
-from memalpha.lm.sampling.backend import SETTING, announce, choose_backend, declined, folds
+from memalpha.lm.sampling.backend import SETTING, announce, choose_backend, declined
 from memalpha.lm.sampling.filters import next_tokens
 from memalpha.lm.sampling.fused_decode import FusedDecoder
 from memalpha.lm.sampling.fused_decode import decode as fused_decode
@@ -112,7 +112,6 @@ def generate(
     batch_size: int | None = None,
     eos_token_id: int | list[int] | None = None,
     share_prefix: bool = True,
-    fold_adapters: bool = False,
     backend: str = "auto",
     announce_as: str = "sampling",
 ) -> Generation:
@@ -135,16 +134,11 @@ def generate(
     ``max_new_tokens`` and drops rows as they finish; decoders with sliding-window or other non-plain
     attention layers sample through ``model.generate`` instead, with the same filters.
 
-    With ``fold_adapters`` the decoding steps of Llama, Mistral, Qwen2 and Qwen3 decoders run
-    from a copy of their linear weights with any LoRA update folded in and the prompt keys read
-    once per distinct prompt (:mod:`memalpha.lm.sampling.fused_decode`); other decoders run their LoRA
-    layers as single linear layers over folded copies (:mod:`memalpha.lm.core.folded_lora`). Either
-    way the samples are the same up to float rounding, at the cost of one more copy of the
-    weights while sampling runs (two for the fused step in float32, whose products are also
-    packed for the batch's rows: :mod:`memalpha.lm.sampling.packed_linear`).
-
-    ``backend`` picks the decoding loop (:mod:`memalpha.lm.sampling.backend`): ``auto`` takes the
-    best one that runs for this model and device and logs its choice once (as ``announce_as``:
+    ``backend`` picks the decoding loop (:mod:`memalpha.lm.sampling.backend`), and with it whether
+    the LoRA update is folded into a copy of the weights: ``cpu-fused`` and ``cuda-graph`` sample
+    from such a copy (the samples are the same up to float rounding, at the cost of the copy while
+    sampling runs), ``growing-cache`` and ``hf-generate`` run the model as loaded. ``auto`` takes
+    the best one that runs for this model and device and logs its choice once (as ``announce_as``:
     ``sampling`` for the policy, ``reader`` for the local reader); a named one that cannot run is
     an error.
     """
@@ -196,7 +190,7 @@ def generate(
     fork_devices = [device] if device.type == "cuda" else []
     with eval_mode(model):
         share_prefix = share_prefix and can_share_cache(decoder)  # asked in eval mode, as generation runs
-        choice = choose_backend(model, backend, fold_adapters)
+        choice = choose_backend(model, backend)
         announce(model, choice, announce_as)
         # the rows of a batch: what the fused step's products are packed for
         rows = min(step, len(prompt_ids))
@@ -205,14 +199,11 @@ def generate(
             reason = "the fused step declined the weights (they did not stack)"
             choice = declined(model, choice, backend, reason)
             announce(model, choice, announce_as)
-        # dense weights, 4-bit bases dequantised, whatever fold_adapters says
-        graph = choice.name == "cuda-graph"
+        graph = choice.name == "cuda-graph"  # dense weights, 4-bit bases dequantised, the LoRA folded in
         with (
             torch.no_grad(),
             torch.random.fork_rng(devices=fork_devices, enabled=seed is not None),
-            folded_adapters(
-                model, enabled=graph or (fold_adapters and choice.name != "cpu-fused"), quantised=graph
-            ),
+            folded_adapters(model, enabled=graph, quantised=graph),
         ):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -226,14 +217,11 @@ def generate(
 def sampler_for(
     model, tokenizer, backend: str = "auto", announce_as: str = "sampling"
 ) -> Callable[..., Generation]:
-    """:func:`generate` for ``model`` as the setting ``rollout.backend`` says (the one place a
-    setting becomes a decoding loop and its folding, :func:`~memalpha.lm.sampling.backend.folds`):
-    takes the prompts and the sampling options. ``vllm`` samples on a server, not here: an error."""
+    """:func:`generate` for ``model`` as the setting ``rollout.backend`` says: takes the prompts and
+    the sampling options. ``vllm`` samples on a server, not here: an error."""
     if backend == "vllm":
         raise ValueError(f"{SETTING}: vllm samples on its server; this process has no sampler for it")
-    return partial(
-        generate, model, tokenizer, backend=backend, fold_adapters=folds(backend), announce_as=announce_as
-    )
+    return partial(generate, model, tokenizer, backend=backend, announce_as=announce_as)
 
 
 def _hf_generate(
