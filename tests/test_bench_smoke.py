@@ -133,7 +133,7 @@ def test_bench_rollout_smoke(runs):
 
 def test_bench_decode_smoke_times_every_path_and_restores_generation(runs):
     written = ran(runs["decode"])
-    assert set(written["summary"]) == {"peft", "folded", "fused", "fused_plain"}
+    assert set(written["summary"]) == {"peft", "fused", "fused_plain"}
     for records in written["runs"].values():
         (record,) = records
         assert record["tokens"] == 8 * 3  # 2 prompts x 4 rows, no row stops early

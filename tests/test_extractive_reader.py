@@ -62,8 +62,9 @@ def test_an_empty_memory_answers_nothing_and_many_memories_are_answered_in_order
 def test_it_answers_no_judge_prompt_and_an_llm_content_judge_is_refused_before_any_model_loads():
     reader = ReaderSettings(kind="extractive").build(policy=None, tokenizer=None)
     assert isinstance(reader, ExtractiveReader)
-    failed = reader.complete(["Is this entry valid?"])
-    assert not failed[0].ok and "reader.kind: extractive" in failed[0].error and reader.failures == 1
+    with pytest.raises(RuntimeError, match="reader.kind: extractive"):  # a caller's bug, never a 0 score
+        reader.complete(["Is this entry valid?"])
+    assert reader.failures == 0
     with pytest.raises(ValueError, match="reward.content_judge: llm .* reader.kind: extractive"):
         GRPOModule(reader={"kind": "extractive"}, reward={"content_judge": "llm"})
     GRPOModule(reader={"kind": "extractive"})  # the rule judge needs no reader

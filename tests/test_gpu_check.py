@@ -23,19 +23,19 @@ START_MACHINE_S = 120  # a machine's start, or a failed one, as the device notes
 TRANSFER_S = 60  # sending the tree and .device, bringing $OUT back
 
 
+def run_check(root: Path, environment: dict[str, str], *args: str, timeout: int = 120):
+    """``root``'s copy of the script, run from ``root`` with ``environment``."""
+    return subprocess.run(
+        ["bash", str(root / SCRIPT.relative_to(ROOT)), *args], cwd=root, env=environment,
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )
+
+
 def check(*args: str, **env: str) -> subprocess.CompletedProcess:
     """The script run from this checkout with this interpreter as ``PYTHON``."""
     environment = {key: value for key, value in os.environ.items() if key != "OUT"}
     environment.update(PYTHON=sys.executable, **env)
-    return subprocess.run(
-        ["bash", str(SCRIPT), *args],
-        cwd=ROOT,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_check(ROOT, environment, *args)
 
 
 def budget() -> dict[str, list[int]]:
@@ -107,15 +107,7 @@ def test_from_a_fresh_copy_the_check_runs_its_stages_from_the_repository_root(tm
         PATH=f"{shim}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=f"{copy}{os.pathsep}{copy / 'lab'}",
         GPU_CHECK_STAGES="fit",
     )
-    done = subprocess.run(
-        ["bash", "experiments/gpu/gpu_check.sh", "--allow-dirty", "--tiny"],  # a copy has no commit
-        cwd=copy,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    done = run_check(copy, environment, "--allow-dirty", "--tiny", timeout=600)  # a copy has no commit
     results = copy / "experiments" / "results" / "gpu"
     log = (results / "fit.log").read_text() if (results / "fit.log").exists() else ""
     assert done.returncode == 0, done.stdout + done.stderr
