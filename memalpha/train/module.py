@@ -49,7 +49,7 @@ from memalpha.train.datamodule import InstanceRound
 from memalpha.train.engine_sync import EngineShutdown, EngineSync, check_versions, sampler_logprob_gap
 from memalpha.train.policy_module import PolicyModule, typed
 from memalpha.train.round_report import rollout_text
-from memalpha.train.step import Agent, Optimisation, collect_round, train_minibatch
+from memalpha.train.step import Agent, collect_round, train_minibatch
 from memalpha.train.step_faults import (
     ReaderFailureError,
     ReaderFailures,
@@ -410,15 +410,9 @@ class GRPOModule(PolicyModule):
         start = time.perf_counter()
         scheduler = self.lr_schedulers()
         per_round = self.optimizer_settings.schedule_unit == "round"
-        scaler = self.trainer.scaler
         result = train_minibatch(
             self.policy, batch, self.update_settings, self.scoring, self.ranks(),
-            Optimisation(
-                self.optimizers(), self.trainable_parameters(), self.optimizer_settings.grad_clip,
-                scheduler=None if per_round else scheduler, backward=self.manual_backward,
-                grad_scale=float(scaler.get_scale()) if scaler is not None else 1.0,
-                check_grad_norm=scaler is None,  # a grad scaler's overflowing steps are its own business
-            ),
+            self.optimisation(None if per_round else scheduler),
             max_response_len=self.rollout_settings.max_new_tokens,
         )
         self.count_nonfinite(result.problem)

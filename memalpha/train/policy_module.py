@@ -10,7 +10,6 @@ folder when training ends. This base class holds that once.
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -24,13 +23,13 @@ from memalpha.grpo.update import (
     NONFINITE_KINDS,
     NonFiniteStreak,
     build_optimizer,
-    optimizer_step,
     schedule_length,
 )
 from memalpha.lm.core.adapters import export_adapter
 from memalpha.lm.core.embedded import check_model_source
 from memalpha.lm.core.policy import LMSettings, LoraSettings, load_policy
 from memalpha.train.checkpoint_io import MODULE_KEY
+from memalpha.train.step import Optimisation
 
 NONFINITE_STREAK_KEY = "memalpha_nonfinite_streak"
 
@@ -108,9 +107,10 @@ class PolicyModule(LightningModule):
         """The optimiser and its warm-up schedule over the run's length in ``optimizer.schedule_unit``
         (:func:`~memalpha.grpo.update.schedule_length`).
 
-        Under manual optimisation Lightning steps no scheduler: :meth:`finish_step` steps it with
-        each optimiser step (``optimizer_step``), or the GRPO module once per rollout round
-        (``round``). ``trainer.max_steps`` counts optimiser steps either way.
+        Under manual optimisation Lightning steps no scheduler:
+        :func:`~memalpha.train.step.apply_gradients` steps it with each optimiser step
+        (``optimizer_step``), or the GRPO module once per rollout round (``round``).
+        ``trainer.max_steps`` counts optimiser steps either way.
         """
         settings = self.optimizer_settings
         max_steps = self.trainer.max_steps if self.trainer is not None and self.trainer.max_steps > 0 else 0
@@ -178,30 +178,18 @@ class PolicyModule(LightningModule):
         """This module as the step's :class:`~memalpha.train.step.Ranks`."""
         return ModuleRanks(self)
 
-    def finish_step(self, optimizer, scheduler, finite: bool) -> tuple[float, str | None]:
-        """Clip and step unless a rank's loss or the gradient norm is non-finite (then the gradients
-        are dropped), and count the step (:meth:`count_nonfinite`).
-
-        Returns ``(grad_norm, what was non-finite or None)``.
-        """
-        finite = self.all_finite(finite)  # every rank must agree to skip, or DDP ranks diverge
-        # a grad scaler's overflowing steps are its own business: it skips them and lowers its scale
-        check_grad_norm = self.trainer.scaler is None
-        grad_norm = optimizer_step(
-            optimizer,
-            self.trainable_parameters(),
-            finite=finite,
-            grad_clip=self.optimizer_settings.grad_clip,
-            scheduler=scheduler,
-            check_grad_norm=check_grad_norm,
+    def optimisation(self, scheduler) -> Optimisation:
+        """How this module's gradients become a step (:func:`~memalpha.train.step.apply_gradients`):
+        its optimiser over the trainable parameters, ``scheduler`` stepped with it (None: stepped
+        elsewhere), Lightning's ``manual_backward`` and its grad scaler, whose overflowing steps are
+        its own business (it skips them and lowers its scale), so the norm is not checked then."""
+        scaler = self.trainer.scaler
+        return Optimisation(
+            self.optimizers(), self.trainable_parameters(), self.optimizer_settings.grad_clip,
+            scheduler=scheduler, backward=self.manual_backward,
+            grad_scale=float(scaler.get_scale()) if scaler is not None else 1.0,
+            check_grad_norm=scaler is None,
         )
-        problem = None
-        if not finite:
-            problem = "loss"
-        elif check_grad_norm and not math.isfinite(grad_norm):
-            problem = "grad norm"
-        self.count_nonfinite(problem)
-        return grad_norm, problem
 
     def count_nonfinite(self, problem: str | None) -> None:
         """Count a step skipped for a non-finite ``problem`` (None: it trained); warn, or stop at the limit.

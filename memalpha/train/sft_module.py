@@ -20,6 +20,7 @@ from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.train.demo_datamodule import TokenizedDemo
 from memalpha.train.policy_module import PolicyModule
 from memalpha.train.sft_loss import accumulate_sft_gradients, sft_eval
+from memalpha.train.step import apply_gradients
 
 
 class SFTModule(PolicyModule):
@@ -83,7 +84,8 @@ class SFTModule(PolicyModule):
             token_normaliser=max(tokens, 1.0),
             backward=self.manual_backward,
         )
-        grad_norm, problem = self.finish_step(optimizer, scheduler, finite)  # a non-finite loss or norm skips
+        grad_norm, problem = apply_gradients(self.optimisation(scheduler), self.ranks(), finite)
+        self.count_nonfinite(problem)  # a non-finite loss or norm skipped the step
         train_s = time.perf_counter() - start
         now = time.perf_counter()
         self.log_dict(

@@ -383,18 +383,28 @@ def train_minibatch(
             token_normaliser=token_normaliser, seq_normaliser=seq_normaliser, backward=optimisation.backward,
             grad_scale=optimisation.grad_scale,
         )
+    grad_norm, problem = apply_gradients(optimisation, ranks, finite, clock)
+    return StepResult(metrics, grad_norm, problem)
+
+
+def apply_gradients(
+    optimisation: Optimisation, ranks: Ranks, finite: bool, clock: Clock = no_clock
+) -> tuple[float, str | None]:
+    """Clip and step (:func:`~memalpha.grpo.update.optimizer_step`) the gradients a backward left,
+    unless a rank's loss (``finite`` False on any rank) or the gradient norm is non-finite: then
+    they are dropped. ``(gradient norm before clipping, what was non-finite or None)``; GRPO's
+    mini-batches and SFT's batches end here alike."""
     finite = ranks.all_finite(finite)  # every rank must agree to skip, or data-parallel ranks diverge
     with clock("optimizer"):
         grad_norm = optimizer_step(
             optimisation.optimizer, optimisation.params, finite=finite, grad_clip=optimisation.grad_clip,
             scheduler=optimisation.scheduler, check_grad_norm=optimisation.check_grad_norm,
         )
-    problem = None
     if not finite:
-        problem = "loss"
-    elif optimisation.check_grad_norm and not math.isfinite(grad_norm):
-        problem = "grad norm"
-    return StepResult(metrics, grad_norm, problem)
+        return grad_norm, "loss"
+    if optimisation.check_grad_norm and not math.isfinite(grad_norm):
+        return grad_norm, "grad norm"
+    return grad_norm, None
 
 
 def train_minibatches(
