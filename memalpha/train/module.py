@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
@@ -49,7 +49,7 @@ from memalpha.train.datamodule import InstanceRound
 from memalpha.train.engine_sync import EngineShutdown, EngineSync, check_versions, sampler_logprob_gap
 from memalpha.train.policy_module import PolicyModule, typed
 from memalpha.train.round_report import rollout_text
-from memalpha.train.step import Agent, collect_round, train_minibatch
+from memalpha.train.step import Agent, Round, collect_round, train_minibatch
 from memalpha.train.step_faults import (
     ReaderFailureError,
     ReaderFailures,
@@ -62,18 +62,6 @@ from memalpha.train.validation_report import describe_backends, summarise_record
 
 EXPERIENCE_KEY = "memalpha_experience"
 SKIPPED_ROUNDS_KEY = "memalpha_reader_skipped_rounds"
-
-
-class RoundExperience(NamedTuple):
-    """A rolled-out round: its mini-batches in training order (none when ``nonfinite`` or
-    ``refused``), its metrics, sometimes one rollout as text, what was non-finite (None when all
-    was finite), and whether it was refused for its reader's failures (``reader.on_failed_round: skip``)."""
-
-    batches: list[GRPOBatch]
-    metrics: dict[str, float]
-    text: str | None
-    nonfinite: str | None
-    refused: bool = False
 
 
 class _ModuleChecks:
@@ -309,19 +297,15 @@ class GRPOModule(PolicyModule):
         """Running out of memory inside the block stops the run with one line naming the phase."""
         return phase_out_of_memory(lambda: self._phase, lambda: where, self.device)
 
-    def experience_round(self, round_: InstanceRound) -> RoundExperience:
+    def experience_round(self, round_: InstanceRound) -> Round:
         """Roll a round out and turn it into mini-batches (:func:`~memalpha.train.step.collect_round`);
         a NaN or infinity in its rewards or in its reference/old log-probs leaves it without any
         (its samples cannot be trusted)."""
         seed = stable_seed(self.hparams.seed, "round", round_.index, self.global_rank)
-        collected = collect_round(
+        return collect_round(
             lambda: self._rollouts(round_.instances, seed=seed, greedy=False),
             self.policy, self.update_settings, self.scoring, self.ranks(), seed=seed,
             where=f"rollout round {round_.index}", checks=_ModuleChecks(self), on_phase=self._phase_hook(),
-        )
-        text = rollout_text(collected.out.records[0]) if self._should_log_text() else None
-        return RoundExperience(
-            collected.batches, collected.metrics, text, collected.nonfinite, collected.refused
         )
 
     def _reader_answered(self, records: Sequence[RolloutRecord], round_where: str) -> bool:
@@ -391,8 +375,11 @@ class GRPOModule(PolicyModule):
             except StopIteration:  # the last of data.epochs' rounds is trained: every rank ends here
                 self.trainer.should_stop = True
                 return
-            self.experience, round_metrics_, text, problem, refused = self.experience_round(round_)
-            if refused:  # every rank refused it alike (the failures were summed over the ranks)
+            collected = self.experience_round(round_)
+            self.experience, round_metrics_ = collected.batches, collected.metrics
+            problem = collected.nonfinite
+            text = rollout_text(collected.out.records[0]) if self._should_log_text() else None
+            if collected.refused:  # every rank refused it alike (the failures were summed over the ranks)
                 untrained = {"train/skipped_nonfinite": 0.0, "train/grad_norm": float("nan")}
                 self._log_step(untrained, round_metrics_, text, 1)
                 self._end_round(self.lr_schedulers())
