@@ -20,18 +20,20 @@ PACKAGE = Path(__file__).resolve().parents[1] / "memalpha"
 # `seeding`, `intervals` and `templates` are shared leaves.
 ALLOWED: dict[str, set[str]] = {
     "allocator": set(),  # the CUDA allocator's setting, applied where a process starts
+    "atomic_file": set(),  # every file of a run written atomically
     "seeding": set(),
     "intervals": set(),
     "templates": set(),
     "memory": {"templates"},
     "tools": {"memory", "templates"},
     "lm": {"seeding"},
-    "data": {"lm"},
+    "data": {"lm", "atomic_file"},
     "grpo": {"seeding"},
     "reader": {"memory", "lm", "templates"},
     "agent": {"memory", "tools", "lm", "data", "reader", "seeding", "templates"},
     "train": {
         "memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "intervals", "templates",
+        "atomic_file",
     },
     "commands": {
         "memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "intervals", "templates",

@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Self
 
+from memalpha.atomic_file import write_atomically
 from memalpha_lab import tree_state
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -106,21 +107,10 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], floats: i
 
 
 def write_text_atomically(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file of this process, synced and renamed over
-    it: a reader, or a crash, sees the old file or the new one, never half of one. Returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    """Write ``text`` to ``path`` atomically (:func:`memalpha.atomic_file.write_atomically`): a
+    reader, or a crash, sees the old file or the new one, never half of one. Returns the path."""
+    write_atomically(path, [text])
+    return Path(path)
 
 
 def write_json(

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memalpha.atomic_file import write_atomically
 from memalpha.data.schema import DataValidationError
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -115,17 +115,4 @@ def load_demonstrations(path: str | os.PathLike, limit: int | None = None) -> li
 
 def save_demonstrations(path: str | os.PathLike, demos: Iterable[Demonstration]) -> int:
     """Write ``demos`` as JSONL (atomically: a crash leaves the previous file); returns the count."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    count = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for demo in demos:
-                handle.write(json.dumps(demo.to_dict(), ensure_ascii=False) + "\n")
-                count += 1
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return count
+    return write_atomically(path, (json.dumps(demo.to_dict(), ensure_ascii=False) + "\n" for demo in demos))

@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from memalpha.atomic_file import write_atomically
 from memalpha.data.chunking import DEFAULT_CHUNK_TOKENS, chunk_by_tokens
 from memalpha.data.schema import QA, DataValidationError, Instance, RecordChecker, parse_record
 from memalpha.data.wrapping import WRAP_STYLES, wrap_chunks
@@ -167,25 +166,8 @@ def load_instances(
 
 
 def save_jsonl(instances: Iterable[Instance], path: str | Path) -> None:
-    """Write instances as memalpha JSONL, atomically (temporary file in the same folder, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            for instance in instances:
-                handle.write(json.dumps(instance.to_dict(), ensure_ascii=False) + "\n")
-        os.chmod(tmp_name, 0o666 & ~_current_umask())  # mkstemp creates 0600; give the usual file mode
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-
-
-def _current_umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+    """Write instances as memalpha JSONL, atomically (:func:`~memalpha.atomic_file.write_atomically`)."""
+    write_atomically(path, (json.dumps(item.to_dict(), ensure_ascii=False) + "\n" for item in instances))
 
 
 # ---------------------------------------------------------------------------

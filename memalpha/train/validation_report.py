@@ -15,14 +15,13 @@ rollout of the row knows its facts, and ``fact_recall_rollouts`` says over how m
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from memalpha.atomic_file import write_atomically
 from memalpha.tools.executor import SUCCESS_STATUSES
 
 COLUMNS = (
@@ -132,14 +131,5 @@ def describe_backends(backends: dict[str, str]) -> str:
 
 
 def write_json_atomically(path: str | Path, payload: Any) -> None:
-    """``payload`` as JSON at ``path`` via a temporary file and a rename: a crash leaves the old file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, ensure_ascii=False, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """``payload`` as indented JSON at ``path``, atomically (a crash leaves the old file)."""
+    write_atomically(path, [json.dumps(payload, ensure_ascii=False, indent=1)])
