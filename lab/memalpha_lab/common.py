@@ -34,11 +34,7 @@ def commit_state(repo: Path = REPO_ROOT) -> dict[str, Any]:
     state ``experiments/gpu/gpu_check.sh`` checked once at its start where it set
     :data:`~memalpha_lab.tree_state.STATE_ENV`, else git's, else the stamp's of a copy carried
     without ``.git`` (:func:`~memalpha_lab.tree_state.tree_state`)."""
-    shared = os.environ.get(tree_state.STATE_ENV)
-    if shared and Path(shared).is_file():
-        state = json.loads(Path(shared).read_text(encoding="utf-8"))
-    else:
-        state = tree_state.tree_state(repo)
+    state = tree_state.checked_state(allow_dirty=True, repo=repo)  # recorded here, refused elsewhere
     return {"commit": state["commit"], "dirty": state["dirty"]}
 
 

@@ -266,7 +266,9 @@ class ChatCompletionServer:
                 seed=params.seed,
                 enable_thinking=params.enable_thinking,
             )
-        except Exception as exc:  # answered as HTTP 500 by each waiting handler
+        except Exception as exc:  # a server answers a failed generation with HTTP 500:
+            # the traceback stays in this server's log, and the client counts each 500 as a failed
+            # answer against reader.max_failed_share, over which a round or a validation stops
             logger.exception("chat server generation failed")
             results = [LocalGeneration("", 0, 0, False, f"{type(exc).__name__}: {exc}") for _ in jobs]
         for job, result in zip(jobs, results):

@@ -83,16 +83,21 @@ def check_reader_failures(
     """
     if failures.share <= max_share:
         return True
-    line = (
-        f"{where}: {failures.failed} of {failures.questions} reader answers failed ({failures.share:.0%},"
-        f" over reader.max_failed_share={max_share:g}); first error: {failures.first_error}"
-    )
     if action == "stop":
         raise ReaderFailureError(
-            f"{line}; the round was not trained on and the last checkpoint is as it was"
-            " (reader.on_failed_round: skip drops such rounds instead)"
+            f"{over_the_limit(failures, max_share, where)}; first error: {failures.first_error}; the round"
+            " was not trained on and the last checkpoint is as it was (reader.on_failed_round: skip drops"
+            " such rounds instead)"
         )
     return False
+
+
+def over_the_limit(failures: ReaderFailures, max_share: float, where: str) -> str:
+    """``<where>: F of Q reader answers failed (S%, over reader.max_failed_share=M)``."""
+    return (
+        f"{where}: {failures.failed} of {failures.questions} reader answers failed ({failures.share:.0%},"
+        f" over reader.max_failed_share={max_share:g})"
+    )
 
 
 def validation_refusal(failures: ReaderFailures, max_share: float, where: str) -> str | None:
@@ -101,8 +106,7 @@ def validation_refusal(failures: ReaderFailures, max_share: float, where: str) -
     if failures.share <= max_share:
         return None
     return (
-        f"{where}: {failures.failed} of {failures.questions} reader answers failed ({failures.share:.0%},"
-        f" over reader.max_failed_share={max_share:g}): the scores are not valid and the report says so;"
+        f"{over_the_limit(failures, max_share, where)}: the scores are not valid and the report says so;"
         f" first error: {failures.first_error}"
     )
 
