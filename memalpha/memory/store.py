@@ -13,7 +13,6 @@ agent-facing error messages live in :mod:`memalpha.tools.executor`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -264,10 +263,6 @@ class Memory:
                 seen.add(item["id"])
                 target.append(MemoryEntry(id=item["id"], content=item["content"]))
         return memory
-
-    def to_json(self) -> str:
-        """:meth:`to_dict` as a JSON string."""
-        return json.dumps(self.to_dict())
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Memory):

@@ -9,7 +9,6 @@ arguments against them (required keys, no extra keys, string types, enums).
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from memalpha.memory.store import CORE, EPISODIC, SEMANTIC
@@ -106,11 +105,6 @@ def tool_parameters(name: str) -> dict[str, Any] | None:
         if schema["function"]["name"] == name:
             return schema["function"]["parameters"]
     return None
-
-
-def tool_functions() -> list[dict[str, Any]]:
-    """Deep copies of the inner ``function`` objects (what chat templates call ``tools``)."""
-    return [copy.deepcopy(schema["function"]) for schema in TOOL_SCHEMAS]
 
 
 def compact_signatures() -> str:

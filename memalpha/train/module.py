@@ -40,7 +40,6 @@ from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer, resol
 from memalpha.lm.core.policy import LMSettings, LoraSettings
 from memalpha.lm.core.reference import load_reference_adapter
 from memalpha.lm.sampling.backend import announce_backends
-from memalpha.lm.sampling.generation import sampler_for
 from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.reader.base import Reader
 from memalpha.reader.settings import ReaderSettings
@@ -275,11 +274,6 @@ class GRPOModule(PolicyModule):
     def _rollouts(self, instances: Sequence[Instance], *, seed: int, greedy: bool) -> RolloutOutput:
         return self.agent().rollouts(instances, seed=seed, greedy=greedy, sampler=self._engine(),
                                      on_phase=self._phase_hook())
-
-    def local_sampler(self):
-        """The policy's sampler in this process, as ``rollout.backend`` says (the one
-        :func:`~memalpha.lm.sampling.generation.sampler_for` every trainer uses)."""
-        return sampler_for(self.policy, self.tokenizer, self.rollout_settings.backend)
 
     def _phase_hook(self) -> PhaseHook:
         """Where the step's phases go: :meth:`_enter_phase`, which keeps the name and hands the

@@ -200,12 +200,6 @@ class VllmEngine:
             raise VllmEngineError(str(exc)) from None
 
     # ------------------------------------------------------------ generation
-    def served_model(self) -> str:
-        """The name ``generate`` sends: the current adapter's, or the base model's."""
-        if self.adapter_version is None:
-            return self.server.served_name
-        return self.loaded[self.adapter_version]
-
     def generate(
         self,
         prompt_ids: list[list[int]],
