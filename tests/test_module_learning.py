@@ -26,13 +26,18 @@ STEPS, GROUP, NEW_TOKENS, WINDOW = 10, 8, 3, 3
 PROMPTS = [[1, 3, 4], [6, 7], [4, 4, 1, 6]]
 
 
-def toy_rollouts(module, rewards_per_round: list[float]):
-    """The module's ``_rollouts`` for the toy task: sample the prompts, reward the chosen token."""
+class ToyAgent:
+    """The module's agent for the toy task: sample the prompts, reward the chosen token."""
 
-    def rollouts(instances, *, seed: int, greedy: bool) -> RolloutOutput:
+    def __init__(self, module, rewards_per_round: list[float]) -> None:
+        self.policy, self.tokenizer = module.policy, module.tokenizer
+        self.rewards_per_round = rewards_per_round
+
+    def rollouts(self, instances, *, seed: int, sampler, on_phase) -> RolloutOutput:
+        assert sampler is None
         prompts = [p for p in PROMPTS for _ in range(GROUP)]
         out = generate(
-            module.policy, module.tokenizer, prompts, max_new_tokens=NEW_TOKENS, seed=seed, eos_token_id=2
+            self.policy, self.tokenizer, prompts, max_new_tokens=NEW_TOKENS, seed=seed, eos_token_id=2
         )
         samples, records = [], []
         for i, (prompt, response) in enumerate(zip(out.prompt_ids, out.response_ids)):
@@ -41,12 +46,10 @@ def toy_rollouts(module, rewards_per_round: list[float]):
                                       response_ids=response, truncated=out.truncated[i], num_calls=0,
                                       num_successful_calls=0, reward=reward))
             records.append(RolloutRecord(f"toy-{i // GROUP}", "toy", i % GROUP, [], {}, 0, 1, [], r1=reward))
-        rewards_per_round.append(sum(s.reward for s in samples) / len(samples))
+        self.rewards_per_round.append(sum(s.reward for s in samples) / len(samples))
         return RolloutOutput(
             samples, records, rollout_s=0.0, reader_s=0.0, generated_tokens=out.num_generated_tokens
         )
-
-    return rollouts
 
 
 def train_toy(model_dir: str, tmp_path, learning_rate: float) -> list[float]:
@@ -66,7 +69,7 @@ def train_toy(model_dir: str, tmp_path, learning_rate: float) -> list[float]:
         export_adapter_dir=str(tmp_path / "adapter"),
     )
     rewards: list[float] = []
-    module._rollouts = toy_rollouts(module, rewards)
+    module.agent = lambda: ToyAgent(module, rewards)
     synthetic = SyntheticSettings(train=4, val=1, chunks=1, questions=1, chunk_words=10)
     data = RolloutDataModule(synthetic=synthetic, instances_per_step=1, tokenizer_name=model_dir)
     trainer = Trainer(accelerator="cpu", devices=1, max_steps=STEPS, logger=False, enable_checkpointing=False,

@@ -15,7 +15,7 @@ import pytest
 
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutSettings
-from memalpha.agent.scripted import POLICIES, ScriptedEngine, reward_terms, run_scripted
+from memalpha.agent.scripted import POLICIES, ScriptedSampler, reward_terms, run_scripted
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.reader.extractive import ExtractiveReader
 from memalpha.tools.formats import get_call_format
@@ -73,6 +73,6 @@ def test_the_engine_finds_the_chunk_being_read_after_a_copied_one(instances, tok
     out = run_scripted("copy", instances[:1], tokenizer, ExtractiveReader(), settings, RewardSettings())
     memory = out.records[0].memory
     assert [e["content"] for e in memory["episodic"]] == instances[0].chunks
-    engine = ScriptedEngine(POLICIES["oracle"], instances, tokenizer, get_call_format("hermes"))
+    engine = ScriptedSampler(POLICIES["oracle"], instances, tokenizer, get_call_format("hermes"))
     with pytest.raises(ValueError, match="no scripted instance"):
         engine.locate("a prompt about something else")

@@ -34,9 +34,8 @@ from memalpha.train.step_faults import (
     MAX_SKIPPED_ROUNDS_IN_A_ROW,
     ReaderFailureError,
     ReaderFailures,
-    SkippedRounds,
+    ReaderGate,
     StepOutOfMemory,
-    check_reader_failures,
     out_of_memory_line,
 )
 
@@ -63,33 +62,39 @@ def test_the_share_is_failed_questions_over_questions_and_the_first_error_is_kep
     assert ReaderFailures.of([]).share == 0.0
 
 
+def gate(max_failed_share: float, on_failed_round: str) -> ReaderGate:
+    return ReaderGate(ReaderSettings(max_failed_share=max_failed_share, on_failed_round=on_failed_round))
+
+
 def test_a_round_at_the_limit_trains_and_one_over_it_stops_or_is_skipped():
     at_limit = ReaderFailures(failed=1, questions=10, first_error="HTTP 500")
-    assert check_reader_failures(at_limit, 0.1, "stop", "rollout round 0")
+    assert gate(0.1, "stop").answered(at_limit, "rollout round 0")
     over = ReaderFailures(failed=2, questions=10, first_error="HTTP 500: boom")
     with pytest.raises(ReaderFailureError) as stopped:
-        check_reader_failures(over, 0.1, "stop", "rollout round 4")
+        gate(0.1, "stop").answered(over, "rollout round 4")
     message = str(stopped.value)
     assert message.startswith(
         "rollout round 4: 2 of 10 reader answers failed (20%, over reader.max_failed_share=0.1)"
     )
     assert "first error: HTTP 500: boom" in message and "\n" not in message
-    assert check_reader_failures(over, 0.1, "skip", "rollout round 4") is False
-    assert check_reader_failures(ReaderFailures(10, 10, "x"), 1.0, "stop", "r")  # 1 trains on anything
+    with pytest.warns(UserWarning, match="round 4: 2 of 10 reader answers failed; the round is skipped"):
+        assert gate(0.1, "skip").answered(over, "rollout round 4") is False
+    assert gate(1.0, "stop").answered(ReaderFailures(10, 10, "x"), "r")  # 1 trains on anything
     with pytest.raises(ReaderFailureError):
-        check_reader_failures(ReaderFailures(1, 100, "x"), 0.0, "stop", "r")  # 0 refuses any failure
+        gate(0.0, "stop").answered(ReaderFailures(1, 100, "x"), "r")  # 0 refuses any failure
 
 
+@pytest.mark.filterwarnings("ignore:memalpha. r. 1 of 1 reader answers failed")
 def test_skipped_rounds_stop_the_run_only_in_a_row():
-    streak = SkippedRounds()
+    streak, failed, fine = gate(0.1, "skip"), ReaderFailures(1, 1, "e"), ReaderFailures(0, 1, None)
     for _ in range(MAX_SKIPPED_ROUNDS_IN_A_ROW - 1):
-        streak.update(True, "r", "e")
-    streak.update(False, "r", None)  # a trained round ends the streak
-    assert (streak.count, streak.total) == (0, MAX_SKIPPED_ROUNDS_IN_A_ROW - 1)
+        assert not streak.answered(failed, "r")
+    assert streak.answered(fine, "r")  # a trained round ends the streak
+    assert (streak.skipped_in_a_row, streak.skipped_total) == (0, MAX_SKIPPED_ROUNDS_IN_A_ROW - 1)
     for _ in range(MAX_SKIPPED_ROUNDS_IN_A_ROW - 1):
-        streak.update(True, "r", "e")
+        streak.answered(failed, "r")
     with pytest.raises(ReaderFailureError, match=f"{MAX_SKIPPED_ROUNDS_IN_A_ROW} rounds in a row skipped"):
-        streak.update(True, "rollout round 9", "connection refused")
+        streak.answered(ReaderFailures(1, 1, "connection refused"), "rollout round 9")
 
 
 @pytest.mark.parametrize(
@@ -282,7 +287,7 @@ def test_skipped_rounds_are_counted_and_the_run_trains_on_once_the_reader_answer
     plan = FaultPlan({})
     trainer = fit(module, data, plan, monkeypatch, tmp_path, max_steps=1)
     assert trainer.global_step == 1 and len(calls) == 2  # round 0 skipped, round 1 trained
-    assert module.skipped_rounds.total == 1 and module.skipped_rounds.count == 0
+    assert module.reader_gate.skipped_total == 1 and module.reader_gate.skipped_in_a_row == 0
     assert plan.calls[0]["unchanged"] and not plan.calls[1]["unchanged"]
     assert all(math.isfinite(call["grad_norm"]) for call in plan.calls[1:])
 

@@ -79,7 +79,7 @@ def memorise(policy, tokenizer, engine_fn, *, do_sample: bool, seed: int = 0):
     )
     rollouts = start_rollouts(instances, 1, ROLLOUT, make_token_counter(tokenizer), seed)
     memorise_chunks(rollouts, policy, tokenizer, ROLLOUT, seed=seed, do_sample=do_sample, share_prefix=True,
-                    engine=engine_fn)  # fmt: skip
+                    sampler=engine_fn)  # fmt: skip
     return [sample for rollout in rollouts for sample in rollout.samples]
 
 

@@ -31,7 +31,7 @@ so slow drifts of a shared machine hit both alike): ``hf`` samples in this proce
 names one) to which every step's adapter is synced before its rollouts, as in training; the sync
 is timed apart (``sync s``) and counted in the step. For the ``vllm`` rows the JSON also holds
 ``sampler_logprob_gap``, computed outside the timed parts: the server's log-probs of its tokens
-against the trainer's.
+against the trainer's, held to ``rollout.vllm.max_logprob_gap`` as in training.
 
 The configurations run in one process one after another, each starting from the adapter the
 previous one left (the learning rate is small, so the policy barely moves); a short warm-up
@@ -42,6 +42,7 @@ the load average is recorded in the JSON; compare runs only at similar load.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,7 +61,7 @@ from memalpha.lm.sampling.backend import SAMPLING_BACKENDS
 from memalpha.lm.sampling.vllm_settings import VllmSettings
 from memalpha.reader.options import RetrievalSettings
 from memalpha.reader.settings import ReaderSettings
-from memalpha.train.engine_sync import EngineSync, sampler_logprob_gap
+from memalpha.train.engine_sync import EngineSync
 from memalpha.train.module import GRPOModule
 from memalpha.train.step import ONE_PROCESS, Optimisation, collect_round, train_minibatch
 from memalpha_lab.common import (
@@ -125,25 +126,6 @@ def build_module(
     return module
 
 
-class _EngineGap:
-    """The round checks of a benchmark step: with the vLLM engine the sampler's log-prob gap is
-    computed (after the timed reference pass) and reported, not enforced."""
-
-    def __init__(self) -> None:
-        self.gap: float | None = None
-
-    def after_rollouts(self, samples, where: str) -> None:
-        return None
-
-    def reader_answered(self, records, where: str) -> bool:
-        return True
-
-    def sampler_gap(self, samples, trainer_logps, where: str) -> dict[str, float]:
-        if samples and samples[0].sampler_logprobs is not None:
-            self.gap = sampler_logprob_gap([s.sampler_logprobs for s in samples], trainer_logps())
-        return {}
-
-
 def bench_step(
     module: GRPOModule,
     instances,
@@ -160,14 +142,14 @@ def bench_step(
 
     With ``engine_sync`` the agent's turns are sampled by its vLLM server, the policy's adapter
     synced to it first (``sync_s``), as :class:`~memalpha.train.module.GRPOModule` does."""
-    with Stopwatch() as sync_watch:
-        engine = None if engine_sync is None else engine_sync.generator(module.policy, module.tokenizer)
-    agent, gap = module.agent(), _EngineGap()
+    with Stopwatch() as sync_watch:  # the round's own sync finds the server up to date
+        if engine_sync is not None:
+            engine_sync.sync(module.policy, module.tokenizer)
+    agent = module.agent()
+    agent.rollout = dataclasses.replace(agent.rollout, group_size=group_size)
     collected = collect_round(
-        lambda: agent.rollouts(instances, seed=seed, group_size=group_size, sampler=engine),
-        module.policy, module.update_settings, module.scoring, ONE_PROCESS, seed=seed,
-        where="benchmark round",
-        checks=gap,
+        agent, instances, module.update_settings, module.scoring, ONE_PROCESS, seed=seed,
+        where="benchmark round", engine=engine_sync,
     )
     out = collected.out
     if collected.nonfinite is not None or len(collected.batches) != 1:
@@ -208,7 +190,7 @@ def bench_step(
         "tokens_per_s": out.generated_tokens / out.rollout_s if out.rollout_s > 0 else 0.0,
         "turns_per_s": turns / out.rollout_s if out.rollout_s > 0 else 0.0,
         "questions_per_s": questions / out.reader_s if out.reader_s > 0 else 0.0,
-        "sampler_logprob_gap": gap.gap,
+        "sampler_logprob_gap": collected.metrics.get("rollout/sampler_logprob_gap"),
         "share": {
             "sync": sync_watch.seconds / step_s,
             "rollout": out.rollout_s / step_s,

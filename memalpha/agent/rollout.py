@@ -337,13 +337,13 @@ def memorise_chunks(
     seed: int,
     do_sample: bool,
     share_prefix: bool,
-    engine: GenerateFn | None = None,
+    sampler: GenerateFn | None = None,
     on_phase: PhaseHook | None = None,
 ) -> int:
     """Phase 1: every rollout reads its instance chunk by chunk and writes its memory.
 
     For chunk index ``i`` the live rollouts (instances with fewer chunks have dropped out) get
-    one batched ``generate`` (``engine`` when given, e.g. a vLLM server, else the policy in
+    one batched ``generate`` (``sampler`` when given, e.g. a vLLM server, else the policy in
     this process through ``settings.backend``: :func:`~memalpha.lm.sampling.generation.sampler_for`); each
     response is parsed and executed on its own rollout's memory, and the turn is appended to the rollout (a
     :class:`TurnSample`, its calls, a log entry). ``on_phase`` hears ``sampling`` as each chunk index starts,
@@ -353,7 +353,7 @@ def memorise_chunks(
     generated_tokens = 0
     chunks = max((len(r.instance.chunks) for r in rollouts), default=0)
     start = time.perf_counter()
-    sample = engine or sampler_for(model, tokenizer, settings.backend)
+    sample = sampler or sampler_for(model, tokenizer, settings.backend)
     with eval_mode(model):
         for chunk_index in range(chunks):
             elapsed = time.perf_counter() - start
@@ -544,7 +544,7 @@ def run_rollouts(
     group_size: int | None = None,
     judge_reader: Reader | None = None,
     share_prefix: bool = True,
-    engine: GenerateFn | None = None,
+    sampler: GenerateFn | None = None,
     on_phase: PhaseHook | None = None,
 ) -> RolloutOutput:
     """``group_size`` rollouts for every instance (default ``settings.group_size``): memorise the
@@ -555,7 +555,7 @@ def run_rollouts(
     (:mod:`memalpha.lm.core.prefix_cache`); the policy samples as ``settings.backend`` says. The
     answer metric of each source comes from
     ``weights.metric_overrides`` first; answers are compared in ``weights.metric_style``.
-    ``engine`` generates the agent's turns instead of the policy (see :func:`memorise_chunks`).
+    ``sampler`` generates the agent's turns instead of the policy (see :func:`memorise_chunks`).
     ``on_phase`` hears each phase as it starts (:mod:`memalpha.agent.progress`).
     """
     count_tokens = make_token_counter(tokenizer)
@@ -565,7 +565,7 @@ def run_rollouts(
     start = time.perf_counter()
     generated_tokens = memorise_chunks(
         rollouts, model, tokenizer, settings, seed=seed, do_sample=do_sample, share_prefix=share_prefix,
-        engine=engine, on_phase=on_phase,
+        sampler=sampler, on_phase=on_phase,
     )
     rollout_s = time.perf_counter() - start
     report(on_phase, Phase("reader", total=sum(len(r.instance.questions) for r in rollouts)))

@@ -1,7 +1,7 @@
 """Scripted policies: fixed tool-call replies standing in for the policy's generation, to audit the reward.
 
-A scripted policy decides, per chunk turn, which calls to write; :class:`ScriptedEngine` turns
-that into the ``Generation`` the rollout expects from a model (the ``engine`` argument of
+A scripted policy decides, per chunk turn, which calls to write; :class:`ScriptedSampler` turns
+that into the ``Generation`` the rollout expects from a model (the ``sampler`` argument of
 :func:`memalpha.agent.rollout.run_rollouts`), so the real prompts, parsing, execution, reader and
 reward run on the scripted text. Four policies bracket what a reward should order
 (``experiments/studies/scripted_policies.py``, ``tests/test_scripted_policies.py``):
@@ -76,8 +76,8 @@ POLICIES: dict[str, ScriptedPolicy] = {
 }
 
 
-class ScriptedEngine:
-    """A generate function (``run_rollouts(engine=...)``) that answers each prompt with ``policy``'s calls.
+class ScriptedSampler:
+    """A generate function (``run_rollouts(sampler=...)``) that answers each prompt with ``policy``'s calls.
 
     Each prompt is matched to its instance and chunk by finding the chunk's text in the decoded
     prompt: every memorising prompt holds its chunk verbatim, after the memory view (which may hold
@@ -132,7 +132,7 @@ class ScriptedEngine:
 
 
 class _NoModel:
-    """What the rollout asks of a model when an engine generates: a train/eval switch."""
+    """What the rollout asks of a model when a sampler generates: a train/eval switch."""
 
     training = False
 
@@ -157,10 +157,10 @@ def run_scripted(
     every turn, through the real rollout: prompts, parsing, execution, ``reader`` and the reward
     of ``weights`` with its own content judge."""
     chosen = POLICIES[policy] if isinstance(policy, str) else policy
-    engine = ScriptedEngine(chosen, instances, tokenizer, get_call_format(settings.call_format), seed)
+    sampler = ScriptedSampler(chosen, instances, tokenizer, get_call_format(settings.call_format), seed)
     return run_rollouts(
         instances, _NoModel(), tokenizer, reader, settings, weights, weights.build_content_judge(reader),
-        seed=seed, do_sample=False, group_size=1, engine=engine,
+        seed=seed, do_sample=False, group_size=1, sampler=sampler,
     )
 
 

@@ -22,7 +22,6 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from lightning.pytorch.callbacks import Callback
 
 from memalpha.agent.rollout import GenerateFn, RolloutSettings
 from memalpha.lm.core.adapters import export_adapter
@@ -169,15 +168,3 @@ class EngineSync:
         if self.engine is not None:
             self.engine.close()
             self.engine = None
-
-
-class EngineShutdown(Callback):
-    """Stops the run's vLLM server when ``fit`` or ``validate`` fails: Lightning calls a module's
-    ``teardown`` only when the run ends normally, and a started server must not outlive its run
-    (for a run inside a longer-lived process; at interpreter exit it is stopped anyway)."""
-
-    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        sync = getattr(pl_module, "engine_sync", None)
-        if sync is not None:
-            sync.close()
-            pl_module.engine_sync = None

@@ -22,17 +22,18 @@ step runs its phases go to the progress bar, when it shows them
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
-from memalpha.agent.progress import Phase, PhaseHook, report
+from memalpha.agent.progress import Phase
 from memalpha.agent.prompt_budget import check_prompt_budget
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import RolloutOutput, RolloutRecord, RolloutSettings, TurnSample
+from memalpha.agent.rollout import RolloutRecord, RolloutSettings
 from memalpha.data.schema import Instance
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
@@ -45,15 +46,14 @@ from memalpha.reader.base import Reader
 from memalpha.reader.settings import ReaderSettings
 from memalpha.seeding import stable_seed
 from memalpha.train.datamodule import InstanceRound
-from memalpha.train.engine_sync import EngineShutdown, EngineSync, check_versions, sampler_logprob_gap
+from memalpha.train.engine_sync import EngineSync
 from memalpha.train.policy_module import PolicyModule, typed
 from memalpha.train.round_report import rollout_text
 from memalpha.train.step import Agent, Round, collect_round, train_minibatch
 from memalpha.train.step_faults import (
     ReaderFailureError,
     ReaderFailures,
-    SkippedRounds,
-    check_reader_failures,
+    ReaderGate,
     phase_out_of_memory,
     validation_refusal,
 )
@@ -61,30 +61,6 @@ from memalpha.train.validation_report import describe_backends, summarise_record
 
 EXPERIENCE_KEY = "memalpha_experience"
 SKIPPED_ROUNDS_KEY = "memalpha_reader_skipped_rounds"
-
-
-class _ModuleChecks:
-    """The module's :class:`~memalpha.train.step.RoundChecks`: the reader-failure gate and, with
-    the vLLM engine, the sampler's adapter version and log-prob gap."""
-
-    def __init__(self, module: GRPOModule) -> None:
-        self.module = module
-
-    def after_rollouts(self, samples: Sequence[TurnSample], where: str) -> None:
-        sync = self.module.engine_sync
-        if sync is not None:
-            check_versions([s.adapter_version for s in samples], sync.policy_version, where)
-
-    def reader_answered(self, records: Sequence[RolloutRecord], where: str) -> bool:
-        return self.module._reader_answered(records, where)
-
-    def sampler_gap(self, samples, trainer_logps, where: str) -> dict[str, float]:
-        sync = self.module.engine_sync
-        if sync is None:
-            return {}
-        gap = sampler_logprob_gap([s.sampler_logprobs for s in samples], trainer_logps())
-        sync.check_gap(gap, where)  # the server sampled: was it the policy being trained?
-        return {"rollout/sampler_logprob_gap": gap}
 
 
 class GRPOModule(PolicyModule):
@@ -154,7 +130,7 @@ class GRPOModule(PolicyModule):
         self._val_records: list[RolloutRecord] = []
         self._step_start = time.perf_counter()
         self.engine_sync: EngineSync | None = None  # rollout.backend: vllm (started at the first rollout)
-        self.skipped_rounds = SkippedRounds()  # rounds refused for failed reader answers, in a row
+        self.reader_gate = ReaderGate(self.reader_settings)  # refuses rounds of failed reader answers
         self._phase = "sampling"  # the phase of the step now running (named if it runs out of memory)
         self.backends: dict[str, str] = {}  # the decoding backend of the policy and the local reader
 
@@ -209,12 +185,12 @@ class GRPOModule(PolicyModule):
         else:
             per_rank = [mine]
         checkpoint[EXPERIENCE_KEY] = {"per_rank": per_rank}
-        checkpoint[SKIPPED_ROUNDS_KEY] = self.skipped_rounds.count
+        checkpoint[SKIPPED_ROUNDS_KEY] = self.reader_gate.skipped_in_a_row
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Restore this rank's unserved mini-batches (dropped, with a warning, if the world size changed)."""
         super().on_load_checkpoint(checkpoint)
-        self.skipped_rounds.count = int(checkpoint.get(SKIPPED_ROUNDS_KEY, 0))
+        self.reader_gate.skipped_in_a_row = int(checkpoint.get(SKIPPED_ROUNDS_KEY, 0))
         per_rank = checkpoint.get(EXPERIENCE_KEY, {}).get("per_rank", [])
         world = self.trainer.world_size if self._trainer is not None else 1
         rank = self.global_rank
@@ -243,11 +219,6 @@ class GRPOModule(PolicyModule):
             )
         return self.engine_sync
 
-    def _engine(self):
-        """With ``rollout.backend: vllm`` the server's generate function, its adapter synced to the policy."""
-        sync = self._engine_sync()
-        return None if sync is None else sync.generator(self.policy, self.tokenizer)
-
     def _engine_endpoint(self) -> tuple[str, str, str] | None:
         """Where ``reader.kind: engine`` sends its questions: the engine's server, base model."""
         if self.reader_settings.kind != "engine":
@@ -256,7 +227,7 @@ class GRPOModule(PolicyModule):
         return server.base_url + "/v1", server.served_name, resolve_model_path(self.hparams.model)
 
     def configure_callbacks(self):
-        """With ``rollout.backend: vllm``, :class:`~memalpha.train.engine_sync.EngineShutdown`."""
+        """With ``rollout.backend: vllm``, :class:`EngineShutdown`."""
         return [EngineShutdown()] if self.rollout_settings.backend == "vllm" else []
 
     def teardown(self, stage: str) -> None:
@@ -270,15 +241,6 @@ class GRPOModule(PolicyModule):
             self.policy, self.tokenizer, self.reader, self.rollout_settings, self.reward_settings,
             self.content_judge, share_prefix=self.lm_settings.share_prefix,
         )
-
-    def _rollouts(self, instances: Sequence[Instance], *, seed: int, greedy: bool) -> RolloutOutput:
-        return self.agent().rollouts(instances, seed=seed, greedy=greedy, sampler=self._engine(),
-                                     on_phase=self._phase_hook())
-
-    def _phase_hook(self) -> PhaseHook:
-        """Where the step's phases go: :meth:`_enter_phase`, which keeps the name and hands the
-        phase to the progress bar's ``show_phase``, when it has one."""
-        return self._enter_phase
 
     def _enter_phase(self, phase: Phase) -> None:
         self._phase = phase.name
@@ -297,33 +259,10 @@ class GRPOModule(PolicyModule):
         (its samples cannot be trusted)."""
         seed = stable_seed(self.hparams.seed, "round", round_.index, self.global_rank)
         return collect_round(
-            lambda: self._rollouts(round_.instances, seed=seed, greedy=False),
-            self.policy, self.update_settings, self.scoring, self.ranks(), seed=seed,
-            where=f"rollout round {round_.index}", checks=_ModuleChecks(self), on_phase=self._phase_hook(),
+            self.agent(), round_.instances, self.update_settings, self.scoring, self.ranks(), seed=seed,
+            where=f"rollout round {round_.index} (global step {self.global_step})",
+            engine=self._engine_sync(), reader_gate=self.reader_gate, on_phase=self._enter_phase,
         )
-
-    def _reader_answered(self, records: Sequence[RolloutRecord], round_where: str) -> bool:
-        """Whether few enough of the round's reader answers failed to train on it (summed over the
-        ranks, a collective, so every rank decides alike); else stop, or skip and count
-        (``reader.max_failed_share``, ``reader.on_failed_round``; :mod:`memalpha.train.step_faults`)."""
-        mine = ReaderFailures.of(records)
-        world = self.trainer.world_size
-        failures = ReaderFailures(
-            failed=round(self.mean_over_ranks(float(mine.failed)) * world),
-            questions=round(self.mean_over_ranks(float(mine.questions)) * world),
-            first_error=mine.first_error,
-        )
-        where = f"{round_where} (global step {self.global_step})"
-        settings = self.reader_settings
-        answered = check_reader_failures(failures, settings.max_failed_share, settings.on_failed_round, where)
-        self.skipped_rounds.update(not answered, where, failures.first_error)
-        if not answered:
-            rank_zero_warn(
-                f"memalpha: {where}: {failures.failed} of {failures.questions} reader answers failed;"
-                f" the round is skipped ({self.skipped_rounds.count} "
-                f"in a row). First error: {failures.first_error}"
-            )
-        return answered
 
     def _should_log_text(self) -> bool:
         every = self.hparams.log_text_every_n_steps
@@ -387,7 +326,7 @@ class GRPOModule(PolicyModule):
             self._end_round(self.lr_schedulers())
             return
         batch = self.experience.pop(0)
-        report(self._phase_hook(), Phase("update"))
+        self._enter_phase(Phase("update"))
         start = time.perf_counter()
         scheduler = self.lr_schedulers()
         per_round = self.optimizer_settings.schedule_unit == "round"
@@ -450,8 +389,12 @@ class GRPOModule(PolicyModule):
     def validation_step(self, batch: list[Instance], batch_idx: int) -> None:
         seed = stable_seed(self.hparams.seed, "validation", batch_idx)
         where = f"validation batch {batch_idx} at global step {self.global_step}"
+        sync = self._engine_sync()
         with self._out_of_memory_names_the_phase(where):
-            out = self._rollouts(batch, seed=seed, greedy=True)
+            out = self.agent().rollouts(
+                batch, seed=seed, greedy=True, on_phase=self._enter_phase,
+                sampler=None if sync is None else sync.generator(self.policy, self.tokenizer),
+            )
         self._val_records.extend(out.records)
 
     def on_validation_epoch_end(self) -> None:
@@ -492,3 +435,15 @@ class GRPOModule(PolicyModule):
             self.print(table)  # through the progress bar, which moves its bars below the table
         if refusal is not None:  # every rank: the records were gathered, so all refuse alike
             raise ReaderFailureError(refusal)
+
+
+class EngineShutdown(Callback):
+    """Stops the run's vLLM server when ``fit`` or ``validate`` fails: Lightning calls a module's
+    ``teardown`` only when the run ends normally, and a started server must not outlive its run
+    (for a run inside a longer-lived process; at interpreter exit it is stopped anyway)."""
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        sync = getattr(pl_module, "engine_sync", None)
+        if sync is not None:
+            sync.close()
+            pl_module.engine_sync = None

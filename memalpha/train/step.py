@@ -2,9 +2,9 @@
 
 Read top to bottom, a step is::
 
-    round_ = collect_round(rollout, policy, update, scoring, ranks, seed=..., where=...)
+    round_ = collect_round(agent, instances, update, scoring, ranks, seed=..., where=...)
         rollouts (the memory agent: memorise chunk by chunk -> answer -> rewards)
-        -> the reader-failure gate and the sampler checks (``RoundChecks``)
+        -> the reader-failure gate (``ReaderGate``) and, with a vLLM engine, the sampler checks
         -> score_samples: group advantages, reference / old log-probs, mini-batches
     for batch in round_.batches:
         result = train_minibatch(policy, batch, update, scoring, ranks, optimisation, max_response_len=...)
@@ -35,7 +35,6 @@ from memalpha.agent.progress import Phase, PhaseHook, report
 from memalpha.agent.rollout import (
     GenerateFn,
     RolloutOutput,
-    RolloutRecord,
     RolloutSettings,
     TurnSample,
     run_rollouts,
@@ -50,7 +49,9 @@ from memalpha.lm.scoring.logprobs import response_logprobs
 from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.reader.base import Reader
 from memalpha.train.actor import accumulate_grpo_gradients
+from memalpha.train.engine_sync import EngineSync, check_versions, sampler_logprob_gap
 from memalpha.train.round_report import round_metrics
+from memalpha.train.step_faults import ReaderFailures, ReaderGate
 
 if TYPE_CHECKING:  # annotations only: the agent's reward settings and judges
     from memalpha.agent.content_judges import ContentJudge
@@ -119,48 +120,17 @@ class Agent:
 
     def rollouts(
         self, instances: Sequence[Instance], *, seed: int, greedy: bool = False,
-        group_size: int | None = None, sampler: GenerateFn | None = None, on_phase: PhaseHook | None = None,
+        sampler: GenerateFn | None = None, on_phase: PhaseHook | None = None,
     ) -> RolloutOutput:
-        """Memorise, answer, reward (:func:`~memalpha.agent.rollout.run_rollouts`): ``group_size``
-        rollouts per instance (``rollout.group_size``; one when ``greedy``, as validation does),
+        """Memorise, answer, reward (:func:`~memalpha.agent.rollout.run_rollouts`): a group of
+        ``rollout.group_size`` rollouts per instance (one when ``greedy``, as validation does),
         sampled by ``sampler`` (a server's generate function) or in this process."""
         return run_rollouts(
             instances, self.policy, self.tokenizer, self.reader, self.rollout, self.reward,
             self.content_judge,
-            seed=seed, do_sample=not greedy, group_size=1 if greedy else group_size,
-            share_prefix=self.share_prefix, engine=sampler, on_phase=on_phase,
+            seed=seed, do_sample=not greedy, group_size=1 if greedy else None,
+            share_prefix=self.share_prefix, sampler=sampler, on_phase=on_phase,
         )
-
-
-class RoundChecks(Protocol):
-    """What a trainer checks around a round's rollouts (the Lightning module: the reader-failure
-    gate and, with the vLLM backend, the sampler's version and log-prob gap)."""
-
-    def after_rollouts(self, samples: Sequence[TurnSample], where: str) -> None:
-        """Raise if the samples cannot be trained on (e.g. sampled by a stale adapter)."""
-        ...
-
-    def reader_answered(self, records: Sequence[RolloutRecord], where: str) -> bool:
-        """Whether few enough reader answers failed to train on the round (a collective)."""
-        ...
-
-    def sampler_gap(self, samples: Sequence[TurnSample], trainer_logps: Callable[[], list[torch.Tensor]],
-                    where: str) -> dict[str, float]:
-        """The metrics of comparing the sampler's log-probs with the trainer's (none when in-process)."""
-        ...
-
-
-class NoChecks:
-    """:class:`RoundChecks` of a round sampled in-process whose reader failures are not gated."""
-
-    def after_rollouts(self, samples: Sequence[TurnSample], where: str) -> None:
-        return None
-
-    def reader_answered(self, records: Sequence[RolloutRecord], where: str) -> bool:
-        return True
-
-    def sampler_gap(self, samples, trainer_logps, where: str) -> dict[str, float]:
-        return {}
 
 
 @dataclass
@@ -271,32 +241,37 @@ def score_samples(
 
 @torch.no_grad()
 def collect_round(
-    rollout: Callable[[], RolloutOutput],
-    policy,
+    agent: Agent,
+    instances: Sequence[Instance],
     update: UpdateSettings,
     scoring: ScoringSpec,
     ranks: Ranks = ONE_PROCESS,
     *,
     seed: int,
     where: str,
-    checks: RoundChecks | None = None,
+    engine: EngineSync | None = None,
+    reader_gate: ReaderGate | None = None,
     on_phase: PhaseHook | None = None,
     clock: Clock = no_clock,
 ) -> Round:
-    """Roll a round out (``rollout``: the memory agent's rollouts, rewards included) and turn it
-    into mini-batches (:func:`score_samples`), on every rank alike.
+    """A round, on every rank alike: the agent's rollouts of ``instances`` (memorise chunk by
+    chunk, answer, reward), the reader-failure gate, then its mini-batches (:func:`score_samples`).
 
-    ``where`` names the round in errors (``rollout round 3``). The round is refused when
-    ``checks.reader_answered`` says too many reader answers failed; ``ranks`` makes the size of the
-    round, and so the number of its optimiser steps, the same on every rank.
+    With ``engine`` (``rollout.backend: vllm``) the server samples, its adapter synced to the policy
+    first; samples of another adapter version stop the round, and so does a sampler whose log-probs
+    drift from the trainer's (``rollout.vllm.max_logprob_gap``). ``reader_gate`` refuses a round
+    whose reader answers failed (summed over the ranks, so every rank decides alike). ``where``
+    names the round in errors (``rollout round 3``); ``ranks`` makes the size of the round, and so
+    the number of its optimiser steps, the same on every rank.
     """
-    checks = checks or NoChecks()
+    sampler = None if engine is None else engine.generator(agent.policy, agent.tokenizer)
     with clock("rollout"):
-        out = rollout()
+        out = agent.rollouts(instances, seed=seed, sampler=sampler, on_phase=on_phase)
     samples = out.samples
     if not samples:
         raise RuntimeError(f"{where} produced no samples")
-    checks.after_rollouts(samples, where)
+    if engine is not None:
+        check_versions([s.adapter_version for s in samples], engine.policy_version, where)
     round_samples = global_samples(len(samples), ranks)
     steps_per_epoch = update.mini_batches_per_epoch(round_samples)
     if steps_per_epoch > len(samples):
@@ -305,15 +280,21 @@ def collect_round(
             " optimiser steps the round takes; raise model.update.mini_batch_size or lower"
             " model.update.num_mini_batches"
         )
-    scored_samples = Samples.of(samples)
-    metrics = round_metrics(out, scored_samples.rewards, scored_samples.group_ids)
-    if not checks.reader_answered(out.records, where):
+    rows = Samples.of(samples)
+    metrics = round_metrics(out, rows.rewards, rows.group_ids)
+    failures = ReaderFailures.of(out.records).summed(ranks)
+    if reader_gate is not None and not reader_gate.answered(failures, where):
         return Round(out, [], {**metrics, "train/skipped_reader_round": 1.0}, refused=True)
     metrics["train/skipped_reader_round"] = 0.0
+
+    def sampler_gap(trainer_logps: Callable[[], list[torch.Tensor]]) -> dict[str, float]:
+        gap = sampler_logprob_gap([s.sampler_logprobs for s in samples], trainer_logps())
+        engine.check_gap(gap, where)  # the server sampled: was it the policy being trained?
+        return {"rollout/sampler_logprob_gap": gap}
+
     scored = score_samples(
-        policy, scored_samples, update, scoring, round_samples=round_samples, seed=seed, clock=clock,
-        on_phase=on_phase,
-        sampler_gap=lambda trainer_logps: checks.sampler_gap(samples, trainer_logps, where),
+        agent.policy, rows, update, scoring, round_samples=round_samples, seed=seed, clock=clock,
+        on_phase=on_phase, sampler_gap=None if engine is None else sampler_gap,
     )
     return Round(out, scored.batches, {**metrics, **scored.metrics}, scored.nonfinite)
 

@@ -3,10 +3,10 @@ many of a round's answers, and running out of memory in any phase.
 
 A failed answer scores 0. One stray failure is noise; a reader that is down, or that runs out of
 memory on every batch, would score every answer 0 and GRPO would go on training on r1 = 0 as if
-the policy's memory were useless. :func:`check_reader_failures` refuses such a round
+the policy's memory were useless. :class:`ReaderGate` refuses such a round
 (``reader.max_failed_share``): it stops the run, or skips the round when ``reader.on_failed_round``
-says so, and :class:`SkippedRounds` stops it after :data:`MAX_SKIPPED_ROUNDS_IN_A_ROW` skipped
-in a row, since a skipped round does not count towards ``trainer.max_steps``.
+says so, and stops it after :data:`MAX_SKIPPED_ROUNDS_IN_A_ROW` skipped in a row, since a skipped
+round does not count towards ``trainer.max_steps``.
 
 Out of memory (:func:`~memalpha.lm.core.out_of_memory.is_out_of_memory`) in any phase becomes
 :class:`StepOutOfMemory`: one line naming the phase, the memory held and the settings that lower
@@ -18,12 +18,14 @@ checkpoint is the one the run wrote before and resumes as it would have
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from memalpha.agent.rollout import RolloutRecord
 from memalpha.lm.core.out_of_memory import is_out_of_memory, memory_held
+from memalpha.reader.settings import ReaderSettings
 
 MAX_SKIPPED_ROUNDS_IN_A_ROW = 3
 """Rounds skipped in a row for their reader's failures after which the run stops: a reader that
@@ -72,24 +74,15 @@ class ReaderFailures:
         first = next((error for error in errors if error is not None), None)
         return cls(failed=sum(r.reader_failures for r in records), questions=len(errors), first_error=first)
 
-
-def check_reader_failures(
-    failures: ReaderFailures, max_share: float, action: str, where: str
-) -> bool:
-    """Whether the round may be trained on; over ``max_share`` it is not.
-
-    ``action`` ``stop`` raises :class:`ReaderFailureError` (one line: the share, the limit and the
-    first error); ``skip`` returns False. ``where`` names the round (``rollout round 3``).
-    """
-    if failures.share <= max_share:
-        return True
-    if action == "stop":
-        raise ReaderFailureError(
-            f"{over_the_limit(failures, max_share, where)}; first error: {failures.first_error}; the round"
-            " was not trained on and the last checkpoint is as it was (reader.on_failed_round: skip drops"
-            " such rounds instead)"
+    def summed(self, ranks) -> ReaderFailures:
+        """The counts summed over the ranks of a data-parallel run (:class:`~memalpha.train.step.Ranks`;
+        a collective), this rank's first error kept."""
+        world = ranks.world_size
+        return ReaderFailures(
+            failed=round(ranks.mean_over_ranks(float(self.failed)) * world),
+            questions=round(ranks.mean_over_ranks(float(self.questions)) * world),
+            first_error=self.first_error,
         )
-    return False
 
 
 def over_the_limit(failures: ReaderFailures, max_share: float, where: str) -> str:
@@ -112,25 +105,43 @@ def validation_refusal(failures: ReaderFailures, max_share: float, where: str) -
 
 
 @dataclass
-class SkippedRounds:
-    """Rounds skipped in a row for their reader's failures; at :data:`MAX_SKIPPED_ROUNDS_IN_A_ROW`
-    the run stops. ``count`` is part of a run's state (checkpointed), so a resumed run keeps counting."""
+class ReaderGate:
+    """Whether a round's reader answers may be trained on: over ``reader.max_failed_share`` failed,
+    the run stops (``reader.on_failed_round: stop``: :class:`ReaderFailureError`, one line with the
+    share, the limit and the first error) or the round is skipped and counted; at
+    :data:`MAX_SKIPPED_ROUNDS_IN_A_ROW` skipped in a row the run stops. ``skipped_in_a_row`` is part
+    of a run's state (checkpointed), so a resumed run keeps counting."""
 
-    count: int = 0
-    total: int = 0
+    settings: ReaderSettings
+    skipped_in_a_row: int = 0
+    skipped_total: int = 0
 
-    def update(self, skipped: bool, where: str, first_error: str | None) -> None:
-        """Count one round: skipped or trained (which ends the streak)."""
-        if not skipped:
-            self.count = 0
-            return
-        self.count += 1
-        self.total += 1
-        if self.count >= MAX_SKIPPED_ROUNDS_IN_A_ROW:
+    def answered(self, failures: ReaderFailures, where: str) -> bool:
+        """Whether the round (``where``: ``rollout round 3 (global step 7)``) may be trained on."""
+        max_share = self.settings.max_failed_share
+        if failures.share <= max_share:
+            self.skipped_in_a_row = 0
+            return True
+        if self.settings.on_failed_round == "stop":
             raise ReaderFailureError(
-                f"{where}: {self.count} rounds in a row skipped for failed reader answers (the run stops at"
-                f" {MAX_SKIPPED_ROUNDS_IN_A_ROW}); last error: {first_error}; is the reader up?"
+                f"{over_the_limit(failures, max_share, where)}; first error: {failures.first_error}; the"
+                " round was not trained on and the last checkpoint is as it was (reader.on_failed_round:"
+                " skip drops such rounds instead)"
             )
+        self.skipped_in_a_row += 1
+        self.skipped_total += 1
+        if self.skipped_in_a_row >= MAX_SKIPPED_ROUNDS_IN_A_ROW:
+            raise ReaderFailureError(
+                f"{where}: {self.skipped_in_a_row} rounds in a row skipped for failed reader answers (the"
+                f" run stops at {MAX_SKIPPED_ROUNDS_IN_A_ROW}); last error: {failures.first_error}; is the"
+                " reader up?"
+            )
+        warnings.warn(
+            f"memalpha: {where}: {failures.failed} of {failures.questions} reader answers failed; the"
+            f" round is skipped ({self.skipped_in_a_row} in a row). First error: {failures.first_error}",
+            stacklevel=2,
+        )
+        return False
 
 
 def out_of_memory_line(phase: str, where: str, held: str) -> str:
