@@ -25,9 +25,8 @@ from memalpha.reader.options import RetrievalSettings
 from memalpha.reader.prompts import answer_messages
 from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.reader.retrieval import (
-    fit_to_budget,
+    K_RULES,
     rank_entries,
-    reduce_k,
     shrink_while_over,
     tokenize,
 )
@@ -210,14 +209,9 @@ def test_the_two_rules_differ_where_the_length_is_not_monotone():
     semantic, episodic = _lists(3, 3)
     measure = _table_measure({0: 5, 1: 40, 2: 20, 3: 50})
     # one step at a time from the top: 3 (50) is over, 2 (20) fits
-    assert reduce_k(semantic, episodic, measure, 30, "official") == (semantic[:2], episodic[:2], True)
+    assert K_RULES["official"].reduce(semantic, episodic, measure, 30) == (semantic[:2], episodic[:2], True)
     # bisection assumes growth: 1 (40) is over, so it settles on 0
-    assert reduce_k(semantic, episodic, measure, 30, "budget") == ([], [], True)
-    assert reduce_k(semantic, episodic, measure, 30, "budget") == fit_to_budget(
-        semantic, episodic, measure, 30
-    )
-    with pytest.raises(ValueError, match="k_reduction must be one of"):
-        reduce_k(semantic, episodic, measure, 30, "halve")
+    assert K_RULES["budget"].reduce(semantic, episodic, measure, 30) == ([], [], True)
 
 
 def _official_loop(semantic, episodic, measure, limit, top_k=20):
@@ -329,7 +323,7 @@ def test_reader_settings_validate_and_reach_the_reader():
         "bm25_query": "with_instruction",
     }
     reader = ReaderSettings(kind="openai", retrieval=retrieval, question_instructions=None).build(None, None)
-    assert (reader.bm25, reader.k_reduction, reader.system_prompt_limit, reader.bm25_query) == (
+    assert (reader.bm25, reader.k_rule.name, reader.system_prompt_limit, reader.bm25_query) == (
         "okapi", "official", 123, "with_instruction")
     defaults = ReaderSettings(question_instructions=None).retrieval
     assert (defaults.bm25, defaults.k_reduction, defaults.system_prompt_limit, defaults.bm25_query) == (

@@ -25,7 +25,7 @@ from memalpha.agent.rollout import RolloutSettings
 from memalpha.memory.store import Memory
 from memalpha.tools.executor import execute_response
 from memalpha.tools.formats import ToolCall, get_call_format
-from memalpha.tools.jsonfix import CALL_REPAIRS, trim_after_last_brace
+from memalpha.tools.jsonfix import CALL_REPAIRS, JSON_REPAIR, trim_after_last_brace
 from memalpha.train.profiles import PROFILES
 
 FIXTURE = Path(__file__).parent / "fixtures" / "memalpha4b_pubmed"
@@ -40,7 +40,7 @@ WHOLE = '✿FUNCTION✿: new_memory_insert\n✿ARGS✿: {"memory_type": "semanti
 
 def _run(response: str, call_repair: str, fmt=QWEN):
     memory = Memory(seed=0)
-    return memory, execute_response(memory, response, fmt, call_repair)
+    return memory, execute_response(memory, response, fmt, CALL_REPAIRS[call_repair])
 
 
 # ------------------------------------------------------------------ the official rules, hand-made inputs
@@ -150,9 +150,7 @@ def test_hermes_blocks_follow_the_same_rules():
     assert empty.attempts == 0
 
 
-def test_unknown_policy_and_setting_are_refused():
-    with pytest.raises(ValueError, match="call_repair"):
-        QWEN.parse(WHOLE, "lenient")
+def test_an_unknown_setting_is_refused():
     with pytest.raises(ValueError, match="rollout.call_repair"):
         RolloutSettings(call_repair="lenient")
 
@@ -174,7 +172,7 @@ def test_json_repair_never_raises_and_yields_objects_on_random_cuts():
     )
     for cut in sorted(rng.sample(range(len(rendered) + 1), 120)):
         for call_repair in CALL_REPAIRS:
-            parsed = QWEN.parse(rendered[:cut], call_repair)
+            parsed = QWEN.parse(rendered[:cut], CALL_REPAIRS[call_repair])
             assert all(
                 isinstance(call, ToolCall) and isinstance(call.arguments, dict) for call in parsed.calls
             )
@@ -183,6 +181,7 @@ def test_json_repair_never_raises_and_yields_objects_on_random_cuts():
 _AUDITED = """
 import json, sys
 from memalpha.tools.executor import execute_response
+from memalpha.tools.jsonfix import JSON_REPAIR
 from memalpha.tools.formats import get_call_format
 from memalpha.memory.store import Memory
 texts = [
@@ -200,7 +199,7 @@ memory = Memory(seed=0)
 stored = 0
 for text in texts:
     fmt = get_call_format("hermes" if text.startswith("<") else "qwen")
-    stored += execute_response(memory, text, fmt, "json_repair").successes
+    stored += execute_response(memory, text, fmt, JSON_REPAIR).successes
 seen = sorted(set(events))
 compile("1", "<canary>", "eval")  # the hook is live: this one must be seen
 print(json.dumps({"events": seen, "canary": sorted(set(events) - set(seen)), "stored": stored}))
@@ -232,7 +231,7 @@ def _replay(call_repair: str) -> tuple[dict[str, Memory], Counter]:
     tally: Counter = Counter()
     for turn in _turns():
         memory = memories.setdefault(turn["instance_id"], Memory(seed=0))
-        outcome = execute_response(memory, turn["raw_response"], QWEN, call_repair)
+        outcome = execute_response(memory, turn["raw_response"], QWEN, CALL_REPAIRS[call_repair])
         tally["attempted"] += outcome.attempts
         tally["successes"] += outcome.successes
         tally["repaired"] += sum(call.repaired for call in outcome.parsed.calls)
@@ -263,7 +262,7 @@ def test_json_repair_stores_exactly_what_the_official_run_stored():
     same = cut = 0
     for turn in _turns():
         memory = memories.setdefault(turn["instance_id"], Memory(seed=0))
-        outcome = execute_response(memory, turn["raw_response"], QWEN, "json_repair")
+        outcome = execute_response(memory, turn["raw_response"], QWEN, JSON_REPAIR)
         assert len(outcome.results) == len(turn["calls"])  # one result per recorded call, in order
         for recorded, result in zip(turn["calls"], outcome.results):
             if not recorded["arguments_complete_json"]:

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from memalpha.agent.content_judges import (
+    JUDGEMENT_OBJECTS,
     LLMContentJudge,
     RuleContentJudge,
     has_time_expression,
@@ -425,8 +426,8 @@ def test_without_a_retry_text_the_same_messages_are_asked_again():
 )
 def test_the_official_parse_needs_a_json_fence(reply, memalpha, official):
     assert parse_validity_judgement(reply) is memalpha
-    assert parse_validity_judgement(reply, "memalpha") is memalpha
-    assert parse_validity_judgement(reply, "official") is official
+    assert parse_validity_judgement(reply, JUDGEMENT_OBJECTS["memalpha"]) is memalpha
+    assert parse_validity_judgement(reply, JUDGEMENT_OBJECTS["official"]) is official
 
 
 def test_the_judge_uses_its_parse():

@@ -214,14 +214,20 @@ def test_each_registry_and_its_literal_name_the_same_choices():
     ``Literal`` with ``typing.get_args``)."""
     from typing import get_args
 
-    from memalpha.agent.scoring import METRICS_BY_STYLE, YES_NO_BY_STYLE, MetricStyle
+    from memalpha.agent.reward_math import CALL_SUCCESS
+    from memalpha.agent.reward_settings import CallSuccessRule
+    from memalpha.agent.scoring import ANSWER_STYLES, MetricStyle
+    from memalpha.reader.retrieval import K_RULES, KReduction
     from memalpha.tools.formats import CALL_FORMATS, CallFormatName
+    from memalpha.tools.jsonfix import CALL_REPAIRS, CallRepairName
     from memalpha.train.profiles import PROFILES, ProfileName
 
     for literal, registry in (
         (CallFormatName, CALL_FORMATS),
         (ProfileName, PROFILES),
-        (MetricStyle, METRICS_BY_STYLE),
-        (MetricStyle, YES_NO_BY_STYLE),
+        (MetricStyle, ANSWER_STYLES),
+        (CallSuccessRule, CALL_SUCCESS),
+        (KReduction, K_RULES),
+        (CallRepairName, CALL_REPAIRS),
     ):
         assert list(get_args(literal)) == list(registry), (literal, list(registry))

@@ -36,6 +36,7 @@ from memalpha.lm.core.embedded import load_tokenizer
 from memalpha.memory.store import Memory
 from memalpha.tools.executor import execute_response
 from memalpha.tools.formats import get_call_format
+from memalpha.tools.jsonfix import CALL_REPAIRS
 from memalpha.train.profiles import PROFILES
 from memalpha_lab.common import RESULTS_DIR, print_table, write_json
 
@@ -99,7 +100,7 @@ def replay_profile(profile: str, tokenizer: Any) -> dict[str, Any]:
         )
         calls: list[TurnCalls] = []
         for turn in sorted(turns[instance_id], key=lambda t: t["chunk_idx"]):
-            outcome = execute_response(memory, turn["raw_response"], call_format, call_repair)
+            outcome = execute_response(memory, turn["raw_response"], call_format, CALL_REPAIRS[call_repair])
             calls.append(TurnCalls(results=outcome.results, parse_errors=list(outcome.errors),
                                    chunk=instance["chunks"][turn["chunk_idx"]]))
         recorded = answers[instance_id]
@@ -107,7 +108,7 @@ def replay_profile(profile: str, tokenizer: Any) -> dict[str, Any]:
             instance["data_source"],
             [r["reader_response"] for r in recorded],
             [r["answer"] for r in recorded],
-            style=reward.metric_style,
+            style=reward.answer_style,
         )
         chunk_tokens = sum(count_tokens(chunk) for chunk in instance["chunks"])
         result = rollout_rewards(

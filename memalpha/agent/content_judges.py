@@ -166,16 +166,19 @@ JUDGEMENT_OBJECTS: dict[str, Callable[[str], str | None]] = {
 """The JSON text each parse reads from a judge reply; its keys are :data:`JUDGEMENT_PARSES`."""
 
 
-def parse_validity_judgement(reply: str, parse: JudgementParse = "memalpha") -> bool | None:
+def parse_validity_judgement(
+    reply: str, find_object: Callable[[str], str | None] = _memalpha_object
+) -> bool | None:
     """``VALID`` of a judge reply, or None when malformed.
 
     Well-formed means a JSON object with a boolean ``VALID``, a list ``ISSUES`` and a string
-    ``EXPLANATION``, read under ``parse`` (``reward.content_judge_parse``): ``memalpha`` takes
+    ``EXPLANATION``, found by ``find_object`` (``reward.content_judge_parse``'s entry of
+    :data:`JUDGEMENT_OBJECTS`, picked once when the judge is built): ``memalpha`` takes
     the first code fence's object, else the bare object, of the reply after any thinking block;
     ``official`` takes the first fenced object of the reply as it is, and only when the reply
     opens a fence tagged ``json`` anywhere (the official ``_validate_json_format``).
     """
-    found = JUDGEMENT_OBJECTS[parse](reply)
+    found = find_object(reply)
     if found is None:
         return None
     try:
@@ -223,7 +226,7 @@ class LLMContentJudge:
         self.delete_score = float(delete_score)
         self.attempts = attempts
         self.sampling = sampling if sampling is not None and sampling.overrides else None
-        self.parse = parse
+        self.find_object = JUDGEMENT_OBJECTS[parse]
         self.malformed = 0
         self.unjudged = 0
 
@@ -255,7 +258,7 @@ class LLMContentJudge:
             replies = self._ask(prompts, [systems[i] for i in pending])
             again = []
             for i, reply in zip(pending, replies):
-                verdict = parse_validity_judgement(reply.text, self.parse) if reply.ok else None
+                verdict = parse_validity_judgement(reply.text, self.find_object) if reply.ok else None
                 if verdict is None:
                     self.malformed += 1
                     # the official loop appends its text after a malformed reply, not a failed call

@@ -96,7 +96,7 @@ def replay_trajectory(
         messages, _ = turn_prompt(
             tokenizer, memory, instance.chunks[turn.chunk_index], target, settings, where=where
         )
-        outcome = execute_response(memory, turn.response, written, settings.call_repair)
+        outcome = execute_response(memory, turn.response, written, settings.repair)
         stats.turns += 1
         if outcome.attempts == 0:
             stats.dropped["no_call"] += 1

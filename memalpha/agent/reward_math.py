@@ -156,16 +156,10 @@ def _chunk_source(turn: TurnCalls, setting: str) -> frozenset[str]:
     return chunk_tokens(turn.chunk)
 
 
-def turn_call_successes(turn: TurnCalls, weights: RewardSettings) -> int:
-    """The calls of ``turn`` that r2 counts as successful under ``weights.call_success``.
-
-    ``memalpha``: a call succeeds when it changed the memory (status ``ok``) and, if it writes,
-    its chunk supports what it writes; a deletion succeeds only in a turn where some call stored
-    a supported text, and so does nothing else: a turn without one has no success at all.
-    """
-    rule = weights.call_success
-    if rule != "memalpha":
-        return sum(call_succeeded(r, rule) for r in turn.results)
+def supported_changes(turn: TurnCalls, weights: RewardSettings) -> int:
+    """``call_success: memalpha``: a call succeeds when it changed the memory (status ``ok``) and,
+    if it writes, its chunk supports what it writes; a deletion succeeds only in a turn where some
+    call stored a supported text, and so does nothing else: a turn without one has no success at all."""
     source = _chunk_source(turn, "reward.call_success: memalpha")
     changed = [r for r in turn.results if r.status == "ok" and r.call is not None]
     stored = [r for r in changed if supported_write(r, source, weights)]
@@ -173,6 +167,26 @@ def turn_call_successes(turn: TurnCalls, weights: RewardSettings) -> int:
         return 0
     deletions = [r for r in changed if r.call.name == DELETE]
     return len(stored) + len(deletions)
+
+
+def _each_call(rule: str) -> Callable[[TurnCalls, RewardSettings], int]:
+    """A turn's successes under a rule that judges each call by its result alone."""
+    succeeded = _CALL_ALONE_RULES[rule]
+    return lambda turn, weights: sum(succeeded(r) for r in turn.results)
+
+
+CALL_SUCCESS: dict[str, Callable[[TurnCalls, RewardSettings], int]] = {
+    "memalpha": supported_changes,
+    "status": _each_call("status"),
+    "official": _each_call("official"),
+}
+"""Each ``reward.call_success`` name's count of a turn's successful calls (its keys are
+:data:`~memalpha.agent.reward_settings.CALL_SUCCESS_RULES`)."""
+
+
+def turn_call_successes(turn: TurnCalls, weights: RewardSettings) -> int:
+    """The calls of ``turn`` that r2 counts as successful under ``weights.call_success``."""
+    return CALL_SUCCESS[weights.call_success](turn, weights)
 
 
 def tool_success_reward(turn: TurnCalls, weights: RewardSettings) -> float:

@@ -17,7 +17,7 @@ from memalpha.agent.content_judges import (
     LLMContentJudge,
     RuleContentJudge,
 )
-from memalpha.agent.scoring import MetricStyle, check_metric_overrides, check_metric_style
+from memalpha.agent.scoring import ANSWER_STYLES, AnswerStyle, MetricStyle, check_metric_overrides
 from memalpha.reader.base import Sampling
 
 if TYPE_CHECKING:
@@ -127,7 +127,8 @@ class RewardSettings:
             raise ValueError(f"reward.accuracy_weight must be >= 0, got {self.accuracy_weight}")
         if self.metric_overrides:
             check_metric_overrides(self.metric_overrides, "reward.metric_overrides")
-        check_metric_style(self.metric_style, "reward.metric_style")
+        _check_one_of("metric_style", self.metric_style, tuple(ANSWER_STYLES))
+        self._answer_style = ANSWER_STYLES[self.metric_style]
         _check_one_of("call_success", self.call_success, CALL_SUCCESS_RULES)
         if not 0.0 < self.support_min_share <= 1.0:
             raise ValueError(f"reward.support_min_share must be in (0, 1], got {self.support_min_share}")
@@ -146,6 +147,11 @@ class RewardSettings:
         if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"reward.content_judge_max_tokens must be >= 1 or null, got {max_tokens}")
         _check_one_of("content_judge_parse", self.content_judge_parse, JUDGEMENT_PARSES)
+
+    @property
+    def answer_style(self) -> AnswerStyle:
+        """How answers are compared with their golds: the style :attr:`metric_style` names, picked once."""
+        return self._answer_style
 
     def build_content_judge(self, reader: Reader) -> ContentJudge:
         """The r4 judge: the rule checks, or ``reader`` asked for a validity judgement per call

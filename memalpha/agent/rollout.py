@@ -27,7 +27,7 @@ from memalpha.agent.progress import Phase, PhaseHook, report
 from memalpha.agent.prompts import PROMPT_PROFILES, PromptProfile, memorise_messages, stated_response_limit
 from memalpha.agent.reward_math import TurnCalls, rollout_rewards
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.scoring import score_answers
+from memalpha.agent.scoring import MEMALPHA_ANSWERS, AnswerStyle, score_answers
 from memalpha.data.schema import Instance
 from memalpha.lm.core.chat import chat_prompt_ids
 from memalpha.lm.core.modes import eval_mode
@@ -42,7 +42,7 @@ from memalpha.seeding import stable_seed
 from memalpha.templates.loader import PromptTemplates, load_templates
 from memalpha.tools.executor import SUCCESS_STATUSES, execute_call
 from memalpha.tools.formats import CallFormat, CallFormatName, get_call_format
-from memalpha.tools.jsonfix import CALL_REPAIRS, CallRepair
+from memalpha.tools.jsonfix import CALL_REPAIRS, CallRepair, CallRepairName
 
 GenerateFn = Callable[..., Generation]
 """Generates like :func:`memalpha.lm.sampling.generation.generate` without its model and tokenizer
@@ -121,7 +121,7 @@ class RolloutSettings:
     generation_batch_size: int | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     prompt_profile: PromptProfile = "full"
-    call_repair: CallRepair = "strict"
+    call_repair: CallRepairName = "strict"
     prompt_templates: str | None = None
     backend: Backend = "auto"
     vllm: VllmSettings = field(default_factory=VllmSettings)
@@ -157,6 +157,7 @@ class RolloutSettings:
             raise ValueError(
                 f"rollout.call_repair must be one of {list(CALL_REPAIRS)}, got {self.call_repair!r}"
             )
+        self._repair = CALL_REPAIRS[self.call_repair]
         try:
             self._templates = load_templates(self.prompt_templates)
         except ValueError as exc:
@@ -166,6 +167,11 @@ class RolloutSettings:
     def templates(self) -> PromptTemplates:
         """The prompt texts of :attr:`prompt_templates`, loaded once."""
         return self._templates
+
+    @property
+    def repair(self) -> CallRepair:
+        """The call-repair policy :attr:`call_repair` names, picked once."""
+        return self._repair
 
 
 @dataclass
@@ -354,6 +360,7 @@ def memorise_chunks(
     chunks = max((len(r.instance.chunks) for r in rollouts), default=0)
     start = time.perf_counter()
     sample = sampler or sampler_for(model, tokenizer, settings.backend)
+    repair = settings.repair
     with eval_mode(model):
         for chunk_index in range(chunks):
             elapsed = time.perf_counter() - start
@@ -388,8 +395,8 @@ def memorise_chunks(
                 response_ids = generation.response_ids[j]
                 trained = call_format.trained_length(response_ids, tokenizer)
                 text = tokenizer.decode(response_ids, skip_special_tokens=True)
-                parsed = call_format.parse(text, settings.call_repair)
-                results = [execute_call(rollout.memory, call, settings.call_repair) for call in parsed.calls]
+                parsed = call_format.parse(text, repair)
+                results = [execute_call(rollout.memory, call, repair) for call in parsed.calls]
                 rollout.calls.append(
                     TurnCalls(
                         results=results,
@@ -432,7 +439,7 @@ def answer_questions(
     *,
     judge: Reader | None = None,
     metric_overrides: dict[str, str] | None = None,
-    metric_style: str = "memalpha",
+    style: AnswerStyle = MEMALPHA_ANSWERS,
 ) -> list[RolloutAnswers]:
     """Phase 2: the reader answers every question of every rollout from its final memory, scored.
 
@@ -440,7 +447,8 @@ def answer_questions(
     reader's table); answers are scored per data source in one call each, so the LLM-judged
     sources send their judgements as one batch (``judge``, default the reader). A question's
     record keeps the bare question and, apart, the ``instruction`` the reader got before it.
-    ``metric_style`` (``reward.metric_style``) says how answers are compared with their golds.
+    ``style`` (``reward.metric_style``'s :class:`~memalpha.agent.scoring.AnswerStyle`) says how answers
+    are compared with their golds.
     """
     items, owners, sources = [], [], []
     for i, rollout in enumerate(rollouts):
@@ -464,7 +472,7 @@ def answer_questions(
             judge=judge or reader,
             overrides=metric_overrides,
             ok=[answers[k].ok for k in ks],
-            style=metric_style,
+            style=style,
         )
         for k, value, judge_error in zip(ks, scored, judge_errors):
             item_scores[k] = value
@@ -554,7 +562,7 @@ def run_rollouts(
     each ``generate`` call compute the prompt tokens its rows share once
     (:mod:`memalpha.lm.core.prefix_cache`); the policy samples as ``settings.backend`` says. The
     answer metric of each source comes from
-    ``weights.metric_overrides`` first; answers are compared in ``weights.metric_style``.
+    ``weights.metric_overrides`` first; answers are compared in ``weights.answer_style``.
     ``sampler`` generates the agent's turns instead of the policy (see :func:`memorise_chunks`).
     ``on_phase`` hears each phase as it starts (:mod:`memalpha.agent.progress`).
     """
@@ -574,7 +582,7 @@ def run_rollouts(
     start = time.perf_counter()
     answers = answer_questions(
         rollouts, reader, judge=judge_reader, metric_overrides=weights.metric_overrides,
-        metric_style=weights.metric_style,
+        style=weights.answer_style,
     )
     reader_s = time.perf_counter() - start
     report(on_phase, Phase("rewards"))

@@ -45,7 +45,8 @@ import fnmatch
 import logging
 import re
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # only for annotations: the reader imports nothing from here
@@ -185,11 +186,16 @@ def _judge_prompt(question: str, gold: Gold, prediction: str, templates=None) ->
 
 
 def llm_judge(
-    prediction: str, gold: Gold, *, question: str = "", judge: Reader | None = None, style: str = "memalpha"
+    prediction: str,
+    gold: Gold,
+    *,
+    question: str = "",
+    judge: Reader | None = None,
+    style: AnswerStyle | None = None,
 ) -> float:
     """Ask ``judge`` whether the prediction satisfies the gold rubric; a failed call scores 0.
 
-    ``style`` says how the judge's reply is read (:data:`YES_NO_BY_STYLE`)."""
+    ``style`` says how the judge's reply is read (:attr:`AnswerStyle.read_judgement`; default memalpha's)."""
     return llm_judge_many([prediction], [gold], [question], judge, style)[0]
 
 
@@ -198,7 +204,7 @@ def llm_judge_many(
     golds: Sequence[Gold],
     questions: Sequence[str],
     judge: Reader | None,
-    style: str = "memalpha",
+    style: AnswerStyle | None = None,
 ) -> list[float]:
     """:func:`llm_judge` for many answers in one batched call to the judge."""
     return _judge_many(predictions, golds, questions, judge, style)[0]
@@ -209,10 +215,9 @@ def _judge_many(
     golds: Sequence[Gold],
     questions: Sequence[str],
     judge: Reader | None,
-    style: str = "memalpha",
+    style: AnswerStyle | None = None,
 ) -> tuple[list[float], list[str | None]]:
     """The judged scores, and for each the error of its failed judge call (None when it was judged)."""
-    check_metric_style(style)
     if judge is None:
         raise ValueError(
             "metric 'llm_judge' needs a judge (a memalpha.reader.Reader); configure a reader "
@@ -223,7 +228,7 @@ def _judge_many(
         _judge_prompt(q, g, p, templates) for p, g, q in zip(predictions, golds, questions, strict=True)
     ]
     replies = judge.complete(prompts)
-    read_reply = YES_NO_BY_STYLE[style]
+    read_reply = (style or MEMALPHA_ANSWERS).read_judgement
     scores = [read_reply(r.text) if r.ok else 0.0 for r in replies]
     return scores, [None if r.ok else f"judge: {r.error}" for r in replies]
 
@@ -319,17 +324,23 @@ OFFICIAL_METRICS: dict[str, Callable[..., float]] = {
 """The ``official`` style's function for each metric name (the judge differs only in reading its reply)."""
 
 MetricStyle = Literal["memalpha", "official"]
-METRICS_BY_STYLE: dict[str, dict[str, Callable[..., float]]] = {
-    "memalpha": METRICS,
-    "official": OFFICIAL_METRICS,
-}
-YES_NO_BY_STYLE: dict[str, Callable[[str], float]] = {"memalpha": parse_yes_no, "official": official_yes_no}
 
 
-def check_metric_style(style: str, option: str = "metric style") -> None:
-    """Raise ValueError naming ``option`` when ``style`` is not a known metric style."""
-    if style not in METRICS_BY_STYLE:
-        raise ValueError(f"{option} must be one of {list(METRICS_BY_STYLE)}, got {style!r}")
+@dataclass(frozen=True)
+class AnswerStyle:
+    """How answers are compared with their golds (``reward.metric_style``), picked once from the
+    setting's name (:data:`ANSWER_STYLES`): each metric name's function, and how an LLM judge's
+    yes/no reply is read."""
+
+    name: str
+    metrics: Mapping[str, Callable[..., float]]
+    read_judgement: Callable[[str], float]
+
+
+MEMALPHA_ANSWERS = AnswerStyle("memalpha", METRICS, parse_yes_no)
+OFFICIAL_ANSWERS = AnswerStyle("official", OFFICIAL_METRICS, official_yes_no)
+ANSWER_STYLES: dict[str, AnswerStyle] = {style.name: style for style in (MEMALPHA_ANSWERS, OFFICIAL_ANSWERS)}
+"""Each ``reward.metric_style`` name's :class:`AnswerStyle`."""
 
 # ---------------------------------------------------------------------------
 # data_source -> metric
@@ -408,15 +419,14 @@ def score_answer(
     question: str = "",
     judge: Reader | None = None,
     overrides: dict[str, str] | None = None,
-    style: str = "memalpha",
+    style: AnswerStyle = MEMALPHA_ANSWERS,
 ) -> float:
     """Score one reader answer with the metric of its ``data_source`` (a float in [0, 1]),
-    compared in the metric ``style`` (``memalpha`` or ``official``)."""
-    check_metric_style(style)
+    compared in the answer ``style`` (memalpha's or the official code's)."""
     name = metric_for_source(data_source, overrides)
     if name == "llm_judge":
         return llm_judge(prediction, gold, question=question, judge=judge, style=style)
-    return METRICS_BY_STYLE[style][name](prediction, gold)
+    return style.metrics[name](prediction, gold)
 
 
 def score_answers(
@@ -427,9 +437,9 @@ def score_answers(
     judge: Reader | None = None,
     overrides: dict[str, str] | None = None,
     ok: Sequence[bool] | None = None,
-    style: str = "memalpha",
+    style: AnswerStyle = MEMALPHA_ANSWERS,
 ) -> tuple[list[float], list[str | None]]:
-    """Score many answers of one source in the metric ``style``; LLM-judge calls go to the judge
+    """Score many answers of one source in the answer ``style``; LLM-judge calls go to the judge
     as one batch.
 
     ``ok[i] == False`` (a failed reader call) scores 0 without being judged.
@@ -447,7 +457,6 @@ def score_answers(
         raise ValueError(
             f"score_answers: {n} predictions but {len(questions)} questions / {len(ok)} ok flags"
         )
-    check_metric_style(style)
     name = metric_for_source(data_source, overrides)
     scores = [0.0] * n
     judge_errors: list[str | None] = [None] * n
@@ -461,7 +470,7 @@ def score_answers(
             for i, s, error in zip(live, judged, errors):
                 scores[i], judge_errors[i] = s, error
         return scores, judge_errors
-    metric = METRICS_BY_STYLE[style][name]
+    metric = style.metrics[name]
     for i in live:
         scores[i] = metric(predictions[i], golds[i])
     return scores, judge_errors

@@ -40,7 +40,7 @@ from memalpha.memory.render import render_answer
 from memalpha.reader.options import RetrievalSettings
 from memalpha.reader.prompts import answer_messages
 from memalpha.reader.question_instructions import QuestionInstructions
-from memalpha.reader.retrieval import reduce_k, retrieve_for_questions
+from memalpha.reader.retrieval import K_RULES, retrieve_for_questions
 from memalpha.templates.loader import PromptTemplates, default_templates
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class Reader(ABC):
             ``bm25`` and ``bm25_query`` say, their number cut by ``k_reduction`` to fit
             ``prompt_tokens`` or ``system_prompt_limit``; see :mod:`memalpha.reader.retrieval`);
             ``None``: its defaults. The reader copies the values (``top_k_entries``,
-            ``prompt_budget_tokens``, ``bm25``, ``k_reduction``, ``system_prompt_limit``,
+            ``prompt_budget_tokens``, ``bm25``, ``k_rule``, ``system_prompt_limit``,
             ``bm25_query``).
         question_instructions: the per-source instruction table; ``None`` gives every question bare.
         templates: the prompt texts of the answer prompt, the memory view and the judges that
@@ -115,7 +115,7 @@ class Reader(ABC):
         self.top_k_entries = retrieval.top_k_entries
         self.prompt_budget_tokens = retrieval.prompt_tokens
         self.bm25 = retrieval.bm25
-        self.k_reduction = retrieval.k_reduction
+        self.k_rule = K_RULES[retrieval.k_reduction]
         self.system_prompt_limit = retrieval.system_prompt_limit
         self.bm25_query = retrieval.bm25_query
         self.templates = templates or default_templates()
@@ -157,12 +157,12 @@ class Reader(ABC):
 
     def prompt_limit(self) -> int:
         """The token limit ``k`` is reduced against: the prompt budget, or the system-prompt limit."""
-        return self.prompt_budget_tokens if self.k_reduction == "budget" else self.system_prompt_limit
+        return self.prompt_budget_tokens if self.k_rule.counts_whole_prompt else self.system_prompt_limit
 
     def measure_prompt(self, conversation: Conversation) -> int:
         """What ``k_reduction`` counts: the whole chat-formatted prompt (``budget``) or the system
         message's text alone (``official``, as the official server counts it)."""
-        if self.k_reduction == "budget":
+        if self.k_rule.counts_whole_prompt:
             return self.conversation_tokens(conversation)
         return self.count_tokens(conversation[0]["content"])
 
@@ -208,13 +208,13 @@ class Reader(ABC):
             def measure(sem, epi, _memory=memory, _question=question, _instruction=instruction) -> int:
                 return self.measure_prompt(self._answer_messages(_memory, sem, epi, _question, _instruction))
 
-            semantic, episodic, fits = reduce_k(semantic, episodic, measure, limit, self.k_reduction)
+            semantic, episodic, fits = self.k_rule.reduce(semantic, episodic, measure, limit)
             if not fits:
                 self.over_budget += 1
                 logger.warning(
                     "reader prompt for question %r is over the %d-token limit (k_reduction %s) even "
                     "without retrieved entries (core memory and question alone); sending it as is",
-                    question[:80], limit, self.k_reduction,
+                    question[:80], limit, self.k_rule.name,
                 )
             conversations.append(self._answer_messages(memory, semantic, episodic, question, instruction))
         return conversations

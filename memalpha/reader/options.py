@@ -16,7 +16,7 @@ from memalpha.reader.retrieval import (
     BM25_VARIANTS,
     DEFAULT_SYSTEM_PROMPT_LIMIT,
     DEFAULT_TOP_K,
-    K_REDUCTIONS,
+    K_RULES,
     BM25Variant,
     KReduction,
 )
@@ -63,7 +63,7 @@ class RetrievalSettings:
             raise ValueError(f"reader.retrieval.top_k_entries must be >= 0, got {self.top_k_entries}")
         for name, allowed in (
             ("bm25", BM25_VARIANTS),
-            ("k_reduction", K_REDUCTIONS),
+            ("k_reduction", tuple(K_RULES)),
             ("bm25_query", BM25_QUERIES),
         ):
             if getattr(self, name) not in allowed:

@@ -18,8 +18,7 @@ Two scorings, chosen by ``reader.retrieval.bm25`` (:data:`BM25_VARIANTS`):
 Under both, entries with equal scores keep their memory order (older entries first among
 ties), as the official server's stable sort does.
 
-How many entries are kept, ``reader.retrieval.k_reduction`` (:data:`K_REDUCTIONS`, applied by
-:func:`reduce_k`):
+How many entries are kept, ``reader.retrieval.k_reduction`` (:data:`K_RULES`):
 
 - ``budget`` (default): :func:`fit_to_budget` keeps the largest ``k`` for which the whole
   chat-formatted prompt fits ``reader.retrieval.prompt_tokens``. Prompt length only grows with ``k``, so
@@ -35,6 +34,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, get_args
 
 import numpy as np
@@ -51,9 +51,8 @@ BM25_VARIANTS: tuple[str, ...] = get_args(BM25Variant)
 """``reader.retrieval.bm25``: ``lucene`` (bm25s) or ``okapi`` (rank_bm25's BM25Okapi, the official
 scoring)."""
 KReduction = Literal["budget", "official"]
-K_REDUCTIONS: tuple[str, ...] = get_args(KReduction)
 """``reader.retrieval.k_reduction``: bisect k to fit the whole prompt, or the official one-by-one rule on the
-system prompt."""
+system prompt (:data:`K_RULES`)."""
 DEFAULT_SYSTEM_PROMPT_LIMIT = 30_000
 """The official server's limit on the reader's system prompt, in tokens."""
 
@@ -175,20 +174,20 @@ def shrink_while_over(
     return list(semantic[:k]), list(episodic[:k]), True
 
 
-def reduce_k(
-    semantic: Sequence[E],
-    episodic: Sequence[E],
-    measure: Callable[[Sequence[E], Sequence[E]], int],
-    limit: int,
-    rule: str = "budget",
-) -> tuple[list[E], list[E], bool]:
-    """Cut the ranked lists to the ``k`` that ``rule`` (``budget`` or ``official``) picks for ``limit``.
+@dataclass(frozen=True)
+class KRule:
+    """How the number of retrieved entries is cut (``reader.retrieval.k_reduction``), picked once
+    when the reader is built (:data:`K_RULES`): the search, and whether it measures the whole
+    chat-formatted prompt against ``reader.retrieval.prompt_tokens`` or the system prompt alone
+    against ``reader.retrieval.system_prompt_limit``."""
 
-    ``budget`` is :func:`fit_to_budget`, ``official`` is :func:`shrink_while_over`; the caller
-    chooses what ``measure`` counts (the whole prompt, or the system prompt for ``official``).
-    """
-    if rule == "budget":
-        return fit_to_budget(semantic, episodic, measure, limit)
-    if rule == "official":
-        return shrink_while_over(semantic, episodic, measure, limit)
-    raise ValueError(f"k_reduction must be one of {list(K_REDUCTIONS)}, got {rule!r}")
+    name: str
+    reduce: Callable[..., tuple[list, list, bool]]
+    counts_whole_prompt: bool
+
+
+K_RULES: dict[str, KRule] = {
+    "budget": KRule("budget", fit_to_budget, counts_whole_prompt=True),
+    "official": KRule("official", shrink_while_over, counts_whole_prompt=False),
+}
+"""Each ``reader.retrieval.k_reduction`` name's :class:`KRule`."""

@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING
 
 from memalpha.memory.store import CORE, LIST_TYPES, Memory
 from memalpha.tools.formats import CallFormat, ParseResult, ToolCall
+from memalpha.tools.jsonfix import STRICT, CallRepair
 from memalpha.tools.schemas import DELETE, INSERT, TOOL_NAMES, UPDATE, tool_parameters
 
 if TYPE_CHECKING:
@@ -220,15 +221,16 @@ def drop_extra_arguments(call: ToolCall) -> ToolCall:
     return call if len(kept) == len(call.arguments) else replace(call, arguments=kept)
 
 
-def execute_call(memory: Memory, call: ToolCall, call_repair: str = "strict") -> ToolResult:
+def execute_call(memory: Memory, call: ToolCall, repair: CallRepair = STRICT) -> ToolResult:
     """Validate ``call`` and apply it to ``memory``; never raises on a bad call.
 
-    Under ``call_repair="json_repair"`` arguments the tool does not take are ignored
-    (:func:`drop_extra_arguments`); under ``strict`` they make the call an ``extra_argument`` error.
+    Under a call-repair policy that ignores extra arguments (``json_repair``) arguments the tool does
+    not take are dropped (:func:`drop_extra_arguments`); under ``strict`` they make the call an
+    ``extra_argument`` error.
     """
     if not isinstance(call, ToolCall):
         return _error(None, "not_object", f"not a ToolCall: {type(call).__name__}")
-    if call_repair == "json_repair":
+    if repair.ignores_extra_arguments:
         call = drop_extra_arguments(call)
     problem = _check_arguments(call)
     if problem:
@@ -266,8 +268,7 @@ class TurnOutcome:
 
 
 def execute_response(memory: Memory, response: str, call_format: CallFormat,
-                     call_repair: str = "strict") -> TurnOutcome:
-    """Parse ``response`` and execute its calls on ``memory`` in order, under the policy ``call_repair``."""
-    parsed = call_format.parse(response, call_repair)
-    return TurnOutcome(parsed=parsed,
-                       results=[execute_call(memory, call, call_repair) for call in parsed.calls])
+                     repair: CallRepair = STRICT) -> TurnOutcome:
+    """Parse ``response`` and execute its calls on ``memory`` in order, under the call-repair policy."""
+    parsed = call_format.parse(response, repair)
+    return TurnOutcome(parsed=parsed, results=[execute_call(memory, call, repair) for call in parsed.calls])

@@ -76,7 +76,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from memalpha.templates.loader import PromptTemplates, default_templates
-from memalpha.tools.jsonfix import CALL_REPAIRS, read_arguments
+from memalpha.tools.jsonfix import STRICT, CallRepair
 from memalpha.tools.schemas import TOOL_NAMES, TOOL_SCHEMAS, compact_signatures
 
 _MEMALPHA = default_templates()  # memalpha's prompt texts, read now: parsing and rendering touch no file
@@ -226,9 +226,9 @@ def _name_not_text(name: str, raw: str) -> ParseError | None:
     return None
 
 
-def _arguments_call(name: str, args_text: str, raw: str, call_repair: str) -> ToolCall | ParseError:
+def _arguments_call(name: str, args_text: str, raw: str, repair: CallRepair) -> ToolCall | ParseError:
     """Build a call from a name and its argument text, or the error explaining why not."""
-    read = read_arguments(args_text, call_repair)
+    read = repair.read_arguments(args_text)
     if read.value is None:
         return ParseError(reason=f"{_label(name)}: {read.error}", raw=_clip(raw), code=read.code)
     return ToolCall(name=name, arguments=read.value, raw=raw, repaired=bool(read.repairs),
@@ -279,21 +279,19 @@ class CallFormat(ABC):
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         """One call written in this format."""
 
-    def parse(self, text: str, call_repair: str = "strict") -> ParseResult:
+    def parse(self, text: str, repair: CallRepair = STRICT) -> ParseResult:
         """All calls in ``text`` (after a leading thinking block) and an error for each malformed one,
-        read under the policy ``call_repair`` (module docstring). Never raises on any text."""
-        if call_repair not in CALL_REPAIRS:
-            raise ValueError(f"call_repair must be one of {list(CALL_REPAIRS)}, got {call_repair!r}")
+        read under the call-repair policy ``repair`` (module docstring). Never raises on any text."""
         result = ParseResult()
         if not isinstance(text, str):
             result.errors.append(
                 ParseError(reason="response is not text", raw=_clip(repr(text)), code="not_text")
             )
             return result
-        return self._parse_text(strip_thinking(text), result, call_repair)
+        return self._parse_text(strip_thinking(text), result, repair)
 
     @abstractmethod
-    def _parse_text(self, text: str, result: ParseResult, call_repair: str) -> ParseResult:
+    def _parse_text(self, text: str, result: ParseResult, repair: CallRepair) -> ParseResult:
         """Add the calls and errors of ``text`` (a string, thinking removed) to ``result`` and return it."""
 
     def render_calls(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
@@ -324,7 +322,7 @@ class QwenFormat(CallFormat):
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         return f"{FN_MARK}: {name}\n{ARGS_MARK}: {json.dumps(arguments, ensure_ascii=False)}"
 
-    def _parse_text(self, text: str, result: ParseResult, call_repair: str) -> ParseResult:
+    def _parse_text(self, text: str, result: ParseResult, repair: CallRepair) -> ParseResult:
         for mark in (RESULT_MARK, RETURN_MARK):
             cut = text.find(mark)
             if cut >= 0:
@@ -341,19 +339,19 @@ class QwenFormat(CallFormat):
                                             raw=_clip(preamble[stray:]), code="missing_name"))
         for index, start in enumerate(starts):
             end = starts[index + 1] if index + 1 < len(starts) else len(text)
-            outcome = self._parse_segment(text[start:end], call_repair, last=end == len(text))
+            outcome = self._parse_segment(text[start:end], repair, last=end == len(text))
             if outcome is not None:
                 (result.calls if isinstance(outcome, ToolCall) else result.errors).append(outcome)
         return result
 
     @staticmethod
-    def _parse_segment(segment: str, call_repair: str, last: bool) -> ToolCall | ParseError | None:
+    def _parse_segment(segment: str, repair: CallRepair, last: bool) -> ToolCall | ParseError | None:
         """The call or error of one ``✿FUNCTION✿`` segment; None for a call the official policy drops
         (no arguments; ``last``: the segment ends the response)."""
         body = segment[len(FN_MARK):]
         split = body.find(ARGS_MARK)
         no_arguments = split < 0 or (last and not _argument_text(body[split + len(ARGS_MARK):]).strip())
-        if call_repair == "json_repair" and no_arguments:
+        if repair.drops_calls_without_arguments and no_arguments:
             return None
         head = body if split < 0 else body[:split]
         name = head.strip().removeprefix(":").strip()
@@ -377,7 +375,7 @@ class QwenFormat(CallFormat):
         if not args_text.strip():
             return ParseError(reason=f"{_label(name)}: {ARGS_MARK} is empty (the response may have been "
                               "cut off)", raw=_clip(segment), code="missing_args")
-        return _arguments_call(name, args_text, segment, call_repair)
+        return _arguments_call(name, args_text, segment, repair)
 
 
 class HermesFormat(CallFormat):
@@ -397,7 +395,7 @@ class HermesFormat(CallFormat):
         payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
         return f"{CALL_OPEN}\n{payload}\n{CALL_CLOSE}"
 
-    def _parse_text(self, text: str, result: ParseResult, call_repair: str) -> ParseResult:
+    def _parse_text(self, text: str, result: ParseResult, repair: CallRepair) -> ParseResult:
         pos = 0
         while True:
             opening = text.find(CALL_OPEN, pos)
@@ -418,14 +416,14 @@ class HermesFormat(CallFormat):
             else:
                 pos = next_open if next_open >= 0 else len(text)
                 body = text[start:pos]
-            if call_repair == "json_repair" and not body.strip():
+            if repair.drops_calls_without_arguments and not body.strip():
                 continue  # a call with no arguments: the official policy drops it (module docstring)
-            outcome = self._parse_block(body, text[opening:pos], call_repair)
+            outcome = self._parse_block(body, text[opening:pos], repair)
             (result.calls if isinstance(outcome, ToolCall) else result.errors).append(outcome)
 
     @staticmethod
-    def _parse_block(body: str, raw: str, call_repair: str) -> ToolCall | ParseError:
-        read = read_arguments(body, call_repair)
+    def _parse_block(body: str, raw: str, repair: CallRepair) -> ToolCall | ParseError:
+        read = repair.read_arguments(body)
         if read.value is None:
             return ParseError(reason=f"tool call: {read.error}", raw=_clip(raw), code=read.code)
         payload = read.value
@@ -442,7 +440,7 @@ class HermesFormat(CallFormat):
         arguments = payload["arguments"]
         repairs = list(read.repairs)
         if isinstance(arguments, str):  # arguments sent as a JSON string
-            inner = read_arguments(arguments, call_repair)
+            inner = repair.read_arguments(arguments)
             if inner.value is None:
                 return ParseError(reason=f"{_label(name)}: {inner.error}", raw=_clip(raw), code=inner.code)
             arguments = inner.value

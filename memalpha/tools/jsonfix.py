@@ -15,7 +15,7 @@ silently shortened value. Such text yields ``error`` with the code
 ``"truncated"``. Nothing is ever evaluated as code.
 
 That is the ``strict`` call-repair policy, memalpha's default. The ``json_repair`` policy
-(:func:`read_arguments`, ``rollout.call_repair``; the official profile) reads arguments as the
+(:data:`JSON_REPAIR`, ``rollout.call_repair``; the official profile) reads arguments as the
 official Mem-α code does, with :func:`repair_object_as_official`: whatever the ``json-repair``
 package makes of them, a cut-off string included. That package only parses the string it is
 given (its file readers are never called here), so the sandbox holds under both policies.
@@ -24,14 +24,14 @@ given (its file readers are never called here), so the sandbox holds under both 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from json_repair import repair_json  # a pure string parser here: no file, network or eval (see above)
 
-CallRepair = Literal["strict", "json_repair"]
-CALL_REPAIRS: tuple[str, ...] = get_args(CallRepair)
-"""The call-repair policies: memalpha's (cut-off arguments refused) and the official code's."""
+CallRepairName = Literal["strict", "json_repair"]
+"""``rollout.call_repair``: memalpha's policy (cut-off arguments refused) or the official code's."""
 _REPAIRED_BY_PACKAGE = "repaired with json-repair (the official policy)"
 
 _DECODER = json.JSONDecoder()
@@ -91,13 +91,6 @@ def read_json_object(text: str) -> JsonRead:
     return JsonRead(value=value, repairs=repairs)
 
 
-def read_arguments(text: str, call_repair: str) -> JsonRead:
-    """Read a call's argument object under the policy ``call_repair`` (one of :data:`CALL_REPAIRS`)."""
-    if call_repair == "json_repair":
-        return repair_object_as_official(text)
-    return read_json_object(text)
-
-
 def trim_after_last_brace(text: str) -> str:
     """``text`` stripped and, when it opens with ``{``, cut after its last ``}``.
 
@@ -140,6 +133,31 @@ def repair_object_as_official(text: str) -> JsonRead:
     if not isinstance(value, dict):
         return JsonRead(error="arguments are not a JSON object", code="not_object")
     return JsonRead(value=value, repairs=repairs)
+
+
+@dataclass(frozen=True)
+class CallRepair:
+    """A call-repair policy (``rollout.call_repair``), picked once from the setting's name
+    (:data:`CALL_REPAIRS`): how a call's argument text is read, whether a call with no argument
+    text is dropped rather than reported, and whether arguments the tool does not take are
+    ignored rather than refused."""
+
+    name: str
+    read_arguments: Callable[[str], JsonRead]
+    drops_calls_without_arguments: bool
+    ignores_extra_arguments: bool
+
+
+STRICT = CallRepair(
+    "strict", read_json_object, drops_calls_without_arguments=False, ignores_extra_arguments=False
+)
+"""memalpha's policy: light, reported repairs (:func:`read_json_object`); cut-off arguments refused."""
+JSON_REPAIR = CallRepair(
+    "json_repair", repair_object_as_official, drops_calls_without_arguments=True, ignores_extra_arguments=True
+)
+"""The official code's policy (:func:`repair_object_as_official`)."""
+CALL_REPAIRS: dict[str, CallRepair] = {policy.name: policy for policy in (STRICT, JSON_REPAIR)}
+"""Each ``rollout.call_repair`` name's policy."""
 
 
 # Why the strict policy keeps its own pass instead of the json-repair package (which the
