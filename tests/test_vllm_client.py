@@ -289,7 +289,8 @@ def test_bench_rollout_runs_both_engines_alternating(server, tmp_path, tiny_mode
     script = Path(__file__).resolve().parents[1] / "experiments" / "bench" / "bench_rollout.py"
     subprocess.run(
         [sys.executable, str(script), "--smoke", "--model", tiny_model_dir, "--engine", "hf,vllm",
-         "--vllm-url", server.base_url, "--vllm-dir", str(tmp_path / "server"), "--out", str(out)],
+         "--vllm-url", server.base_url, "--vllm-dir", str(tmp_path / "server"), "--max-logprob-gap", "inf",
+         "--out", str(out)],
         check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     report = json.loads(out.read_text())

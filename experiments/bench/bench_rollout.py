@@ -244,6 +244,7 @@ def run_benchmark(
     vllm_venv: str = ".venv-vllm",
     vllm_url: str | None = None,
     vllm_dir: str | os.PathLike = "runs/bench_rollout_vllm",
+    max_logprob_gap: float = VllmSettings.max_logprob_gap,
     out: str | os.PathLike | None = DEFAULT_OUT,
     verbose: bool = True,
     adapter_path: str | None = None,
@@ -285,7 +286,7 @@ def run_benchmark(
             backend="vllm",
             max_new_tokens=max_new_tokens,
             max_prompt_tokens=max_prompt_tokens,
-            vllm=VllmSettings(url=vllm_url, venv=vllm_venv),
+            vllm=VllmSettings(url=vllm_url, venv=vllm_venv, max_logprob_gap=max_logprob_gap),
         )
         syncs["vllm"] = EngineSync(settings, model, module.lora_settings.r, Path(vllm_dir), tag="bench")
         with Stopwatch() as start_watch:
@@ -420,6 +421,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--vllm-url", default=None, help="a running vLLM server instead of starting one")
     parser.add_argument("--vllm-dir", default="runs/bench_rollout_vllm",
                         help="folder of the server's log and the synced adapter versions")
+    parser.add_argument("--max-logprob-gap", type=float, default=VllmSettings.max_logprob_gap,
+                        help="rollout.vllm.max_logprob_gap: a larger gap stops the run, as in training "
+                             "(inf: report it only, e.g. against a fake server)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON file to write")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -442,6 +446,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         vllm_venv=args.vllm_venv,
         vllm_url=args.vllm_url,
         vllm_dir=args.vllm_dir,
+        max_logprob_gap=args.max_logprob_gap,
         out=args.out,
         adapter_path=args.adapter_path,
         kl_reference=args.kl_reference,

@@ -128,7 +128,6 @@ class RewardSettings:
         if self.metric_overrides:
             check_metric_overrides(self.metric_overrides, "reward.metric_overrides")
         _check_one_of("metric_style", self.metric_style, tuple(ANSWER_STYLES))
-        self._answer_style = ANSWER_STYLES[self.metric_style]
         _check_one_of("call_success", self.call_success, CALL_SUCCESS_RULES)
         if not 0.0 < self.support_min_share <= 1.0:
             raise ValueError(f"reward.support_min_share must be in (0, 1], got {self.support_min_share}")
@@ -150,8 +149,9 @@ class RewardSettings:
 
     @property
     def answer_style(self) -> AnswerStyle:
-        """How answers are compared with their golds: the style :attr:`metric_style` names, picked once."""
-        return self._answer_style
+        """How answers are compared with their golds: the style :attr:`metric_style` names (read once a
+        round by :func:`~memalpha.agent.rollout.run_rollouts`, which hands the object down)."""
+        return ANSWER_STYLES[self.metric_style]
 
     def build_content_judge(self, reader: Reader) -> ContentJudge:
         """The r4 judge: the rule checks, or ``reader`` asked for a validity judgement per call
