@@ -283,6 +283,26 @@ def turn_totals(r1: float, r2: Sequence[float], r3: float, r4: Sequence[float],
     ]
 
 
+def per_chunk_totals(
+    turn_accuracy: Sequence[float],
+    r2: Sequence[float],
+    r3: float,
+    r4: Sequence[float],
+    weights: RewardSettings,
+) -> list[float]:
+    """Per-chunk credit (``update.credit: per_chunk``): ``R'_k = w * K * (A_k - A_{k-1}) + r2_k +
+    beta * r3 + gamma * r4_k`` over the rollout's ``K`` turns, where ``A_k`` (``turn_accuracy``)
+    is the summed score of the questions answerable after turn ``k``, from the memory after turn
+    ``k``, over all questions (``A_{-1} = 0``, ``A_{K-1} = r1``). The gains telescope, so the
+    turns' accuracy credits sum to ``w * K * r1``, the broadcast's total."""
+    turns = len(turn_accuracy)
+    gains = [now - before for now, before in zip(turn_accuracy, [0.0, *turn_accuracy[:-1]])]
+    return [
+        weights.accuracy_weight * turns * gain + a + weights.beta * r3 + weights.gamma * b
+        for gain, a, b in zip(gains, r2, r4, strict=True)
+    ]
+
+
 def rollout_rewards(
     question_scores: Sequence[float],
     turns: Sequence[TurnCalls],

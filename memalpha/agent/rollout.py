@@ -16,6 +16,7 @@ Each phase, and each chunk index of the first, is reported as it starts to an op
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,10 +26,10 @@ from memalpha.agent.content_judges import ContentJudge
 from memalpha.agent.fact_recall import memory_fact_recall
 from memalpha.agent.progress import Phase, PhaseHook, report
 from memalpha.agent.prompts import PROMPT_PROFILES, PromptProfile, memorise_messages, stated_response_limit
-from memalpha.agent.reward_math import TurnCalls, rollout_rewards
+from memalpha.agent.reward_math import TurnCalls, per_chunk_totals, rollout_rewards
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.scoring import MEMALPHA_ANSWERS, AnswerStyle, score_answers
-from memalpha.data.schema import Instance
+from memalpha.data.schema import Instance, question_evidence
 from memalpha.lm.core.chat import chat_prompt_ids
 from memalpha.lm.core.modes import eval_mode
 from memalpha.lm.sampling.backend import Backend, check_backend, check_machine
@@ -157,7 +158,6 @@ class RolloutSettings:
             raise ValueError(
                 f"rollout.call_repair must be one of {list(CALL_REPAIRS)}, got {self.call_repair!r}"
             )
-        self._repair = CALL_REPAIRS[self.call_repair]
         try:
             self._templates = load_templates(self.prompt_templates)
         except ValueError as exc:
@@ -170,8 +170,9 @@ class RolloutSettings:
 
     @property
     def repair(self) -> CallRepair:
-        """The call-repair policy :attr:`call_repair` names, picked once."""
-        return self._repair
+        """The call-repair policy :attr:`call_repair` names (read once a round by
+        :func:`memorise_chunks`, which hands the object down)."""
+        return CALL_REPAIRS[self.call_repair]
 
 
 @dataclass
@@ -190,6 +191,9 @@ class TurnSample:
     calls describe the whole response; ``train/response_length`` counts trained tokens.
     With a generation server (``rollout.backend: vllm``) ``sampler_logprobs`` holds the server's
     log-prob of every trained token and ``adapter_version`` the adapter version it sampled with.
+    ``reward`` is ``R_t`` with the final accuracy broadcast; ``turn_reward``, when the reader was
+    asked after every turn (``update.credit: per_chunk``), is ``R_t`` with the accuracy this turn
+    added instead (docs/metrics_and_rewards.md, "Credit").
     """
 
     group_id: int
@@ -203,6 +207,7 @@ class TurnSample:
     r2: float = 0.0
     r4: float = 0.0
     reward: float = 0.0
+    turn_reward: float | None = None
     adapter_version: int | None = None
     sampler_logprobs: list[float] | None = None
 
@@ -211,7 +216,9 @@ class TurnSample:
 class RolloutRecord:
     """Everything one rollout did, for logging and validation tables. ``fact_recall`` is the share
     of the instance's gold facts in the final memory (:mod:`memalpha.agent.fact_recall`), None
-    for an instance that knows none."""
+    for an instance that knows none. ``turn_questions`` holds the answers the reader gave from the
+    memory after each earlier turn (``update.credit: per_chunk``; each with its ``chunk_index``),
+    and ``reader_failures`` counts the failed ones too."""
 
     instance_id: str
     data_source: str
@@ -225,6 +232,7 @@ class RolloutRecord:
     r3: float = 0.0
     reader_failures: int = 0
     fact_recall: float | None = None
+    turn_questions: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -287,7 +295,9 @@ def turn_prompt(
 
 @dataclass
 class Rollout:
-    """One rollout of one instance while it runs: its memory, and what each chunk turn did."""
+    """One rollout of one instance while it runs: its memory, and what each chunk turn did
+    (``snapshots``: the memory after each turn but the last, kept when the reader answers after
+    every turn)."""
 
     rollout_id: int
     group_id: int
@@ -297,16 +307,23 @@ class Rollout:
     samples: list[TurnSample] = field(default_factory=list)
     calls: list[TurnCalls] = field(default_factory=list)
     turns: list[dict[str, Any]] = field(default_factory=list)
+    snapshots: list[Memory] = field(default_factory=list)
 
 
 @dataclass
 class RolloutAnswers:
     """The reader's scored answers to one rollout's questions; ``failures`` counts the questions
-    that scored 0 because the reader's answer or its judgement failed (their ``error`` is set)."""
+    that scored 0 because the reader's answer or its judgement failed (their ``error`` is set).
+    With answers after every turn, ``turn_accuracy[k]`` is ``A_k``: the summed scores of the
+    questions answerable after turn ``k`` (evidence in chunks ``<= k``), answered from the memory
+    after turn ``k``, over all the rollout's questions (the last is ``r1``), and
+    ``turn_questions`` their records."""
 
     scores: list[float]
     questions: list[dict[str, Any]]
     failures: int
+    turn_accuracy: list[float] | None = None
+    turn_questions: list[dict[str, Any]] = field(default_factory=list)
 
 
 def start_rollouts(
@@ -345,6 +362,7 @@ def memorise_chunks(
     share_prefix: bool,
     sampler: GenerateFn | None = None,
     on_phase: PhaseHook | None = None,
+    keep_snapshots: bool = False,
 ) -> int:
     """Phase 1: every rollout reads its instance chunk by chunk and writes its memory.
 
@@ -353,7 +371,8 @@ def memorise_chunks(
     this process through ``settings.backend``: :func:`~memalpha.lm.sampling.generation.sampler_for`); each
     response is parsed and executed on its own rollout's memory, and the turn is appended to the rollout (a
     :class:`TurnSample`, its calls, a log entry). ``on_phase`` hears ``sampling`` as each chunk index starts,
-    with the tokens per second so far. Returns the number of generated tokens.
+    with the tokens per second so far. ``keep_snapshots`` keeps a copy of each memory after every
+    turn but the last (:attr:`Rollout.snapshots`). Returns the number of generated tokens.
     """
     call_format = get_call_format(settings.call_format)
     generated_tokens = 0
@@ -397,6 +416,8 @@ def memorise_chunks(
                 text = tokenizer.decode(response_ids, skip_special_tokens=True)
                 parsed = call_format.parse(text, repair)
                 results = [execute_call(rollout.memory, call, repair) for call in parsed.calls]
+                if keep_snapshots and chunk_index < len(rollout.instance.chunks) - 1:
+                    rollout.snapshots.append(copy.deepcopy(rollout.memory))
                 rollout.calls.append(
                     TurnCalls(
                         results=results,
@@ -440,6 +461,7 @@ def answer_questions(
     judge: Reader | None = None,
     metric_overrides: dict[str, str] | None = None,
     style: AnswerStyle = MEMALPHA_ANSWERS,
+    turn_answers: bool = False,
 ) -> list[RolloutAnswers]:
     """Phase 2: the reader answers every question of every rollout from its final memory, scored.
 
@@ -448,50 +470,68 @@ def answer_questions(
     sources send their judgements as one batch (``judge``, default the reader). A question's
     record keeps the bare question and, apart, the ``instruction`` the reader got before it.
     ``style`` (``reward.metric_style``'s :class:`~memalpha.agent.scoring.AnswerStyle`) says how answers
-    are compared with their golds.
+    are compared with their golds. With ``turn_answers`` the same batch also asks, for every turn
+    ``k`` but the last, the questions answerable after it (their evidence in chunks ``<= k``:
+    :func:`~memalpha.data.schema.question_evidence`) from the memory after turn ``k``
+    (:attr:`Rollout.snapshots`), and each rollout's ``turn_accuracy`` is filled in.
     """
-    items, owners, sources = [], [], []
+    items, owners, sources = [], [], []  # owners: (rollout, turn or None for the final memory, qa)
+    evidence = [question_evidence(r.instance) if turn_answers else [] for r in rollouts]
     for i, rollout in enumerate(rollouts):
         for qa in rollout.instance.questions:
             items.append((rollout.memory, qa.question))
-            owners.append((i, qa))
+            owners.append((i, None, qa))
             sources.append(rollout.instance.data_source)
+        for k, memory in enumerate(rollout.snapshots if turn_answers else []):
+            for qa, last in zip(rollout.instance.questions, evidence[i]):
+                if last <= k:
+                    items.append((memory, qa.question))
+                    owners.append((i, k, qa))
+                    sources.append(rollout.instance.data_source)
     answers = reader.answer(items, sources) if items else []
     by_source: dict[str, list[int]] = {}
-    for k, (i, _) in enumerate(owners):
-        by_source.setdefault(rollouts[i].instance.data_source, []).append(k)
+    for n, source in enumerate(sources):
+        by_source.setdefault(source, []).append(n)
     item_scores = [0.0] * len(items)
     item_errors = [answer.error for answer in answers]
-    for source, ks in by_source.items():
-        qas = [owners[k][1] for k in ks]
+    for source, ns in by_source.items():
+        qas = [owners[n][2] for n in ns]
         scored, judge_errors = score_answers(
             source,
-            [answers[k].text for k in ks],
+            [answers[n].text for n in ns],
             [qa.answer for qa in qas],
             questions=[qa.question for qa in qas],
             judge=judge or reader,
             overrides=metric_overrides,
-            ok=[answers[k].ok for k in ks],
+            ok=[answers[n].ok for n in ns],
             style=style,
         )
-        for k, value, judge_error in zip(ks, scored, judge_errors):
-            item_scores[k] = value
-            item_errors[k] = item_errors[k] or judge_error
+        for n, value, judge_error in zip(ns, scored, judge_errors):
+            item_scores[n] = value
+            item_errors[n] = item_errors[n] or judge_error
     results = [RolloutAnswers(scores=[], questions=[], failures=0) for _ in rollouts]
-    for (i, qa), source, answer, score, error in zip(owners, sources, answers, item_scores, item_errors):
+    turn_sums = [[0.0] * len(r.snapshots) for r in rollouts]
+    for (i, k, qa), source, answer, score, error in zip(owners, sources, answers, item_scores, item_errors):
         result = results[i]
         result.failures += error is not None
-        result.scores.append(score)
-        result.questions.append(
-            {
-                "question": qa.question,
-                "instruction": reader.instruction_for(source),
-                "gold": qa.answer,
-                "prediction": answer.text,
-                "score": score,
-                "error": error,
-            }
-        )
+        record = {
+            "question": qa.question,
+            "instruction": reader.instruction_for(source),
+            "gold": qa.answer,
+            "prediction": answer.text,
+            "score": score,
+            "error": error,
+        }
+        if k is None:
+            result.scores.append(score)
+            result.questions.append(record)
+        else:
+            turn_sums[i][k] += score
+            result.turn_questions.append({"chunk_index": k, **record})
+    if turn_answers:
+        for result, sums in zip(results, turn_sums):
+            total = max(len(result.scores), 1)
+            result.turn_accuracy = [s / total for s in sums] + [sum(result.scores) / total]
     return results
 
 
@@ -515,9 +555,16 @@ def assign_rewards(
         reward = rollout_rewards(
             answered.scores, rollout.calls, memory_tokens, chunk_tokens, weights, content_judge
         )
+        turn_rewards = (
+            None if answered.turn_accuracy is None
+            else per_chunk_totals(answered.turn_accuracy, reward.r2, reward.r3, reward.r4, weights)
+        )
         for t, sample in enumerate(rollout.samples):
             sample.r2, sample.r4, sample.reward = reward.r2[t], reward.r4[t], reward.total[t]
             rollout.turns[t].update(r2=reward.r2[t], r4=reward.r4[t], reward=reward.total[t])
+            if turn_rewards is not None:
+                sample.turn_reward = turn_rewards[t]
+                rollout.turns[t].update(turn_accuracy=answered.turn_accuracy[t], turn_reward=turn_rewards[t])
         samples.extend(rollout.samples)
         records.append(
             RolloutRecord(
@@ -533,9 +580,19 @@ def assign_rewards(
                 r3=reward.r3,
                 reader_failures=answered.failures,
                 fact_recall=memory_fact_recall(instance.metadata, rollout.memory),
+                turn_questions=answered.turn_questions,
             )
         )
     return samples, records
+
+
+def reader_questions(instance: Instance, turn_answers: bool) -> int:
+    """The questions the reader answers for one rollout of ``instance``: each once from the final
+    memory and, with ``turn_answers``, each again after every earlier turn from its evidence chunk on."""
+    if not turn_answers:
+        return len(instance.questions)
+    turns = len(instance.chunks)
+    return len(instance.questions) + sum(turns - 1 - last for last in question_evidence(instance))
 
 
 def run_rollouts(
@@ -554,6 +611,7 @@ def run_rollouts(
     share_prefix: bool = True,
     sampler: GenerateFn | None = None,
     on_phase: PhaseHook | None = None,
+    turn_answers: bool = False,
 ) -> RolloutOutput:
     """``group_size`` rollouts for every instance (default ``settings.group_size``): memorise the
     chunks, answer the questions, assign the rewards. Returns the turn samples and one record per rollout.
@@ -564,7 +622,8 @@ def run_rollouts(
     answer metric of each source comes from
     ``weights.metric_overrides`` first; answers are compared in ``weights.answer_style``.
     ``sampler`` generates the agent's turns instead of the policy (see :func:`memorise_chunks`).
-    ``on_phase`` hears each phase as it starts (:mod:`memalpha.agent.progress`).
+    ``on_phase`` hears each phase as it starts (:mod:`memalpha.agent.progress`). ``turn_answers``
+    also asks the reader after every turn (:func:`answer_questions`), for ``update.credit: per_chunk``.
     """
     count_tokens = make_token_counter(tokenizer)
     rollouts = start_rollouts(
@@ -573,16 +632,16 @@ def run_rollouts(
     start = time.perf_counter()
     generated_tokens = memorise_chunks(
         rollouts, model, tokenizer, settings, seed=seed, do_sample=do_sample, share_prefix=share_prefix,
-        sampler=sampler, on_phase=on_phase,
+        sampler=sampler, on_phase=on_phase, keep_snapshots=turn_answers,
     )
     rollout_s = time.perf_counter() - start
-    report(on_phase, Phase("reader", total=sum(len(r.instance.questions) for r in rollouts)))
+    report(on_phase, Phase("reader", total=sum(reader_questions(r.instance, turn_answers) for r in rollouts)))
     readers = [reader] if judge_reader is None or judge_reader is reader else [reader, judge_reader]
     failures_before = sum(r.failures for r in readers)
     start = time.perf_counter()
     answers = answer_questions(
         rollouts, reader, judge=judge_reader, metric_overrides=weights.metric_overrides,
-        style=weights.answer_style,
+        style=weights.answer_style, turn_answers=turn_answers,
     )
     reader_s = time.perf_counter() - start
     report(on_phase, Phase("rewards"))

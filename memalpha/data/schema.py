@@ -244,3 +244,33 @@ def _type_name(value: Any) -> str:
     return {dict: "object", list: "list", tuple: "list", str: "string", bool: "boolean"}.get(
         type(value), type(value).__name__
     )
+
+
+def question_evidence(instance: Instance, *, file: str = "<data>", index: int = 0) -> list[int]:
+    """The chunk after which each question of ``instance`` is answerable: the last of its evidence
+    chunks, from ``metadata["evidence_chunks"]`` (one entry per question: a chunk index or a list
+    of them; the synthetic generator writes it). Raises :class:`DataValidationError` naming the
+    record and the field when it is missing or does not fit the instance."""
+    evidence = instance.metadata.get("evidence_chunks")
+
+    def fail(reason: str) -> NoReturn:
+        raise DataValidationError(
+            file, reason, index=index, instance_id=instance.instance_id, field="metadata.evidence_chunks"
+        )
+
+    if not isinstance(evidence, list) or len(evidence) != len(instance.questions):
+        fail(
+            f"model.update.credit: per_chunk needs each question's evidence chunks, one entry per question"
+            f" ({len(instance.questions)}), got {_type_name(evidence)}"
+            + (f" of {len(evidence)}" if isinstance(evidence, list) else "")
+        )
+    last: list[int] = []
+    below = len(instance.chunks)
+    for q, entry in enumerate(evidence):
+        chunks = entry if isinstance(entry, list) else [entry]
+        if not chunks or not all(
+            isinstance(c, int) and not isinstance(c, bool) and 0 <= c < below for c in chunks
+        ):
+            fail(f"question {q}: {entry!r} is not a chunk index (or a list of them) below {below}")
+        last.append(max(chunks))
+    return last

@@ -6,7 +6,8 @@ instance's rollouts is one group). Pure tensor functions, tested on hand-compute
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
@@ -72,3 +73,44 @@ def group_advantages(
     else:
         advantages = centred
     return torch.where(flat, torch.zeros_like(advantages), advantages)
+
+
+# ---------------------------------------------------------------------------
+# credit assignment: which reward each turn sample is judged by, and against which group
+# ---------------------------------------------------------------------------
+
+CreditName = Literal["broadcast", "per_chunk"]
+
+
+@dataclass(frozen=True)
+class CreditScheme:
+    """A credit-assignment scheme (``update.credit``; docs/metrics_and_rewards.md, "Credit"):
+    whether the rollout must ask the reader after every memorising turn (``turn_answers``), and
+    how a round's rows become advantages (``advantages(rewards, turn_rewards, group_ids,
+    turn_index, scale)``, ``[N]`` tensors, ``turn_rewards`` None unless ``turn_answers``)."""
+
+    name: str
+    turn_answers: bool
+    advantages: Callable[..., torch.Tensor]
+
+
+def broadcast_credit(rewards, turn_rewards, group_ids, turn_index, scale: str = "group") -> torch.Tensor:
+    """Mem-α's credit: every turn's ``R_t`` (the final accuracy ``r1`` broadcast to all turns) against
+    all turn samples of its instance's rollouts."""
+    return group_advantages(rewards, group_ids, scale=scale)
+
+
+def per_chunk_credit(rewards, turn_rewards, group_ids, turn_index, scale: str = "group") -> torch.Tensor:
+    """Turn ``k``'s per-chunk reward (the accuracy its own turn added, scaled to the broadcast's
+    total) against the same turn ``k`` of the other rollouts of its instance."""
+    if turn_rewards is None:
+        raise ValueError("per_chunk credit needs the turn rewards of a rollout asked after every turn")
+    pairs = list(zip(torch.as_tensor(group_ids).tolist(), torch.as_tensor(turn_index).tolist(), strict=True))
+    return group_advantages(turn_rewards, pairs, scale=scale)
+
+
+CREDIT_SCHEMES: dict[str, CreditScheme] = {
+    "broadcast": CreditScheme("broadcast", turn_answers=False, advantages=broadcast_credit),
+    "per_chunk": CreditScheme("per_chunk", turn_answers=True, advantages=per_chunk_credit),
+}
+"""Each ``update.credit`` name's scheme: a new scheme is one function and one entry."""

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from memalpha.grpo.advantages import AdvantageScale
+from memalpha.grpo.advantages import CREDIT_SCHEMES, AdvantageScale, CreditName, CreditScheme
 from memalpha.grpo.loss import LossAggregation
 
 KLReference = Literal["base", "start"]
@@ -34,6 +34,14 @@ class UpdateSettings:
     Args:
         advantage_scale: ``group`` (divide by the group's std), ``batch`` (by the batch std) or
             ``none`` (Dr. GRPO: only subtract the group mean).
+        credit: Which turn earns the accuracy reward. ``broadcast`` (Mem-α, the default): every
+            memorising turn gets the final accuracy r1, and a group is all turns of an instance's
+            rollouts. ``per_chunk``: after every turn the reader answers the questions whose
+            evidence lies in the chunks read so far, from the memory as it stands; turn k is paid
+            the accuracy it added (scaled by the number of turns, so the turns' credits sum to the
+            broadcast's), and a group is turn k of an instance's rollouts. Needs each question's
+            evidence chunks in the data (``metadata.evidence_chunks``); costs the extra reader
+            questions (``reader/turn_questions``). docs/metrics_and_rewards.md, "Credit".
         clip_low: Lower PPO clip (ratio >= 1 - clip_low).
         clip_high: Upper PPO clip (ratio <= 1 + clip_high; above clip_low is DAPO's clip-higher).
         clip_ratio_c: Dual clip (Ye et al. 2019, verl's ``clip_ratio_c``; official 3.0): a token with
@@ -63,6 +71,7 @@ class UpdateSettings:
     """
 
     advantage_scale: AdvantageScale = "group"
+    credit: CreditName = "broadcast"
     clip_low: float = 0.2
     clip_high: float = 0.2
     clip_ratio_c: float | None = None
@@ -76,6 +85,7 @@ class UpdateSettings:
 
     def __post_init__(self) -> None:
         _choice("update", "advantage_scale", self.advantage_scale, AdvantageScale)
+        _choice("update", "credit", self.credit, CreditName)
         _choice("update", "kl_reference", self.kl_reference, KLReference)
         _choice("update", "loss_agg", self.loss_agg, LossAggregation)
         if not 0.0 <= self.clip_low < 1.0:
@@ -115,6 +125,11 @@ class UpdateSettings:
         """Whether a round of ``round_samples`` feeds more than one optimiser step, so the ratio
         needs the sampling policy's log-probs (with ``mini_batch_size`` it depends on the round)."""
         return self.ppo_epochs * self.mini_batches_per_epoch(round_samples) > 1
+
+    @property
+    def credit_scheme(self) -> CreditScheme:
+        """The credit-assignment scheme :attr:`credit` names."""
+        return CREDIT_SCHEMES[self.credit]
 
 
 @dataclass

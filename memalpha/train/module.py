@@ -34,7 +34,7 @@ from memalpha.agent.progress import Phase
 from memalpha.agent.prompt_budget import check_prompt_budget
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutRecord, RolloutSettings
-from memalpha.data.schema import Instance
+from memalpha.data.schema import Instance, question_evidence
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer, resolve_model_path
@@ -137,8 +137,10 @@ class GRPOModule(PolicyModule):
     # ----------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:
         """Check the DataModule's instances against the prompt budget, with the policy's tokenizer
-        only: Lightning sets the DataModule up first and loads the model after this
-        (``configure_model``), so a chunk that cannot fit stops the run before the model costs anything."""
+        only, and, for a credit scheme that asks the reader after every turn, that every training
+        question knows its evidence chunks: Lightning sets the DataModule up first and loads the
+        model after this (``configure_model``), so a chunk that cannot fit or a question without
+        evidence stops the run before the model costs anything."""
         datamodule = getattr(self.trainer, "datamodule", None)
         splits = datamodule.loaded_splits() if hasattr(datamodule, "loaded_splits") else []
         if not splits:
@@ -146,6 +148,11 @@ class GRPOModule(PolicyModule):
         tokenizer = self.tokenizer or load_tokenizer(self.hparams.model)
         for source, instances in splits:
             check_prompt_budget(instances, tokenizer, self.rollout_settings, source)
+        if stage == "fit" and self.update_settings.credit_scheme.turn_answers:
+            for source, instances in splits:
+                if source.startswith(("data.train_path", "synthetic train")):
+                    for index, instance in enumerate(instances):
+                        question_evidence(instance, file=source, index=index)
 
     def configure_model(self) -> None:
         if self.load_policy():

@@ -26,7 +26,9 @@ def round_metrics(out: RolloutOutput, rewards: torch.Tensor, group_ids: torch.Te
     facts (:mod:`memalpha.agent.fact_recall`), and absent when none does. The round's compute, for
     experiments to sum over a run: ``perf/rollouts`` (rollouts), ``perf/turn_samples`` (chunk turns
     sampled), ``perf/generated_tokens`` (tokens the policy sampled) and ``reader/questions``
-    (questions the reader answered, one reader request each).
+    (questions the reader answered, one reader request each, the answers after earlier turns of
+    per-chunk credit included; those alone are ``reader/turn_questions``, with
+    ``train/turn_reward`` the mean per-chunk reward).
     """
     samples, records = out.samples, out.records
     zero_std = []
@@ -37,6 +39,12 @@ def round_metrics(out: RolloutOutput, rewards: torch.Tensor, group_ids: torch.Te
     lengths = [len(s.response_ids) for s in samples]
     recalls = [r.fact_recall for r in records if r.fact_recall is not None]
     known = {"train/fact_recall": sum(recalls) / len(recalls)} if recalls else {}
+    per_turn = {}
+    if samples and all(s.turn_reward is not None for s in samples):
+        per_turn = {
+            "train/turn_reward": sum(s.turn_reward for s in samples) / len(samples),
+            "reader/turn_questions": float(sum(len(r.turn_questions) for r in records)),
+        }
     return {
         **known,
         "train/reward": rewards.mean().item(),
@@ -61,7 +69,8 @@ def round_metrics(out: RolloutOutput, rewards: torch.Tensor, group_ids: torch.Te
         "perf/rollouts": float(len(records)),
         "perf/turn_samples": float(len(samples)),
         "perf/generated_tokens": float(out.generated_tokens),
-        "reader/questions": float(sum(len(r.questions) for r in records)),
+        "reader/questions": float(sum(len(r.questions) + len(r.turn_questions) for r in records)),
+        **per_turn,
     }
 
 

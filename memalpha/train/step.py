@@ -40,7 +40,6 @@ from memalpha.agent.rollout import (
     run_rollouts,
 )
 from memalpha.data.schema import Instance
-from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch, cut_minibatches
 from memalpha.grpo.settings import UpdateSettings
 from memalpha.grpo.update import first_nonfinite, optimizer_step
@@ -120,35 +119,42 @@ class Agent:
 
     def rollouts(
         self, instances: Sequence[Instance], *, seed: int, greedy: bool = False,
-        sampler: GenerateFn | None = None, on_phase: PhaseHook | None = None,
+        sampler: GenerateFn | None = None, on_phase: PhaseHook | None = None, turn_answers: bool = False,
     ) -> RolloutOutput:
         """Memorise, answer, reward (:func:`~memalpha.agent.rollout.run_rollouts`): a group of
         ``rollout.group_size`` rollouts per instance (one when ``greedy``, as validation does),
-        sampled by ``sampler`` (a server's generate function) or in this process."""
+        sampled by ``sampler`` (a server's generate function) or in this process; with
+        ``turn_answers`` the reader also answers after every turn (per-chunk credit)."""
         return run_rollouts(
             instances, self.policy, self.tokenizer, self.reader, self.rollout, self.reward,
             self.content_judge,
             seed=seed, do_sample=not greedy, group_size=1 if greedy else None,
-            share_prefix=self.share_prefix, sampler=sampler, on_phase=on_phase,
+            share_prefix=self.share_prefix, sampler=sampler, on_phase=on_phase, turn_answers=turn_answers,
         )
 
 
 @dataclass
 class Samples:
-    """A round's samples, row-aligned: what the update needs of the rollouts."""
+    """A round's samples, row-aligned: what the update needs of the rollouts (``turn_rewards``
+    and ``turn_index`` for per-turn credit: each row's per-chunk reward and chunk index)."""
 
     prompt_ids: list[list[int]]
     response_ids: list[list[int]]
     rewards: torch.Tensor
     group_ids: torch.Tensor
+    turn_rewards: torch.Tensor | None = None
+    turn_index: torch.Tensor | None = None
 
     @classmethod
     def of(cls, samples: Sequence[TurnSample]) -> Samples:
         """The memory agent's turn samples."""
+        per_turn = all(s.turn_reward is not None for s in samples)
         return cls(
             [s.prompt_ids for s in samples], [s.response_ids for s in samples],
             torch.tensor([s.reward for s in samples], dtype=torch.float32),
             torch.tensor([s.group_id for s in samples]),
+            torch.tensor([s.turn_reward for s in samples], dtype=torch.float32) if per_turn else None,
+            torch.tensor([s.chunk_index for s in samples]),
         )
 
     def __len__(self) -> int:
@@ -195,7 +201,8 @@ def score_samples(
     clock: Clock = no_clock,
     on_phase: PhaseHook | None = None,
 ) -> Scored:
-    """Rewards -> group advantages -> reference / old log-probs -> the round's mini-batches.
+    """Rewards -> advantages (``update.credit``'s scheme) -> reference / old log-probs -> the round's
+    mini-batches.
 
     The reference pass runs only with ``update.kl_coef > 0`` (under ``update.kl_reference``'s
     weights: :func:`~memalpha.lm.core.reference.reference_weights`); the old-policy pass only when
@@ -204,7 +211,7 @@ def score_samples(
     size over all ranks; ``seed`` reshuffles later PPO epochs. A NaN or an infinity in the rewards
     or the log-probs leaves the round without mini-batches, named in ``nonfinite``.
     """
-    if first_nonfinite({"rewards": samples.rewards}) is not None:
+    if first_nonfinite({"rewards": samples.rewards, "turn rewards": samples.turn_rewards}) is not None:
         return Scored([], {}, "rewards")
     report(on_phase, Phase("logprobs"))
     prompts, responses = samples.prompt_ids, samples.response_ids
@@ -231,7 +238,10 @@ def score_samples(
     batch = GRPOBatch(
         prompt_ids=prompts,
         response_ids=responses,
-        advantages=group_advantages(samples.rewards, samples.group_ids, scale=update.advantage_scale),
+        advantages=update.credit_scheme.advantages(
+            samples.rewards, samples.turn_rewards, samples.group_ids, samples.turn_index,
+            scale=update.advantage_scale,
+        ),
         old_logps=old_logps,
         ref_logps=ref_logps,
     )
@@ -266,7 +276,10 @@ def collect_round(
     """
     sampler = None if engine is None else engine.generator(agent.policy, agent.tokenizer)
     with clock("rollout"):
-        out = agent.rollouts(instances, seed=seed, sampler=sampler, on_phase=on_phase)
+        out = agent.rollouts(
+            instances, seed=seed, sampler=sampler, on_phase=on_phase,
+            turn_answers=update.credit_scheme.turn_answers,
+        )
     samples = out.samples
     if not samples:
         raise RuntimeError(f"{where} produced no samples")

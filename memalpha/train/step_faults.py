@@ -70,7 +70,7 @@ class ReaderFailures:
     @classmethod
     def of(cls, records: Sequence[RolloutRecord]) -> ReaderFailures:
         """Count the failures in a round's rollout records."""
-        errors = [q.get("error") for record in records for q in record.questions]
+        errors = [q.get("error") for record in records for q in [*record.questions, *record.turn_questions]]
         first = next((error for error in errors if error is not None), None)
         return cls(failed=sum(r.reader_failures for r in records), questions=len(errors), first_error=first)
 

@@ -1,0 +1,187 @@
+"""Credit assignment (``model.update.credit``; docs/metrics_and_rewards.md, "Credit"): the per-chunk
+reward and its grouping on hand-computed numbers, the reader asked after every turn through the real
+rollout (scripted policies, the extractive reader), the evidence check, and a real fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from test_nonfinite import grpo
+from test_training import write_config
+
+from memalpha.agent.reward_math import per_chunk_totals
+from memalpha.agent.reward_settings import RewardSettings
+from memalpha.agent.rollout import RolloutSettings, reader_questions, run_rollouts
+from memalpha.agent.scripted import ScriptedSampler, _NoModel, oracle
+from memalpha.cli import main
+from memalpha.data.schema import QA, DataValidationError, Instance, question_evidence
+from memalpha.data.synthetic import generate_synthetic
+from memalpha.grpo.advantages import CREDIT_SCHEMES, group_advantages
+from memalpha.grpo.settings import UpdateSettings
+from memalpha.reader.extractive import ExtractiveReader
+from memalpha.tools.formats import get_call_format
+
+# ------------------------------------------------------------------ the math, by hand
+
+
+def test_the_per_chunk_reward_pays_each_turn_the_accuracy_it_added():
+    weights = RewardSettings(accuracy_weight=1.0, beta=0.05, gamma=0.1)
+    # A_k: 1 of 4 questions answered after turn 0, still 1 after turn 1, 3 after turn 2 (r1 = 0.75)
+    got = per_chunk_totals([0.25, 0.25, 0.75], [1.0, 0.5, 0.0], 0.1, [1.0, 0.0, 1.0], weights)
+    # gains 0.25, 0, 0.5 times K = 3; + r2_k + 0.05 * 0.1 + 0.1 * r4_k
+    assert got == pytest.approx([0.75 + 1.0 + 0.005 + 0.1, 0.0 + 0.5 + 0.005 + 0.0, 1.5 + 0.0 + 0.005 + 0.1])
+    # the accuracy credits sum to the broadcast's K * r1
+    non_accuracy = [1.0 + 0.005 + 0.1, 0.5 + 0.005, 0.005 + 0.1]
+    assert sum(got) - sum(non_accuracy) == pytest.approx(3 * 0.75)
+    # a turn that overwrote an answer already stored loses what it cost
+    lost = per_chunk_totals([0.5, 0.25], [0.0, 0.0], 0.0, [0.0, 0.0], RewardSettings(beta=0.0, gamma=0.0))
+    assert lost == pytest.approx([1.0, -0.5])
+
+
+def test_per_chunk_credit_compares_a_turn_with_the_same_turn_of_the_other_rollouts():
+    # one instance, two rollouts of two turns: rows (rollout, turn) = (0,0) (0,1) (1,0) (1,1)
+    rewards = torch.tensor([1.0, 1.0, 0.0, 0.0])  # broadcast: rollout 0 answered, rollout 1 did not
+    turn_rewards = torch.tensor([2.0, 0.0, 0.0, 0.0])  # rollout 0's first turn stored the answer
+    group_ids, turn_index = torch.tensor([0, 0, 0, 0]), torch.tensor([0, 1, 0, 1])
+    broadcast = CREDIT_SCHEMES["broadcast"].advantages(rewards, turn_rewards, group_ids, turn_index)
+    assert torch.allclose(broadcast, group_advantages(rewards, group_ids))
+    assert broadcast[1] > 0  # the broadcast credits rollout 0's second turn too
+    per_chunk = CREDIT_SCHEMES["per_chunk"].advantages(rewards, turn_rewards, group_ids, turn_index)
+    # turn 0's group {2, 0}: mean 1, std 1 -> +1, -1; turn 1's group {0, 0}: all equal -> 0
+    assert per_chunk.tolist() == pytest.approx([1.0, 0.0, -1.0, 0.0], abs=1e-5)
+    with pytest.raises(ValueError, match="turn rewards"):
+        CREDIT_SCHEMES["per_chunk"].advantages(rewards, None, group_ids, turn_index)
+
+
+def test_the_setting_names_the_scheme_and_refuses_others():
+    assert UpdateSettings().credit == "broadcast" and not UpdateSettings().credit_scheme.turn_answers
+    assert UpdateSettings(credit="per_chunk").credit_scheme.turn_answers
+    with pytest.raises(ValueError, match="update.credit must be one of"):
+        UpdateSettings(credit="hindsight")
+
+
+# ------------------------------------------------------------------ evidence in the data
+
+
+def instance(evidence, chunks=3) -> Instance:
+    questions = [QA(f"q{i}?", "a") for i in range(2)]
+    return Instance("i-1", "synth_personal", [f"c{i}" for i in range(chunks)], questions,
+                    {} if evidence is None else {"evidence_chunks": evidence})
+
+
+def test_each_question_is_answerable_after_its_last_evidence_chunk():
+    assert question_evidence(instance([[0], [2, 1]])) == [0, 2]
+    assert question_evidence(instance([1, 0])) == [1, 0]
+    assert reader_questions(instance([[0], [2, 1]]), turn_answers=True) == 2 + (2 - 0) + (2 - 2)
+    assert reader_questions(instance([[0], [2, 1]]), turn_answers=False) == 2
+
+
+@pytest.mark.parametrize(
+    ("evidence", "reason"),
+    [(None, "got null"), ([[0]], "one entry per question (2), got list of 1"),
+     ([[0], [3]], "question 1: [3]"), ([[0], []], "question 1: []"), ([[0], ["1"]], "question 1: ['1']")],
+)
+def test_missing_or_wrong_evidence_names_the_record_and_the_field(evidence, reason):
+    with pytest.raises(DataValidationError) as error:
+        question_evidence(instance(evidence), file="train.jsonl", index=4)
+    message = str(error.value)
+    assert message.startswith("train.jsonl: record 4 (instance_id='i-1'): field 'metadata.evidence_chunks': ")
+    assert reason in message and "\n" not in message
+
+
+# ------------------------------------------------------------------ through the real rollout
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    return generate_synthetic(4, split="validation", num_chunks=3, facts_per_chunk=2, distractors_per_chunk=0,
+                              questions_per_instance=3, chunk_words=50, families=("synth_personal",))
+
+
+def scripted(policy, instances, tokenizer, *, turn_answers: bool):
+    settings = RolloutSettings(group_size=1, max_new_tokens=112, max_prompt_tokens=1536, call_format="hermes",
+                               prompt_profile="compact", core_token_limit=128)
+    weights = RewardSettings()
+    sampler = ScriptedSampler(policy, instances, tokenizer, get_call_format("hermes"), 0)
+    reader = ExtractiveReader()
+    judge = weights.build_content_judge(reader)
+    return run_rollouts(instances, _NoModel(), tokenizer, reader, settings, weights, judge,
+                        seed=0, do_sample=False, group_size=1, sampler=sampler, turn_answers=turn_answers)
+
+
+def test_the_oracle_earns_each_question_at_the_turn_that_stored_its_fact(synthetic, tokenizer):
+    out = scripted(oracle, synthetic, tokenizer, turn_answers=True)
+    broadcast = scripted(oracle, synthetic, tokenizer, turn_answers=False)
+    assert [s.reward for s in out.samples] == [s.reward for s in broadcast.samples]  # broadcast unchanged
+    for record, instance_ in zip(out.records, synthetic):
+        assert record.r1 == 1.0  # the extractive reader finds every fact the oracle stored
+        last = question_evidence(instance_)
+        questions = len(instance_.questions)
+        assert len(record.questions) + len(record.turn_questions) == reader_questions(instance_, True)
+        assert all(q["score"] == 1.0 for q in record.turn_questions)  # answerable ones are answered
+        for k, turn in enumerate(record.turns):
+            assert turn["turn_accuracy"] == pytest.approx(sum(e <= k for e in last) / questions)
+    samples = {(s.group_id, s.chunk_index): s for s in out.samples}
+    for g, instance_ in enumerate(synthetic):
+        last = question_evidence(instance_)
+        for k in range(3):
+            sample = samples[(g, k)]
+            gain = sum(e == k for e in last) / len(last)
+            assert sample.turn_reward - sample.reward == pytest.approx(3 * gain - 1.0)  # K * gain - w * r1
+
+
+def stores_the_first_chunk_only(instance_, chunk_index, rng):
+    """The oracle's first turn, then turns that store nothing."""
+    if chunk_index == 0:
+        return oracle(instance_, chunk_index, rng)
+    return []
+
+
+def test_turns_that_store_nothing_earn_no_accuracy(synthetic, tokenizer):
+    out = scripted(stores_the_first_chunk_only, synthetic, tokenizer, turn_answers=True)
+    for sample in out.samples:
+        if sample.chunk_index > 0:
+            assert sample.turn_reward == pytest.approx(sample.reward - out.records[sample.group_id].r1 * 1.0)
+
+
+# ------------------------------------------------------------------ a real fit
+
+
+def test_a_fit_with_per_chunk_credit_asks_the_reader_after_every_turn(tiny_model_dir, tmp_path):
+    module, data = grpo(tiny_model_dir, tmp_path, update={"credit": "per_chunk", "kl_coef": 0.0})
+    data.synthetic = dataclasses.replace(data.synthetic, chunks=2)
+    logged: list[dict] = []
+    original = module._log_step
+
+    def keep(logged_, round_metrics_, text, n):
+        logged.append(dict(round_metrics_))
+        return original(logged_, round_metrics_, text, n)
+
+    module._log_step = keep
+    trainer = Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                      num_sanity_val_steps=0, default_root_dir=str(tmp_path))
+    random.seed(0)
+    trainer.fit(module, datamodule=data, weights_only=False)
+    metrics = logged[0]
+    assert metrics["reader/turn_questions"] > 0 and "train/turn_reward" in metrics
+    assert metrics["reader/questions"] > metrics["reader/turn_questions"]
+
+
+def test_per_chunk_credit_on_data_without_evidence_stops_before_the_model_loads(tmp_path, tiny_model_dir):
+    records = [{"instance_id": f"x{i}", "data_source": "squad", "chunks": ["Tom lives in Oslo.", "Ann is 3."],
+                "questions": [{"question": "Where does Tom live?", "answer": "Oslo"}]} for i in range(4)]
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in records))
+    config = write_config(tmp_path, tiny_model_dir, train_path=str(train), val_path=str(train))
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--config", str(config), "--model.update.credit", "per_chunk"])
+    message = str(stopped.value.code)
+    assert "field 'metadata.evidence_chunks'" in message and f"data.train_path={train}" in message, message
+    assert "\n" not in message
