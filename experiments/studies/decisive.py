@@ -99,32 +99,34 @@ def collect_runs(run_dir: Path, seeds: list[int]) -> dict[str, Any]:
     return runs
 
 
-def recorded_grpo_cpu_seconds(run_dir: Path, seed: int) -> float | None:
-    """The CPU seconds of arm A's ``memalpha fit`` for ``seed`` summed over its recorded attempts; None
-    when the ledger does not hold every attempt (none recorded, or one killed with the experiment)."""
-    stage = f"fit_{tag(seed, GRPO)}"
+def recorded_grpo_cpu_seconds(run_dir: Path, seed: int, arm: str = GRPO) -> float | None:
+    """The CPU seconds of arm A's (or GRPO ``arm``'s) ``memalpha fit`` for ``seed`` summed over its
+    recorded attempts; None when the ledger does not hold every attempt (none recorded, or one killed
+    with the experiment)."""
+    stage = f"fit_{tag(seed, arm)}"
     seconds = stage_seconds(run_dir, stage)
     if seconds is None or not seconds["complete"] or unrecorded_attempt(run_dir, stage):
         return None
     return seconds["cpu_s"]
 
 
-def budget_unknown(run_dir: Path, seed: int) -> SystemExit:
-    """The one-line stop when A's CPU seconds are not all recorded, naming what to move aside."""
-    stage = f"fit_{tag(seed, GRPO)}"
+def budget_unknown(run_dir: Path, seed: int, arm: str = GRPO) -> SystemExit:
+    """The one-line stop when the CPU seconds of ``arm``'s fit (the budget of the arms matched to it)
+    are not all recorded, naming what to move aside."""
+    stage, name = f"fit_{tag(seed, arm)}", tag(seed, arm)
     return SystemExit(
-        f"decisive: {ledger_path(run_dir, stage)} does not hold every attempt of {tag(seed, GRPO)}'s fit "
-        f"(an attempt was killed with the experiment), so B's CPU budget is unknown; move "
-        f"{run_dir / 'arms' / tag(seed, GRPO)}, {run_dir / 'checkpoints' / tag(seed, GRPO)}, that ledger "
+        f"{run_dir.name}: {ledger_path(run_dir, stage)} does not hold every attempt of {name}'s fit "
+        f"(an attempt was killed with the experiment), so the matched arms' CPU budget is unknown; move "
+        f"{run_dir / 'arms' / name}, {run_dir / 'checkpoints' / name}, that ledger "
         f"and {running_marker(run_dir, stage)} aside and rerun"
     )
 
 
-def grpo_cpu_seconds(run_dir: Path, seed: int) -> float:
-    """B's budget, :func:`recorded_grpo_cpu_seconds`; exits with one line when it is unknown."""
-    seconds = recorded_grpo_cpu_seconds(run_dir, seed)
+def grpo_cpu_seconds(run_dir: Path, seed: int, arm: str = GRPO) -> float:
+    """The matched arms' budget, :func:`recorded_grpo_cpu_seconds`; exits with one line when it is unknown."""
+    seconds = recorded_grpo_cpu_seconds(run_dir, seed, arm)
     if seconds is None:
-        raise budget_unknown(run_dir, seed)
+        raise budget_unknown(run_dir, seed, arm)
     return seconds
 
 
@@ -154,7 +156,7 @@ class Decisive(Experiment):
         name = tag(seed, arm)
         if not (self.args.reuse and adapter_done(self.run_dir / "arms" / name / "adapter")) \
                 and unrecorded_attempt(self.run_dir, f"fit_{name}"):
-            raise budget_unknown(self.run_dir, seed)
+            raise budget_unknown(self.run_dir, seed, arm)
         super().grpo_arm(seed, arm)
 
     def continued_sft(self, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:

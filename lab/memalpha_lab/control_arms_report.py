@@ -170,10 +170,13 @@ def comparisons(scores: Mapping[str, Any], metrics: Sequence[str] = METRICS) -> 
     return {f"{a} - {b}": {m: compare(scores, a, b, m) for m in metrics} for a, b in COMPARISONS}
 
 
-def arm_means(scores: Mapping[str, Any], metrics: Sequence[str] = METRICS) -> dict[str, dict[str, Any]]:
-    """Per arm and metric, the mean over instances of the seed-averaged scores with its 95 % interval."""
+def arm_means(
+    scores: Mapping[str, Any], metrics: Sequence[str] = METRICS, arms: Sequence[str] = ARMS
+) -> dict[str, dict[str, Any]]:
+    """Per arm (the start and ``arms``) and metric, the mean over instances of the seed-averaged scores
+    with its 95 % interval."""
     out: dict[str, dict[str, Any]] = {}
-    for arm in (START, *ARMS):
+    for arm in (START, *arms):
         seeds = ["0"] if arm == START else seeds_with(scores, (arm,))
         runs = [arm_scores(scores, s, arm) for s in seeds]
         runs = [r for r in runs if r is not None]

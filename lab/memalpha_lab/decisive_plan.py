@@ -54,10 +54,13 @@ def guarded_values(records: list[Mapping[str, Any]]) -> InstanceScores:
     return values
 
 
-def recipe_config(base: dict[str, Any], run_dir: Path, args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    """Arm A of ``seed``: the control arms' ``grpo`` fit config with the recipe's settings and its own
-    GRPO stream (synthetic data seed ``args.train_data_seed_base + seed``)."""
-    config = arm_fit_config(base, run_dir, args, seed, GRPO)
+def recipe_config(
+    base: dict[str, Any], run_dir: Path, args: argparse.Namespace, seed: int, arm: str = GRPO
+) -> dict[str, Any]:
+    """Arm A of ``seed`` (or another GRPO ``arm`` of the recipe, named so in its folders): the control
+    arms' ``grpo`` fit config with the recipe's settings and its own GRPO stream (synthetic data seed
+    ``args.train_data_seed_base + seed``)."""
+    config = arm_fit_config(base, run_dir, args, seed, arm)
     for key, value in LEVERS[args.recipe].items():
         set_dotted(config, key, value)
     config["data"]["seed"] = args.train_data_seed_base + seed
@@ -78,9 +81,9 @@ def validated(run_dir: Path, name: str) -> Path | None:
     return report if report.is_file() else None
 
 
-def collect_scores(run_dir: Path, seeds: list[int]) -> dict[str, Any]:
+def collect_scores(run_dir: Path, seeds: list[int], arms: tuple[str, ...] = (GRPO, SFT)) -> dict[str, Any]:
     """``{"start": ..., "seeds": {seed: {arm: ...}}}`` of every validation of ``run_dir`` so far
-    (:func:`guarded_values`), over ``seeds`` and any other seed validated there."""
+    (:func:`guarded_values`), over ``seeds`` and any other seed validated there, for ``arms``."""
     found = {int(p.parent.name.removeprefix("seed").split("_")[0])
              for p in (run_dir / "validate").glob("seed*_*/validation.json")
              if p.parent.name.removeprefix("seed").split("_")[0].isdigit()}
@@ -88,7 +91,7 @@ def collect_scores(run_dir: Path, seeds: list[int]) -> dict[str, Any]:
     if (report := validated(run_dir, START)) is not None:
         scores[START] = guarded_values(load_records(report))
     for seed in sorted(set(seeds) | found):
-        for arm in (GRPO, SFT):
+        for arm in arms:
             if (report := validated(run_dir, tag(seed, arm))) is not None:
                 scores["seeds"].setdefault(str(seed), {})[arm] = guarded_values(load_records(report))
     return scores

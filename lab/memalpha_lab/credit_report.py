@@ -1,0 +1,151 @@
+"""The pre-registered credit study's verdict (issue 47), rebuilt from its committed files alone.
+
+Run:  .venv/bin/python experiments/studies/credit_study.py --check
+      (this module's ``main``: [--scores experiments/results/credit_study/instance_scores.json]
+       [--summary experiments/results/credit_study.json] [--check])
+
+``experiments/studies/credit_study.py`` writes the per-instance scores of every validation
+(``{"start": ..., "seeds": {seed: {"grpo_per_chunk": ..., "grpo": ..., "sft_continued": ...}}}``, the
+control arms' layout, each instance holding ``memory_share``) and a summary. This module rebuilds
+from the scores file the arm means, the paired comparisons (pooled and per family), the guards and
+the verdict, prints them, and with ``--check`` exits 1 when they differ from the summary's.
+
+The rule (docs/results.md, "Pre-registered: does per-chunk credit make GRPO beat SFT continued?"):
+
+* primary metric: local-reader ``accuracy``, ``grpo_per_chunk - sft_continued`` paired per held-out
+  instance; each seed's paired mean change, then the 95 % Student t interval over the seeds;
+* guard: ``memory_share`` averaged over the held-out instances is at most
+  :data:`~memalpha_lab.decisive_report.GUARD_LIMIT` in every seed's ``grpo_per_chunk`` run;
+* verdict, once every planned seed holds all three arms (before that: ``pending``): "per-chunk GRPO
+  is worse" when the interval's high end is below 0; "per-chunk GRPO beats" when its low end is above 0
+  and the guard holds; "not shown" otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from memalpha_lab.common import RESULTS_DIR, print_table
+from memalpha_lab.control_arms_report import (
+    START,
+    arm_means,
+    compare,
+    comparison_rows,
+    print_compute,
+    read_json,
+    same_numbers,
+    seeds_with,
+)
+from memalpha_lab.decisive_report import GUARD_LIMIT, METRICS, PENDING, PRIMARY, SECONDARY, guard
+
+PER_CHUNK, GRPO, SFT = "grpo_per_chunk", "grpo", "sft_continued"
+ARMS = (PER_CHUNK, GRPO, SFT)
+COMPARISONS: tuple[tuple[str, str], ...] = (
+    (PER_CHUNK, SFT), (PER_CHUNK, GRPO), (GRPO, SFT), (PER_CHUNK, START), (GRPO, START), (SFT, START),
+)
+FAMILIES = ("synth_personal", "synth_timeline")
+FAMILY_COMPARISONS: tuple[tuple[str, str], ...] = ((PER_CHUNK, GRPO), (PER_CHUNK, SFT))
+VERDICTS = ("per-chunk GRPO beats", "not shown", "per-chunk GRPO is worse")
+SCORES_PATH = RESULTS_DIR / "credit_study" / "instance_scores.json"
+SUMMARY_PATH = RESULTS_DIR / "credit_study.json"
+
+
+def family_scores(scores: Mapping[str, Any], family: str) -> dict[str, Any]:
+    """``scores`` with every run restricted to the held-out instances of one data source."""
+
+    def only(run: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        return None if run is None else {family: run[family]} if family in run else {}
+
+    return {START: only(scores.get(START)),
+            "seeds": {seed: {arm: only(run) for arm, run in arms.items()}
+                      for seed, arms in scores.get("seeds", {}).items()}}
+
+
+def comparisons(scores: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{"A - B": {metric: compare(...)}}`` for :data:`COMPARISONS` on every metric, then
+    ``{"A - B (family)": ...}`` for :data:`FAMILY_COMPARISONS` on the primary and secondary metrics."""
+    out = {f"{a} - {b}": {m: compare(scores, a, b, m) for m in METRICS} for a, b in COMPARISONS}
+    for family in FAMILIES:
+        part = family_scores(scores, family)
+        for a, b in FAMILY_COMPARISONS:
+            out[f"{a} - {b} ({family})"] = {m: compare(part, a, b, m) for m in (PRIMARY, *SECONDARY)}
+    return out
+
+
+def verdict_of(interval: Mapping[str, float] | None, guard_passed: bool, complete: bool) -> str:
+    """The pre-registered rule on the t interval over seeds of the primary comparison."""
+    if not complete or interval is None:
+        return PENDING
+    if interval["high"] < 0:
+        return VERDICTS[2]
+    if interval["low"] > 0 and guard_passed:
+        return VERDICTS[0]
+    return VERDICTS[1]
+
+
+def decide(scores: Mapping[str, Any], planned_seeds: Sequence[int]) -> dict[str, Any]:
+    """The verdict with what it rests on: the primary comparison's t interval over the seeds that
+    hold all three arms, the planned seeds, and every trained arm's guard."""
+    primary = compare(scores, PER_CHUNK, SFT, PRIMARY)
+    level = primary["seed_level"]
+    done = [int(s) for s in seeds_with(scores, ARMS)]
+    complete = bool(planned_seeds) and set(planned_seeds) <= set(done)
+    guards = {arm: guard(scores, arm) for arm in ARMS}
+    interval = None if level is None else level["t"]
+    return {
+        "verdict": verdict_of(interval, guards[PER_CHUNK]["passed"], complete),
+        "metric": PRIMARY, "comparison": f"{PER_CHUNK} - {SFT}", "t_over_seeds": interval,
+        "seeds_done": done, "seeds_planned": list(planned_seeds), "guard": guards,
+    }
+
+
+def rebuild(scores: Mapping[str, Any], planned_seeds: Sequence[int]) -> dict[str, Any]:
+    """Everything the summary holds that the scores file determines."""
+    return {"arm_means": arm_means(scores, METRICS, ARMS), "comparisons": comparisons(scores),
+            "decision": decide(scores, planned_seeds)}
+
+
+def print_report(rebuilt: Mapping[str, Any]) -> None:
+    """The paired comparisons (seed level first), then the guards and the verdict."""
+    print("\npaired differences, mean [95 % interval]: t over seeds (seeds - 1 df), two-level bootstrap,"
+          " then over held-out instances (each averaged over the seeds first)")
+    headline = (PRIMARY, *SECONDARY)
+    rows = [row for name, by_metric in rebuilt["comparisons"].items()
+            for row in comparison_rows(name, by_metric, headline)]
+    print_table(["comparison", "over", "n", *headline], rows)
+    decision = rebuilt["decision"]
+    for arm, held in decision["guard"].items():
+        shares = ", ".join(f"seed {s}: {v:.3f}" for s, v in held["per_seed"].items()) or "no run"
+        print(f"guard ({arm}: memory tokens / input tokens <= {GUARD_LIMIT}): "
+              f"{'passed' if held['passed'] else 'NOT passed'} ({shares})")
+    t = decision["t_over_seeds"]
+    where = "-" if t is None else f"{t['mean']:+.3f} [{t['low']:+.3f}, {t['high']:+.3f}]"
+    print(f"verdict ({decision['comparison']}, {decision['metric']}, t over seeds {decision['seeds_done']}"
+          f" of {decision['seeds_planned']}: {where}): {decision['verdict']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--scores", type=Path, default=SCORES_PATH)
+    parser.add_argument("--summary", type=Path, default=SUMMARY_PATH)
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 unless the summary's numbers are rebuilt")
+    args = parser.parse_args(argv)
+    scores = read_json(args.scores)
+    summary = read_json(args.summary) if args.summary.exists() else {}
+    rebuilt = rebuild(scores, summary.get("settings", {}).get("seeds", []))
+    print_report(rebuilt)
+    if summary:
+        print_compute(summary.get("runs", {}))
+    if args.check:
+        ok = bool(summary) and all(same_numbers(rebuilt[key], summary.get(key)) for key in rebuilt)
+        print("rebuilt numbers " + ("match" if ok else "DIFFER from") + f" {args.summary}")
+        return 0 if ok else 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
