@@ -40,6 +40,7 @@ ALLOWED: dict[str, set[str]] = {
         "train",
     },
     "cli": {"commands", "train", "templates", "allocator"},
+    "integrations": {"memory", "tools", "data", "reader", "agent", "train", "seeding"},
 }
 # the experiments' measuring kit is a package of its own (lab/memalpha_lab), outside memalpha, which
 # never imports it (test_the_product_never_imports_the_lab)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,9 +70,15 @@ class ReaderFailures:
     @classmethod
     def of(cls, records: Sequence[RolloutRecord]) -> ReaderFailures:
         """Count the failures in a round's rollout records."""
-        errors = [q.get("error") for record in records for q in [*record.questions, *record.turn_questions]]
+        return cls.of_questions([q for r in records for q in [*r.questions, *r.turn_questions]])
+
+    @classmethod
+    def of_questions(cls, questions: Sequence[Mapping[str, Any]]) -> ReaderFailures:
+        """Count the failures in question records (each with its ``error``, None when answered)."""
+        errors = [q.get("error") for q in questions]
         first = next((error for error in errors if error is not None), None)
-        return cls(failed=sum(r.reader_failures for r in records), questions=len(errors), first_error=first)
+        failed = sum(error is not None for error in errors)
+        return cls(failed=failed, questions=len(errors), first_error=first)
 
     def summed(self, ranks) -> ReaderFailures:
         """The counts summed over the ranks of a data-parallel run (:class:`~memalpha.train.step.Ranks`;

@@ -1,0 +1,211 @@
+"""memalpha's memory task as a TRL environment: a class ``trl.GRPOTrainer(environment_factory=...)`` takes
+as it is (docs/trl.md; the ``trl`` extra installs TRL).
+
+How the chunk-by-chunk task maps onto TRL's tool loop:
+
+* A dataset row carries one memalpha instance under ``instance`` (its record in memalpha's JSONL layout,
+  as a JSON string or a mapping: :func:`instance_rows` makes the rows from any loader's instances) and
+  the ``prompt`` (the instructions). TRL calls :meth:`MemoryEnvironment.reset` with the row; it checks
+  the record (a bad one stops with memalpha's one-line :class:`~memalpha.data.schema.DataValidationError`),
+  starts an empty memory and returns chunk 0, which TRL appends to the last user message.
+* The agent's tools are memalpha's three (``new_memory_insert``, ``memory_update``, ``memory_delete``;
+  the same arguments, executed by memalpha's executor on this rollout's memory; each returns the line
+  the executor reports) and :meth:`MemoryEnvironment.read_next_chunk`, which closes the turn on the
+  current chunk and returns the next one. TRL turns the methods' type hints and docstrings into the
+  tool schema; tool results are masked out of TRL's loss.
+* :meth:`MemoryEnvironment.get_reward`, after the rollout: the reader answers the instance's questions
+  from the final memory, scored and rewarded as memalpha does
+  (:func:`~memalpha.agent.rollout.answer_questions`, :func:`~memalpha.agent.reward_math.rollout_rewards`
+  with the same :class:`~memalpha.agent.reward_settings.RewardSettings`, reader and question
+  instructions). TRL trains one sample per rollout, so the rollout's reward is the
+  mean over its turns of memalpha's ``R_t``: ``w * r1 + mean r2 + beta * r3 + gamma * mean r4``, every
+  chunk a turn (a chunk never read is a turn without calls). A reader whose failed answers pass
+  ``max_failed_share`` stops the run (:class:`~memalpha.train.step_faults.ReaderFailureError`): a fault
+  is never a reward here either.
+
+What differs from memalpha's own rollout: TRL keeps one growing conversation (every chunk, call and
+tool result stays in the context, bounded by ``max_completion_length`` and ``max_tool_calling_iterations``),
+where memalpha prompts each chunk afresh with the memory as it stands; the agent decides when to read
+on (a rollout that stops early never sees its later chunks); and there is one reward per rollout, so
+per-turn credit (``model.update.credit``) has no counterpart.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal
+
+from memalpha.agent.reward_math import TurnCalls, rollout_rewards
+from memalpha.agent.reward_settings import RewardSettings
+from memalpha.agent.rollout import Rollout, RolloutSettings, answer_questions
+from memalpha.data.schema import Instance
+from memalpha.memory.store import Memory
+from memalpha.reader.base import Reader
+from memalpha.reader.settings import ReaderSettings
+from memalpha.seeding import stable_seed
+from memalpha.tools.executor import execute_call
+from memalpha.tools.formats import ToolCall
+from memalpha.tools.schemas import DELETE, INSERT, UPDATE
+from memalpha.train.step_faults import ReaderFailureError, ReaderFailures, over_the_limit
+
+NO_MORE_CHUNKS = "Every chunk has been read; the memory is final."
+
+
+def instance_rows(instances: Iterable[Instance], prompt: str) -> list[dict[str, Any]]:
+    """One TRL dataset row per instance: the conversational ``prompt`` (a user message of ``prompt``)
+    and the instance's record as JSON under ``instance``."""
+    return [
+        {"prompt": [{"role": "user", "content": prompt}], "instance": json.dumps(instance.to_dict())}
+        for instance in instances
+    ]
+
+
+class MemoryEnvironment:
+    """One rollout of memalpha's memory task inside TRL's tool loop (module docstring).
+
+    Args:
+        reader: Who answers the questions from the final memory (``ReaderSettings(...).build(...)``; the
+            extractive reader needs no model).
+        reward: memalpha's reward settings (default: memalpha's defaults).
+        rollout: The rollout settings whose ``core_token_limit`` and ``call_repair`` apply.
+        count_tokens: Counts a text's tokens for the memory and r3 (default: words).
+        max_failed_share: The largest share of a rollout's questions whose answer may fail before the run
+            stops (as ``model.reader.max_failed_share``).
+    """
+
+    def __init__(
+        self,
+        reader: Reader,
+        *,
+        reward: RewardSettings | None = None,
+        rollout: RolloutSettings | None = None,
+        count_tokens: Callable[[str], int] | None = None,
+        max_failed_share: float = ReaderSettings.max_failed_share,
+    ) -> None:
+        self._reader = reader
+        self._reward = reward or RewardSettings()
+        self._settings = rollout or RolloutSettings()
+        self._count_tokens = count_tokens or (lambda text: len(text.split()))
+        self._max_failed_share = max_failed_share
+        self._judge = self._reward.build_content_judge(reader)
+        self.instance: Instance | None = None
+        self.memory = Memory()
+        self.turns: list[TurnCalls] = []
+
+    def reset(self, instance: str | Mapping[str, Any] | None = None, **row: Any) -> str:
+        """Start a rollout of the row's ``instance``: an empty memory, and chunk 0 for the agent."""
+        if instance is None:
+            raise ValueError(
+                "a memory-task row needs an 'instance' column (see instance_rows in"
+                " memalpha.integrations.trl_environment)"
+            )
+        record = json.loads(instance) if isinstance(instance, str) else dict(instance)
+        self.instance = Instance.from_dict(record, file="the TRL dataset row")
+        self.memory = Memory(
+            token_counter=self._count_tokens,
+            core_token_limit=self._settings.core_token_limit,
+            seed=stable_seed(0, self.instance.instance_id),
+        )
+        self.turns = [TurnCalls(chunk=self.instance.chunks[0])]
+        return self._chunk_text(0)
+
+    def new_memory_insert(
+        self, memory_type: Literal["semantic_memory", "episodic_memory"], content: str
+    ) -> str:
+        """Add one new item to the semantic or episodic memory; it gets a new id.
+
+        Args:
+            memory_type: semantic_memory for facts and knowledge, episodic_memory for events with a time.
+            content: Text of the new memory item.
+
+        Returns:
+            What the memory did: ok with the new item's id, skipped, or the error.
+        """
+        return self._call(INSERT, memory_type=memory_type, content=content)
+
+    def memory_update(
+        self,
+        memory_type: Literal["core_memory", "semantic_memory", "episodic_memory"],
+        new_content: str,
+        memory_id: str | None = None,
+    ) -> str:
+        """Rewrite memory: the whole core paragraph, or the semantic or episodic item with memory_id.
+
+        Args:
+            memory_type: Which memory to rewrite.
+            new_content: The complete new text.
+            memory_id: Id of the item to rewrite; needed for semantic/episodic, ignored for core_memory.
+
+        Returns:
+            What the memory did: ok, skipped, or the error.
+        """
+        return self._call(UPDATE, memory_type=memory_type, new_content=new_content, memory_id=memory_id)
+
+    def memory_delete(
+        self,
+        memory_type: Literal["core_memory", "semantic_memory", "episodic_memory"],
+        memory_id: str | None = None,
+    ) -> str:
+        """Remove memory: empty the core paragraph, or remove the semantic or episodic item with memory_id.
+
+        Args:
+            memory_type: Which memory to delete from.
+            memory_id: Id of the item to remove; needed for semantic/episodic, ignored for core_memory.
+
+        Returns:
+            What the memory did: ok, skipped, or the error.
+        """
+        return self._call(DELETE, memory_type=memory_type, memory_id=memory_id)
+
+    def read_next_chunk(self) -> str:
+        """Finish storing the current chunk and read the next one.
+
+        Returns:
+            The next chunk, or a line saying that every chunk has been read.
+        """
+        instance = self._started()
+        if len(self.turns) >= len(instance.chunks):
+            return NO_MORE_CHUNKS
+        index = len(self.turns)
+        self.turns.append(TurnCalls(chunk=instance.chunks[index]))
+        return self._chunk_text(index)
+
+    def get_reward(self) -> float:
+        """memalpha's reward of the finished rollout: the mean of ``R_t`` over its turns (see the module)."""
+        instance = self._started()
+        rollout = Rollout(rollout_id=0, group_id=0, index=0, instance=instance, memory=self.memory)
+        answered = answer_questions(
+            [rollout], self._reader, metric_overrides=self._reward.metric_overrides,
+            style=self._reward.answer_style,
+        )[0]
+        failures = ReaderFailures.of_questions(answered.questions)
+        if failures.share > self._max_failed_share:
+            raise ReaderFailureError(
+                f"{over_the_limit(failures, self._max_failed_share, f'instance {instance.instance_id!r}')};"
+                f" first error: {failures.first_error}"
+            )
+        turns = self.turns + [TurnCalls(chunk=c) for c in instance.chunks[len(self.turns):]]
+        chunk_tokens = sum(self._count_tokens(c) for c in instance.chunks)
+        reward = rollout_rewards(
+            answered.scores, turns, self.memory.total_tokens(), chunk_tokens, self._reward, self._judge
+        )
+        return sum(reward.total) / len(reward.total)
+
+    def _started(self) -> Instance:
+        if self.instance is None:
+            raise RuntimeError("MemoryEnvironment: reset() was not called")
+        return self.instance
+
+    def _chunk_text(self, index: int) -> str:
+        total = len(self._started().chunks)
+        return f"\n\nChunk {index + 1} of {total}:\n{self._started().chunks[index]}"
+
+    def _call(self, name: str, **arguments: Any) -> str:
+        """Execute one call on the memory, as memalpha's executor does, and keep it for the reward."""
+        self._started()
+        kept = {key: value for key, value in arguments.items() if value is not None}
+        call = ToolCall(name=name, arguments=kept, raw=json.dumps({"name": name, "arguments": kept}))
+        result = execute_call(self.memory, call, self._settings.repair)
+        self.turns[-1].results.append(result)
+        return f"{result.status}: {result.reason}"
