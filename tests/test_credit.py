@@ -18,7 +18,6 @@ from test_training import write_config
 from memalpha.agent.reward_math import per_chunk_totals
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutSettings, reader_questions, run_rollouts
-from memalpha.agent.scripted import ScriptedSampler, _NoModel, oracle
 from memalpha.cli import main
 from memalpha.data.schema import QA, DataValidationError, Instance, question_evidence
 from memalpha.data.synthetic import generate_synthetic
@@ -26,6 +25,7 @@ from memalpha.grpo.advantages import CREDIT_SCHEMES, group_advantages
 from memalpha.grpo.settings import UpdateSettings
 from memalpha.reader.extractive import ExtractiveReader
 from memalpha.tools.formats import get_call_format
+from memalpha_lab.scripted import ScriptedSampler, _NoModel, oracle
 
 # ------------------------------------------------------------------ the math, by hand
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from memalpha.train.config_reference import OUTPUT, REPO_ROOT, docstring_args, main, render_reference
+from memalpha_lab.config_reference import OUTPUT, REPO_ROOT, docstring_args, main, render_reference
 
 DOC_FILES = sorted([REPO_ROOT / "README.md", *(REPO_ROOT / "docs").glob("*.md")])
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.DOTALL | re.MULTILINE)
@@ -32,12 +32,12 @@ def test_configuration_reference_is_current():
     expected = render_reference()
     current = (REPO_ROOT / OUTPUT).read_text(encoding="utf-8")
     assert current == expected, (
-        f"{OUTPUT} is stale; regenerate it with `python -m memalpha.train.config_reference`"
+        f"{OUTPUT} is stale; regenerate it with `python -m memalpha_lab.config_reference`"
     )
 
 
 def test_check_mode_exit_status_and_message(tmp_path, capsys, monkeypatch):
-    import memalpha.train.config_reference as reference
+    import memalpha_lab.config_reference as reference
 
     # the comparison, not the rendering
     monkeypatch.setattr(reference, "render_reference", lambda: "# the page\n")
@@ -47,7 +47,7 @@ def test_check_mode_exit_status_and_message(tmp_path, capsys, monkeypatch):
     page.write_text("# an old page\n", encoding="utf-8")
     assert main(["--check", "--output", str(page)]) == 1
     err = capsys.readouterr().err
-    assert "out of date" in err and "python -m memalpha.train.config_reference" in err
+    assert "out of date" in err and "python -m memalpha_lab.config_reference" in err
     assert page.read_text(encoding="utf-8") == "# an old page\n"  # --check writes nothing
     assert main(["--output", str(page)]) == 0
     assert main(["--check", "--output", str(page)]) == 0

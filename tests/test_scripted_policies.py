@@ -1,6 +1,6 @@
 """The reward orders scripted memories by what they hold (issue 30), through the real rollout.
 
-Four scripted policies write every turn of held-out synthetic instances (memalpha.agent.scripted);
+Four scripted policies write every turn of held-out synthetic instances (memalpha_lab.scripted);
 their replies are parsed, executed, read by a model-free reader that answers with the memory it
 was shown, and rewarded. Under the default reward the oracle (the gold facts) earns most, copying
 whole chunks less (no compression), and a policy that deletes the empty core or inserts one fixed
@@ -15,10 +15,10 @@ import pytest
 
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutSettings
-from memalpha.agent.scripted import POLICIES, ScriptedSampler, reward_terms, run_scripted
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.reader.extractive import ExtractiveReader
 from memalpha.tools.formats import get_call_format
+from memalpha_lab.scripted import POLICIES, ScriptedSampler, reward_terms, run_scripted
 
 SFT_START_REWARD = 1.134  # docs/results.md, learning_curve with 4 questions: step 0 (SFT, 6 steps)
 

@@ -78,7 +78,7 @@ def test_the_reward_is_memalphas_for_the_same_memory_and_answers(instance):
     expected = rollout_rewards(scores, turns, env.memory.total_tokens(), chunk_tokens, weights,
                                weights.build_content_judge(reader))
     assert env.get_reward() == pytest.approx(sum(expected.total) / 2)
-    assert expected.r2[0] == pytest.approx(1 / 3)  # the supported insert only: the core text is not the chunk's
+    assert expected.r2[0] == pytest.approx(1 / 3)  # only the insert: the core text is no chunk text
 
 
 def test_a_bad_instance_stops_with_memalphas_one_line(instance):

@@ -33,7 +33,7 @@ from memalpha.grpo.update import build_optimizer
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.sampling.generation import sampler_for
 from memalpha.lm.scoring.spec import ScoringSpec
-from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_samples, train_minibatches
+from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_samples, train_minibatch
 from memalpha_lab.common import (
     RESULTS_DIR,
     command_line,
@@ -77,10 +77,10 @@ def one_step(
     scored = score_samples(policy, samples, UPDATE, scoring, round_samples=len(samples), seed=seed,
                            clock=clock)
     params = [p for p in policy.parameters() if p.requires_grad]
-    for _ in train_minibatches(policy, scored.batches, UPDATE, scoring, ONE_PROCESS,
-                               Optimisation(optimizer, params, OPTIMIZER.grad_clip),
-                               max_response_len=MAX_NEW_TOKENS, clock=clock):
-        optimizer.zero_grad(set_to_none=True)
+    optimisation = Optimisation(optimizer, params, OPTIMIZER.grad_clip)
+    for batch in scored.batches:
+        train_minibatch(policy, batch, UPDATE, scoring, ONE_PROCESS, optimisation,
+                        max_response_len=MAX_NEW_TOKENS, clock=clock)
     return out.num_generated_tokens
 
 

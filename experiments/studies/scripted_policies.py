@@ -3,7 +3,7 @@
 Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/studies/scripted_policies.py [--val 48] [--questions 4]
       [--readers echo,local] [--threads N] [--out experiments/results/scripted_policies.json]
 
-Four scripted policies (:mod:`memalpha.agent.scripted`) write every chunk turn of the held-out
+Four scripted policies (:mod:`memalpha_lab.scripted`) write every chunk turn of the held-out
 synthetic instances of ``configs/tiny_cpu.yaml`` (personal facts and dated events; by default 48
 instances of 4 questions, as the learning curve's SFT start in
 ``experiments/results/learning_curve_q4.json``): delete the empty core (content-free), insert one fixed
@@ -39,13 +39,13 @@ import yaml
 
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutSettings
-from memalpha.agent.scripted import POLICIES, reward_terms, run_scripted
 from memalpha.data.synthetic import SyntheticSettings
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer, resolve_model_path
 from memalpha.reader.extractive import ExtractiveReader
 from memalpha.reader.settings import ReaderSettings
 from memalpha.train.profiles import PROFILES
 from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, print_table, write_json
+from memalpha_lab.scripted import POLICIES, reward_terms, run_scripted
 
 CONFIG = REPO_ROOT / "configs" / "tiny_cpu.yaml"
 OUT = RESULTS_DIR / "scripted_policies.json"

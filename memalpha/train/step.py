@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -399,14 +399,3 @@ def apply_gradients(
     if optimisation.check_grad_norm and not math.isfinite(grad_norm):
         return grad_norm, "grad norm"
     return grad_norm, None
-
-
-def train_minibatches(
-    policy, batches: Sequence[GRPOBatch], update: UpdateSettings, scoring: ScoringSpec, ranks: Ranks,
-    optimisation: Optimisation, *, max_response_len: int, clock: Clock = no_clock,
-) -> Iterator[StepResult]:
-    """:func:`train_minibatch` on each of a round's mini-batches in turn (the loop of a trainer
-    without Lightning; the module trains one per ``training_step``)."""
-    for batch in batches:
-        yield train_minibatch(policy, batch, update, scoring, ranks, optimisation,
-                              max_response_len=max_response_len, clock=clock)

@@ -9,7 +9,7 @@ The page has two parts:
   ``memalpha fit --config configs/tiny_cpu.yaml --print_config`` (Lightning's trainer
   section included).
 
-Run ``python -m memalpha.train.config_reference`` to rewrite the page, or with ``--check`` to exit
+Run ``python -m memalpha_lab.config_reference`` to rewrite the page, or with ``--check`` to exit
 with status 1 when the page on disk differs from what would be generated.
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG = Path("configs/tiny_cpu.yaml")
 OUTPUT = Path("docs/configuration.md")
-COMMAND = "python -m memalpha.train.config_reference"
+COMMAND = "python -m memalpha_lab.config_reference"
 _ARG_LINE = re.compile(r"^(\s*)([A-Za-z_][A-Za-z0-9_]*)\s*:\s?(.*)$")
 
 
