@@ -6,15 +6,12 @@ A and B stopped at A′'s recorded CPU seconds; the new held-out set) and its pe
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from test_decisive import T4
+from test_decisive import T4, study
 
 from memalpha_lab.credit_report import FAMILIES, decide, main, rebuild, verdict_of
 
@@ -88,18 +85,7 @@ def test_check_passes_on_its_own_summary_and_fails_on_a_changed_number(tmp_path,
 
 
 def credit_study(*args: str) -> subprocess.CompletedProcess:
-    """``experiments/studies/credit_study.py args`` as a user runs it, killed with its children past 120 s."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "experiments/studies/credit_study.py", *args]
-    with subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, start_new_session=True) as process:
-        try:
-            out, err = process.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.communicate()
-            raise
-    return subprocess.CompletedProcess(command, process.returncode, out, err)
+    return study("credit_study.py", *args)
 
 
 def done_run_folder(run: Path) -> None:

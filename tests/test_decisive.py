@@ -128,10 +128,14 @@ def test_arm_configs_use_the_recipe_its_own_stream_and_the_new_held_out_set(tmp_
 
 
 def decisive(*args: str) -> subprocess.CompletedProcess:
-    """``experiments/studies/decisive.py args`` as a user runs it, from the repository, in a session of its
+    return study("decisive.py", *args)
+
+
+def study(script: str, *args: str) -> subprocess.CompletedProcess:
+    """``experiments/studies/<script> args`` as a user runs it, from the repository, in a session of its
     own: past the timeout it is killed with any ``memalpha`` command it started."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "experiments/studies/decisive.py", *args]
+    command = [sys.executable, f"experiments/studies/{script}", *args]
     with subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, start_new_session=True) as process:
         try:

@@ -37,7 +37,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from control_arms import adapter_done, arm_compute, step_seconds
-from decisive import Decisive, arm_compute_start, grpo_cpu_seconds, start_lock
+from decisive import Decisive, arm_compute_start, grpo_cpu_seconds, run_study
 from decisive import parse_args as decisive_args
 from decisive import settings as decisive_settings
 
@@ -45,7 +45,7 @@ from memalpha.train.demo_summary import event_scalars
 from memalpha_lab.arm_configs import cpu_matched_sft_config, tag
 from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, write_json
 from memalpha_lab.control_arms_report import START, TRAIN_TAGS
-from memalpha_lab.credit_report import ARMS, GRPO, PER_CHUNK, SFT, print_report, rebuild
+from memalpha_lab.credit_report import ARMS, GRPO, PER_CHUNK, SFT, rebuild
 from memalpha_lab.credit_report import main as report
 from memalpha_lab.decisive_plan import collect_scores, recipe_config
 
@@ -145,26 +145,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return decisive_args([*defaults, *(sys.argv[1:] if argv is None else argv)])
 
 
+def credit_stages(experiment: Decisive, seed: int) -> None:
+    """A′'s fit, then A and B matched to its CPU seconds."""
+    experiment.grpo_arm(seed, PER_CHUNK)
+    experiment.grpo_arm(seed, GRPO)
+    experiment.sft_arm(seed)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.check:
-        return report(["--scores", str(args.out.parent / args.out.stem / "instance_scores.json"),
-                       "--summary", str(args.out), "--check"])
-    run_dir = args.run_dir.resolve()
-    if not args.reuse and run_dir.exists():
-        raise SystemExit(f"credit_study: {run_dir} exists; pass --reuse to continue it (nothing is deleted)")
-    print(f"credit study in {run_dir}, seeds {args.seed_list}", flush=True)
-    with start_lock(run_dir):
-        experiment = CreditStudy(args)
-        experiment.start()
-    for seed in args.seed_list:
-        experiment.grpo_arm(seed, PER_CHUNK)
-        experiment.grpo_arm(seed, GRPO)
-        experiment.sft_arm(seed)
-    result = experiment.write()
-    print_report(result)
-    print(f"\n(written to {args.out}; {result['wall_s'] / 60:.1f} min)")
-    return 0
+    return run_study(parse_args(argv), "credit_study", CreditStudy, credit_stages, report)
 
 
 if __name__ == "__main__":

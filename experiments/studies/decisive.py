@@ -44,7 +44,7 @@ import argparse
 import fcntl
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -258,27 +258,39 @@ def start_lock(run_dir: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run_study(args: argparse.Namespace, name: str, experiment_class: type[Decisive],
+              stages: Callable[[Decisive, int], None], report: Callable[[list[str]], int]) -> int:
+    """A study's command line: with ``--check`` only ``report``'s rebuild of the committed files; else the
+    start (built under a lock by the first of several processes over one folder), ``stages`` of every
+    seed in turn, and the summary."""
     if args.check:
-        from memalpha_lab.decisive_report import main as report
-
         return report(["--scores", str(args.out.parent / args.out.stem / "instance_scores.json"),
                        "--summary", str(args.out), "--check"])
     run_dir = args.run_dir.resolve()
     if not args.reuse and run_dir.exists():
-        raise SystemExit(f"decisive: {run_dir} exists; pass --reuse to continue it (nothing is deleted)")
-    print(f"decisive experiment in {run_dir}, seeds {args.seed_list}", flush=True)
+        raise SystemExit(f"{name}: {run_dir} exists; pass --reuse to continue it (nothing is deleted)")
+    print(f"{name} in {run_dir}, seeds {args.seed_list}", flush=True)
     with start_lock(run_dir):
-        experiment = Decisive(args)
+        experiment = experiment_class(args)
         experiment.start()
     for seed in args.seed_list:
-        experiment.grpo_arm(seed, GRPO)
-        experiment.sft_arm(seed)
+        stages(experiment, seed)
     result = experiment.write()
     print_decisive(result)
     print(f"\n(written to {args.out}; {result['wall_s'] / 60:.1f} min)")
     return 0
+
+
+def decisive_stages(experiment: Decisive, seed: int) -> None:
+    """A's fit, then B matched to its CPU seconds."""
+    experiment.grpo_arm(seed, GRPO)
+    experiment.sft_arm(seed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from memalpha_lab.decisive_report import main as report
+
+    return run_study(parse_args(argv), "decisive", Decisive, decisive_stages, report)
 
 
 if __name__ == "__main__":

@@ -23,23 +23,17 @@ The rule (docs/results.md, "Pre-registered: does per-chunk credit make GRPO beat
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from memalpha_lab.common import RESULTS_DIR, print_table
+from memalpha_lab.common import RESULTS_DIR
 from memalpha_lab.control_arms_report import (
     START,
     arm_means,
     compare,
-    comparison_rows,
-    print_compute,
-    read_json,
-    same_numbers,
     seeds_with,
 )
-from memalpha_lab.decisive_report import GUARD_LIMIT, METRICS, PENDING, PRIMARY, SECONDARY, guard
+from memalpha_lab.decisive_report import METRICS, PENDING, PRIMARY, SECONDARY, guard, report_main
 
 PER_CHUNK, GRPO, SFT = "grpo_per_chunk", "grpo", "sft_continued"
 ARMS = (PER_CHUNK, GRPO, SFT)
@@ -108,43 +102,8 @@ def rebuild(scores: Mapping[str, Any], planned_seeds: Sequence[int]) -> dict[str
             "decision": decide(scores, planned_seeds)}
 
 
-def print_report(rebuilt: Mapping[str, Any]) -> None:
-    """The paired comparisons (seed level first), then the guards and the verdict."""
-    print("\npaired differences, mean [95 % interval]: t over seeds (seeds - 1 df), two-level bootstrap,"
-          " then over held-out instances (each averaged over the seeds first)")
-    headline = (PRIMARY, *SECONDARY)
-    rows = [row for name, by_metric in rebuilt["comparisons"].items()
-            for row in comparison_rows(name, by_metric, headline)]
-    print_table(["comparison", "over", "n", *headline], rows)
-    decision = rebuilt["decision"]
-    for arm, held in decision["guard"].items():
-        shares = ", ".join(f"seed {s}: {v:.3f}" for s, v in held["per_seed"].items()) or "no run"
-        print(f"guard ({arm}: memory tokens / input tokens <= {GUARD_LIMIT}): "
-              f"{'passed' if held['passed'] else 'NOT passed'} ({shares})")
-    t = decision["t_over_seeds"]
-    where = "-" if t is None else f"{t['mean']:+.3f} [{t['low']:+.3f}, {t['high']:+.3f}]"
-    print(f"verdict ({decision['comparison']}, {decision['metric']}, t over seeds {decision['seeds_done']}"
-          f" of {decision['seeds_planned']}: {where}): {decision['verdict']}")
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--scores", type=Path, default=SCORES_PATH)
-    parser.add_argument("--summary", type=Path, default=SUMMARY_PATH)
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 unless the summary's numbers are rebuilt")
-    args = parser.parse_args(argv)
-    scores = read_json(args.scores)
-    summary = read_json(args.summary) if args.summary.exists() else {}
-    rebuilt = rebuild(scores, summary.get("settings", {}).get("seeds", []))
-    print_report(rebuilt)
-    if summary:
-        print_compute(summary.get("runs", {}))
-    if args.check:
-        ok = bool(summary) and all(same_numbers(rebuilt[key], summary.get(key)) for key in rebuilt)
-        print("rebuilt numbers " + ("match" if ok else "DIFFER from") + f" {args.summary}")
-        return 0 if ok else 1
-    return 0
+    return report_main(argv, __doc__.split("\n", 1)[0], rebuild, SCORES_PATH, SUMMARY_PATH)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ The rule (docs/results.md, "Pre-registered: does GRPO beat SFT continued for the
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -135,10 +135,13 @@ def print_decisive(rebuilt: Mapping[str, Any]) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--scores", type=Path, default=SCORES_PATH)
-    parser.add_argument("--summary", type=Path, default=SUMMARY_PATH)
+def report_main(argv: list[str] | None, description: str, rebuild_from: Callable[..., dict[str, Any]],
+                scores_path: Path, summary_path: Path) -> int:
+    """A study report's command line: rebuild (``rebuild_from(scores, planned seeds)``) from the scores
+    file, print it, and with ``--check`` exit 1 when the summary's numbers differ."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--scores", type=Path, default=scores_path)
+    parser.add_argument("--summary", type=Path, default=summary_path)
     parser.add_argument(
         "--check", action="store_true", help="exit 1 unless the summary's numbers are rebuilt"
     )
@@ -146,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     scores = read_json(args.scores)
     summary = read_json(args.summary) if args.summary.exists() else {}
     planned = summary.get("settings", {}).get("seeds", [])
-    rebuilt = rebuild(scores, planned)
+    rebuilt = rebuild_from(scores, planned)
     print_decisive(rebuilt)
     if summary:
         print_compute(summary.get("runs", {}))
@@ -155,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         print("rebuilt numbers " + ("match" if ok else "DIFFER from") + f" {args.summary}")
         return 0 if ok else 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return report_main(argv, __doc__.split("\n", 1)[0], rebuild, SCORES_PATH, SUMMARY_PATH)
 
 
 if __name__ == "__main__":
