@@ -166,3 +166,18 @@ def test_trls_grpo_trainer_trains_a_step_whose_tool_calls_reach_the_memory(insta
     assert rewards[1] > rewards[0]  # only the second fact answers a question: the advantages are not 0
     assert logged["rewards/MemoryEnvironment/mean"] == pytest.approx(sum(rewards) / 2)
     assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())  # the step moved the model
+
+
+def test_memorising_rows_carry_memalphas_own_prompt_of_chunk_0(instance, tokenizer):
+    from memalpha.agent.rollout import RolloutSettings, turn_prompt
+    from memalpha.integrations.trl_environment import memorising_rows
+    from memalpha.memory.store import Memory
+    from memalpha.tools.formats import get_call_format
+
+    settings = RolloutSettings(call_format="hermes", prompt_profile="compact")
+    rows = memorising_rows([instance], settings)
+    hermes = get_call_format("hermes")
+    messages, _ = turn_prompt(tokenizer, Memory(), instance.chunks[0], hermes, settings, "chunk 0")
+    assert rows[0]["prompt"] == messages
+    env = MemoryEnvironment(ExtractiveReader(), first_chunk_in_prompt=True)
+    assert env.reset(**rows[0]) is None and env.turns[0].chunk == instance.chunks[0]

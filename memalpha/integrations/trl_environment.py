@@ -36,16 +36,18 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
+from memalpha.agent.prompts import memorise_messages, stated_response_limit
 from memalpha.agent.reward_math import TurnCalls, rollout_rewards
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import Rollout, RolloutSettings, answer_questions
 from memalpha.data.schema import Instance
+from memalpha.memory.render import render_memorise
 from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader
 from memalpha.reader.settings import ReaderSettings
 from memalpha.seeding import stable_seed
 from memalpha.tools.executor import execute_call
-from memalpha.tools.formats import ToolCall
+from memalpha.tools.formats import ToolCall, get_call_format
 from memalpha.tools.schemas import DELETE, INSERT, UPDATE
 from memalpha.train.step_faults import ReaderFailureError, ReaderFailures, over_the_limit
 
@@ -61,6 +63,21 @@ def instance_rows(instances: Iterable[Instance], prompt: str) -> list[dict[str, 
     ]
 
 
+def memorising_rows(instances: Iterable[Instance], settings: RolloutSettings) -> list[dict[str, Any]]:
+    """One TRL dataset row per instance whose ``prompt`` is memalpha's own memorising prompt of its
+    chunk 0 (system and user message, an empty memory, ``settings``' call format, profile and texts):
+    the prompt a memalpha-trained policy knows. Use with ``MemoryEnvironment(first_chunk_in_prompt=True)``."""
+    call_format = get_call_format(settings.call_format)
+    limit = stated_response_limit(settings.max_new_tokens, settings.stated_limit_share)
+    view = render_memorise(Memory(), settings.memory_view_k, settings.templates)
+    return [
+        {"prompt": memorise_messages(view, instance.chunks[0], call_format, response_token_limit=limit,
+                                     profile=settings.prompt_profile, templates=settings.templates),
+         "instance": json.dumps(instance.to_dict())}
+        for instance in instances
+    ]
+
+
 class MemoryEnvironment:
     """One rollout of memalpha's memory task inside TRL's tool loop (module docstring).
 
@@ -72,6 +89,8 @@ class MemoryEnvironment:
         count_tokens: Counts a text's tokens for the memory and r3 (default: words).
         max_failed_share: The largest share of a rollout's questions whose answer may fail before the run
             stops (as ``model.reader.max_failed_share``).
+        first_chunk_in_prompt: The rows' prompts already show chunk 0 (:func:`memorising_rows`), so
+            :meth:`reset` adds nothing.
     """
 
     def __init__(
@@ -82,19 +101,22 @@ class MemoryEnvironment:
         rollout: RolloutSettings | None = None,
         count_tokens: Callable[[str], int] | None = None,
         max_failed_share: float = ReaderSettings.max_failed_share,
+        first_chunk_in_prompt: bool = False,
     ) -> None:
         self._reader = reader
         self._reward = reward or RewardSettings()
         self._settings = rollout or RolloutSettings()
         self._count_tokens = count_tokens or (lambda text: len(text.split()))
         self._max_failed_share = max_failed_share
+        self._first_chunk_in_prompt = first_chunk_in_prompt
         self._judge = self._reward.build_content_judge(reader)
         self.instance: Instance | None = None
         self.memory = Memory()
         self.turns: list[TurnCalls] = []
 
-    def reset(self, instance: str | Mapping[str, Any] | None = None, **row: Any) -> str:
-        """Start a rollout of the row's ``instance``: an empty memory, and chunk 0 for the agent."""
+    def reset(self, instance: str | Mapping[str, Any] | None = None, **row: Any) -> str | None:
+        """Start a rollout of the row's ``instance``: an empty memory, and chunk 0 for the agent (None
+        when the row's prompt shows it already)."""
         if instance is None:
             raise ValueError(
                 "a memory-task row needs an 'instance' column (see instance_rows in"
@@ -108,7 +130,7 @@ class MemoryEnvironment:
             seed=stable_seed(0, self.instance.instance_id),
         )
         self.turns = [TurnCalls(chunk=self.instance.chunks[0])]
-        return self._chunk_text(0)
+        return None if self._first_chunk_in_prompt else self._chunk_text(0)
 
     def new_memory_insert(
         self, memory_type: Literal["semantic_memory", "episodic_memory"], content: str
