@@ -90,6 +90,8 @@ def test_a_bad_instance_stops_with_memalphas_one_line(instance):
     assert "field 'chunks'" in str(error.value) and "\n" not in str(error.value)
     with pytest.raises(ValueError, match="'instance' column"):
         env.reset(prompt="no instance")
+    with pytest.raises(DataValidationError, match="column .instance. is not a JSON record"):
+        env.reset(instance="{not json")
 
 
 class DownReader(ExtractiveReader):

@@ -40,7 +40,7 @@ from memalpha.agent.prompts import memorise_messages, stated_response_limit
 from memalpha.agent.reward_math import TurnCalls, rollout_rewards
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import Rollout, RolloutSettings, answer_questions
-from memalpha.data.schema import Instance
+from memalpha.data.schema import DataValidationError, Instance
 from memalpha.memory.render import render_memorise
 from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader
@@ -52,6 +52,8 @@ from memalpha.tools.schemas import DELETE, INSERT, UPDATE
 from memalpha.train.step_faults import ReaderFailureError, ReaderFailures, over_the_limit
 
 NO_MORE_CHUNKS = "Every chunk has been read; the memory is final."
+ROW = "the TRL dataset row"
+"""What a bad record's one-line error names as its file."""
 
 
 def instance_rows(instances: Iterable[Instance], prompt: str) -> list[dict[str, Any]]:
@@ -122,8 +124,11 @@ class MemoryEnvironment:
                 "a memory-task row needs an 'instance' column (see instance_rows in"
                 " memalpha.integrations.trl_environment)"
             )
-        record = json.loads(instance) if isinstance(instance, str) else dict(instance)
-        self.instance = Instance.from_dict(record, file="the TRL dataset row")
+        try:
+            record = json.loads(instance) if isinstance(instance, str) else dict(instance)
+        except json.JSONDecodeError as error:
+            raise DataValidationError(ROW, f"column 'instance' is not a JSON record: {error}") from None
+        self.instance = Instance.from_dict(record, file=ROW)
         self.memory = Memory(
             token_counter=self._count_tokens,
             core_token_limit=self._settings.core_token_limit,
