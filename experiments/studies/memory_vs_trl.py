@@ -22,6 +22,10 @@ earns a second response), its calls run on the rollout's memory, and the environ
 memalpha's ``R_t`` of that one turn. What still differs: TRL renders the tool schema into the system
 message as its Qwen2.5 template does, beside memalpha's own tool lines (the policy sees both).
 
+TRL's micro-batch is memalpha's ``update.micro_batch_size`` (4 rows; the 16 rollouts of a step are one
+generation batch and one optimiser step on both sides): with all 16 rows in one forward and backward,
+TRL's process grew past 21 GB and was killed by the out-of-memory killer on the 23 GB machine.
+
 Each side runs as its own subprocess, the sides alternating within a seed; per side the JSON holds the
 median step time and the phases each side logs (memalpha: sampling, reader, log-probs, update; TRL: the
 step only), the subprocess's peak RSS (``os.wait4``) and CPU seconds, the tokens sampled per second of
@@ -212,7 +216,8 @@ def trl_child(config_path: Path, metrics_path: Path) -> None:
     )
     batch = data["instances_per_step"] * rollout.group_size
     args = GRPOConfig(
-        output_dir=str(metrics_path.parent / "trl"), per_device_train_batch_size=batch,
+        output_dir=str(metrics_path.parent / "trl"), per_device_train_batch_size=update.micro_batch_size,
+        gradient_accumulation_steps=batch // update.micro_batch_size,  # one generation of `batch` a step
         num_generations=rollout.group_size, max_steps=config["trainer"]["max_steps"],
         max_completion_length=rollout.max_new_tokens, max_tool_calling_iterations=1,
         temperature=rollout.temperature, learning_rate=optimizer.learning_rate, lr_scheduler_type="constant",
