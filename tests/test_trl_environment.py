@@ -183,3 +183,26 @@ def test_memorising_rows_carry_memalphas_own_prompt_of_chunk_0(instance, tokeniz
     assert rows[0]["prompt"] == messages
     env = MemoryEnvironment(ExtractiveReader(), first_chunk_in_prompt=True)
     assert env.reset(**rows[0]) is None and env.turns[0].chunk == instance.chunks[0]
+
+
+def test_the_memorising_template_renders_memalphas_prompt_and_parses_its_calls(instance, tokenizer):
+    import copy
+
+    from trl.chat_template_utils import is_chat_template_prefix_preserving, supports_tool_calling
+
+    from memalpha.agent.rollout import RolloutSettings
+    from memalpha.integrations.trl_environment import memorising_rows, use_memorising_template
+
+    tok = copy.deepcopy(tokenizer)
+    use_memorising_template(tok)
+    assert supports_tool_calling(tok) and is_chat_template_prefix_preserving(tok)
+    prompt = memorising_rows([instance], RolloutSettings(call_format="hermes"))[0]["prompt"]
+    tools = [getattr(MemoryEnvironment, name) for name in ("new_memory_insert", "read_next_chunk")]
+    rendered = tok.apply_chat_template(prompt, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert "You may call one or more functions" not in rendered  # no schema block of TRL's
+    assert prompt[0]["content"] in rendered
+    call = '<tool_call>\n{"name": "new_memory_insert", "arguments": {"memory_type": "semantic_memory", ' \
+           '"content": "Tom lives in Oslo."}}\n</tool_call><|im_end|>'
+    parsed = tok.parse_response(tok(call, add_special_tokens=False)["input_ids"], prefix=[])
+    assert parsed["tool_calls"][0]["function"] == {"name": "new_memory_insert", "arguments": {
+        "memory_type": "semantic_memory", "content": "Tom lives in Oslo."}}

@@ -16,11 +16,14 @@ local 135M reader.
 Why one chunk: in TRL's tool loop the agent must call ``read_next_chunk`` to see chunk 2, which nothing in
 the shared SFT start taught, so on two-chunk instances TRL's rollouts would stop after chunk 1 and the
 comparison would measure that. With one chunk TRL's loop expresses the task exactly: its rows carry
-memalpha's own memorising prompt (:func:`memalpha.integrations.trl_environment.memorising_rows`), the
-policy answers once (``max_completion_length`` = memalpha's 112 new tokens, so a tool result never
-earns a second response), its calls run on the rollout's memory, and the environment's reward is
-memalpha's ``R_t`` of that one turn. What still differs: TRL renders the tool schema into the system
-message as its Qwen2.5 template does, beside memalpha's own tool lines (the policy sees both).
+memalpha's own memorising prompt (:func:`memalpha.integrations.trl_environment.memorising_rows`, with
+:func:`~memalpha.integrations.trl_environment.use_memorising_template`: TRL's Qwen2.5 template and
+parser without the tool schemas it would add to the system message), the policy answers once
+(``max_completion_length`` = memalpha's 112 new tokens, so a tool result never earns a second
+response), its calls run on the rollout's memory, and the environment's reward is
+memalpha's ``R_t`` of that one turn. A first try with TRL's template as shipped (its tool schemas in
+the system message beside memalpha's own tool lines) had the SFT start write broken calls: every
+tool call of the first step failed and every reward was 0.
 
 TRL's micro-batch is memalpha's ``update.micro_batch_size`` (4 rows; the 16 rollouts of a step are one
 generation batch and one optimiser step on both sides): with all 16 rows in one forward and backward,
@@ -179,9 +182,6 @@ def trl_child(config_path: Path, metrics_path: Path) -> None:
     """TRL's ``GRPOTrainer`` with :class:`~memalpha.integrations.trl_environment.MemoryEnvironment` on the
     settings of ``config_path`` (a ``memalpha fit`` config), from its ``model.adapter_path``; exports the
     adapter where the config says and writes every step's metrics."""
-    from pathlib import Path as _Path
-
-    import trl
     from datasets import Dataset
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -191,7 +191,11 @@ def trl_child(config_path: Path, metrics_path: Path) -> None:
     from memalpha.agent.rollout import RolloutSettings, make_token_counter
     from memalpha.data.synthetic import SyntheticSettings
     from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-    from memalpha.integrations.trl_environment import MemoryEnvironment, memorising_rows
+    from memalpha.integrations.trl_environment import (
+        MemoryEnvironment,
+        memorising_rows,
+        use_memorising_template,
+    )
     from memalpha.lm.core.embedded import resolve_model_path
     from memalpha.lm.core.policy import LMSettings
     from memalpha.reader.settings import ReaderSettings
@@ -204,7 +208,7 @@ def trl_child(config_path: Path, metrics_path: Path) -> None:
     optimizer = OptimizerSettings(**model_config.get("optimizer", {}))
     path = resolve_model_path(model_config["model"])
     tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.chat_template = (_Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja").read_text()
+    use_memorising_template(tokenizer)
     tokenizer.padding_side = "left"
     base = AutoModelForCausalLM.from_pretrained(path)
     model = PeftModel.from_pretrained(base, model_config["adapter_path"], is_trainable=True)

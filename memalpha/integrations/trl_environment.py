@@ -80,6 +80,18 @@ def memorising_rows(instances: Iterable[Instance], settings: RolloutSettings) ->
     ]
 
 
+def use_memorising_template(tokenizer) -> None:
+    """Give ``tokenizer`` the chat template a memalpha-trained policy reads in TRL: TRL's Qwen2.5 template
+    (ChatML, tool calls in ``<tool_call>`` blocks, TRL's parser of them) without the tool schemas it
+    adds to the system message, which :func:`memorising_rows`' prompt states in memalpha's own words.
+    (A small policy trained on memalpha's prompt answers TRL's extra schema block with broken calls.)"""
+    from trl.chat_template_utils import add_response_schema, qwen2_5_chat_template
+
+    tokenizer.chat_template = qwen2_5_chat_template
+    add_response_schema(tokenizer)  # TRL's parser for the template it knows, kept through the edit below
+    tokenizer.chat_template = qwen2_5_chat_template.replace("{%- if tools %}", "{%- if false %}", 1)
+
+
 class MemoryEnvironment:
     """One rollout of memalpha's memory task inside TRL's tool loop (module docstring).
 
