@@ -132,6 +132,8 @@ class MemoryVsTrl(Decisive):
                   "accuracy": compare(scores, "memalpha", "trl", "accuracy"),
                   "instance_scores": scores, "wall_s": round(time.perf_counter() - self.started, 1)}
         write_json(result, args.out, machine=self.machine)
+        if runs:
+            plot(result, args.out.with_suffix(".png"))
         return result
 
 
@@ -166,6 +168,43 @@ def summarise(runs: dict[str, Any]) -> dict[str, Any]:
     if len(out) == 2:
         out["step_time_ratio"] = round(out["memalpha"]["median_step_s"] / out["trl"]["median_step_s"], 3)
     return out
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Each side's reward over its steps (one line a seed), and each side's held-out accuracy per seed
+    beside the start's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (rewards, accuracy) = plt.subplots(1, 2, figsize=(10, 3.8))
+    colours = {"memalpha": "tab:blue", "trl": "tab:orange"}
+    for name, run in sorted(result["runs"].items()):
+        side = name.split("_", 1)[1]
+        rewards.plot([s["reward"] for s in run["steps"]], color=colours[side], marker="o",
+                     label=f"{side} ({name.split('_', 1)[0]})")
+    rewards.set(xlabel="optimiser step", ylabel="mean reward of the step", title="training reward")
+    rewards.legend(fontsize=8)
+    scores = result["instance_scores"]
+
+    def mean_accuracy(run: dict[str, Any]) -> float:
+        values = [v["accuracy"] for source in run.values() for v in source.values()]
+        return sum(values) / len(values)
+
+    seeds = sorted(scores["seeds"], key=int)
+    for offset, side in enumerate(SIDES):
+        values = [mean_accuracy(scores["seeds"][s][side]) for s in seeds if side in scores["seeds"][s]]
+        accuracy.bar([int(s) + 0.35 * offset for s in seeds[: len(values)]], values, width=0.35,
+                     color=colours[side], label=side)
+    accuracy.set_xticks([int(s) + 0.175 for s in seeds], seeds)
+    if scores.get(START):
+        accuracy.axhline(mean_accuracy(scores[START]), color="grey", linestyle="--", label="SFT start")
+    accuracy.set(xlabel="seed", ylabel="held-out local-reader accuracy", title="after the steps")
+    accuracy.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -269,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--trl-child"]:
         trl_child(Path(argv[1]), Path(argv[3]))
+        return 0
+    if argv[:1] == ["--plot"]:  # the figure of a written result: --plot RESULT.json
+        plot(json.loads(Path(argv[1]).read_text()), Path(argv[1]).with_suffix(".png"))
         return 0
     args = parse_args(argv)
     run_dir = args.run_dir.resolve()
