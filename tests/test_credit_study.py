@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_decisive import T4, study
+from test_decisive import T4, done_stages, study
 
 from memalpha_lab.credit_report import FAMILIES, decide, main, rebuild, verdict_of
 
@@ -90,19 +90,7 @@ def credit_study(*args: str) -> subprocess.CompletedProcess:
 
 def done_run_folder(run: Path) -> None:
     """Every stage's output of seed 3 (adapters, made-up validation reports), and A′'s compute ledger."""
-    record = {"data_source": "synth_personal", "instance_id": "a", "memory_tokens": 10, "chunk_tokens": 100,
-              "r3": 0.0, "turns": [], "questions": [{"score": 1.0, "gold": "x"}], "memory": {}}
-    (run / "demos").mkdir(parents=True)
-    (run / "demos" / "val.jsonl").write_text("")
-    (run / "sft" / "start").mkdir(parents=True)
-    names = ("seed3_grpo_per_chunk", "seed3_grpo", "seed3_sft_continued")
-    for name in ("sft/adapter", *(f"arms/{n}/adapter" for n in names)):
-        (run / name).mkdir(parents=True)
-        for file in ("adapter_config.json", "adapter_model.safetensors"):
-            (run / name / file).write_text("")
-    for name in ("start", *names):
-        (run / "validate" / name).mkdir(parents=True)
-        (run / "validate" / name / "validation.json").write_text(json.dumps({"records": [record]}))
+    done_stages(run, ("seed3_grpo_per_chunk", "seed3_grpo", "seed3_sft_continued"), "synth_personal")
     (run / "compute").mkdir()
     attempts = [{"wall_s": 1500.0, "cpu_s": 1290.5, "finished": True, "ended": "t"}]
     (run / "compute" / "fit_seed3_grpo_per_chunk.json").write_text(json.dumps(attempts))

@@ -158,23 +158,30 @@ def test_the_held_out_seed_must_be_new(tmp_path):
     assert accepted.returncode == 1 and "pass --reuse" in accepted.stderr
 
 
+def done_stages(run: Path, runs: tuple[str, ...], source: str = "s") -> None:
+    """A study's run folder whose start and ``runs`` (``seed<S>_<arm>``) are done: the demonstrations, the
+    start's TensorBoard folder, every adapter and a made-up validation report of each (one instance of
+    ``source``)."""
+    record = {"data_source": source, "instance_id": "a", "memory_tokens": 10, "chunk_tokens": 100, "r3": 0.0,
+              "turns": [], "questions": [{"score": 1.0, "gold": "x"}], "memory": {}}
+    (run / "demos").mkdir(parents=True)
+    (run / "demos" / "val.jsonl").write_text("")
+    (run / "sft" / "start").mkdir(parents=True)  # the start's TensorBoard folder
+    for name in ("sft/adapter", *(f"arms/{r}/adapter" for r in runs)):
+        (run / name).mkdir(parents=True)
+        for file in ("adapter_config.json", "adapter_model.safetensors"):
+            (run / name / file).write_text("")
+    for name in ("start", *runs):
+        (run / "validate" / name).mkdir(parents=True)
+        (run / "validate" / name / "validation.json").write_text(json.dumps({"records": [record]}))
+
+
 def done_run_folder(run: Path) -> None:
     """A run folder holding every stage's output of seed 3 (adapters, made-up validation reports, arm
     A's TensorBoard step times), and no compute ledger."""
     from torch.utils.tensorboard import SummaryWriter
 
-    record = {"data_source": "s", "instance_id": "a", "memory_tokens": 10, "chunk_tokens": 100, "r3": 0.0,
-              "turns": [], "questions": [{"score": 1.0, "gold": "x"}], "memory": {}}
-    (run / "demos").mkdir(parents=True)
-    (run / "demos" / "val.jsonl").write_text("")
-    (run / "sft" / "start").mkdir(parents=True)  # the start's TensorBoard folder
-    for name in ("sft/adapter", "arms/seed3_grpo/adapter", "arms/seed3_sft_continued/adapter"):
-        (run / name).mkdir(parents=True)
-        for file in ("adapter_config.json", "adapter_model.safetensors"):
-            (run / name / file).write_text("")
-    for name in ("start", "seed3_grpo", "seed3_sft_continued"):
-        (run / "validate" / name).mkdir(parents=True)
-        (run / "validate" / name / "validation.json").write_text(json.dumps({"records": [record]}))
+    done_stages(run, ("seed3_grpo", "seed3_sft_continued"))
     writer = SummaryWriter(str(run / "arms" / "seed3_grpo"))
     for step, seconds in enumerate((190.0, 190.5)):
         writer.add_scalar("step_s", seconds, step)

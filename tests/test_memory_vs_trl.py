@@ -9,23 +9,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_decisive import study
+from test_decisive import done_stages, study
 
 
 def done_run_folder(run: Path) -> None:
     """Every stage's output of seed 0: adapters, made-up validation reports and run records."""
-    record = {"data_source": "synth_personal", "instance_id": "a", "memory_tokens": 10, "chunk_tokens": 100,
-              "r3": 0.0, "turns": [], "questions": [{"score": 1.0, "gold": "x"}], "memory": {}}
-    (run / "demos").mkdir(parents=True)
-    (run / "demos" / "val.jsonl").write_text("")
-    (run / "sft" / "start").mkdir(parents=True)
-    for name in ("sft/adapter", "arms/seed0_memalpha/adapter", "arms/seed0_trl/adapter"):
-        (run / name).mkdir(parents=True)
-        for file in ("adapter_config.json", "adapter_model.safetensors"):
-            (run / name / file).write_text("")
-    for name in ("start", "seed0_memalpha", "seed0_trl"):
-        (run / "validate" / name).mkdir(parents=True)
-        (run / "validate" / name / "validation.json").write_text(json.dumps({"records": [record]}))
+    done_stages(run, ("seed0_memalpha", "seed0_trl"), "synth_personal")
     steps = {"memalpha": [{"step_s": 10.0, "sampling_s": 6.0, "reward": 0.5, "tokens_sampled": 100.0},
                           {"step_s": 30.0, "sampling_s": 8.0, "reward": 0.75, "tokens_sampled": 300.0}],
              "trl": [{"step_s": 100.0, "reward": 0.25, "tokens_sampled": 200.0},

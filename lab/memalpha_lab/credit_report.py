@@ -31,9 +31,9 @@ from memalpha_lab.control_arms_report import (
     START,
     arm_means,
     compare,
-    seeds_with,
 )
-from memalpha_lab.decisive_report import METRICS, PENDING, PRIMARY, SECONDARY, guard, report_main
+from memalpha_lab.decisive_report import METRICS, PRIMARY, SECONDARY, decision, report_main
+from memalpha_lab.decisive_report import verdict_of as decisive_verdict
 
 PER_CHUNK, GRPO, SFT = "grpo_per_chunk", "grpo", "sft_continued"
 ARMS = (PER_CHUNK, GRPO, SFT)
@@ -71,29 +71,13 @@ def comparisons(scores: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 def verdict_of(interval: Mapping[str, float] | None, guard_passed: bool, complete: bool) -> str:
     """The pre-registered rule on the t interval over seeds of the primary comparison."""
-    if not complete or interval is None:
-        return PENDING
-    if interval["high"] < 0:
-        return VERDICTS[2]
-    if interval["low"] > 0 and guard_passed:
-        return VERDICTS[0]
-    return VERDICTS[1]
+    return decisive_verdict(interval, guard_passed, complete, VERDICTS)
 
 
 def decide(scores: Mapping[str, Any], planned_seeds: Sequence[int]) -> dict[str, Any]:
-    """The verdict with what it rests on: the primary comparison's t interval over the seeds that
-    hold all three arms, the planned seeds, and every trained arm's guard."""
-    primary = compare(scores, PER_CHUNK, SFT, PRIMARY)
-    level = primary["seed_level"]
-    done = [int(s) for s in seeds_with(scores, ARMS)]
-    complete = bool(planned_seeds) and set(planned_seeds) <= set(done)
-    guards = {arm: guard(scores, arm) for arm in ARMS}
-    interval = None if level is None else level["t"]
-    return {
-        "verdict": verdict_of(interval, guards[PER_CHUNK]["passed"], complete),
-        "metric": PRIMARY, "comparison": f"{PER_CHUNK} - {SFT}", "t_over_seeds": interval,
-        "seeds_done": done, "seeds_planned": list(planned_seeds), "guard": guards,
-    }
+    """The verdict (:func:`~memalpha_lab.decisive_report.decision`) of ``grpo_per_chunk - sft_continued``
+    over the seeds that hold all three arms, with every trained arm's guard."""
+    return decision(scores, planned_seeds, PER_CHUNK, SFT, ARMS, VERDICTS)
 
 
 def rebuild(scores: Mapping[str, Any], planned_seeds: Sequence[int]) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from memalpha_lab.control_arms_report import (
     read_json,
     same_numbers,
     seed_average,
+    seeds_with,
 )
 
 GRPO, SFT = "grpo", "sft_continued"
@@ -80,32 +81,39 @@ def guard(scores: Mapping[str, Any], arm: str = GRPO) -> dict[str, Any]:
     return {"limit": GUARD_LIMIT, "per_seed": per_seed, "passed": passed}
 
 
-def verdict_of(interval: Mapping[str, float] | None, guard_passed: bool, complete: bool) -> str:
-    """The pre-registered rule: one of :data:`VERDICTS` from the t interval over seeds of the primary
-    ``grpo - sft_continued``, or :data:`PENDING` while planned seeds are missing."""
+def verdict_of(interval: Mapping[str, float] | None, guard_passed: bool, complete: bool,
+               verdicts: Sequence[str] = VERDICTS) -> str:
+    """The pre-registered rule: one of ``verdicts`` (beats, not shown, is worse; :data:`VERDICTS`) from the
+    t interval over seeds of the primary comparison, or :data:`PENDING` while planned seeds are missing."""
     if not complete or interval is None:
         return PENDING
     if interval["high"] < 0:
-        return "GRPO is worse"
+        return verdicts[2]
     if interval["low"] > 0 and guard_passed:
-        return "GRPO beats"
-    return "not shown"
+        return verdicts[0]
+    return verdicts[1]
+
+
+def decision(scores: Mapping[str, Any], planned_seeds: Sequence[int], treatment: str, control: str,
+             arms: Sequence[str], verdicts: Sequence[str] = VERDICTS) -> dict[str, Any]:
+    """A study's verdict with what it rests on: the primary ``treatment - control`` t interval over the
+    seeds, the seeds that hold every one of ``arms``, the planned ones, and each arm's guard (the
+    treatment's decides)."""
+    level = compare(scores, treatment, control, PRIMARY)["seed_level"]
+    done = [int(s) for s in seeds_with(scores, arms)]
+    complete = bool(planned_seeds) and set(planned_seeds) <= set(done)
+    guards = {arm: guard(scores, arm) for arm in arms}
+    interval = None if level is None else level["t"]
+    return {
+        "verdict": verdict_of(interval, guards[treatment]["passed"], complete, verdicts),
+        "metric": PRIMARY, "comparison": f"{treatment} - {control}", "t_over_seeds": interval,
+        "seeds_done": done, "seeds_planned": list(planned_seeds), "guard": guards,
+    }
 
 
 def decide(scores: Mapping[str, Any], planned_seeds: Sequence[int]) -> dict[str, Any]:
-    """The verdict with what it rests on: the primary comparison's t interval over seeds, the seeds
-    that hold both arms, the planned ones, and the guards of both trained arms."""
-    primary = compare(scores, GRPO, SFT, PRIMARY)
-    level = primary["seed_level"]
-    done = [int(s) for s in primary["seeds"]]
-    complete = bool(planned_seeds) and set(planned_seeds) <= set(done)
-    guards = {GRPO: guard(scores, GRPO), SFT: guard(scores, SFT)}
-    interval = None if level is None else level["t"]
-    return {
-        "verdict": verdict_of(interval, guards[GRPO]["passed"], complete),
-        "metric": PRIMARY, "comparison": f"{GRPO} - {SFT}", "t_over_seeds": interval,
-        "seeds_done": done, "seeds_planned": list(planned_seeds), "guard": guards,
-    }
+    """The decisive study's :func:`decision`: ``grpo - sft_continued``."""
+    return decision(scores, planned_seeds, GRPO, SFT, (GRPO, SFT))
 
 
 def rebuild(scores: Mapping[str, Any], planned_seeds: Sequence[int]) -> dict[str, Any]:
