@@ -29,25 +29,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from control_arms import adapter_done, arm_compute, step_seconds
-from decisive import Decisive, arm_compute_start, grpo_cpu_seconds, run_study
+from decisive import Decisive, grpo_cpu_seconds, run_study
 from decisive import parse_args as decisive_args
 from decisive import settings as decisive_settings
 
-from memalpha.train.demo_summary import event_scalars
-from memalpha_lab.arm_configs import cpu_matched_sft_config, tag
-from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, write_json
-from memalpha_lab.control_arms_report import START, TRAIN_TAGS
-from memalpha_lab.credit_report import ARMS, GRPO, PER_CHUNK, SFT, rebuild
+from memalpha_lab.common import REPO_ROOT, RESULTS_DIR
+from memalpha_lab.control_arms_report import TRAIN_TAGS
+from memalpha_lab.credit_report import GRPO, PER_CHUNK, SFT, rebuild
 from memalpha_lab.credit_report import main as report
-from memalpha_lab.decisive_plan import collect_scores, recipe_config
+from memalpha_lab.decisive_plan import recipe_config
 
 A_STEP_CAP = 64
 """A's ``trainer.max_steps``: far above what A′'s CPU seconds buy, so the budget ends the run."""
@@ -58,6 +53,12 @@ TRAIN_TAGS_PER_CHUNK = (*TRAIN_TAGS, "train/turn_reward", "reader/turn_questions
 
 class CreditStudy(Decisive):
     """The decisive study's stages with three arms a seed: A′ first, then A and B at its CPU seconds."""
+
+    benchmark = "credit_study"
+    arm_commands = ((PER_CHUNK, "fit"), (GRPO, "fit"), (SFT, "sft"))
+    budget_arm = PER_CHUNK
+    sampled_arms = (PER_CHUNK, GRPO)
+    train_tags = TRAIN_TAGS_PER_CHUNK
 
     def fit_config(self, seed: int, arm: str) -> dict[str, Any]:
         config = recipe_config(self.base_fit, self.run_dir, self.args, seed, arm)
@@ -71,54 +72,11 @@ class CreditStudy(Decisive):
                                                "init_args": {"seconds": round(float(budget), 3)}})
         return config
 
-    def continued_sft(self, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        """B's config: SFT continued from the start until its process has spent A′'s CPU seconds."""
-        budget = grpo_cpu_seconds(self.run_dir, seed, PER_CHUNK)
-        return cpu_matched_sft_config(self.base_sft, self.run_dir, seed, budget), {"cpu_budget_s": budget}
+    def study_settings(self) -> dict[str, Any]:
+        return settings(self.args)
 
-    def write(self) -> dict[str, Any]:
-        """Both JSON files from everything ``run_dir`` holds (this process's stages and another's)."""
-        args = self.args
-        scores = collect_scores(self.run_dir, args.seed_list, ARMS)
-        scores_path = args.out.parent / args.out.stem / "instance_scores.json"
-        write_json({"benchmark": "credit_study", **scores}, scores_path, machine=self.machine)
-        planned = args.planned_list
-        result = {
-            "benchmark": "credit_study",
-            "command": command_line(),
-            "settings": settings(args),
-            "instance_scores": os.path.relpath(scores_path, args.out.resolve().parent.parent.parent),
-            "runs": collect_runs(self.run_dir, sorted(set(planned) | set(args.seed_list))),
-            **rebuild(scores, planned),
-            "train": {tag(s, arm): {t: {str(k): v for k, v in series.items()}
-                                    for t, series in event_scalars(self.run_dir / "arms" / tag(s, arm),
-                                                                   TRAIN_TAGS_PER_CHUNK).items()}
-                      for s in planned for arm in (PER_CHUNK, GRPO)
-                      if (self.run_dir / "arms" / tag(s, arm)).is_dir()},
-            "wall_s": round(time.perf_counter() - self.started, 1),
-        }
-        write_json(result, args.out, machine=self.machine)
-        return result
-
-
-def collect_runs(run_dir: Path, seeds: list[int]) -> dict[str, Any]:
-    """Each trained run's training seconds, steps and compute, the matched arms' ``cpu_budget_s`` (A′'s
-    recorded CPU seconds), and the start's SFT; from what ``run_dir`` holds."""
-    runs: dict[str, Any] = {}
-    if adapter_done(run_dir / "sft" / "adapter"):
-        taken = step_seconds(run_dir / "sft" / START)
-        runs[f"seed0_{START}"] = {"train_s": sum(taken), "steps": len(taken),
-                                  "compute": {"train": arm_compute_start(run_dir)}}
-    for seed in seeds:
-        for arm, command in ((PER_CHUNK, "fit"), (GRPO, "fit"), (SFT, "sft")):
-            name = tag(seed, arm)
-            if adapter_done(run_dir / "arms" / name / "adapter"):
-                taken = step_seconds(run_dir / "arms" / name)
-                runs[name] = {"train_s": sum(taken), "steps": len(taken),
-                              "compute": arm_compute(run_dir, name, command)}
-                if arm != PER_CHUNK:
-                    runs[name]["cpu_budget_s"] = grpo_cpu_seconds(run_dir, seed, PER_CHUNK)
-    return runs
+    def rebuild(self, scores: dict[str, Any], planned: list[int]) -> dict[str, Any]:
+        return rebuild(scores, planned)
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:

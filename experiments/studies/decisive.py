@@ -79,23 +79,26 @@ from memalpha_lab.levers import LEVERS
 from memalpha_lab.recipe_configs import write_yaml
 
 
-def collect_runs(run_dir: Path, seeds: list[int]) -> dict[str, Any]:
-    """Each trained run's training seconds, steps and compute (:func:`control_arms.arm_compute`), B's
-    ``cpu_budget_s`` (A's recorded CPU seconds), and the start's SFT; from what ``run_dir`` holds."""
+def collect_runs(run_dir: Path, seeds: list[int],
+                 arm_commands: tuple[tuple[str, str], ...] = ((GRPO, "fit"), (SFT, "sft")),
+                 budget_arm: str = GRPO) -> dict[str, Any]:
+    """Each trained run's training seconds, steps and compute (:func:`control_arms.arm_compute`), the
+    matched arms' ``cpu_budget_s`` (``budget_arm``'s recorded CPU seconds), and the start's SFT; from
+    what ``run_dir`` holds. ``arm_commands``: each arm and the ``memalpha`` command that trains it."""
     runs: dict[str, Any] = {}
     if adapter_done(run_dir / "sft" / "adapter"):
         runs[f"seed0_{START}"] = {"train_s": sum(step_seconds(run_dir / "sft" / START)),
                                   "steps": len(step_seconds(run_dir / "sft" / START)),
                                   "compute": {"train": arm_compute_start(run_dir)}}
     for seed in seeds:
-        for arm, command in ((GRPO, "fit"), (SFT, "sft")):
+        for arm, command in arm_commands:
             name = tag(seed, arm)
             if adapter_done(run_dir / "arms" / name / "adapter"):
                 taken = step_seconds(run_dir / "arms" / name)
                 runs[name] = {"train_s": sum(taken), "steps": len(taken),
                               "compute": arm_compute(run_dir, name, command)}
-                if arm == SFT:
-                    runs[name]["cpu_budget_s"] = recorded_grpo_cpu_seconds(run_dir, seed)
+                if arm != budget_arm:
+                    runs[name]["cpu_budget_s"] = recorded_grpo_cpu_seconds(run_dir, seed, budget_arm)
     return runs
 
 
@@ -137,7 +140,15 @@ def arm_compute_start(run_dir: Path) -> dict[str, Any]:
 
 class Decisive(Experiment):
     """:class:`control_arms.Experiment` with the decisive study's held-out set, arm A's recipe, and
-    summaries rebuilt from the run folder."""
+    summaries rebuilt from the run folder. A study with other arms sets the class attributes: its
+    arms and the commands that train them, the arm whose CPU seconds the others are matched to, the
+    GRPO arms whose training scalars the summary keeps, and its report."""
+
+    benchmark = "decisive"
+    arm_commands: tuple[tuple[str, str], ...] = ((GRPO, "fit"), (SFT, "sft"))
+    budget_arm = GRPO
+    sampled_arms: tuple[str, ...] = (GRPO,)
+    train_tags: tuple[str, ...] = TRAIN_TAGS
 
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__(args)
@@ -161,27 +172,37 @@ class Decisive(Experiment):
 
     def continued_sft(self, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """B's config: SFT continued from the start until its process has spent A's CPU seconds."""
-        budget = grpo_cpu_seconds(self.run_dir, seed)
+        budget = grpo_cpu_seconds(self.run_dir, seed, self.budget_arm)
         return cpu_matched_sft_config(self.base_sft, self.run_dir, seed, budget), {"cpu_budget_s": budget}
+
+    def study_settings(self) -> dict[str, Any]:
+        """The plan as this run carries it out."""
+        return settings(self.args)
+
+    def rebuild(self, scores: dict[str, Any], planned: list[int]) -> dict[str, Any]:
+        """What the study's report rebuilds from the scores (means, comparisons, the decision)."""
+        return rebuild(scores, planned)
 
     def write(self) -> dict[str, Any]:
         """Both JSON files from everything ``run_dir`` holds (this process's stages and another's)."""
         args = self.args
-        scores = collect_scores(self.run_dir, args.seed_list)
+        scores = collect_scores(self.run_dir, args.seed_list, tuple(arm for arm, _ in self.arm_commands))
         scores_path = args.out.parent / args.out.stem / "instance_scores.json"
-        write_json({"benchmark": "decisive", **scores}, scores_path, machine=self.machine)
+        write_json({"benchmark": self.benchmark, **scores}, scores_path, machine=self.machine)
         planned = args.planned_list
+        seeds = sorted(set(planned) | set(args.seed_list))
         result = {
-            "benchmark": "decisive",
+            "benchmark": self.benchmark,
             "command": command_line(),
-            "settings": settings(args),
+            "settings": self.study_settings(),
             "instance_scores": os.path.relpath(scores_path, args.out.resolve().parent.parent.parent),
-            "runs": collect_runs(self.run_dir, sorted(set(planned) | set(args.seed_list))),
-            **rebuild(scores, planned),
-            "train": {tag(s, GRPO): {t: {str(k): v for k, v in series.items()}
-                                     for t, series in event_scalars(self.run_dir / "arms" / tag(s, GRPO),
-                                                                    TRAIN_TAGS).items()}
-                      for s in planned if (self.run_dir / "arms" / tag(s, GRPO)).is_dir()},
+            "runs": collect_runs(self.run_dir, seeds, self.arm_commands, self.budget_arm),
+            **self.rebuild(scores, planned),
+            "train": {tag(s, arm): {t: {str(k): v for k, v in series.items()}
+                                    for t, series in event_scalars(self.run_dir / "arms" / tag(s, arm),
+                                                                   self.train_tags).items()}
+                      for s in planned for arm in self.sampled_arms
+                      if (self.run_dir / "arms" / tag(s, arm)).is_dir()},
             "wall_s": round(time.perf_counter() - self.started, 1),
         }
         write_json(result, args.out, machine=self.machine)
