@@ -1,5 +1,5 @@
 """The loopback chat server with faults injected, for the tests of the ``openai`` reader: a
-:class:`~memalpha.reader.server.ChatCompletionServer` whose :meth:`intercept` delays the next
+:class:`~memalpha_lab.reader_server.ChatCompletionServer` whose :meth:`intercept` delays the next
 requests, answers them with an HTTP error status or a malformed body, or stops listening as one
 arrives (as a crashed server would), and counts the authorised chat requests it saw."""
 
@@ -9,7 +9,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from memalpha.reader.server import ChatCompletionServer
+from memalpha_lab.reader_server import ChatCompletionServer
 
 
 @dataclass

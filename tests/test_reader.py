@@ -128,7 +128,7 @@ def test_local_reader_complete_takes_per_call_sampling(tiny_model, tokenizer, mo
 def test_openai_reader_complete_sends_per_call_sampling(tiny_model, tokenizer):
     """The request body carries the override's temperature and ``max_tokens`` for that call only,
     and the loopback server generates with them."""
-    from memalpha.reader.server import ChatCompletionServer
+    from memalpha_lab.reader_server import ChatCompletionServer
 
     client = OpenAIReader(OpenAISettings("http://127.0.0.1:1/v1", "tiny"), temperature=0.0, max_tokens=3,
                           extra_body={"seed": 1})

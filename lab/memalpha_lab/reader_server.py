@@ -1,4 +1,4 @@
-"""A minimal OpenAI-compatible chat-completions server over a local HF model (loopback only).
+"""A loopback OpenAI-compatible chat-completions server over a local HF model, for the tests.
 
 Serves ``POST /v1/chat/completions`` (non-streaming, ``n = 1``), ``GET /v1/models`` and
 ``GET /health`` on 127.0.0.1 with the standard library's threaded HTTP server. Requests
@@ -7,18 +7,17 @@ collects up to ``max_batch`` waiting requests (waiting at most ``batch_wait_s`` 
 and generates those with equal sampling settings as one batch through
 :class:`~memalpha.reader.local.LocalReader`.
 
-Use it to put a local reader or judge behind the ``openai`` reader backend, or to test
-that backend end to end::
+It lets the tests run memalpha's ``openai`` reader end to end on a CPU with no vLLM install
+(``tests/faulty_server.py`` injects faults through :meth:`ChatCompletionServer.intercept`).
+Users serve a reader with an inference engine (``vllm serve``; docs/real_model.md); this
+server is not part of the memalpha package. By hand::
 
-    python -m memalpha.reader.server --model smollm2-135m-instruct --port 8000
-    # reader: OpenAIReader(OpenAISettings(base_url="http://127.0.0.1:8000/v1", model="smollm2-135m-instruct"))
+    python -m memalpha_lab.reader_server --model smollm2-135m-instruct --port 8000
 
 With an API key (``api_key``, or ``--api-key-env NAME`` on the command line) every request
 must carry ``Authorization: Bearer <key>``; others get HTTP 401.
-
 :meth:`~ChatCompletionServer.start` after :meth:`~ChatCompletionServer.stop` serves again on the
-same port. :meth:`ChatCompletionServer.intercept` lets a subclass answer an authorised request
-itself before it is parsed (the tests' fault injection, ``tests/faulty_server.py``).
+same port.
 """
 
 from __future__ import annotations
@@ -367,7 +366,7 @@ class ChatCompletionServer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m memalpha.reader.server --model NAME_OR_PATH [--port 8000]``."""
+    """``python -m memalpha_lab.reader_server --model NAME_OR_PATH [--port 8000]``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="model name or folder")
     parser.add_argument("--served-name", default=None, help="name clients use (default: --model)")
