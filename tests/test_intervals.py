@@ -1,5 +1,5 @@
-"""memalpha.intervals against hand-computed numbers: closed forms of the t distribution,
-intervals worked out by hand, and the seed-level interval and bootstrap over seeds."""
+"""memalpha.intervals and memalpha_lab.seed_intervals against hand-computed numbers: closed forms
+of the t distribution, intervals worked out by hand, and the seed-level interval and bootstrap over seeds."""
 
 from __future__ import annotations
 
@@ -7,20 +7,16 @@ import math
 
 import pytest
 
-from memalpha.intervals import (
+from memalpha.intervals import incomplete_beta, mean_interval, paired_interval, t_cdf, t_quantile
+from memalpha_lab.seed_intervals import (
     equivalence,
-    incomplete_beta,
-    mean_interval,
     paired_differences_by_seed,
     paired_differences_from_pairs,
-    paired_interval,
     per_seed_means,
     percentile,
     seed_bootstrap_interval,
     seed_interval,
     seed_level_change,
-    t_cdf,
-    t_quantile,
     welch_interval,
 )
 

@@ -16,7 +16,7 @@ also prints each run's compute as the summary records it.
 The intervals, all 95 % and all paired per held-out instance (an instance's questions read one
 memory, so the instance is the unit):
 
-* **seed level** (the headline, ``seed_level``; :func:`memalpha.intervals.seed_level_change`):
+* **seed level** (the headline, ``seed_level``; :func:`memalpha_lab.seed_intervals.seed_level_change`):
   each seed's paired mean change ``A - B`` over its instances, then ``t``, the Student t
   interval over those per-seed means (``seeds - 1`` degrees of freedom), and ``bootstrap``, a
   two-level percentile bootstrap (seeds with replacement, then instances within each drawn seed).
@@ -47,9 +47,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from memalpha.intervals import mean_interval, paired_interval, seed_level_change
+from memalpha.intervals import mean_interval, paired_interval
 from memalpha.train.instance_scores import InstanceScores
 from memalpha_lab.common import RESULTS_DIR, command_line, print_table, write_text_atomically
+from memalpha_lab.seed_intervals import seed_level_change
 
 ARMS = ("grpo", "grpo_lr0", "sft_continued")
 START = "start"
@@ -137,7 +138,7 @@ def seeds_with(scores: Mapping[str, Any], arms: Sequence[str]) -> list[str]:
 
 def seed_level(differences: Mapping[str, Sequence[float]]) -> dict[str, Any] | None:
     """``{"seeds", "t", "bootstrap"}`` over the seeds in ``differences`` (``{seed: [a - b, ...]}``,
-    :func:`memalpha.intervals.seed_level_change` with its default resamples and random seed);
+    :func:`memalpha_lab.seed_intervals.seed_level_change` with its default resamples and random seed);
     None below 2 seeds."""
     if len(differences) < 2:
         return None

@@ -15,7 +15,7 @@ The rule (docs/results.md, "Pre-registered: does GRPO beat SFT continued for the
 
 * primary metric: local-reader ``accuracy``, ``grpo - sft_continued`` paired per held-out instance;
   each seed's paired mean change, then the 95 % Student t interval over the seeds (``seeds - 1``
-  degrees of freedom, :func:`memalpha.intervals.seed_interval`);
+  degrees of freedom, :func:`memalpha_lab.seed_intervals.seed_interval`);
 * guard: ``memory_share`` (an instance's final memory tokens over its input tokens) averaged over the
   held-out instances is at most :data:`GUARD_LIMIT` in every seed's ``grpo`` run (a policy that
   copies its input fails it);

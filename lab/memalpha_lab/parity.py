@@ -16,7 +16,7 @@ far as these runs go), so running a seed again adds no information: the store ke
 
 The statistic: each run's mean reward over its last ``window`` steps; per arm other than TRL,
 Welch's 95 % interval of (arm mean) - (TRL mean) over runs, and the verdict of
-:func:`memalpha.intervals.equivalence` against ``±margin``: ``equivalent`` (the check passes)
+:func:`memalpha_lab.seed_intervals.equivalence` against ``±margin``: ``equivalent`` (the check passes)
 only when the whole interval lies inside the margin. The check *discriminates* when memalpha
 passes and the never-updating arm does not. With fewer than :data:`MIN_STEPS` steps or
 :data:`MIN_RUNS` runs a side nothing passes: such a run is not a parity check.
@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from memalpha.intervals import equivalence, welch_interval
 from memalpha_lab.common import write_text_atomically
+from memalpha_lab.seed_intervals import equivalence, welch_interval
 
 ARMS = ("memalpha", "trl", "memalpha-lr0")
 REFERENCE = "trl"
