@@ -17,7 +17,9 @@ Layouts (``layout``; ``auto`` looks at the first record's fields):
   already decoded), ``num_chunks, num_questions``;
 * ``memoryagentbench``: one long ``context`` per record, parallel ``questions`` and
   ``answers`` lists (an answer may be a list of acceptable strings) and ``metadata.source``;
-  the context is cut into chunks of ``chunk_tokens`` tokens of ``tokenizer``.
+  the context is cut into chunks of ``chunk_tokens`` tokens of ``tokenizer``;
+* ``longmemeval``: a LongMemEval question record, its chat sessions one chunk each and its
+  answer sessions kept as the question's evidence (:mod:`memalpha.data.longmemeval`).
 
 A file with a bad record is refused as a whole; with ``skip_bad=True`` the bad records are
 skipped instead, each reported (logger ``memalpha.data``) with its reason and counted in
@@ -36,12 +38,13 @@ from typing import Any, Literal, get_args
 
 from memalpha.atomic_file import write_atomically
 from memalpha.data.chunking import DEFAULT_CHUNK_TOKENS, chunk_by_tokens
+from memalpha.data.longmemeval import parse_longmemeval_record
 from memalpha.data.schema import QA, DataValidationError, Instance, RecordChecker, parse_record
 from memalpha.data.wrapping import WRAP_STYLES, wrap_chunks
 
 logger = logging.getLogger("memalpha.data")
 
-Layout = Literal["auto", "jsonl", "memalpha", "memoryagentbench"]
+Layout = Literal["auto", "jsonl", "memalpha", "memoryagentbench", "longmemeval"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -92,7 +95,7 @@ def load_instances(
 
     Args:
         source: file, folder or hub dataset name.
-        layout: ``auto``, ``jsonl``, ``memalpha`` or ``memoryagentbench``.
+        layout: ``auto``, ``jsonl``, ``memalpha``, ``memoryagentbench`` or ``longmemeval``.
         tokenizer: tokenizer (object, or a model name / path for
             :func:`memalpha.lm.core.embedded.load_tokenizer`) used to chunk MemoryAgentBench contexts;
             required for that layout only.
@@ -350,6 +353,8 @@ def detect_layout(records: list[RawRecord], label: str) -> str:
             keys = set(raw.value)
             if "questions_and_answers" in keys:
                 return "memalpha"
+            if "haystack_sessions" in keys:
+                return "longmemeval"
             if "context" in keys and ("answers" in keys or "questions" in keys) and "chunks" not in keys:
                 return "memoryagentbench"
             return "jsonl"
@@ -364,6 +369,8 @@ def _record_parser(layout: str, *, tokenizer: Any, chunk_tokens: int) -> RecordP
         return lambda record, file, index: parse_record(record, file=file, index=index)
     if layout == "memalpha":
         return parse_memalpha_record
+    if layout == "longmemeval":
+        return parse_longmemeval_record
     if layout == "memoryagentbench":
         if chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")

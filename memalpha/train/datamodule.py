@@ -31,7 +31,7 @@ class LoadSettings:
     """How the data files are read (``data.load.*``).
 
     Args:
-        layout: ``auto``, ``jsonl``, ``memalpha`` or ``memoryagentbench``.
+        layout: ``auto``, ``jsonl``, ``memalpha``, ``memoryagentbench`` or ``longmemeval`` (docs/data.md).
         chunk_tokens: Chunk size in policy tokens for layouts that hold one long context (MemoryAgentBench).
         wrap: Wrap chunks as dated ``dialogue`` turns or dated ``reading`` events (``None`` keeps them as is).
         skip_bad: Skip (and report) malformed records instead of refusing the whole file.
