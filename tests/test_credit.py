@@ -21,7 +21,7 @@ from memalpha.agent.rollout import RolloutSettings, reader_questions, run_rollou
 from memalpha.cli import main
 from memalpha.data.schema import QA, DataValidationError, Instance, question_evidence
 from memalpha.data.synthetic import generate_synthetic
-from memalpha.grpo.advantages import CREDIT_SCHEMES, group_advantages
+from memalpha.grpo.advantages import CREDIT_SCHEMES, flat_group_share, group_advantages
 from memalpha.grpo.settings import UpdateSettings
 from memalpha.reader.extractive import ExtractiveReader
 from memalpha.tools.formats import get_call_format
@@ -57,6 +57,10 @@ def test_per_chunk_credit_compares_a_turn_with_the_same_turn_of_the_other_rollou
     assert per_chunk.tolist() == pytest.approx([1.0, 0.0, -1.0, 0.0], abs=1e-5)
     with pytest.raises(ValueError, match="turn rewards"):
         CREDIT_SCHEMES["per_chunk"].advantages(rewards, None, group_ids, turn_index)
+    # what teaches nothing: broadcast's one group has a spread; per_chunk's turn-1 group is flat
+    rows = (rewards, turn_rewards, group_ids, turn_index)
+    assert flat_group_share(*CREDIT_SCHEMES["broadcast"].compared(*rows)) == 0.0
+    assert flat_group_share(*CREDIT_SCHEMES["per_chunk"].compared(*rows)) == 0.5
 
 
 def test_the_setting_names_the_scheme_and_refuses_others():

@@ -86,31 +86,47 @@ CreditName = Literal["broadcast", "per_chunk"]
 class CreditScheme:
     """A credit-assignment scheme (``update.credit``; docs/metrics_and_rewards.md, "Credit"):
     whether the rollout must ask the reader after every memorising turn (``turn_answers``), and
-    how a round's rows become advantages (``advantages(rewards, turn_rewards, group_ids,
-    turn_index, scale)``, ``[N]`` tensors, ``turn_rewards`` None unless ``turn_answers``)."""
+    which rewards of a round it compares within which groups (``compared(rewards, turn_rewards,
+    group_ids, turn_index)``, ``[N]`` tensors, ``turn_rewards`` None unless ``turn_answers``:
+    the ``[N]`` rewards and each one's group label)."""
 
     name: str
     turn_answers: bool
-    advantages: Callable[..., torch.Tensor]
+    compared: Callable[..., tuple[torch.Tensor, list]]
+
+    def advantages(self, rewards, turn_rewards, group_ids, turn_index, scale: str = "group") -> torch.Tensor:
+        """The round's ``[N]`` advantages: :func:`group_advantages` of what the scheme compares."""
+        values, labels = self.compared(rewards, turn_rewards, group_ids, turn_index)
+        return group_advantages(values, labels, scale=scale)
 
 
-def broadcast_credit(rewards, turn_rewards, group_ids, turn_index, scale: str = "group") -> torch.Tensor:
+def broadcast_compared(rewards, turn_rewards, group_ids, turn_index) -> tuple[torch.Tensor, list]:
     """Mem-α's credit: every turn's ``R_t`` (the final accuracy ``r1`` broadcast to all turns) against
     all turn samples of its instance's rollouts."""
-    return group_advantages(rewards, group_ids, scale=scale)
+    return torch.as_tensor(rewards), torch.as_tensor(group_ids).tolist()
 
 
-def per_chunk_credit(rewards, turn_rewards, group_ids, turn_index, scale: str = "group") -> torch.Tensor:
+def per_chunk_compared(rewards, turn_rewards, group_ids, turn_index) -> tuple[torch.Tensor, list]:
     """Turn ``k``'s per-chunk reward (the accuracy its own turn added, scaled to the broadcast's
     total) against the same turn ``k`` of the other rollouts of its instance."""
     if turn_rewards is None:
         raise ValueError("per_chunk credit needs the turn rewards of a rollout asked after every turn")
     pairs = list(zip(torch.as_tensor(group_ids).tolist(), torch.as_tensor(turn_index).tolist(), strict=True))
-    return group_advantages(turn_rewards, pairs, scale=scale)
+    return torch.as_tensor(turn_rewards), pairs
+
+
+def flat_group_share(rewards: torch.Tensor, group_ids: torch.Tensor | Sequence) -> float:
+    """The share of groups whose rewards are all equal (or that have one member): their advantages
+    are 0, so they teach nothing (``train/frac_reward_zero_std``)."""
+    rewards = torch.as_tensor(rewards, dtype=torch.float64)
+    index = _group_index(group_ids, rewards.shape[0])
+    flat = [float(rewards[index == g].numel() < 2 or bool(rewards[index == g].std(unbiased=False) < 1e-6))
+            for g in range(int(index.max()) + 1)] if rewards.numel() else []  # fmt: skip
+    return sum(flat) / len(flat) if flat else 0.0
 
 
 CREDIT_SCHEMES: dict[str, CreditScheme] = {
-    "broadcast": CreditScheme("broadcast", turn_answers=False, advantages=broadcast_credit),
-    "per_chunk": CreditScheme("per_chunk", turn_answers=True, advantages=per_chunk_credit),
+    "broadcast": CreditScheme("broadcast", turn_answers=False, compared=broadcast_compared),
+    "per_chunk": CreditScheme("per_chunk", turn_answers=True, compared=per_chunk_compared),
 }
 """Each ``update.credit`` name's scheme: a new scheme is one function and one entry."""

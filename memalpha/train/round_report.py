@@ -7,19 +7,28 @@ TRL/verl conventions listed in ``docs/quickstart.md``.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import torch
 
 from memalpha.agent.rollout import RolloutOutput, RolloutRecord
+from memalpha.grpo.advantages import flat_group_share
 
 
-def round_metrics(out: RolloutOutput, rewards: torch.Tensor, group_ids: torch.Tensor) -> dict[str, float]:
+def round_metrics(
+    out: RolloutOutput,
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    compared: tuple[torch.Tensor, Sequence] | None = None,
+) -> dict[str, float]:
     """Reward, reward spread, response, tool-call, reward-term, memory, fact-recall, reader-failure
     and timing metrics of one round.
 
     ``rewards`` and ``group_ids`` are the ``[N]`` per-sample rewards and group labels of
-    ``out.samples``; ``train/frac_reward_zero_std`` is the share of groups whose rewards are all
-    equal (their advantages are 0: they teach nothing). ``reader/failures`` counts the round's
+    ``out.samples``; ``compared`` the rewards the credit scheme compares and their groups
+    (:class:`~memalpha.grpo.advantages.CreditScheme`; ``(rewards, group_ids)`` when None, as
+    ``broadcast`` compares): ``train/frac_reward_zero_std`` is the share of those groups whose
+    rewards are all equal (their advantages are 0: they teach nothing). ``reader/failures`` counts the round's
     questions that scored 0 because the reader's answer or its judgement failed (after retries);
     ``reader/failed_calls`` every failed reader request of the round, content judgements included.
     ``train/fact_recall`` is the mean fact recall of the round's rollouts whose instance knows its
@@ -31,10 +40,6 @@ def round_metrics(out: RolloutOutput, rewards: torch.Tensor, group_ids: torch.Te
     ``train/turn_reward`` the mean per-chunk reward).
     """
     samples, records = out.samples, out.records
-    zero_std = []
-    for group in group_ids.unique():
-        member = rewards[group_ids == group]
-        zero_std.append(float(member.numel() < 2 or member.std(unbiased=False) < 1e-6))
     calls = sum(s.num_calls for s in samples)
     lengths = [len(s.response_ids) for s in samples]
     recalls = [r.fact_recall for r in records if r.fact_recall is not None]
@@ -49,7 +54,7 @@ def round_metrics(out: RolloutOutput, rewards: torch.Tensor, group_ids: torch.Te
         **known,
         "train/reward": rewards.mean().item(),
         "train/reward_std": rewards.std(unbiased=False).item(),
-        "train/frac_reward_zero_std": sum(zero_std) / len(zero_std),
+        "train/frac_reward_zero_std": flat_group_share(*(compared or (rewards, group_ids))),
         "train/response_length": sum(lengths) / len(lengths),
         "train/truncated_ratio": sum(s.truncated for s in samples) / len(samples),
         "train/tool_calls_per_turn": calls / len(samples),

@@ -294,7 +294,8 @@ def collect_round(
             " model.update.num_mini_batches"
         )
     rows = Samples.of(samples)
-    metrics = round_metrics(out, rows.rewards, rows.group_ids)
+    compared = update.credit_scheme.compared(rows.rewards, rows.turn_rewards, rows.group_ids, rows.turn_index)
+    metrics = round_metrics(out, rows.rewards, rows.group_ids, compared)
     failures = ReaderFailures.of(out.records).summed(ranks)
     if reader_gate is not None and not reader_gate.answered(failures, where):
         return Round(out, [], {**metrics, "train/skipped_reader_round": 1.0}, refused=True)
