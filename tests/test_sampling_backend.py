@@ -127,6 +127,27 @@ def test_every_backend_gives_the_same_greedy_tokens(policy):
     assert runs["cpu-fused"] == runs["growing-cache"] == runs["hf-generate"]
 
 
+def test_hf_generate_starts_from_the_shared_prefix_computed_once(policy, monkeypatch):
+    """``hf-generate`` is given the batch's prompt cache (the shared prefix computed once, repeated
+    prompts once) and samples what it samples from scratch."""
+    model, tokenizer = policy
+    prompts = [[5, 6, 7, 8, 9, 10], [5, 6, 7, 8, 11], [5, 6, 7, 8, 9, 10]]
+    given = []
+    plain_generate = model.generate
+
+    def spy(*args, **kwargs):
+        cache = kwargs.get("past_key_values")
+        given.append(None if cache is None else (cache.get_seq_length(), kwargs["input_ids"].shape[1]))
+        return plain_generate(*args, **kwargs)
+
+    monkeypatch.setattr(model, "generate", spy)
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "backend": "hf-generate", "eos_token_id": 10_000}
+    shared = generate(model, tokenizer, prompts, **kwargs).response_ids
+    alone = generate(model, tokenizer, prompts, share_prefix=False, **kwargs).response_ids
+    assert given == [(5, 6), None]  # every prompt column but the last came pre-filled
+    assert shared == alone
+
+
 def test_the_graph_needs_a_cuda_model(policy):
     """Named, ``cuda-graph`` runs captured or not at all: a model on the CPU is refused with the
     setting's name (its eager form is tests/test_graph_decode.py's, called directly)."""

@@ -17,7 +17,8 @@ backend            what runs                                                    
                    bases dequantised) (:mod:`memalpha.lm.sampling.graph_decode`)
 ``growing-cache``  the model's layers over a cache that grows in place, ended     plain-attention decoders
                    rows leaving the batch (:mod:`memalpha.lm.sampling.growing_cache`)
-``hf-generate``    ``transformers``' ``model.generate``                           any causal LM
+``hf-generate``    ``transformers``' ``model.generate``, from the prompts' shared    any causal LM
+                   prefix pre-filled once where the decoder can share a cache
 =================  =============================================================  ==========================
 
 One name is one path. ``cpu-fused`` and ``cuda-graph`` sample from a copy of the weights with the

@@ -180,8 +180,9 @@ def generate(
             cache = prompt_cache(decoder, padded, chunk, prefix) if share_prefix else None
             room = growing_cache(decoder, padded.input_ids.shape[1] + max_new_tokens, cache)
             return decode(decoder, head, model_config, padded, room, **limits)
+        cache = prompt_cache(decoder, padded, chunk, prefix) if share_prefix else None
         return _hf_generate(
-            model, padded, eos_ids, pad_id, max_new_tokens, do_sample, temperature, top_k, top_p
+            model, padded, cache, eos_ids, pad_id, max_new_tokens, do_sample, temperature, top_k, top_p
         )
 
     step = batch_size or max(len(prompt_ids), 1)
@@ -225,12 +226,13 @@ def sampler_for(
 
 
 def _hf_generate(
-    model, padded: PaddedBatch, eos_ids: list[int], pad_id: int, max_new_tokens: int,
+    model, padded: PaddedBatch, cache, eos_ids: list[int], pad_id: int, max_new_tokens: int,
     do_sample: bool, temperature: float, top_k: int, top_p: float,
 ) -> tuple[list[list[int]], list[bool]]:
-    """``model.generate`` on one laid-out batch (the ``hf-generate`` backend: decoders the other
-    loops do not take, which share no cache either:
-    :func:`~memalpha.lm.core.prefix_cache.can_share_cache`)."""
+    """``model.generate`` on one laid-out batch (the ``hf-generate`` backend), given ``cache``: the
+    batch's prompt columns but the last, pre-filled with the shared prefix computed once
+    (:func:`~memalpha.lm.core.prefix_cache.prompt_cache`), or None, where nothing is shared or the
+    decoder cannot share (:func:`~memalpha.lm.core.prefix_cache.can_share_cache`)."""
     from transformers import GenerationConfig
 
     sampling = (
@@ -243,7 +245,8 @@ def _hf_generate(
         **sampling,
     )
     sequences = model.generate(
-        input_ids=padded.input_ids, attention_mask=padded.attention_mask, generation_config=config
+        input_ids=padded.input_ids, attention_mask=padded.attention_mask, generation_config=config,
+        **({} if cache is None else {"past_key_values": cache}),
     )
     kept, cut = [], []
     for tokens in sequences[:, padded.input_ids.shape[1] :].tolist():
