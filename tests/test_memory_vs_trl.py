@@ -28,6 +28,11 @@ def done_run_folder(run: Path) -> None:
 def test_a_done_seed_gets_the_same_job_on_both_sides_and_its_summary(tmp_path):
     run = tmp_path.resolve() / "run"
     done_run_folder(run)
+    turns = [{"truncated": True, "results": [{"status": "error"}]},
+             {"truncated": False, "results": [{"status": "ok"}, {"status": "ok"}]}]
+    report = run / "validate" / "seed0_memalpha" / "validation.json"
+    (record,) = json.loads(report.read_text())["records"]
+    report.write_text(json.dumps({"records": [{**record, "memory_tokens": 30, "turns": turns}]}))
     out = tmp_path / "results" / "memory_vs_trl.json"
     done = study("memory_vs_trl.py", "--reuse", "--seeds", "0", "--run-dir", str(run), "--out", str(out))
     assert done.returncode == 0, done.stderr
@@ -46,3 +51,7 @@ def test_a_done_seed_gets_the_same_job_on_both_sides_and_its_summary(tmp_path):
     assert summary["memalpha"]["tokens_per_step_s"] == pytest.approx(10.0)  # 400 tokens in 40 s
     assert summary["trl"]["peak_rss_mib"] == 900.0
     assert summary["trl"]["reward_per_step"] == [[0.25, 0.5]]
+    held_out = json.loads(out.read_text())["held_out"]
+    assert set(held_out) == {"start", "seed0_memalpha", "seed0_trl"}
+    assert held_out["seed0_trl"] == {"tool_success": None, "memory_tokens": 10.0, "turns_cut": None}
+    assert held_out["seed0_memalpha"] == {"tool_success": 0.6667, "memory_tokens": 30.0, "turns_cut": 0.5}

@@ -58,10 +58,10 @@ from decisive import parse_args as decisive_args
 
 from memalpha.train.demo_summary import event_scalars
 from memalpha_lab.arm_configs import tag
-from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, print_table, write_json
+from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, load_records, print_table, write_json
 from memalpha_lab.compute import measured
 from memalpha_lab.control_arms_report import START, compare
-from memalpha_lab.decisive_plan import collect_scores, recipe_config
+from memalpha_lab.decisive_plan import collect_scores, recipe_config, validated
 from memalpha_lab.recipe_configs import load_yaml, write_yaml
 
 SIDES = ("memalpha", "trl")
@@ -130,11 +130,34 @@ class MemoryVsTrl(Decisive):
         result = {"benchmark": "memory_vs_trl", "command": command_line(), "settings": settings(args),
                   "runs": runs, "sides": summarise(runs),
                   "accuracy": compare(scores, "memalpha", "trl", "accuracy"),
-                  "instance_scores": scores, "wall_s": round(time.perf_counter() - self.started, 1)}
+                  "held_out": held_out(self.run_dir, args.seed_list), "instance_scores": scores,
+                  "wall_s": round(time.perf_counter() - self.started, 1)}
         write_json(result, args.out, machine=self.machine)
         if runs:
             plot(result, args.out.with_suffix(".png"))
         return result
+
+
+def held_out(run_dir: Path, seeds: list[int]) -> dict[str, dict[str, float | None]]:
+    """What each validation's records say besides accuracy, per run (the start, then ``seed<s>_<side>``):
+    the share of tool calls that succeeded, the final memory's tokens and the share of memorising turns
+    cut at ``rollout.max_new_tokens`` (None where a report holds no call or no turn)."""
+
+    def share(hits: list[bool]) -> float | None:
+        return round(sum(hits) / len(hits), 4) if hits else None
+
+    out = {}
+    for name in [START, *(tag(s, side) for s in seeds for side in SIDES)]:
+        if (report := validated(run_dir, name)) is None:
+            continue
+        records = load_records(report)
+        turns = [turn for record in records for turn in record["turns"]]
+        out[name] = {
+            "tool_success": share([result["status"] == "ok" for turn in turns for result in turn["results"]]),
+            "memory_tokens": round(sum(r["memory_tokens"] for r in records) / len(records), 1),
+            "turns_cut": share([turn["truncated"] for turn in turns]),
+        }
+    return out
 
 
 def memalpha_steps(folder: Path) -> list[dict[str, float]]:
