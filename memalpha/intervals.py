@@ -101,8 +101,9 @@ def mean_interval(values: Sequence[float], level: float = 0.95) -> dict[str, flo
     if n == 0:
         raise ValueError("no values")
     mean = sum(values) / n
-    spread = 0.0 if n == 1 else math.sqrt(sample_variance(values, mean) / n)
-    half = 0.0 if n == 1 else t_quantile(0.5 + level / 2.0, n - 1) * spread
+    half = 0.0
+    if n > 1:
+        half = t_quantile(0.5 + level / 2.0, n - 1) * math.sqrt(sample_variance(values, mean) / n)
     return {"mean": mean, "half_width": half, "low": mean - half, "high": mean + half, "n": n}
 
 
