@@ -8,6 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
+import torch
 
 
 @pytest.fixture(scope="session")
@@ -170,3 +171,30 @@ def small_vocab_model_dir(tmp_path_factory, tokenizer):
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)  # only its eos/pad ids (2, 0) are used; prompts are raw ids < 8
     return str(path)
+
+
+def loop_generate(model, tokenizer, prompts, *, max_new_tokens, eos_token_id, seed=None, do_sample=True,
+                  temperature=1.0, top_k=0, top_p=1.0):
+    """The reference loop's responses (:mod:`memalpha_lab.growing_cache`, the model as loaded, the
+    plain left-padded batch): its draws are ``next_tokens``' one per live row per step, as the
+    fused and the graph steps draw them, so seeded samples compare token for token."""
+    from types import SimpleNamespace
+
+    from memalpha.lm.core.layout import pad_prompt_response
+    from memalpha.lm.core.modes import eval_mode
+    from memalpha.lm.core.prefix_cache import split_decoder_and_head
+    from memalpha.lm.sampling.filters import next_tokens
+    from memalpha_lab.growing_cache import decode, growing_cache
+
+    decoder, head, config = split_decoder_and_head(model)
+    batch = pad_prompt_response(prompts, [[] for _ in prompts], tokenizer.pad_token_id)
+    with eval_mode(model), torch.no_grad(), torch.random.fork_rng(enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        room = growing_cache(decoder, batch.input_ids.shape[1] + max_new_tokens)
+        tokens, cut = decode(
+            decoder, head, config, batch, room, max_new_tokens=max_new_tokens, eos_ids=[eos_token_id],
+            pick=lambda logits: next_tokens(logits, do_sample=do_sample, temperature=temperature,
+                                            top_k=top_k, top_p=top_p),
+        )  # fmt: skip
+    return SimpleNamespace(response_ids=tokens, truncated=cut)

@@ -24,7 +24,7 @@ Probes:
   :func:`memalpha.lm.sampling.generation.generate` call's backend, folding and caller
   (``announce_as``).
 - ``restored``: whether the functions and switches a benchmark swaps while it times a path
-  (``generation.decode``, ``logprobs.streams_head``, ...) are the originals again after the run.
+  (``generation._hf_generate``, ``logprobs.streams_head``, ...) are the originals again after the run.
 - ``writes``: every report :func:`memalpha_lab.common.write_json` writes, as written then.
 """
 
@@ -129,7 +129,7 @@ def _probe_step() -> Callable[[], None]:
 
 
 SWAPPED = (
-    ("memalpha.lm.sampling.generation", "decode"),
+    ("memalpha.lm.sampling.generation", "_hf_generate"),
     ("memalpha.lm.sampling.generation", "fused_decode"),
     ("memalpha.lm.sampling.generation", "FusedDecoder"),
     ("memalpha.lm.sampling.generation", "next_tokens"),

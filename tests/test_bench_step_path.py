@@ -34,10 +34,10 @@ def runs(tmp_path_factory, tokenizer, tiny_model_dir):
     adapter = export_adapter(policy, policy_tokenizer, tmp / "start")
     bench = "experiments/bench"
     done = run_probed(tmp, [
-        Run(f"{bench}/bench_rollout.py", ["--smoke", "--model", model_dir, "--backend", "growing-cache",
+        Run(f"{bench}/bench_rollout.py", ["--smoke", "--model", model_dir, "--backend", "hf-generate",
                                           "--adapter-path", adapter, "--kl-reference", "start",
                                           "--out", tmp / "rollout.json"]),
-        Run(f"{bench}/bench_scale.py", ["--smoke", "--backend", "growing-cache",
+        Run(f"{bench}/bench_scale.py", ["--smoke", "--backend", "hf-generate",
                                         "--out", tmp / "scale.json"]),
         Run(f"{bench}/profile_grpo_step.py", ["--model", tiny_model_dir, "--out", tmp / "profile.json"]),
         Run(f"{bench}/bench_update.py", ["--model", model_dir, "--max-new-tokens", "4", "--repeats", "1",
@@ -55,13 +55,13 @@ def runs(tmp_path_factory, tokenizer, tiny_model_dir):
 def test_bench_rollout_takes_the_modules_step_with_its_reference_and_backend(runs):
     rollout = runs["bench_rollout"]
     calls, sampled = rollout["calls"], rollout["generate"]
-    assert rollout["report"]["settings"]["backend"] == "growing-cache"
+    assert rollout["report"]["settings"]["backend"] == "hf-generate"
     # the reference comes from reference_weights (update.kl_reference), not a bare disable_adapter()
     assert calls["reference_weights"] == 1 and calls["accumulate_grpo_gradients"] == 1
     assert calls["optimizer_step"] == 1
     policy = {backend for backend, who in sampled if who == "sampling"}
     reader = {backend for backend, who in sampled if who == "reader"}
-    assert policy == {"growing-cache"} and reader == {"growing-cache"}
+    assert policy == {"hf-generate"} and reader == {"hf-generate"}
 
 
 def test_bench_rollout_reference_is_the_starting_adapter_under_kl_reference_start(runs):
@@ -76,7 +76,7 @@ def test_bench_scale_and_profile_and_update_go_through_the_step(runs):
     scale = runs["bench_scale"]
     assert scale["calls"]["reference_weights"] == 1 and scale["calls"]["accumulate_grpo_gradients"] == 1
     assert scale["calls"]["optimizer_step"] == 1
-    assert [s[0] for s in scale["generate"]] == ["growing-cache"]
+    assert [s[0] for s in scale["generate"]] == ["hf-generate"]
 
     profile = runs["profile_grpo_step"]["calls"]  # a warm-up step and the profiled one
     assert profile["reference_weights"] == 2 and profile["accumulate_grpo_gradients"] == 2

@@ -17,7 +17,7 @@ from conftest import (
 from memalpha.lm.core.prefix_cache import SharedPrefix, full_attention_layers, split_decoder_and_head
 from memalpha.lm.sampling.filters import draw, filter_logits, next_tokens
 from memalpha.lm.sampling.generation import generate
-from memalpha.lm.sampling.growing_cache import GrowingLayer, growing_cache
+from memalpha_lab.growing_cache import GrowingLayer, growing_cache
 
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]
 PROMPTS = [SYSTEM + [20, 21, 22], SYSTEM + [20, 21, 22], SYSTEM + [30], SYSTEM + [30], SYSTEM + [40, 41]]

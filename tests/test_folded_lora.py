@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import build_tiny_model_dir, randomise_lora_b
+from conftest import build_tiny_model_dir, loop_generate, randomise_lora_b
 
 from memalpha.lm.core.folded_lora import folded_adapters
-from memalpha.lm.sampling.generation import generate
 
 PROMPTS = [[11, 12, 13, 14, 20, 21], [11, 12, 13, 14, 30], [11, 12, 13, 14, 40, 41, 42]]
 
@@ -60,14 +59,14 @@ def test_an_exception_inside_the_block_restores_the_layers(peaked_policy):
 
 
 def test_folded_sampling_gives_the_same_tokens(peaked_policy):
-    """The loop over the model as loaded and over folded weights (what cuda-graph samples from)."""
+    """The reference loop over the model as loaded and over folded weights (what cuda-graph samples from)."""
     model, tokenizer = peaked_policy
-    kwargs = {"max_new_tokens": 8, "eos_token_id": 10_000, "backend": "growing-cache"}
+    kwargs = {"max_new_tokens": 8, "eos_token_id": 10_000}
 
     def both(**options):
-        plain = generate(model, tokenizer, PROMPTS, **options, **kwargs)
+        plain = loop_generate(model, tokenizer, PROMPTS, **options, **kwargs)
         with folded_adapters(model):
-            folded = generate(model, tokenizer, PROMPTS, **options, **kwargs)
+            folded = loop_generate(model, tokenizer, PROMPTS, **options, **kwargs)
         return plain.response_ids, folded.response_ids
 
     plain, folded = both(do_sample=False)

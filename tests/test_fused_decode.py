@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import build_tiny_model_dir, early_end_token, model_generate_path
+from conftest import build_tiny_model_dir, early_end_token, loop_generate, model_generate_path
 
 from memalpha.lm.core.folded_lora import folded_adapters
 from memalpha.lm.core.layout import additive_mask
@@ -100,9 +100,9 @@ def test_seeded_samples_equal_the_unfolded_paths(peaked_policy, monkeypatch):
         "top_p": 0.95,
     }
     fused = generate(model, tokenizer, PROMPTS, backend="cpu-fused", **kwargs)
-    own_loop = generate(model, tokenizer, PROMPTS, backend="growing-cache", **kwargs)
+    own_loop = loop_generate(model, tokenizer, PROMPTS, **kwargs)
     with folded_adapters(model):  # the loop over single linear layers of folded weights, as cuda-graph runs
-        folded_layers = generate(model, tokenizer, PROMPTS, backend="growing-cache", **kwargs)
+        folded_layers = loop_generate(model, tokenizer, PROMPTS, **kwargs)
     assert fused.response_ids == own_loop.response_ids == folded_layers.response_ids
 
 

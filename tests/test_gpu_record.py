@@ -197,7 +197,7 @@ def test_the_probe_records_announced_choices_and_captures_per_phase(monkeypatch)
     phase = {"now": None}
     with backend_probe.BackendProbe(lambda: phase["now"]) as probe:
         announce(object(), BackendChoice("cuda-graph", "auto on cuda"), who="sampling")
-        announce(object(), BackendChoice("growing-cache", "fold off"), who="reader")
+        announce(object(), BackendChoice("hf-generate", "fold off"), who="reader")
         phase["now"] = "generate"  # a bench names its phase so: still the policy's sampling
         graph_decode.decode("decoder", capture=True)
         graph_decode.decode("decoder", capture=False)  # one batch fell back to eager
@@ -210,7 +210,7 @@ def test_the_probe_records_announced_choices_and_captures_per_phase(monkeypatch)
         "decode_calls": 2,
         "source": "announced",
     }
-    assert summary["reader"] == {**summary["reader"], "backend": "growing-cache", "captured": False}
+    assert summary["reader"] == {**summary["reader"], "backend": "hf-generate", "captured": False}
     assert logging.getLogger(backend_probe.LOGGER).handlers == []
 
 

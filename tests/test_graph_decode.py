@@ -16,6 +16,7 @@ from conftest import (
     assert_follows_the_models_distribution,
     build_tiny_model_dir,
     early_end_token,
+    loop_generate,
     model_generate_path,
     randomise_lora_b,
 )
@@ -307,8 +308,8 @@ def forced_logits(run, steps: int, rows: int, seed: int = 0) -> list[torch.Tenso
 
 
 def reference_logits(model, tokenizer, prompts, steps: int) -> list[torch.Tensor]:
-    """The growing-cache loop's teacher-forced logits over the plain left-padded batch."""
-    from memalpha.lm.sampling import growing_cache
+    """The reference loop's (memalpha_lab.growing_cache) teacher-forced logits, plain left-padded batch."""
+    from memalpha_lab import growing_cache
 
     decoder, head, config = split_decoder_and_head(model.eval())
     batch = pad_prompt_response(prompts, [[] for _ in prompts], tokenizer.pad_token_id)
@@ -337,7 +338,7 @@ def graph_logits(model, tokenizer, prompts, steps: int, *, bucket_columns, share
 
 
 @pytest.mark.parametrize("bucket_columns", [None, 1, 4, 5])
-def test_bucketed_steps_give_the_growing_cache_loops_logits_in_float64(peaked_policy, bucket_columns):
+def test_bucketed_steps_give_the_reference_loops_logits_in_float64(peaked_policy, bucket_columns):
     """Teacher-forced, every step's logits equal the reference loop's to float64 rounding, while
     the steps attend over a few widths only, each a bucket of the filled length, in order."""
     model, tokenizer = peaked_policy
@@ -391,14 +392,14 @@ def test_shared_prompts_prefilled_once_give_the_unshared_logits_in_float64(
 def test_buckets_and_shared_prompts_keep_seeded_samples_and_generates_tokens(peaked_policy):
     """Seeded samples through small buckets and shared prompts are the reference loop's; and
     ``graph_decode.sample`` with ``generate``'s own in-graph filters and seeding (what the named
-    backend runs on CUDA) gives the growing cache's tokens."""
+    backend runs on CUDA) gives the reference loop's tokens."""
     model, tokenizer = peaked_policy
     prompts = PROMPTS[:2] * 2 + PROMPTS[2:]
     end = early_end_token(model, tokenizer, prompts, others_from=1, all_others=False)
     kwargs = {"max_new_tokens": 12, "eos_token_id": end, "seed": 7, "temperature": 1.3, "top_k": 40,
               "top_p": 0.95}
     ours, cut = graph_sample(model, tokenizer, prompts, bucket_columns=3, **kwargs)
-    theirs = generate(model, tokenizer, prompts, backend="growing-cache", **kwargs)
+    theirs = loop_generate(model, tokenizer, prompts, **kwargs)
     assert ours == theirs.response_ids and cut == theirs.truncated
     in_graph, in_graph_cut = graph_sample(model, tokenizer, prompts, in_graph=True, **kwargs)
     assert in_graph == theirs.response_ids and in_graph_cut == theirs.truncated
@@ -408,7 +409,7 @@ def test_buckets_and_shared_prompts_keep_seeded_samples_and_generates_tokens(pea
 
 
 @pytest.mark.parametrize("eos_check_steps", [1, 3, graph_decode.EOS_CHECK_STEPS])
-def test_in_graph_greedy_tokens_equal_the_growing_cache_loops_while_rows_end_apart(peaked_policy,
+def test_in_graph_greedy_tokens_equal_the_reference_loops_while_rows_end_apart(peaked_policy,
                                                                                    eos_check_steps):
     """Rows that end keep running inside a chunk; their tokens after the end are cut on the host."""
     model, tokenizer = peaked_policy
@@ -416,14 +417,14 @@ def test_in_graph_greedy_tokens_equal_the_growing_cache_loops_while_rows_end_apa
     kwargs = {"max_new_tokens": 10, "do_sample": False, "eos_token_id": end}
     ours, cut = graph_sample(model, tokenizer, PROMPTS, in_graph=True, eos_check_steps=eos_check_steps,
                              bucket_columns=4, **kwargs)
-    theirs = generate(model, tokenizer, PROMPTS, backend="growing-cache", **kwargs)
+    theirs = loop_generate(model, tokenizer, PROMPTS, **kwargs)
     assert ours == theirs.response_ids and cut == theirs.truncated
     lengths = [len(r) for r in ours]
     assert min(lengths) < max(lengths) == 10 and ours[0][-1] == end
 
 
 @pytest.mark.parametrize("eos_check_steps", [1, 3, 5, graph_decode.EOS_CHECK_STEPS])
-def test_in_graph_seeded_samples_equal_the_growing_cache_loops_while_rows_end(peaked_policy, eos_check_steps):
+def test_in_graph_seeded_samples_equal_the_reference_loops_while_rows_end(peaked_policy, eos_check_steps):
     """The live rows take the variates the reference loop draws for them, across chunks whose
     variates were drawn before the rows ended: the same tokens, seeded, rows ending or not."""
     model, tokenizer = peaked_policy
@@ -433,7 +434,7 @@ def test_in_graph_seeded_samples_equal_the_growing_cache_loops_while_rows_end(pe
     stats: dict = {}
     ours, cut = graph_sample(model, tokenizer, prompts, in_graph=True, eos_check_steps=eos_check_steps,
                              bucket_columns=3, stats=stats, **kwargs)
-    theirs = generate(model, tokenizer, prompts, backend="growing-cache", **kwargs)
+    theirs = loop_generate(model, tokenizer, prompts, **kwargs)
     assert ours == theirs.response_ids and cut == theirs.truncated
     lengths = [len(r) for r in ours]
     assert min(lengths) < 6 and max(lengths) == 14, "some rows should end early, some never"
@@ -457,7 +458,7 @@ def test_a_compiled_step_traces_whole_once_per_width_and_samples_the_same(peaked
     ours, cut = graph_sample(model, tokenizer, prompts, in_graph=in_graph, bucket_columns=1, stats=stats,
                              compile_backend=counter, **kwargs)
     torch._dynamo.reset()
-    theirs = generate(model, tokenizer, prompts, backend="growing-cache", **kwargs)
+    theirs = loop_generate(model, tokenizer, prompts, **kwargs)
     assert ours == theirs.response_ids and cut == theirs.truncated
     assert len(stats["widths"]) > 8 and counter.frame_count == len(stats["widths"])
 
@@ -475,7 +476,7 @@ def test_compile_limits_leave_room_for_every_width_and_refuse_a_silent_fall_back
 def sampled_end_token(model, tokenizer, prompts, kwargs) -> int:
     """A token that row 0 samples (seeded by ``kwargs``) at its second to fifth step, and half the
     rows or more never sample: as the end token it makes some rows end early and others run out."""
-    free = generate(model, tokenizer, prompts, eos_token_id=NEVER, backend="growing-cache", **kwargs)
+    free = loop_generate(model, tokenizer, prompts, eos_token_id=NEVER, **kwargs)
     rows = free.response_ids
     for step in range(1, 5):
         token = rows[0][step]

@@ -288,7 +288,7 @@ def test_openai_reader_timeout_and_server_errors(server):
     assert not dead.answer(item)[0].ok and dead.failures == 1
 
 
-@pytest.mark.parametrize("backend", ["auto", "cpu-fused", "growing-cache", "hf-generate"])
+@pytest.mark.parametrize("backend", ["auto", "cpu-fused", "hf-generate"])
 def test_the_local_reader_samples_through_the_policys_backends_with_the_adapters_off(
     peaked_policy, backend, caplog, monkeypatch
 ):
@@ -302,9 +302,9 @@ def test_the_local_reader_samples_through_the_policys_backends_with_the_adapters
     model, tokenizer = peaked_policy
     prompts = ["Where does Anna live?", "What is the capital of Norway? Answer in one word.", "Locker 1?"]
     kwargs = {"max_new_tokens": 6, "batch_size": 2}
-    base = LocalReader(model, tokenizer, backend="growing-cache", **kwargs)
+    base = LocalReader(model, tokenizer, backend="hf-generate", **kwargs)
     expected = [a.text for a in base.complete(prompts)]
-    adapted = LocalReader(model, tokenizer, disable_adapters=False, backend="growing-cache", **kwargs)
+    adapted = LocalReader(model, tokenizer, disable_adapters=False, backend="hf-generate", **kwargs)
     assert [a.text for a in adapted.complete(prompts)] != expected  # (the adapter does change the answers)
 
     reader = LocalReader(model, tokenizer, backend=backend, **kwargs)

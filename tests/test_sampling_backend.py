@@ -31,7 +31,7 @@ def policy(tiny_model_dir):
 
 def test_auto_on_the_cpu_takes_the_fused_step(policy):
     model, _ = policy
-    assert candidates(model) == ["cpu-fused", "growing-cache", "hf-generate"]
+    assert candidates(model) == ["cpu-fused", "hf-generate"]
     choice = choose_backend(model, "auto")
     assert choice.name == "cpu-fused" and choice.reason == "auto on cpu"
 
@@ -43,7 +43,7 @@ def test_auto_says_what_the_better_backends_lacked(policy):
         choice = choose_backend(model, "auto")
     finally:
         model.to(torch.float32)
-    assert choice.name == "growing-cache"
+    assert choice.name == "hf-generate"
     assert "cpu-fused: the weights are torch.bfloat16" in choice.reason
 
 
@@ -61,7 +61,9 @@ def test_a_named_backend_that_cannot_run_is_an_error_naming_the_setting(policy):
 
 
 def test_one_setting_names_the_backend():
-    assert RolloutSettings(backend="growing-cache").backend == "growing-cache"
+    assert RolloutSettings(backend="hf-generate").backend == "hf-generate"
+    with pytest.raises(ValueError, match=r"rollout.backend must be one of \['auto'"):
+        RolloutSettings(backend="growing-cache")  # retired (docs/results.md, bench_cpu_decoders)
     with pytest.raises(ValueError, match=r"rollout.backend must be one of \['auto'"):
         RolloutSettings(backend="hf")
     assert SAMPLING_BACKENDS[0] == "auto" and "vllm" in BACKENDS and "vllm" not in SAMPLING_BACKENDS
@@ -89,7 +91,7 @@ def test_a_named_fused_step_that_declines_the_weights_is_an_error_and_auto_choos
     said = [r.getMessage() for r in caplog.records]
     assert said[0].startswith("sampling backend: cpu-fused -- auto on cpu"), said
     assert said[1].startswith(
-        "sampling backend: growing-cache -- auto on cpu (not cpu-fused: the fused step declined"
+        "sampling backend: hf-generate -- auto on cpu (not cpu-fused: the fused step declined"
     )
 
 
@@ -111,10 +113,10 @@ def test_sliding_window_decoders_go_to_model_generate(tmp_path, tokenizer):
     MistralForCausalLM(config).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     model, _ = load_policy(str(tmp_path), lora=LoraSettings(r=2, alpha=4))
-    assert why_not("growing-cache", model) is not None
+    assert why_not("cpu-fused", model) is not None
     assert choose_backend(model, "auto").name == "hf-generate"
-    with pytest.raises(ValueError, match="sliding-window"):
-        choose_backend(model, "growing-cache")
+    with pytest.raises(ValueError, match="rollout.backend='cpu-fused' cannot sample"):
+        choose_backend(model, "cpu-fused")
 
 
 def test_every_backend_gives_the_same_greedy_tokens(policy):
@@ -122,9 +124,9 @@ def test_every_backend_gives_the_same_greedy_tokens(policy):
     runs = {
         backend: generate(model, tokenizer, PROMPTS, max_new_tokens=6, do_sample=False,
                           backend=backend, eos_token_id=10_000).response_ids
-        for backend in ("cpu-fused", "growing-cache", "hf-generate")
+        for backend in ("cpu-fused", "hf-generate")
     }
-    assert runs["cpu-fused"] == runs["growing-cache"] == runs["hf-generate"]
+    assert runs["cpu-fused"] == runs["hf-generate"]
 
 
 def test_hf_generate_starts_from_the_shared_prefix_computed_once(policy, monkeypatch):
@@ -164,9 +166,9 @@ def test_naming_cuda_graph_without_cuda_stops_when_the_setting_is_read():
 
 def test_the_choice_is_logged_once_per_model(policy, caplog):
     model, _ = policy
-    choice = choose_backend(model, "growing-cache")
+    choice = choose_backend(model, "hf-generate")
     with caplog.at_level(logging.INFO, logger="memalpha.lm.sampling.backend"):
         announce(model, choice, who="a test")
         announce(model, choice, who="a test")
     lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["a test backend: growing-cache -- named by rollout.backend"]
+    assert lines == ["a test backend: hf-generate -- named by rollout.backend"]

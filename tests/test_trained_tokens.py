@@ -161,13 +161,13 @@ def script_generation(monkeypatch, tokenizer, responses: list[str]) -> list[list
 
     script = [ids_of(tokenizer, text) + [tokenizer.eos_token_id] for text in responses]
 
-    def scripted(decoder, head, config, batch, cache, *, max_new_tokens, eos_ids, pick):
+    def scripted(model, batch, cache, eos_ids, pad_id, max_new_tokens, *sampling):
         assert max(len(s) for s in script) <= max_new_tokens
         assert tokenizer.eos_token_id in eos_ids
         rows = batch.input_ids.shape[0]
         return [list(script[i]) for i in range(rows)], [False] * rows
 
-    monkeypatch.setattr(generation, "decode", scripted)
+    monkeypatch.setattr(generation, "_hf_generate", scripted)  # under rollout.backend: hf-generate
     return script
 
 
@@ -188,7 +188,7 @@ def test_a_rollout_trains_nothing_after_the_marker_and_still_executes_the_calls(
     reader = LocalReader(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tokenizer, max_new_tokens=2)
     instance = Instance("anna", "synth_personal", [FACT["content"]], [QA("Where does Anna live?", "Oslo")])
     settings = RolloutSettings(group_size=3, max_new_tokens=64, max_prompt_tokens=4096, call_format=fmt.name,
-                               prompt_profile="compact", backend="growing-cache")  # the scripted loop
+                               prompt_profile="compact", backend="hf-generate")
 
     out = run_rollouts([instance], policy, tokenizer, reader, settings, RewardSettings(), None, seed=0)
 

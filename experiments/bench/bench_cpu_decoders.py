@@ -2,7 +2,7 @@
 phases: `memalpha fit --config configs/tiny_cpu.yaml` with each ``model.rollout.backend``.
 
 Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench/bench_cpu_decoders.py
-      [--backends cpu-fused,growing-cache,hf-generate] [--repeats 2] [--steps 3] [--out PATH]
+      [--backends cpu-fused,hf-generate] [--repeats 2] [--steps 3] [--out PATH]
 
 Each run is a real ``memalpha fit`` process of the embedded default's config (its own run folder,
 validation off, ``--steps`` optimiser steps from the same seed), so what is timed is what a user
@@ -99,7 +99,7 @@ def summary_row(backend: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--backends", default="cpu-fused,growing-cache,hf-generate",
+    parser.add_argument("--backends", default="cpu-fused,hf-generate",
                         help="model.rollout.backend values, run in turn")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each backend")
     parser.add_argument("--steps", type=int, default=3,

@@ -9,7 +9,7 @@ memorising prompts of the memory job (~560 tokens) sampled ``--group-size`` time
 full length), so every path runs the same number of steps at the same batch and the time per
 step compares like with like. The paths, in one process, alternating ``--repeats`` times:
 
-* ``peft``    -- ``backend="growing-cache"``: memalpha's loop (:mod:`memalpha.lm.sampling.growing_cache`)
+* ``peft``    -- ``backend="hf-generate"``: ``model.generate`` from the prompts' prefix cache,
                  through PEFT's LoRA layers (base product plus two thin ones per adapted layer);
 * ``fused``   -- ``backend="cpu-fused"``: memalpha's own decoding step
                  (:mod:`memalpha.lm.sampling.fused_decode`), q/k/v stacked, prompt keys read once per
@@ -38,7 +38,6 @@ import torch
 from _parity_job import add_job_arguments, check_job_arguments, job_settings, load_job
 
 from memalpha.lm.sampling import fused_decode, generation, packed_linear
-from memalpha.lm.sampling import growing_cache as own_loop
 from memalpha_lab.common import command_line, machine_info, print_table, write_json
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench_decode.json"
@@ -69,9 +68,9 @@ def run_path(
 ) -> dict[str, float]:
     """One generation of ``rows`` through ``path``; total and decoding seconds."""
     timer = DecodeTimer()
-    saved = (generation.decode, generation.fused_decode)
+    saved = (generation._hf_generate, generation.fused_decode)
 
-    generation.decode = timer.wrap(own_loop.decode)
+    generation._hf_generate = timer.wrap(saved[0])
     generation.fused_decode = timer.wrap(fused_decode.decode)
     packing = packed_linear.packing_available
     if path == "fused_plain":
@@ -80,11 +79,11 @@ def run_path(
         start = time.perf_counter()
         out = generation.generate(
             model, tokenizer, rows, max_new_tokens=max_new_tokens, seed=seed, eos_token_id=NO_END,
-            backend="growing-cache" if path == "peft" else "cpu-fused",
+            backend="hf-generate" if path == "peft" else "cpu-fused",
         )
         total = time.perf_counter() - start
     finally:
-        generation.decode, generation.fused_decode = saved
+        generation._hf_generate, generation.fused_decode = saved
         packed_linear.packing_available = packing
     return {
         "total_s": total,

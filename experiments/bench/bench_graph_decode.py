@@ -24,9 +24,9 @@ fold to nothing). The prompts are ``--rows`` random token sequences of ``--promp
 
 Three paths, each sampling at temperature 1 with no end token (every row decodes in full):
 
-* ``loop``  -- ``memalpha.lm.sampling.generation.generate``: memalpha's loop
-               (:mod:`memalpha.lm.sampling.growing_cache`) through PEFT's layers (4-bit bases
-               dequantised at every step on a GPU);
+* ``loop``  -- the reference loop (:mod:`memalpha_lab.growing_cache`, memalpha's ``growing-cache``
+               backend until it was retired) through PEFT's layers (4-bit bases dequantised at
+               every step on a GPU);
 * ``graph`` -- :func:`memalpha.lm.sampling.graph_decode.sample`: dense weights folded once, a static
                cache read in buckets of ``--bucket-columns`` (0: whole), the step captured as a
                CUDA graph per bucket on a GPU (eager on the CPU), drawing its tokens inside the
@@ -59,7 +59,6 @@ import argparse
 import os
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -72,9 +71,9 @@ from memalpha.allocator import prefer_expandable_segments
 from memalpha.lm.core.folded_lora import is_four_bit
 from memalpha.lm.core.layout import pad_prompt_response
 from memalpha.lm.core.prefix_cache import split_decoder_and_head
-from memalpha.lm.sampling import generation, graph_decode
-from memalpha.lm.sampling import growing_cache as own_loop
+from memalpha.lm.sampling import graph_decode
 from memalpha.lm.sampling.filters import next_tokens
+from memalpha_lab import growing_cache as own_loop
 from memalpha_lab.bytes_limit import StepShape, bandwidth_for, limit_record
 from memalpha_lab.common import command_line, machine_info, print_table, write_json
 
@@ -191,23 +190,22 @@ class PickClock:
 
 
 def run_loop(model, prompts, max_new_tokens: int, seed: int, device: torch.device) -> dict[str, Any]:
-    """memalpha's ``generate``, its sampler clocked (``generation.next_tokens`` wrapped)."""
-    saved = generation.next_tokens
-    clock = PickClock(saved)
-    generation.next_tokens = clock
-    try:
-        synchronise(device)
-        start = time.perf_counter()
-        out = generation.generate(
-            model, SimpleNamespace(pad_token_id=0, eos_token_id=None), prompts, max_new_tokens=max_new_tokens,
-            seed=seed, eos_token_id=NO_END,
-        )
-        synchronise(device)
-        total = time.perf_counter() - start
-    finally:
-        generation.next_tokens = saved
+    """The reference loop (:mod:`memalpha_lab.growing_cache`) through the model as loaded, its
+    picker clocked."""
+    decoder, head, config = split_decoder_and_head(model)
+    clock = PickClock(lambda logits: next_tokens(logits, do_sample=True))
+    batch = pad_prompt_response(prompts, [[] for _ in prompts], 0, device)
+    torch.manual_seed(seed)
+    synchronise(device)
+    start = time.perf_counter()
+    with torch.no_grad():
+        room = own_loop.growing_cache(decoder, batch.input_ids.shape[1] + max_new_tokens)
+        tokens, _ = own_loop.decode(decoder, head, config, batch, room, max_new_tokens=max_new_tokens,
+                                    eos_ids=[NO_END], pick=clock)  # fmt: skip
+    synchronise(device)
+    total = time.perf_counter() - start
     seconds, steps = clock.decode_seconds()
-    return record(len(prompts), out.num_generated_tokens, total, seconds, steps,
+    return record(len(prompts), sum(len(t) for t in tokens), total, seconds, steps,
                   clock.first_timed_filled(len(prompts[0])), captured=None)
 
 

@@ -24,7 +24,7 @@
 #   scale          (only when named) one GRPO step at the config's full sizes without the reader
 #                  (experiments/bench/bench_scale.py); the fit covers what it showed, at the config's sizes
 #   decode_hf      (only when named) transformers' generate with its static cache and torch.compile, the
-#                  growing-cache loop and cuda-graph at 8 rows after 1,024-token prompts     issue 37 item 4
+#                  reference loop and cuda-graph at 8 rows after 1,024-token prompts         issue 37 item 4
 #   decode_compiled (only when named) the cuda-graph step compiled by inductor before each capture, 8 rows
 #                  after 6,144-token prompts, 512 new tokens (3 widths, each compiled)        issue 37 item 2
 #
@@ -43,7 +43,7 @@ RESULTS=${GPU_CHECK_RESULTS:-experiments/results/gpu}
 # The decoding measurement that decides issue 37: the cuda-graph sampler (length-bucketed attention)
 # at the recipe's shape, 8 rows after 6,144-token prompts, 2,048 new tokens, bf16 layout, with its
 # bytes-read-limit fraction. decode_hf (only when named) puts transformers' static cache + compile
-# and the growing-cache loop beside it at 8 rows after 1,024-token prompts.
+# and the reference loop (memalpha_lab.growing_cache) beside it at 8 rows after 1,024-token prompts.
 DECODE_CMD=${GPU_CHECK_DECODE_CMD:-"experiments/bench/bench_graph_decode.py --device cuda --nf4 --rows 8 \
   --upcast-unquantised off --prompt-tokens 6144 --max-new-tokens 2048 --paths graph --check-steps 4 \
   --out $RESULTS/bench_graph_decode_8x6144.json"}

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any, Self
 
 LOGGER = "memalpha.lm.sampling.backend"
-NEVER_CAPTURED = ("cpu-fused", "growing-cache", "hf-generate")
+NEVER_CAPTURED = ("cpu-fused", "hf-generate")
 
 
 class _Listener(logging.Handler):

@@ -99,9 +99,9 @@ class RolloutSettings:
             ``cuda-graph`` (a static cache and a decoding step captured as a CUDA graph over a
             dense copy of the weights, LoRA folded in, 4-bit bases dequantised; CUDA only, and a
             failed capture stops the run),
-            ``growing-cache`` (the model's layers as loaded over a cache that grows in place: no
-            copy of the weights, for FSDP or when that copy does not fit), ``hf-generate``
-            (``transformers``' ``model.generate`` on the model as loaded) or ``vllm`` (a vLLM
+            ``hf-generate`` (``transformers``' ``model.generate`` on the model as loaded, from the
+            prompts' shared prefix pre-filled once: no copy of the weights, for FSDP or when that
+            copy does not fit) or ``vllm`` (a vLLM
             server with the current adapter synced to it before every round; docs/vllm_engine.md;
             the local reader then samples in-process as ``auto`` chooses). A backend that cannot
             run for the model stops the run at setup, naming the reason. Validation rollouts

@@ -11,7 +11,7 @@ The base weights are never written: PEFT's own ``merge()``/``unmerge()`` adds an
 subtracts the update in place, which leaves float rounding in the frozen base after every
 round (and the base is also the KL reference and the reader). The cost is a copy of every
 adapted weight for the duration of the block, which a user short of memory avoids by naming an
-unfolded backend (``rollout.backend: growing-cache`` or ``hf-generate``); LoRA variants
+unfolded backend (``rollout.backend: hf-generate``); LoRA variants
 (DoRA, a LoRA bias) keep their own forward.
 
 4-bit bases (bitsandbytes ``Linear4bit``) are folded only when asked (``quantised=True``): their

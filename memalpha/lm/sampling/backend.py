@@ -1,7 +1,7 @@
 """Which decoding loop samples for a model: one setting, one choice made in one place, said once.
 
 ``model.rollout.backend`` names how every token of a run is sampled, the policy's and the local
-reader's: ``auto``, one of four in-process backends, or ``vllm`` (the agent's turns from a vLLM
+reader's: ``auto``, one of three in-process backends, or ``vllm`` (the agent's turns from a vLLM
 server, :mod:`memalpha.train.engine_sync`; the local reader then samples in-process as ``auto``
 chooses). The in-process backends:
 
@@ -15,21 +15,20 @@ backend            what runs                                                    
                    captured once as a CUDA graph and replayed per token, over a   CUDA (a failed capture
                    dense copy of the weights with the LoRA folded in (4-bit       stops the run)
                    bases dequantised) (:mod:`memalpha.lm.sampling.graph_decode`)
-``growing-cache``  the model's layers over a cache that grows in place, ended     plain-attention decoders
-                   rows leaving the batch (:mod:`memalpha.lm.sampling.growing_cache`)
 ``hf-generate``    ``transformers``' ``model.generate``, from the prompts' shared    any causal LM
                    prefix pre-filled once where the decoder can share a cache
 =================  =============================================================  ==========================
 
 One name is one path. ``cpu-fused`` and ``cuda-graph`` sample from a copy of the weights with the
-LoRA update folded in; ``growing-cache`` and ``hf-generate`` run the model as loaded (no copy of its
-weights: the choice when that copy does not fit, or when the weights are sharded, as under FSDP),
-whether named or chosen by ``auto``. ``auto`` takes the first in the order of :func:`candidates`
-that can run and logs why; a named backend that cannot run, at setup or when its step declines
-the weights at run time, is an error naming the setting and the reason, while ``auto`` chooses
-again and logs it.
-All four sample the same distribution (temperature, then top-k, then top-p:
-:mod:`memalpha.lm.sampling.filters`).
+LoRA update folded in; ``hf-generate`` runs the model as loaded (no copy of its weights: the choice
+when that copy does not fit, or when the weights are sharded, as under FSDP), whether named or
+chosen by ``auto``. ``auto`` takes the first in the order of :func:`candidates` that can run and
+logs why; a named backend that cannot run, at setup or when its step declines the weights at run
+time, is an error naming the setting and the reason, while ``auto`` chooses again and logs it.
+All three sample the same distribution (temperature, then top-k, then top-p:
+:mod:`memalpha.lm.sampling.filters`, or ``model.generate``'s own processors in that order).
+A decoder of memalpha's own stays only while a committed benchmark shows it beating
+``hf-generate`` by more than 10 % in the product's phases (docs/results.md, bench_cpu_decoders).
 """
 
 from __future__ import annotations
@@ -40,16 +39,16 @@ from typing import Literal, get_args
 
 import torch
 
-from memalpha.lm.core.prefix_cache import full_attention_layers, split_decoder_and_head
+from memalpha.lm.core.prefix_cache import split_decoder_and_head
 from memalpha.lm.sampling import graph_decode
 from memalpha.lm.sampling.fused_decode import FusedDecoder
 
 logger = logging.getLogger(__name__)
 
-Backend = Literal["auto", "cuda-graph", "cpu-fused", "growing-cache", "hf-generate", "vllm"]
+Backend = Literal["auto", "cuda-graph", "cpu-fused", "hf-generate", "vllm"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 SAMPLING_BACKENDS: tuple[str, ...] = tuple(name for name in BACKENDS if name != "vllm")
-"""The values that sample in this process (``auto`` and the four loops)."""
+"""The values that sample in this process (``auto`` and the three loops)."""
 SETTING = "rollout.backend"
 """The setting every message about the choice names."""
 
@@ -89,9 +88,9 @@ def _device(model) -> torch.device:
 
 def candidates(model) -> list[str]:
     """The backends ``auto`` tries for ``model``, best first: on CUDA the captured graph, on the
-    CPU the fused step, then the two general loops."""
+    CPU the fused step, then ``model.generate``."""
     first = {"cuda": ["cuda-graph"], "cpu": ["cpu-fused"]}.get(_device(model).type, [])
-    return [*first, "growing-cache", "hf-generate"]
+    return [*first, "hf-generate"]
 
 
 def why_not(backend: str, model) -> str | None:
@@ -99,10 +98,6 @@ def why_not(backend: str, model) -> str | None:
     decoder, _, config = split_decoder_and_head(model)
     if backend == "hf-generate":
         return None if hasattr(model, "generate") else "the model has no generate method"
-    if backend == "growing-cache":
-        if full_attention_layers(config) is None:
-            return "the decoder has sliding-window, chunked or other non-plain attention layers"
-        return None
     if backend == "cpu-fused":
         return FusedDecoder.unsupported(decoder, config)
     if backend == "cuda-graph":
@@ -139,10 +134,10 @@ _said: set[tuple[int, str, str]] = set()
 
 def declined(model, choice: BackendChoice, requested: str, reason: str) -> BackendChoice:
     """The backend after ``choice`` declined the model at run time (``reason``): an error naming the
-    setting when ``requested`` named it, else (``auto``) the next candidate, ``growing-cache``."""
+    setting when ``requested`` named it, else (``auto``) the next candidate, ``hf-generate``."""
     if requested != "auto":
         raise ValueError(f"{SETTING}={requested!r} cannot sample for this model: {reason}")
-    return BackendChoice("growing-cache", f"auto on {_device(model).type} (not {choice.name}: {reason})")
+    return BackendChoice("hf-generate", f"auto on {_device(model).type} (not {choice.name}: {reason})")
 
 
 def announce(model, choice: BackendChoice, who: str = "sampling") -> None:

@@ -30,7 +30,7 @@ seeded samples with the unfolded path). :meth:`FusedDecoder.build` takes float32
 Mistral (without sliding windows), Qwen2 and Qwen3 decoders on the CPU whose projections are
 ``torch.nn.Linear`` layers or plain PEFT LoRA layers over them, and returns None for anything
 else (half precision, a GPU, 4-bit layers, DoRA, other architectures), which then decode
-through :mod:`memalpha.lm.sampling.growing_cache`.
+through ``model.generate`` (``hf-generate``).
 
 Measured by ``experiments/bench/bench_decode.py`` (``docs/results.md``).
 """
@@ -47,8 +47,8 @@ from memalpha.lm.core.folded_lora import effective_weight, foldable
 from memalpha.lm.core.layout import PaddedBatch, additive_mask
 from memalpha.lm.core.logits import finalise_logits, score_dtype
 from memalpha.lm.core.prefix_cache import full_attention_layers
-from memalpha.lm.sampling.growing_cache import Responses
 from memalpha.lm.sampling.packed_linear import LinearProduct
+from memalpha.lm.sampling.responses import Responses
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -300,8 +300,8 @@ def decode(
     eos_ids: Sequence[int],
     pick: Callable[[torch.Tensor], torch.Tensor],
 ) -> tuple[list[list[int]], list[bool]]:
-    """New tokens for every row of ``batch``, as :func:`memalpha.lm.sampling.growing_cache.decode` returns
-    them.
+    """New tokens for every row of ``batch``: each row's tokens up to and including its first
+    end-of-sequence token, and whether it ran out of ``max_new_tokens`` without one.
 
     ``prompt_cache`` holds, for each distinct prompt, the keys and values of every prompt column
     but the last (``[U, kv_heads, P - 1, head_dim]`` per layer, laid out as ``batch``'s columns;

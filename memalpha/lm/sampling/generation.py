@@ -1,9 +1,8 @@
-"""Batched sampling from a causal LM: left-padded prompts, shared prefixes, memalpha's decoding loop.
+"""Batched sampling from a causal LM: left-padded prompts, shared prefixes, the chosen decoding loop.
 
 Prompts are laid out as in :mod:`memalpha.lm.core.layout`; with ``share_prefix`` the tokens the
 prompts of a batch share are computed once (:mod:`memalpha.lm.core.prefix_cache`); the new tokens
-come from :func:`memalpha.lm.sampling.growing_cache.decode` (``model.generate`` for decoders it does not
-take).
+come from the backend :mod:`memalpha.lm.sampling.backend` chooses.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from memalpha.lm.sampling.backend import SETTING, announce, choose_backend, decl
 from memalpha.lm.sampling.filters import next_tokens
 from memalpha.lm.sampling.fused_decode import FusedDecoder
 from memalpha.lm.sampling.fused_decode import decode as fused_decode
-from memalpha.lm.sampling.growing_cache import decode, growing_cache
 
 
 @dataclass
@@ -129,15 +127,13 @@ def generate(
     With ``share_prefix`` (the default) the tokens that the prompts of a batch share -- their
     common prefix, and whole prompts repeated by a group -- are pre-filled once and their
     key/value cache is repeated to every row (:mod:`memalpha.lm.core.prefix_cache`); the samples are
-    those of the plain batch up to float rounding. The loop
-    (:func:`memalpha.lm.sampling.growing_cache.decode`) writes into a cache allocated once for the prompt plus
-    ``max_new_tokens`` and drops rows as they finish; decoders with sliding-window or other non-plain
-    attention layers sample through ``model.generate`` instead, with the same filters.
+    those of the plain batch up to float rounding. Decoders with sliding-window or other non-plain
+    attention layers share nothing.
 
     ``backend`` picks the decoding loop (:mod:`memalpha.lm.sampling.backend`), and with it whether
     the LoRA update is folded into a copy of the weights: ``cpu-fused`` and ``cuda-graph`` sample
     from such a copy (the samples are the same up to float rounding, at the cost of the copy while
-    sampling runs), ``growing-cache`` and ``hf-generate`` run the model as loaded. ``auto`` takes
+    sampling runs), ``hf-generate`` runs the model as loaded. ``auto`` takes
     the best one that runs for this model and device and logs its choice once (as ``announce_as``:
     ``sampling`` for the policy, ``reader`` for the local reader); a named one that cannot run is
     an error.
@@ -166,20 +162,16 @@ def generate(
         padded = pad_prompt_response(
             chunk, [[] for _ in chunk], pad_id, device, shared_prefix=prefix.length if prefix else 0
         )
-        limits = {"max_new_tokens": max_new_tokens, "eos_ids": eos_ids, "pick": pick}
         if choice == "cpu-fused":
             cache, prompt_of_row = distinct_prompt_cache(decoder, padded, chunk, prefix, dedupe=share_prefix)
-            return fused_decode(fused, padded, cache, prompt_of_row, **limits)
+            return fused_decode(fused, padded, cache, prompt_of_row, max_new_tokens=max_new_tokens,
+                                eos_ids=eos_ids, pick=pick)  # fmt: skip
         if choice == "cuda-graph":  # the step draws inside the graph, with these filters
             in_graph = graph_decode.Sampling(do_sample, temperature, top_k, top_p)
             return graph_decode.decode(
                 decoder, head, model_config, padded, prefix=prefix, prompt_of_row=prompt_of_row,
                 max_new_tokens=max_new_tokens, eos_ids=eos_ids, sampling=in_graph,
             )
-        if choice == "growing-cache":
-            cache = prompt_cache(decoder, padded, chunk, prefix) if share_prefix else None
-            room = growing_cache(decoder, padded.input_ids.shape[1] + max_new_tokens, cache)
-            return decode(decoder, head, model_config, padded, room, **limits)
         cache = prompt_cache(decoder, padded, chunk, prefix) if share_prefix else None
         return _hf_generate(
             model, padded, cache, eos_ids, pad_id, max_new_tokens, do_sample, temperature, top_k, top_p

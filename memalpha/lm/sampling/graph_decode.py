@@ -28,7 +28,7 @@ until then, harmlessly. The uniform variates come from the global RNG outside th
 chunk's worth at a time, into a fixed buffer the step reads (:class:`Variates`): the graph holds
 no random-number state, and the live rows take the variates in the order the reference loop
 draws them (one per live row per step), so on the CPU a seeded call samples the tokens of
-:func:`memalpha.lm.sampling.growing_cache.decode` up to float rounding, rows ending or not. The
+:func:`memalpha.lm.sampling.fused_decode.decode` up to float rounding, rows ending or not. The
 first form of the backend, the draw on the host after every step through the caller's ``pick``
 (one host read a token), stays selectable (``pick=``) as the reference of the tests.
 
@@ -82,7 +82,7 @@ from memalpha.lm.core.prefix_cache import (
     unique_rows,
 )
 from memalpha.lm.sampling.filters import next_tokens
-from memalpha.lm.sampling.growing_cache import Responses
+from memalpha.lm.sampling.responses import Responses
 
 BACKEND = "cuda-graph"
 """The name generation's backend selector knows this path by."""
@@ -397,7 +397,7 @@ class FixedStep:
     cache column they are written at, and ``filled`` (a host int the loop keeps, no device read)
     the columns the cache holds once the step has run; ``padding`` ``[B, 1, 1, S]`` is True on the
     prompt's padded columns. A query may attend to a column unless it is padding or lies after
-    ``column``: the rule of the growing cache's mask, rebuilt inside the step from these buffers.
+    ``column``: the rule of a growing cache's mask, rebuilt inside the step from these buffers.
     ``bucket_columns`` sets the widths a step attends over (:func:`bucket_width`)."""
 
     def __init__(self, decoder, head, config, batch: PaddedBatch, max_new_tokens: int,
@@ -650,7 +650,7 @@ def decode(
     compile_backend: str | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
     """New tokens for every row of ``batch`` (laid out by :func:`memalpha.lm.core.layout.pad_prompt_response`,
-    any shared prefix included), as :func:`memalpha.lm.sampling.growing_cache.decode` returns them: each row's
+    any shared prefix included): each row's
     tokens up to and including its first end-of-sequence token, and whether it ran out of
     ``max_new_tokens`` without one.
 

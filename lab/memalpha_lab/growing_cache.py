@@ -1,22 +1,21 @@
-"""memalpha's own decoding loop: a preallocated cache that attends over its filled part only,
-and rows that leave the batch when they finish.
+"""A reference decoding loop for the tests and the GPU benchmark: a preallocated cache that attends
+over its filled part only, and rows that leave the batch when they finish.
 
-``model.generate`` with a :class:`~transformers.StaticCache` writes each new column in place but
-attends over the whole preallocated length at every step, and it keeps decoding rows that have
-already ended until the longest one ends. Its per-step bookkeeping (logits processors, stopping
-criteria, mask growth) and ``torch.multinomial``'s one exponential variate per vocabulary entry
-add to that. :func:`decode` runs the decoder and the output head directly:
+It was memalpha's ``growing-cache`` sampling backend until the transformers path, given the same
+pre-filled prefix cache, matched it in the product's phases (docs/results.md, bench_cpu_decoders);
+it stays here because it draws the variates of :func:`memalpha.lm.sampling.filters.next_tokens`
+one per live row per step, as the CUDA graph step does, and reads teacher-forced logits through a
+``pick`` callback, which the tests of :mod:`memalpha.lm.sampling.graph_decode` and
+``experiments/bench/bench_graph_decode.py`` compare against.
 
 * :class:`GrowingLayer` holds a layer's keys and values in a buffer allocated once for the
   prompt plus ``max_new_tokens``, and hands attention a view of the columns filled so far;
 * a row that emits an end-of-sequence token is dropped from the batch (its cache rows, mask
-  and positions), so the last steps of a batch cost what its live rows cost;
-* the next token comes from :func:`memalpha.lm.sampling.filters.next_tokens`.
+  and positions);
+* the next token comes from ``pick``.
 
-Every row sees the keys, positions and mask it would see alone, so the tokens are those of
-``model.generate`` for greedy decoding (the tests compare them) and the same distribution when
-sampling. Only decoders whose every layer is plain full attention qualify
-(:func:`growing_cache` returns None otherwise and the caller uses ``model.generate``).
+Only decoders whose every layer is plain full attention qualify (:func:`growing_cache` returns
+None otherwise).
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from memalpha.lm.core.layout import PaddedBatch
 from memalpha.lm.core.logits import finalise_logits, score_dtype
 from memalpha.lm.core.prefix_cache import full_attention_layers
+from memalpha.lm.sampling.responses import Responses
 
 
 class GrowingLayer(DynamicLayer):
@@ -87,32 +87,6 @@ class GrowingLayer(DynamicLayer):
             self.key_buffer = self.key_buffer.repeat_interleave(repeats, dim=0)
             self.value_buffer = self.value_buffer.repeat_interleave(repeats, dim=0)
             self._expose()
-
-
-class Responses:
-    """What each row of a decoding batch has emitted, and which rows are still live."""
-
-    def __init__(self, rows: int, eos_ids: Sequence[int]):
-        self.tokens: list[list[int]] = [[] for _ in range(rows)]
-        self.truncated = [True] * rows  # until the row emits an end token
-        self.live = list(range(rows))
-        self.eos = {int(token) for token in eos_ids}
-
-    def add(self, picked: torch.Tensor | list[int]) -> list[int]:
-        """Append each live row's token of ``picked`` ``[live]`` (a tensor, or a list already read
-        to the host); returns the slots (positions among the live rows) of the rows that go on."""
-        keep = []
-        tokens = picked.tolist() if isinstance(picked, torch.Tensor) else picked
-        for slot, (row, token) in enumerate(zip(self.live, tokens)):
-            self.tokens[row].append(token)
-            if token in self.eos:
-                self.truncated[row] = False
-            else:
-                keep.append(slot)
-        return keep
-
-    def keep_only(self, keep: list[int]) -> None:
-        self.live = [self.live[slot] for slot in keep]
 
 
 def growing_cache(decoder, capacity: int, filled: Cache | None = None) -> Cache | None:
