@@ -56,6 +56,7 @@ from control_arms import adapter_done
 from decisive import Decisive, start_lock
 from decisive import parse_args as decisive_args
 
+from memalpha.tools.executor import SUCCESS_STATUSES
 from memalpha.train.demo_summary import event_scalars
 from memalpha_lab.arm_configs import tag
 from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, load_records, print_table, write_json
@@ -140,7 +141,8 @@ class MemoryVsTrl(Decisive):
 
 def held_out(run_dir: Path, seeds: list[int]) -> dict[str, dict[str, float | None]]:
     """What each validation's records say besides accuracy, per run (the start, then ``seed<s>_<side>``):
-    the share of tool calls that succeeded, the final memory's tokens and the share of memorising turns
+    the share of tool calls that succeeded (as the report counts them: ``SUCCESS_STATUSES``), the final
+    memory's tokens and the share of memorising turns
     cut at ``rollout.max_new_tokens`` (None where a report holds no call or no turn)."""
 
     def share(hits: list[bool]) -> float | None:
@@ -152,8 +154,9 @@ def held_out(run_dir: Path, seeds: list[int]) -> dict[str, dict[str, float | Non
             continue
         records = load_records(report)
         turns = [turn for record in records for turn in record["turns"]]
+        results = [result for turn in turns for result in turn["results"]]
         out[name] = {
-            "tool_success": share([result["status"] == "ok" for turn in turns for result in turn["results"]]),
+            "tool_success": share([result["status"] in SUCCESS_STATUSES for result in results]),
             "memory_tokens": round(sum(r["memory_tokens"] for r in records) / len(records), 1),
             "turns_cut": share([turn["truncated"] for turn in turns]),
         }
