@@ -32,7 +32,7 @@ def test_a_round_logs_its_rollouts_samples_tokens_and_reader_questions():
     out = RolloutOutput(
         samples, [record("a", 3), record("b", 4)], rollout_s=2.0, reader_s=0.5, generated_tokens=17
     )
-    metrics = round_metrics(out, torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0, 0, 1]))
+    metrics = round_metrics(out, rewards := torch.tensor([1.0, 0.0, 1.0]), (rewards, torch.tensor([0, 0, 1])))
     assert metrics["perf/rollouts"] == 2 and metrics["perf/turn_samples"] == 3
     assert metrics["perf/generated_tokens"] == 17 and metrics["reader/questions"] == 7
 

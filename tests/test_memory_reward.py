@@ -226,7 +226,8 @@ def test_fact_recall_is_logged_per_round_and_reported_beside_accuracy():
     assert lines["synth_personal"][5] == "0.750" and lines["squad"][5] == "-" and lines["ALL"][5] == "0.750"
     sample = TurnSample(0, 0, 0, [1], [2], False, 0, 0)
     out = RolloutOutput([sample], records, rollout_s=1.0, reader_s=0.0, generated_tokens=1)
-    metrics = round_metrics(out, torch.tensor([1.0]), torch.tensor([0]))
+    one = torch.tensor([1.0])
+    metrics = round_metrics(out, one, (one, torch.tensor([0])))
     assert metrics["train/fact_recall"] == 0.75
     out.records = records[2:]
-    assert "train/fact_recall" not in round_metrics(out, torch.tensor([1.0]), torch.tensor([0]))
+    assert "train/fact_recall" not in round_metrics(out, one, (one, torch.tensor([0])))

@@ -294,7 +294,7 @@ def test_a_round_against_a_dead_reader_completes_and_counts_every_question(tiny_
     import torch
 
     rewards = torch.tensor([s.reward for s in out.samples])
-    metrics = round_metrics(out, rewards, torch.tensor([s.group_id for s in out.samples]))
+    metrics = round_metrics(out, rewards, (rewards, torch.tensor([s.group_id for s in out.samples])))
     assert metrics["reader/failures"] == 8.0 and metrics["reader/failed_calls"] == 8.0
 
 

@@ -120,8 +120,8 @@ def flat_group_share(rewards: torch.Tensor, group_ids: torch.Tensor | Sequence) 
     are 0, so they teach nothing (``train/frac_reward_zero_std``)."""
     rewards = torch.as_tensor(rewards, dtype=torch.float64)
     index = _group_index(group_ids, rewards.shape[0])
-    flat = [float(rewards[index == g].numel() < 2 or bool(rewards[index == g].std(unbiased=False) < 1e-6))
-            for g in range(int(index.max()) + 1)] if rewards.numel() else []  # fmt: skip
+    groups = [rewards[index == g] for g in index.unique().tolist()]
+    flat = [len(group) < 2 or group.std(unbiased=False).item() < 1e-6 for group in groups]
     return sum(flat) / len(flat) if flat else 0.0
 
 

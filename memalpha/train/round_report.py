@@ -16,21 +16,17 @@ from memalpha.grpo.advantages import flat_group_share
 
 
 def round_metrics(
-    out: RolloutOutput,
-    rewards: torch.Tensor,
-    group_ids: torch.Tensor,
-    compared: tuple[torch.Tensor, Sequence] | None = None,
+    out: RolloutOutput, rewards: torch.Tensor, compared: tuple[torch.Tensor, Sequence]
 ) -> dict[str, float]:
     """Reward, reward spread, response, tool-call, reward-term, memory, fact-recall, reader-failure
     and timing metrics of one round.
 
-    ``rewards`` and ``group_ids`` are the ``[N]`` per-sample rewards and group labels of
-    ``out.samples``; ``compared`` the rewards the credit scheme compares and their groups
-    (:class:`~memalpha.grpo.advantages.CreditScheme`; ``(rewards, group_ids)`` when None, as
-    ``broadcast`` compares): ``train/frac_reward_zero_std`` is the share of those groups whose
-    rewards are all equal (their advantages are 0: they teach nothing). ``reader/failures`` counts the round's
-    questions that scored 0 because the reader's answer or its judgement failed (after retries);
-    ``reader/failed_calls`` every failed reader request of the round, content judgements included.
+    ``rewards`` are the ``[N]`` per-sample rewards ``R_t`` of ``out.samples``; ``compared`` the
+    rewards the credit scheme compares and each one's group
+    (:class:`~memalpha.grpo.advantages.CreditScheme`): ``train/frac_reward_zero_std`` is the share of
+    those groups whose rewards are all equal (their advantages are 0: they teach nothing).
+    ``reader/failures`` counts the round's questions that scored 0 because the reader's answer or its
+    judgement failed (after retries); ``reader/failed_calls`` every failed reader request of the round, content judgements included.
     ``train/fact_recall`` is the mean fact recall of the round's rollouts whose instance knows its
     facts (:mod:`memalpha.agent.fact_recall`), and absent when none does. The round's compute, for
     experiments to sum over a run: ``perf/rollouts`` (rollouts), ``perf/turn_samples`` (chunk turns
@@ -54,7 +50,7 @@ def round_metrics(
         **known,
         "train/reward": rewards.mean().item(),
         "train/reward_std": rewards.std(unbiased=False).item(),
-        "train/frac_reward_zero_std": flat_group_share(*(compared or (rewards, group_ids))),
+        "train/frac_reward_zero_std": flat_group_share(*compared),
         "train/response_length": sum(lengths) / len(lengths),
         "train/truncated_ratio": sum(s.truncated for s in samples) / len(samples),
         "train/tool_calls_per_turn": calls / len(samples),

@@ -295,7 +295,7 @@ def collect_round(
         )
     rows = Samples.of(samples)
     compared = update.credit_scheme.compared(rows.rewards, rows.turn_rewards, rows.group_ids, rows.turn_index)
-    metrics = round_metrics(out, rows.rewards, rows.group_ids, compared)
+    metrics = round_metrics(out, rows.rewards, compared)
     failures = ReaderFailures.of(out.records).summed(ranks)
     if reader_gate is not None and not reader_gate.answered(failures, where):
         return Round(out, [], {**metrics, "train/skipped_reader_round": 1.0}, refused=True)
