@@ -26,7 +26,8 @@ def round_metrics(
     (:class:`~memalpha.grpo.advantages.CreditScheme`): ``train/frac_reward_zero_std`` is the share of
     those groups whose rewards are all equal (their advantages are 0: they teach nothing).
     ``reader/failures`` counts the round's questions that scored 0 because the reader's answer or its
-    judgement failed (after retries); ``reader/failed_calls`` every failed reader request of the round, content judgements included.
+    judgement failed (after retries); ``reader/failed_calls`` every failed reader request of the
+    round, content judgements included.
     ``train/fact_recall`` is the mean fact recall of the round's rollouts whose instance knows its
     facts (:mod:`memalpha.agent.fact_recall`), and absent when none does. The round's compute, for
     experiments to sum over a run: ``perf/rollouts`` (rollouts), ``perf/turn_samples`` (chunk turns
