@@ -21,12 +21,10 @@ $(STAMP): pyproject.toml lab/pyproject.toml constraints.txt
 # The demo (docs/cold_start.md): oracle demonstrations -> validate the base model -> SFT ->
 # validate the SFT adapter -> GRPO from it (validating at its end) -> one table of the three
 # stages on the same 16 held-out instances, also written to runs/demo_summary.json.
-# `memalpha demo` prints each stage as the memalpha command it is (DEMO_STAGES in
-# memalpha/cli.py) and runs them in one process, which saves five interpreter starts.
-MEMALPHA := HF_HUB_OFFLINE=1 $(VENV)/bin/memalpha
-
+# lab/memalpha_lab/demo.py prints each stage as the memalpha command it is (DEMO_STAGES)
+# and runs them in one process, which saves five interpreter starts.
 demo: $(STAMP)
-	$(MEMALPHA) demo
+	HF_HUB_OFFLINE=1 $(PY) -m memalpha_lab.demo
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q

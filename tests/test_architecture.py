@@ -17,12 +17,11 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "memalpha"
 
 # layer -> the memalpha layers it may import (besides itself).
-# `seeding`, `intervals` and `templates` are shared leaves.
+# `seeding` and `templates` are shared leaves.
 ALLOWED: dict[str, set[str]] = {
     "allocator": set(),  # the CUDA allocator's setting, applied where a process starts
     "atomic_file": set(),  # every file of a run written atomically
     "seeding": set(),
-    "intervals": set(),
     "templates": set(),
     "memory": {"templates"},
     "tools": {"memory", "templates"},
@@ -32,11 +31,11 @@ ALLOWED: dict[str, set[str]] = {
     "reader": {"memory", "lm", "templates"},
     "agent": {"memory", "tools", "lm", "data", "reader", "seeding", "templates"},
     "train": {
-        "memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "intervals", "templates",
+        "memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "templates",
         "atomic_file",
     },
     "commands": {
-        "memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "intervals", "templates",
+        "memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "templates",
         "train",
     },
     "cli": {"commands", "train", "templates", "allocator"},

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from memalpha.train.demo_summary import format_rows, main, summary_rows
+from memalpha_lab.demo_summary import format_rows, main, summary_rows
 
 T3 = 3.182446  # t(0.975, 3 degrees of freedom)
 
@@ -111,13 +111,13 @@ def test_a_missing_stage_is_one_line_and_status_1(tmp_path, capsys):
     assert not (tmp_path / "summary.json").exists()
 
 
-def test_memalpha_demo_refuses_arguments_and_a_folder_without_the_configs(tmp_path, monkeypatch, capsys):
-    from memalpha.cli import main as cli_main
+def test_the_demo_refuses_arguments_and_a_folder_without_the_configs(tmp_path, monkeypatch, capsys):
+    from memalpha_lab.demo import main as demo_main
 
     with pytest.raises(SystemExit, match="takes no arguments"):
-        cli_main(["demo", "--fast"])
+        demo_main(["--fast"])
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs" / "tiny_cpu").mkdir(parents=True)
     with pytest.raises(SystemExit, match="configs/tiny_cpu.yaml not found; run it from the repository root"):
-        cli_main(["demo"])
+        demo_main([])
     assert (tmp_path / "runs" / "tiny_cpu").is_dir()  # nothing was cleared

@@ -157,8 +157,8 @@ def test_docs_pages_exist():
         assert page in names, f"docs/{page} is missing"
 
 
-def test_quickstart_lists_the_commands_memalpha_demo_runs():
-    from memalpha.cli import DEMO_STAGES
+def test_quickstart_lists_the_commands_the_demo_runs():
+    from memalpha_lab.demo import DEMO_STAGES
 
     page = (REPO_ROOT / "docs" / "quickstart.md").read_text(encoding="utf-8")
     listed = [line.removeprefix(".venv/bin/memalpha ").split() for line in page.splitlines()

@@ -37,7 +37,6 @@ from typing import Any
 
 import torch
 
-from memalpha.train.demo_summary import event_scalars
 from memalpha_lab.common import (
     RESULTS_DIR,
     command_line,
@@ -47,6 +46,7 @@ from memalpha_lab.common import (
     tiny_model_folder,
     write_json,
 )
+from memalpha_lab.demo_summary import event_scalars
 
 COMPARED = ("train/reward", "train/loss", "train/kl", "train/grad_norm", "memory/tokens", "lr")
 

@@ -62,8 +62,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from learning_curve import add_recipe_arguments, check_positive, memalpha, parse_seeds
 
-from memalpha.train.demo_summary import event_scalars
-from memalpha.train.instance_scores import instance_values
 from memalpha_lab.arm_configs import arm_fit_config, continued_sft_config, logger, tag, validate_config
 from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, load_records, machine_info, write_json
 from memalpha_lab.compute import measured, stage_record, training_compute, validation_counts
@@ -76,6 +74,8 @@ from memalpha_lab.control_arms_report import (
     plot,
     print_report,
 )
+from memalpha_lab.demo_summary import event_scalars
+from memalpha_lab.instance_scores import instance_values
 from memalpha_lab.recipe_configs import load_yaml, sft_config, write_yaml
 
 GRPO_ARMS = ("grpo", "grpo_lr0")

@@ -55,7 +55,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from control_arms import Experiment, adapter_done, arm_compute, step_seconds
 from learning_curve import add_recipe_arguments, check_positive, parse_seeds
 
-from memalpha.train.demo_summary import event_scalars
 from memalpha_lab.arm_configs import cpu_matched_sft_config, tag
 from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, write_json
 from memalpha_lab.compute import (
@@ -75,6 +74,7 @@ from memalpha_lab.decisive_plan import (
     recipe_config,
 )
 from memalpha_lab.decisive_report import GRPO, GUARD_LIMIT, PRIMARY, SECONDARY, SFT, print_decisive, rebuild
+from memalpha_lab.demo_summary import event_scalars
 from memalpha_lab.levers import LEVERS
 from memalpha_lab.recipe_configs import write_yaml
 

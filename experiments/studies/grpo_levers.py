@@ -54,11 +54,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from control_arms import adapter_done, arm_compute, step_seconds, train_run, validate
 from learning_curve import check_positive, parse_seeds
 
-from memalpha.train.demo_summary import event_scalars
 from memalpha_lab.arm_configs import tag, validate_config
 from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, write_json
 from memalpha_lab.compute import measured
 from memalpha_lab.control_arms_report import INTERVALS, START, TRAIN_TAGS
+from memalpha_lab.demo_summary import event_scalars
 from memalpha_lab.grpo_levers_report import LEVER_METRICS, REFERENCES, lever_comparisons, print_levers
 from memalpha_lab.levers import LEVERS, lever_config, lever_runs
 from memalpha_lab.recipe_configs import load_yaml, write_yaml

@@ -40,7 +40,6 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from memalpha.train.demo_summary import event_scalars
 from memalpha_lab.common import (
     REPO_ROOT,
     RESULTS_DIR,
@@ -50,6 +49,7 @@ from memalpha_lab.common import (
     print_table,
     write_json,
 )
+from memalpha_lab.demo_summary import event_scalars
 from memalpha_lab.recipe_configs import fit_config, load_yaml, sft_config, write_yaml
 from memalpha_lab.stats import METRICS, instance_values, paired_difference, summarise_with_ci
 

@@ -57,12 +57,12 @@ from decisive import Decisive, start_lock
 from decisive import parse_args as decisive_args
 
 from memalpha.tools.executor import SUCCESS_STATUSES
-from memalpha.train.demo_summary import event_scalars
 from memalpha_lab.arm_configs import tag
 from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, load_records, print_table, write_json
 from memalpha_lab.compute import measured
 from memalpha_lab.control_arms_report import START, compare
 from memalpha_lab.decisive_plan import collect_scores, recipe_config, validated
+from memalpha_lab.demo_summary import event_scalars
 from memalpha_lab.recipe_configs import load_yaml, write_yaml
 
 SIDES = ("memalpha", "trl")

@@ -18,11 +18,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from memalpha.train.instance_scores import InstanceScores, instance_values
 from memalpha_lab.arm_configs import arm_fit_config, tag, validate_config
 from memalpha_lab.common import load_records
 from memalpha_lab.control_arms_report import START
 from memalpha_lab.decisive_report import GRPO, SFT
+from memalpha_lab.instance_scores import InstanceScores, instance_values
 from memalpha_lab.levers import LEVERS, set_dotted
 
 VAL_DATA_SEED = 3900
@@ -46,7 +46,7 @@ def memory_shares(records: list[Mapping[str, Any]]) -> dict[str, dict[str, float
 
 
 def guarded_values(records: list[Mapping[str, Any]]) -> InstanceScores:
-    """:func:`memalpha.train.instance_scores.instance_values` with each instance's ``memory_share``."""
+    """:func:`memalpha_lab.instance_scores.instance_values` with each instance's ``memory_share``."""
     values = instance_values(records)
     for source, instances in memory_shares(records).items():
         for instance, share in instances.items():

@@ -33,7 +33,7 @@ PYTHON_WARNINGS: tuple[KnownWarning, ...] = (
     KnownWarning(
         "LightningCLI's args parameter is intended to run from within Python",
         "lightning LightningCLI",
-        "memalpha sft, memalpha demo and Python callers pass explicit arguments on purpose, and sys.argv"
+        "memalpha sft, make demo and Python callers pass explicit arguments on purpose, and sys.argv"
         " must stay whole: Lightning's DDP launcher starts the other ranks by running it again",
     ),
     KnownWarning(

@@ -1,6 +1,6 @@
 """The table ``make demo`` ends with: the same held-out instances before SFT, after SFT, after GRPO.
 
-    python -m memalpha.train.demo_summary [RUN_DIR]     (default runs/tiny_cpu)
+    python -m memalpha_lab.demo_summary [RUN_DIR]     (default runs/tiny_cpu)
 
 Reads the validation report of each stage (``base/validation.json``, ``sft/validation.json``
 and the last ``grpo/validation_step*.json`` under ``RUN_DIR``), prints one row per stage and
@@ -12,7 +12,7 @@ report is missing or unreadable.
 ``vs_previous`` (None for the first stage) holds, for accuracy, tool success and mean reward,
 the change from the previous stage paired per held-out instance: ``{mean, half_width, low,
 high, n}``, the mean over the ``n`` instances both reports hold of (this stage's instance score
-- the previous stage's) and its 95 % t interval (:mod:`memalpha.train.instance_scores`). The
+- the previous stage's) and its 95 % t interval (:mod:`memalpha_lab.instance_scores`). The
 stage's own columns are the report's pooled figures (accuracy over all questions, tool success
 over all calls), so a row's change need not equal the difference of the two rows exactly. An
 interval that holds 0 says the stages are not told apart on these instances.
@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from memalpha.train.instance_scores import InstanceScores, instance_values, paired_change
 from memalpha.train.validation_report import format_columns, write_json_atomically
+from memalpha_lab.instance_scores import InstanceScores, instance_values, paired_change
 
 STAGES = ("base", "sft", "grpo")
 PAIRED = ("accuracy", "tool_success", "mean_reward")

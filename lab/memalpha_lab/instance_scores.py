@@ -4,7 +4,7 @@ two reports of the same held-out instances.
 A validation report holds one record per (instance, rollout); the questions and turns of one
 instance are not independent draws (its questions read the same memory), so a comparison is over
 instances: each contributes one number per metric, and the 95 % interval of a change is the t
-interval of the paired per-instance differences (:func:`memalpha.intervals.paired_interval`),
+interval of the paired per-instance differences (:func:`memalpha_lab.intervals.paired_interval`),
 which removes the instance-to-instance variance both reports share.
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from memalpha.agent.scoring import metric_for_source, score_answer
-from memalpha.intervals import paired_interval
 from memalpha.tools.executor import SUCCESS_STATUSES
+from memalpha_lab.intervals import paired_interval
 
 InstanceScores = dict[str, dict[str, dict[str, float]]]
 """``{data_source: {instance_id: {metric: value}}}``."""
