@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from memalpha.agent.reward_math import TurnCalls, call_succeeded, rollout_rewards, tool_success_reward
+from memalpha.agent.reward_math import TurnCalls, rollout_rewards, tool_success_reward
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutSettings, answer_questions, run_rollouts, start_rollouts
 from memalpha.agent.scoring import ANSWER_STYLES, OFFICIAL_ANSWERS, score_answer, score_answers
@@ -34,6 +34,11 @@ INSERT_TEA = call(
 
 def run(memory: Memory, *calls: ToolCall):
     return [execute_call(memory, c) for c in calls]
+
+
+def call_succeeded(result, rule: str) -> bool:
+    """Whether r2 under ``reward.call_success: rule`` counts ``result``, alone in its turn, as a success."""
+    return tool_success_reward(TurnCalls(results=[result]), RewardSettings(call_success=rule)) == 1.0
 
 
 # ------------------------------------------------------------------ difference 7: r2

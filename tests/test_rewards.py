@@ -89,7 +89,6 @@ def test_hand_computed_two_turn_two_question_rollout():
     assert reward.r4 == pytest.approx([1 / 2, 1 / 3])
     # R_t = r1 + r2_t + 0.05 r3 + 0.1 r4_t
     assert reward.total == pytest.approx([0.75 + 2 / 3 + 0.04 + 0.05, 0.75 + 2 / 3 + 0.04 + 0.1 / 3])
-    assert reward.as_dict()["total"] == reward.total
 
 
 def test_accuracy_weight_scales_r1_against_the_tool_reward():

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
 from memalpha.agent.grounding import chunk_tokens, is_supported
 from memalpha.tools.executor import SUCCESS_STATUSES
@@ -39,9 +39,6 @@ if TYPE_CHECKING:
     from memalpha.agent.reward_settings import CompressionGate, RewardSettings
     from memalpha.tools.executor import ToolResult
     from memalpha.tools.formats import ParseError, ToolCall
-
-CallAloneRule = Literal["status", "official"]
-"""The ``reward.call_success`` rules that judge a call by its result alone."""
 
 
 @dataclass
@@ -65,11 +62,6 @@ class RolloutReward:
     r4: list[float]
     total: list[float]
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "r1": self.r1, "r3": self.r3, "r2": list(self.r2), "r4": list(self.r4), "total": list(self.total),
-        }
-
 
 # ---------------------------------------------------------------------------
 # r1: accuracy
@@ -92,7 +84,12 @@ def _status_success(result: ToolResult) -> bool:
 
 
 def _official_success(result: ToolResult) -> bool:
-    """``official``: what the official code reports for the same call (see :func:`call_succeeded`)."""
+    """``official``: what the official code reports for the same call. Its tools differ from
+    memalpha's executor in three places: its insert of a text already stored reports ``skipped``,
+    which it counts as a failure; its update to an unchanged text and its deletion of an empty core
+    report success (memalpha: ``skipped``); and its deletion of a list item by an unknown or missing
+    id deletes nothing and reports success (memalpha: an error). Every other error is a failure there
+    too (updating an unknown id raises in the official store)."""
     call = result.call
     if result.status == "ok":
         return True
@@ -105,27 +102,6 @@ def _official_success(result: ToolResult) -> bool:
         result.code == "missing_argument" and "memory_type" in arguments and "memory_id" not in arguments
     )
     return result.code == "unknown_id" or memory_id_missing
-
-
-_CALL_ALONE_RULES: dict[str, Callable[[ToolResult], bool]] = {
-    "status": _status_success,
-    "official": _official_success,
-}
-
-
-def call_succeeded(result: ToolResult, rule: CallAloneRule = "status") -> bool:
-    """Whether r2 counts ``result`` as a successful call under a rule that looks at the call alone
-    (``status`` or ``official``; ``memalpha`` needs the turn's chunk: :func:`turn_call_successes`).
-
-    ``status``: status ``ok`` or ``skipped``. ``official`` models what the official code
-    reports for the same call, whose tools differ from memalpha's executor in three places:
-    its insert of a text already stored reports ``skipped``, which it counts as a failure;
-    its update to an unchanged text and its deletion of an empty core report success (memalpha:
-    ``skipped``); and its deletion of a list item by an unknown or missing id deletes nothing
-    and reports success (memalpha: an error). Every other error is a failure there too
-    (updating an unknown id raises in the official store).
-    """
-    return _CALL_ALONE_RULES[rule](result)
 
 
 def written_text(call: ToolCall | None) -> str | None:
@@ -169,16 +145,15 @@ def supported_changes(turn: TurnCalls, weights: RewardSettings) -> int:
     return len(stored) + len(deletions)
 
 
-def _each_call(rule: str) -> Callable[[TurnCalls, RewardSettings], int]:
+def _each_call(succeeded: Callable[[ToolResult], bool]) -> Callable[[TurnCalls, RewardSettings], int]:
     """A turn's successes under a rule that judges each call by its result alone."""
-    succeeded = _CALL_ALONE_RULES[rule]
     return lambda turn, weights: sum(succeeded(r) for r in turn.results)
 
 
 CALL_SUCCESS: dict[str, Callable[[TurnCalls, RewardSettings], int]] = {
     "memalpha": supported_changes,
-    "status": _each_call("status"),
-    "official": _each_call("official"),
+    "status": _each_call(_status_success),
+    "official": _each_call(_official_success),
 }
 """Each ``reward.call_success`` name's count of a turn's successful calls (its keys are
 :data:`~memalpha.agent.reward_settings.CALL_SUCCESS_RULES`)."""
