@@ -20,12 +20,11 @@ from memalpha.agent.content_judges import LLMContentJudge
 from memalpha.agent.prompts import (
     answer_judge_prompt,
     content_judge_messages,
-    content_judge_prompt,
     memorise_messages,
     stated_response_limit,
 )
 from memalpha.agent.rollout import RolloutSettings, turn_prompt
-from memalpha.agent.scoring import llm_judge
+from memalpha.agent.scoring import score_answer
 from memalpha.memory.render import render_answer, render_memorise
 from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader, ReaderAnswer
@@ -52,6 +51,11 @@ def _memory() -> Memory:
         memory.insert("semantic_memory", f"fact {i}")
     memory.insert("episodic_memory", "At 2024-01-01, user read a paper.")
     return memory
+
+
+def content_judge_prompt(kind: str, content: str, templates=None) -> str:
+    """The content judge's messages for one write as one text (the fixture's form)."""
+    return "\n\n".join(m["content"] for m in content_judge_messages(kind, content, templates))
 
 
 def render_all(templates=None) -> dict:
@@ -270,7 +274,7 @@ def test_reader_and_judges_use_the_readers_templates(tmp_path):
     )
     sent = []
     reader.complete = lambda prompts: sent.extend(prompts) or [ReaderAnswer("yes", True) for _ in prompts]
-    assert llm_judge("resp", "gold", question="q", judge=reader) == 1.0
+    assert score_answer("lme_train", "resp", "gold", "q", judge=reader) == 1.0
     assert sent[-1] == "<answer_judge>[question=q][response=resp][rubric=gold]"
     LLMContentJudge(reader).judge(
         [ToolCall("new_memory_insert", {"memory_type": "semantic_memory", "content": "c"}, "")]

@@ -16,7 +16,6 @@ import yaml
 from memalpha.agent.prompts import (
     answer_judge_prompt,
     content_judge_messages,
-    content_judge_prompt,
     memorise_messages,
 )
 from memalpha.cli import run
@@ -199,11 +198,10 @@ def test_import_writes_a_file_that_renders_the_stand_in_texts(tmp_path, capsys):
         },
         {"role": "user", "content": "Who?"},
     ]
-    assert (
-        content_judge_prompt("core", "x {y}", t)
-        == 'CORE RULES {"VALID": bool}\n\nGrade this core note:\n\nx {y}'
-    )
-    assert content_judge_prompt("episodic", "e", t) == "EPISODIC RULES\n\nGrade this episodic note:\n\ne"
+    assert content_judge_messages("episodic", "e", t) == [
+        {"role": "system", "content": "EPISODIC RULES"},
+        {"role": "user", "content": "Grade this episodic note:\n\ne"},
+    ]
     # the official judge's split: the kind's rules as the system message, the entry as the user message
     assert "content_judge_system: '{rules}'" in out.read_text(encoding="utf-8")
     assert t.content_judge_system == "{rules}" and t.content_judge == "Grade this {kind} note:\n\n{content}"

@@ -110,8 +110,3 @@ def content_judge_messages(
         return [user]
     return [{"role": "system", "content": t.render("content_judge_system", rules=rules)}, user]
 
-
-def content_judge_prompt(kind: str, content: str, templates: PromptTemplates | None = None) -> str:
-    """The r4 LLM-judge prompt for one write as one text: the one message of
-    :func:`content_judge_messages`, or its system and user messages joined by an empty line."""
-    return "\n\n".join(m["content"] for m in content_judge_messages(kind, content, templates))

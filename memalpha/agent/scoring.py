@@ -175,49 +175,18 @@ def parse_yes_no(reply: str) -> float:
     return float("yes" in words and "no" not in words)
 
 
-def _judge_prompt(question: str, gold: Gold, prediction: str, templates=None) -> str:
-    """The judge's prompt, from ``templates`` (the judge reader's; ``None``: memalpha's)."""
-    from memalpha.agent.prompts import answer_judge_prompt
-
-    rubric = "; ".join(_golds(gold))
-    return answer_judge_prompt(
-        question=question, rubric=rubric, response=strip_thinking(prediction), templates=templates
-    )
-
-
-def llm_judge(
-    prediction: str,
-    gold: Gold,
-    *,
-    question: str = "",
-    judge: Reader | None = None,
-    style: AnswerStyle | None = None,
-) -> float:
-    """Ask ``judge`` whether the prediction satisfies the gold rubric; a failed call scores 0.
-
-    ``style`` says how the judge's reply is read (:attr:`AnswerStyle.read_judgement`; default memalpha's)."""
-    return llm_judge_many([prediction], [gold], [question], judge, style)[0]
-
-
-def llm_judge_many(
-    predictions: Sequence[str],
-    golds: Sequence[Gold],
-    questions: Sequence[str],
-    judge: Reader | None,
-    style: AnswerStyle | None = None,
-) -> list[float]:
-    """:func:`llm_judge` for many answers in one batched call to the judge."""
-    return _judge_many(predictions, golds, questions, judge, style)[0]
-
-
 def _judge_many(
     predictions: Sequence[str],
     golds: Sequence[Gold],
     questions: Sequence[str],
     judge: Reader | None,
-    style: AnswerStyle | None = None,
+    style: AnswerStyle,
 ) -> tuple[list[float], list[str | None]]:
-    """The judged scores, and for each the error of its failed judge call (None when it was judged)."""
+    """Ask ``judge`` whether each prediction satisfies its gold rubric, in one batched call: the
+    scores (a failed call scores 0; ``style`` reads the replies), and for each the error of its
+    failed judge call (None when it was judged)."""
+    from memalpha.agent.prompts import answer_judge_prompt
+
     if judge is None:
         raise ValueError(
             "metric 'llm_judge' needs a judge (a memalpha.reader.Reader); configure a reader "
@@ -225,13 +194,12 @@ def _judge_many(
         )
     templates = getattr(judge, "templates", None)  # the judge reader's prompt templates
     prompts = [
-        _judge_prompt(q, g, p, templates) for p, g, q in zip(predictions, golds, questions, strict=True)
+        answer_judge_prompt(q, "; ".join(_golds(g)), strip_thinking(p), templates)
+        for p, g, q in zip(predictions, golds, questions, strict=True)
     ]
     replies = judge.complete(prompts)
-    read_reply = (style or MEMALPHA_ANSWERS).read_judgement
-    scores = [read_reply(r.text) if r.ok else 0.0 for r in replies]
+    scores = [style.read_judgement(r.text) if r.ok else 0.0 for r in replies]
     return scores, [None if r.ok else f"judge: {r.error}" for r in replies]
-
 
 
 # ---------------------------------------------------------------------------
@@ -305,23 +273,23 @@ def official_yes_no(reply: str) -> float:
     return float("yes" in text and "no" not in text)
 
 
-METRICS: dict[str, Callable[..., float]] = {
+METRICS: dict[str, Callable[[str, Gold], float]] = {
     "substring": substring_match,
     "multi_part": multi_part_match,
     "boxed": boxed_label_match,
     "keyword": keyword_hit,
-    "llm_judge": llm_judge,
 }
-"""Metric name -> scoring function. All but ``llm_judge`` are pure ``(prediction, gold)``."""
+"""Rule metric name -> its pure ``(prediction, gold)`` function; ``llm_judge`` asks a judge instead."""
 
-OFFICIAL_METRICS: dict[str, Callable[..., float]] = {
+OFFICIAL_METRICS: dict[str, Callable[[str, Gold], float]] = {
     "substring": official_first_gold_match,
     "multi_part": official_multi_part_match,
     "boxed": official_boxed_digits_match,
     "keyword": official_keyword_hit,
-    "llm_judge": llm_judge,
 }
-"""The ``official`` style's function for each metric name (the judge differs only in reading its reply)."""
+"""The ``official`` style's function for each rule metric (the judge differs only in reading its reply)."""
+
+METRIC_NAMES = (*METRICS, "llm_judge")
 
 MetricStyle = Literal["memalpha", "official"]
 
@@ -329,11 +297,11 @@ MetricStyle = Literal["memalpha", "official"]
 @dataclass(frozen=True)
 class AnswerStyle:
     """How answers are compared with their golds (``reward.metric_style``), picked once from the
-    setting's name (:data:`ANSWER_STYLES`): each metric name's function, and how an LLM judge's
+    setting's name (:data:`ANSWER_STYLES`): each rule metric's function, and how an LLM judge's
     yes/no reply is read."""
 
     name: str
-    metrics: Mapping[str, Callable[..., float]]
+    metrics: Mapping[str, Callable[[str, Gold], float]]
     read_judgement: Callable[[str], float]
 
 
@@ -384,9 +352,9 @@ def _lookup(source: str, table: dict[str, str]) -> str | None:
 
 def check_metric_overrides(overrides: dict[str, str], option: str = "metric overrides") -> None:
     """Raise ValueError naming ``option`` when an override names a metric that does not exist."""
-    unknown = sorted(set(overrides.values()) - set(METRICS))
+    unknown = sorted(set(overrides.values()) - set(METRIC_NAMES))
     if unknown:
-        raise ValueError(f"{option} name unknown metrics {unknown}; known: {sorted(METRICS)}")
+        raise ValueError(f"{option} name unknown metrics {unknown}; known: {sorted(METRIC_NAMES)}")
 
 
 def metric_for_source(data_source: str, overrides: dict[str, str] | None = None) -> str:
@@ -423,10 +391,7 @@ def score_answer(
 ) -> float:
     """Score one reader answer with the metric of its ``data_source`` (a float in [0, 1]),
     compared in the answer ``style`` (memalpha's or the official code's)."""
-    name = metric_for_source(data_source, overrides)
-    if name == "llm_judge":
-        return llm_judge(prediction, gold, question=question, judge=judge, style=style)
-    return style.metrics[name](prediction, gold)
+    return score_answers(data_source, [prediction], [gold], [question], judge, overrides, style=style)[0][0]
 
 
 def score_answers(
@@ -474,4 +439,3 @@ def score_answers(
     for i in live:
         scores[i] = metric(predictions[i], golds[i])
     return scores, judge_errors
-
