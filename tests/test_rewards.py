@@ -279,7 +279,7 @@ def test_llm_content_judge_batches_and_scores_malformed_as_zero():
     calls = [
         CAT,  # has digits -> valid
         SISTER,  # no digit -> invalid
-        DELETE,  # not asked: deletions score delete_score
+        DELETE,  # not asked: deletions score 0
         call("new_memory_insert", memory_type="semantic_memory", content="MALFORMED 1"),
         call("new_memory_insert", memory_type="semantic_memory", content="DOWN 1"),
         call("new_memory_insert", memory_type="semantic_memory", content=""),  # not asked

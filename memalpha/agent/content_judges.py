@@ -9,8 +9,8 @@
   call failed, is asked again up to ``attempts`` asks in all and scores 0 when none is
   well-formed.
 
-As in the official code, deletions carry no content and score 0 (``delete_score``), and
-calls are judged by their arguments whether or not they executed.
+As in the official code, deletions carry no content and score 0, and calls are judged by
+their arguments whether or not they executed.
 
 The judges take typed values and check none of them: their settings are checked once, where
 they enter, by :class:`memalpha.agent.reward_settings.RewardSettings`, which builds the judge
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 from memalpha.agent.prompts import content_judge_messages
 from memalpha.agent.scoring import strip_thinking
-from memalpha.tools.schemas import DELETE, INSERT, UPDATE
+from memalpha.tools.schemas import INSERT, UPDATE
 
 if TYPE_CHECKING:
     from memalpha.reader.base import Reader, Sampling
@@ -117,20 +117,13 @@ def rule_validity(kind: str, content: str) -> tuple[bool, str]:
 
 
 class RuleContentJudge:
-    """Content validity by rules (see the module docstring); ``delete_score`` scores deletions."""
-
-    def __init__(self, delete_score: float = 0.0) -> None:
-        self.delete_score = float(delete_score)
+    """Content validity by rules (see the module docstring)."""
 
     def judge(self, calls: Sequence[ToolCall]) -> list[float]:
         scores = []
         for call in calls:
             target = call_content(call)
-            if target is None:
-                scores.append(self.delete_score if call.name == DELETE else 0.0)
-                continue
-            valid, _reason = rule_validity(*target)
-            scores.append(1.0 if valid else 0.0)
+            scores.append(1.0 if target is not None and rule_validity(*target)[0] else 0.0)
         return scores
 
 
@@ -200,7 +193,7 @@ class LLMContentJudge:
     (the entry) when the reader's templates define ``content_judge_system``, as the official
     judge sends them (:func:`memalpha.agent.prompts.content_judge_messages`).
 
-    Calls without content (deletions) get ``delete_score`` without asking. A write whose reply
+    Calls without content (deletions) score 0 without asking. A write whose reply
     is malformed (under ``parse``, see :func:`parse_validity_judgement`) or whose reader call
     failed is asked again, with the other such writes in one batch, until ``attempts`` asks in
     all (``attempts`` >= 1); then it scores 0. Each ask after a malformed reply appends the
@@ -217,13 +210,11 @@ class LLMContentJudge:
     def __init__(
         self,
         reader: Reader,
-        delete_score: float = 0.0,
         attempts: int = 1,
         sampling: Sampling | None = None,
         parse: JudgementParse = "memalpha",
     ) -> None:
         self.reader = reader
-        self.delete_score = float(delete_score)
         self.attempts = attempts
         self.sampling = sampling if sampling is not None and sampling.overrides else None
         self.find_object = JUDGEMENT_OBJECTS[parse]
@@ -238,11 +229,7 @@ class LLMContentJudge:
         templates = getattr(self.reader, "templates", None)
         for i, call in enumerate(calls):
             target = call_content(call)
-            if target is None:
-                scores[i] = self.delete_score if call.name == DELETE else 0.0
-            elif not target[1].strip():
-                scores[i] = 0.0
-            else:
+            if target is not None and target[1].strip():
                 asked.append(i)
                 *system, user = content_judge_messages(*target, templates=templates)
                 users[i] = user["content"]
