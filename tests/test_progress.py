@@ -16,11 +16,12 @@ import pytest
 from test_training import scalars, version_dirs, write_config
 
 from memalpha.agent.progress import Phase
-from memalpha.agent.prompt_budget import check_prompt_budget, empty_memory
+from memalpha.agent.prompt_budget import check_prompt_budget
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutError, RolloutSettings, run_rollouts, turn_prompt
 from memalpha.cli import main
 from memalpha.data.schema import QA, Instance
+from memalpha.memory.store import Memory
 from memalpha.tools.formats import get_call_format
 from memalpha.train.lightning_cli import qualify_options
 from memalpha.train.progress_bar import StepProgressBar, run_steps
@@ -180,11 +181,7 @@ def test_the_step_bar_is_the_default_and_a_configured_bar_wins(
 def test_the_budget_check_agrees_with_the_rollout_to_the_token(tokenizer):
     settings = RolloutSettings(prompt_profile="compact", call_format="hermes")
     chunk = "Anna lives in Oslo. " * 40
-    needed = len(
-        turn_prompt(
-            tokenizer, empty_memory(tokenizer, settings), chunk, get_call_format("hermes"), settings, "x"
-        )[1]
-    )
+    needed = len(turn_prompt(tokenizer, Memory(), chunk, get_call_format("hermes"), settings, "x")[1])
     instance = Instance("anna", "synth_personal", ["short", chunk], [QA("Where?", "Oslo")])
 
     check_prompt_budget([instance], tokenizer, replace(settings, max_prompt_tokens=needed), "f")

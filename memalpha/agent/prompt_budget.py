@@ -22,11 +22,6 @@ MARGIN = 16
 chunks this close to the budget get their whole prompt built."""
 
 
-def empty_memory(tokenizer, settings: RolloutSettings) -> Memory:
-    """A memory with nothing in it, as every rollout starts."""
-    return Memory(token_counter=make_token_counter(tokenizer), core_token_limit=settings.core_token_limit)
-
-
 def check_prompt_budget(
     instances: Sequence[Instance], tokenizer, settings: RolloutSettings, source: str
 ) -> None:
@@ -40,7 +35,7 @@ def check_prompt_budget(
     if not instances:
         return
     call_format = get_call_format(settings.call_format)
-    memory = empty_memory(tokenizer, settings)
+    memory = Memory(token_counter=make_token_counter(tokenizer), core_token_limit=settings.core_token_limit)
 
     def prompt_tokens(chunk: str, where: str) -> int:
         return len(turn_prompt(tokenizer, memory, chunk, call_format, settings, where)[1])
