@@ -1,13 +1,9 @@
 """The content-validity judges of reward r4 (docs/metrics_and_rewards.md): one score in [0, 1] per call.
 
-* :class:`RuleContentJudge` (default, free): core must be a real paragraph (not empty, not a
-  stand-in such as "summary goes here", never mentioning "core memory"); an episodic entry
-  must carry a time expression; a semantic entry must be a non-empty statement.
+* :class:`RuleContentJudge` (default, free): deterministic checks by memory kind
+  (:func:`rule_validity`);
 * :class:`LLMContentJudge`: the paper's judgement through a reader, which answers with a
-  JSON object ``{"VALID": bool, "ISSUES": [...], "EXPLANATION": str}``, sampled with the
-  reader's settings or the judge's own; a write whose judgement is malformed, or whose reader
-  call failed, is asked again up to ``attempts`` asks in all and scores 0 when none is
-  well-formed.
+  JSON object ``{"VALID": bool, "ISSUES": [...], "EXPLANATION": str}``.
 
 As in the official code, deletions carry no content and score 0, and calls are judged by
 their arguments whether or not they executed.

@@ -2,16 +2,10 @@
 
 An instance knows its facts when ``metadata["notes"]`` lists, per chunk, the facts it tells
 (the synthetic tasks write them: :mod:`memalpha.data.synthetic`); other data has no facts and no
-recall (``None``, never 0). A fact's text is its sentence, preceded by its date when it has one
-(an event without its day cannot answer "what did X do on <date>?").
-
-A fact is **present** when one memory item (the core paragraph, or one entry of either list)
-holds at least :data:`FACT_MIN_SHARE` of the fact's content tokens
-(:func:`memalpha.agent.grounding.content_tokens`: lower-cased words and numbers, function words
-dropped). Token overlap rather than a substring, so that a reworded fact ("Anselm Esterhazy's
-favourite dish is pho" for "Anselm Esterhazy says their favourite dish is pho") counts, while a
-memory that names the person but not what they did does not; within one item, so that words
-scattered over the memory do not add up to a fact.
+recall (``None``, never 0). A fact is **present** when one memory item (the core paragraph, or
+one entry of either list) holds at least :data:`FACT_MIN_SHARE` of the fact's content tokens
+(:func:`memalpha.agent.grounding.content_tokens`). docs/metrics_and_rewards.md ("Fact recall")
+says why token overlap within one item, with examples.
 """
 
 from __future__ import annotations

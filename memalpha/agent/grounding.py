@@ -1,23 +1,10 @@
 """Whether a memory write carries something of the chunk it was written for (the r2/r4 support rule).
 
 A written text is **supported by the chunk** when the content tokens it adds to the memory are
-mostly tokens of the chunk (docs/metrics_and_rewards.md, "What counts as a successful call"):
-
-* *content tokens* of a text: its lower-cased runs of letters and digits (``2024-03-05`` gives
-  ``2024``, ``03``, ``05``), as a set, minus the English function words of :data:`STOP_WORDS`;
-* the *chunk's* tokens are those of its text without memalpha's dated wrapper
-  (:func:`memalpha.data.wrapping.parse_wrapped_chunk`: the opening line, the assistant's
-  acknowledgement, the reading request), its date kept, so that the wrapper's fixed words
-  ("keep in mind", "user") support nothing;
-* the tokens a write *adds*: those of its text that the text it replaces lacks (an update's old
-  text; nothing for an insert), so rewriting the core with old and new facts is judged by its new
-  part;
-* supported: at least ``min_tokens`` added tokens occur in the chunk, and they are at least
-  ``min_share`` of the added tokens.
-
-Cheap (set operations on words), deterministic and model-free. It does not tell a paraphrase
-from a copy or a useful fact from filler; r1 and fact recall (:mod:`memalpha.agent.fact_recall`)
-measure that. A write that quotes the chunk's filler is supported.
+mostly tokens of the chunk (:func:`is_supported`; docs/metrics_and_rewards.md, "Supported by the
+chunk", with examples). Cheap (set operations on words), deterministic and model-free. It does
+not tell a paraphrase from a copy or a useful fact from filler; r1 and fact recall
+(:mod:`memalpha.agent.fact_recall`) measure that.
 """
 
 from __future__ import annotations

@@ -7,17 +7,11 @@ For chunk turn ``t`` of one rollout::
 (``accuracy_weight`` 1 in the paper and by default.)
 
 * ``r1``   mean question score of the reader over the final memory (per rollout);
-* ``r2_t`` successful calls / calls in turn ``t`` (every parse error of the turn is one failed
-  call); 0 without calls. What succeeds is ``reward.call_success`` (:func:`turn_call_successes`):
-  ``memalpha`` counts a call that changed the memory (status ``ok``) and, when it writes, writes
-  something its turn's chunk supports (:mod:`memalpha.agent.grounding`), and gives the turn 0 when
-  none of its calls stores such a text; ``status`` counts the statuses ``ok`` and ``skipped``;
-  ``official`` counts what the official code reports as executed and not skipped;
-* ``r3``   ``1 - memory_tokens / chunk_tokens`` (per rollout; negative when memory outgrows
-  the input); under ``reward.compression_gate: accuracy`` (memalpha) a positive value is
-  multiplied by r1, so a memory that answers nothing earns no compression;
-* ``r4_t`` mean content validity of turn ``t``'s parsed calls, 0 without parsed calls; under
-  ``reward.content_grounding: chunk`` (memalpha) a write its chunk does not support scores 0.
+* ``r2_t`` successful calls (``reward.call_success``: :func:`turn_call_successes`) / calls in
+  turn ``t`` (every parse error of the turn is one failed call); 0 without calls;
+* ``r3``   ``1 - memory_tokens / chunk_tokens`` (per rollout), gated by ``reward.compression_gate``;
+* ``r4_t`` mean content validity of turn ``t``'s parsed calls, 0 without parsed calls, grounded
+  by ``reward.content_grounding``.
 
 Every function here computes from the values it is given and changes nothing; the one exception
 is :func:`rollout_rewards`, which asks the content judge (:mod:`memalpha.agent.content_judges`)

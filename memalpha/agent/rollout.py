@@ -182,13 +182,8 @@ class TurnSample:
     ``response_ids`` are the *trained* tokens: the sampled response up to the first token that
     reaches into its call format's result marker (:meth:`~memalpha.tools.formats.CallFormat.trained_length`;
     all of it, end token included, when it has none). The tokens after that are cut from the
-    sample rather than masked: each trained token's log-prob depends only on the tokens before
-    it, so the cut trains exactly what a mask would, while the batch, its checkpointed state,
-    the log-prob passes and the prefix cache stay as they are and skip the cut tokens' compute.
-    The official trainer also removes them from the sequence, but by cutting the decoded text
-    (stripped of surrounding whitespace) and re-tokenising it; memalpha keeps the sampled ids,
-    so the log-probs are those of the tokens the policy drew. ``truncated`` and the turn's
-    calls describe the whole response; ``train/response_length`` counts trained tokens.
+    sample rather than masked, which trains exactly what a mask would (docs/metrics_and_rewards.md,
+    "Trained tokens"). ``truncated`` and the turn's calls describe the whole response.
     With a generation server (``rollout.backend: vllm``) ``sampler_logprobs`` holds the server's
     log-prob of every trained token and ``adapter_version`` the adapter version it sampled with.
     ``reward`` is ``R_t`` with the final accuracy broadcast; ``turn_reward``, when the reader was

@@ -1,42 +1,14 @@
 """Per-source scoring of reader answers: one registry, chosen by an instance's ``data_source``.
 
-Five metrics (docs/method.md: answering), each a pure function ``(prediction, gold) -> float in [0, 1]``
-except the LLM judge, which asks a :class:`~memalpha.reader.base.Reader` a yes/no question:
-
-==============  ==========================================================================
-``substring``   the normalised gold is a substring of the normalised prediction
-                (max over the golds when there are several)
-``multi_part``  gold split on ``;``: the fraction of its parts found in the prediction
-``boxed``       the label in the first ``\\boxed{...}`` (or ``<answer>...</answer>``)
-                equals the gold label
-``keyword``     gold split on ``,``: the fraction of keywords found in the prediction
-``llm_judge``   the judge reads question, rubric and prediction and answers yes or no
-==============  ==========================================================================
-
-Normalisation (:func:`normalize_answer`) lower-cases, drops punctuation and the articles
-*a/an/the*, and collapses white space, as the official MemoryAgentBench evaluation does.
-A prediction's leading ``<think>...</think>`` block is removed before scoring; an
-unfinished thinking block leaves nothing to score (the official code does the same).
-
-Two styles (``reward.metric_style``; docs/metrics_and_rewards.md shows both side by side).
-``memalpha`` (the default) normalises more than the official code, on purpose, so that a
-right answer written differently still scores:
-
-* ``substring`` normalises both sides and takes the best of all golds (the official
-  training reward and evaluation for SQuAD/HotpotQA only lower-case and check the first gold).
-* ``multi_part`` normalises each part and the prediction (the official code lower-cases
-  the part but not the prediction, so a capitalised answer never matched a part).
-* ``keyword`` lower-cases and collapses white space on both sides.
-* ``boxed`` compares the extracted label with the gold label after stripping quotes and
-  white space, and also reads ``<answer>`` tags and ``\\box{}``; for numeric gold labels
-  (every official source) a boxed number scores as the official digits-only rule does,
-  and text labels (memalpha's synthetic sources) work too.
-* ``llm_judge`` reads the judge's words: yes and not the word no.
-
-``official`` scores as the official code (its training reward manager, and its evaluation for
-the same sources) does: :data:`OFFICIAL_METRICS`, one function per metric name, so the
-source-to-metric table is the same in both styles. A style changes how an answer is
-compared with its gold, never which metric a source gets.
+Five metrics (``substring``, ``multi_part``, ``boxed``, ``keyword``: pure functions
+``(prediction, gold) -> float in [0, 1]``; ``llm_judge``: a :class:`~memalpha.reader.base.Reader`
+answers a yes/no question) in two styles (``reward.metric_style``): ``memalpha`` normalises on
+purpose (:func:`normalize_answer`, the best of all golds), so that a right answer written
+differently still scores; ``official`` (:data:`OFFICIAL_METRICS`) compares as the official code
+does. A style changes how an answer is compared with its gold, never which metric a source gets.
+A prediction's leading ``<think>...</think>`` block is removed before scoring (:func:`strip_thinking`).
+docs/metrics_and_rewards.md ("Answer metrics and the source registry") tables the metrics, the
+sources and both styles with examples.
 """
 
 from __future__ import annotations
