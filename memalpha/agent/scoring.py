@@ -120,12 +120,9 @@ def boxed_label_match(prediction: str, gold: Gold) -> float:
     return float(any(label == g.strip().strip("\"'").strip() for g in _golds(gold)))
 
 
-def _keywords(gold: Gold) -> list[str]:
-    if isinstance(gold, str):
-        raw = gold.split(",")
-    else:
-        raw = [k for g in _golds(gold) for k in g.split(",")]
-    return [" ".join(k.lower().split()) for k in raw if k.strip()]
+def _split_keywords(gold: Gold) -> list[str]:
+    """The ``,``-separated keywords of every gold, as written."""
+    return [k for g in _golds(gold) for k in g.split(",")]
 
 
 def keyword_hit(prediction: str, gold: Gold) -> float:
@@ -134,7 +131,7 @@ def keyword_hit(prediction: str, gold: Gold) -> float:
     Matching is case-insensitive with white space collapsed; a multi-word keyword must
     appear as a whole.
     """
-    keywords = _keywords(gold)
+    keywords = [" ".join(k.lower().split()) for k in _split_keywords(gold) if k.strip()]
     if not keywords:
         return 0.0
     pred = " ".join(strip_thinking(prediction).lower().split())
@@ -227,8 +224,7 @@ def official_boxed_digits_match(prediction: str, gold: Gold) -> float:
 def official_keyword_hit(prediction: str, gold: Gold) -> float:
     """Fraction of the ``,``-separated keywords (stripped) found in the prediction, both sides
     only lower-cased (white space is not collapsed); an empty keyword counts as found."""
-    raw = gold.split(",") if isinstance(gold, str) else [k for g in _golds(gold) for k in g.split(",")]
-    keywords = [k.strip().lower() for k in raw]
+    keywords = [k.strip().lower() for k in _split_keywords(gold)]
     if not keywords:
         return 0.0
     pred = strip_thinking(prediction).lower()
