@@ -87,8 +87,6 @@ def answer_judge_prompt(
 # Content validity of a memory write (reward r4, the LLM judge): one prompt per memory kind.
 # ---------------------------------------------------------------------------------------
 
-CONTENT_JUDGE_KINDS = ("core", "semantic", "episodic")
-
 
 def content_judge_messages(
     kind: str, content: str, templates: PromptTemplates | None = None
@@ -99,14 +97,9 @@ def content_judge_messages(
     ``content_judge_system`` (as the official judge sends it), a system message holding the
     kind's rules and a user message holding the entry.
     """
-    if kind not in CONTENT_JUDGE_KINDS:
-        raise ValueError(
-            f"content judge: memory kind must be one of {sorted(CONTENT_JUDGE_KINDS)}, got {kind!r}"
-        )
     t = templates or default_templates()
     rules = t.render(f"content_judge_{kind}")
     user = {"role": "user", "content": t.render("content_judge", kind=kind, rules=rules, content=content)}
     if t.content_judge_system is None:
         return [user]
     return [{"role": "system", "content": t.render("content_judge_system", rules=rules)}, user]
-
