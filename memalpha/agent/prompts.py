@@ -1,15 +1,9 @@
 """The memorising and judge prompts, rendered from the prompt templates (:mod:`memalpha.templates`:
 the texts live in ``memalpha/templates/memalpha.yaml`` or the file ``rollout.prompt_templates`` names).
 
-Memorising (docs/method.md: memorising): every chunk gets a fresh two-message prompt –
-
-* system: the agent's role, what each memory part is for, the call format's tool block,
-  and last the rendered memory (:func:`memalpha.memory.render.render_memorise`);
-* user: the task steps and the chunk inside ``<new_chunk>`` tags.
-
-No earlier chunk or response is kept in context. The memory is the only part of the system
-prompt that differs between rollouts, so memalpha's texts put it last: everything before it (about 800
-tokens with a tool block) is a prefix every turn of a batch shares, which
+Memorising (docs/method.md: memorising): every chunk gets a fresh ``[system, user]`` prompt. The
+rendered memory is the only part of the system prompt that differs between rollouts, so memalpha's
+texts put it last: everything before it is a prefix every turn of a batch shares, which
 :mod:`memalpha.lm.core.prefix_cache` computes once instead of once per row.
 """
 
