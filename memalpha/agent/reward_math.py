@@ -149,8 +149,8 @@ CALL_SUCCESS: dict[str, Callable[[TurnCalls, RewardSettings], int]] = {
     "status": _each_call(_status_success),
     "official": _each_call(_official_success),
 }
-"""Each ``reward.call_success`` name's count of a turn's successful calls (its keys are
-:data:`~memalpha.agent.reward_settings.CALL_SUCCESS_RULES`)."""
+"""Each ``reward.call_success`` name's count of a turn's successful calls (its keys are the values of
+:data:`~memalpha.agent.reward_settings.CallSuccessRule`)."""
 
 
 def turn_call_successes(turn: TurnCalls, weights: RewardSettings) -> int:

@@ -24,13 +24,9 @@ if TYPE_CHECKING:
     from memalpha.reader.base import Reader
 
 ContentJudgeKind = Literal["rule", "llm"]
-CONTENT_JUDGES: tuple[str, ...] = get_args(ContentJudgeKind)
 CallSuccessRule = Literal["memalpha", "status", "official"]
-CALL_SUCCESS_RULES: tuple[str, ...] = get_args(CallSuccessRule)
 ContentGrounding = Literal["chunk", "none"]
-CONTENT_GROUNDINGS: tuple[str, ...] = get_args(ContentGrounding)
 CompressionGate = Literal["accuracy", "none"]
-COMPRESSION_GATES: tuple[str, ...] = get_args(CompressionGate)
 
 
 def _check_one_of(key: str, value: object, options: tuple[str, ...]) -> None:
@@ -120,7 +116,7 @@ class RewardSettings:
     content_judge_parse: JudgementParse = "memalpha"
 
     def __post_init__(self) -> None:
-        _check_one_of("content_judge", self.content_judge, CONTENT_JUDGES)
+        _check_one_of("content_judge", self.content_judge, get_args(ContentJudgeKind))
         if self.beta < 0 or self.gamma < 0:
             raise ValueError(f"reward.beta and reward.gamma must be >= 0, got {self.beta}, {self.gamma}")
         if not self.accuracy_weight >= 0:
@@ -128,13 +124,13 @@ class RewardSettings:
         if self.metric_overrides:
             check_metric_overrides(self.metric_overrides, "reward.metric_overrides")
         _check_one_of("metric_style", self.metric_style, tuple(ANSWER_STYLES))
-        _check_one_of("call_success", self.call_success, CALL_SUCCESS_RULES)
+        _check_one_of("call_success", self.call_success, get_args(CallSuccessRule))
         if not 0.0 < self.support_min_share <= 1.0:
             raise ValueError(f"reward.support_min_share must be in (0, 1], got {self.support_min_share}")
         if isinstance(self.support_min_tokens, bool) or self.support_min_tokens < 1:
             raise ValueError(f"reward.support_min_tokens must be >= 1, got {self.support_min_tokens}")
-        _check_one_of("content_grounding", self.content_grounding, CONTENT_GROUNDINGS)
-        _check_one_of("compression_gate", self.compression_gate, COMPRESSION_GATES)
+        _check_one_of("content_grounding", self.content_grounding, get_args(ContentGrounding))
+        _check_one_of("compression_gate", self.compression_gate, get_args(CompressionGate))
         attempts = self.content_judge_attempts
         if isinstance(attempts, bool) or attempts < 1:
             raise ValueError(f"reward.content_judge_attempts must be >= 1, got {attempts}")
