@@ -48,8 +48,6 @@ Layout = Literal["auto", "jsonl", "memalpha", "memoryagentbench", "longmemeval"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_MEMALPHA_FIELDS = ("chunks", "questions_and_answers", "data_source")
-_MAB_FIELDS = ("context", "questions", "answers")
 
 
 @dataclass
