@@ -37,7 +37,6 @@ def _good(i: int = 0) -> dict:
 def test_instance_round_trip_keeps_list_answers():
     instance = Instance.from_dict(_good())
     assert instance.questions[1] == QA("q2?", ["x", "y"])
-    assert instance.questions[1].answers == ["x", "y"] and instance.questions[0].answers == ["a"]
     assert instance.to_dict() == _good()
     assert Instance.from_dict(instance.to_dict()) == instance
 

@@ -22,7 +22,7 @@ def _texts(instance: Instance) -> str:
     parts = list(instance.chunks)
     for qa in instance.questions:
         parts.append(qa.question)
-        parts.extend(qa.answers)
+        parts.append(qa.answer)  # always one string in the synthetic families
     return "\n".join(parts)
 
 

@@ -64,11 +64,6 @@ class QA:
     question: str
     answer: Answer
 
-    @property
-    def answers(self) -> list[str]:
-        """The acceptable answers as a list (one element for a plain string answer)."""
-        return [self.answer] if isinstance(self.answer, str) else list(self.answer)
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "question": self.question,
