@@ -13,7 +13,7 @@ import pytest
 from memalpha.commands.data import main
 from memalpha.data.loaders import load_instances, save_jsonl
 from memalpha.data.synthetic import generate_synthetic
-from memalpha.data.wrapping import unwrap_chunk
+from memalpha.data.wrapping import parse_wrapped_chunk
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
 MEMALPHA_BIN = Path(sys.executable).parent / "memalpha"
@@ -86,7 +86,7 @@ def test_convert_memoryagentbench_to_our_jsonl(tmp_path, embedded_model_dir, cap
     assert "wrote 1 instances (memoryagentbench layout)" in capsys.readouterr().out
     (instance,), _ = load_instances(out, layout="jsonl")
     assert instance.instance_id == "eventqa-0" and len(instance.chunks) > 1
-    assert "".join(unwrap_chunk(c) for c in instance.chunks) == context
+    assert "".join(parse_wrapped_chunk(c).text for c in instance.chunks) == context
 
 
 def test_convert_official_parquet(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 
 from memalpha.data.loaders import load_instances, save_jsonl
 from memalpha.data.schema import DataValidationError, Instance
-from memalpha.data.wrapping import parse_wrapped_chunk, unwrap_chunk
+from memalpha.data.wrapping import parse_wrapped_chunk
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
 PUBMED_PARQUET = FIXTURES / "memalpha_pubmed.parquet"
@@ -245,7 +245,7 @@ def test_memoryagentbench_wrapping_keeps_the_text(tmp_path, tokenizer):
     assert "".join(p.text for p in parsed) == CONTEXT
     (reading,), _ = load_instances(path, tokenizer=tokenizer, chunk_tokens=300, wrap="reading")
     assert reading.chunks[1].startswith("[Reading event on 2024-01-02: the user is reading a book]\n<User> ")
-    assert "".join(unwrap_chunk(c) for c in reading.chunks) == CONTEXT
+    assert "".join(parse_wrapped_chunk(c).text for c in reading.chunks) == CONTEXT
 
 
 def test_memoryagentbench_saved_dataset_dict(tmp_path, tokenizer):

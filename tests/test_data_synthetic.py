@@ -13,7 +13,7 @@ import pytest
 from memalpha.data.loaders import load_instances, save_jsonl
 from memalpha.data.schema import Instance
 from memalpha.data.synthetic import FAMILIES, generate_synthetic
-from memalpha.data.wrapping import parse_wrapped_chunk, unwrap_chunk
+from memalpha.data.wrapping import parse_wrapped_chunk
 
 KNOBS = {"num_chunks": 5, "facts_per_chunk": 4, "distractors_per_chunk": 2, "questions_per_instance": 6}
 
@@ -83,7 +83,7 @@ def test_families_cycle_and_instances_are_valid():
 def test_default_chunks_are_short():
     for instance in generate_synthetic(8):
         for chunk in instance.chunks:
-            words = len(unwrap_chunk(chunk).split())
+            words = len(parse_wrapped_chunk(chunk).text.split())
             assert 100 <= words <= 175, (instance.instance_id, words)
 
 
@@ -93,7 +93,7 @@ def test_knobs_are_respected():
     )
     for instance in instances:
         assert len(instance.chunks) == 6 and len(instance.questions) == 3
-        assert all(len(unwrap_chunk(c).split()) >= 60 for c in instance.chunks)
+        assert all(len(parse_wrapped_chunk(c).text.split()) >= 60 for c in instance.chunks)
         assert not instance.metadata.get("distractor_people")
     few = generate_synthetic(4, num_chunks=1, facts_per_chunk=1, questions_per_instance=9, chunk_words=0)
     # at most one question per fact (icl makes new sentences)
@@ -104,7 +104,7 @@ def test_knobs_are_respected():
 
 
 def _sentences(chunk: str) -> list[str]:
-    return re.split(r"(?<=[.!?])\s+", unwrap_chunk(chunk))
+    return re.split(r"(?<=[.!?])\s+", parse_wrapped_chunk(chunk).text)
 
 
 def test_personal_and_timeline_answers_sit_in_the_evidence_chunk():
@@ -129,9 +129,8 @@ def test_personal_and_timeline_answers_sit_in_the_evidence_chunk():
 
 def test_icl_gold_is_a_bare_label_backed_by_examples():
     for instance in generate_synthetic(6, seed=4, families=("synth_icl",), **KNOBS):
-        labels = set(
-            re.findall(r"^Label: (\d+)$", "\n".join(map(unwrap_chunk, instance.chunks)), re.MULTILINE)
-        )
+        examples = "\n".join(parse_wrapped_chunk(c).text for c in instance.chunks)
+        labels = set(re.findall(r"^Label: (\d+)$", examples, re.MULTILINE))
         n_labels = instance.metadata["num_labels"]
         assert labels == {str(k) for k in range(n_labels + 1)}  # the asked labels plus the distractor label
         for qa in instance.questions:

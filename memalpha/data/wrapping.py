@@ -17,7 +17,7 @@ Two styles, as the Mem-α data uses them:
       <System> {request to keep the details and a running summary}
 
 The opening and closing lines are picked by ``variant`` (deterministic, no randomness).
-:func:`unwrap_chunk` gives back exactly the text that was wrapped.
+:func:`parse_wrapped_chunk` gives back exactly the text that was wrapped.
 """
 
 from __future__ import annotations
@@ -110,11 +110,3 @@ def parse_wrapped_chunk(wrapped: str) -> UnwrappedChunk | None:
     if match and match["request"] == READING_REQUEST.format(day=match["day"]):
         return UnwrappedChunk("reading", date.fromisoformat(match["day"]), match["body"])
     return None
-
-
-def unwrap_chunk(wrapped: str) -> str:
-    """The text :func:`wrap_chunk` wrapped. Raises ``ValueError`` for a chunk it did not make."""
-    parsed = parse_wrapped_chunk(wrapped)
-    if parsed is None:
-        raise ValueError(f"not a chunk wrapped by memalpha: {wrapped[:80]!r}")
-    return parsed.text
