@@ -131,7 +131,7 @@ class SplitPools:
 @cache
 def split_pools(split: str) -> SplitPools:
     """The entity pools of ``split`` (``train``, ``validation``/``val``, ``test``)."""
-    def part(pool: Sequence[str]) -> list[str]:
+    def part(pool: Sequence) -> list:
         return vocab.pool_for_split(pool, split)
 
     return SplitPools(
@@ -141,9 +141,7 @@ def split_pools(split: str) -> SplitPools:
         activities=part(vocab.ACTIVITIES),
         towns=part(vocab.TOWNS),
         key_objects=part(vocab.KEY_OBJECTS),
-        icl_topics=list(
-            vocab.ICL_TOPICS[vocab.SPLITS.index(vocab.canonical_split(split)) :: len(vocab.SPLITS)]
-        ),
+        icl_topics=part(vocab.ICL_TOPICS),
     )
 
 

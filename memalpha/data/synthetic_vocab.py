@@ -23,7 +23,7 @@ def canonical_split(split: str) -> str:
     return name
 
 
-def pool_for_split(pool: Sequence[str], split: str) -> list[str]:
+def pool_for_split(pool: Sequence, split: str) -> list:
     """This split's share of ``pool``: every third item, starting at the split's position."""
     return list(pool[SPLITS.index(canonical_split(split)) :: len(SPLITS)])
 
