@@ -205,7 +205,8 @@ def check_templates(texts: object, where: str) -> dict[str, str]:
 
 
 @lru_cache(maxsize=1)
-def _default() -> PromptTemplates:
+def default_templates() -> PromptTemplates:
+    """memalpha's own texts (cached)."""
     text = resources.files(__package__).joinpath(DEFAULT_FILE).read_text(encoding="utf-8")
     return PromptTemplates(**check_templates(yaml.safe_load(text), f"memalpha/templates/{DEFAULT_FILE}"))
 
@@ -217,7 +218,7 @@ def load_templates(path: str | Path | None = None) -> PromptTemplates:
     not YAML, or fails :func:`check_templates`.
     """
     if path is None:
-        return _default()
+        return default_templates()
     file = Path(path)
     if not file.is_file():
         raise ValueError(f"{file}: prompt-template file not found")
@@ -227,11 +228,6 @@ def load_templates(path: str | Path | None = None) -> PromptTemplates:
         reason = " ".join(str(exc).split())
         raise ValueError(f"{file}: not a readable YAML file ({reason})") from None
     return PromptTemplates(**check_templates(content, str(file)), source=str(file))
-
-
-def default_templates() -> PromptTemplates:
-    """memalpha's own texts (cached)."""
-    return _default()
 
 
 def dump_templates(texts: dict[str, str], header: str = "") -> str:
