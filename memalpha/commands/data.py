@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -295,7 +295,7 @@ def _run_official_convert(args: argparse.Namespace) -> None:
             "--processing official reads the raw memoryagentbench "
             f"layout; {report.source} has the {report.layout} layout"
         )
-    processed, outcome = process_official(
+    processed, dropped = process_official(
         instances,
         lambda text: count_tokens(text, tokenizer),
         chunk_tokens=args.chunk_tokens,
@@ -304,10 +304,8 @@ def _run_official_convert(args: argparse.Namespace) -> None:
     save_jsonl(processed, args.output)
     skipped = f", skipped {report.num_skipped} bad records" if report.num_skipped else ""
     print(f"wrote {len(processed)} instances (official processing) to {args.output}{skipped}")
-    dropped: dict[tuple[str, str], int] = defaultdict(int)
-    for _, source, reason in outcome.dropped:
-        dropped[(source, reason)] += 1
-    for (source, reason), count in sorted(dropped.items()):
+    dropped_by_source = Counter((source, reason) for _, source, reason in dropped)
+    for (source, reason), count in sorted(dropped_by_source.items()):
         print(f"  dropped {count} {source} ({reason})")
     for _, reason in report.skipped:
         print(f"  skipped: {reason}")

@@ -42,7 +42,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -229,40 +229,30 @@ def keyword_golds_for(instance: Instance, table: Mapping[str, list[str]] | None)
 # --------------------------------------------------------------------------- instances
 
 
-@dataclass
-class ProcessingReport:
-    """What :func:`process_official` did: instances kept, and each dropped one with its reason."""
-
-    kept: int = 0
-    dropped: list[tuple[str, str, str]] = field(default_factory=list)  # (instance id, source, reason)
-
-
 def process_official(
     instances: Sequence[Instance],
     count_tokens: Callable[[str], int],
     *,
     chunk_tokens: int,
     keyword_golds: Mapping[str, list[str]] | None = None,
-    ttl_chunk_tokens: int = TEST_TIME_LEARNING_CHUNK_TOKENS,
-) -> tuple[list[Instance], ProcessingReport]:
-    """The official processing of raw MemoryAgentBench instances (see the module docstring).
+) -> tuple[list[Instance], list[tuple[str, str, str]]]:
+    """The official processing of raw MemoryAgentBench instances (see the module docstring): the kept
+    instances, processed, and ``(instance id, source, reason)`` of each dropped one.
 
     Each instance's context is ``"".join(instance.chunks)`` (the loader's token chunks concatenate
     back to it), so any loader chunk size works. ``longmemeval_s*`` instances keep their chunks.
     """
-    report = ProcessingReport()
     kept: list[Instance] = []
+    dropped: list[tuple[str, str, str]] = []
     for instance in instances:
         reason = drop_reason(instance.data_source)
         if reason is not None:
-            report.dropped.append((instance.instance_id, instance.data_source, reason))
+            dropped.append((instance.instance_id, instance.data_source, reason))
             continue
-        kept.append(process_instance(
-            instance, count_tokens, chunk_tokens=chunk_tokens, keyword_golds=keyword_golds,
-            ttl_chunk_tokens=ttl_chunk_tokens,
-        ))
-    report.kept = len(kept)
-    return kept, report
+        kept.append(
+            process_instance(instance, count_tokens, chunk_tokens=chunk_tokens, keyword_golds=keyword_golds)
+        )
+    return kept, dropped
 
 
 def process_instance(
