@@ -1,40 +1,15 @@
 """The deterministic parts of the Mem-α processing of MemoryAgentBench
-(``data convert --processing official``).
+(``data convert --processing official``); docs/data.md, *Building it from the raw benchmark*, gives
+the rules and what is not rebuilt (the official sentence splitter, tokenizer, wrapper texts and day
+gaps, ``longmemeval_s*`` session rendering and keyword extraction).
 
-The paper evaluates on a processed MemoryAgentBench (the ``test.parquet`` of the Hugging Face data
-set ``YuWangX/Memalpha-Memoryagentbench``). Its processing, rebuilt here from the raw benchmark
-(one ``context`` per record, :func:`memalpha.data.loaders.parse_memoryagentbench_record`):
-
-* **Source selection** (:func:`drop_reason`): a source whose name contains ``niah`` is dropped, and
-  so are ``longmemeval_s_-1_500``, ``eventqa_65536``, ``eventqa_131072``, ``eventqa_full``,
-  ``infbench_qa_eng_shots2`` and ``recsys_redial_full`` (exact names, as the official rule has
-  them). The official set is built from the Accurate_Retrieval, Test_Time_Learning and
-  Long_Range_Understanding splits only, so the Conflict_Resolution sources (``factconsolidation*``)
-  are dropped as well.
-* **Sentence chunks** (:func:`split_sentences`, :func:`pack_sentences`): the context is cut into
-  sentences and the sentences are packed greedily, joined by one space, into chunks of at most
-  ``max_tokens`` tokens (a sentence's tokens plus one space's per join; a sentence longer than the
-  budget is a chunk of its own): 1,024 tokens for the test-time-learning sources (``icl_*``),
-  ``chunk_tokens`` (2,048) for the others. ``longmemeval_s*`` keeps the token chunks of the loader
-  (the official code renders its sessions turn by turn, which this module does not rebuild).
-* **Sentence/Label rewrite** (:func:`rewrite_labelled_chunk`) of the ``icl_*`` chunks: every
-  blank-line separated piece that splits on ``label:`` into exactly two parts becomes
-  ``Sentence: {text}\\nLabel: {label}`` (both stripped; a piece with an empty text, or with no or
-  two ``label:`` marks, is dropped, so an example cut by a chunk boundary keeps only its labelled
-  end), the examples separated by a blank line.
-* **Long-range summary questions** (``infbench_sum*``): every question becomes a request to
-  summarise the book read between the first and the last chunk's day, and its gold the keywords
-  of a user-supplied table (:func:`load_keyword_golds`), by instance id first, then by source.
-* **Dated wrappers**: ``infbench_sum*`` chunks are wrapped as reading events, the others except
-  ``longmemeval_s*`` as dialogue turns (:mod:`memalpha.data.wrapping`, one day per chunk).
-
-What is not rebuilt, and why a processed file from scratch differs from the published one: the
-official sentence splitter (NLTK's Punkt model, not a dependency here; :func:`split_sentences` is a
-plain punctuation rule that splits after abbreviations too), the official tokenizer for the budgets
-(Qwen3-32B; pass a Qwen3 folder as ``--tokenizer`` to count the same tokens), the wrapper texts and
-the random 1 to 3 day gaps between reading events (memalpha's own texts, one day per chunk), the
-``longmemeval_s*`` session rendering, and the keyword extraction itself (an LLM call; hence the
-file). docs/data.md says which file to evaluate on instead.
+From raw records (:func:`memalpha.data.loaders.parse_memoryagentbench_record`), per instance:
+source selection (:func:`drop_reason`); sentence chunks (:func:`split_sentences`,
+:func:`pack_sentences`), 1,024 tokens for the test-time-learning sources (``icl_*``) and
+``chunk_tokens`` for the others, while ``longmemeval_s*`` keeps the loader's token chunks; the
+Sentence/Label rewrite of the ``icl_*`` chunks (:func:`rewrite_labelled_chunk`); a summary question
+with keyword golds (:func:`load_keyword_golds`) for ``infbench_sum*``; and dated wrappers, reading
+events for ``infbench_sum*`` and dialogue turns for the others but ``longmemeval_s*``.
 """
 
 from __future__ import annotations
@@ -131,8 +106,9 @@ def pack_sentences(
 
 
 def rewrite_labelled_chunk(chunk: str) -> str:
-    """A test-time-learning chunk as ``Sentence: ...`` / ``Label: ...`` pairs (see the module docstring);
-    the empty string when no piece holds exactly one ``label:``."""
+    """A test-time-learning chunk as ``Sentence: {text}\nLabel: {label}`` pairs, one for each blank-line
+    separated piece that ``label:`` splits in exactly two with a non-empty text (an example cut by a
+    chunk boundary keeps only its labelled end); the empty string when there is none."""
     pairs = []
     for piece in chunk.split("\n\n"):
         parts = piece.split("label:")
