@@ -1,28 +1,10 @@
 """The ``longmemeval`` layout: one LongMemEval question record as an instance, a chunk per session.
 
-A LongMemEval file (``longmemeval_s.json``, ``longmemeval_m.json``, ``longmemeval_oracle.json``)
-is a JSON list of question records, each carrying the chat history it is asked about:
-
-======================== ==========================================================================
-field                    what memalpha makes of it
-======================== ==========================================================================
-``question_id``          ``instance_id``
-``question``             the question; with ``question_date`` a line saying when it is asked
-                         follows it (temporal questions are relative to that day)
-``answer``               the gold answer (a number becomes its text)
-``haystack_sessions``    the chunks, one per session in the file's order: a header line with the
-                         session's date (``haystack_dates``) and its turns as ``<User>`` /
-                         ``<Assistant>`` lines
-``haystack_session_ids`` the sessions' ids, one per session
-``answer_session_ids``   the sessions that hold the answer: their chunk indices become
-                         ``metadata.evidence_chunks`` (what ``model.update.credit: per_chunk`` reads)
-``question_type``        ``metadata.question_type``; every instance's ``data_source`` is
-                         ``longmemeval``, which LongMemEval's rubric judge scores
-======================== ==========================================================================
-
-An answer session id that is not among the record's sessions is an error naming the record and
-the field. A record with no answer session keeps no ``evidence_chunks``, so ``per_chunk`` stops on
-it with one line while ``broadcast`` trains on it.
+docs/data.md, *LongMemEval*, maps each field of a record (``longmemeval_s.json``,
+``longmemeval_m.json``, ``longmemeval_oracle.json``: a JSON list) to the instance. The sessions of
+``answer_session_ids`` become ``metadata.evidence_chunks`` (what ``model.update.credit: per_chunk``
+reads); one that is not among the record's sessions is an error naming the record and the field,
+and a record with none keeps no ``evidence_chunks``.
 """
 
 from __future__ import annotations
@@ -51,7 +33,7 @@ def render_session(turns: list[Any], date: str | None, check: RecordChecker, fie
 
 
 def parse_longmemeval_record(record: Any, file: str, index: int) -> Instance:
-    """One LongMemEval question record as an :class:`Instance` (the table of the module docstring)."""
+    """One LongMemEval question record as an :class:`Instance` (the table of docs/data.md, *LongMemEval*)."""
     check = RecordChecker(file, index)
     record = check.mapping(record, "record")
     instance_id = check.identifier(check.require(record, "question_id"), "question_id", coerce_int=True)
