@@ -9,17 +9,10 @@ Sources (``source`` argument of :func:`load_instances`):
 * a hub dataset name (``owner/name``) that is not a local path, through
   ``datasets.load_dataset`` (needs the machine to be online or the hub cache warm).
 
-Layouts (``layout``; ``auto`` looks at the first record's fields):
-
-* ``jsonl``: memalpha's own schema (see :mod:`memalpha.data.schema`), in JSONL, JSON or parquet;
-* ``memalpha``: the official Mem-α parquet (``YuWangX/Memalpha``): ``instance_id, prompt,
-  chunks, questions_and_answers, data_source, metadata`` (the last four JSON strings or
-  already decoded), ``num_chunks, num_questions``;
-* ``memoryagentbench``: one long ``context`` per record, parallel ``questions`` and
-  ``answers`` lists (an answer may be a list of acceptable strings) and ``metadata.source``;
-  the context is cut into chunks of ``chunk_tokens`` tokens of ``tokenizer``;
-* ``longmemeval``: a LongMemEval question record, its chat sessions one chunk each and its
-  answer sessions kept as the question's evidence (:mod:`memalpha.data.longmemeval`).
+Layouts (``layout``; ``auto`` looks at the first record's fields; docs/data.md gives each one's
+fields): ``jsonl``, memalpha's own schema (:mod:`memalpha.data.schema`) in JSONL, JSON or parquet;
+``memalpha``, the official Mem-α parquet; ``memoryagentbench``, one long ``context`` per record, cut
+into chunks of ``chunk_tokens`` tokens of ``tokenizer``; ``longmemeval`` (:mod:`memalpha.data.longmemeval`).
 
 A file with a bad record is refused as a whole; with ``skip_bad=True`` the bad records are
 skipped instead, each reported (logger ``memalpha.data``) with its reason and counted in
