@@ -352,10 +352,7 @@ def detect_layout(records: list[RawRecord], label: str) -> str:
     raise DataValidationError(label, "cannot detect the layout: no readable record (pass layout=)")
 
 
-RecordParser = Callable[[Any, str, int], Instance]
-
-
-def _record_parser(layout: str, *, tokenizer: Any, chunk_tokens: int) -> RecordParser:
+def _record_parser(layout: str, *, tokenizer: Any, chunk_tokens: int) -> Callable[[Any, str, int], Instance]:
     if layout == "jsonl":
         return lambda record, file, index: parse_record(record, file=file, index=index)
     if layout == "memalpha":
