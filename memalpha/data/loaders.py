@@ -359,20 +359,19 @@ def _record_parser(layout: str, *, tokenizer: Any, chunk_tokens: int) -> Callabl
         return parse_memalpha_record
     if layout == "longmemeval":
         return parse_longmemeval_record
-    if layout == "memoryagentbench":
-        if chunk_tokens < 1:
-            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-        resolved: list[Any] = []
+    # memoryagentbench, the last layout (load_instances has checked the name)
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    resolved: list[Any] = []
 
-        def parse(record: Any, file: str, index: int) -> Instance:
-            if not resolved:
-                resolved.append(_resolve_tokenizer(tokenizer, file))
-            return parse_memoryagentbench_record(
-                record, file, index, tokenizer=resolved[0], chunk_tokens=chunk_tokens
-            )
+    def parse(record: Any, file: str, index: int) -> Instance:
+        if not resolved:
+            resolved.append(_resolve_tokenizer(tokenizer, file))
+        return parse_memoryagentbench_record(
+            record, file, index, tokenizer=resolved[0], chunk_tokens=chunk_tokens
+        )
 
-        return parse
-    raise ValueError(f"unknown layout {layout!r}")
+    return parse
 
 
 def _resolve_tokenizer(tokenizer: Any, label: str) -> Any:
