@@ -5,12 +5,9 @@
     memalpha data convert IN OUT [--layout L] [--tokenizer NAME] [--chunk-tokens N] [--wrap STYLE]
                                  [--processing official [--keyword-golds FILE]]
 
-``synth`` writes ``DIR/train.jsonl`` and ``DIR/validation.jsonl``; ``inspect`` prints, per
-data source, the instance count and min/median/max of chunks per instance, tokens per
-chunk and questions per instance; ``convert`` writes memalpha JSONL from any supported
-source and layout (with ``--processing official``, raw MemoryAgentBench processed as the Mem-α
-evaluation set is: :mod:`memalpha.data.official_processing`). Bad input exits with status 2 and a message
-naming file, record and field.
+docs/data.md, *memalpha data*, describes each (``--processing official``:
+:mod:`memalpha.data.official_processing`). Bad input exits with status 2 and a message naming file,
+record and field.
 
 ``demos`` and ``distill`` (:mod:`memalpha.commands.demos`, :mod:`memalpha.commands.distill`) have their
 own parsers; :func:`main` hands them their arguments, importing them (and Lightning) only then.

@@ -3,12 +3,10 @@
     memalpha data demos --config configs/tiny_cpu.yaml --out runs/demos/train.jsonl [--split train]
                         [--count N] [--seed S] [--reply-share F]
 
-The config is the one ``memalpha fit`` will run: its ``model.model`` (tokenizer),
-``model.rollout`` (call format, memory view, core cap, token budgets, chat-template arguments)
-and ``data.synthetic_*`` (the synthetic task shape) decide the demonstrations, so their prompts
-are the prompts the rollout will build. ``--count`` synthetic instances of ``--split`` are
-generated with the config's ``data.seed``; every chunk gives one demonstration
-(:func:`memalpha.agent.demos.oracle_demonstrations`). Bad input exits with status 2 and one line.
+The config's ``model.model``, ``model.rollout`` and ``data.synthetic`` decide the demonstrations, so
+their prompts are the prompts the rollout will build (docs/cold_start.md, *Oracle demonstrations*);
+every chunk gives one (:func:`memalpha.agent.demos.oracle_demonstrations`). Bad input exits with
+status 2 and one line.
 """
 
 from __future__ import annotations

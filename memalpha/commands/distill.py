@@ -5,22 +5,11 @@
     memalpha data distill --config FIT.yaml --out F.jsonl --official-responses responses.jsonl
                           --instances instances.jsonl
 
-Two recorded layouts (``docs/cold_start.md``, *Demonstrations from recorded trajectories*):
-
-- ``--records``: a memalpha validation report (``memalpha validate`` or a ``fit`` validation
-  writes one): every rollout's turns with their replies, and the memory it ended with (whose
-  ``seed`` gives the recorded memory ids). ``--min-accuracy`` keeps only rollouts whose reader
-  accuracy reached it (rejection sampling on the outcome, not only on the calls).
-- ``--official-responses``: the layout of the official Mem-α-4B recorded responses, one chunk
-  turn per line: ``instance_id``, ``chunk_idx`` and ``response_qwen`` (the turn's calls in the
-  ``✿FUNCTION✿`` format), written again in the config's call format.
-
-The instances come from ``--instances`` (any layout ``memalpha data inspect`` reads) or, for
-``--records``, default to the config's validation set (``data.val_path``, else its synthetic
-validation instances): the set ``memalpha validate --config`` scores. Prompts are rebuilt under
-the config's rollout settings (:func:`memalpha.agent.distill.replay_trajectory`); only turns
-whose calls all succeed are kept. Bad input exits with status 2 and one line naming the file,
-the record and the field.
+docs/cold_start.md, *Demonstrations from recorded trajectories*, describes the two recorded layouts
+(a memalpha validation report, whose memory ``seed`` gives the recorded memory ids; the official
+Mem-α-4B responses, one ``✿FUNCTION✿`` chunk turn per line) and which instances are used. Prompts
+are rebuilt under the config's rollout settings (:func:`memalpha.agent.distill.replay_trajectory`).
+Bad input exits with status 2 and one line naming the file, the record and the field.
 """
 
 from __future__ import annotations

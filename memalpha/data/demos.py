@@ -1,16 +1,10 @@
 """Demonstrations for supervised fine-tuning: chat messages and the response to learn.
 
-One JSONL record per demonstration (``docs/data.md``, *Demonstrations*)::
-
-    {"messages": [{"role": "system", "content": "..."}, {"role": "user", "content": "..."}],
-     "response": "the assistant's reply to learn",
-     "metadata": {"source": "oracle", "instance_id": "...", "chunk_index": 0}}
-
-``messages`` is the conversation up to the reply (it is chat-templated with the generation
-prompt, exactly as a rollout templates a memorising turn); ``response`` is the text whose
-tokens, followed by the end-of-turn token, are the only ones trained. ``metadata`` is optional
-and free-form. Every check raises :class:`~memalpha.data.schema.DataValidationError` naming the
-file, the record and the field.
+One JSONL record per demonstration, ``{"messages": [{"role", "content"}, ...], "response": str,
+"metadata": {...}}`` (docs/cold_start.md, *Demonstrations*): ``messages`` is the conversation up to
+the reply, ``response`` the text whose tokens (and the end-of-turn token) are trained, ``metadata``
+optional. Every check raises :class:`~memalpha.data.schema.DataValidationError` naming the file, the
+record and the field.
 """
 
 from __future__ import annotations
