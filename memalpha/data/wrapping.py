@@ -1,23 +1,10 @@
-"""Dated wrappers around chunk text (docs/data.md), and their exact inverse.
+"""Dated wrappers around chunk text, and their exact inverse.
 
-Two styles, as the Mem-α data uses them:
-
-* ``dialogue``: the chunk is a user turn in a dated conversation::
-
-      [Dialogue between User and Assistant on 2024-01-03 00:00]
-      <User>{opening line}
-      {chunk}
-      <Assistant>{acknowledgement}
-
-* ``reading``: the chunk is what the user read on a given day (books)::
-
-      [Reading event on 2024-01-03: the user is reading a book]
-      <User> {chunk}
-
-      <System> {request to keep the details and a running summary}
-
-The opening and closing lines are picked by ``variant`` (deterministic, no randomness).
-:func:`parse_wrapped_chunk` gives back exactly the text that was wrapped.
+The two styles of the Mem-α data (docs/data.md, *Wrapping chunks as dated events*, shows both):
+``dialogue``, the chunk as a user turn of a dated conversation, and ``reading``, the chunk as what
+the user read on a given day. The opening and closing lines are picked by ``variant``
+(deterministic, no randomness). :func:`parse_wrapped_chunk` gives back exactly the text that was
+wrapped.
 """
 
 from __future__ import annotations
