@@ -60,9 +60,9 @@ class UnwrappedChunk:
     text: str
 
 
-def chunk_day(index: int, start: date = DEFAULT_START) -> date:
-    """The date of chunk ``index`` in a sequence starting at ``start``, one day per chunk."""
-    return start + timedelta(days=index)
+def chunk_day(index: int) -> date:
+    """The date of chunk ``index`` of a wrapped sequence: :data:`DEFAULT_START`, one day per chunk."""
+    return DEFAULT_START + timedelta(days=index)
 
 
 def wrap_chunk(text: str, style: str, day: date, variant: int = 0) -> str:
@@ -83,9 +83,9 @@ def wrap_chunk(text: str, style: str, day: date, variant: int = 0) -> str:
     raise ValueError(f"unknown wrap style {style!r}; expected one of {WRAP_STYLES}")
 
 
-def wrap_chunks(chunks: Sequence[str], style: str, start: date = DEFAULT_START) -> list[str]:
-    """Wrap a whole sequence: chunk ``i`` is dated ``start + i days`` and uses variant ``i``."""
-    return [wrap_chunk(text, style, chunk_day(i, start), variant=i) for i, text in enumerate(chunks)]
+def wrap_chunks(chunks: Sequence[str], style: str) -> list[str]:
+    """Wrap a whole sequence: chunk ``i`` is dated :func:`chunk_day` ``(i)`` and uses variant ``i``."""
+    return [wrap_chunk(text, style, chunk_day(i), variant=i) for i, text in enumerate(chunks)]
 
 
 def parse_wrapped_chunk(wrapped: str) -> UnwrappedChunk | None:
