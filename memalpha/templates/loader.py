@@ -138,11 +138,9 @@ class PromptTemplates:
     source: str = DEFAULT_FILE
 
     def render(self, name: str, **values: object) -> str:
-        """Template ``name`` filled with ``values`` (exactly its placeholders)."""
-        template = getattr(self, name)
-        if template is None:
-            raise ValueError(f"{self.source}: has no {name} template")
-        return template.format(**values)
+        """Template ``name`` filled with ``values`` (exactly its placeholders); an optional template is
+        rendered only where its caller has found it set."""
+        return getattr(self, name).format(**values)
 
 
 TEMPLATE_NAMES: tuple[str, ...] = tuple(f.name for f in fields(PromptTemplates) if f.name != "source")
