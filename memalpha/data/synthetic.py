@@ -50,13 +50,13 @@ ICL_NUM_LABELS = 4
 class SynthConfig:
     """The size knobs of one synthetic instance."""
 
-    num_chunks: int = 4
-    facts_per_chunk: int = 3
-    distractors_per_chunk: int = 1
-    questions_per_instance: int = 4
-    chunk_words: int = 120
+    num_chunks: int
+    facts_per_chunk: int
+    distractors_per_chunk: int
+    questions_per_instance: int
+    chunk_words: int
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         for name in ("num_chunks", "facts_per_chunk", "questions_per_instance"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -172,7 +172,6 @@ def generate_synthetic(
     config = SynthConfig(
         num_chunks, facts_per_chunk, distractors_per_chunk, questions_per_instance, chunk_words
     )
-    config.validate()
     split = vocab.canonical_split(split)
     pools = split_pools(split)
     instances = []
