@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from memalpha.data.loaders import load_instances, save_jsonl
-from memalpha.data.schema import DataValidationError, Instance
+from memalpha.data.schema import DataValidationError, parse_record
 from memalpha.data.wrapping import parse_wrapped_chunk
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
@@ -125,7 +125,7 @@ def test_official_layout_errors_name_the_column(tmp_path, override, field, reaso
 
 def test_forced_layout_reports_the_missing_column(tmp_path):
     path = tmp_path / "own.jsonl"
-    save_jsonl([Instance.from_dict(_own(0))], path)
+    save_jsonl([parse_record(_own(0))], path)
     with pytest.raises(DataValidationError, match="field 'questions_and_answers': missing field"):
         load_instances(path, layout="memalpha")
 
@@ -139,7 +139,7 @@ def test_own_layout_loads_identically_from_every_container(tmp_path):
     import datasets
 
     records = [_own(i) for i in range(3)]
-    expected = [Instance.from_dict(r) for r in records]
+    expected = [parse_record(r) for r in records]
     save_jsonl(expected, tmp_path / "a.jsonl")
     (tmp_path / "b.json").write_text(json.dumps(records))
     (tmp_path / "c.json").write_text(json.dumps({"instances": records}))
@@ -153,8 +153,8 @@ def test_own_layout_loads_identically_from_every_container(tmp_path):
 def test_folder_and_dataset_dict_splits(tmp_path):
     import datasets
 
-    train = [Instance.from_dict(_own(i)) for i in range(2)]
-    val = [Instance.from_dict(_own(i + 10)) for i in range(1)]
+    train = [parse_record(_own(i)) for i in range(2)]
+    val = [parse_record(_own(i + 10)) for i in range(1)]
     save_jsonl(train, tmp_path / "plain" / "train.jsonl")
     save_jsonl(val, tmp_path / "plain" / "validation.jsonl")
     assert load_instances(tmp_path / "plain", split="train")[0] == train

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from memalpha.data.loaders import load_instances, save_jsonl
-from memalpha.data.schema import QA, DataValidationError, Instance
+from memalpha.data.schema import QA, DataValidationError, parse_record
 
 MALFORMED = Path(__file__).parent / "fixtures" / "data" / "malformed"
 
@@ -35,10 +35,10 @@ def _good(i: int = 0) -> dict:
 
 
 def test_instance_round_trip_keeps_list_answers():
-    instance = Instance.from_dict(_good())
+    instance = parse_record(_good())
     assert instance.questions[1] == QA("q2?", ["x", "y"])
     assert instance.to_dict() == _good()
-    assert Instance.from_dict(instance.to_dict()) == instance
+    assert parse_record(instance.to_dict()) == instance
 
 
 @pytest.mark.parametrize("name", sorted(ERROR_KINDS))
@@ -109,14 +109,14 @@ def test_field_checks(mutate, field, reason):
     record = _good()
     mutate(record)
     with pytest.raises(DataValidationError) as info:
-        Instance.from_dict(record, file="mem.jsonl", index=4)
+        parse_record(record, file="mem.jsonl", index=4)
     assert info.value.field == field and info.value.index == 4
     assert reason in str(info.value) and str(info.value).startswith("mem.jsonl: record 4 (")
 
 
 def test_save_jsonl_is_atomic_and_round_trips(tmp_path):
     target = tmp_path / "sub" / "out.jsonl"
-    instances = [Instance.from_dict(_good(i)) for i in range(3)]
+    instances = [parse_record(_good(i)) for i in range(3)]
     save_jsonl(instances, target)
     assert load_instances(target)[0] == instances
     umask = os.umask(0o022)

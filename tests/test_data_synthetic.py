@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from memalpha.data.loaders import load_instances, save_jsonl
-from memalpha.data.schema import Instance
+from memalpha.data.schema import Instance, parse_record
 from memalpha.data.synthetic import FAMILIES, generate_synthetic
 from memalpha.data.wrapping import parse_wrapped_chunk
 
@@ -75,7 +75,7 @@ def test_families_cycle_and_instances_are_valid():
     assert [i.data_source for i in instances] == list(FAMILIES) * 2
     assert len({i.instance_id for i in instances}) == 8
     for instance in instances:
-        assert Instance.from_dict(instance.to_dict()) == instance
+        assert parse_record(instance.to_dict()) == instance
         assert len(instance.chunks) == 4 and len(instance.questions) == 4
         assert len(instance.metadata["evidence_chunks"]) == len(instance.questions)
 

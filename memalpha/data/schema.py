@@ -91,14 +91,6 @@ class Instance:
             "metadata": dict(self.metadata),
         }
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any], *, file: str = "<dict>", index: int = 0) -> Instance:
-        """Build a validated instance from a dict in memalpha's layout.
-
-        Raises :class:`DataValidationError` naming ``file``, record ``index`` and the field.
-        """
-        return parse_record(d, file=file, index=index)
-
 
 class RecordChecker:
     """Type checks for one record that fail with the file, record and field named.
@@ -205,7 +197,7 @@ class RecordChecker:
         return out
 
 
-def parse_record(record: Any, *, file: str, index: int) -> Instance:
+def parse_record(record: Any, *, file: str = "<dict>", index: int = 0) -> Instance:
     """Validate one record of memalpha's own layout and build its :class:`Instance`.
 
     Unknown top-level fields are refused (put extra information under ``metadata``),

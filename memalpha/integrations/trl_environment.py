@@ -40,7 +40,7 @@ from memalpha.agent.prompts import memorise_messages, stated_response_limit
 from memalpha.agent.reward_math import TurnCalls, rollout_rewards
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import Rollout, RolloutSettings, answer_questions
-from memalpha.data.schema import DataValidationError, Instance
+from memalpha.data.schema import DataValidationError, Instance, parse_record
 from memalpha.memory.render import render_memorise
 from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader
@@ -140,7 +140,7 @@ class MemoryEnvironment:
             record = json.loads(instance) if isinstance(instance, str) else dict(instance)
         except json.JSONDecodeError as error:
             raise DataValidationError(ROW, f"column 'instance' is not a JSON record: {error}") from None
-        self.instance = Instance.from_dict(record, file=ROW)
+        self.instance = parse_record(record, file=ROW)
         self.memory = Memory(
             token_counter=self._count_tokens,
             core_token_limit=self._settings.core_token_limit,
