@@ -131,7 +131,7 @@ def run(memory: Memory, fmt: CallFormat, text: str) -> tuple[ParseResult, list[T
 def run_one(memory: Memory, fmt: CallFormat, text: str) -> ToolResult | ParseError:
     """A response with exactly one call: its result or its parse error."""
     parsed, results = run(memory, fmt, text)
-    assert parsed.total == 1, (fmt.name, text[:200])
+    assert len(parsed.calls) + len(parsed.errors) == 1, (fmt.name, text[:200])
     return results[0] if results else parsed.errors[0]
 
 
@@ -208,7 +208,8 @@ def phase_huge(memory: Memory) -> None:
             arguments = {"memory_type": SEMANTIC, "memory_id": "i"} | {key: "q" * 10_000_000}
             assert_failed_without_change(memory, fmt, fmt.render_call(DELETE, arguments),
                                          {"unknown_id", "bad_memory_type"})
-    assert run(memory, FORMATS[0], "no call here " * 500_000)[0].total == 0
+    parsed, _results = run(memory, FORMATS[0], "no call here " * 500_000)
+    assert parsed.calls == parsed.errors == []
 
 
 def _deep_texts(fmt: CallFormat, depth: int) -> list[str]:

@@ -124,7 +124,8 @@ def test_thinking_is_ignored(fmt):
     real = fmt.render_call("new_memory_insert", INSERT_ARGS)
     assert [c.name for c in fmt.parse(f"<think>maybe {inner}</think>\n{real}").calls] == ["new_memory_insert"]
     assert [c.name for c in fmt.parse(f"reasoning {inner}</think>{real}").calls] == ["new_memory_insert"]
-    assert fmt.parse(f"{real}<think>unfinished {inner}").total == 1
+    parsed = fmt.parse(f"{real}<think>unfinished {inner}")
+    assert len(parsed.calls) + len(parsed.errors) == 1
 
 
 # -------------------------------------------------------------------------- hermes
@@ -319,7 +320,7 @@ def test_property_every_call_is_parsed_or_reported_and_executes_safely(fmt, bloc
         pieces.append(rendered)
     text = "\n".join(pieces)
     parsed = fmt.parse(text)
-    assert parsed.total == len(blocks)
+    assert len(parsed.calls) + len(parsed.errors) == len(blocks)
     got = iter([(c.name, c.arguments) for c in parsed.calls])
     assert all(item in got for item in kept)  # intact calls come out unchanged, in order
     memory = Memory(core_token_limit=16)
@@ -353,10 +354,12 @@ def test_property_parse_never_raises(fmt, text):
 def test_parse_survives_huge_and_deep_input(fmt):
     deep = "✿FUNCTION✿: x\n✿ARGS✿: " + '{"a":' + "[" * 50_000 if fmt is QWEN else \
         '<tool_call>{"name": "x", "arguments": ' + "[" * 50_000 + "</tool_call>"
-    assert fmt.parse(deep).total == 1
+    parsed = fmt.parse(deep)
+    assert len(parsed.calls) + len(parsed.errors) == 1
     huge = fmt.render_call(
         "new_memory_insert", {"memory_type": "semantic_memory", "content": "z" * 2_000_000}
     )
     parsed = fmt.parse(huge[:1_000_000])
-    assert parsed.total == 1 and parsed.errors[0].code == "truncated" and len(parsed.errors[0].raw) < 3000
+    assert parsed.calls == [] and len(parsed.errors) == 1
+    assert parsed.errors[0].code == "truncated" and len(parsed.errors[0].raw) < 3000
     assert fmt.parse(None).errors[0].code == "not_text"  # type: ignore[arg-type]

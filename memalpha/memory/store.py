@@ -25,7 +25,6 @@ SEMANTIC = "semantic_memory"
 EPISODIC = "episodic_memory"
 CORE = "core_memory"
 LIST_TYPES: tuple[str, str] = (SEMANTIC, EPISODIC)
-ALL_TYPES: tuple[str, str, str] = (CORE, SEMANTIC, EPISODIC)
 
 CORE_TRUNCATION_MARKER = " [truncated: core memory is limited to {limit} tokens]"
 DICT_FORMAT = "memalpha.memory/1"
@@ -163,7 +162,6 @@ class Memory:
     def entries(self, memory_type: str) -> list[MemoryEntry]:
         """The live list for ``semantic_memory`` or ``episodic_memory`` (short names accepted)."""
         return self.semantic if list_type(memory_type) == SEMANTIC else self.episodic
-
 
     def find(self, memory_type: str, memory_id: str) -> MemoryEntry | None:
         """The entry with ``memory_id`` in that list, or ``None``."""

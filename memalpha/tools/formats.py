@@ -121,11 +121,6 @@ class ParseResult:
     calls: list[ToolCall] = field(default_factory=list)
     errors: list[ParseError] = field(default_factory=list)
 
-    @property
-    def total(self) -> int:
-        """Number of attempted calls: parsed calls plus malformed ones."""
-        return len(self.calls) + len(self.errors)
-
 
 def _spans_outside_thinking(text: str) -> list[tuple[int, int]]:
     """The ``(start, end)`` spans of ``text`` outside reasoning, in order (see :func:`strip_thinking`)."""
@@ -244,7 +239,6 @@ class CallFormat(ABC):
     """A way of writing tool calls: prompt instructions, rendering and parsing."""
 
     name: str = ""
-    stop_strings: tuple[str, ...] = ()
     result_marker: str  # where a tool result would start; every format names one (module docstring)
 
     def result_start(self, text: str) -> int | None:
@@ -310,7 +304,6 @@ class QwenFormat(CallFormat):
     """``✿FUNCTION✿: name`` / ``✿ARGS✿: {json}`` pairs (Qwen-Agent; the official Mem-α-4B)."""
 
     name = "qwen"
-    stop_strings = (RESULT_MARK,)
     result_marker = RESULT_MARK
 
     def instructions(self, compact: bool = False, templates: PromptTemplates | None = None) -> str:
@@ -382,7 +375,6 @@ class HermesFormat(CallFormat):
     """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Qwen2.5/Qwen3 native)."""
 
     name = "hermes"
-    stop_strings = ()
     result_marker = RESPONSE_OPEN
 
     def instructions(self, compact: bool = False, templates: PromptTemplates | None = None) -> str:
