@@ -16,47 +16,14 @@ A reason quotes model-written names, keys and values only clipped (to 40-200 cha
 ``repr``-escaped), so it stays one short line of valid text whatever the call holds: the
 rollout records every reason, and a 10 MB key must not become a 10 MB reason.
 
-**Counting successful calls (reward r2).** A rollout turn's calls are the parsed
-calls plus the parse errors of its response; every
-:class:`~memalpha.tools.formats.ParseError` counts as one failed call. Which executed
-calls succeed is ``reward.call_success``
-(:func:`memalpha.agent.reward_math.turn_call_successes`): memalpha's rule (the default)
-counts a call with status ``ok`` whose written text its chunk supports (the
-``replaced`` text of an executed update tells what the update adds), ``status``
-counts the statuses in :data:`SUCCESS_STATUSES` (``ok`` or ``skipped``, as
-:func:`turn_call_counts` and :class:`TurnOutcome` do), and ``official`` counts
-what the official code reports as executed and not skipped. This executor runs
-the same under every rule.
-
-**Differences from the official executor, on purpose:**
-
-* Deleting an unknown id is an ``error``. The official code deletes nothing and
-  reports success, which teaches the agent nothing about ids. Updating an
-  unknown id is an error in both (the official store raises on it).
-* Updating to the text already there, and deleting an already empty core, are
-  ``skipped`` here; the official code reports them as executed.
-* Truncated arguments – a response cut off by the length limit inside an
-  argument string, ``arguments_complete_json: false`` in the recorded official
-  run – are refused under the ``strict`` call-repair policy (the default): the
-  parser reports them as a ``ParseError`` with ``code="truncated"``, so they
-  count as failed calls. The official code
-  "repaired" them with a JSON-repair library and stored whatever prefix that
-  library kept, reporting success. We refuse instead because (1) r2 should teach
-  the agent to finish its calls within the response budget – keep entries short,
-  write fewer and smaller calls – and rewarding a cut-off call as a success
-  teaches the opposite; (2) the stored prefix ends mid-sentence, often between a
-  sample and its label, which puts wrong or half facts into memory; (3) which
-  prefix survives is an accident of the repair library, not the agent's choice.
-  Only repairs that keep the content whole (a missing closing brace after a
-  complete string, trailing commas, single quotes) are accepted, flagged with
-  ``ToolCall.repaired``. The ``json_repair`` policy (``rollout.call_repair``, set by
-  the official profile) does what the official code does instead: the parser keeps
-  the repaired prefix (:mod:`memalpha.tools.formats`) and the executor ignores
-  arguments the tool does not take (:func:`drop_extra_arguments`), where ``strict``
-  refuses them (``extra_argument``). Both policies refuse a non-string value
-  (``wrong_type``): the official code would store it as it is, but the store holds text.
-* ``memory_update`` of a list item to a text that another item of the same list
-  already holds is ``skipped`` (the list never holds the same text twice).
+A rollout turn's calls are its parsed calls plus the parse errors of its response, each
+:class:`~memalpha.tools.formats.ParseError` one failed call; which executed calls succeed is
+``reward.call_success`` (:func:`memalpha.agent.reward_math.turn_call_successes`), the same executor
+under every rule. Where it differs from the official executor on purpose (unknown ids, skipped
+no-ops, truncated calls refused under the ``strict`` call-repair policy, extra arguments dropped
+under ``json_repair`` by :func:`drop_extra_arguments`) is listed in docs/metrics_and_rewards.md
+("Tool execution: deliberate differences") and docs/official_compatibility.md ("Truncated and
+malformed calls").
 """
 
 from __future__ import annotations
@@ -238,12 +205,6 @@ def execute_call(memory: Memory, call: ToolCall, repair: CallRepair = STRICT) ->
     return _HANDLERS[call.name](memory, call)
 
 
-def turn_call_counts(parsed: ParseResult, results: list[ToolResult]) -> tuple[int, int]:
-    """``(successful calls, attempted calls)`` of one turn; parse errors count as failed calls."""
-    successes = sum(1 for result in results if result.success)
-    return successes, len(results) + len(parsed.errors)
-
-
 @dataclass
 class TurnOutcome:
     """One response's parse and the result of each of its calls, in order."""
@@ -254,12 +215,12 @@ class TurnOutcome:
     @property
     def successes(self) -> int:
         """Calls with status ``ok`` or ``skipped``."""
-        return turn_call_counts(self.parsed, self.results)[0]
+        return sum(1 for result in self.results if result.success)
 
     @property
     def attempts(self) -> int:
-        """Parsed calls plus parse errors."""
-        return turn_call_counts(self.parsed, self.results)[1]
+        """Parsed calls plus parse errors (each a failed call)."""
+        return len(self.results) + len(self.parsed.errors)
 
     @property
     def errors(self) -> list[ParseError]:
