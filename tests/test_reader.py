@@ -112,7 +112,7 @@ def test_local_reader_complete_takes_per_call_sampling(tiny_model, tokenizer, mo
         return out
 
     monkeypatch.setattr(generation, "generate", recording)
-    reader = LocalReader(tiny_model, tokenizer, max_new_tokens=2, temperature=0.0, seed=0)
+    reader = LocalReader(tiny_model, tokenizer, max_new_tokens=2, temperature=0.0)
     prompts = ["Is the sky blue?", "Name a colour."]
     assert all(a.ok for a in reader.complete(prompts))
     assert all(a.ok for a in reader.complete(prompts, sampling=Sampling(temperature=0.1, max_tokens=6)))
@@ -186,7 +186,8 @@ def test_local_reader_answers_with_peft_base_weights(tiny_model_dir, tokenizer):
         ),
     )
     peft_model.train()
-    with_adapters = LocalReader(peft_model, tokenizer, max_new_tokens=8, disable_adapters=False).answer(items)
+    # the model inside the PEFT wrapper holds the LoRA layers switched on
+    with_adapters = LocalReader(peft_model.get_base_model(), tokenizer, max_new_tokens=8).answer(items)
     without = LocalReader(peft_model, tokenizer, max_new_tokens=8).answer(items)
     assert [a.text for a in without] == expected  # the frozen base answered
     assert [a.text for a in with_adapters] != expected  # (the adapters do change the model)
@@ -304,7 +305,8 @@ def test_the_local_reader_samples_through_the_policys_backends_with_the_adapters
     kwargs = {"max_new_tokens": 6, "batch_size": 2}
     base = LocalReader(model, tokenizer, backend="hf-generate", **kwargs)
     expected = [a.text for a in base.complete(prompts)]
-    adapted = LocalReader(model, tokenizer, disable_adapters=False, backend="hf-generate", **kwargs)
+    # the model inside the PEFT wrapper holds the LoRA layers switched on
+    adapted = LocalReader(model.get_base_model(), tokenizer, backend="hf-generate", **kwargs)
     assert [a.text for a in adapted.complete(prompts)] != expected  # (the adapter does change the answers)
 
     reader = LocalReader(model, tokenizer, backend=backend, **kwargs)

@@ -1,12 +1,13 @@
 """Reader backend running a causal LM in this process.
 
-In training this is the policy's own base model: when ``model`` is a PEFT model and
-``disable_adapters`` is set, every generation runs inside ``model.disable_adapter()``, so
-the frozen base weights answer and no second copy of the model is loaded.
+In training this is the policy's own base model: when ``model`` is a PEFT model, every
+generation runs inside ``model.disable_adapter()``, so the frozen base weights answer and no
+second copy of the model is loaded.
 
 Prompts are chat-formatted with the tokenizer's template (thinking disabled where the
-template supports the switch), sorted by length, left-padded into batches of
-``batch_size`` and decoded greedily (``temperature == 0``) or by sampling.
+template supports the switch, unless a call of :meth:`LocalReader.generate` asks for it), sorted
+by length, left-padded into batches of ``batch_size`` and decoded greedily
+(``temperature == 0``) or by sampling.
 
 The reader samples through the same decoding loop as the policy
 (:func:`memalpha.lm.sampling.generation.sampler_for` with the run's ``rollout.backend``: on a GPU
@@ -54,18 +55,12 @@ class LocalGeneration:
 
 
 @contextlib.contextmanager
-def base_weights(model: Any, disable_adapters: bool = True) -> Iterator[None]:
+def base_weights(model: Any) -> Iterator[None]:
     """Run with LoRA adapters switched off (PEFT models), in eval mode, without gradients."""
     import torch
+    from peft import PeftModel
 
-    adapter_off = contextlib.nullcontext()
-    if disable_adapters and callable(getattr(model, "disable_adapter", None)):
-        try:
-            from peft import PeftModel
-        except ImportError:  # peft is a dependency; a model with the method but no peft is not PEFT
-            PeftModel = ()
-        if isinstance(model, PeftModel):
-            adapter_off = model.disable_adapter()
+    adapter_off = model.disable_adapter() if isinstance(model, PeftModel) else contextlib.nullcontext()
     with eval_mode(model), adapter_off, torch.no_grad():
         yield
 
@@ -74,16 +69,14 @@ class LocalReader(Reader):
     """Reader backed by an in-process HF causal LM.
 
     Args:
-        model: a ``transformers`` causal LM, or a ``peft.PeftModel`` around one.
+        model: a ``transformers`` causal LM, or a ``peft.PeftModel`` around one (answering with
+            its base weights).
         tokenizer: its tokenizer (a chat template is required).
         max_new_tokens: reply length limit (answers are short).
         temperature: 0 decodes greedily; > 0 samples (nucleus sampling is asked per call:
             :meth:`generate`'s ``top_p``, as the reader server's requests do).
         retrieval, question_instructions, templates: see :class:`~memalpha.reader.base.Reader`.
         batch_size: prompts per forward batch.
-        disable_adapters: answer with the base weights of a PEFT model.
-        enable_thinking: passed to the chat template (Qwen3's thinking switch).
-        seed: seed of sampling (one per call).
         backend: how it samples (``rollout.backend``'s values, the run's; ``vllm`` samples the
             agent's turns on a server and the reader as ``auto`` chooses).
     """
@@ -96,9 +89,6 @@ class LocalReader(Reader):
         temperature: float = 0.0,
         retrieval: RetrievalSettings | None = None,
         batch_size: int = 8,
-        disable_adapters: bool = True,
-        enable_thinking: bool = False,
-        seed: int | None = None,
         question_instructions: QuestionInstructions | None = None,
         templates: PromptTemplates | None = None,
         backend: str = "auto",
@@ -116,18 +106,14 @@ class LocalReader(Reader):
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
-        self.top_p = 1.0  # nucleus sampling off unless a call asks for it (the server's requests do)
         self.batch_size = batch_size
-        self.disable_adapters = disable_adapters
-        self.enable_thinking = enable_thinking
-        self.seed = seed
         self.backend = in_process(backend)
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def conversation_tokens(self, conversation: Conversation) -> int:
-        return self.count_tokens(chat_prompt_text(self.tokenizer, conversation, self.enable_thinking))
+        return self.count_tokens(chat_prompt_text(self.tokenizer, conversation))
 
     def generate(
         self,
@@ -135,21 +121,19 @@ class LocalReader(Reader):
         *,
         max_new_tokens: int | None = None,
         temperature: float | None = None,
-        top_p: float | None = None,
+        top_p: float = 1.0,
         seed: int | None = None,
-        enable_thinking: bool | None = None,
+        enable_thinking: bool = False,
     ) -> list[LocalGeneration]:
-        """Generate one reply per conversation. A failing call raises (running out of memory
-        included): a fault of the local reader is never a failed answer scored 0."""
+        """Generate one reply per conversation (``seed``: of sampling; ``enable_thinking``: Qwen3's
+        chat-template switch). A failing call raises (running out of memory included): a fault of
+        the local reader is never a failed answer scored 0."""
         from memalpha.lm.sampling.generation import sampler_for
 
         max_new_tokens = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         temperature = self.temperature if temperature is None else temperature
-        top_p = self.top_p if top_p is None else top_p
-        seed = self.seed if seed is None else seed
-        thinking = self.enable_thinking if enable_thinking is None else enable_thinking
         prompts = [
-            self.tokenizer(chat_prompt_text(self.tokenizer, c, thinking), add_special_tokens=False)[
+            self.tokenizer(chat_prompt_text(self.tokenizer, c, enable_thinking), add_special_tokens=False)[
                 "input_ids"
             ]
             for c in conversations
@@ -158,7 +142,7 @@ class LocalReader(Reader):
             return []
         # longest first: batches hold similar lengths (little padding), and an OOM shows up at once
         order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
-        with base_weights(self.model, self.disable_adapters):
+        with base_weights(self.model):
             out = sampler_for(self.model, self.tokenizer, self.backend, announce_as="reader")(
                 [prompts[i] for i in order],
                 max_new_tokens=max_new_tokens,
