@@ -59,14 +59,12 @@ class OpenAIReader(Reader):
             ceiling stops doubling).
         retrieval: what reaches the prompt; see :class:`~memalpha.reader.base.Reader` (``None``:
             :class:`~memalpha.reader.options.RetrievalSettings`'s defaults).
-        temperature, max_tokens, top_p: sampling settings sent with each request
-            (paper: temperature 0.7, thinking off); a :class:`~memalpha.reader.base.Sampling`
-            given to :meth:`chat` replaces ``temperature`` and ``max_tokens`` for its call.
-        enable_thinking: sent as ``chat_template_kwargs`` (vLLM); ``None`` sends nothing.
+        temperature, max_tokens: sampling settings sent with each request, with ``top_p`` 1 and
+            thinking off (``chat_template_kwargs``, vLLM) (paper: temperature 0.7); a
+            :class:`~memalpha.reader.base.Sampling` given to :meth:`chat` replaces them for its call.
         tokenizer: a tokenizer name/path for exact prompt budgets; ``None`` estimates.
         extra_body: more JSON fields merged into every request.
         sleep: waits between attempts (tests pass a recorder instead of :func:`time.sleep`).
-        rng: draws the backoff jitter; ``None`` seeds one from the operating system.
         question_instructions, templates: see :class:`~memalpha.reader.base.Reader`.
     """
 
@@ -76,12 +74,9 @@ class OpenAIReader(Reader):
         retrieval: RetrievalSettings | None = None,
         temperature: float = 0.7,
         max_tokens: int = 256,
-        top_p: float = 1.0,
-        enable_thinking: bool | None = False,
         tokenizer: str | None = None,
         extra_body: dict[str, Any] | None = None,
         sleep: Callable[[float], None] = time.sleep,
-        rng: random.Random | None = None,
         question_instructions: QuestionInstructions | None = None,
         templates: PromptTemplates | None = None,
     ) -> None:
@@ -90,19 +85,10 @@ class OpenAIReader(Reader):
         )
         self.endpoint = endpoint
         self.url = endpoint.base_url.rstrip("/") + "/chat/completions"
-        self.model = endpoint.model
-        self.api_key_env = endpoint.api_key_env
-        self.max_concurrency = endpoint.max_concurrency
-        self.timeout_s = endpoint.timeout_s
-        self.max_retries = endpoint.max_retries
-        self.backoff_s = endpoint.backoff_s
-        self.backoff_max_s = endpoint.backoff_max_s
         self.sleep = sleep
-        self.rng = rng if rng is not None else random.Random()
+        self.rng = random.Random()
         self.temperature = temperature
         self.max_tokens = max_tokens
-        self.top_p = top_p
-        self.enable_thinking = enable_thinking
         self.extra_body = dict(extra_body or {})
         self._tokenizer = None
         if tokenizer is not None:
@@ -120,8 +106,7 @@ class OpenAIReader(Reader):
         if self._tokenizer is not None and getattr(self._tokenizer, "chat_template", None):
             from memalpha.reader.local import chat_prompt_text
 
-            thinking = bool(self.enable_thinking)
-            return self.count_tokens(chat_prompt_text(self._tokenizer, conversation, thinking))
+            return self.count_tokens(chat_prompt_text(self._tokenizer, conversation))
         return super().conversation_tokens(conversation)
 
     # -- HTTP -----------------------------------------------------------------------------
@@ -135,23 +120,22 @@ class OpenAIReader(Reader):
             self.max_tokens if sampling is None or sampling.max_tokens is None else sampling.max_tokens
         )
         body: dict[str, Any] = {
-            "model": self.model,
+            "model": self.endpoint.model,
             "messages": conversation,
             "temperature": temperature,
-            "top_p": self.top_p,
+            "top_p": 1.0,
             "max_tokens": max_tokens,
+            "chat_template_kwargs": {"enable_thinking": False},
         }
-        if self.enable_thinking is not None:
-            body["chat_template_kwargs"] = {"enable_thinking": self.enable_thinking}
         body.update(self.extra_body)
         return body
 
     def _post_once(self, payload: bytes) -> str:
         headers = {}
-        key = os.environ.get(self.api_key_env)
+        key = os.environ.get(self.endpoint.api_key_env)
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        raw = post_json(self.url, payload, timeout_s=self.timeout_s, headers=headers)
+        raw = post_json(self.url, payload, timeout_s=self.endpoint.timeout_s, headers=headers)
         try:
             data = json.loads(raw)
             content = data["choices"][0]["message"]["content"]
@@ -165,28 +149,30 @@ class OpenAIReader(Reader):
 
     def _ask(self, conversation: Conversation, sampling: Sampling | None = None) -> ReaderAnswer:
         payload = json.dumps(self.request_body(conversation, sampling)).encode("utf-8")
+        endpoint = self.endpoint
+        attempts = endpoint.max_retries + 1
         last_error = ""
-        for attempt in range(self.max_retries + 1):
+        for attempt in range(attempts):
             if attempt:
-                self.sleep(backoff_delay(attempt, self.backoff_s, self.backoff_max_s, self.rng))
+                self.sleep(backoff_delay(attempt, endpoint.backoff_s, endpoint.backoff_max_s, self.rng))
             try:
                 return ReaderAnswer(text=self._post_once(payload), ok=True, error=None)
             except RetryableRequestError as exc:
                 last_error = str(exc)
-                logger.info("reader request attempt %d/%d failed: %s", attempt + 1, self.max_retries + 1, exc)
+                logger.info("reader request attempt %d/%d failed: %s", attempt + 1, attempts, exc)
             except RefusedRequestError as exc:
                 raise ReaderRequestRefused(
                     f"the reader at {self.url} refused a request: {exc} (model.reader.openai.*)"
                 ) from exc
         return ReaderAnswer(
-            text="", ok=False, error=f"gave up after {self.max_retries + 1} attempts: {last_error}"
+            text="", ok=False, error=f"gave up after {attempts} attempts: {last_error}"
         )
 
     def chat(
         self, conversations: Sequence[Conversation], sampling: Sampling | None = None
     ) -> list[ReaderAnswer]:
         """Reply to each conversation, ``sampling`` (if given) in every request's body."""
-        if len(conversations) == 1 or self.max_concurrency == 1:
+        if len(conversations) == 1 or self.endpoint.max_concurrency == 1:
             return [self._ask(c, sampling) for c in conversations]
-        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(conversations))) as pool:
+        with ThreadPoolExecutor(max_workers=min(self.endpoint.max_concurrency, len(conversations))) as pool:
             return list(pool.map(lambda c: self._ask(c, sampling), conversations))
