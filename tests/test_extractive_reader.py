@@ -31,7 +31,7 @@ def test_the_answer_is_the_core_and_the_entries_ranked_first_for_the_question():
                                      "Viveka Brandvold moved to Dunedin.\n"
                                      "On 2024-01-02 Viveka Brandvold started accordion lessons.")
     assert dish.text.splitlines()[1] == "Anselm Esterhazy says his favourite dish is pho."
-    assert reader.requests == 2 and reader.failures == 0
+    assert reader.failures == 0
 
 
 def test_a_question_scores_exactly_when_its_gold_is_stored_in_a_retrieved_entry():

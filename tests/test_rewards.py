@@ -285,7 +285,7 @@ def test_llm_content_judge_batches_and_scores_malformed_as_zero():
         call("new_memory_insert", memory_type="semantic_memory", content=""),  # not asked
     ]
     assert judge.judge(calls) == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
-    assert len(reader.prompts) == 4 and reader.requests == 4  # one batch, four prompts
+    assert len(reader.prompts) == 4  # one batch, four prompts
     assert "episodic memory" in reader.prompts[0] and "semantic memory" in reader.prompts[1]
     assert judge.malformed == 2
     reward = rollout_rewards([1.0], two_turns(), 0, 10, RewardSettings(**UNGROUNDED), judge)
@@ -368,7 +368,7 @@ def test_the_judge_asks_again_only_for_malformed_writes_with_the_retry_text_and_
     assert [sampling for _, sampling in reader.batches] == [Sampling(temperature=0.1, max_tokens=512)] * 3
     assert reader.script["gamma"] == [VALID_REPLY]  # the fourth reply was never asked for
     assert judge.malformed == 1 + 3 + 2 and judge.unjudged == 1
-    assert reader.requests == 9 and reader.failures == 1
+    assert sum(len(batch) for batch, _ in reader.batches) == 9 and reader.failures == 1
 
 
 def test_one_attempt_asks_once_as_before():

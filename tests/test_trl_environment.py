@@ -98,7 +98,6 @@ class DownReader(ExtractiveReader):
     """A remote reader whose every answer failed in transport."""
 
     def answer(self, items, sources=None):
-        self.requests += len(items)
         self.failures += len(items)
         return [ReaderAnswer(text="", ok=False, error="ConnectError: refused") for _ in items]
 

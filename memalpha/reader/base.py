@@ -120,7 +120,6 @@ class Reader(ABC):
         self.bm25_query = retrieval.bm25_query
         self.templates = templates or default_templates()
         self.question_instructions = question_instructions or QuestionInstructions()
-        self.requests = 0
         self.failures = 0
         self.over_budget = 0
 
@@ -266,7 +265,6 @@ class Reader(ABC):
                 f"{type(self).__name__}.chat returned {len(answers)} "
                 f"answers for {len(conversations)} conversations"
             )
-        self.requests += len(answers)
         failed = [a for a in answers if not a.ok]
         if failed:
             self.failures += len(failed)

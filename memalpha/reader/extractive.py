@@ -46,7 +46,6 @@ class ExtractiveReader(Reader):
                 entry.content for entry in (*semantic, *episodic)
             ]
             answers.append(ReaderAnswer("\n".join(lines), True))
-        self.requests += len(items)
         return answers
 
     def chat(self, conversations: Sequence[Conversation]) -> list[ReaderAnswer]:
