@@ -1,33 +1,13 @@
 """memalpha's memory task as a TRL environment: a class ``trl.GRPOTrainer(environment_factory=...)`` takes
 as it is (docs/trl.md; the ``trl`` extra installs TRL).
 
-How the chunk-by-chunk task maps onto TRL's tool loop:
-
-* A dataset row carries one memalpha instance under ``instance`` (its record in memalpha's JSONL layout,
-  as a JSON string or a mapping: :func:`instance_rows` makes the rows from any loader's instances) and
-  the ``prompt`` (the instructions). TRL calls :meth:`MemoryEnvironment.reset` with the row; it checks
-  the record (a bad one stops with memalpha's one-line :class:`~memalpha.data.schema.DataValidationError`),
-  starts an empty memory and returns chunk 0, which TRL appends to the last user message.
-* The agent's tools are memalpha's three (``new_memory_insert``, ``memory_update``, ``memory_delete``;
-  the same arguments, executed by memalpha's executor on this rollout's memory; each returns the line
-  the executor reports) and :meth:`MemoryEnvironment.read_next_chunk`, which closes the turn on the
-  current chunk and returns the next one. TRL turns the methods' type hints and docstrings into the
-  tool schema; tool results are masked out of TRL's loss.
-* :meth:`MemoryEnvironment.get_reward`, after the rollout: the reader answers the instance's questions
-  from the final memory, scored and rewarded as memalpha does
-  (:func:`~memalpha.agent.rollout.answer_questions`, :func:`~memalpha.agent.reward_math.rollout_rewards`
-  with the same :class:`~memalpha.agent.reward_settings.RewardSettings`, reader and question
-  instructions). TRL trains one sample per rollout, so the rollout's reward is the
-  mean over its turns of memalpha's ``R_t``: ``w * r1 + mean r2 + beta * r3 + gamma * mean r4``, every
-  chunk a turn (a chunk never read is a turn without calls). A reader whose failed answers pass
-  ``max_failed_share`` stops the run (:class:`~memalpha.train.step_faults.ReaderFailureError`): a fault
-  is never a reward here either.
-
-What differs from memalpha's own rollout: TRL keeps one growing conversation (every chunk, call and
-tool result stays in the context, bounded by ``max_completion_length`` and ``max_tool_calling_iterations``),
-where memalpha prompts each chunk afresh with the memory as it stands; the agent decides when to read
-on (a rollout that stops early never sees its later chunks); and there is one reward per rollout, so
-per-turn credit (``model.update.credit``) has no counterpart.
+A dataset row carries one memalpha instance under ``instance`` (:func:`instance_rows`,
+:func:`memorising_rows`); :meth:`MemoryEnvironment.reset` starts an empty memory on it, the agent's
+tools are memalpha's three memory tools (run by memalpha's executor) and
+:meth:`MemoryEnvironment.read_next_chunk`, and :meth:`MemoryEnvironment.get_reward` is the mean over
+the rollout's turns of memalpha's ``R_t``, every chunk a turn. docs/trl.md tables how the task maps
+onto TRL's tool loop and what differs from memalpha's own rollout (one growing conversation, the
+agent deciding when to read on, one reward per rollout).
 """
 
 from __future__ import annotations
