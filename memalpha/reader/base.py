@@ -2,17 +2,11 @@
 
 A reader turns every ``(memory, question)`` item into one chat: the answer-mode prompt
 of :mod:`memalpha.reader.prompts` holding the core memory and the BM25-retrieved entries
-(:mod:`memalpha.reader.retrieval`, scored as ``bm25`` says), with ``k`` shrunk by the
-``k_reduction`` rule: until the whole prompt fits the reader's token budget (``budget``), or, as
-the official server does, while the system prompt alone is over ``system_prompt_limit``
-(``official``). Given the items' data sources, each question is preceded by its source's
-instruction from the reader's table (:mod:`memalpha.reader.question_instructions`). By default
-(``bm25_query="question"``) retrieval ranks the entries for the bare question, since the
-instruction, the same for every question of a source, says nothing about which entries answer
-it; the official code queries BM25 with the instruction and the question together
-(``bm25_query="with_instruction"``), whose instruction words then add to the score of every
-entry that holds them. Backends only implement :meth:`Reader.chat` (conversations in, replies
-out) and token counting.
+(:mod:`memalpha.reader.retrieval`), ``k`` cut by the ``k_reduction`` rule, and, given the items'
+data sources, each question preceded by its source's instruction
+(:mod:`memalpha.reader.question_instructions`; ``bm25_query`` says whether retrieval ranks for
+the bare question or, as the official code does, for the instruction and the question). Backends
+only implement :meth:`Reader.chat` (conversations in, replies out) and token counting.
 
 :meth:`Reader.complete` may take a :class:`Sampling` that answers those prompts with another
 temperature or reply length than the reader's own settings (the r4 content judge's official

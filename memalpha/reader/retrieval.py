@@ -1,33 +1,16 @@
-"""BM25 retrieval over a memory's semantic and episodic entries, and how many of them fit a prompt.
+"""BM25 retrieval over a memory's semantic and episodic entries, and how many of them fit a prompt
+(docs/method.md, "Answering": retrieval and the prompt budget).
 
-For each question the reader sees the core memory (always) and the ``k`` best-scoring
-entries of each list (official k = 20). Entries are tokenised into lower-cased word
-tokens (``\\w+``, as the official server does); one BM25 index is built per list of one
-memory and queried for all of that memory's questions.
+For each question the reader sees the core memory (always) and the ``k`` best-scoring entries of
+each list. Entries are lower-cased word tokens (``\\w+``, as the official server tokenises); one
+BM25 index is built per list of one memory and queried for all of that memory's questions, and
+entries with equal scores keep their memory order, as the official server's stable sort does.
+``reader.retrieval.bm25`` (:data:`BM25_VARIANTS`) scores with ``bm25s``'s Lucene BM25 (``lucene``,
+the default) or with ``BM25Okapi`` of the ``rank_bm25`` package (``okapi``, pinned at 0.2.2, the
+scorer the official server imports, with its defaults and its idf floor).
 
-Two scorings, chosen by ``reader.retrieval.bm25`` (:data:`BM25_VARIANTS`):
-
-- ``lucene`` (default): ``bm25s``'s Lucene BM25 (k1 = 1.5, b = 0.75), whose idf
-  ``log(1 + (N - n + 0.5) / (n + 0.5))`` is never negative.
-- ``okapi``: ``BM25Okapi`` of the ``rank_bm25`` package (pinned at 0.2.2), the scorer the official
-  Mem-α server imports, with its defaults (k1 = 1.5, b = 0.75, epsilon = 0.25). Its idf
-  ``log(N - n + 0.5) - log(n + 0.5)`` is negative for a word in more than half of the entries;
-  every such idf is replaced by ``epsilon`` times the mean idf of all the list's words (the mean
-  taken before the replacement, negative ones included).
-
-Under both, entries with equal scores keep their memory order (older entries first among
-ties), as the official server's stable sort does.
-
-How many entries are kept, ``reader.retrieval.k_reduction`` (:data:`K_RULES`):
-
-- ``budget`` (default): :func:`fit_to_budget` keeps the largest ``k`` for which the whole
-  chat-formatted prompt fits ``reader.retrieval.prompt_tokens``. Prompt length only grows with ``k``, so
-  it is found by bisection; the result is the same as shrinking ``k`` one step at a time.
-- ``official``: :func:`shrink_while_over` lowers ``k`` (of both lists together) by one while
-  the system prompt alone is longer than ``reader.retrieval.system_prompt_limit`` tokens (official
-  30,000), as the official server does. The official loop stops at ``k = 1`` and aborts the
-  batch if that is still too long; here ``k`` goes on to 0 instead, so the two agree wherever
-  the official code runs.
+``reader.retrieval.k_reduction`` (:data:`K_RULES`) says how many entries are kept:
+:func:`fit_to_budget` (``budget``, the default) or :func:`shrink_while_over` (``official``).
 """
 
 from __future__ import annotations
@@ -135,9 +118,10 @@ def fit_to_budget(
 ) -> tuple[list[E], list[E], bool]:
     """Keep the first ``k`` of each ranked list, ``k`` as large as fits ``measure(...) <= budget``.
 
-    ``measure(sem, epi)`` returns the token length of the prompt built from those entries.
-    Returns ``(semantic[:k], episodic[:k], fits)``; ``fits`` is False only when even ``k = 0``
-    (core and question alone) is over the budget, in which case both lists are empty.
+    ``measure(sem, epi)`` returns the token length of the prompt built from those entries; it only
+    grows with ``k``, so ``k`` is found by bisection. Returns ``(semantic[:k], episodic[:k], fits)``;
+    ``fits`` is False only when even ``k = 0`` (core and question alone) is over the budget, in
+    which case both lists are empty.
     """
     hi = max(len(semantic), len(episodic))
     if measure(semantic, episodic) <= budget:
@@ -164,7 +148,8 @@ def shrink_while_over(
 
     ``k`` starts at the longer list's length (a larger ``k`` gives the same lists) and stops at the
     first value whose prompt fits, measured at every step, so no assumption on ``measure`` is made.
-    Returns ``(semantic[:k], episodic[:k], fits)``; ``fits`` is False when even ``k = 0`` is over.
+    Returns ``(semantic[:k], episodic[:k], fits)``; ``fits`` is False when even ``k = 0`` is over
+    (the official loop stops at ``k = 1`` and aborts there; both agree wherever it runs).
     """
     k = max(len(semantic), len(episodic))
     while k > 0 and measure(semantic[:k], episodic[:k]) > limit:
