@@ -32,39 +32,21 @@ Both parsers drop reasoning first: a complete ``<think>…</think>`` block, text
 before a lone ``</think>`` (the template opened the block in the prompt), and
 everything after an unclosed ``<think>``.
 
-Where the trained part of a response ends (:meth:`CallFormat.trained_length`): the agent
-is never shown tool results, so a result written in its own reply is made up, and so is
-everything after it (further "results", the end token). GRPO trains a response only up to the
-first token that reaches into the format's :attr:`~CallFormat.result_marker` outside
-reasoning. Only the training target ends there: the calls are parsed from the response as
-above, and the rollout records keep the whole text.
-
-* ``qwen``: ``✿RESULT✿``, as the official trainer cuts each response at the first
-  ``✿RESULT✿:`` (there only with its colon). ``✿RETURN✿`` is not a marker: it opens the
-  agent's own closing reply, which the official trainer trains too.
-* ``hermes``: ``<tool_response>``, the tag in which the Qwen2.5/Qwen3 chat templates show a
-  tool's result to the model; written by the agent itself, it is the hallucinated result that
-  ``✿RESULT✿`` is in the ``qwen`` format. The ``</tool_call>`` before it is trained.
-
-A marker quoted inside reasoning ends nothing, since the parsers do not read reasoning either.
+Where the trained part of a response ends (:meth:`CallFormat.trained_length`;
+docs/metrics_and_rewards.md, "Trained tokens"): before the first token that reaches into the
+format's :attr:`~CallFormat.result_marker` outside reasoning, a tool result the agent wrote itself:
+``✿RESULT✿`` for ``qwen`` (``✿RETURN✿`` opens the agent's own closing reply, which the official
+trainer trains too) and ``<tool_response>`` for ``hermes``. Only the training target ends there.
 
 :meth:`CallFormat.parse` never raises on any text. How arguments are read is the call-repair
-policy (``call_repair``, :data:`~memalpha.tools.jsonfix.CALL_REPAIRS`):
-
-``strict`` (memalpha's default)
-    :func:`memalpha.tools.jsonfix.read_json_object`; a call whose JSON needed a repair is
-    returned with ``repaired=True`` and the list of repairs. Arguments cut off inside a string
-    (the response hit its length limit) are *not* repaired: they become a :class:`ParseError`
-    with ``code="truncated"`` – see :mod:`memalpha.tools.executor` for why. A call with no
-    arguments is an error too.
-``json_repair`` (the official profile)
-    as the official code reads them (:func:`memalpha.tools.jsonfix.repair_object_as_official`):
-    a cut-off call becomes the prefix the ``json-repair`` package keeps. A call with no
-    arguments at all – a ``✿FUNCTION✿`` line with no ``✿ARGS✿``, an empty ``✿ARGS✿:`` that ends
-    the response, an empty ``<tool_call>`` block – is dropped without an error, because the
-    official parser (a regular expression that needs at least one character of arguments) never
-    sees it. An empty ``✿ARGS✿:`` followed by another call stays an error: there the official
-    parser reads an empty argument string and fails to decode it.
+policy (``call_repair``, :data:`~memalpha.tools.jsonfix.CALL_REPAIRS`; docs/method.md, "Parsing",
+and docs/official_compatibility.md, "Truncated and malformed calls"): ``strict`` (memalpha's
+default) reads them with :func:`memalpha.tools.jsonfix.read_json_object` and makes arguments cut
+off inside a string a :class:`ParseError` with ``code="truncated"`` and a call with no arguments an
+error; ``json_repair`` (the official profile) reads them as the official code does and drops a call
+with no arguments at all (a ``✿FUNCTION✿`` line with no ``✿ARGS✿``, an empty ``✿ARGS✿:`` that ends
+the response, an empty ``<tool_call>`` block), which the official parser never sees; an empty
+``✿ARGS✿:`` followed by another call stays an error, as the official decode fails on it.
 """
 
 from __future__ import annotations
