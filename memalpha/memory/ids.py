@@ -14,7 +14,6 @@ Deleted ids are never handed out again, because the counter only moves forward.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Container
 from functools import lru_cache
 
 MIN_ID_DIGITS = 4
@@ -60,16 +59,12 @@ def id_for_counter(seed: int, counter: int) -> str:
 class IdAllocator:
     """Hands out ids in a fixed order for a seed; state is ``seed`` and ``counter``."""
 
-    def __init__(self, seed: int = 0, counter: int = 0) -> None:
-        if counter < 0:
-            raise ValueError(f"id counter must be >= 0, got {counter}")
+    def __init__(self, seed: int = 0) -> None:
         self.seed = int(seed)
-        self.counter = int(counter)
+        self.counter = 0
 
-    def next_id(self, taken: Container[str] = ()) -> str:
-        """The next id not in ``taken`` (ids that came from outside, e.g. a loaded memory)."""
-        while True:
-            candidate = id_for_counter(self.seed, self.counter)
-            self.counter += 1
-            if candidate not in taken:
-                return candidate
+    def next_id(self) -> str:
+        """The next id, never one handed out before."""
+        memory_id = id_for_counter(self.seed, self.counter)
+        self.counter += 1
+        return memory_id

@@ -54,10 +54,6 @@ class MemoryEntry:
     content: str
 
 
-class MemoryFormatError(ValueError):
-    """A saved memory (``to_dict`` output) is malformed; the message names the field."""
-
-
 class Memory:
     """Core paragraph + semantic and episodic entry lists, with seeded ids.
 
@@ -184,7 +180,7 @@ class Memory:
         entries = self.entries(memory_type)
         if self.find_content(memory_type, content) is not None:
             return None
-        entry = MemoryEntry(id=self._ids.next_id(_IdsOf(self)), content=content)
+        entry = MemoryEntry(id=self._ids.next_id(), content=content)
         entries.append(entry)
         return entry
 
@@ -208,7 +204,7 @@ class Memory:
 
     # ----------------------------------------------------------- serialisation
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe state; :meth:`from_dict` restores it exactly, id counter included."""
+        """JSON-safe state, as the rollout records write it (the id counter included)."""
         return {
             "format": DICT_FORMAT,
             "core": self._core,
@@ -219,72 +215,8 @@ class Memory:
             "episodic": [{"id": e.id, "content": e.content} for e in self.episodic],
         }
 
-    @classmethod
-    def from_dict(
-        cls, d: dict[str, Any], token_counter: TokenCounter | None = None, source: str = "memory dict"
-    ) -> Memory:
-        """Rebuild a memory saved by :meth:`to_dict`. The core is restored verbatim (not re-cut).
-
-        ``source`` names where ``d`` came from (e.g. a file path) in error messages.
-        """
-        if not isinstance(d, dict):
-            raise MemoryFormatError(f"{source}: expected a JSON object, got {type(d).__name__}")
-        if d.get("format", DICT_FORMAT) != DICT_FORMAT:
-            raise MemoryFormatError(
-                f"{source}: field 'format' is {d.get('format')!r}, expected {DICT_FORMAT!r}"
-            )
-        for name, kind in (("core", str), ("core_token_limit", int), ("seed", int), ("id_counter", int)):
-            if not isinstance(d.get(name), kind) or isinstance(d.get(name), bool):
-                raise MemoryFormatError(
-                    f"{source}: field {name!r} must be {kind.__name__}, got {d.get(name)!r}"
-                )
-        memory = cls(token_counter=token_counter, core_token_limit=d["core_token_limit"], seed=d["seed"])
-        memory._core = d["core"]
-        memory._ids = IdAllocator(d["seed"], d["id_counter"])
-        seen: set[str] = set()
-        for field_name in ("semantic", "episodic"):
-            target = memory.semantic if field_name == "semantic" else memory.episodic
-            items = d.get(field_name)
-            if not isinstance(items, list):
-                raise MemoryFormatError(
-                    f"{source}: field {field_name!r} must be a list, got {type(items).__name__}"
-                )
-            for index, item in enumerate(items):
-                if not (isinstance(item, dict) and isinstance(item.get("id"), str)
-                        and isinstance(item.get("content"), str)):
-                    raise MemoryFormatError(
-                        f"{source}: {field_name}[{index}] must be "
-                        f"{{'id': str, 'content': str}}, got {item!r:.200}"
-                    )
-                if item["id"] in seen:
-                    raise MemoryFormatError(f"{source}: {field_name}[{index}] repeats id {item['id']!r}")
-                seen.add(item["id"])
-                target.append(MemoryEntry(id=item["id"], content=item["content"]))
-        return memory
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Memory):
-            return NotImplemented
-        return self.to_dict() == other.to_dict()
-
-    __hash__ = None  # type: ignore[assignment]
-
     def __repr__(self) -> str:
         return (
             f"Memory(core={len(self._core)} chars, semantic={len(self.semantic)}, "
             f"episodic={len(self.episodic)}, seed={self.seed})"
         )
-
-
-class _IdsOf:
-    """``id in _IdsOf(memory)``: whether any entry of ``memory`` has that id (scan, no copy)."""
-
-    def __init__(self, memory: Memory) -> None:
-        self._lists = (memory.semantic, memory.episodic)
-
-    def __contains__(self, memory_id: object) -> bool:
-        for entries in self._lists:
-            for entry in entries:
-                if entry.id == memory_id:
-                    return True
-        return False
