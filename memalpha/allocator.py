@@ -3,9 +3,9 @@
 A GRPO step alternates phases whose tensors differ in size: the sampler's static cache and dense
 weight copies, the policy's forward and backward, the reader. The caching allocator keeps the
 freed blocks of one phase in fixed segments, and the next phase's larger tensors may find no
-block that fits though the free bytes would: run 1 of the 24 GiB recipe died out of memory with
-3 GiB reserved but unused (issue 37). ``expandable_segments:True`` lets a segment grow and
-shrink by mapping pages, so freed memory is reusable whatever the sizes.
+block that fits though the free bytes would (out of memory with gigabytes reserved but unused).
+``expandable_segments:True`` lets a segment grow and shrink by mapping pages, so freed memory is
+reusable whatever the sizes.
 
 The allocator reads its settings from the environment when CUDA initialises, once per process,
 so they must be set before the first CUDA call. :func:`prefer_expandable_segments` is called where

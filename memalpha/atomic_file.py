@@ -3,9 +3,7 @@ or the new one, never half of one.
 
 The text goes to a temporary file in the target's folder, is flushed and synced, gets the usual
 file mode (a temporary file starts as 0600) and is renamed over the target; whatever fails on the
-way removes the temporary file and is raised. The validation reports, the demo's summary, data
-files written by ``memalpha data`` and the demonstrations use it, and so does the experiments'
-kit (``lab/memalpha_lab/common.py``). Checkpoints have their own writer
+way removes the temporary file and is raised. Checkpoints have their own writer
 (``memalpha/train/checkpoint_io.py``), which also keeps the reason of a failed write.
 """
 

@@ -6,17 +6,13 @@ episodic lists, ranked as ``bm25`` and ``bm25_query`` say), their contents one p
 The answer metric then compares that text with the gold: under the ``substring`` metric a
 question scores 1 exactly when its gold answer is written in a retrieved entry (or the core).
 
-That makes r1 a measure of the memory alone, with no reader model between the memory and the
-score: a 135M reader misreads facts that are stored (docs/results.md, "control_arms"), so its
-r1 rewards the memory only through that noise, while this reader's r1 moves only when the
-memory holds, or loses, a retrievable answer. With a large ``top_k_entries`` every entry is
-retrieved and r1 is the share of questions whose answers are stored at all; with
-``top_k_entries: 1`` the answer must also be in the entry that retrieval ranks first.
+That makes r1 a measure of the memory alone, with no reader model's mistakes between the memory
+and the score (docs/method.md, "Answering").
 
 It suits the metrics that look for the gold inside the prediction (``substring``,
 ``multi_part``, ``keyword``); a ``boxed`` label or an ``llm_judge`` rubric cannot be read off
-memory text, and it answers no judge prompt (:meth:`chat` raises, so :meth:`Reader.complete`
-returns failed items): ``reward.content_judge: llm`` needs a language-model reader.
+memory text, and it answers no judge prompt (:meth:`chat`, hence :meth:`Reader.complete`,
+raises): ``reward.content_judge: llm`` needs a language-model reader.
 """
 
 from __future__ import annotations
