@@ -46,8 +46,6 @@ def _mix(value: int, seed: int, digits: int) -> int:
 
 def id_for_counter(seed: int, counter: int) -> str:
     """The id with index ``counter`` (>= 0) under ``seed``; distinct counters give distinct ids."""
-    if counter < 0:
-        raise ValueError(f"id counter must be >= 0, got {counter}")
     digits = MIN_ID_DIGITS
     start = 0
     while counter - start >= 16**digits:
