@@ -164,9 +164,7 @@ class OpenAIReader(Reader):
                 raise ReaderRequestRefused(
                     f"the reader at {self.url} refused a request: {exc} (model.reader.openai.*)"
                 ) from exc
-        return ReaderAnswer(
-            text="", ok=False, error=f"gave up after {attempts} attempts: {last_error}"
-        )
+        return ReaderAnswer(text="", ok=False, error=f"gave up after {attempts} attempts: {last_error}")
 
     def chat(
         self, conversations: Sequence[Conversation], sampling: Sampling | None = None
