@@ -266,7 +266,7 @@ class GRPOModule(PolicyModule):
         (its samples cannot be trusted)."""
         seed = stable_seed(self.hparams.seed, "round", round_.index, self.global_rank)
         return collect_round(
-            self.agent(), round_.instances, self.update_settings, self.scoring, self.ranks(), seed=seed,
+            self.agent(), round_.instances, self.update_settings, self.scoring, self, seed=seed,
             where=f"rollout round {round_.index} (global step {self.global_step})",
             engine=self._engine_sync(), reader_gate=self.reader_gate, on_phase=self._enter_phase,
         )
@@ -338,7 +338,7 @@ class GRPOModule(PolicyModule):
         scheduler = self.lr_schedulers()
         per_round = self.optimizer_settings.schedule_unit == "round"
         result = train_minibatch(
-            self.policy, batch, self.update_settings, self.scoring, self.ranks(),
+            self.policy, batch, self.update_settings, self.scoring, self,
             self.optimisation(None if per_round else scheduler),
             max_response_len=self.rollout_settings.max_new_tokens,
         )

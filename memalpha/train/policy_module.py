@@ -34,34 +34,17 @@ from memalpha.train.step import Optimisation
 NONFINITE_STREAK_KEY = "memalpha_nonfinite_streak"
 
 
-class ModuleRanks:
-    """:class:`~memalpha.train.step.Ranks` of a :class:`PolicyModule`: its trainer's world size and
-    the module's collectives (Lightning's strategy reduces over the ranks)."""
-
-    def __init__(self, module: PolicyModule) -> None:
-        self.module = module
-
-    @property
-    def world_size(self) -> int:
-        return self.module.trainer.world_size
-
-    def mean_over_ranks(self, value: float) -> float:
-        return self.module.mean_over_ranks(value)
-
-    def agree_on_nonfinite(self, problem: str | None) -> str | None:
-        return self.module.agree_on_nonfinite(problem)
-
-    def all_finite(self, finite: bool) -> bool:
-        return self.module.all_finite(finite)
-
-
 def typed(cls, value):
     """Lightning's CLI hands nested settings groups over as dicts; modules keep them typed."""
     return cls(**value) if isinstance(value, dict) else value
 
 
 class PolicyModule(LightningModule):
-    """A LoRA/QLoRA policy under manual optimisation; subclasses call :meth:`_init_policy` in ``__init__``."""
+    """A LoRA/QLoRA policy under manual optimisation; subclasses call :meth:`_init_policy` in ``__init__``.
+
+    The module is itself the step's :class:`~memalpha.train.step.Ranks`: its trainer's world size
+    and its collectives (Lightning's strategy reduces over the ranks).
+    """
 
     def _init_policy(
         self, lm: LMSettings | dict, lora: LoraSettings | dict, optimizer: OptimizerSettings | dict
@@ -148,6 +131,10 @@ class PolicyModule(LightningModule):
         would."""
         self.nonfinite_streak.count = int(checkpoint.get(NONFINITE_STREAK_KEY, 0))
 
+    @property
+    def world_size(self) -> int:
+        return self.trainer.world_size
+
     def mean_over_ranks(self, value: float) -> float:
         """``value`` averaged over the data-parallel ranks (itself on one rank)."""
         if self.trainer.world_size == 1:
@@ -173,10 +160,6 @@ class PolicyModule(LightningModule):
             return finite
         flag = torch.tensor(float(finite), device=self.device)
         return self.trainer.strategy.reduce(flag, reduce_op="min").item() > 0.5
-
-    def ranks(self) -> ModuleRanks:
-        """This module as the step's :class:`~memalpha.train.step.Ranks`."""
-        return ModuleRanks(self)
 
     def optimisation(self, scheduler) -> Optimisation:
         """How this module's gradients become a step (:func:`~memalpha.train.step.apply_gradients`):

@@ -84,7 +84,7 @@ class SFTModule(PolicyModule):
             token_normaliser=max(tokens, 1.0),
             backward=self.manual_backward,
         )
-        grad_norm, problem = apply_gradients(self.optimisation(scheduler), self.ranks(), finite)
+        grad_norm, problem = apply_gradients(self.optimisation(scheduler), self, finite)
         self.count_nonfinite(problem)  # a non-finite loss or norm skipped the step
         train_s = time.perf_counter() - start
         now = time.perf_counter()
