@@ -120,7 +120,6 @@ class ReaderGate:
 
     settings: ReaderSettings
     skipped_in_a_row: int = 0
-    skipped_total: int = 0
 
     def answered(self, failures: ReaderFailures, where: str) -> bool:
         """Whether the round (``where``: ``rollout round 3 (global step 7)``) may be trained on."""
@@ -135,7 +134,6 @@ class ReaderGate:
                 " skip drops such rounds instead)"
             )
         self.skipped_in_a_row += 1
-        self.skipped_total += 1
         if self.skipped_in_a_row >= MAX_SKIPPED_ROUNDS_IN_A_ROW:
             raise ReaderFailureError(
                 f"{where}: {self.skipped_in_a_row} rounds in a row skipped for failed reader answers (the"
