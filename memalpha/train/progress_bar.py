@@ -63,7 +63,6 @@ class StepProgressBar(TQDMProgressBar):
 
     def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = False) -> None:
         super().__init__(refresh_rate=refresh_rate, process_position=process_position, leave=leave)
-        self.last_phase: Phase | None = None
         self._ticking: threading.Event | None = None
 
     def __getstate__(self) -> dict:
@@ -142,7 +141,6 @@ class StepProgressBar(TQDMProgressBar):
     def show_phase(self, phase: Phase) -> None:
         """A :data:`~memalpha.agent.progress.PhaseHook`: the phase goes into the description of
         the bar that runs (the training bar, or the validation bar while validating)."""
-        self.last_phase = phase
         trainer = self._trainer
         if trainer is None or not self.is_enabled:
             return
