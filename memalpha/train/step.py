@@ -313,10 +313,6 @@ def collect_round(
     return Round(out, scored.batches, {**metrics, **scored.metrics}, scored.nonfinite)
 
 
-def _backward(loss: torch.Tensor) -> None:
-    loss.backward()
-
-
 @dataclass
 class Optimisation:
     """How a mini-batch's gradients become a step: the optimiser over ``params``, its schedule
@@ -328,15 +324,9 @@ class Optimisation:
     params: list[torch.nn.Parameter]
     grad_clip: float
     scheduler: Any = None
-    backward: Callable[[torch.Tensor], None] = _backward
+    backward: Callable[[torch.Tensor], None] = torch.Tensor.backward
     grad_scale: float = 1.0
     check_grad_norm: bool = True
-
-    def __post_init__(self) -> None:
-        if self.grad_clip < 0:
-            raise ValueError(f"grad_clip must be >= 0 (0: measured only), got {self.grad_clip}")
-        if not self.grad_scale > 0:
-            raise ValueError(f"grad_scale must be > 0, got {self.grad_scale}")
 
 
 @dataclass
