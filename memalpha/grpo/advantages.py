@@ -90,7 +90,6 @@ class CreditScheme:
     group_ids, turn_index)``, ``[N]`` tensors, ``turn_rewards`` None unless ``turn_answers``:
     the ``[N]`` rewards and each one's group label)."""
 
-    name: str
     turn_answers: bool
     compared: Callable[..., tuple[torch.Tensor, list]]
 
@@ -126,7 +125,7 @@ def flat_group_share(rewards: torch.Tensor, group_ids: torch.Tensor | Sequence) 
 
 
 CREDIT_SCHEMES: dict[str, CreditScheme] = {
-    "broadcast": CreditScheme("broadcast", turn_answers=False, compared=broadcast_compared),
-    "per_chunk": CreditScheme("per_chunk", turn_answers=True, compared=per_chunk_compared),
+    "broadcast": CreditScheme(turn_answers=False, compared=broadcast_compared),
+    "per_chunk": CreditScheme(turn_answers=True, compared=per_chunk_compared),
 }
 """Each ``update.credit`` name's scheme: a new scheme is one function and one entry."""
