@@ -258,7 +258,7 @@ class GRPOModule(PolicyModule):
 
     def _out_of_memory_names_the_phase(self, where: str):
         """Running out of memory inside the block stops the run with one line naming the phase."""
-        return phase_out_of_memory(lambda: self._phase, lambda: where, self.device)
+        return phase_out_of_memory(lambda: self._phase, where, self.device)
 
     def experience_round(self, round_: InstanceRound) -> Round:
         """Roll a round out and turn it into mini-batches (:func:`~memalpha.train.step.collect_round`);

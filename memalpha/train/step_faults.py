@@ -159,15 +159,13 @@ def out_of_memory_line(phase: str, where: str, held: str) -> str:
 
 
 @contextlib.contextmanager
-def phase_out_of_memory(
-    phase: Callable[[], str], where: Callable[[], str], device: Any = None
-) -> Iterator[None]:
+def phase_out_of_memory(phase: Callable[[], str], where: str, device: Any) -> Iterator[None]:
     """Turn running out of memory inside the block into :class:`StepOutOfMemory`, naming the phase
-    that ``phase()`` says was running and ``where()`` the step."""
+    that ``phase()`` says was running and ``where`` the step."""
     try:
         yield
     except Exception as error:
         if not is_out_of_memory(error):
             raise
         held = memory_held(device)
-        raise StepOutOfMemory(out_of_memory_line(phase(), where(), held)) from None
+        raise StepOutOfMemory(out_of_memory_line(phase(), where, held)) from None
