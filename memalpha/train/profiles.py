@@ -66,14 +66,11 @@ PROFILES: dict[str, dict[str, Any]] = {
 """Each profile's option values (keys as on the command line, without the leading ``--``)."""
 
 
-def profile_named(args: Iterable[str], read_config: Any = None) -> str:
+def profile_named(args: Iterable[str]) -> str:
     """The profile ``args`` choose: the last ``--profile`` flag or top-level ``profile:`` key of a
-    ``--config`` file, in the order given (``memalpha`` when none does).
-
-    ``read_config(path)`` returns a config file's mapping (default: YAML); an unreadable file is
-    left to the CLI, which reports it itself.
+    ``--config`` file, in the order given (``memalpha`` when none does). An unreadable config file
+    is left to the CLI, which reports it itself.
     """
-    read_config = read_config or _read_yaml
     args = list(args)
     chosen = "memalpha"
     for index, arg in enumerate(args):
@@ -82,12 +79,8 @@ def profile_named(args: Iterable[str], read_config: Any = None) -> str:
             chosen = following
         elif arg.startswith("--profile="):
             chosen = arg.split("=", 1)[1]
-        elif arg in ("--config", "-c") and following is not None:
-            config = read_config(following)
-            if isinstance(config, Mapping) and "profile" in config:
-                chosen = str(config["profile"])
-        elif arg.startswith("--config="):
-            config = read_config(arg.split("=", 1)[1])
+        elif (arg in ("--config", "-c") and following is not None) or arg.startswith("--config="):
+            config = _read_yaml(following if arg in ("--config", "-c") else arg.split("=", 1)[1])
             if isinstance(config, Mapping) and "profile" in config:
                 chosen = str(config["profile"])
     if chosen not in PROFILES:
