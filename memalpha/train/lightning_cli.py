@@ -95,6 +95,11 @@ def run_errors() -> tuple[type[BaseException], ...]:
     )
 
 
+def _as_list(value: Any) -> list[Any]:
+    """A trainer option that takes one object or a list of them (``plugins``, ``callbacks``), as a list."""
+    return list(value) if isinstance(value, (list, tuple)) else ([value] if value else [])
+
+
 class OneLineErrorParser(LightningArgumentParser):
     """Lightning's argument parser, reporting a bad option in one line instead of the whole usage."""
 
@@ -163,44 +168,27 @@ class MemAlphaCLI(LightningCLI):
         from lightning.fabric.utilities.exceptions import MisconfigurationException
 
         from memalpha.train.checkpoint_io import AtomicCheckpointIO
+        from memalpha.train.progress_bar import StepProgressBar
         from memalpha.train.sigterm import CheckpointOnSigterm
 
-        key = "plugins"
-        plugins = self.config_init[self.subcommand]["trainer"].get(key) if self.subcommand else None
-        plugins = list(plugins) if isinstance(plugins, (list, tuple)) else ([plugins] if plugins else [])
+        trainer = self._get(self.config_init, "trainer")
+        plugins = _as_list(trainer.get("plugins"))
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             plugins.append(AtomicCheckpointIO())
-        kwargs[key] = plugins
-        if self.subcommand:
-            self.config_init[self.subcommand]["trainer"][key] = None
-        configured = (
-            self.config_init[self.subcommand]["trainer"].get("callbacks") if self.subcommand else None
+        kwargs["plugins"] = plugins
+        trainer["plugins"] = None
+        configured = _as_list(trainer.get("callbacks"))
+        # StepProgressBar, unless the config brings a progress bar or turns it off
+        bar = trainer.get("enable_progress_bar") is not False and not any(
+            isinstance(c, ProgressBar) for c in configured
         )
-        configured = (
-            list(configured)
-            if isinstance(configured, (list, tuple))
-            else ([configured] if configured else [])
-        )
-        kwargs["callbacks"] = [*configured, CheckpointOnSigterm(), *self._default_progress_bar(configured)]
+        kwargs["callbacks"] = [*configured, CheckpointOnSigterm(), *([StepProgressBar()] if bar else [])]
         try:
             return super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ValueError) as exc:
             if debugging():
                 raise
             raise SystemExit(f"{self._prog()}: error: trainer: {exc}") from None
-
-    def _default_progress_bar(self, configured: list[Any]) -> list[ProgressBar]:
-        """:class:`StepProgressBar`, unless the config brings a progress bar or turns it off."""
-        from memalpha.train.progress_bar import StepProgressBar
-
-        enabled = (
-            self.config_init[self.subcommand]["trainer"].get("enable_progress_bar")
-            if self.subcommand
-            else None
-        )
-        if enabled is False or any(isinstance(c, ProgressBar) for c in configured):
-            return []
-        return [StepProgressBar()]
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Run ``fit``/``validate``; one of :func:`run_errors` ends the process with one line, its
