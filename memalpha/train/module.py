@@ -363,23 +363,10 @@ class GRPOModule(PolicyModule):
         logged = {**logged, "lr": self.optimizers().param_groups[0]["lr"], **round_metrics_}
         self.log_dict(logged, on_step=True, on_epoch=False, batch_size=n)
         self.log("step_s", time.perf_counter() - self._step_start, prog_bar=True, on_step=True, batch_size=n)
-        if "train/reward" in round_metrics_:
-            self.log(
-                "reward",
-                round_metrics_["train/reward"],
-                prog_bar=True,
-                on_step=True,
-                batch_size=n,
-                logger=False,
-            )
-            self.log(
-                "tool_success",
-                round_metrics_["train/tool_success"],
-                prog_bar=True,
-                on_step=True,
-                batch_size=n,
-                logger=False,
-            )
+        for name in ("reward", "tool_success"):  # on a round's first step
+            if f"train/{name}" in round_metrics_:
+                value = round_metrics_[f"train/{name}"]
+                self.log(name, value, prog_bar=True, on_step=True, batch_size=n, logger=False)
         if text is not None:
             self._log_text("rollout/sample", text)
 
