@@ -253,5 +253,5 @@ def test_a_kl_coefficient_without_reference_logprobs_is_an_error_not_a_silent_ze
               "max_response_len": logps.shape[1]}
     with pytest.raises(ValueError, match="kl_coef is 0.1 but the batch has no reference log-probs"):
         micro_batch_loss(logps, None, batch, UpdateSettings(kl_coef=0.1), **common)
-    out, _ = micro_batch_loss(logps, None, batch, UpdateSettings(kl_coef=0.0), **common)
+    out = micro_batch_loss(logps, None, batch, UpdateSettings(kl_coef=0.0), **common)
     assert torch.isfinite(out.loss)

@@ -408,7 +408,7 @@ def same_logps_memalpha(logps: torch.Tensor, batch: ExactBatch, setting: ExactSe
     total = 0.0
     for lo in range(0, len(update), spec.micro_batch_size):
         rows = list(range(lo, min(lo + spec.micro_batch_size, len(update))))
-        out, _ = micro_batch_loss(
+        out = micro_batch_loss(
             leaf[rows], None, update.select(rows), settings, token_normaliser=float(update.response_tokens),
             seq_normaliser=float(len(update)), max_response_len=spec.max_completion_length,
         )

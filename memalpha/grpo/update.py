@@ -96,12 +96,6 @@ def pad_rows(rows: list[torch.Tensor], width: int, device, dtype=torch.float32) 
     return out
 
 
-def response_mask_of(lengths: Sequence[int], width: int, device, dtype) -> torch.Tensor:
-    """``[B, width]`` mask, 1 on the first ``lengths[i]`` columns of row ``i``."""
-    counts = torch.tensor(list(lengths), device=device)
-    return (torch.arange(width, device=device)[None, :] < counts[:, None]).to(dtype)
-
-
 def micro_batch_loss(
     logps: torch.Tensor,
     entropy: torch.Tensor | None,
@@ -111,18 +105,18 @@ def micro_batch_loss(
     token_normaliser: float,
     seq_normaliser: float,
     max_response_len: int,
-) -> tuple[LossOutput, torch.Tensor]:
+) -> LossOutput:
     """The clipped GRPO loss of one micro-batch whose policy log-probs (``[B, T]``, response
     columns) are ``logps``: the sampling and reference log-probs of ``batch`` padded to ``T``,
     the mini-batch's global normaliser for ``settings.loss_agg`` (so the micro-batch losses add
     up to the mini-batch's), the KL term at ``settings.kl_coef`` (a ``batch`` without reference
-    log-probs under a coefficient above 0 is an error, never a silent 0). Returns the loss and the
-    response mask it used."""
+    log-probs under a coefficient above 0 is an error, never a silent 0)."""
     width = logps.shape[1]
-    mask = response_mask_of([len(r) for r in batch.response_ids], width, logps.device, logps.dtype)
+    lengths = torch.tensor([len(r) for r in batch.response_ids], device=logps.device)
+    mask = (torch.arange(width, device=logps.device)[None, :] < lengths[:, None]).to(logps.dtype)
     old = None if batch.old_logps is None else pad_rows(batch.old_logps, width, logps.device, logps.dtype)
     ref = None if batch.ref_logps is None else pad_rows(batch.ref_logps, width, logps.device, logps.dtype)
-    out = policy_loss(
+    return policy_loss(
         logps,
         old,
         ref,
@@ -137,7 +131,6 @@ def micro_batch_loss(
         max_len=max_response_len,
         entropy=entropy,
     )
-    return out, mask
 
 
 TOKEN_WEIGHTED = ("kl", "clip_ratio/low", "clip_ratio/high", "clip_ratio/dual", "ratio_mean", "entropy")

@@ -72,7 +72,7 @@ def accumulate_grpo_gradients(
             policy, part.prompt_ids, part.response_ids, scoring, with_entropy=True,
             prefix=prefix if leaves is None or last else leaves,
         )
-        out, _ = micro_batch_loss(
+        out = micro_batch_loss(
             logps, entropy, part, settings, token_normaliser=token_normaliser, seq_normaliser=seq_normaliser,
             max_response_len=max_response_len,
         )
