@@ -193,16 +193,13 @@ class RolloutDataModule(LightningDataModule):
         )
         return instances
 
-    def _synthetic(self, split: str) -> list[Instance]:
-        return self.synthetic.generate(split, self.hparams.seed)
-
     def setup(self, stage: str) -> None:
         hp = self.hparams
         if stage == "fit" and not self.train_instances:
             self.train_instances = (
                 self._load(hp.train_path, self.load.train_limit)
                 if hp.train_path
-                else self._synthetic("train")
+                else self.synthetic.generate("train", hp.seed)
             )
             if not self.train_instances:
                 raise ValueError(f"no training instances in {hp.train_path or 'the synthetic generator'}")
@@ -210,7 +207,7 @@ class RolloutDataModule(LightningDataModule):
             self.val_instances = (
                 self._load(hp.val_path, self.load.val_limit)
                 if hp.val_path
-                else self._synthetic("val")
+                else self.synthetic.generate("val", hp.seed)
             )
 
     def loaded_splits(self) -> list[tuple[str, list[Instance]]]:
@@ -250,27 +247,22 @@ class RolloutDataModule(LightningDataModule):
         _, world = self._rank_and_world()
         return run_rounds(len(self.train_instances), hp.instances_per_step, world, hp.epochs, hp.drop_last)
 
-    def next_instances(self) -> list[Instance]:
-        """The next ``instances_per_step`` instances of this rank's shard, wrapping into a new pass
-        (with ``data.drop_last``, skipping a pass's leftovers that cannot fill a round)."""
-        indices = self._position.take(
-            self.hparams.instances_per_step, self.shard_order, self.hparams.drop_last
-        )
-        picked = [self.train_instances[index] for index in indices]
-        self.seen_instance_ids.extend(inst.instance_id for inst in picked)
-        return picked
-
     def next_round(self) -> InstanceRound | None:
-        """The next round of this rank's stream; advances the position saved in checkpoints.
+        """The next round of this rank's stream: the next ``instances_per_step`` instances of its
+        shard, wrapping into a new pass (with ``data.drop_last``, skipping a pass's leftovers that
+        cannot fill a round); advances the position saved in checkpoints.
 
         None once the run's ``data.epochs`` rounds are served (the train loader then ends).
         """
         total = self.total_rounds()
         if total is not None and self._round >= total:
             return None
-        instances = self.next_instances()
+        hp = self.hparams
+        indices = self._position.take(hp.instances_per_step, self.shard_order, hp.drop_last)
+        picked = [self.train_instances[index] for index in indices]
+        self.seen_instance_ids.extend(inst.instance_id for inst in picked)
         self._round += 1
-        return InstanceRound(self._round - 1, instances)
+        return InstanceRound(self._round - 1, picked)
 
     def train_dataloader(self) -> DataLoader:
         return endless_loader(self.next_round)
