@@ -1,19 +1,12 @@
 """One GRPO update on a :class:`~memalpha.grpo.batch.GRPOBatch`, without the model: the loss of a
-micro-batch from its log-probs, the mini-batch's metrics, the optimiser step, the optimiser.
+micro-batch from its log-probs (:func:`micro_batch_loss`, called by :mod:`memalpha.train.actor`),
+the mini-batch's metrics (:class:`LossMeter`), the optimiser step, the optimiser and its warm-up
+schedule. Every trainer (the Lightning modules, the single-turn trainer, the benchmarks) goes
+through these functions.
 
-:func:`micro_batch_loss` is the clipped GRPO loss of one micro-batch with the mini-batch's
-global normaliser and :class:`LossMeter` adds its metrics up; the actor that runs the policy
-over the micro-batches (:mod:`memalpha.train.actor`, with its prefix caches and data-parallel
-details) calls both. ``optimizer_step`` then clips and steps, or drops the gradients of a
-non-finite loss or gradient norm. ``build_optimizer`` makes the optimiser and its warm-up
-schedule from :class:`~memalpha.grpo.settings.OptimizerSettings` (its arithmetic: the pure
-:func:`schedule_length`, :func:`warmup_steps` and :func:`lr_multiplier`). Every trainer (the
-Lightning module, the single-turn trainer, the benchmarks) goes through these functions.
-
-A step that meets a NaN or an infinity (in the rewards, the round's reference or old log-probs,
-the loss or the gradient norm) is skipped, never trained on; :class:`NonFiniteStreak` counts
-such steps in a row and stops the run with :class:`NonFiniteTrainingError` at
-``optimizer.max_consecutive_nonfinite`` (``docs/metrics_and_rewards.md``).
+A step that meets a NaN or an infinity is skipped, never trained on; :class:`NonFiniteStreak`
+stops the run after ``optimizer.max_consecutive_nonfinite`` such steps in a row
+(``docs/metrics_and_rewards.md``).
 """
 
 from __future__ import annotations

@@ -1,3 +1,3 @@
-"""Lightning glue: GRPOModule, the rollout DataModule, the CLI class, checkpoint I/O, the
-validation report and the generated configuration reference.
+"""Lightning glue: GRPOModule, the rollout DataModule, the CLI class, checkpoint I/O and the
+validation report; one GRPO step free of Lightning (:mod:`memalpha.train.step`).
 """

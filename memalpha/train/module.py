@@ -1,22 +1,12 @@
 """GRPOModule: the LoRA/QLoRA memory-agent policy trained with GRPO under Lightning.
 
 The step itself is :mod:`memalpha.train.step`, free of Lightning; this module is its glue.
-``training_step`` owns the experience buffer. When it is empty, the step takes the next
-:class:`~memalpha.train.datamodule.InstanceRound` from the DataModule's stream and collects it
-(:func:`~memalpha.train.step.collect_round`: rollouts with the current policy, group-relative
-advantages, the reference -- the base, or the frozen starting adapter: ``update.kl_reference``
--- and, for several steps per round, old-policy log-probs, the round's mini-batches). Every step
-then trains one mini-batch (:func:`~memalpha.train.step.train_minibatch`: the micro-batched
-clipped GRPO update with a k3 KL penalty, then the optimiser step). Unserved mini-batches go
-into the checkpoint with every rank's own, so a resumed run trains exactly what the interrupted
-one would have. A round whose rewards
-or reference/old log-probs hold a NaN or an infinity is dropped whole (on every rank) and its
-step skipped, as is a step whose loss or gradient norm is non-finite (``docs/metrics_and_rewards.md``).
-
-Before any model loads (:meth:`GRPOModule.setup`) every loaded instance's chunks are checked
-against the prompt budget (:func:`~memalpha.agent.prompt_budget.check_prompt_budget`). While a
-step runs its phases go to the progress bar, when it shows them
-(:class:`~memalpha.train.progress_bar.StepProgressBar`).
+``training_step`` owns the experience buffer: when it is empty the next
+:class:`~memalpha.train.datamodule.InstanceRound` is collected
+(:func:`~memalpha.train.step.collect_round`), and every step trains one of the round's
+mini-batches (:func:`~memalpha.train.step.train_minibatch`). Unserved mini-batches go into the
+checkpoint with every rank's own, so a resumed run trains exactly what the interrupted one would
+have. docs/architecture.md, "One training step", walks through a step.
 """
 
 from __future__ import annotations
