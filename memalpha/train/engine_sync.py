@@ -1,16 +1,11 @@
 """The ``vllm`` rollout engine of a training run: its server, on-policy adapter sync, and the checks.
 
-:class:`EngineSync` starts the server (or connects to ``rollout.vllm.url``) at the first
-rollout and stops it with the run. The trainer counts adapter versions: every optimiser step
-that trained bumps :attr:`EngineSync.policy_version`. Before a round generates, a server behind
-that version gets the adapter exported to ``<adapter_dir>/v<version>`` and loaded under a new
-name, and the previous version is unloaded (:meth:`~memalpha.lm.sampling.vllm_engine.VllmEngine.sync`),
-so every round samples from the weights being trained, however many optimiser steps the round
-before fed. Two checks guard against a sync that failed silently: :func:`check_versions`
-refuses a round whose samples carry another version than the policy's, and
-:func:`sampler_logprob_gap` (logged as ``rollout/sampler_logprob_gap``) compares the server's
-log-prob of every sampled token with the trainer's, and :meth:`EngineSync.check_gap` stops the
-run above ``rollout.vllm.max_logprob_gap``: a version label is not proof of the weights behind it.
+:class:`EngineSync` starts the server (or connects to ``rollout.vllm.url``) at the first rollout,
+syncs the trained adapter into it before each round (every optimiser step that trained bumps
+:attr:`EngineSync.policy_version`) and stops it with the run. Two checks guard against a sync that
+failed silently: :func:`check_versions` (the samples' adapter version) and
+:func:`sampler_logprob_gap` with :meth:`EngineSync.check_gap` (the server's log-probs against the
+trainer's). docs/vllm_engine.md describes both.
 """
 
 from __future__ import annotations

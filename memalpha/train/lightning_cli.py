@@ -5,14 +5,9 @@ behaviour the CLI links ``model.model`` to ``data.tokenizer_name`` (the DataModu
 contexts with the policy's tokenizer), writes checkpoints atomically, saves ``last.ckpt`` on
 ``SIGTERM``, and names the file, line and column of a config file that is not valid YAML.
 
-Bad input ends the process with one line naming the option, the value and what is allowed, and
-no traceback (docs/troubleshooting.md lists each case): a parse error, a setting out of range
-(raised by the settings groups and modules while they are built, before any model loads), a
-``--ckpt_path`` that is not a checkpoint of this command, a damaged data file, a checkpoint that
-cannot be written and a run stopped by non-finite steps. memalpha's own errors raised while the
-run goes on (:func:`run_errors`: an instance over the prompt budget, a stale vLLM sample, ...)
-end it the same way, their setting names written as the options a user types. With
-``MEMALPHA_DEBUG=1`` in the environment each of these errors is raised with its traceback instead.
+Bad input, and memalpha's own errors while the run goes on (:func:`run_errors`), end the process
+with one line naming the option as a user types it, and no traceback (docs/troubleshooting.md
+lists each case); with ``MEMALPHA_DEBUG=1`` in the environment they are raised with their traceback.
 
 The training progress bar is :class:`~memalpha.train.progress_bar.StepProgressBar` unless the
 config names a progress bar of its own or ``trainer.enable_progress_bar`` is false.

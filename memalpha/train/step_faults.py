@@ -1,18 +1,9 @@
 """Faults of a training step that must stop it rather than become a reward: a reader that failed too
-many of a round's answers, and running out of memory in any phase.
-
-A failed answer scores 0. One stray failure is noise; a reader that is down, or that runs out of
-memory on every batch, would score every answer 0 and GRPO would go on training on r1 = 0 as if
-the policy's memory were useless. :class:`ReaderGate` refuses such a round
-(``reader.max_failed_share``): it stops the run, or skips the round when ``reader.on_failed_round``
-says so, and stops it after :data:`MAX_SKIPPED_ROUNDS_IN_A_ROW` skipped in a row, since a skipped
-round does not count towards ``trainer.max_steps``.
-
-Out of memory (:func:`~memalpha.lm.core.out_of_memory.is_out_of_memory`) in any phase becomes
-:class:`StepOutOfMemory`: one line naming the phase, the memory held and the settings that lower
-that phase's memory. Both errors are raised before the step's optimiser update, so the last
-checkpoint is the one the run wrote before and resumes as it would have
-(docs/metrics_and_rewards.md, "Faults").
+many of a round's answers (:class:`ReaderGate`: a reader that is down would score every answer 0,
+and GRPO would train on that), and running out of memory in any phase (:class:`StepOutOfMemory`:
+one line naming the phase, the memory held and the settings that lower that phase's memory).
+Both are raised before the step's optimiser update, so the last checkpoint is the one the run
+wrote before (docs/metrics_and_rewards.md, "Faults").
 """
 
 from __future__ import annotations
