@@ -99,10 +99,6 @@ def cut_minibatches(batch: GRPOBatch, num_mini_batches: int, ppo_epochs: int, se
     samples than ``num_mini_batches`` is cut into one-sample mini-batches. Returns
     ``ppo_epochs * min(num_mini_batches, len(batch))`` batches in the order they are trained.
     """
-    if num_mini_batches < 1 or ppo_epochs < 1:
-        raise ValueError(
-            f"num_mini_batches and ppo_epochs must be >= 1, got {num_mini_batches}, {ppo_epochs}"
-        )
     if len(batch) == 0:
         raise ValueError("cannot cut an empty batch into mini-batches")
     parts: list[GRPOBatch] = []
