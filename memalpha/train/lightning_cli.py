@@ -29,16 +29,6 @@ from memalpha.train.known_warnings import silence_known_warnings
 from memalpha.train.profiles import PROFILES, ProfileName, profile_named
 
 
-def _config_files(args: list[str]) -> list[str]:
-    files = []
-    for index, arg in enumerate(args):
-        if arg == "--config" and index + 1 < len(args):
-            files.append(args[index + 1])
-        elif arg.startswith("--config="):
-            files.append(arg.split("=", 1)[1])
-    return files
-
-
 def check_config_files(args: list[str]) -> None:
     """Raise ``ValueError`` naming the file, line and column of the first config file named in
     ``args`` (``--config F``, ``--config=F``) that is not valid YAML (jsonargparse's own message
@@ -46,7 +36,13 @@ def check_config_files(args: list[str]) -> None:
     reports it."""
     import yaml
 
-    for path in _config_files(args):
+    for index, arg in enumerate(args):
+        if arg == "--config" and index + 1 < len(args):
+            path = args[index + 1]
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        else:
+            continue
         try:
             text = Path(path).read_text(encoding="utf-8")
         except OSError:
