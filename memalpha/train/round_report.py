@@ -18,23 +18,15 @@ from memalpha.grpo.advantages import flat_group_share
 def round_metrics(
     out: RolloutOutput, rewards: torch.Tensor, compared: tuple[torch.Tensor, Sequence]
 ) -> dict[str, float]:
-    """Reward, reward spread, response, tool-call, reward-term, memory, fact-recall, reader-failure
-    and timing metrics of one round.
+    """Reward, reward spread, response, tool-call, reward-term, memory, fact-recall, reader-failure,
+    timing and compute metrics of one round; docs/quickstart.md's table of logged metrics says what
+    each one means.
 
     ``rewards`` are the ``[N]`` per-sample rewards ``R_t`` of ``out.samples``; ``compared`` the
     rewards the credit scheme compares and each one's group
-    (:class:`~memalpha.grpo.advantages.CreditScheme`): ``train/frac_reward_zero_std`` is the share of
-    those groups whose rewards are all equal (their advantages are 0: they teach nothing).
-    ``reader/failures`` counts the round's questions that scored 0 because the reader's answer or its
-    judgement failed (after retries); ``reader/failed_calls`` every failed reader request of the
-    round, content judgements included.
-    ``train/fact_recall`` is the mean fact recall of the round's rollouts whose instance knows its
-    facts (:mod:`memalpha.agent.fact_recall`), and absent when none does. The round's compute, for
-    experiments to sum over a run: ``perf/rollouts`` (rollouts), ``perf/turn_samples`` (chunk turns
-    sampled), ``perf/generated_tokens`` (tokens the policy sampled) and ``reader/questions``
-    (questions the reader answered, one reader request each, the answers after earlier turns of
-    per-chunk credit included; those alone are ``reader/turn_questions``, with
-    ``train/turn_reward`` the mean per-chunk reward).
+    (:class:`~memalpha.grpo.advantages.CreditScheme`), whose flat groups give
+    ``train/frac_reward_zero_std``. ``reader/questions`` counts the answers after earlier turns of
+    per-chunk credit too; those alone are ``reader/turn_questions``.
     """
     samples, records = out.samples, out.records
     calls = sum(s.num_calls for s in samples)
