@@ -15,9 +15,7 @@ Read top to bottom, a step is::
 :func:`score_samples` and :func:`train_minibatch` on its own samples, and the benchmarks under
 ``experiments/`` time the same calls. What differs between processes of a data-parallel run
 (averages over ranks, agreeing to skip a step) goes through :class:`Ranks`; :class:`OneProcess`
-is the stand-in outside Lightning. A NaN or an infinity in the rewards or the reference/old
-log-probs drops the round; one in the loss or the gradient norm drops the step
-(``docs/metrics_and_rewards.md``).
+is the stand-in outside Lightning.
 """
 
 from __future__ import annotations
