@@ -108,10 +108,7 @@ class DemoDataModule(LightningDataModule):
         for name, path in (("train_path", train_path), ("val_path", val_path)):
             if path is not None and not Path(path).expanduser().is_file():
                 raise ValueError(f"data.{name}: {path}: no such file")
-        # kept in checkpoints and in the run's config.yaml, but not handed to the loggers: Lightning
-        # merges module and data hyperparameters there and refuses keys that differ, and both
-        # have a ``seed`` (model.seed and data.seed are separate settings)
-        self.save_hyperparameters(logger=False)
+        self.save_hyperparameters(logger=False)  # not to the loggers, as RolloutDataModule's
         self.train_demos: list[TokenizedDemo] = []
         self.val_demos: list[TokenizedDemo] = []
         self._position = PassCursor()
