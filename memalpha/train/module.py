@@ -35,11 +35,10 @@ from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.reader.base import Reader
 from memalpha.reader.settings import ReaderSettings
 from memalpha.seeding import stable_seed
-from memalpha.train.datamodule import InstanceRound
 from memalpha.train.engine_sync import EngineSync
 from memalpha.train.policy_module import PolicyModule, typed
 from memalpha.train.round_report import rollout_text
-from memalpha.train.step import Agent, Round, collect_round, train_minibatch
+from memalpha.train.step import Agent, collect_round, train_minibatch
 from memalpha.train.step_faults import (
     ReaderFailureError,
     ReaderFailures,
@@ -250,21 +249,6 @@ class GRPOModule(PolicyModule):
         """Running out of memory inside the block stops the run with one line naming the phase."""
         return phase_out_of_memory(lambda: self._phase, where, self.device)
 
-    def experience_round(self, round_: InstanceRound) -> Round:
-        """Roll a round out and turn it into mini-batches (:func:`~memalpha.train.step.collect_round`);
-        a NaN or infinity in its rewards or in its reference/old log-probs leaves it without any
-        (its samples cannot be trusted)."""
-        seed = stable_seed(self.hparams.seed, "round", round_.index, self.global_rank)
-        return collect_round(
-            self.agent(), round_.instances, self.update_settings, self.scoring, self, seed=seed,
-            where=f"rollout round {round_.index} (global step {self.global_step})",
-            engine=self._engine_sync(), reader_gate=self.reader_gate, on_phase=self._enter_phase,
-        )
-
-    def _should_log_text(self) -> bool:
-        every = self.hparams.log_text_every_n_steps
-        return every > 0 and self.global_rank == 0 and self.global_step % every == 0
-
     # --------------------------------------------------------------- training
     def schedule_rounds(self) -> tuple[int | None, int | None]:
         """The run's rounds (``data.epochs``) and, without ``update.mini_batch_size``, the fixed
@@ -305,10 +289,17 @@ class GRPOModule(PolicyModule):
             except StopIteration:  # the last of data.epochs' rounds is trained: every rank ends here
                 self.trainer.should_stop = True
                 return
-            collected = self.experience_round(round_)
+            collected = collect_round(
+                self.agent(), round_.instances, self.update_settings, self.scoring, self,
+                seed=stable_seed(self.hparams.seed, "round", round_.index, self.global_rank),
+                where=f"rollout round {round_.index} (global step {self.global_step})",
+                engine=self._engine_sync(), reader_gate=self.reader_gate, on_phase=self._enter_phase,
+            )
             self.experience, round_metrics_ = collected.batches, collected.metrics
             problem = collected.nonfinite
-            text = rollout_text(collected.out.records[0]) if self._should_log_text() else None
+            every = self.hparams.log_text_every_n_steps
+            if every > 0 and self.global_rank == 0 and self.global_step % every == 0:
+                text = rollout_text(collected.out.records[0])
             if collected.refused:  # every rank refused it alike (the failures were summed over the ranks)
                 untrained = {"train/skipped_nonfinite": 0.0, "train/grad_norm": float("nan")}
                 self._log_step(untrained, round_metrics_, text, 1)
