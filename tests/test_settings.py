@@ -98,7 +98,7 @@ def test_batch_state_round_trips_through_plain_containers():
     batch = _batch()
     state = batch.state_dict()
     assert all(isinstance(row, list) for row in state["prompt_ids"])
-    again = GRPOBatch.from_state_dict(state)
+    again = GRPOBatch(**state)
     assert again.prompt_ids == batch.prompt_ids and torch.equal(again.advantages, batch.advantages)
 
 

@@ -62,7 +62,7 @@ class GRPOBatch:
 
     def state_dict(self) -> dict[str, Any]:
         """Plain containers and tensors only, so a checkpoint holding the batch loads with
-        ``weights_only``."""
+        ``weights_only``; ``GRPOBatch(**state)`` is the batch again."""
         return {
             "prompt_ids": [list(p) for p in self.prompt_ids],
             "response_ids": [list(r) for r in self.response_ids],
@@ -70,11 +70,6 @@ class GRPOBatch:
             "old_logps": None if self.old_logps is None else list(self.old_logps),
             "ref_logps": None if self.ref_logps is None else list(self.ref_logps),
         }
-
-    @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> GRPOBatch:
-        """The batch :meth:`state_dict` describes."""
-        return cls(**state)
 
     def select(self, rows: Sequence[int]) -> GRPOBatch:
         """The batch of ``rows`` (in that order; repeats allowed)."""

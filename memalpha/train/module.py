@@ -191,7 +191,7 @@ class GRPOModule(PolicyModule):
         world = self.trainer.world_size if self._trainer is not None else 1
         rank = self.global_rank
         if len(per_rank) == world:
-            self.experience = [GRPOBatch.from_state_dict(state) for state in per_rank[rank]]
+            self.experience = [GRPOBatch(**state) for state in per_rank[rank]]
         else:
             self.experience = []
             if any(per_rank):
