@@ -199,6 +199,7 @@ def _first_token_probability(model, prompts) -> float:
 
 
 def _grpo_run(model_dir, tokenizer, reward_sign: int, steps: int = 5) -> tuple[float, float]:
+    from memalpha.lm.core.layout import response_mask
     from memalpha.lm.core.policy import LoraSettings, load_policy
     from memalpha.lm.sampling.generation import generate
     from memalpha.lm.scoring.logprobs import token_logprobs
@@ -220,7 +221,7 @@ def _grpo_run(model_dir, tokenizer, reward_sign: int, steps: int = 5) -> tuple[f
             old = token_logprobs(model, out.prompt_ids, out.response_ids, ScoringSpec(micro_batch_size=16))
         for _epoch in range(2):  # a second epoch makes the ratio differ from 1
             logps = token_logprobs(model, out.prompt_ids, out.response_ids, ScoringSpec(micro_batch_size=16))
-            loss = policy_loss(logps, old, None, advantages, out.response_mask())
+            loss = policy_loss(logps, old, None, advantages, response_mask(out.response_ids, logps.shape[1]))
             assert loss.finite
             optimiser.zero_grad()
             loss.loss.backward()

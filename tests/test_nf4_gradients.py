@@ -19,7 +19,7 @@ from conftest import TEST_DEVICE, build_tiny_model_dir, randomise_lora_b
 from numerics import assert_same_gradients
 
 from memalpha.lm.core.nf4_cpu_packing import keep_nf4_layers_unpacked
-from memalpha.lm.core.policy import LoraSettings, load_policy, trainable_parameters
+from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.sampling.generation import generate
 from memalpha.lm.scoring.logprobs import token_logprobs
 
@@ -53,7 +53,7 @@ def _nf4_policy(folder):
 def _lora_gradients(model) -> dict[str, torch.Tensor]:
     model.zero_grad(set_to_none=True)
     (-token_logprobs(model, PROMPTS, RESPONSES).sum()).backward()
-    return {name: p.grad.detach().double() for name, p in trainable_parameters(model).items()}
+    return {name: p.grad.detach().double() for name, p in model.named_parameters() if p.requires_grad}
 
 
 def _dequantised_twin(folder, nf4_model):

@@ -5,14 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memalpha.lm.core.layout import pad_prompt_response
-from memalpha.lm.core.policy import LoraSettings, load_policy, trainable_parameters
+from memalpha.lm.core.layout import pad_prompt_response, response_mask
+from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.sampling.generation import Generation, generate, trim_at_eos
 from memalpha.lm.scoring.logprobs import token_logprobs
 from memalpha.lm.scoring.spec import ScoringSpec
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14]]
 RESPONSES = [[100, 200, 300], [400, 500], [600, 700, 800, 900]]
+
+
+def trainable_parameters(model) -> dict[str, torch.nn.Parameter]:
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
 def _snapshot(model) -> dict[str, torch.Tensor]:
@@ -212,9 +216,6 @@ def test_generate_stops_at_eos_and_trims(tiny_policy):
         assert response == trim_at_eos(full, [stop])[0]
         assert stop not in response[:-1]
         assert cut == (stop not in response) and (not cut or len(response) == 6)
-    mask = out.response_mask()
-    assert mask.shape == (3, max(len(r) for r in out.response_ids))
-    assert mask.sum(1).tolist() == [len(r) for r in out.response_ids]
 
 
 def test_trim_at_eos():
@@ -224,12 +225,11 @@ def test_trim_at_eos():
 
 
 def test_padded_layout():
-    gen = Generation(prompt_ids=[[5, 6], [7]], response_ids=[[8], [9, 10, 2]], truncated=[False, False])
-    input_ids, attention_mask, response_mask = gen.padded(pad_id=0)
+    padded = pad_prompt_response([[5, 6], [7]], [[8], [9, 10, 2]], 0)
+    input_ids, attention_mask, responses = padded
     assert input_ids.tolist() == [[5, 6, 8, 0, 0], [0, 7, 9, 10, 2]]
     assert attention_mask.tolist() == [[1, 1, 1, 0, 0], [0, 1, 1, 1, 1]]
-    assert response_mask.tolist() == [[1, 0, 0], [1, 1, 1]]
-    padded = pad_prompt_response(gen.prompt_ids, gen.response_ids, 0)
+    assert responses.tolist() == [[1, 0, 0], [1, 1, 1]]
     assert padded.prompt_width == 2
     assert padded.position_ids.tolist() == [[0, 1, 2, 0, 0], [0, 0, 1, 2, 3]]
 
@@ -256,7 +256,7 @@ def test_embedded_model_greedy_tokens_are_the_argmax(embedded_model_dir):
             ScoringSpec(pad_id=tokenizer.pad_token_id),
             with_entropy=True,
         )
-    mask = out.response_mask().bool()
+    mask = response_mask(out.response_ids, logps.shape[1], dtype=torch.bool)
     # a greedy token is the mode, so its probability is at least exp(-entropy) of its distribution
     assert torch.all(logps[mask] >= -entropy[mask] - 1e-4)
     assert torch.all(logps[~mask] == 0) and torch.all(logps[mask] < 0)

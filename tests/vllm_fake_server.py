@@ -15,11 +15,17 @@ import argparse
 import json
 import os
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 EOS = 2
 
+
+def served_models(base_url: str) -> list[str]:
+    """The names a server's ``/v1/models`` lists (the base model and the loaded adapters)."""
+    with urllib.request.urlopen(base_url + "/v1/models", timeout=30) as response:
+        return [m["id"] for m in json.loads(response.read())["data"]]
 
 def fake_response(prompt: list[int], seed: int, max_tokens: int, shift: int) -> list[int]:
     tokens = [10 + (sum(prompt) + seed + 7 * k) % 50 + shift for k in range(max_tokens)]

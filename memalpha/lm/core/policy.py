@@ -236,8 +236,3 @@ def load_policy(
         policy = get_peft_model(base, lora.to_peft())
     policy.train()
     return policy, tokenizer
-
-
-def trainable_parameters(model) -> dict[str, torch.nn.Parameter]:
-    """Name → parameter for everything the optimiser should update (the adapter weights)."""
-    return {name: p for name, p in model.named_parameters() if p.requires_grad}

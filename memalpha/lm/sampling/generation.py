@@ -55,18 +55,6 @@ class Generation:
     def response_lengths(self) -> list[int]:
         return [len(response) for response in self.response_ids]
 
-    def response_mask(self) -> torch.Tensor:
-        """``[B, R]`` long tensor, 1 on kept response tokens (tokens after an eos are not kept)."""
-        width = max(self.response_lengths, default=0)
-        mask = torch.zeros((len(self), width), dtype=torch.long)
-        for row, length in enumerate(self.response_lengths):
-            mask[row, :length] = 1
-        return mask
-
-    def padded(self, pad_id: int, device: str | torch.device = "cpu") -> PaddedBatch:
-        """``(input_ids, attention_mask, response_mask)`` in the layout of the module docstring."""
-        return pad_prompt_response(self.prompt_ids, self.response_ids, pad_id, device)
-
 
 def resolve_eos_ids(model, tokenizer, eos_token_id: int | list[int] | None) -> list[int]:
     """The end-of-sequence ids generation stops at: ``eos_token_id`` if given, else the model's

