@@ -9,7 +9,6 @@ import pytest
 
 from memalpha.lm.core import embedded
 from memalpha.lm.core.embedded import (
-    EMBEDDED_GGUF_SHA256,
     EmbeddedModelError,
     embedded_model_dir,
     materialise_embedded_model,
@@ -71,7 +70,7 @@ def test_interrupted_conversion_leaves_no_half_written_folder(tmp_path, monkeypa
 
     monkeypatch.setattr(embedded, "_write_plain_hf_folder", crash_midway)
     with pytest.raises(KeyboardInterrupt):
-        materialise_embedded_model(cache_dir=tmp_path, gguf_path=gguf, expected_sha256=EMBEDDED_GGUF_SHA256)
+        materialise_embedded_model(cache_dir=tmp_path, gguf_path=gguf)
     assert not any((tmp_path / "models").iterdir())
 
 

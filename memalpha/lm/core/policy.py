@@ -156,7 +156,6 @@ def load_policy(
     precision: str = "fp32",
     lora: LoraSettings | None = DEFAULT_LORA,
     compute_dtype: str = "bfloat16",
-    double_quant: bool = True,
     gradient_checkpointing: bool = False,
     adapter_path: str | None = None,
     device: str | torch.device = "cpu",
@@ -175,7 +174,6 @@ def load_policy(
         lora: adapter shape for a fresh adapter; None with no ``adapter_path`` returns the bare
             model in eval mode (an inference-only reader).
         compute_dtype: matmul dtype of the 4-bit layers (``nf4`` only).
-        double_quant: also quantise the 4-bit quantisation constants (``nf4`` only).
         gradient_checkpointing: recompute activations in backward (works with the frozen base).
         adapter_path: folder written by ``save_pretrained`` of a previous adapter; it is loaded
             trainable and ``lora`` is ignored.
@@ -200,7 +198,7 @@ def load_policy(
         quantization = BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type="nf4",
-            bnb_4bit_use_double_quant=double_quant,
+            bnb_4bit_use_double_quant=True,  # the 4-bit quantisation constants are quantised too
             bnb_4bit_compute_dtype=_dtype(compute_dtype, "compute_dtype"),
         )
         base = AutoModelForCausalLM.from_pretrained(
