@@ -2,13 +2,11 @@
 
 PEFT's LoRA ``Linear`` computes ``base(x) + lora_B(lora_A(x)) * s``: after the thin products it
 scales the adapter's output and adds it to the base output, two passes over a ``[tokens, out]``
-tensor, and a third (the scaling's gradient) in backward. On the CPU with a small model those
-passes are a visible share of an update (:mod:`memalpha.lm.scoring.logprobs` scores ~1.3k tokens per
-GRPO micro-batch of the parity job through 210 adapted layers). Inside
-:func:`accumulated_adapters` each plain LoRA layer instead adds ``s (x A^T) B^T`` into its base
-output in place, by one ``addmm_`` whose ``alpha`` is the scaling: the same value up to float
-rounding, the same gradients (``addmm_``'s backward scales only the thin ``[tokens, r]`` and
-``[r, out]`` products), and no weight is copied or written.
+tensor, and a third (the scaling's gradient) in backward: on the CPU with a small model, a
+visible share of an update. Inside :func:`accumulated_adapters` each plain LoRA layer instead
+adds ``s (x A^T) B^T`` into its base output in place, by one ``addmm_`` whose ``alpha`` is the
+scaling: the same value up to float rounding, the same gradients (``addmm_``'s backward scales
+only the thin ``[tokens, r]`` and ``[r, out]`` products), and no weight is copied or written.
 
 Layers PEFT runs some other way keep their own forward: DoRA and other variants, a LoRA bias,
 4-bit or non-linear bases, adapters in another dtype than the base (PEFT upcasts adapters of a

@@ -4,11 +4,9 @@
 memory-efficient, cuDNN, the CPU flash kernel) stream the keys and never hold the scores; the
 math kernel computes ``softmax(q k^T) v`` as written, in float32, for every head at once. On a
 GPU the fused kernels each refuse some inputs, and when all of them do, SDPA falls back to the
-math kernel without a word. memalpha's QLoRA policy hit exactly that: ``prepare_model_for_kbit_
-training`` keeps the norms in float32, so queries, keys and values reach attention in float32;
-flash takes only half precision, the memory-efficient kernel takes no grouped-query attention
-(Qwen3-4B: 32 query heads over 8 key/value heads, passed with ``enable_gqa``), so 8 prompts of
-6144 tokens built one 36 GiB float32 score tensor in the prefill (docs/real_model.md).
+math kernel without a word: the QLoRA policy's float32 queries (``prepare_model_for_kbit_training``
+keeps the norms in float32) with grouped key/value heads are refused by flash and by the
+memory-efficient kernel alike (docs/real_model.md).
 
 :func:`bounded_attention` asks PyTorch which kernel SDPA would run (``torch._fused_sdp_choice``,
 the function SDPA itself dispatches on) and, while the answer is the math kernel, changes the

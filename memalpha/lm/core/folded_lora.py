@@ -1,9 +1,8 @@
 """Sampling with the LoRA update folded into a temporary copy of each adapted weight.
 
 A PEFT LoRA linear layer computes ``x W^T + s (x A^T) B^T``: besides the base product, two thin
-products, a scaling and an addition per adapted layer. At one token per row they are all
-overhead: ~15 % of a decoding step of the embedded model with every linear layer adapted, on
-2 CPU cores. Inside :func:`folded_adapters` each such layer instead runs one ``F.linear`` with
+products, a scaling and an addition per adapted layer, all overhead at one token per row.
+Inside :func:`folded_adapters` each such layer instead runs one ``F.linear`` with
 ``W + s B A``, computed once when the block starts; :func:`effective_weight` gives the same
 weights to memalpha's own decoding step (:mod:`memalpha.lm.sampling.fused_decode`).
 

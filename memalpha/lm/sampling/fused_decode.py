@@ -7,8 +7,8 @@ runs the layers itself instead of through the model's modules:
 
 * **LoRA folded, ``q/k/v`` stacked, products packed.** A LoRA update is folded into its weight
   (``W + s B A``, :func:`memalpha.lm.core.folded_lora.folded_weight`) and ``q/k/v`` are one matrix:
-  five products per layer instead of seven, or twenty-one with PEFT's LoRA layers. (``gate/up``
-  stay two: one ``3072 x 576`` product at 8 rows was slower than two ``1536 x 576`` ones here.)
+  five products per layer instead of seven, or twenty-one with PEFT's LoRA layers (``gate/up``
+  stay two products: stacked, they ran slower).
   In float32 on an MKL build each product's weight is also laid out once for the batch's rows
   (:mod:`memalpha.lm.sampling.packed_linear`), which a thin product reads faster than the plain weight.
   The weights are copies made when :meth:`FusedDecoder.build` runs (once per generation call);

@@ -28,19 +28,16 @@ until then, harmlessly. The uniform variates come from the global RNG outside th
 chunk's worth at a time, into a fixed buffer the step reads (:class:`Variates`): the graph holds
 no random-number state, and the live rows take the variates in the order the reference loop
 draws them (one per live row per step), so on the CPU a seeded call samples the tokens of
-:func:`memalpha.lm.sampling.fused_decode.decode` up to float rounding, rows ending or not. The
-first form of the backend, the draw on the host after every step through the caller's ``pick``
-(one host read a token), stays selectable (``pick=``) as the reference of the tests.
+:func:`memalpha.lm.sampling.fused_decode.decode` up to float rounding, rows ending or not. With
+``pick=`` instead the host draws after every step (one host read a token), the tests' reference.
 
 A step attends over a **bucket** of the static cache, not the whole of it: its first ``width``
 columns, ``width`` the filled length rounded up to a multiple of ``bucket_columns``
 (:data:`BUCKET_COLUMNS` by default; :func:`bucket_width`), masked beyond the tokens written. The
 shapes of a step stay fixed while the filled length stays inside one bucket, so each width used
 gets its own step, captured when first needed (:class:`BucketedSteps`): a call of 2,048 new
-tokens captures 8 graphs at 256 columns a bucket, and reads at most 255 unfilled columns a step
-where the whole-cache step read up to ``max_new_tokens`` of them (on 8 rows of Qwen3-4B's
-147 KB per cached token, 2,048 columns are 2.4 GB a step, more than a quarter of the weights').
-``bucket_columns=None`` attends over the whole static length, as this backend did first.
+tokens captures 8 graphs at 256 columns a bucket, and reads at most 255 unfilled columns a step.
+``bucket_columns=None`` attends over the whole static length.
 
 The prompt is prefilled once per distinct prompt when the caller says which rows share one
 (``prompt_of_row``) and what prefix they share (a :class:`~memalpha.lm.core.prefix_cache.SharedPrefix`,
@@ -650,32 +647,28 @@ def decode(
     compile_backend: str | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
     """New tokens for every row of ``batch`` (laid out by :func:`memalpha.lm.core.layout.pad_prompt_response`,
-    any shared prefix included): each row's
-    tokens up to and including its first end-of-sequence token, and whether it ran out of
-    ``max_new_tokens`` without one.
+    any shared prefix included): each row's tokens up to and including its first end-of-sequence
+    token, and whether it ran out of ``max_new_tokens`` without one.
 
     Pass one of ``sampling`` or ``pick``. With ``sampling`` (:class:`Sampling`) the step picks
     the tokens itself, inside the graph, and the host reads them once every ``eos_check_steps``
     steps (:class:`InGraphSampler`); seeded, it draws the variates the reference loop draws.
-    With ``pick`` the step ends at the logits and the host picks after every step, the first
-    form of this backend: ``pick`` maps ``[live, V]`` logits (float32; float64 for a float64
-    model) to ``[live]`` token ids.
+    With ``pick`` the step ends at the logits and the host picks after every step: ``pick`` maps
+    ``[live, V]`` logits (float32; float64 for a float64 model) to ``[live]`` token ids.
 
     ``capture`` None captures the step on CUDA and runs it eagerly elsewhere; True insists on
     capturing, False never captures. A capture that fails raises. ``stats``, when given, receives
     ``captured``, ``prefill_s``, ``decode_s`` (the token loop, capture included), ``capture_s``
-    (all widths' captures), ``steps`` (forwards
-    after the prefill), ``widths`` (the attention widths the steps used, one graph each) and
-    ``host_reads`` (the times the loop read the tokens back to the host).
-    ``bucket_columns`` sets those widths (:func:`bucket_width`; None: the whole static cache).
-    ``prefix`` and ``prompt_of_row`` (:func:`prompt_sharing`) prefill each distinct prompt once
-    (:meth:`FixedStep.prefill`). ``compile_backend`` (e.g. ``inductor``; None: off) compiles the
-    step whole with ``torch.compile`` before each width is captured (:func:`compiled_step`): fewer,
-    fused kernels per token, one compilation per width (on CUDA the first warm-up call before a
-    capture compiles, so its time falls in ``capture_s``); not measured on a GPU yet, so off
-    unless asked. Call under ``torch.no_grad()``, in
-    eval mode (dropout cannot be replayed), and inside ``folded_adapters(model, quantised=True)``
-    for the dense weights (:func:`sample` does all three).
+    (all widths' captures), ``steps`` (forwards after the prefill), ``widths`` (the attention
+    widths the steps used, one graph each) and ``host_reads`` (the times the loop read the tokens
+    back to the host). ``bucket_columns`` sets those widths (:func:`bucket_width`; None: the whole
+    static cache). ``prefix`` and ``prompt_of_row`` (:func:`prompt_sharing`) prefill each distinct
+    prompt once (:meth:`FixedStep.prefill`). ``compile_backend`` (e.g. ``inductor``; None: off)
+    compiles the step whole with ``torch.compile`` before each width is captured
+    (:func:`compiled_step`): fewer, fused kernels per token, one compilation per width (on CUDA
+    the first warm-up call before a capture compiles, so its time falls in ``capture_s``). Call
+    under ``torch.no_grad()``, in eval mode (dropout cannot be replayed), and inside
+    ``folded_adapters(model, quantised=True)`` for the dense weights (:func:`sample` does all three).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")

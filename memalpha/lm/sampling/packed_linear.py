@@ -12,10 +12,8 @@ frozen float32 linear layers on the CPU.
 weights on the CPU of an MKL build of PyTorch) and otherwise is plain ``F.linear``. The packed
 layout serves exactly ``rows`` rows, so fewer rows are padded with zeros up to ``rows`` while
 they are more than half of them, and take ``F.linear`` below that (a decoding batch shrinks
-as its rows end): on 2 CPU cores, with the embedded model's shapes, the packed products of a
-step at 8 rows took about two thirds of ``F.linear``'s time, ``F.linear`` at 5 to 7 rows was
-slower than that, and at 1 to 3 rows it was the faster one (``docs/results.md``, fix 5). The
-packed copy costs as much memory as the weight and is made when the product is built.
+as its rows end; the timings that set the bound are in ``docs/results.md``). The packed copy
+costs as much memory as the weight and is made when the product is built.
 """
 
 from __future__ import annotations

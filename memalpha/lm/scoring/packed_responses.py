@@ -1,8 +1,8 @@
 """Score a micro-batch's responses without padding: each distinct prompt's rows as one row.
 
 The padded layout runs every response to the length of the longest one in its micro-batch and
-repeats the prompt's keys and values to every row. When the response lengths of a group differ
-(36 to 112 tokens on the parity job) a third of the tokens the decoder runs can be padding, and
+repeats the prompt's keys and values to every row. When the response lengths of a group differ,
+much of what the decoder runs can be padding, and
 with grad the repeated cache also costs a gradient sum per layer. Like verl's removed padding
 and TRL's padding-free collator, :func:`packed_response_hidden` lays out the responses of the
 rows that share a prompt one after another in a single row over that prompt's cache::
