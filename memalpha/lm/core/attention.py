@@ -32,6 +32,9 @@ from torch.utils.checkpoint import checkpoint
 IMPLEMENTATION = "memalpha_sdpa"
 """The name memalpha's attention is registered under (``config._attn_implementation``)."""
 
+MASK_IMPLEMENTATIONS = ("sdpa", "eager", IMPLEMENTATION)
+"""Attention implementations that apply a prepared 4-D additive mask as it is."""
+
 DEFAULT_SCORE_BUDGET = 256 * 2**20
 """Bytes one block of float32 scores may take when only the math kernel runs (256 MiB)."""
 

@@ -64,7 +64,7 @@ from functools import partial
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from memalpha.lm.core.attention import IMPLEMENTATION
+from memalpha.lm.core.attention import MASK_IMPLEMENTATIONS
 from memalpha.lm.core.folded_lora import folded_adapters, is_four_bit, lora_linear_types, plain_adapters
 from memalpha.lm.core.layout import PaddedBatch, pad_prompt_response
 from memalpha.lm.core.logits import finalise_logits, score_dtype
@@ -80,12 +80,6 @@ from memalpha.lm.core.prefix_cache import (
 )
 from memalpha.lm.sampling.filters import next_tokens
 from memalpha.lm.sampling.responses import Responses
-
-BACKEND = "cuda-graph"
-"""The name generation's backend selector knows this path by."""
-
-MASKED_ATTENTION = ("sdpa", "eager", IMPLEMENTATION)
-"""Attention implementations that take the step's 4-D additive mask as it is."""
 
 BUCKET_COLUMNS = 256
 """Columns by which a step's attention span grows (:func:`bucket_width`): few enough graphs per
@@ -149,10 +143,10 @@ def supports(model) -> str | None:
     if full_attention_layers(config) is None:
         return "the decoder has sliding-window, chunked or other non-plain attention layers"
     implementation = getattr(config, "_attn_implementation", None)
-    if implementation not in MASKED_ATTENTION:
+    if implementation not in MASK_IMPLEMENTATIONS:
         return (
             f"attention implementation {implementation!r} takes "
-            f"no 4-D additive mask (use one of {MASKED_ATTENTION})"
+            f"no 4-D additive mask (use one of {MASK_IMPLEMENTATIONS})"
         )
     device = decoder.get_input_embeddings().weight.device
     if device.type not in ("cpu", "cuda"):
@@ -795,7 +789,7 @@ def sample(
     """
     reason = supports(model)
     if reason is not None:
-        raise ValueError(f"the {BACKEND} backend cannot sample from this model: {reason}")
+        raise ValueError(f"the cuda-graph backend cannot sample from this model: {reason}")
     decoder, head, config = split_decoder_and_head(model)
     device = decoder.get_input_embeddings().weight.device
     step = batch_size or max(len(prompt_ids), 1)

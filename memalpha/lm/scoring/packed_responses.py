@@ -30,16 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-from memalpha.lm.core.attention import IMPLEMENTATION
+from memalpha.lm.core.attention import MASK_IMPLEMENTATIONS
 from memalpha.lm.core.layout import PaddedBatch, additive_mask
 from memalpha.lm.core.prefix_cache import SharedPrefix, distinct_prompt_cache, unique_rows
-
-MASK_IMPLEMENTATIONS = ("sdpa", "eager", IMPLEMENTATION)
-
-
-def takes_custom_mask(decoder) -> bool:
-    """Whether ``decoder``'s attention applies a prepared 4-D additive mask as it is."""
-    return getattr(decoder.config, "_attn_implementation", None) in MASK_IMPLEMENTATIONS
 
 
 def worth_packing(lengths: Sequence[int], prompt_of_row: Sequence[int], cached: int) -> bool:
@@ -115,7 +108,8 @@ def packed_response_hidden(
     the layout does not apply (prompts one column wide, a decoder whose attention takes no
     custom mask, or :func:`worth_packing` says no): the caller then runs the padded path.
     """
-    if not takes_custom_mask(decoder) or batch.prompt_width <= 1:
+    implementation = getattr(decoder.config, "_attn_implementation", None)
+    if implementation not in MASK_IMPLEMENTATIONS or batch.prompt_width <= 1:
         return None
     length = prefix.length if prefix is not None else 0
     _, prompt_of_row = unique_rows([prompt[length:] for prompt in prompts])
