@@ -155,13 +155,12 @@ def bounded_attention(
             query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=grouped
         )
     key, value = repeat_heads(key, groups), repeat_heads(value, groups)
-    if grouped and sdpa_kernel_choice(query, key, value, mask, is_causal, scale, False) != SDPBackend.MATH:
-        return F.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale
-        )
     rows, heads, length = query.shape[:3]
     block = query_block_rows(rows, heads, key.shape[2], score_budget)
-    if block >= length:
+    fused = grouped and (
+        sdpa_kernel_choice(query, key, value, mask, is_causal, scale, False) != SDPBackend.MATH
+    )
+    if fused or block >= length:  # a fused kernel takes the repeated heads, or the scores fit the budget
         return F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, is_causal=is_causal, scale=scale
         )

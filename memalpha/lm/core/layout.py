@@ -39,14 +39,10 @@ class PaddedBatch(NamedTuple):
 
     @property
     def position_ids(self) -> torch.Tensor:
-        """Positions that ignore left padding (0 on padding), as ``transformers.generate`` uses."""
-        return position_ids_from_mask(self.attention_mask)
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """``cumsum(mask) - 1`` with padded positions set to 0 (the rule ``generate`` applies)."""
-    positions = attention_mask.long().cumsum(-1) - 1
-    return positions.masked_fill(attention_mask == 0, 0)
+        """``cumsum(mask) - 1`` with padded positions set to 0: the positions ``transformers.generate``
+        uses, which ignore left padding."""
+        positions = self.attention_mask.long().cumsum(-1) - 1
+        return positions.masked_fill(self.attention_mask == 0, 0)
 
 
 def check_pairs(prompt_ids: list[list[int]], response_ids: list[list[int]] | None) -> None:

@@ -106,12 +106,6 @@ def extend_cache(decoder, cache: Cache, batch: PaddedBatch, start: int, stop: in
     ).last_hidden_state
 
 
-def repeat_rows(cache: Cache, index: Sequence[int] | torch.Tensor) -> Cache:
-    """``cache`` with its batch rows picked by ``index`` (in place; differentiable)."""
-    cache.reorder_cache(torch.as_tensor(index, dtype=torch.long))
-    return cache
-
-
 @dataclass
 class SharedPrefix:
     """Keys and values of the tokens every row of a batch starts with, computed once at batch size 1.
@@ -130,8 +124,6 @@ class SharedPrefix:
     @classmethod
     def compute(cls, decoder, tokens: Sequence[int]) -> SharedPrefix:
         """Run ``tokens`` (positions ``0..len-1``, no padding) through ``decoder``; grad follows grad mode."""
-        if len(tokens) == 0:
-            raise ValueError("a shared prefix needs at least one token")
         device = next(decoder.parameters()).device
         ids = torch.as_tensor([list(tokens)], dtype=torch.long, device=device)
         cache = new_cache(decoder)
@@ -230,7 +222,9 @@ def prompt_cache(
     first, inverse = unique_rows([prompt[length:] for prompt in prompts])
     if (length == 0 and len(first) == len(prompts)) or batch.prompt_width <= 1:
         return None
-    return repeat_rows(_rows_cache(decoder, batch, prefix, first), inverse)
+    cache = _rows_cache(decoder, batch, prefix, first)
+    cache.reorder_cache(torch.as_tensor(inverse, dtype=torch.long))  # each row its prompt's (differentiable)
+    return cache
 
 
 def distinct_prompt_cache(

@@ -314,8 +314,6 @@ def decode(
     first_row: dict[int, int] = {}
     for row, prompt in enumerate(prompt_of_row):
         first_row.setdefault(prompt, row)
-    if sorted(first_row) != list(range(len(first_row))):
-        raise ValueError("prompt_of_row must number the distinct prompts 0..U-1")
     prompt_layers = (
         [] if prompt_cache is None or stop == 0 else [(l.keys, l.values) for l in prompt_cache.layers]
     )

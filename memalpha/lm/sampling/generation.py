@@ -71,8 +71,12 @@ def resolve_eos_ids(model, tokenizer, eos_token_id: int | list[int] | None) -> l
     return [int(i) for i in ids]
 
 
-def _model_device(model) -> torch.device:
-    return next(model.parameters()).device
+def check_sampling(max_new_tokens: int, do_sample: bool, temperature: float) -> None:
+    """Raise ValueError unless ``max_new_tokens`` is >= 1 and, when sampling, ``temperature`` > 0."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if do_sample and temperature <= 0:
+        raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
 
 
 def trim_at_eos(tokens: list[int], eos_ids: list[int] | set[int]) -> tuple[list[int], bool]:
@@ -118,24 +122,17 @@ def generate(
     those of the plain batch up to float rounding. Decoders with sliding-window or other non-plain
     attention layers share nothing.
 
-    ``backend`` picks the decoding loop (:mod:`memalpha.lm.sampling.backend`), and with it whether
-    the LoRA update is folded into a copy of the weights: ``cpu-fused`` and ``cuda-graph`` sample
-    from such a copy (the samples are the same up to float rounding, at the cost of the copy while
-    sampling runs), ``hf-generate`` runs the model as loaded. ``auto`` takes
-    the best one that runs for this model and device and logs its choice once (as ``announce_as``:
-    ``sampling`` for the policy, ``reader`` for the local reader); a named one that cannot run is
-    an error.
+    ``backend`` picks the decoding loop as :mod:`memalpha.lm.sampling.backend` describes; ``auto``
+    logs its choice once, as ``announce_as`` (``sampling`` for the policy, ``reader`` for the local
+    reader).
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if do_sample and temperature <= 0:
-        raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
+    check_sampling(max_new_tokens, do_sample, temperature)
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
     check_pairs(prompt_ids, None)
     eos_ids = resolve_eos_ids(model, tokenizer, eos_token_id)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-    device = _model_device(model)
+    device = next(model.parameters()).device
     decoder, head, model_config = split_decoder_and_head(model)
 
     def pick(logits: torch.Tensor) -> torch.Tensor:

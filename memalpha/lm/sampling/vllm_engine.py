@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from memalpha.lm.core.http_post import RefusedRequestError, RetryableRequestError, backoff_delay, post_json
-from memalpha.lm.sampling.generation import Generation, trim_at_eos
+from memalpha.lm.sampling.generation import Generation, check_sampling, trim_at_eos
 from memalpha.lm.sampling.vllm_server import VllmServer, VllmServerError
 from memalpha.seeding import stable_seed
 
@@ -129,11 +129,6 @@ def parse_completion(
     return kept, values[: len(kept)], truncated
 
 
-def adapter_name(prefix: str, version: int) -> str:
-    """The served name of adapter version ``version``."""
-    return f"{prefix}-v{version}"
-
-
 class VllmEngine:
     """Client of one vLLM server: generation with token ids, and versioned adapter sync.
 
@@ -219,10 +214,7 @@ class VllmEngine:
         Prompt ``i`` is sampled with seed ``stable_seed(seed, i)``.
         """
         del batch_size, share_prefix
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if do_sample and temperature <= 0:
-            raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
+        check_sampling(max_new_tokens, do_sample, temperature)
         eos_ids = [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
         version = self.adapter_version
         model = self.loaded[version] if version is not None else self.server.served_name
@@ -264,7 +256,7 @@ class VllmEngine:
             raise ValueError(
                 f"adapter version {version} is not newer than the loaded version {self.adapter_version}"
             )
-        name = adapter_name(self.adapter_prefix, version)
+        name = f"{self.adapter_prefix}-v{version}"
         self._post(
             "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(adapter_dir).resolve())}
         )

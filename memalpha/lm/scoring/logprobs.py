@@ -54,8 +54,10 @@ def _head_logits(head, hidden: torch.Tensor, config, columns: slice | None) -> t
     return finalise_logits(logits.to(score_dtype(logits.dtype)), config)
 
 
-def _vocab_slices(vocab: int, vocab_chunk: int | None) -> list[slice | None]:
-    if vocab_chunk is None or vocab_chunk >= vocab:
+def _vocab_slices(head, vocab_chunk: int | None) -> list[slice | None]:
+    """The vocabulary columns of ``head`` taken at a time (None: all at once)."""
+    vocab = getattr(head, "out_features", None)
+    if vocab is None or vocab_chunk is None or vocab_chunk >= vocab:
         return [None]
     return [slice(start, min(start + vocab_chunk, vocab)) for start in range(0, vocab, vocab_chunk)]
 
@@ -73,14 +75,12 @@ def _rows_logprob_nograd(
     """Log-prob (and entropy, and whether the target is the most likely token) of ``targets`` for rows
     of ``hidden``, and each row's log-sum-exp of its scaled logits; in-place, no autograd."""
     rows = hidden.shape[0]
-    vocab = head.out_features if hasattr(head, "out_features") else None
-    slices = _vocab_slices(vocab, vocab_chunk) if vocab is not None else [None]
     like = {"device": hidden.device, "dtype": score_dtype(hidden.dtype)}
     running_max = torch.full((rows,), -math.inf, **like)
     running_sum = torch.zeros(rows, **like)
     running_dot = torch.zeros(rows, **like) if want_entropy else None
     target_logit = torch.zeros(rows, **like)
-    for columns in slices:
+    for columns in _vocab_slices(head, vocab_chunk):
         logits = _head_logits(head, hidden, config, columns)
         if temperature != 1.0:
             logits.div_(temperature)
@@ -134,8 +134,7 @@ def _rows_logprob_grad(
     The entropy and the argmax hits (no grad) come from the same logits when the vocabulary is
     not chunked; otherwise they are None and the caller computes them separately.
     """
-    vocab = head.out_features if hasattr(head, "out_features") else None
-    slices = _vocab_slices(vocab, vocab_chunk) if vocab is not None else [None]
+    slices = _vocab_slices(head, vocab_chunk)
     if slices == [None]:
         logits = _head_logits(head, hidden, config, None) / temperature
         log_norm = torch.logsumexp(logits, dim=1)
@@ -212,7 +211,7 @@ class HeadLogprob(torch.autograd.Function):
         grad_weight = torch.zeros_like(head.weight) if want_weight else None
         grad_bias = torch.zeros_like(head.bias) if want_bias else None
         grad = grad.to(log_norm.dtype)
-        for columns in _vocab_slices(head.out_features, ctx.vocab_chunk):
+        for columns in _vocab_slices(head, ctx.vocab_chunk):
             logits = _head_logits(head, hidden, ctx.config, columns)
             if temperature != 1.0:
                 logits.div_(temperature)

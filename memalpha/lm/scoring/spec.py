@@ -5,9 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_TOKEN_CHUNK = 512
-"""Response rows pushed through the output head at a time."""
-
 
 @dataclass(frozen=True)
 class ScoringSpec:
@@ -26,7 +23,7 @@ class ScoringSpec:
     micro_batch_size: int = 4
     pad_id: int = 0
     share_prefix: bool = True
-    token_chunk: int = DEFAULT_TOKEN_CHUNK
+    token_chunk: int = 512
     vocab_chunk: int | None = None
 
     def __post_init__(self) -> None:
