@@ -196,7 +196,7 @@ def test_an_unreachable_server_given_by_url_is_retried_then_named(server):
     waits: list[float] = []
     remote = VllmServer.connect(server.base_url + "/v1")
     assert remote.served_name == "base" and remote.process is None
-    engine = VllmEngine(remote, max_retries=2, backoff_s=1.0, sleep=waits.append)
+    engine = VllmEngine(remote, max_retries=2, sleep=waits.append)
     server.close()
     with pytest.raises(VllmEngineError, match=r"failed 3 attempts: cannot reach"):
         engine.generate([[1, 2]], max_new_tokens=4, eos_token_id=EOS)

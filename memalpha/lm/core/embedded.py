@@ -156,11 +156,11 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path
 
 
-def load_tokenizer(name_or_path: str, **kwargs):
+def load_tokenizer(name_or_path: str):
     """The tokenizer of a model, padded on the left (decoder-only generation), with a pad token set."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path), **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -138,9 +138,8 @@ class VllmEngine:
             when several runs share a server.
         timeout_s, max_retries, max_concurrency: see
             :class:`~memalpha.lm.sampling.vllm_settings.VllmSettings`.
-        backoff_s, backoff_max_s: the first retry waits up to ``backoff_s``, each later one up to
-            twice as long, at most ``backoff_max_s`` (:func:`~memalpha.lm.core.http_post.backoff_delay`).
-        sleep: waits between attempts (tests pass a recorder).
+        sleep: waits between attempts (tests pass a recorder): the first retry waits up to 1 s, each
+            later one up to twice as long, at most 30 s (:func:`~memalpha.lm.core.http_post.backoff_delay`).
     """
 
     def __init__(
@@ -151,8 +150,6 @@ class VllmEngine:
         timeout_s: float = 600.0,
         max_retries: int = 2,
         max_concurrency: int = 64,
-        backoff_s: float = 1.0,
-        backoff_max_s: float = 30.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.server = server
@@ -160,8 +157,6 @@ class VllmEngine:
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.max_concurrency = max_concurrency
-        self.backoff_s = backoff_s
-        self.backoff_max_s = backoff_max_s
         self.sleep = sleep
         self.adapter_version: int | None = None  # the version generate samples with (None: base model)
         self.loaded: dict[int, str] = {}  # version -> served name, as loaded on the server
@@ -174,7 +169,7 @@ class VllmEngine:
         last = ""
         for attempt in range(self.max_retries + 1):
             if attempt:
-                self.sleep(backoff_delay(attempt, self.backoff_s, self.backoff_max_s, self._rng))
+                self.sleep(backoff_delay(attempt, 1.0, 30.0, self._rng))
             self._check_alive()
             try:
                 return post_json(self.server.base_url + path, payload, timeout_s=self.timeout_s)

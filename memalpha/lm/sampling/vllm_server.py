@@ -13,6 +13,7 @@ at interpreter exit) stops the whole group: SIGTERM, then SIGKILL.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import signal
 import socket
@@ -39,10 +40,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def log_tail(path: str | os.PathLike | None, lines: int = 3, width: int = 400) -> str:
+def log_tail(path: str | os.PathLike, lines: int = 3, width: int = 400) -> str:
     """The last non-empty ``lines`` of a log file joined by `` | `` (for one-line errors)."""
-    if path is None:
-        return "(no log file)"
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
@@ -62,7 +61,6 @@ def server_command(
     max_model_len: int,
     max_lora_rank: int,
     extra_args: Sequence[str] = (),
-    host: str = "127.0.0.1",
 ) -> list[str]:
     """The command line of a server with LoRA, runtime adapter loading and sampled log-probs
     after temperature (``processed_logprobs``, the quantity the trainer computes)."""
@@ -70,7 +68,7 @@ def server_command(
         python, "-m", SERVER_MODULE,
         "--model", model,
         "--served-model-name", served_name,
-        "--host", host,
+        "--host", "127.0.0.1",
         "--port", str(port),
         "--dtype", dtype,
         "--max-model-len", str(max_model_len),
@@ -177,25 +175,20 @@ class VllmServer:
         return server
 
     @classmethod
-    def connect(cls, url: str, served_name: str | None = None, timeout_s: float = 30.0) -> VllmServer:
-        """A server given by URL; checks ``/health`` and, when ``served_name`` is None, takes the
-        first model ``/v1/models`` lists as the base model's name."""
-        base_url = url.rstrip("/")
-        base_url = base_url.removesuffix("/v1")
+    def connect(cls, url: str, timeout_s: float = 30.0) -> VllmServer:
+        """A server given by URL; checks ``/health`` and takes the first model ``/v1/models`` lists
+        as the base model's name."""
+        base_url = url.rstrip("/").removesuffix("/v1")
         if not health_ok(base_url, timeout_s):
             raise VllmServerError(
                 f"rollout.vllm.url: no healthy vLLM server at {base_url} (GET /health failed)"
             )
-        if served_name is None:
-            import json
-
-            with urllib.request.urlopen(base_url + "/v1/models", timeout=timeout_s) as response:
-                models = json.loads(response.read())["data"]
-            bases = [m["id"] for m in models if not m.get("parent")]
-            if not bases:
-                raise VllmServerError(f"rollout.vllm.url: {base_url}/v1/models lists no base model")
-            served_name = bases[0]
-        return cls(base_url, served_name)
+        with urllib.request.urlopen(base_url + "/v1/models", timeout=timeout_s) as response:
+            models = json.loads(response.read())["data"]
+        bases = [m["id"] for m in models if not m.get("parent")]
+        if not bases:
+            raise VllmServerError(f"rollout.vllm.url: {base_url}/v1/models lists no base model")
+        return cls(base_url, bases[0])
 
     def _wait_healthy(self, timeout_s: float, poll_s: float) -> None:
         deadline = time.monotonic() + timeout_s
