@@ -141,19 +141,11 @@ def _own_weight(module) -> torch.Tensor | None:
     """The weight of a ``torch.nn.Linear``, or of a PEFT LoRA layer whose adapters are off."""
     if type(module) is torch.nn.Linear:
         return module.weight.detach()
-    try:
-        from peft.tuners.lora.layer import Linear as LoraLinear
-    except ImportError:
+    if type(module) not in lora_linear_types():
         return None
-    if type(module) is LoraLinear:
-        base = module.get_base_layer()
-        idle = (
-            module.disable_adapters
-            or module.merged
-            or not any(a in module.lora_A for a in module.active_adapters)
-        )
-        if idle and type(base) is torch.nn.Linear and base.weight.is_floating_point():
-            return base.weight.detach()
+    active = [name for name in module.active_adapters if name in module.lora_A]
+    if module.disable_adapters or module.merged or not active:
+        return base_weight(module.get_base_layer())  # a float torch.nn.Linear's; None for a 4-bit one
     return None
 
 
