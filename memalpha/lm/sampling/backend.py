@@ -3,21 +3,11 @@
 ``model.rollout.backend`` names how every token of a run is sampled, the policy's and the local
 reader's: ``auto``, one of three in-process backends, or ``vllm`` (the agent's turns from a vLLM
 server, :mod:`memalpha.train.engine_sync`; the local reader then samples in-process as ``auto``
-chooses). The in-process backends:
-
-=================  =============================================================  ==========================
-backend            what runs                                                      takes
-=================  =============================================================  ==========================
-``cpu-fused``      memalpha's own decoding step over stacked weights with the     float32/float64 Llama,
-                   LoRA folded in, prompt keys read once for all their rows       Mistral, Qwen2/3 on the CPU
-                   (:mod:`memalpha.lm.sampling.fused_decode`)
-``cuda-graph``     one decoding step of fixed shapes over a static cache,         plain-attention decoders on
-                   captured once as a CUDA graph and replayed per token, over a   CUDA (a failed capture
-                   dense copy of the weights with the LoRA folded in (4-bit       stops the run)
-                   bases dequantised) (:mod:`memalpha.lm.sampling.graph_decode`)
-``hf-generate``    ``transformers``' ``model.generate``, from the prompts' shared    any causal LM
-                   prefix pre-filled once where the decoder can share a cache
-=================  =============================================================  ==========================
+chooses). The in-process backends (docs/configuration.md, ``model.rollout.backend``):
+``cpu-fused``, memalpha's own decoding step over stacked weights for float Llama-family decoders
+on the CPU (:mod:`memalpha.lm.sampling.fused_decode`); ``cuda-graph``, a fixed-shape step over a
+static cache captured as a CUDA graph (:mod:`memalpha.lm.sampling.graph_decode`); ``hf-generate``,
+``transformers``' ``model.generate`` from the prompts' shared prefix, for any causal LM.
 
 One name is one path. ``cpu-fused`` and ``cuda-graph`` sample from a copy of the weights with the
 LoRA update folded in; ``hf-generate`` runs the model as loaded (no copy of its weights: the choice

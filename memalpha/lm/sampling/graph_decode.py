@@ -782,9 +782,7 @@ def sample(
     last batch's (:func:`decode`). ``sampling`` picks inside the graph, ``pick`` on the host
     after every step (:func:`decode`; one of the two; ``eos_check_steps`` with ``sampling``).
 
-    This is the whole of backend ``cuda-graph`` for ``memalpha.lm.sampling.generation.generate``: called
-    inside its seeded RNG fork with its filters as ``sampling``, it returns what its batch loop collects. A
-    caller that lays out its own batches (a shared prefix, say) opens
+    A caller that lays out its own batches, as ``generate`` does, opens
     ``folded_adapters(model, quantised=True)`` once itself and calls :func:`decode` per batch.
     """
     reason = supports(model)
