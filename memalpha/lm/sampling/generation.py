@@ -43,9 +43,6 @@ class Generation:
     response_ids: list[list[int]]
     truncated: list[bool]
 
-    def __len__(self) -> int:
-        return len(self.prompt_ids)
-
     @property
     def num_generated_tokens(self) -> int:
         """Total response tokens kept (end-of-sequence tokens included)."""

@@ -33,10 +33,10 @@ class VllmServerError(RuntimeError):
     """The vLLM server did not start, died, or cannot be reached."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on at the moment (the OS picks it)."""
+def free_port() -> int:
+    """A TCP port nothing listens on at 127.0.0.1 at the moment (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
+        sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
@@ -131,7 +131,6 @@ class VllmServer:
         *,
         venv: str | os.PathLike,
         log_file: str | os.PathLike,
-        served_name: str = "base",
         dtype: str = "float32",
         max_model_len: int = 4096,
         max_lora_rank: int = 16,
@@ -153,7 +152,7 @@ class VllmServer:
             )
         port = free_port()
         command = server_command(
-            str(python), model, port=port, served_name=served_name, dtype=dtype, max_model_len=max_model_len,
+            str(python), model, port=port, served_name="base", dtype=dtype, max_model_len=max_model_len,
             max_lora_rank=max_lora_rank, extra_args=extra_args,
         )
         log_path = Path(log_file)
@@ -169,7 +168,7 @@ class VllmServer:
             env=server_env(cpu_kv_cache_gb),
             start_new_session=True,  # its own process group: close() stops the engine's workers too
         )
-        server = cls(f"http://127.0.0.1:{port}", served_name, process=process, log_file=log_path)
+        server = cls(f"http://127.0.0.1:{port}", "base", process=process, log_file=log_path)
         server._log_handle = handle
         server._wait_healthy(start_timeout_s, poll_s)
         return server
