@@ -2,10 +2,10 @@
 
 The padded layout runs every response to the length of the longest one in its micro-batch and
 repeats the prompt's keys and values to every row. When the response lengths of a group differ,
-much of what the decoder runs can be padding, and
-with grad the repeated cache also costs a gradient sum per layer. Like verl's removed padding
-and TRL's padding-free collator, :func:`packed_response_hidden` lays out the responses of the
-rows that share a prompt one after another in a single row over that prompt's cache::
+much of what the decoder runs can be padding, and with grad the repeated cache also costs a
+gradient sum per layer. Like verl's removed padding and TRL's padding-free collator,
+:func:`packed_response_hidden` lays out the responses of the rows that share a prompt one after
+another in a single row over that prompt's cache::
 
     keys of row u:    [ prompt u (P - 1 columns) | segment a | segment b | ... | pad ]
     queries of row u:                            [ segment a | segment b | ... | pad ]
