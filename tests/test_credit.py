@@ -1,6 +1,7 @@
 """Credit assignment (``model.update.credit``; docs/metrics_and_rewards.md, "Credit"): the per-chunk
-reward and its grouping on hand-computed numbers, the reader asked after every turn through the real
-rollout (scripted policies, the extractive reader), the evidence check, and a real fit.
+reward and its grouping on hand-computed numbers, the reader asked after every turn (``per_chunk``)
+or the final answers credited from their evidence turn (``hindsight``) through the real rollout
+(scripted policies, the extractive reader), the evidence check, and a real fit.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from lightning.pytorch import Trainer
 from test_nonfinite import grpo
 from test_training import write_config
 
-from memalpha.agent.reward_math import per_chunk_totals
+from memalpha.agent.reward_math import hindsight_accuracy, per_chunk_totals
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutSettings, reader_questions, run_rollouts
 from memalpha.cli import main
@@ -23,11 +24,21 @@ from memalpha.data.schema import QA, DataValidationError, Instance, question_evi
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.grpo.advantages import CREDIT_SCHEMES, flat_group_share, group_advantages
 from memalpha.grpo.settings import UpdateSettings
+from memalpha.memory.store import CORE
 from memalpha.reader.extractive import ExtractiveReader
 from memalpha.tools.formats import get_call_format
+from memalpha.tools.schemas import DELETE, UPDATE
 from memalpha_lab.scripted import ScriptedSampler, _NoModel, oracle
 
 # ------------------------------------------------------------------ the math, by hand
+
+
+def test_hindsight_credits_each_final_answer_from_its_last_evidence_turn_on():
+    # four questions answered finally (1, 0, 1, 1), their last evidence in chunks (0, 1, 2, 2)
+    assert hindsight_accuracy([1.0, 0.0, 1.0, 1.0], [0, 1, 2, 2], 3) == pytest.approx([0.25, 0.25, 0.75])
+    # (the per-chunk worked case's A below: the same turn rewards when no later turn spoils an answer)
+    # nothing is answerable before turn 1
+    assert hindsight_accuracy([0.5, 1.0], [1, 1], 3) == pytest.approx([0.0, 0.75, 0.75])
 
 
 def test_the_per_chunk_reward_pays_each_turn_the_accuracy_it_added():
@@ -64,10 +75,11 @@ def test_per_chunk_credit_compares_a_turn_with_the_same_turn_of_the_other_rollou
 
 
 def test_the_setting_names_the_scheme_and_refuses_others():
-    assert UpdateSettings().credit == "broadcast" and not UpdateSettings().credit_scheme.turn_answers
-    assert UpdateSettings(credit="per_chunk").credit_scheme.turn_answers
+    assert UpdateSettings().credit == "broadcast" and UpdateSettings().credit_scheme.turn_accuracy is None
+    assert UpdateSettings(credit="per_chunk").credit_scheme.turn_accuracy == "asked"
+    assert UpdateSettings(credit="hindsight").credit_scheme.turn_accuracy == "final"
     with pytest.raises(ValueError, match="update.credit must be one of"):
-        UpdateSettings(credit="hindsight")
+        UpdateSettings(credit="tree")
 
 
 # ------------------------------------------------------------------ evidence in the data
@@ -82,8 +94,8 @@ def instance(evidence, chunks=3) -> Instance:
 def test_each_question_is_answerable_after_its_last_evidence_chunk():
     assert question_evidence(instance([[0], [2, 1]])) == [0, 2]
     assert question_evidence(instance([1, 0])) == [1, 0]
-    assert reader_questions(instance([[0], [2, 1]]), turn_answers=True) == 2 + (2 - 0) + (2 - 2)
-    assert reader_questions(instance([[0], [2, 1]]), turn_answers=False) == 2
+    assert reader_questions(instance([[0], [2, 1]]), asked=True) == 2 + (2 - 0) + (2 - 2)
+    assert reader_questions(instance([[0], [2, 1]]), asked=False) == 2
 
 
 @pytest.mark.parametrize(
@@ -108,7 +120,7 @@ def synthetic():
                               questions_per_instance=3, chunk_words=50, families=("synth_personal",))
 
 
-def scripted(policy, instances, tokenizer, *, turn_answers: bool):
+def scripted(policy, instances, tokenizer, *, turn_accuracy: str | None):
     settings = RolloutSettings(group_size=1, max_new_tokens=112, max_prompt_tokens=1536, call_format="hermes",
                                prompt_profile="compact", core_token_limit=128)
     weights = RewardSettings()
@@ -116,12 +128,12 @@ def scripted(policy, instances, tokenizer, *, turn_answers: bool):
     reader = ExtractiveReader()
     judge = weights.build_content_judge(reader)
     return run_rollouts(instances, _NoModel(), tokenizer, reader, settings, weights, judge,
-                        seed=0, do_sample=False, group_size=1, sampler=sampler, turn_answers=turn_answers)
+                        seed=0, do_sample=False, group_size=1, sampler=sampler, turn_accuracy=turn_accuracy)
 
 
 def test_the_oracle_earns_each_question_at_the_turn_that_stored_its_fact(synthetic, tokenizer):
-    out = scripted(oracle, synthetic, tokenizer, turn_answers=True)
-    broadcast = scripted(oracle, synthetic, tokenizer, turn_answers=False)
+    out = scripted(oracle, synthetic, tokenizer, turn_accuracy="asked")
+    broadcast = scripted(oracle, synthetic, tokenizer, turn_accuracy=None)
     assert [s.reward for s in out.samples] == [s.reward for s in broadcast.samples]  # broadcast unchanged
     for record, instance_ in zip(out.records, synthetic):
         assert record.r1 == 1.0  # the extractive reader finds every fact the oracle stored
@@ -148,17 +160,47 @@ def stores_the_first_chunk_only(instance_, chunk_index, rng):
 
 
 def test_turns_that_store_nothing_earn_no_accuracy(synthetic, tokenizer):
-    out = scripted(stores_the_first_chunk_only, synthetic, tokenizer, turn_answers=True)
+    out = scripted(stores_the_first_chunk_only, synthetic, tokenizer, turn_accuracy="asked")
     for sample in out.samples:
         if sample.chunk_index > 0:
             assert sample.turn_reward == pytest.approx(sample.reward - out.records[sample.group_id].r1 * 1.0)
 
 
+def test_hindsight_credits_the_final_answers_to_their_evidence_turn_and_asks_no_more(synthetic, tokenizer):
+    asked = scripted(oracle, synthetic, tokenizer, turn_accuracy="asked")
+    hindsight = scripted(oracle, synthetic, tokenizer, turn_accuracy="final")
+    # the oracle keeps every answer it stored, so both schemes credit the same turns
+    assert [s.turn_reward for s in hindsight.samples] == pytest.approx([s.turn_reward for s in asked.samples])
+    for record, instance_ in zip(hindsight.records, synthetic):
+        assert record.turn_questions == [] and len(record.questions) == reader_questions(instance_, False)
+
+
+def stores_the_first_chunk_then_forgets_it(instance_, chunk_index, rng):
+    """The first chunk's facts into the core, nothing at the second turn, the core emptied at the last."""
+    if chunk_index == 0:
+        facts = " ".join(arguments["content"] for _, arguments in oracle(instance_, 0, rng))
+        return [(UPDATE, {"memory_type": CORE, "new_content": facts})]
+    return [(DELETE, {"memory_type": CORE})] if chunk_index == len(instance_.chunks) - 1 else []
+
+
+def test_a_turn_that_spoils_a_stored_answer_is_blamed_per_chunk_and_not_in_hindsight(synthetic, tokenizer):
+    asked = scripted(stores_the_first_chunk_then_forgets_it, synthetic, tokenizer, turn_accuracy="asked")
+    hindsight = scripted(stores_the_first_chunk_then_forgets_it, synthetic, tokenizer, turn_accuracy="final")
+    accuracy = {(s.group_id, s.chunk_index): s.turn_reward - s.reward for s in asked.samples}
+    for g, instance_ in enumerate(synthetic):
+        first = sum(e == 0 for e in question_evidence(instance_)) / len(instance_.questions)
+        assert asked.records[g].r1 == 0.0 and first > 0  # the first chunk's answers were stored, then lost
+        assert accuracy[(g, 0)] == pytest.approx(3 * first)  # per_chunk: the storing turn earns them ...
+        assert accuracy[(g, 2)] == pytest.approx(-3 * first)  # ... and the forgetting turn pays them back
+    assert all(s.turn_reward == pytest.approx(s.reward) for s in hindsight.samples)  # r1 = 0: no turn earns
+
+
 # ------------------------------------------------------------------ a real fit
 
 
-def test_a_fit_with_per_chunk_credit_asks_the_reader_after_every_turn(tiny_model_dir, tmp_path):
-    module, data = grpo(tiny_model_dir, tmp_path, update={"credit": "per_chunk", "kl_coef": 0.0})
+@pytest.mark.parametrize("credit", ["per_chunk", "hindsight"])
+def test_a_fit_with_per_turn_credit_trains_on_turn_rewards(tiny_model_dir, tmp_path, credit):
+    module, data = grpo(tiny_model_dir, tmp_path, update={"credit": credit, "kl_coef": 0.0})
     data.synthetic = dataclasses.replace(data.synthetic, chunks=2)
     logged: list[dict] = []
     original = module._log_step
@@ -174,18 +216,23 @@ def test_a_fit_with_per_chunk_credit_asks_the_reader_after_every_turn(tiny_model
     random.seed(0)
     trainer.fit(module, datamodule=data, weights_only=False)
     metrics = logged[0]
-    assert metrics["reader/turn_questions"] > 0 and "train/turn_reward" in metrics
-    assert metrics["reader/questions"] > metrics["reader/turn_questions"]
+    assert "train/turn_reward" in metrics
+    if credit == "per_chunk":  # the reader asked after every turn too
+        assert metrics["reader/turn_questions"] > 0
+        assert metrics["reader/questions"] > metrics["reader/turn_questions"]
+    else:  # hindsight asks nothing more
+        assert metrics["reader/turn_questions"] == 0 and metrics["reader/questions"] > 0
 
 
-def test_per_chunk_credit_on_data_without_evidence_stops_before_the_model_loads(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("credit", ["per_chunk", "hindsight"])
+def test_per_turn_credit_without_evidence_stops_before_the_model_loads(tmp_path, tiny_model_dir, credit):
     records = [{"instance_id": f"x{i}", "data_source": "squad", "chunks": ["Tom lives in Oslo.", "Ann is 3."],
                 "questions": [{"question": "Where does Tom live?", "answer": "Oslo"}]} for i in range(4)]
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps(r) + "\n" for r in records))
     config = write_config(tmp_path, tiny_model_dir, train_path=str(train), val_path=str(train))
     with pytest.raises(SystemExit) as stopped:
-        main(["fit", "--config", str(config), "--model.update.credit", "per_chunk"])
+        main(["fit", "--config", str(config), "--model.update.credit", credit])
     message = str(stopped.value.code)
     assert "field 'metadata.evidence_chunks'" in message and f"data.train_path={train}" in message, message
     assert "\n" not in message

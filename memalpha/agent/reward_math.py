@@ -252,6 +252,13 @@ def turn_totals(r1: float, r2: Sequence[float], r3: float, r4: Sequence[float],
     ]
 
 
+def hindsight_accuracy(scores: Sequence[float], last: Sequence[int], turns: int) -> list[float]:
+    """``A_k`` of hindsight credit (``update.credit: hindsight``) for ``k < turns``: the summed final
+    score of the questions whose last evidence chunk (``last``) is ``<= k``, over all questions."""
+    total = max(len(scores), 1)
+    return [sum(s for s, e in zip(scores, last, strict=True) if e <= k) / total for k in range(turns)]
+
+
 def per_chunk_totals(
     turn_accuracy: Sequence[float],
     r2: Sequence[float],
@@ -259,11 +266,12 @@ def per_chunk_totals(
     r4: Sequence[float],
     weights: RewardSettings,
 ) -> list[float]:
-    """Per-chunk credit (``update.credit: per_chunk``): ``R'_k = w * K * (A_k - A_{k-1}) + r2_k +
-    beta * r3 + gamma * r4_k`` over the rollout's ``K`` turns, where ``A_k`` (``turn_accuracy``)
-    is the summed score of the questions answerable after turn ``k``, from the memory after turn
-    ``k``, over all questions (``A_{-1} = 0``, ``A_{K-1} = r1``). The gains telescope, so the
-    turns' accuracy credits sum to ``w * K * r1``, the broadcast's total."""
+    """Per-turn credit (``update.credit: per_chunk``, ``hindsight``): ``R'_k = w * K * (A_k -
+    A_{k-1}) + r2_k + beta * r3 + gamma * r4_k`` over the rollout's ``K`` turns, where ``A_k``
+    (``turn_accuracy``) is the summed score of the questions answerable after turn ``k`` (from the
+    memory after turn ``k``, or from the final memory) over all questions (``A_{-1} = 0``,
+    ``A_{K-1} = r1``). The gains telescope, so the turns' accuracy credits sum to ``w * K * r1``,
+    the broadcast's total."""
     turns = len(turn_accuracy)
     gains = [now - before for now, before in zip(turn_accuracy, [0.0, *turn_accuracy[:-1]])]
     return [

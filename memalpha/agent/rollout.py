@@ -26,7 +26,7 @@ from memalpha.agent.content_judges import ContentJudge
 from memalpha.agent.fact_recall import memory_fact_recall
 from memalpha.agent.progress import Phase, PhaseHook, report
 from memalpha.agent.prompts import PROMPT_PROFILES, PromptProfile, memorise_messages, stated_response_limit
-from memalpha.agent.reward_math import TurnCalls, per_chunk_totals, rollout_rewards
+from memalpha.agent.reward_math import TurnCalls, hindsight_accuracy, per_chunk_totals, rollout_rewards
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.scoring import MEMALPHA_ANSWERS, AnswerStyle, score_answers
 from memalpha.data.schema import Instance, question_evidence
@@ -186,9 +186,9 @@ class TurnSample:
     "Trained tokens"). ``truncated`` and the turn's calls describe the whole response.
     With a generation server (``rollout.backend: vllm``) ``sampler_logprobs`` holds the server's
     log-prob of every trained token and ``adapter_version`` the adapter version it sampled with.
-    ``reward`` is ``R_t`` with the final accuracy broadcast; ``turn_reward``, when the reader was
-    asked after every turn (``update.credit: per_chunk``), is ``R_t`` with the accuracy this turn
-    added instead (docs/metrics_and_rewards.md, "Credit").
+    ``reward`` is ``R_t`` with the final accuracy broadcast; ``turn_reward``, when the turns were
+    scored one by one (``update.credit: per_chunk`` or ``hindsight``), is ``R_t`` with the accuracy
+    credited to this turn instead (docs/metrics_and_rewards.md, "Credit").
     """
 
     group_id: int
@@ -456,7 +456,7 @@ def answer_questions(
     judge: Reader | None = None,
     metric_overrides: dict[str, str] | None = None,
     style: AnswerStyle = MEMALPHA_ANSWERS,
-    turn_answers: bool = False,
+    turn_accuracy: str | None = None,
 ) -> list[RolloutAnswers]:
     """Phase 2: the reader answers every question of every rollout from its final memory, scored.
 
@@ -465,19 +465,22 @@ def answer_questions(
     sources send their judgements as one batch (``judge``, default the reader). A question's
     record keeps the bare question and, apart, the ``instruction`` the reader got before it.
     ``style`` (``reward.metric_style``'s :class:`~memalpha.agent.scoring.AnswerStyle`) says how answers
-    are compared with their golds. With ``turn_answers`` the same batch also asks, for every turn
-    ``k`` but the last, the questions answerable after it (their evidence in chunks ``<= k``:
-    :func:`~memalpha.data.schema.question_evidence`) from the memory after turn ``k``
-    (:attr:`Rollout.snapshots`), and each rollout's ``turn_accuracy`` is filled in.
+    are compared with their golds. ``turn_accuracy`` fills in each rollout's ``turn_accuracy``
+    ``A_k``, the summed score of the questions answerable after turn ``k`` (their evidence in chunks
+    ``<= k``: :func:`~memalpha.data.schema.question_evidence`) over all questions: ``asked``
+    (per-chunk credit) asks them in the same batch, for every turn ``k`` but the last, from the
+    memory after turn ``k`` (:attr:`Rollout.snapshots`); ``final`` (hindsight credit) takes their
+    final answers.
     """
+    asked = turn_accuracy == "asked"
     items, owners, sources = [], [], []  # owners: (rollout, turn or None for the final memory, qa)
-    evidence = [question_evidence(r.instance) if turn_answers else [] for r in rollouts]
+    evidence = [question_evidence(r.instance) if turn_accuracy else [] for r in rollouts]
     for i, rollout in enumerate(rollouts):
         for qa in rollout.instance.questions:
             items.append((rollout.memory, qa.question))
             owners.append((i, None, qa))
             sources.append(rollout.instance.data_source)
-        for k, memory in enumerate(rollout.snapshots if turn_answers else []):
+        for k, memory in enumerate(rollout.snapshots if asked else []):
             for qa, last in zip(rollout.instance.questions, evidence[i]):
                 if last <= k:
                     items.append((memory, qa.question))
@@ -523,10 +526,12 @@ def answer_questions(
         else:
             turn_sums[i][k] += score
             result.turn_questions.append({"chunk_index": k, **record})
-    if turn_answers:
-        for result, sums in zip(results, turn_sums):
-            total = max(len(result.scores), 1)
+    for result, sums, last, rollout in zip(results, turn_sums, evidence, rollouts):
+        total = max(len(result.scores), 1)
+        if asked:
             result.turn_accuracy = [s / total for s in sums] + [sum(result.scores) / total]
+        elif turn_accuracy == "final":
+            result.turn_accuracy = hindsight_accuracy(result.scores, last, len(rollout.calls))
     return results
 
 
@@ -581,10 +586,11 @@ def assign_rewards(
     return samples, records
 
 
-def reader_questions(instance: Instance, turn_answers: bool) -> int:
+def reader_questions(instance: Instance, asked: bool) -> int:
     """The questions the reader answers for one rollout of ``instance``: each once from the final
-    memory and, with ``turn_answers``, each again after every earlier turn from its evidence chunk on."""
-    if not turn_answers:
+    memory and, when ``asked`` after every turn, each again after every earlier turn from its
+    evidence chunk on."""
+    if not asked:
         return len(instance.questions)
     turns = len(instance.chunks)
     return len(instance.questions) + sum(turns - 1 - last for last in question_evidence(instance))
@@ -606,7 +612,7 @@ def run_rollouts(
     share_prefix: bool = True,
     sampler: GenerateFn | None = None,
     on_phase: PhaseHook | None = None,
-    turn_answers: bool = False,
+    turn_accuracy: str | None = None,
 ) -> RolloutOutput:
     """``group_size`` rollouts for every instance (default ``settings.group_size``): memorise the
     chunks, answer the questions, assign the rewards. Returns the turn samples and one record per rollout.
@@ -617,8 +623,8 @@ def run_rollouts(
     answer metric of each source comes from
     ``weights.metric_overrides`` first; answers are compared in ``weights.answer_style``.
     ``sampler`` generates the agent's turns instead of the policy (see :func:`memorise_chunks`).
-    ``on_phase`` hears each phase as it starts (:mod:`memalpha.agent.progress`). ``turn_answers``
-    also asks the reader after every turn (:func:`answer_questions`), for ``update.credit: per_chunk``.
+    ``on_phase`` hears each phase as it starts (:mod:`memalpha.agent.progress`). ``turn_accuracy``
+    scores every turn too (:func:`answer_questions`), for ``update.credit: per_chunk`` or ``hindsight``.
     """
     count_tokens = make_token_counter(tokenizer)
     rollouts = start_rollouts(
@@ -627,16 +633,17 @@ def run_rollouts(
     start = time.perf_counter()
     generated_tokens = memorise_chunks(
         rollouts, model, tokenizer, settings, seed=seed, do_sample=do_sample, share_prefix=share_prefix,
-        sampler=sampler, on_phase=on_phase, keep_snapshots=turn_answers,
+        sampler=sampler, on_phase=on_phase, keep_snapshots=turn_accuracy == "asked",
     )
     rollout_s = time.perf_counter() - start
-    report(on_phase, Phase("reader", total=sum(reader_questions(r.instance, turn_answers) for r in rollouts)))
+    asked = turn_accuracy == "asked"
+    report(on_phase, Phase("reader", total=sum(reader_questions(r.instance, asked) for r in rollouts)))
     readers = [reader] if judge_reader is None or judge_reader is reader else [reader, judge_reader]
     failures_before = sum(r.failures for r in readers)
     start = time.perf_counter()
     answers = answer_questions(
         rollouts, reader, judge=judge_reader, metric_overrides=weights.metric_overrides,
-        style=weights.answer_style, turn_answers=turn_answers,
+        style=weights.answer_style, turn_accuracy=turn_accuracy,
     )
     reader_s = time.perf_counter() - start
     report(on_phase, Phase("rewards"))

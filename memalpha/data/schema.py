@@ -247,8 +247,8 @@ def question_evidence(instance: Instance, *, file: str = "<data>", index: int = 
 
     if not isinstance(evidence, list) or len(evidence) != len(instance.questions):
         fail(
-            f"model.update.credit: per_chunk needs each question's evidence chunks, one entry per question"
-            f" ({len(instance.questions)}), got {_type_name(evidence)}"
+            "model.update.credit: per_chunk and hindsight need each question's evidence chunks, one"
+            f" entry per question ({len(instance.questions)}), got {_type_name(evidence)}"
             + (f" of {len(evidence)}" if isinstance(evidence, list) else "")
         )
     last: list[int] = []

@@ -79,18 +79,19 @@ def group_advantages(
 # credit assignment: which reward each turn sample is judged by, and against which group
 # ---------------------------------------------------------------------------
 
-CreditName = Literal["broadcast", "per_chunk"]
+CreditName = Literal["broadcast", "per_chunk", "hindsight"]
 
 
 @dataclass(frozen=True)
 class CreditScheme:
     """A credit-assignment scheme (``update.credit``; docs/metrics_and_rewards.md, "Credit"):
-    whether the rollout must ask the reader after every memorising turn (``turn_answers``), and
-    which rewards of a round it compares within which groups (``compared(rewards, turn_rewards,
-    group_ids, turn_index)``, ``[N]`` tensors, ``turn_rewards`` None unless ``turn_answers``:
-    the ``[N]`` rewards and each one's group label)."""
+    where each turn's accuracy comes from (``turn_accuracy``: None, the final accuracy for every
+    turn; ``asked``, the reader asked after every memorising turn; ``final``, each question's final
+    answer from its evidence turn on), and which rewards of a round it compares within which groups
+    (``compared(rewards, turn_rewards, group_ids, turn_index)``, ``[N]`` tensors, ``turn_rewards``
+    None unless ``turn_accuracy``: the ``[N]`` rewards and each one's group label)."""
 
-    turn_answers: bool
+    turn_accuracy: Literal["asked", "final"] | None
     compared: Callable[..., tuple[torch.Tensor, list]]
 
     def advantages(self, rewards, turn_rewards, group_ids, turn_index, scale: str = "group") -> torch.Tensor:
@@ -106,10 +107,10 @@ def broadcast_compared(rewards, turn_rewards, group_ids, turn_index) -> tuple[to
 
 
 def per_chunk_compared(rewards, turn_rewards, group_ids, turn_index) -> tuple[torch.Tensor, list]:
-    """Turn ``k``'s per-chunk reward (the accuracy its own turn added, scaled to the broadcast's
-    total) against the same turn ``k`` of the other rollouts of its instance."""
+    """Turn ``k``'s own reward (the accuracy credited to its turn, scaled to the broadcast's total)
+    against the same turn ``k`` of the other rollouts of its instance."""
     if turn_rewards is None:
-        raise ValueError("per_chunk credit needs the turn rewards of a rollout asked after every turn")
+        raise ValueError("per-turn credit needs the turn rewards of a rollout scored turn by turn")
     pairs = list(zip(torch.as_tensor(group_ids).tolist(), torch.as_tensor(turn_index).tolist(), strict=True))
     return torch.as_tensor(turn_rewards), pairs
 
@@ -125,7 +126,8 @@ def flat_group_share(rewards: torch.Tensor, group_ids: torch.Tensor | Sequence) 
 
 
 CREDIT_SCHEMES: dict[str, CreditScheme] = {
-    "broadcast": CreditScheme(turn_answers=False, compared=broadcast_compared),
-    "per_chunk": CreditScheme(turn_answers=True, compared=per_chunk_compared),
+    "broadcast": CreditScheme(turn_accuracy=None, compared=broadcast_compared),
+    "per_chunk": CreditScheme(turn_accuracy="asked", compared=per_chunk_compared),
+    "hindsight": CreditScheme(turn_accuracy="final", compared=per_chunk_compared),
 }
 """Each ``update.credit`` name's scheme: a new scheme is one function and one entry."""

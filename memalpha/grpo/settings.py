@@ -41,7 +41,10 @@ class UpdateSettings:
             the accuracy it added (scaled by the number of turns, so the turns' credits sum to the
             broadcast's), and a group is turn k of an instance's rollouts. Needs each question's
             evidence chunks in the data (``metadata.evidence_chunks``); costs the extra reader
-            questions (``reader/turn_questions``). docs/metrics_and_rewards.md, "Credit".
+            questions (``reader/turn_questions``). ``hindsight``: as ``per_chunk``, but each
+            question's final answer is credited to the turn that read its last evidence chunk (no
+            extra reader questions; a later turn that spoils a stored answer is not blamed).
+            docs/metrics_and_rewards.md, "Credit".
         clip_low: Lower PPO clip (ratio >= 1 - clip_low).
         clip_high: Upper PPO clip (ratio <= 1 + clip_high; above clip_low is DAPO's clip-higher).
         clip_ratio_c: Dual clip (Ye et al. 2019, verl's ``clip_ratio_c``; official 3.0): a token with

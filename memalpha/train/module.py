@@ -126,7 +126,7 @@ class GRPOModule(PolicyModule):
     # ----------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:
         """Check the DataModule's instances against the prompt budget, with the policy's tokenizer
-        only, and, for a credit scheme that asks the reader after every turn, that every training
+        only, and, for a credit scheme that pays turn by turn, that every training
         question knows its evidence chunks: Lightning sets the DataModule up first and loads the
         model after this (``configure_model``), so a chunk that cannot fit or a question without
         evidence stops the run before the model costs anything."""
@@ -137,7 +137,7 @@ class GRPOModule(PolicyModule):
         tokenizer = self.tokenizer or load_tokenizer(self.hparams.model)
         for source, instances in splits:
             check_prompt_budget(instances, tokenizer, self.rollout_settings, source)
-        if stage == "fit" and self.update_settings.credit_scheme.turn_answers:
+        if stage == "fit" and self.update_settings.credit_scheme.turn_accuracy:
             for source, instances in splits:
                 if source.startswith(("data.train_path", "synthetic train")):
                     for index, instance in enumerate(instances):

@@ -117,17 +117,18 @@ class Agent:
 
     def rollouts(
         self, instances: Sequence[Instance], *, seed: int, greedy: bool = False,
-        sampler: GenerateFn | None = None, on_phase: PhaseHook | None = None, turn_answers: bool = False,
+        sampler: GenerateFn | None = None, on_phase: PhaseHook | None = None,
+        turn_accuracy: str | None = None,
     ) -> RolloutOutput:
         """Memorise, answer, reward (:func:`~memalpha.agent.rollout.run_rollouts`): a group of
         ``rollout.group_size`` rollouts per instance (one when ``greedy``, as validation does),
         sampled by ``sampler`` (a server's generate function) or in this process; with
-        ``turn_answers`` the reader also answers after every turn (per-chunk credit)."""
+        ``turn_accuracy`` each turn's accuracy too (the credit scheme's)."""
         return run_rollouts(
             instances, self.policy, self.tokenizer, self.reader, self.rollout, self.reward,
             self.content_judge,
             seed=seed, do_sample=not greedy, group_size=1 if greedy else None,
-            share_prefix=self.share_prefix, sampler=sampler, on_phase=on_phase, turn_answers=turn_answers,
+            share_prefix=self.share_prefix, sampler=sampler, on_phase=on_phase, turn_accuracy=turn_accuracy,
         )
 
 
@@ -276,7 +277,7 @@ def collect_round(
     with clock("rollout"):
         out = agent.rollouts(
             instances, seed=seed, sampler=sampler, on_phase=on_phase,
-            turn_answers=update.credit_scheme.turn_answers,
+            turn_accuracy=update.credit_scheme.turn_accuracy,
         )
     samples = out.samples
     if not samples:
