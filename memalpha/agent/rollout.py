@@ -527,8 +527,8 @@ def answer_questions(
             turn_sums[i][k] += score
             result.turn_questions.append({"chunk_index": k, **record})
     for result, sums, last, rollout in zip(results, turn_sums, evidence, rollouts):
-        total = max(len(result.scores), 1)
         if asked:
+            total = max(len(result.scores), 1)
             result.turn_accuracy = [s / total for s in sums] + [sum(result.scores) / total]
         elif turn_accuracy == "final":
             result.turn_accuracy = hindsight_accuracy(result.scores, last, len(rollout.calls))

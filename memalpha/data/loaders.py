@@ -295,7 +295,7 @@ def _records_from_saved_dataset(folder: Path, split: str | None) -> list[RawReco
 
     try:
         loaded = datasets.load_from_disk(str(folder))
-    except Exception as exc:
+    except Exception as exc:  # datasets raises several types for unreadable folders; the load stops here
         raise DataValidationError(
             str(folder), f"cannot load dataset folder ({type(exc).__name__}: {exc})"
         ) from exc
@@ -308,7 +308,7 @@ def _records_from_hub(name: str, split: str | None) -> tuple[str, list[RawRecord
 
     try:
         loaded = datasets.load_dataset(name, split=split)
-    except Exception as exc:
+    except Exception as exc:  # network, auth and missing-name errors come as several types; the load stops
         raise DataValidationError(
             name,
             f"cannot load hub dataset ({type(exc).__name__}: {exc}); the machine may be offline "

@@ -125,7 +125,8 @@ def repair_object_as_official(text: str) -> JsonRead:
     except (ValueError, RecursionError):
         try:
             value = json.loads(repair_json(body))
-        except Exception as exc:  # noqa: BLE001 - see the docstring
+        except Exception as exc:  # noqa: BLE001 - only the package and json.loads run on the model's
+            # text here: its failure means this text cannot be read, a failed call, never a memalpha fault
             return JsonRead(
                 error=f"invalid JSON even after json-repair: {type(exc).__name__}", code="invalid_json"
             )

@@ -112,7 +112,8 @@ def check_checkpoint(path: str, module: str, command: str) -> None:
         raise ValueError(f"ckpt_path: {path} is not a memalpha checkpoint (not a PyTorch checkpoint file)")
     try:
         checkpoint = torch.load(file, map_location="cpu", mmap=True, weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - torch raises several types for damaged archives
+    except Exception as exc:  # noqa: BLE001 - torch raises several types for damaged archives; only
+        # torch.load on the user's file runs here, and the run stops with the one line below
         raise ValueError(
             f"ckpt_path: {path} is not a readable checkpoint ({type(exc).__name__}: {exc})"
         ) from None
