@@ -1,7 +1,8 @@
 """The pre-registered credit study (experiments/studies/credit_study.py, lab/memalpha_lab/credit_report.py):
 the verdict rule on the primary comparison, the per-family split, and the script run as its command line
 over a run folder whose every stage of one seed is done: the configs it writes (A′ with per-chunk credit;
-A and B stopped at A′'s recorded CPU seconds; the new held-out set) and its pending summary."""
+A and B stopped at A′'s recorded CPU seconds; the new held-out set) and its pending summary; and the
+committed verdict rebuilt from the committed per-instance scores."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import yaml
 from test_decisive import T4, done_stages, study
 
-from memalpha_lab.credit_report import FAMILIES, decide, main, rebuild, verdict_of
+from memalpha_lab.credit_report import FAMILIES, SUMMARY_PATH, VERDICTS, decide, main, rebuild, verdict_of
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -125,3 +126,12 @@ def test_a_done_seed_gets_the_plans_configs_and_a_pending_verdict(tmp_path):
     assert summary["runs"]["seed3_grpo"]["cpu_budget_s"] == pytest.approx(1290.5)
     scores_file = json.loads((out.parent / "credit_study" / "instance_scores.json").read_text())
     assert set(scores_file["seeds"]["3"]) == {"grpo_per_chunk", "grpo", "sft_continued"}
+
+
+def test_the_committed_summary_is_rebuilt_from_the_committed_scores(capsys):
+    """experiments/results/credit_study.json (the verdict) from .../credit_study/instance_scores.json."""
+    assert main(["--check"]) == 0
+    out = capsys.readouterr().out
+    assert "rebuilt numbers match" in out and "verdict" in out
+    decision = json.loads(SUMMARY_PATH.read_text())["decision"]
+    assert decision["verdict"] in VERDICTS and decision["seeds_done"] == [0, 1, 2, 3, 4]  # all planned seeds
