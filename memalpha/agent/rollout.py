@@ -20,7 +20,7 @@ import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from memalpha.agent.content_judges import ContentJudge
 from memalpha.agent.fact_recall import memory_fact_recall
@@ -305,14 +305,17 @@ class Rollout:
     snapshots: list[Memory] = field(default_factory=list)
 
 
+TurnAccuracy = Literal["asked", "final"] | None  # a credit scheme's source of A_k (answer_questions)
+
+
 @dataclass
 class RolloutAnswers:
     """The reader's scored answers to one rollout's questions; ``failures`` counts the questions
     that scored 0 because the reader's answer or its judgement failed (their ``error`` is set).
-    With answers after every turn, ``turn_accuracy[k]`` is ``A_k``: the summed scores of the
-    questions answerable after turn ``k`` (evidence in chunks ``<= k``), answered from the memory
-    after turn ``k``, over all the rollout's questions (the last is ``r1``), and
-    ``turn_questions`` their records."""
+    Under a per-turn credit scheme, ``turn_accuracy[k]`` is ``A_k``: the summed scores of the
+    questions answerable after turn ``k`` (evidence in chunks ``<= k``) over all the rollout's
+    questions (the last is ``r1``), answered from the memory after turn ``k`` (``asked``, their
+    records in ``turn_questions``) or finally (``final``)."""
 
     scores: list[float]
     questions: list[dict[str, Any]]
@@ -456,7 +459,7 @@ def answer_questions(
     judge: Reader | None = None,
     metric_overrides: dict[str, str] | None = None,
     style: AnswerStyle = MEMALPHA_ANSWERS,
-    turn_accuracy: str | None = None,
+    turn_accuracy: TurnAccuracy = None,
 ) -> list[RolloutAnswers]:
     """Phase 2: the reader answers every question of every rollout from its final memory, scored.
 
@@ -465,11 +468,9 @@ def answer_questions(
     sources send their judgements as one batch (``judge``, default the reader). A question's
     record keeps the bare question and, apart, the ``instruction`` the reader got before it.
     ``style`` (``reward.metric_style``'s :class:`~memalpha.agent.scoring.AnswerStyle`) says how answers
-    are compared with their golds. ``turn_accuracy`` fills in each rollout's ``turn_accuracy``
-    ``A_k``, the summed score of the questions answerable after turn ``k`` (their evidence in chunks
-    ``<= k``: :func:`~memalpha.data.schema.question_evidence`) over all questions: ``asked``
-    (per-chunk credit) asks them in the same batch, for every turn ``k`` but the last, from the
-    memory after turn ``k`` (:attr:`Rollout.snapshots`); ``final`` (hindsight credit) takes their
+    are compared with their golds. ``turn_accuracy`` fills in :attr:`RolloutAnswers.turn_accuracy`:
+    ``asked`` (per-chunk credit) asks, in the same batch, the questions answerable after every turn
+    but the last from the memory then (:attr:`Rollout.snapshots`); ``final`` (hindsight) reuses the
     final answers.
     """
     asked = turn_accuracy == "asked"
@@ -587,9 +588,8 @@ def assign_rewards(
 
 
 def reader_questions(instance: Instance, asked: bool) -> int:
-    """The questions the reader answers for one rollout of ``instance``: each once from the final
-    memory and, when ``asked`` after every turn, each again after every earlier turn from its
-    evidence chunk on."""
+    """The questions the reader answers for one rollout of ``instance``: each once from the final memory
+    and, when ``asked`` after every turn, again after every earlier turn from its evidence chunk on."""
     if not asked:
         return len(instance.questions)
     turns = len(instance.chunks)
@@ -612,7 +612,7 @@ def run_rollouts(
     share_prefix: bool = True,
     sampler: GenerateFn | None = None,
     on_phase: PhaseHook | None = None,
-    turn_accuracy: str | None = None,
+    turn_accuracy: TurnAccuracy = None,
 ) -> RolloutOutput:
     """``group_size`` rollouts for every instance (default ``settings.group_size``): memorise the
     chunks, answer the questions, assign the rewards. Returns the turn samples and one record per rollout.
@@ -630,13 +630,13 @@ def run_rollouts(
     rollouts = start_rollouts(
         instances, settings.group_size if group_size is None else group_size, settings, count_tokens, seed
     )
+    asked = turn_accuracy == "asked"  # the reader reads the memory after every turn
     start = time.perf_counter()
     generated_tokens = memorise_chunks(
         rollouts, model, tokenizer, settings, seed=seed, do_sample=do_sample, share_prefix=share_prefix,
-        sampler=sampler, on_phase=on_phase, keep_snapshots=turn_accuracy == "asked",
+        sampler=sampler, on_phase=on_phase, keep_snapshots=asked,
     )
     rollout_s = time.perf_counter() - start
-    asked = turn_accuracy == "asked"
     report(on_phase, Phase("reader", total=sum(reader_questions(r.instance, asked) for r in rollouts)))
     readers = [reader] if judge_reader is None or judge_reader is reader else [reader, judge_reader]
     failures_before = sum(r.failures for r in readers)

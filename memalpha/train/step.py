@@ -34,6 +34,7 @@ from memalpha.agent.rollout import (
     GenerateFn,
     RolloutOutput,
     RolloutSettings,
+    TurnAccuracy,
     TurnSample,
     run_rollouts,
 )
@@ -118,7 +119,7 @@ class Agent:
     def rollouts(
         self, instances: Sequence[Instance], *, seed: int, greedy: bool = False,
         sampler: GenerateFn | None = None, on_phase: PhaseHook | None = None,
-        turn_accuracy: str | None = None,
+        turn_accuracy: TurnAccuracy = None,
     ) -> RolloutOutput:
         """Memorise, answer, reward (:func:`~memalpha.agent.rollout.run_rollouts`): a group of
         ``rollout.group_size`` rollouts per instance (one when ``greedy``, as validation does),
