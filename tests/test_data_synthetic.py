@@ -161,3 +161,58 @@ def test_synthetic_files_load_back(tmp_path):
     save_jsonl(instances, tmp_path / "validation.jsonl")
     assert load_instances(tmp_path, split="validation")[0] == instances
     assert Path(tmp_path / "validation.jsonl").read_text(encoding="utf-8").count("\n") == 4
+
+
+def test_stretch_chunks_cover_the_input_in_order():
+    from memalpha.data.synthetic import stretch_chunks
+
+    assert stretch_chunks(8, 4) == [range(2), range(2, 4), range(4, 6), range(6, 8)]
+    assert stretch_chunks(32, 3) == [range(10), range(10, 21), range(21, 32)]
+    assert stretch_chunks(2, 4) == [range(1), range(1), range(1, 2), range(1, 2)]  # shorter than a chunk
+
+
+@pytest.mark.parametrize("family", ["synth_personal", "synth_timeline"])
+def test_spread_evidence_asks_about_every_stretch_first_chunks_included(family):
+    for chunks in (2, 8, 32, 128):
+        instances = generate_synthetic(
+            6, split="validation", seed=3, num_chunks=chunks, facts_per_chunk=3, distractors_per_chunk=0,
+            questions_per_instance=6, chunk_words=20, families=(family,), evidence="spread",
+        )
+        for instance in instances:
+            evidence = [e[0] for e in instance.metadata["evidence_chunks"]]
+            assert len(evidence) == 6
+            # question i asks about the i-th of 6 equal stretches (one shorter than a chunk: its chunk)
+            for i, chunk in enumerate(evidence):
+                assert i * chunks // 6 <= chunk < max(i * chunks // 6 + 1, (i + 1) * chunks // 6)
+            assert evidence[0] < max(1, chunks // 6)  # the first stretch: the first chunks are asked about
+
+
+def test_random_evidence_is_unchanged_by_the_new_setting():
+    # the default placement draws exactly as before: the demo and every study keep their instances
+    a = generate_synthetic(8, split="validation", seed=0, **KNOBS)
+    b = generate_synthetic(8, split="validation", seed=0, **KNOBS, evidence="random")
+    assert [i.to_dict() for i in a] == [i.to_dict() for i in b]
+    # what the generator drew before the setting existed (printed by the commit before it)
+    assert [i.metadata["evidence_chunks"] for i in a][:2] == [[[3], [0], [4], [1], [2], [0]],
+                                                             [[2], [4], [0], [0], [3], [1]]]
+    assert [q.answer for q in a[0].questions] == ["Tallinn", "Rascal", "Marmalade", "Quarry Hill",
+                                                  "salsa dancing", "Heron Drive"]
+
+
+def test_question_facts_name_the_fact_each_question_asks_for():
+    from memalpha.agent.fact_recall import instance_facts
+
+    families = ("synth_personal", "synth_timeline")
+    for instance in generate_synthetic(8, split="validation", seed=2, families=families, **KNOBS):
+        facts = instance.metadata["question_facts"]
+        assert len(facts) == len(instance.questions)
+        for fact, qa, (chunk,) in zip(facts, instance.questions, instance.metadata["evidence_chunks"]):
+            assert fact in instance_facts(instance.metadata)
+            assert qa.answer in fact and qa.answer in instance.chunks[chunk]
+
+
+def test_an_unknown_evidence_placement_is_one_line():
+    from memalpha.data.synthetic import SyntheticSettings
+
+    with pytest.raises(ValueError, match=r"data.synthetic.evidence must be one of \['random', 'spread'\]"):
+        SyntheticSettings(evidence="everywhere")

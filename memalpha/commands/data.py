@@ -38,7 +38,7 @@ from memalpha.data.official_processing import (
     process_official,
 )
 from memalpha.data.schema import DataValidationError, Instance
-from memalpha.data.synthetic import FAMILIES, generate_synthetic
+from memalpha.data.synthetic import EVIDENCE_PLACEMENTS, FAMILIES, generate_synthetic
 from memalpha.data.wrapping import WRAP_STYLES
 
 DEFAULT_TOKENIZER = "smollm2-135m-instruct"
@@ -97,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--families",
         default=",".join(FAMILIES),
         help=f"comma-separated families (default {','.join(FAMILIES)})",
+    )
+    synth.add_argument(
+        "--evidence", choices=EVIDENCE_PLACEMENTS, default="random",
+        help="where the questions' evidence sits: random chunks, or spread evenly over the input "
+        "(default random)",
     )
     synth.set_defaults(run=_run_synth)
 
@@ -157,6 +162,7 @@ def _run_synth(args: argparse.Namespace) -> None:
         "questions_per_instance": args.questions_per_instance,
         "chunk_words": args.chunk_words,
         "families": families,
+        "evidence": args.evidence,
     }
     for split, count in (("train", args.num_train), ("validation", args.num_val)):
         instances = generate_synthetic(count, split=split, **knobs)

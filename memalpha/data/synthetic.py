@@ -15,8 +15,10 @@ answer. Four families match the real metrics (``memalpha.agent.scoring`` picks t
                     summary of a date range, the gold is a comma-separated keyword list; keyword metric.
 
 Knobs: chunks per instance, facts per chunk, distractor facts per chunk (about entities no
-question asks about), questions per instance and chunk length in words (filler sentences, or
-for ``synth_icl`` more labelled examples, top a chunk up to it). Entities come from per-split
+question asks about), questions per instance, chunk length in words (filler sentences, or
+for ``synth_icl`` more labelled examples, top a chunk up to it) and where the questions' evidence
+sits (:data:`EVIDENCE_PLACEMENTS`: ``random`` chunks, or ``spread`` evenly over the whole input, the
+first chunks included, which the length benchmark needs). Entities come from per-split
 pools (:mod:`memalpha.data.synthetic_vocab`), so train, validation and test never share one.
 Instance ``i`` of a split is built from its own RNG seeded by ``(seed, split, i)``: the same
 arguments give identical instances on every machine.
@@ -25,6 +27,12 @@ arguments give identical instances on every machine.
 excluded) with the memory list it belongs in (``semantic_memory`` for knowledge and labelled
 examples, ``episodic_memory`` with its ``date`` for events and what was read on a day): what an
 ideal agent stores, and what the oracle demonstrations of :mod:`memalpha.agent.demos` write.
+``metadata["question_facts"]`` names, per question, the one fact that answers it (as
+:func:`memalpha.agent.fact_recall.instance_facts` writes a fact: its date first when it has one), for
+the families where one fact does (``synth_personal``, ``synth_timeline``; the others do not write
+it): whether an answer was stored is then told apart from whether it was read back. The evidence
+placement applies to those two families too (``synth_icl`` asks about labels seen everywhere,
+``synth_summary`` about date ranges).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from functools import cache
+from typing import Literal, get_args
 
 from memalpha.data import synthetic_vocab as vocab
 from memalpha.data.schema import QA, Instance
@@ -44,6 +53,12 @@ from memalpha.data.wrapping import wrap_chunk
 FAMILIES = ("synth_personal", "synth_timeline", "synth_icl", "synth_summary")
 GENERATOR_VERSION = "memalpha.synthetic/1"
 ICL_NUM_LABELS = 4
+EvidencePlacement = Literal["random", "spread"]
+EVIDENCE_PLACEMENTS: tuple[str, ...] = get_args(EvidencePlacement)
+"""Where the questions' evidence sits: ``random`` (the chunks are visited in a random order, one
+question each, so a long instance asks about a few random chunks) or ``spread`` (question ``i`` of
+``Q`` asks about a chunk of the ``i``-th of ``Q`` equal stretches of the input, so the questions
+cover it from the first stretch to the last)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +70,7 @@ class SynthConfig:
     distractors_per_chunk: int
     questions_per_instance: int
     chunk_words: int
+    evidence: EvidencePlacement = "random"
 
     def __post_init__(self) -> None:
         for name in ("num_chunks", "facts_per_chunk", "questions_per_instance"):
@@ -63,6 +79,8 @@ class SynthConfig:
         for name in ("distractors_per_chunk", "chunk_words"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.evidence not in EVIDENCE_PLACEMENTS:
+            raise ValueError(f"evidence must be one of {list(EVIDENCE_PLACEMENTS)}, got {self.evidence!r}")
 
 
 @dataclass
@@ -78,6 +96,10 @@ class SyntheticSettings:
         questions: Questions per synthetic instance.
         chunk_words: Approximate words per synthetic chunk.
         families: Synthetic task families to mix.
+        evidence: Where the questions' evidence sits (``synth_personal`` and ``synth_timeline``):
+            ``random`` (a few chunks in a random order) or ``spread`` (question ``i`` of ``Q`` about
+            the ``i``-th of ``Q`` equal stretches of the input, first stretch included: what a long
+            input needs to test every part of it).
     """
 
     train: int = 64
@@ -88,6 +110,7 @@ class SyntheticSettings:
     questions: int = 4
     chunk_words: int = 100
     families: tuple[str, ...] = field(default=FAMILIES)
+    evidence: EvidencePlacement = "random"
 
     def __post_init__(self) -> None:
         at_least = {"train": 1, "val": 1, "chunks": 1, "facts_per_chunk": 1, "distractors_per_chunk": 0,
@@ -102,6 +125,10 @@ class SyntheticSettings:
                 "data.synthetic.families must be a non-empty list "
                 f"of {list(FAMILIES)}, got {list(self.families)}"
             )
+        if self.evidence not in EVIDENCE_PLACEMENTS:
+            raise ValueError(
+                f"data.synthetic.evidence must be one of {list(EVIDENCE_PLACEMENTS)}, got {self.evidence!r}"
+            )
 
     def generate(self, split: str, seed: int, count: int | None = None) -> list[Instance]:
         """:func:`generate_synthetic` with these settings: ``count`` instances of ``split`` (``None``:
@@ -111,7 +138,7 @@ class SyntheticSettings:
         return generate_synthetic(
             count, split=split, seed=seed, num_chunks=self.chunks, facts_per_chunk=self.facts_per_chunk,
             distractors_per_chunk=self.distractors_per_chunk, questions_per_instance=self.questions,
-            chunk_words=self.chunk_words, families=self.families,
+            chunk_words=self.chunk_words, families=self.families, evidence=self.evidence,
         )
 
 
@@ -155,6 +182,7 @@ def generate_synthetic(
     questions_per_instance: int = 4,
     chunk_words: int = 120,
     families: tuple[str, ...] = FAMILIES,
+    evidence: EvidencePlacement = "random",
 ) -> list[Instance]:
     """``num_instances`` synthetic instances of ``split``, cycling through ``families`` in order.
 
@@ -170,7 +198,7 @@ def generate_synthetic(
     if unknown:
         raise ValueError(f"unknown synthetic families {unknown}; expected some of {FAMILIES}")
     config = SynthConfig(
-        num_chunks, facts_per_chunk, distractors_per_chunk, questions_per_instance, chunk_words
+        num_chunks, facts_per_chunk, distractors_per_chunk, questions_per_instance, chunk_words, evidence
     )
     split = vocab.canonical_split(split)
     pools = split_pools(split)
@@ -278,6 +306,41 @@ def _spread_questions(rng: random.Random, per_chunk: list[list[int]], k: int) ->
     return picked
 
 
+def stretch_chunks(num_chunks: int, k: int) -> list[range]:
+    """The ``k`` equal stretches of ``num_chunks`` chunks, in order (a stretch shorter than one chunk
+    is the chunk it falls in)."""
+    out = []
+    for i in range(k):
+        low = i * num_chunks // k
+        out.append(range(low, max(low + 1, (i + 1) * num_chunks // k)))
+    return out
+
+
+def _evenly_placed_questions(rng: random.Random, per_chunk: list[list[int]], k: int) -> list[int]:
+    """Pick ``k`` fact ids, the ``i``-th from a random chunk of the ``i``-th of ``k`` equal stretches
+    of the input (a stretch with no fact left gives the unpicked fact nearest to it), in that order."""
+    left = [list(ids) for ids in per_chunk]
+    picked: list[int] = []
+    for stretch in stretch_chunks(len(per_chunk), k):
+        chunks = [c for c in stretch if left[c]]
+        if not chunks:  # nearest chunk with a fact left, earlier first on a tie
+            spare = [c for c in range(len(left)) if left[c]]
+            if not spare:
+                break
+            middle = (stretch.start + stretch.stop - 1) / 2
+            chunks = [min(spare, key=lambda c: (abs(c - middle), c))]
+        chunk = rng.choice(chunks)
+        picked.append(left[chunk].pop(rng.randrange(len(left[chunk]))))
+    return picked
+
+
+def _pick_questions(rng: random.Random, per_chunk: list[list[int]], cfg: SynthConfig) -> list[int]:
+    """The asked fact ids, as ``cfg.evidence`` places them."""
+    if cfg.evidence == "spread":
+        return _evenly_placed_questions(rng, per_chunk, cfg.questions_per_instance)
+    return _spread_questions(rng, per_chunk, cfg.questions_per_instance)
+
+
 # ---------------------------------------------------------------------------
 # synth_personal
 # ---------------------------------------------------------------------------
@@ -362,16 +425,17 @@ def _build_personal(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> 
         chunks.append(wrap_chunk(body, "dialogue", days[c], variant=rng.randrange(1 << 16)))
         per_chunk.append(ids)
         notes.append([_note(SEMANTIC_NOTE, sentence) for sentence in told])
-    picked = _spread_questions(rng, per_chunk, cfg.questions_per_instance)
+    picked = _pick_questions(rng, per_chunk, cfg)
     questions = [QA(facts[i][1].question.format(p=facts[i][0]), facts[i][2]) for i in picked]
     evidence = [[i // cfg.facts_per_chunk] for i in picked]
+    question_facts = [_say(facts[i]) for i in picked]
     entities = set(everyone) | {v for _, _, v in facts + distractors}
     return (
         chunks,
         questions,
         evidence,
         entities,
-        {"people": people, "distractor_people": others, "notes": notes},
+        {"people": people, "distractor_people": others, "notes": notes, "question_facts": question_facts},
     )
 
 
@@ -421,16 +485,17 @@ def _build_timeline(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> 
         chunks.append(wrap_chunk(body, "dialogue", day, variant=rng.randrange(1 << 16)))
         per_chunk.append(ids)
         notes.append(chunk_notes)
-    picked = _spread_questions(rng, per_chunk, cfg.questions_per_instance)
+    picked = _pick_questions(rng, per_chunk, cfg)
     questions = [QA(f"What did {events[i][0]} do on {events[i][1]:%Y-%m-%d}?", events[i][2]) for i in picked]
     evidence = [[events[i][3]] for i in picked]
+    question_facts = [f"{events[i][1]:%Y-%m-%d} {events[i][0]} {events[i][2]}." for i in picked]
     entities = set(everyone) | {e[2] for e in events}
     return (
         chunks,
         questions,
         evidence,
         entities,
-        {"people": people, "distractor_people": others, "notes": notes},
+        {"people": people, "distractor_people": others, "notes": notes, "question_facts": question_facts},
     )
 
 
