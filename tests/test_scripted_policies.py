@@ -76,3 +76,23 @@ def test_the_engine_finds_the_chunk_being_read_after_a_copied_one(instances, tok
     engine = ScriptedSampler(POLICIES["oracle"], instances, tokenizer, get_call_format("hermes"))
     with pytest.raises(ValueError, match="no scripted instance"):
         engine.locate("a prompt about something else")
+
+
+def test_each_answer_says_whether_the_memory_holds_it_and_where_its_evidence_is(
+    instances, tokenizer, settings
+):
+    from memalpha.train.validation_report import summarise_records
+
+    reader, reward = ExtractiveReader(), RewardSettings()
+    oracle_out = run_scripted("oracle", instances, tokenizer, reader, settings, reward)
+    generic_out = run_scripted("generic", instances, tokenizer, reader, settings, reward)
+    for out, held in ((oracle_out, True), (generic_out, False)):
+        for record, instance in zip(out.records, instances):
+            assert [q["stored"] for q in record.questions] == [held] * len(instance.questions)
+            assert [q["evidence_chunk"] for q in record.questions] == \
+                [e[0] for e in instance.metadata["evidence_chunks"]]
+            assert all(turn["prompt_tokens"] <= settings.max_prompt_tokens for turn in record.turns)
+    oracle = summarise_records(oracle_out.records)["overall"]
+    assert oracle["stored"] == 1.0 and oracle["stored_accuracy"] == oracle["accuracy"]
+    nothing = summarise_records(generic_out.records)["overall"]
+    assert nothing["stored"] == 0.0 and nothing["stored_accuracy"] is None

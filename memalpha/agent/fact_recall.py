@@ -59,6 +59,16 @@ def fact_recall(facts: Sequence[str], items: Sequence[str], min_share: float = F
     return sum(fact_present(fact, tokenised, min_share) for fact in facts) / len(facts)
 
 
+def questions_stored(metadata: Mapping[str, Any], memory: Memory) -> list[bool] | None:
+    """Per question, whether ``memory`` holds the one fact that answers it (``metadata["question_facts"]``,
+    present by the same rule as fact recall); None when the instance does not name those facts."""
+    facts = metadata.get("question_facts")
+    if not isinstance(facts, list) or not all(isinstance(f, str) for f in facts):
+        return None
+    tokenised = [content_tokens(item) for item in memory_items(memory)]
+    return [fact_present(fact, tokenised) for fact in facts]
+
+
 def memory_fact_recall(metadata: Mapping[str, Any], memory: Memory) -> float | None:
     """Fact recall of ``memory`` for an instance with ``metadata``; None when it knows no facts."""
     facts = instance_facts(metadata)

@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from memalpha.agent.content_judges import ContentJudge
-from memalpha.agent.fact_recall import memory_fact_recall
+from memalpha.agent.fact_recall import memory_fact_recall, questions_stored
 from memalpha.agent.progress import Phase, PhaseHook, report
 from memalpha.agent.prompts import PROMPT_PROFILES, PromptProfile, memorise_messages, stated_response_limit
 from memalpha.agent.reward_math import TurnCalls, hindsight_accuracy, per_chunk_totals, rollout_rewards
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.scoring import MEMALPHA_ANSWERS, AnswerStyle, score_answers
-from memalpha.data.schema import Instance, question_evidence
+from memalpha.data.schema import DataValidationError, Instance, question_evidence
 from memalpha.lm.core.chat import chat_prompt_ids
 from memalpha.lm.core.modes import eval_mode
 from memalpha.lm.sampling.backend import Backend, check_backend, check_machine
@@ -440,6 +440,7 @@ def memorise_chunks(
                 rollout.turns.append(
                     {
                         "chunk_index": chunk_index,
+                        "prompt_tokens": len(generation.prompt_ids[j]),
                         "response": text,
                         "truncated": generation.truncated[j],
                         "results": [
@@ -471,7 +472,10 @@ def answer_questions(
     are compared with their golds. ``turn_accuracy`` fills in :attr:`RolloutAnswers.turn_accuracy`:
     ``asked`` (per-chunk credit) asks, in the same batch, the questions answerable after every turn
     but the last from the memory then (:attr:`Rollout.snapshots`); ``final`` (hindsight) reuses the
-    final answers.
+    final answers. A final answer's record says where its evidence ends (``evidence_chunk``, when the
+    instance knows it) and whether the final memory holds its answer (``stored``, when the instance
+    names each question's fact: :func:`~memalpha.agent.fact_recall.questions_stored`), so a wrong
+    answer from a memory that holds it is told apart from a memory that lost it.
     """
     asked = turn_accuracy == "asked"
     items, owners, sources = [], [], []  # owners: (rollout, turn or None for the final memory, qa)
@@ -510,6 +514,8 @@ def answer_questions(
             item_errors[n] = item_errors[n] or judge_error
     results = [RolloutAnswers(scores=[], questions=[], failures=0) for _ in rollouts]
     turn_sums = [[0.0] * len(r.snapshots) for r in rollouts]
+    where = [known_evidence(r.instance) for r in rollouts]
+    stored = [questions_stored(r.instance.metadata, r.memory) for r in rollouts]
     for (i, k, qa), source, answer, score, error in zip(owners, sources, answers, item_scores, item_errors):
         result = results[i]
         result.failures += error is not None
@@ -522,6 +528,11 @@ def answer_questions(
             "error": error,
         }
         if k is None:
+            q = len(result.questions)
+            if where[i] is not None:
+                record["evidence_chunk"] = where[i][q]
+            if stored[i] is not None:
+                record["stored"] = stored[i][q]
             result.scores.append(score)
             result.questions.append(record)
         else:
@@ -534,6 +545,17 @@ def answer_questions(
         elif turn_accuracy == "final":
             result.turn_accuracy = hindsight_accuracy(result.scores, last, len(rollout.calls))
     return results
+
+
+def known_evidence(instance: Instance) -> list[int] | None:
+    """The chunk after which each question of ``instance`` is answerable, when its metadata says
+    (:func:`~memalpha.data.schema.question_evidence`); None when it does not."""
+    if "evidence_chunks" not in instance.metadata:
+        return None
+    try:
+        return question_evidence(instance)
+    except DataValidationError:  # evidence in a form credit cannot use: the record just says nothing
+        return None
 
 
 def assign_rewards(

@@ -117,6 +117,7 @@ class GRPOModule(PolicyModule):
         self.scoring: ScoringSpec | None = None  # how log-probs are computed, set with the policy
         self.experience: list[GRPOBatch] = []  # this rank's unserved mini-batches of the current round
         self._val_records: list[RolloutRecord] = []
+        self._val_seconds = {"policy_s": 0.0, "reader_s": 0.0}  # the policy's turns and the reader's answers
         self._step_start = time.perf_counter()
         self.engine_sync: EngineSync | None = None  # rollout.backend: vllm (started at the first rollout)
         self.reader_gate = ReaderGate(self.reader_settings)  # refuses rounds of failed reader answers
@@ -360,6 +361,7 @@ class GRPOModule(PolicyModule):
     # ------------------------------------------------------------- validation
     def on_validation_epoch_start(self) -> None:
         self._val_records = []
+        self._val_seconds = {"policy_s": 0.0, "reader_s": 0.0}
 
     def validation_step(self, batch: list[Instance], batch_idx: int) -> None:
         seed = stable_seed(self.hparams.seed, "validation", batch_idx)
@@ -371,14 +373,18 @@ class GRPOModule(PolicyModule):
                 sampler=None if sync is None else sync.generator(self.policy, self.tokenizer),
             )
         self._val_records.extend(out.records)
+        self._val_seconds["policy_s"] += out.rollout_s
+        self._val_seconds["reader_s"] += out.reader_s
 
     def on_validation_epoch_end(self) -> None:
-        records = self._val_records
+        records, seconds = self._val_records, [self._val_seconds]
         if self.trainer.world_size > 1:
-            gathered: list[list[RolloutRecord]] = [None] * self.trainer.world_size  # type: ignore[list-item]
-            torch.distributed.all_gather_object(gathered, records)
-            records = [r for part in gathered for r in part]
-        summary = {**summarise_records(records), "backends": self.backends}
+            gathered: list[Any] = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(gathered, (records, self._val_seconds))
+            records = [r for part, _ in gathered for r in part]
+            seconds = [s for _, s in gathered]
+        timing = {name: sum(s[name] for s in seconds) for name in ("policy_s", "reader_s")}
+        summary = {**summarise_records(records), "backends": self.backends, "seconds": timing}
         overall = summary["overall"]
         where = f"validation at global step {self.global_step}"
         refusal = validation_refusal(ReaderFailures.of(records), self.reader_settings.max_failed_share, where)

@@ -10,6 +10,10 @@ weighs the same), which is how the official Mem-alpha evaluation averages within
 instance knows its gold facts (the synthetic tasks), of the share of those facts in the final
 memory (:mod:`memalpha.agent.fact_recall`); ``null`` in the JSON and ``-`` in the table when no
 rollout of the row knows its facts, and ``fact_recall_rollouts`` says over how many it is taken.
+Where the instances name the fact that answers each question (the synthetic personal and timeline
+tasks), ``stored`` is the share of questions whose answer the final memory holds and
+``stored_accuracy`` the accuracy on those questions alone: a low ``stored_accuracy`` at a high
+``stored`` says the reader, not the memory, loses the answers (``null`` when no question says).
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ def _summarise(records: Sequence[Any]) -> dict[str, float]:
     results = [res for r in records for turn in r.turns for res in turn["results"]]
     ok = sum(res["status"] in SUCCESS_STATUSES for res in results)
     recalls = [r.fact_recall for r in records if getattr(r, "fact_recall", None) is not None]
+    flagged = [(q["stored"], q["score"]) for r in records for q in r.questions if "stored" in q]
+    stored = [score for held, score in flagged if held]
     return {
         "instances": len({r.instance_id for r in records}),
         "questions": len(scores),
@@ -53,6 +59,8 @@ def _summarise(records: Sequence[Any]) -> dict[str, float]:
         "accuracy_by_instance": instance_mean_accuracy(records),
         "fact_recall": sum(recalls) / len(recalls) if recalls else None,
         "fact_recall_rollouts": len(recalls),
+        "stored": len(stored) / len(flagged) if flagged else None,
+        "stored_accuracy": sum(stored) / len(stored) if stored else None,
         "memory_tokens": sum(r.memory_tokens for r in records) / len(records) if records else 0.0,
         "compression": sum(r.r3 for r in records) / len(records) if records else 0.0,
         "tool_success": ok / len(results) if results else 0.0,
@@ -92,6 +100,11 @@ def format_table(summary: dict[str, Any]) -> str:
         for src, s in rows
     ]
     table = format_columns(cells)
+    overall = summary["overall"]
+    if overall.get("stored") is not None:
+        read = "-" if overall["stored_accuracy"] is None else f"{overall['stored_accuracy']:.3f}"
+        table += (f"\nthe final memory holds the answer of {overall['stored']:.3f} of the questions; "
+                  f"accuracy on those: {read}")
     failures = summary["overall"]["reader_failures"]
     if failures:
         # a reader outage must not pass for a bad memory: say how much of the accuracy it cost
