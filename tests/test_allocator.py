@@ -52,3 +52,41 @@ def test_the_command_sets_it_before_cuda_initialises_and_keeps_the_users():
     assert allocator_setting_after(ENTRY) == f"{EXPANDABLE} False"
     assert allocator_setting_after(ENTRY, PYTORCH_CUDA_ALLOC_CONF="backend:native") == "backend:native False"
     assert allocator_setting_after(ENTRY, PYTORCH_ALLOC_CONF="backend:native") == "None False"
+
+
+
+FREED_PROBE = """
+import ctypes
+from memalpha.lm.core.freed_memory import release_freed_memory
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: the blocks come from the heap, as once glibc has raised it
+libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: free trims nothing, as when the top of the heap is in use
+
+def rss():
+    with open("/proc/self/statm", encoding="ascii") as handle:
+        return int(handle.read().split()[1]) * 4096
+
+blocks = [libc.malloc(1 << 20) for _ in range(256)]  # 256 MiB of heap, touched so it is resident
+for block in blocks:
+    ctypes.memset(block, 1, 1 << 20)
+keeper = libc.malloc(64)  # a small live block above them
+for block in blocks:
+    libc.free(block)
+held = rss()
+print(release_freed_memory(), held - rss())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap")
+def test_freed_host_memory_goes_back_to_the_system():
+    """A large buffer freed below a small live one stays in glibc's heap until it is trimmed: the RSS of
+    a process that samples chunk after chunk grew so (docs/results.md, bench_length). In a process of its
+    own, whose allocator settings the probe changes."""
+    done = subprocess.run([sys.executable, "-c", FREED_PROBE], capture_output=True, text=True, check=True)
+    trimmed, returned = done.stdout.split()
+    assert trimmed == "True" and int(returned) > 200 * 2**20  # most of the 256 MiB went back

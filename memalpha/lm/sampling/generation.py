@@ -14,6 +14,7 @@ from functools import partial
 import torch
 
 from memalpha.lm.core.folded_lora import folded_adapters
+from memalpha.lm.core.freed_memory import release_freed_memory
 from memalpha.lm.core.layout import PaddedBatch, check_pairs, pad_prompt_response
 from memalpha.lm.core.modes import eval_mode
 from memalpha.lm.core.prefix_cache import (
@@ -186,6 +187,8 @@ def generate(
                 kept, cut = new_tokens(prompt_ids[start : start + step], choice.name, fused)
                 responses.extend(kept)
                 truncated.extend(cut)
+    del fused  # the folded weight copies go with the call; their pages go back to the system
+    release_freed_memory()
     return Generation(prompt_ids=[list(p) for p in prompt_ids], response_ids=responses, truncated=truncated)
 
 
