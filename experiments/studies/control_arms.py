@@ -99,16 +99,18 @@ def train_run(config_path: Path, config: dict[str, Any], log: Path, command: str
     memalpha(command, "--config", str(config_path), *resume, log=log)
 
 
-def validate(run_dir: Path, val_yaml: Path, adapter: Path, version: str, reuse: bool) -> dict[str, Any]:
-    """``memalpha validate`` of ``adapter`` (kept when its report exists under ``--reuse``; its wall and
-    CPU seconds recorded as the stage ``validate_<version>``); its per-instance scores."""
-    report = run_dir / "validate" / version / "validation.json"
+def validate(run_dir: Path, val_yaml: Path, adapter: Path, version: str, reuse: bool,
+             folder: str = "validate") -> dict[str, Any]:
+    """``memalpha validate`` of ``adapter`` into ``<run_dir>/<folder>/<version>`` (kept when its report
+    exists under ``--reuse``; its wall and CPU seconds recorded as the stage ``<folder>_<version>``); its
+    per-instance scores."""
+    report = run_dir / folder / version / "validation.json"
     if not (reuse and report.is_file()):
-        with measured(run_dir, f"validate_{version}"):
+        with measured(run_dir, f"{folder}_{version}"):
             memalpha(
                 "validate", "--config", str(val_yaml), "--model.adapter_path", str(adapter),
-                "--trainer.logger.init_args.version", version,
-                log=run_dir / "logs" / f"validate_{version}.log",
+                "--trainer.logger.init_args.name", folder, "--trainer.logger.init_args.version", version,
+                log=run_dir / "logs" / f"{folder}_{version}.log",
             )
     return instance_values(load_records(report))
 
@@ -209,8 +211,12 @@ class Experiment:
                 memalpha("sft", "--config", str(write_yaml(config, run_dir / "sft.yaml")),
                          log=self.logs / "sft.log")
         self.sft_step_s = step_seconds(run_dir / "sft" / START)
-        self.scores[START] = validate(run_dir, self.val_yaml, self.adapter, START, args.reuse)
+        self.scores[START] = self.validate_adapter(self.adapter, START)
         self.write()
+
+    def validate_adapter(self, adapter: Path, name: str) -> Any:
+        """``memalpha validate`` of the run ``name``'s adapter on the held-out set (:func:`validate`)."""
+        return validate(self.run_dir, self.val_yaml, adapter, name, self.args.reuse)
 
     def grpo_arm(self, seed: int, arm: str) -> None:
         name = tag(seed, arm)
@@ -249,8 +255,7 @@ class Experiment:
     def finish_arm(self, seed: int, arm: str, adapter: Path) -> None:
         """Validate the arm, record its compute (training and validation) and write both JSON files."""
         name = tag(seed, arm)
-        self.scores["seeds"].setdefault(str(seed), {})[arm] = validate(
-            self.run_dir, self.val_yaml, adapter, name, self.args.reuse)
+        self.scores["seeds"].setdefault(str(seed), {})[arm] = self.validate_adapter(adapter, name)
         self.runs[name]["compute"] = arm_compute(
             self.run_dir, name, "sft" if arm == "sft_continued" else "fit"
         )

@@ -183,10 +183,18 @@ class Decisive(Experiment):
         """What the study's report rebuilds from the scores (means, comparisons, the decision)."""
         return rebuild(scores, planned)
 
+    def print_result(self, result: dict[str, Any]) -> None:
+        """The rebuilt comparisons and the verdict, as the study's report prints them."""
+        print_decisive(result)
+
+    def collect_scores(self) -> dict[str, Any]:
+        """The per-instance scores of every validation ``run_dir`` holds."""
+        return collect_scores(self.run_dir, self.args.seed_list, tuple(arm for arm, _ in self.arm_commands))
+
     def write(self) -> dict[str, Any]:
         """Both JSON files from everything ``run_dir`` holds (this process's stages and another's)."""
         args = self.args
-        scores = collect_scores(self.run_dir, args.seed_list, tuple(arm for arm, _ in self.arm_commands))
+        scores = self.collect_scores()
         scores_path = args.out.parent / args.out.stem / "instance_scores.json"
         write_json({"benchmark": self.benchmark, **scores}, scores_path, machine=self.machine)
         planned = args.planned_list
@@ -297,7 +305,7 @@ def run_study(args: argparse.Namespace, name: str, experiment_class: type[Decisi
     for seed in args.seed_list:
         stages(experiment, seed)
     result = experiment.write()
-    print_decisive(result)
+    experiment.print_result(result)
     print(f"\n(written to {args.out}; {result['wall_s'] / 60:.1f} min)")
     return 0
 

@@ -14,7 +14,7 @@ validation its run folder holds.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,23 +75,27 @@ def held_out_config(base: dict[str, Any], run_dir: Path, args: argparse.Namespac
     return config
 
 
-def validated(run_dir: Path, name: str) -> Path | None:
-    """The validation report of ``name`` in ``run_dir``, None before it exists."""
-    report = run_dir / "validate" / name / "validation.json"
+def validated(run_dir: Path, name: str, folder: str = "validate") -> Path | None:
+    """The validation report of ``name`` in ``run_dir/folder``, None before it exists."""
+    report = run_dir / folder / name / "validation.json"
     return report if report.is_file() else None
 
 
-def collect_scores(run_dir: Path, seeds: list[int], arms: tuple[str, ...] = (GRPO, SFT)) -> dict[str, Any]:
-    """``{"start": ..., "seeds": {seed: {arm: ...}}}`` of every validation of ``run_dir`` so far
-    (:func:`guarded_values`), over ``seeds`` and any other seed validated there, for ``arms``."""
+def collect_scores(run_dir: Path, seeds: list[int], arms: tuple[str, ...] = (GRPO, SFT),
+                   folder: str = "validate",
+                   values: Callable[[list[dict[str, Any]]], InstanceScores] = guarded_values,
+                   ) -> dict[str, Any]:
+    """``{"start": ..., "seeds": {seed: {arm: ...}}}`` of every validation under ``run_dir/folder`` so far
+    (``values`` of its records, :func:`guarded_values` by default), over ``seeds`` and any other seed
+    validated there, for ``arms``."""
     found = {int(p.parent.name.removeprefix("seed").split("_")[0])
-             for p in (run_dir / "validate").glob("seed*_*/validation.json")
+             for p in (run_dir / folder).glob("seed*_*/validation.json")
              if p.parent.name.removeprefix("seed").split("_")[0].isdigit()}
     scores: dict[str, Any] = {START: None, "seeds": {}}
-    if (report := validated(run_dir, START)) is not None:
-        scores[START] = guarded_values(load_records(report))
+    if (report := validated(run_dir, START, folder)) is not None:
+        scores[START] = values(load_records(report))
     for seed in sorted(set(seeds) | found):
         for arm in arms:
-            if (report := validated(run_dir, tag(seed, arm))) is not None:
-                scores["seeds"].setdefault(str(seed), {})[arm] = guarded_values(load_records(report))
+            if (report := validated(run_dir, tag(seed, arm), folder)) is not None:
+                scores["seeds"].setdefault(str(seed), {})[arm] = values(load_records(report))
     return scores

@@ -95,18 +95,19 @@ def verdict_of(interval: Mapping[str, float] | None, guard_passed: bool, complet
 
 
 def decision(scores: Mapping[str, Any], planned_seeds: Sequence[int], treatment: str, control: str,
-             arms: Sequence[str], verdicts: Sequence[str] = VERDICTS) -> dict[str, Any]:
+             arms: Sequence[str], verdicts: Sequence[str] = VERDICTS,
+             metric: str = PRIMARY) -> dict[str, Any]:
     """A study's verdict with what it rests on: the primary ``treatment - control`` t interval over the
-    seeds, the seeds that hold every one of ``arms``, the planned ones, and each arm's guard (the
-    treatment's decides)."""
-    level = compare(scores, treatment, control, PRIMARY)["seed_level"]
+    seeds on ``metric``, the seeds that hold every one of ``arms``, the planned ones, and each arm's
+    guard (the treatment's decides)."""
+    level = compare(scores, treatment, control, metric)["seed_level"]
     done = [int(s) for s in seeds_with(scores, arms)]
     complete = bool(planned_seeds) and set(planned_seeds) <= set(done)
     guards = {arm: guard(scores, arm) for arm in arms}
     interval = None if level is None else level["t"]
     return {
         "verdict": verdict_of(interval, guards[treatment]["passed"], complete, verdicts),
-        "metric": PRIMARY, "comparison": f"{treatment} - {control}", "t_over_seeds": interval,
+        "metric": metric, "comparison": f"{treatment} - {control}", "t_over_seeds": interval,
         "seeds_done": done, "seeds_planned": list(planned_seeds), "guard": guards,
     }
 
@@ -144,9 +145,11 @@ def print_decisive(rebuilt: Mapping[str, Any]) -> None:
 
 
 def report_main(argv: list[str] | None, description: str, rebuild_from: Callable[..., dict[str, Any]],
-                scores_path: Path, summary_path: Path) -> int:
+                scores_path: Path, summary_path: Path,
+                printer: Callable[[Mapping[str, Any]], None] | None = None) -> int:
     """A study report's command line: rebuild (``rebuild_from(scores, planned seeds)``) from the scores
-    file, print it, and with ``--check`` exit 1 when the summary's numbers differ."""
+    file, print it (``printer``, :func:`print_decisive` by default), and with ``--check`` exit 1 when
+    the summary's numbers differ."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--scores", type=Path, default=scores_path)
     parser.add_argument("--summary", type=Path, default=summary_path)
@@ -158,7 +161,7 @@ def report_main(argv: list[str] | None, description: str, rebuild_from: Callable
     summary = read_json(args.summary) if args.summary.exists() else {}
     planned = summary.get("settings", {}).get("seeds", [])
     rebuilt = rebuild_from(scores, planned)
-    print_decisive(rebuilt)
+    (printer or print_decisive)(rebuilt)
     if summary:
         print_compute(summary.get("runs", {}))
     if args.check:
