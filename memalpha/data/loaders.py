@@ -382,8 +382,9 @@ def _record_parser(layout: str, *, tokenizer: Any, chunk_tokens: int) -> Callabl
                 resolved.append(_named_tokenizer(tokenizer))
             return count_tokens(text, resolved[0])
 
+        unit = "tokens" if tokenizer is not None else "white-space words"
         return lambda record, file, index: parse_locomo_record(
-            record, file, index, count=count, chunk_tokens=chunk_tokens
+            record, file, index, count=count, chunk_tokens=chunk_tokens, unit=unit
         )
     # memoryagentbench, the last layout (load_instances has checked the name)
 

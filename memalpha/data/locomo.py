@@ -59,12 +59,18 @@ def session_header(speakers: tuple[str, str], number: int, date: str, part: int 
 
 
 def parse_locomo_record(
-    record: Any, file: str, index: int, *, count: Callable[[str], int], chunk_tokens: int
+    record: Any,
+    file: str,
+    index: int,
+    *,
+    count: Callable[[str], int],
+    chunk_tokens: int,
+    unit: str = "tokens",
 ) -> Instance:
     """One LoCoMo conversation as an :class:`Instance` (the table of docs/data.md, *LoCoMo*).
 
-    ``count`` measures a chunk (tokens of the policy's tokenizer, or white-space words); a session
-    over ``chunk_tokens`` is split between turns. The instance's metadata says which sessions were
+    ``count`` measures a chunk in ``unit`` (tokens of the policy's tokenizer, or white-space words);
+    a session over ``chunk_tokens`` is split between turns. The instance's metadata says which sessions were
     split (``split_sessions``) and which evidence ids were left out (``dropped_evidence``), for the
     load to report.
     """
@@ -82,7 +88,7 @@ def parse_locomo_record(
     where: dict[tuple[int, int], int] = {}  # (session, turn) -> its chunk
     split: list[int] = []
     for session in sessions:
-        parts = split_session(session, speakers, count, chunk_tokens, check)
+        parts = split_session(session, speakers, count, chunk_tokens, unit, check)
         if len(parts) > 1:
             split.append(session.number)
         for part in parts:
@@ -164,6 +170,7 @@ def split_session(
     speakers: tuple[str, str],
     count: Callable[[str], int],
     chunk_tokens: int,
+    unit: str,
     check: RecordChecker,
 ) -> list[Part]:
     """The session as one chunk, or, when that is over ``chunk_tokens``, as parts filled turn by
@@ -190,7 +197,7 @@ def split_session(
             size = count(f"{header}\n{lines[start][1]}")
             check.fail(
                 f"{field}[{start}]",
-                f"this turn is {size} tokens with its session line, over data.load.chunk_tokens="
+                f"this turn is {size} {unit} with its session line, over data.load.chunk_tokens="
                 f"{chunk_tokens}; a session is split between turns, never inside one: raise chunk_tokens",
             )
         parts.append(Part(text, [key for key, _ in lines[start:end]]))
