@@ -13,7 +13,10 @@ import logging
 from pathlib import Path
 
 import pytest
+import yaml
+from test_training import scalars, version_dirs, write_config
 
+from memalpha.cli import main
 from memalpha.commands.data import main as data_main
 from memalpha.data.loaders import load_instances, save_jsonl
 from memalpha.data.locomo import NOT_MENTIONED
@@ -204,3 +207,37 @@ def test_a_conversation_without_its_id_is_named_by_its_index(tmp_path):
     missing = r"record 0 \(no instance_id\): field 'sample_id': missing field"
     with pytest.raises(DataValidationError, match=missing):
         load_instances(path, layout="locomo")
+
+
+@pytest.mark.slow
+def test_validate_on_a_locomo_file_prints_the_table_per_category(tmp_path, tiny_model_dir, capsys, caplog):
+    config = write_config(tmp_path, tiny_model_dir, max_steps=1, val_path=str(FIXTURE))
+    with caplog.at_level(logging.WARNING, logger="memalpha.data"):
+        main(["validate", "--config", str(config), "--data.load.chunk_tokens", "120"])
+    out = capsys.readouterr().out
+    said = [r.getMessage() for r in caplog.records]
+    assert any("were split between turns into parts (sessions fx-1: 2)" in message for message in said)
+    assert "LoCoMo per category" in out and "adversarial (5)" in out and "all_but_adversarial" in out
+    (report,) = (tmp_path / "run" / "tb").glob("version_*/validation.json")
+    written = json.loads(report.read_text())
+    categories = written["summary"]["per_source"]["locomo"]["per_category"]
+    assert categories["all"]["questions"] == 12 and categories["adversarial"]["questions"] == 3
+    questions = [q for r in written["records"] for q in r["questions"]]
+    assert sorted(q["metadata"]["category"] for q in questions) == [1, 1, 2, 2, 3, 3, 4, 4, 4, 5, 5, 5]
+    assert all(0.0 <= q["locomo_f1"] <= 1.0 for q in questions)
+
+
+@pytest.mark.slow
+def test_a_fit_with_per_chunk_credit_asks_a_locomo_question_after_its_evidence(tmp_path, tiny_model_dir):
+    data = str(FIXTURE)
+    config = write_config(tmp_path, tiny_model_dir, max_steps=1, train_path=data, val_path=data)
+    raw = yaml.safe_load(config.read_text())
+    raw["trainer"].update(limit_val_batches=0)
+    raw["data"].update(shuffle=False)
+    config.write_text(yaml.safe_dump(raw))
+    main(["fit", "--config", str(config), "--model.update.credit", "per_chunk"])
+    logged = scalars(version_dirs(tmp_path)[-1])
+    # 2 rollouts of each conversation; a question is asked again after every turn from its last
+    # evidence chunk on, but the last turn: fx-1 (2 chunks) asks its 4 questions of chunk 0 once more,
+    # fx-2 (2 chunks) its 1 question of chunk 0: 2 x (4 + 1)
+    assert list(logged["reader/turn_questions"].values()) == [10.0]
