@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -137,21 +137,37 @@ def _options(metadata: Mapping[str, Any]) -> Mapping[str, str]:
     return options
 
 
-def locomo_f1(prediction: str, gold: str, metadata: Mapping[str, Any]) -> float:
-    """LoCoMo's own score of one answer (its evaluation code's, category by category)."""
+def by_category(
+    prediction: str,
+    gold: str,
+    metadata: Mapping[str, Any],
+    *,
+    compare: Callable[[str, str], float],
+    multi_hop: Callable[[str, str], float],
+    read_option: Callable[[str, Mapping[str, str]], str],
+) -> float:
+    """One answer scored by LoCoMo's protocol for its question's category, with ``compare`` for a
+    whole gold (or an open-domain gold's first part), ``multi_hop`` for a multi-hop one, and
+    ``read_option`` turning an adversarial reply into the text that is checked."""
     category = question_category(metadata)
     if category == ADVERSARIAL:
-        return says_not_there(chosen_option_official(prediction, _options(metadata)))
+        return says_not_there(read_option(prediction, _options(metadata)))
     if category == 1:
-        return multi_hop_f1(prediction, gold)
-    return token_f1(prediction, open_domain_gold(gold) if category == 3 else gold)
+        return multi_hop(prediction, gold)
+    return compare(prediction, open_domain_gold(gold) if category == 3 else gold)
+
+
+def locomo_f1(prediction: str, gold: str, metadata: Mapping[str, Any]) -> float:
+    """LoCoMo's own score of one answer (its evaluation code's, category by category)."""
+    return by_category(
+        prediction, gold, metadata,
+        compare=token_f1, multi_hop=multi_hop_f1, read_option=chosen_option_official,
+    )  # fmt: skip
 
 
 def locomo_recall(prediction: str, gold: str, metadata: Mapping[str, Any]) -> float:
     """memalpha's score of one answer by LoCoMo's protocol: the gold's token recall instead of F1."""
-    category = question_category(metadata)
-    if category == ADVERSARIAL:
-        return says_not_there(chosen_option(prediction, _options(metadata)))
-    if category == 1:
-        return multi_hop_recall(prediction, gold)
-    return token_recall(prediction, open_domain_gold(gold) if category == 3 else gold)
+    return by_category(
+        prediction, gold, metadata,
+        compare=token_recall, multi_hop=multi_hop_recall, read_option=chosen_option,
+    )  # fmt: skip
