@@ -183,6 +183,9 @@ def test_each_bad_input_is_one_line_naming_the_file_record_and_field(tmp_path):
     def bad_turn_id(record):
         record["conversation"]["session_1"][0]["dia_id"] = "1:1"
 
+    def repeated_turn_id(record):
+        record["conversation"]["session_2"][0]["dia_id"] = "D1:2"
+
     assert _error(tmp_path, no_answer) == "'qa[1].answer': missing field"
     assert _error(tmp_path, no_adversarial_answer) == "'qa[4].adversarial_answer': missing field"
     assert _error(tmp_path, only_unknown_evidence) == (
@@ -194,6 +197,7 @@ def test_each_bad_input_is_one_line_naming_the_file_record_and_field(tmp_path):
     assert _error(tmp_path, bad_turn_id) == (
         "'conversation.session_1[0].dia_id': '1:1' is not a dialogue id D<session>:<turn>"
     )
+    assert _error(tmp_path, repeated_turn_id) == "'conversation': two turns have the dialogue id D1:2"
     # a turn that alone is over the budget cannot be split: it names the turn and the setting (15
     # words of the part's line and 14 of the turn)
     assert _error(tmp_path, lambda record: None, chunk_tokens=20) == (

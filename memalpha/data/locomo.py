@@ -93,6 +93,8 @@ def parse_locomo_record(
             split.append(session.number)
         for part in parts:
             for key in part.keys:
+                if key in where:
+                    check.fail("conversation", f"two turns have the dialogue id D{key[0]}:{key[1]}")
                 where[key] = len(chunks)
             chunks.append(part.text)
     if not chunks:
