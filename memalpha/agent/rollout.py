@@ -467,7 +467,8 @@ def answer_questions(
     All questions go to the reader as one batch, each after its source's instruction (the
     reader's table); answers are scored per data source in one call each, so the LLM-judged
     sources send their judgements as one batch (``judge``, default the reader). A question's
-    record keeps the bare question and, apart, the ``instruction`` the reader got before it.
+    record keeps the bare question and, apart, the ``instruction`` the reader got before it, and
+    the question's ``metadata`` when it has any (LoCoMo's category), which its metric may read.
     ``style`` (``reward.metric_style``'s :class:`~memalpha.agent.scoring.AnswerStyle`) says how answers
     are compared with their golds. ``turn_accuracy`` fills in :attr:`RolloutAnswers.turn_accuracy`:
     ``asked`` (per-chunk credit) asks, in the same batch, the questions answerable after every turn
@@ -508,6 +509,7 @@ def answer_questions(
             overrides=metric_overrides,
             ok=[answers[n].ok for n in ns],
             style=style,
+            metadata=[qa.metadata for qa in qas],
         )
         for n, value, judge_error in zip(ns, scored, judge_errors):
             item_scores[n] = value
@@ -526,6 +528,7 @@ def answer_questions(
             "prediction": answer.text,
             "score": score,
             "error": error,
+            **({"metadata": qa.metadata} if qa.metadata else {}),
         }
         if k is None:
             q = len(result.questions)

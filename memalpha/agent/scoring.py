@@ -1,14 +1,16 @@
 """Per-source scoring of reader answers: one registry, chosen by an instance's ``data_source``.
 
-Five metrics (``substring``, ``multi_part``, ``boxed``, ``keyword``: pure functions
-``(prediction, gold) -> float in [0, 1]``; ``llm_judge``: a :class:`~memalpha.reader.base.Reader`
-answers a yes/no question) in two styles (``reward.metric_style``): ``memalpha`` normalises on
-purpose (:func:`normalize_answer`, the best of all golds), so that a right answer written
-differently still scores; ``official`` (:data:`OFFICIAL_METRICS`) compares as the official code
-does. A style changes how an answer is compared with its gold, never which metric a source gets.
-A prediction's leading ``<think>...</think>`` block is removed before scoring (:func:`strip_thinking`).
-docs/metrics_and_rewards.md ("Answer metrics and the source registry") tables the metrics, the
-sources and both styles with examples.
+Six metrics (``substring``, ``multi_part``, ``boxed``, ``keyword``: pure functions
+``(prediction, gold) -> float in [0, 1]``; ``locomo``: a pure function that also reads the
+question's metadata, LoCoMo's category, :mod:`memalpha.agent.locomo_scoring`; ``llm_judge``: a
+:class:`~memalpha.reader.base.Reader` answers a yes/no question) in two styles
+(``reward.metric_style``): ``memalpha`` normalises on purpose (:func:`normalize_answer`, the best
+of all golds), so that a right answer written differently still scores; ``official``
+(:data:`OFFICIAL_METRICS`) compares as the official code does (for ``locomo``: LoCoMo's own
+evaluation). A style changes how an answer is compared with its gold, never which metric a source
+gets. A prediction's leading ``<think>...</think>`` block is removed before scoring
+(:func:`strip_thinking`). docs/metrics_and_rewards.md ("Answer metrics and the source registry")
+tables the metrics, the sources and both styles with examples.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import re
 import string
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from memalpha.agent.locomo_scoring import locomo_f1, locomo_recall
 
 if TYPE_CHECKING:  # only for annotations: the reader imports nothing from here
     from memalpha.reader.base import Reader
@@ -257,7 +261,10 @@ OFFICIAL_METRICS: dict[str, Callable[[str, Gold], float]] = {
 }
 """The ``official`` style's function for each rule metric (the judge differs only in reading its reply)."""
 
-METRIC_NAMES = (*METRICS, "llm_judge")
+QuestionMetric = Callable[[str, str, Mapping[str, Any]], float]
+"""A metric that reads the question's metadata too: ``(prediction, gold, metadata) -> float``."""
+
+METRIC_NAMES = (*METRICS, "locomo", "llm_judge")
 
 MetricStyle = Literal["memalpha", "official"]
 
@@ -265,16 +272,17 @@ MetricStyle = Literal["memalpha", "official"]
 @dataclass(frozen=True)
 class AnswerStyle:
     """How answers are compared with their golds (``reward.metric_style``), picked once from the
-    setting's name (:data:`ANSWER_STYLES`): each rule metric's function, and how an LLM judge's
-    yes/no reply is read."""
+    setting's name (:data:`ANSWER_STYLES`): each rule metric's function, each metric's that reads
+    the question's metadata (``question_metrics``), and how an LLM judge's yes/no reply is read."""
 
     name: str
     metrics: Mapping[str, Callable[[str, Gold], float]]
     read_judgement: Callable[[str], float]
+    question_metrics: Mapping[str, QuestionMetric]
 
 
-MEMALPHA_ANSWERS = AnswerStyle("memalpha", METRICS, parse_yes_no)
-OFFICIAL_ANSWERS = AnswerStyle("official", OFFICIAL_METRICS, official_yes_no)
+MEMALPHA_ANSWERS = AnswerStyle("memalpha", METRICS, parse_yes_no, {"locomo": locomo_recall})
+OFFICIAL_ANSWERS = AnswerStyle("official", OFFICIAL_METRICS, official_yes_no, {"locomo": locomo_f1})
 ANSWER_STYLES: dict[str, AnswerStyle] = {style.name: style for style in (MEMALPHA_ANSWERS, OFFICIAL_ANSWERS)}
 """Each ``reward.metric_style`` name's :class:`AnswerStyle`."""
 
@@ -302,6 +310,8 @@ SOURCE_METRICS: dict[str, str] = {
     "synth_timeline": "substring",
     "synth_icl": "boxed",
     "synth_summary": "keyword",
+    # LoCoMo (the locomo layout): its protocol per question category
+    "locomo": "locomo",
 }
 """Default mapping, exact names before glob patterns; config overrides take precedence."""
 
@@ -371,11 +381,13 @@ def score_answers(
     overrides: dict[str, str] | None = None,
     ok: Sequence[bool] | None = None,
     style: AnswerStyle = MEMALPHA_ANSWERS,
+    metadata: Sequence[Mapping[str, Any]] | None = None,
 ) -> tuple[list[float], list[str | None]]:
     """Score many answers of one source in the answer ``style``; LLM-judge calls go to the judge
     as one batch.
 
-    ``ok[i] == False`` (a failed reader call) scores 0 without being judged.
+    ``ok[i] == False`` (a failed reader call) scores 0 without being judged. ``metadata`` holds each
+    question's metadata, which the ``locomo`` metric reads (its category).
 
     Returns:
         The scores, and for each answer the error of its failed judge call (None when none failed),
@@ -386,9 +398,11 @@ def score_answers(
         raise ValueError(f"score_answers: {n} predictions but {len(golds)} golds")
     questions = list(questions) if questions is not None else [""] * n
     ok = list(ok) if ok is not None else [True] * n
-    if len(questions) != n or len(ok) != n:
+    metadata = list(metadata) if metadata is not None else [{}] * n
+    if len(questions) != n or len(ok) != n or len(metadata) != n:
         raise ValueError(
-            f"score_answers: {n} predictions but {len(questions)} questions / {len(ok)} ok flags"
+            f"score_answers: {n} predictions but {len(questions)} questions / {len(ok)} ok flags / "
+            f"{len(metadata)} metadata"
         )
     name = metric_for_source(data_source, overrides)
     scores = [0.0] * n
@@ -402,6 +416,12 @@ def score_answers(
             )
             for i, s, error in zip(live, judged, errors):
                 scores[i], judge_errors[i] = s, error
+        return scores, judge_errors
+    if name in style.question_metrics:
+        question_metric = style.question_metrics[name]
+        for i in live:
+            prediction = strip_thinking(predictions[i])
+            scores[i] = max(question_metric(prediction, g, metadata[i]) for g in _golds(golds[i]))
         return scores, judge_errors
     metric = style.metrics[name]
     for i in live:

@@ -12,7 +12,9 @@ Sources (``source`` argument of :func:`load_instances`):
 Layouts (``layout``; ``auto`` looks at the first record's fields; docs/data.md gives each one's
 fields): ``jsonl``, memalpha's own schema (:mod:`memalpha.data.schema`) in JSONL, JSON or parquet;
 ``memalpha``, the official Mem-α parquet; ``memoryagentbench``, one long ``context`` per record, cut
-into chunks of ``chunk_tokens`` tokens of ``tokenizer``; ``longmemeval`` (:mod:`memalpha.data.longmemeval`).
+into chunks of ``chunk_tokens`` tokens of ``tokenizer``; ``longmemeval`` (:mod:`memalpha.data.longmemeval`);
+``locomo`` (:mod:`memalpha.data.locomo`), whose sessions longer than ``chunk_tokens`` are split
+between turns.
 
 A file with a bad record is refused as a whole; with ``skip_bad=True`` the bad records are
 skipped instead, each reported (logger ``memalpha.data``) with its reason and counted in
@@ -30,14 +32,15 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from memalpha.atomic_file import write_atomically
-from memalpha.data.chunking import DEFAULT_CHUNK_TOKENS, chunk_by_tokens
+from memalpha.data.chunking import DEFAULT_CHUNK_TOKENS, chunk_by_tokens, count_tokens
+from memalpha.data.locomo import load_notes, parse_locomo_record
 from memalpha.data.longmemeval import parse_longmemeval_record
 from memalpha.data.schema import QA, DataValidationError, Instance, RecordChecker, parse_record
 from memalpha.data.wrapping import WRAP_STYLES, wrap_chunks
 
 logger = logging.getLogger("memalpha.data")
 
-Layout = Literal["auto", "jsonl", "memalpha", "memoryagentbench", "longmemeval"]
+Layout = Literal["auto", "jsonl", "memalpha", "memoryagentbench", "longmemeval", "locomo"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -54,13 +57,16 @@ class RawRecord:
 
 @dataclass
 class LoadReport:
-    """What a load did: the layout used, how many records were read, kept and skipped (with reasons)."""
+    """What a load did: the layout used, how many records were read, kept and skipped (with reasons),
+    and ``notes``: what the load changed in the data that the user must know (LoCoMo sessions split,
+    evidence ids left out), each also logged as a warning."""
 
     source: str
     layout: str
     records: int = 0
     loaded: int = 0
     skipped: list[tuple[int, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def num_skipped(self) -> int:
@@ -86,12 +92,12 @@ def load_instances(
 
     Args:
         source: file, folder or hub dataset name.
-        layout: ``auto``, ``jsonl``, ``memalpha``, ``memoryagentbench`` or ``longmemeval``.
+        layout: ``auto``, ``jsonl``, ``memalpha``, ``memoryagentbench``, ``longmemeval`` or ``locomo``.
         tokenizer: tokenizer (object, or a model name / path for
-            :func:`memalpha.lm.core.embedded.load_tokenizer`) used to chunk MemoryAgentBench contexts;
-            required for that layout only.
+            :func:`memalpha.lm.core.embedded.load_tokenizer`) used to chunk MemoryAgentBench contexts
+            (required for that layout) and to measure LoCoMo sessions (white-space words without it).
         chunk_tokens: chunk size in tokens for MemoryAgentBench contexts (official: 2048; 1024 for the
-            test-time-learning sets).
+            test-time-learning sets); the longest LoCoMo session chunk.
         wrap: ``None``, ``"dialogue"`` or ``"reading"``: wrap every chunk as a dated dialogue turn or a
             dated reading event (chunk ``i`` dated 2024-01-01 + ``i`` days).
         skip_bad: skip (and report) bad records instead of refusing the whole source.
@@ -148,6 +154,11 @@ def load_instances(
             instance.metadata = {**instance.metadata, "wrap": wrap}
         instances.append(instance)
     report.loaded = len(instances)
+    if layout == "locomo":
+        unit = "tokens" if tokenizer is not None else "white-space words"
+        report.notes = load_notes(instances, label, unit)
+    for note in report.notes:
+        logger.warning("%s", note)
     if report.skipped:
         logger.warning(
             "%s: skipped %d of %d records (bad records), loaded %d",
@@ -346,6 +357,8 @@ def detect_layout(records: list[RawRecord], label: str) -> str:
                 return "memalpha"
             if "haystack_sessions" in keys:
                 return "longmemeval"
+            if "conversation" in keys and "qa" in keys:
+                return "locomo"
             if "context" in keys and ("answers" in keys or "questions" in keys) and "chunks" not in keys:
                 return "memoryagentbench"
             return "jsonl"
@@ -359,10 +372,21 @@ def _record_parser(layout: str, *, tokenizer: Any, chunk_tokens: int) -> Callabl
         return parse_memalpha_record
     if layout == "longmemeval":
         return parse_longmemeval_record
-    # memoryagentbench, the last layout (load_instances has checked the name)
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     resolved: list[Any] = []
+    if layout == "locomo":
+
+        def count(text: str) -> int:
+            if not resolved:
+                resolved.append(_named_tokenizer(tokenizer))
+            return count_tokens(text, resolved[0])
+
+        unit = "tokens" if tokenizer is not None else "white-space words"
+        return lambda record, file, index: parse_locomo_record(
+            record, file, index, count=count, chunk_tokens=chunk_tokens, unit=unit
+        )
+    # memoryagentbench, the last layout (load_instances has checked the name)
 
     def parse(record: Any, file: str, index: int) -> Instance:
         if not resolved:
@@ -380,6 +404,11 @@ def _resolve_tokenizer(tokenizer: Any, label: str) -> Any:
             label,
             "the memoryagentbench layout is chunked by tokens: pass tokenizer= (a tokenizer or a model name)",
         )
+    return _named_tokenizer(tokenizer)
+
+
+def _named_tokenizer(tokenizer: Any) -> Any:
+    """``tokenizer``, loaded when it is given by name or path."""
     if isinstance(tokenizer, (str, Path)):
         from memalpha.lm.core.embedded import load_tokenizer
 

@@ -3,7 +3,8 @@
 An instance is what one rollout reads and is scored on (docs/data.md)::
 
     {"instance_id": str, "data_source": str, "chunks": [str, ...],
-     "questions": [{"question": str, "answer": str | [str, ...]}, ...], "metadata": {...}}
+     "questions": [{"question": str, "answer": str | [str, ...], "metadata": {...}}, ...],
+     "metadata": {...}}
 
 A list answer holds several acceptable answers (MemoryAgentBench does this). Every
 check raises :class:`DataValidationError`, whose message names the file, the record
@@ -59,16 +60,23 @@ class DataValidationError(ValueError):
 
 @dataclass
 class QA:
-    """One question and its gold answer (a list means several acceptable answers)."""
+    """One question and its gold answer (a list means several acceptable answers), with what the
+    data says about this question alone in ``metadata`` (LoCoMo's category, say), which the
+    question's scoring and the validation report read; never shown to the agent or the reader."""
 
     question: str
     answer: Answer
+    metadata: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The JSON-ready question; ``metadata`` only when it holds something."""
+        out: dict[str, Any] = {
             "question": self.question,
             "answer": self.answer if isinstance(self.answer, str) else list(self.answer),
         }
+        if self.metadata:
+            out["metadata"] = dict(self.metadata)
+        return out
 
 
 @dataclass
@@ -181,7 +189,8 @@ class RecordChecker:
         self.fail(field, f"expected a string or a list of strings, got {_type_name(value)}")
 
     def questions(self, value: Any, field: str = "questions", *, coerce_numbers: bool = False) -> list[QA]:
-        """A list of ``{question, answer}`` objects (``answers`` is accepted for ``answer``)."""
+        """A list of ``{question, answer}`` objects (``answers`` is accepted for ``answer``), each with
+        an optional ``metadata`` object."""
         items = self.sequence(value, field)
         if not items:
             self.fail(field, "empty question list (an instance needs at least one question)")
@@ -193,7 +202,10 @@ class RecordChecker:
             key = "answer" if "answer" in item or "answers" not in item else "answers"
             if item.get(key) is None:
                 self.fail(f"{where}.answer", "question without answer")
-            out.append(QA(question, self.answer(item[key], f"{where}.{key}", coerce_numbers=coerce_numbers)))
+            answer = self.answer(item[key], f"{where}.{key}", coerce_numbers=coerce_numbers)
+            metadata = item.get("metadata")
+            metadata = {} if metadata is None else self.mapping(metadata, f"{where}.metadata")
+            out.append(QA(question, answer, dict(metadata)))
         return out
 
 

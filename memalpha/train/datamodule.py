@@ -31,8 +31,10 @@ class LoadSettings:
     """How the data files are read (``data.load.*``).
 
     Args:
-        layout: ``auto``, ``jsonl``, ``memalpha``, ``memoryagentbench`` or ``longmemeval`` (docs/data.md).
-        chunk_tokens: Chunk size in policy tokens for layouts that hold one long context (MemoryAgentBench).
+        layout: ``auto``, ``jsonl``, ``memalpha``, ``memoryagentbench``, ``longmemeval`` or ``locomo``
+            (docs/data.md).
+        chunk_tokens: Chunk size in policy tokens for layouts that hold one long context (MemoryAgentBench);
+            for LoCoMo the longest session chunk: a longer session is split between turns.
         wrap: Wrap chunks as dated ``dialogue`` turns or dated ``reading`` events (``None`` keeps them as is).
         skip_bad: Skip (and report) malformed records instead of refusing the whole file.
         train_limit: Use at most this many training instances.
@@ -185,7 +187,7 @@ class RolloutDataModule(LightningDataModule):
         instances, _ = load_instances(
             path,
             layout=load.layout,
-            tokenizer=self._tokenizer() if load.layout in ("auto", "memoryagentbench") else None,
+            tokenizer=self._tokenizer() if load.layout in ("auto", "memoryagentbench", "locomo") else None,
             chunk_tokens=load.chunk_tokens,
             wrap=load.wrap,
             skip_bad=load.skip_bad,

@@ -14,6 +14,13 @@ Where the instances name the fact that answers each question (the synthetic pers
 tasks), ``stored`` is the share of questions whose answer the final memory holds and
 ``stored_accuracy`` the accuracy on those questions alone: a low ``stored_accuracy`` at a high
 ``stored`` says the reader, not the memory, loses the answers (``null`` when no question says).
+
+LoCoMo (``data_source`` ``locomo``) is scored per question category: its row's ``per_category``
+gives, per category (and over all, and over all but the adversarial one), the questions, their
+``accuracy`` (the metric in force) and ``locomo_f1`` (LoCoMo's own score, computed whatever the
+metric or style in force: :func:`~memalpha.agent.locomo_scoring.locomo_f1`); the table prints it
+below the sources, and each LoCoMo question of the JSON carries its ``locomo_f1`` beside its
+``metadata`` (the category).
 """
 
 from __future__ import annotations
@@ -25,7 +32,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from memalpha.agent.scoring import OFFICIAL_ANSWERS, score_answers
 from memalpha.atomic_file import write_atomically
+from memalpha.data.locomo import ADVERSARIAL, CATEGORY_NAMES
+from memalpha.data.locomo import DATA_SOURCE as LOCOMO
 from memalpha.tools.executor import SUCCESS_STATUSES
 
 COLUMNS = (
@@ -76,10 +86,87 @@ def summarise_records(records: Sequence[Any]) -> dict[str, Any]:
     by_source: dict[str, list[Any]] = defaultdict(list)
     for record in records:
         by_source[record.data_source].append(record)
-    return {
-        "overall": _summarise(records),
-        "per_source": {source: _summarise(rs) for source, rs in sorted(by_source.items())},
-    }
+    per_source = {source: _summarise(rs) for source, rs in sorted(by_source.items())}
+    categories = locomo_categories(by_source.get(LOCOMO, []))
+    if categories:
+        per_source[LOCOMO]["per_category"] = categories
+    return {"overall": _summarise(records), "per_source": per_source}
+
+
+LOCOMO_ORDER = (4, 1, 2, 3, 5)
+"""LoCoMo's categories in the order of its paper's tables: single-hop, multi-hop, temporal,
+open-domain, adversarial."""
+
+
+def locomo_f1_scores(record: Any) -> list[float | None]:
+    """LoCoMo's own score (:func:`~memalpha.agent.locomo_scoring.locomo_f1`) of each question of a
+    LoCoMo record; None for a question without a LoCoMo category (data not read by the locomo layout)."""
+    known = [
+        i for i, q in enumerate(record.questions) if q.get("metadata", {}).get("category") in CATEGORY_NAMES
+    ]
+    out: list[float | None] = [None] * len(record.questions)
+    if known:
+        questions = [record.questions[i] for i in known]
+        scores, _ = score_answers(
+            LOCOMO,
+            [q["prediction"] for q in questions],
+            [q["gold"] for q in questions],
+            metadata=[q["metadata"] for q in questions],
+            style=OFFICIAL_ANSWERS,
+        )
+        for i, score in zip(known, scores):
+            out[i] = score
+    return out
+
+
+def locomo_categories(records: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    """Per LoCoMo category name (paper order), then ``all`` and ``all_but_adversarial``: the
+    ``category`` number(s), ``questions``, ``accuracy`` (the mean score in force) and ``locomo_f1``
+    (LoCoMo's own); empty when no question has a LoCoMo category. A category without questions is
+    left out."""
+    rows: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for record in records:
+        for question, f1 in zip(record.questions, locomo_f1_scores(record)):
+            if f1 is not None:
+                rows[question["metadata"]["category"]].append((question["score"], f1))
+
+    def row(categories: list[int]) -> dict[str, Any]:
+        pairs = [pair for c in categories for pair in rows[c]]
+        return {
+            "category": categories[0] if len(categories) == 1 else categories,
+            "questions": len(pairs),
+            "accuracy": sum(a for a, _ in pairs) / len(pairs),
+            "locomo_f1": sum(f for _, f in pairs) / len(pairs),
+        }
+
+    present = [c for c in LOCOMO_ORDER if rows[c]]
+    if not present:
+        return {}
+    table = {CATEGORY_NAMES[c]: row([c]) for c in present}
+    table["all"] = row(present)
+    if ADVERSARIAL in present and len(present) > 1:
+        table["all_but_adversarial"] = row([c for c in present if c != ADVERSARIAL])
+    return table
+
+
+def format_locomo_table(summary: dict[str, Any]) -> str:
+    """The LoCoMo rows of ``summary`` as a table per category ("" when it has none)."""
+    categories = summary["per_source"].get(LOCOMO, {}).get("per_category")
+    if not categories:
+        return ""
+    cells = [("locomo category", "questions", "accuracy", "locomo_f1")] + [
+        (
+            f"{name} ({row['category']})" if isinstance(row["category"], int) else name,
+            str(row["questions"]),
+            f"{row['accuracy']:.3f}",
+            f"{row['locomo_f1']:.3f}",
+        )
+        for name, row in categories.items()
+    ]
+    return (
+        "\nLoCoMo per category (accuracy: the metric in force; locomo_f1: LoCoMo's own score)\n"
+        + format_columns(cells)
+    )
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -128,13 +215,25 @@ def format_columns(cells: Sequence[Sequence[str]]) -> str:
 
 def write_validation_report(summary: dict[str, Any], records: Sequence[Any], path: str | Path) -> str:
     """Write the summary plus every question's prediction and score to ``path`` (atomically); return the
-    table. A summary with ``invalid`` (too many failed reader answers) keeps it in the JSON and ends
-    the table with it; ``backends`` (the decoding backend of the policy and the local reader) is
+    table, with LoCoMo's per category below it (:func:`format_locomo_table`). A summary with
+    ``invalid`` (too many failed reader answers) keeps it in the JSON and ends the table with it;
+    ``backends`` (the decoding backend of the policy and the local reader) is
     said under the table too."""
-    write_json_atomically(path, {"summary": summary, "records": [asdict(r) for r in records]})
+    write_json_atomically(path, {"summary": summary, "records": [report_record(r) for r in records]})
     invalid = f"\nINVALID: {summary['invalid']}" if summary.get("invalid") else ""
     backends = f"\nsampled by {describe_backends(summary['backends'])}" if summary.get("backends") else ""
-    return format_table(summary) + invalid + backends + f"\n(written to {path})"
+    table = format_table(summary) + format_locomo_table(summary)
+    return table + invalid + backends + f"\n(written to {path})"
+
+
+def report_record(record: Any) -> dict[str, Any]:
+    """A rollout record as the JSON report writes it: each LoCoMo question with its ``locomo_f1``."""
+    out = asdict(record)
+    if record.data_source == LOCOMO:
+        for question, f1 in zip(out["questions"], locomo_f1_scores(record)):
+            if f1 is not None:
+                question["locomo_f1"] = f1
+    return out
 
 
 def describe_backends(backends: dict[str, str]) -> str:
