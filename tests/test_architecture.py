@@ -23,7 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "atomic_file": set(),  # every file of a run written atomically
     "seeding": set(),
     "templates": set(),
-    "memory": {"templates"},
+    "memory": {"templates", "atomic_file"},
     "tools": {"memory", "templates"},
     "lm": {"seeding"},
     "data": {"lm", "atomic_file"},
