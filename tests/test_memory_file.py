@@ -4,6 +4,7 @@ memalpha cannot read refused in one line with nothing overwritten (memalpha/memo
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -64,7 +65,8 @@ def good_dict() -> dict:
     [
         (lambda d: "{not json", "is not a memalpha memory file (not valid JSON: "),
         (lambda d: [d], "is not a memalpha memory file (expected a JSON object, got list)"),
-        (lambda d: {**d, "format": "other/1"}, 'is not a memalpha memory file (no "format": "memalpha.memory/1")'),
+        (lambda d: {**d, "format": "other/1"},
+         'is not a memalpha memory file (no "format": "memalpha.memory/1")'),
         (lambda d: {**d, "format": "memalpha.memory/2"},
          "was written by a newer memalpha (memory format version 2; this memalpha reads up to version 1)"),
         (lambda d: {**d, "extra": 1}, "field 'extra': unknown in memory format version 1"),
@@ -85,14 +87,14 @@ def good_dict() -> dict:
 )
 def test_a_file_this_memalpha_cannot_read_is_one_line_and_nothing_is_overwritten(tmp_path, change, message):
     path = write(tmp_path, change(good_dict()))
-    before = open(path, "rb").read()
+    before = Path(path).read_bytes()
     with pytest.raises(MemoryFileError) as error:
         load_memory(path)
     text = str(error.value)
     assert text.startswith(path + ": ") and message in text and "\n" not in text
     with pytest.raises(MemoryFileError, match="it exists and "):
         save_memory(filled_memory(), path)
-    assert open(path, "rb").read() == before
+    assert Path(path).read_bytes() == before
 
 
 def test_a_missing_file_is_named(tmp_path):
