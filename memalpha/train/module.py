@@ -147,6 +147,8 @@ class GRPOModule(PolicyModule):
                         question_evidence(instance, file=source, index=index)
 
     def configure_model(self) -> None:
+        if self._predicts_nothing():
+            return
         if self.load_policy():
             if self.update_settings.kl_reference == "start" and self.hparams.adapter_path:
                 load_reference_adapter(self.policy, self.hparams.adapter_path)
@@ -167,6 +169,14 @@ class GRPOModule(PolicyModule):
             )
             if self.global_rank == 0:  # the run's record of what sampled (a failed capture stops it)
                 self._log_text("run/backends", describe_backends(self.backends))
+
+    def _predicts_nothing(self) -> bool:
+        """Whether this is ``memalpha predict`` in one process with every instance recorded already
+        (a finished run started again): then no model needs to load."""
+        trainer = self._trainer
+        if trainer is None or trainer.state.fn != TrainerFn.PREDICTING or trainer.world_size != 1:
+            return False
+        return not getattr(trainer.datamodule, "predict_pending", True)
 
     # ---------------------------------------------------- checkpoint content
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
