@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -138,18 +138,20 @@ def merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
 
 def agent_settings(*layers: Mapping[str, Any], fallback_model: str | None = None) -> AgentSettings:
     """The typed settings of ``layers`` merged in order (later wins); a bad value is one line
-    naming the key (``rollout.group_size must be >= 1``, ``rollout: unknown key 'grup_size'``)."""
+    naming the key (``rollout.group_size must be >= 1``, ``rollout: unknown setting 'grup_size'``)."""
     merged: dict[str, Any] = {}
     for layer in layers:
         merge(merged, layer)
     groups = {}
     for name, kind in GROUPS.items():
         values = merged.get(name, {})
+        known = [f.name for f in fields(kind)]
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise AgentLoadError(f"{name}: unknown setting {unknown[0]!r} (its settings: {', '.join(known)})")
         try:
             groups[name] = kind(**values)
-        except TypeError as exc:
-            raise AgentLoadError(f"{name}: {exc}".replace("__init__() got an ", "")) from None
-        except ValueError as exc:
+        except (TypeError, ValueError) as exc:
             raise AgentLoadError(str(exc)) from None
     model = merged.get("model") or fallback_model or EMBEDDED_MODEL_NAME
     return AgentSettings(model=model, **groups)
