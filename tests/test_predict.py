@@ -215,3 +215,34 @@ def test_the_embedded_model_reads_a_text_file_and_its_saved_memory_holds_what_it
     saved = save_memory(memory, tmp_path / "ada.memory.json")
     assert load_memory(saved).to_dict() == record["memory"]
     assert record["memory_tokens"] > 0
+
+
+def test_the_bar_moves_with_each_chunk_of_a_batch():
+    from types import SimpleNamespace
+
+    from memalpha.agent.progress import Phase
+    from memalpha.data.schema import Instance
+    from memalpha.train.progress_bar import StepProgressBar
+
+    class Bar:
+        disable, n = False, 0
+
+        def set_description_str(self, text, refresh=True):
+            self.text = text
+
+        def set_postfix(self, values, refresh=True):
+            self.postfix = values
+
+    callback, bar = StepProgressBar(), Bar()
+    callback._trainer = SimpleNamespace(
+        predicting=True, validating=False, sanity_checking=False, training=False
+    )
+    callback._predict_progress_bar = bar
+    batch = [Instance("a", "text", ["x"] * 3, []), Instance("b", "text", ["y"], [])]
+    callback.on_predict_batch_start(None, None, batch, 0)
+    callback.show_phase(Phase("sampling", 2, 3))
+    assert bar.n == 2 and "sampling chunk 2/3" in bar.text  # chunk 1 of both done
+    callback.show_phase(Phase("sampling", 3, 3))
+    assert bar.n == 3
+    callback.on_predict_batch_end(None, None, None, batch, 0)
+    assert bar.n == 4 and bar.postfix == {"instances": 2}
