@@ -85,10 +85,7 @@ def scan_records(path: Path, agent: str, known: Mapping[str, int]) -> Scan:
         for number, line in enumerate(handle, start=1):
             if not line.endswith(b"\n"):
                 if not (line.startswith(RECORD_START) or RECORD_START.startswith(line)):
-                    raise PredictionFileError(
-                        str(path), f"line {number} is not a memalpha prediction record ({RECORD_FORMAT});"
-                        " nothing was changed: move the file or give data.predict.output another path",
-                    )  # fmt: skip
+                    raise not_a_record(path, number)
                 scan.torn_bytes = len(line)
                 break
             instance_id = _check_line(line, path, number, agent, known)
@@ -98,6 +95,14 @@ def scan_records(path: Path, agent: str, known: Mapping[str, int]) -> Scan:
     return scan
 
 
+def not_a_record(path: Path, number: int) -> PredictionFileError:
+    """The error of a line that is not one of this file format's records."""
+    return PredictionFileError(
+        str(path), f"line {number} is not a memalpha prediction record ({RECORD_FORMAT}); nothing was"
+        " changed: move the file or give data.predict.output another path",
+    )  # fmt: skip
+
+
 def _check_line(line: bytes, path: Path, number: int, agent: str, known: Mapping[str, int]) -> str:
     where = f"line {number}"
     try:
@@ -105,10 +110,7 @@ def _check_line(line: bytes, path: Path, number: int, agent: str, known: Mapping
     except (UnicodeDecodeError, json.JSONDecodeError):
         record = None
     if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
-        raise PredictionFileError(
-            str(path), f"{where} is not a memalpha prediction record ({RECORD_FORMAT}); nothing was changed:"
-            " move the file or give data.predict.output another path",
-        )  # fmt: skip
+        raise not_a_record(path, number)
     if record.get("agent") != agent:
         raise PredictionFileError(
             str(path), f"{where} was written by another agent or with other settings (agent"
