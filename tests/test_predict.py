@@ -196,12 +196,14 @@ def test_the_embedded_model_reads_a_text_file_and_its_saved_memory_holds_what_it
     main(["sft", "--config", str(REPO / "configs" / "sft_tiny_cpu.yaml"), "--data.train_path", str(demos),
           "--data.val_path", "null", "--data.batch_size", "1", "--model.micro_batch_size", "1",
           "--model.lora.target_modules", r".*\.2[6-9]\..*_proj",  # the last 4 layers: a short backward
-          "--trainer.max_steps", "5", "--model.optimizer.learning_rate", "5e-3", "--trainer.logger", "false",
+          "--trainer.default_root_dir", str(tmp_path), "--trainer.max_steps", "5",
+          "--model.optimizer.learning_rate", "5e-3", "--trainer.logger", "false",
           "--trainer.callbacks", "[]", "--trainer.enable_progress_bar", "false",
           "--model.export_adapter_dir", str(adapter), "--model.optimizer.warmup_ratio", "0"])
     output = tmp_path / "ada.predictions.jsonl"
     main(["predict", "--config", str(REPO / "configs" / "tiny_cpu.yaml"), "--model.adapter_path",
           str(adapter), "--data.predict.path", str(text), "--trainer.logger", "false",
+          "--trainer.default_root_dir", str(tmp_path),
           "--trainer.callbacks", "[]", "--trainer.enable_progress_bar", "false"])
     (record,) = records(output)
     stored = [

@@ -428,7 +428,6 @@ class GRPOModule(PolicyModule):
         if refusal is not None:  # every rank: the records were gathered, so all refuse alike
             raise ReaderFailureError(refusal)
 
-
     # ------------------------------------------------------------- prediction
     def predict_step(self, batch: list[Instance], batch_idx: int) -> list[dict[str, Any]]:
         """``memalpha predict``: read a batch of instances greedily (the agent memorises each,

@@ -133,7 +133,6 @@ class Agent:
             share_prefix=self.share_prefix, sampler=sampler, on_phase=on_phase, turn_accuracy=turn_accuracy,
         )
 
-
     def read(
         self, instances: Sequence[Instance], *, seed: int, sampler: GenerateFn | None = None,
         on_phase: PhaseHook | None = None,
