@@ -120,7 +120,7 @@ class MemoryAgent:
                 wrong = (loaded.unexpected_keys or missing)[0]
                 raise AgentLoadError(
                     f"checkpoint: {source}: its adapter does not fit model {settings.model!r} with lora "
-                    f"{asdict_short(settings)} (first mismatch: {wrong})"
+                    f"{lora_shape(settings)} (first mismatch: {wrong})"
                 )
         policy.eval()
         reader = build_reader(settings, policy, tokenizer)
@@ -268,6 +268,6 @@ def served_models(url: str) -> list[str]:
         raise AgentLoadError(f"no vLLM server answers at {base}/v1/models ({exc})") from None
 
 
-def asdict_short(settings: AgentSettings) -> str:
+def lora_shape(settings: AgentSettings) -> str:
     """``r=8, alpha=16``: the LoRA shape, for messages."""
     return f"r={settings.lora.r}, alpha={settings.lora.alpha}"

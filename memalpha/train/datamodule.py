@@ -6,7 +6,9 @@ shuffle shared by all ranks, then strided), with the round's index; with ``data.
 round never spans two passes. The module rolls a round out with its *current* policy
 when it needs one (:meth:`memalpha.train.module.GRPOModule.training_step`); the DataModule
 never calls the module. Its position (epoch, cursor, round) is saved in the checkpoint, so a
-resumed run continues on exactly the instances it would have seen.
+resumed run continues on exactly the instances it would have seen. For ``memalpha predict`` it
+serves ``data.predict.path``'s instances that have no record yet
+(:class:`~memalpha.train.predict_writer.PredictionWriter` tells it which).
 """
 
 from __future__ import annotations
