@@ -23,7 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "atomic_file": set(),  # every file of a run written atomically
     "seeding": set(),
     "templates": set(),
-    "memory": {"templates"},
+    "memory": {"templates", "atomic_file"},
     "tools": {"memory", "templates"},
     "lm": {"seeding"},
     "data": {"lm", "atomic_file"},
@@ -39,6 +39,7 @@ ALLOWED: dict[str, set[str]] = {
         "train",
     },
     "cli": {"commands", "train", "templates", "allocator"},
+    "inference": {"memory", "tools", "lm", "data", "reader", "agent", "train", "seeding", "templates"},
     "integrations": {"memory", "tools", "data", "reader", "agent", "train", "seeding"},
 }
 # the experiments' measuring kit is a package of its own (lab/memalpha_lab), outside memalpha, which

@@ -38,6 +38,8 @@ def write_inputs(folder: Path) -> None:
     (folder / "garbage.jsonl").write_bytes(os.urandom(4096) + b"\xff\xfe")
     (folder / "notes.txt").write_text("not a checkpoint\n")
     torch.save({"state_dict": {}, "memalpha_module": "SFTModule", "global_step": 3}, folder / "sft.ckpt")
+    (folder / "empty.txt").write_text("")
+    (folder / "long.txt").write_text("word " * 3000)
 
 
 @pytest.mark.parametrize(("command", "message"), documented_rows(), ids=lambda value: value[:70])

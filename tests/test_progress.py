@@ -145,7 +145,7 @@ def test_on_a_terminal_the_running_bar_is_redrawn_until_teardown(monkeypatch):
 
     monkeypatch.setattr(progress_bar, "_on_terminal", lambda: True)
     monkeypatch.setattr(progress_bar, "TICK_S", 0.02)
-    trainer = SimpleNamespace(is_global_zero=True, validating=False, sanity_checking=False)
+    trainer = SimpleNamespace(is_global_zero=True, validating=False, sanity_checking=False, predicting=False)
     bar, callback = Bar(), StepProgressBar()
     callback._train_progress_bar = bar
     callback.setup(trainer, None, "fit")
@@ -244,7 +244,7 @@ def test_a_rollout_error_mid_run_is_one_line_naming_instance_and_setting(
 
     monkeypatch.delenv("MEMALPHA_DEBUG", raising=False)
     # let it reach the rollout
-    monkeypatch.setattr(memalpha.train.module, "check_prompt_budget", lambda *args: None)
+    monkeypatch.setattr(memalpha.train.module, "check_prompt_budget", lambda *args, **kwargs: None)
     config = write_config(
         tmp_path, tiny_model_dir, train_path=str(long_instance_file(tmp_path)), instances_per_step=1
     )

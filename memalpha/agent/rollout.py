@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -41,8 +42,8 @@ from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader
 from memalpha.seeding import stable_seed
 from memalpha.templates.loader import PromptTemplates, load_templates
-from memalpha.tools.executor import SUCCESS_STATUSES, execute_call
-from memalpha.tools.formats import CallFormat, CallFormatName, get_call_format
+from memalpha.tools.executor import SUCCESS_STATUSES, ToolResult, execute_call
+from memalpha.tools.formats import CallFormat, CallFormatName, ParseError, get_call_format
 from memalpha.tools.jsonfix import CALL_REPAIRS, CallRepair, CallRepairName
 
 GenerateFn = Callable[..., Generation]
@@ -361,6 +362,7 @@ def memorise_chunks(
     sampler: GenerateFn | None = None,
     on_phase: PhaseHook | None = None,
     keep_snapshots: bool = False,
+    keep_samples: bool = True,
 ) -> int:
     """Phase 1: every rollout reads its instance chunk by chunk and writes its memory.
 
@@ -370,7 +372,9 @@ def memorise_chunks(
     response is parsed and executed on its own rollout's memory, and the turn is appended to the rollout (a
     :class:`TurnSample`, its calls, a log entry). ``on_phase`` hears ``sampling`` as each chunk index starts,
     with the tokens per second so far. ``keep_snapshots`` keeps a copy of each memory after every
-    turn but the last (:attr:`Rollout.snapshots`). Returns the number of generated tokens.
+    turn but the last (:attr:`Rollout.snapshots`). Without ``keep_samples`` (inference: no reward,
+    no update) a turn keeps only its log entry, not its token ids and calls. ``model`` may be None
+    when ``sampler`` generates (a served policy). Returns the number of generated tokens.
     """
     call_format = get_call_format(settings.call_format)
     generated_tokens = 0
@@ -378,7 +382,7 @@ def memorise_chunks(
     start = time.perf_counter()
     sample = sampler or sampler_for(model, tokenizer, settings.backend)
     repair = settings.repair
-    with eval_mode(model):
+    with eval_mode(model) if model is not None else nullcontext():
         for chunk_index in range(chunks):
             elapsed = time.perf_counter() - start
             rate = generated_tokens / elapsed if chunk_index and elapsed > 0 else None
@@ -410,12 +414,17 @@ def memorise_chunks(
             generated_tokens += generation.num_generated_tokens
             for j, rollout in enumerate(live):
                 response_ids = generation.response_ids[j]
-                trained = call_format.trained_length(response_ids, tokenizer)
                 text = tokenizer.decode(response_ids, skip_special_tokens=True)
                 parsed = call_format.parse(text, repair)
                 results = [execute_call(rollout.memory, call, repair) for call in parsed.calls]
                 if keep_snapshots and chunk_index < len(rollout.instance.chunks) - 1:
                     rollout.snapshots.append(copy.deepcopy(rollout.memory))
+                truncated, prompt_tokens = generation.truncated[j], len(generation.prompt_ids[j])
+                log = turn_log(chunk_index, text, truncated, results, parsed.errors, prompt_tokens)
+                rollout.turns.append(log)
+                if not keep_samples:
+                    continue
+                trained = call_format.trained_length(response_ids, tokenizer)
                 rollout.calls.append(
                     TurnCalls(
                         results=results,
@@ -430,27 +439,39 @@ def memorise_chunks(
                         chunk_index=chunk_index,
                         prompt_ids=generation.prompt_ids[j],
                         response_ids=response_ids[:trained],
-                        truncated=generation.truncated[j],
+                        truncated=truncated,
                         num_calls=len(results) + len(parsed.errors),
                         num_successful_calls=sum(r.status in SUCCESS_STATUSES for r in results),
                         adapter_version=sampled.adapter_version if sampled else None,
                         sampler_logprobs=sampled.response_logprobs[j][:trained] if sampled else None,
                     )
                 )
-                rollout.turns.append(
-                    {
-                        "chunk_index": chunk_index,
-                        "prompt_tokens": len(generation.prompt_ids[j]),
-                        "response": text,
-                        "truncated": generation.truncated[j],
-                        "results": [
-                            {"tool": r.call.name if r.call else None, "status": r.status, "reason": r.reason}
-                            for r in results
-                        ]
-                        + [{"tool": None, "status": "error", "reason": e.reason} for e in parsed.errors],
-                    }
-                )
     return generated_tokens
+
+
+def turn_log(
+    chunk_index: int, response: str, truncated: bool, results: Sequence[ToolResult],
+    errors: Sequence[ParseError], prompt_tokens: int,
+) -> dict[str, Any]:
+    """A turn as records show it: its chunk index, its prompt's tokens, the response, whether it was
+    cut at ``rollout.max_new_tokens``, and every call in order, executed (``tool``, ``arguments``,
+    ``status``, ``reason``) then unreadable (``tool`` and ``arguments`` None, ``status`` error)."""
+    return {
+        "chunk_index": chunk_index,
+        "prompt_tokens": prompt_tokens,
+        "response": response,
+        "truncated": truncated,
+        "results": [
+            {
+                "tool": r.call.name if r.call else None,
+                "arguments": r.call.arguments if r.call else None,
+                "status": r.status,
+                "reason": r.reason,
+            }
+            for r in results
+        ]
+        + [{"tool": None, "arguments": None, "status": "error", "reason": e.reason} for e in errors],
+    }
 
 
 def answer_questions(

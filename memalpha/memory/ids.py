@@ -66,3 +66,30 @@ class IdAllocator:
         memory_id = id_for_counter(self.seed, self.counter)
         self.counter += 1
         return memory_id
+
+
+def _unshift(value: int, shift: int, bits: int) -> int:
+    """The ``x`` with ``x ^ (x >> shift) == value`` (``x`` of ``bits`` bits)."""
+    x = value
+    for _ in range(bits // shift + 1):
+        x = value ^ (x >> shift)
+    return x
+
+
+def counter_for_id(seed: int, memory_id: str) -> int | None:
+    """The counter whose id under ``seed`` is ``memory_id`` (the inverse of :func:`id_for_counter`),
+    or None when no counter gives that text (not lowercase hexadecimal of at least
+    :data:`MIN_ID_DIGITS` digits)."""
+    digits = len(memory_id)
+    if digits < MIN_ID_DIGITS or any(c not in "0123456789abcdef" for c in memory_id):
+        return None
+    bits = 4 * digits
+    mask = (1 << bits) - 1
+    offset, mult_a, mult_b = _keys(seed, digits)
+    x = _unshift(int(memory_id, 16), bits // 3, bits)
+    x = (x * pow(mult_b, -1, 1 << bits)) & mask
+    x = _unshift(x, bits // 2, bits)
+    x = (x * pow(mult_a, -1, 1 << bits)) & mask
+    value = (x - offset) & mask
+    start = sum(16**d for d in range(MIN_ID_DIGITS, digits))
+    return start + value

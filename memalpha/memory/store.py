@@ -215,6 +215,21 @@ class Memory:
             "episodic": [{"id": e.id, "content": e.content} for e in self.episodic],
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], token_counter: TokenCounter | None = None) -> Memory:
+        """The memory :meth:`to_dict` wrote, restored exactly: the core as stored (not cut again),
+        the entries in order, and the id counter, so the next insert gets the id it would have got.
+
+        ``data`` is trusted (:mod:`memalpha.memory.file` checks a file's dictionary first);
+        ``token_counter`` counts the restored memory's tokens (None: white-space words).
+        """
+        memory = cls(token_counter, core_token_limit=data["core_token_limit"], seed=data["seed"])
+        memory._core = data["core"]
+        memory.semantic = [MemoryEntry(e["id"], e["content"]) for e in data["semantic"]]
+        memory.episodic = [MemoryEntry(e["id"], e["content"]) for e in data["episodic"]]
+        memory._ids.counter = int(data["id_counter"])
+        return memory
+
     def __repr__(self) -> str:
         return (
             f"Memory(core={len(self._core)} chars, semantic={len(self.semantic)}, "

@@ -6,7 +6,9 @@ shuffle shared by all ranks, then strided), with the round's index; with ``data.
 round never spans two passes. The module rolls a round out with its *current* policy
 when it needs one (:meth:`memalpha.train.module.GRPOModule.training_step`); the DataModule
 never calls the module. Its position (epoch, cursor, round) is saved in the checkpoint, so a
-resumed run continues on exactly the instances it would have seen.
+resumed run continues on exactly the instances it would have seen. For ``memalpha predict`` it
+serves ``data.predict.path``'s instances that have no record yet
+(:class:`~memalpha.train.predict_writer.PredictionWriter` tells it which).
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
 from memalpha.data.loaders import LAYOUTS, Layout, check_source, load_instances
+from memalpha.data.plain_text import TEXT_SPLITS, TextSplit, load_predict_instances
 from memalpha.data.schema import DataValidationError, Instance
 from memalpha.data.synthetic import SyntheticSettings
 from memalpha.data.wrapping import WRAP_STYLES, WrapStyle
@@ -59,6 +63,51 @@ class LoadSettings:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"data.load.{name} must be >= 1 or null, got {value}")
+
+
+@dataclass
+class PredictSettings:
+    """What ``memalpha predict`` reads and where it writes (``data.predict.*``; docs/inference.md).
+
+    Args:
+        path: The input: a ``.txt`` or ``.md`` file, a folder of them (one instance per file, no
+            questions), or a data file or folder in any layout ``data.load.layout`` reads (its
+            questions are answered and scored). null: ``memalpha predict`` stops and asks for it.
+        output: The JSONL file of records, one per instance, appended as each batch finishes
+            (null = beside the input: ``<input name without its suffix>.predictions.jsonl``). An
+            existing file of the same input and settings is resumed: its instances are skipped
+            and a torn last line is dropped; any other file there is refused, never overwritten.
+        batch_size: Instances read together (their turns batched); their records are written
+            when the batch finishes. Raise it on a GPU.
+        split: How a text file is cut: ``tokens`` (chunks of ``data.load.chunk_tokens`` policy
+            tokens) or ``blank_lines`` (one chunk per blank-line-separated block; a longer block
+            is cut by tokens too, with a warning).
+    """
+
+    path: str | None = None
+    output: str | None = None
+    batch_size: int = 1
+    split: TextSplit = "tokens"
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"data.predict.batch_size must be >= 1, got {self.batch_size}")
+        if self.split not in TEXT_SPLITS:
+            raise ValueError(f"data.predict.split must be one of {list(TEXT_SPLITS)}, got {self.split!r}")
+        if self.path:
+            try:
+                check_source(self.path)
+            except DataValidationError as exc:
+                raise ValueError(f"data.predict.path: {exc}") from exc
+        if self.output and Path(self.output).expanduser().is_dir():
+            raise ValueError(f"data.predict.output: {self.output} is a folder; give the JSONL file's path")
+
+    def output_path(self) -> Path:
+        """Where the records go: ``output``, or the input's name with ``.predictions.jsonl``."""
+        if self.output:
+            return Path(self.output).expanduser()
+        source = Path(str(self.path)).expanduser()
+        return source.with_name(f"{source.stem or source.name}.predictions.jsonl")
 
 
 def check_data_settings(data: Mapping[str, Any]) -> None:
@@ -142,6 +191,8 @@ class RolloutDataModule(LightningDataModule):
         seed: Seed of the synthetic data and of the shuffling.
         tokenizer_name: The policy's model, linked from ``model.model`` by the CLI: chunking long
             contexts (MemoryAgentBench) counts tokens with its tokenizer.
+        predict: What ``memalpha predict`` reads and writes (``data.predict.*``: input, output,
+            batch size, how text is cut).
     """
 
     def __init__(
@@ -157,6 +208,7 @@ class RolloutDataModule(LightningDataModule):
         shuffle: bool = True,
         seed: int = 0,
         tokenizer_name: str | None = None,
+        predict: PredictSettings = PredictSettings(),  # noqa: B008 - a value object; jsonargparse shows its fields
     ) -> None:
         super().__init__()
         # kept in checkpoints and in the run's config.yaml, but not handed to the loggers: Lightning
@@ -167,8 +219,11 @@ class RolloutDataModule(LightningDataModule):
         # Lightning's CLI and checkpoints hand the groups over as dicts
         self.load = LoadSettings(**load) if isinstance(load, Mapping) else load
         self.synthetic = SyntheticSettings(**synthetic) if isinstance(synthetic, Mapping) else synthetic
+        self.predict = PredictSettings(**predict) if isinstance(predict, Mapping) else predict
         self.train_instances: list[Instance] = []
         self.val_instances: list[Instance] = []
+        self.predict_instances: list[Instance] = []  # all of data.predict.path's instances, in order
+        self.predict_pending: list[Instance] = []  # those without a record in data.predict.output yet
         self._position = PassCursor()
         self._round = 0
         self.seen_instance_ids: list[str] = []  # this process's rollout instances, in order (for audits)
@@ -212,17 +267,37 @@ class RolloutDataModule(LightningDataModule):
                 else self.synthetic.generate("val", hp.seed)
             )
 
+        if stage == "predict" and not self.predict_instances:
+            if not self.predict.path:
+                raise DataValidationError(
+                    "data.predict.path",
+                    "not set: memalpha predict reads a text or markdown file, a folder of them, a data file",
+                )
+            load = self.load
+            self.predict_instances = load_predict_instances(
+                self.predict.path, tokenizer=self._tokenizer(), chunk_tokens=load.chunk_tokens,
+                split=self.predict.split, layout=load.layout, wrap=load.wrap, skip_bad=load.skip_bad,
+            )  # fmt: skip
+            self.predict_pending = list(self.predict_instances)
+
     def loaded_splits(self) -> list[tuple[str, list[Instance]]]:
         """The instances :meth:`setup` loaded, each list with where it came from, for messages:
-        ``data.train_path=<path>`` or ``synthetic train data``."""
+        ``data.train_path=<path>``, ``synthetic train data`` or ``data.predict.path=<path>``."""
         hp = self.hparams
-        return [
+        splits = [
             (f"data.{split}_path={path}" if path else f"synthetic {split} data", instances)
             for split, path, instances in (
                 ("train", hp.train_path, self.train_instances), ("val", hp.val_path, self.val_instances)
             )
             if instances
         ]
+        if self.predict_instances:
+            splits.append((f"data.predict.path={self.predict.path}", self.predict_instances))
+        return splits
+
+    def skip_predicted(self, done: set[str]) -> None:
+        """Serve only the predict instances whose ids are not in ``done`` (those with a record)."""
+        self.predict_pending = [i for i in self.predict_instances if i.instance_id not in done]
 
     # ---------------------------------------------------------------- stream
     def _rank_and_world(self) -> tuple[int, int]:
@@ -272,6 +347,13 @@ class RolloutDataModule(LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         return DataLoader(
             self.val_instances, batch_size=self.hparams.val_batch_size, collate_fn=as_is, num_workers=0
+        )
+
+    def predict_dataloader(self) -> DataLoader:
+        """The predict instances without a record yet, in input order, ``data.predict.batch_size``
+        at a time (Lightning shards them over the ranks without repeating any)."""
+        return DataLoader(
+            self.predict_pending, batch_size=self.predict.batch_size, collate_fn=as_is, num_workers=0
         )
 
     # ----------------------------------------------------------- checkpoint

@@ -53,6 +53,12 @@ PYTHON_WARNINGS: tuple[KnownWarning, ...] = (
         "inside Lightning; nothing a caller can change",
     ),
     KnownWarning(
+        "Total length of `DataLoader` across ranks is zero",
+        "lightning predict loop",
+        "memalpha predict started again after every instance was written: it has nothing left to read,"
+        " and says so in its own line",
+    ),
+    KnownWarning(
         "`is_gradient_checkpointing` is deprecated",
         "transformers, read by peft when it wraps the model",
         "inside peft; nothing a caller can change",

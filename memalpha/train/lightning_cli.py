@@ -127,6 +127,12 @@ class MemAlphaCLI(LightningCLI):
         kwargs.setdefault("parser_class", OneLineErrorParser)
         super().__init__(*args, **kwargs)
 
+    def setup_parser(self, *args: Any, **kwargs: Any) -> None:
+        super().setup_parser(*args, **kwargs)
+        predict = self._subcommand_parsers.get("predict")
+        if predict is not None:  # predict's records go to data.predict.output, never into a list in memory
+            predict.set_defaults({"return_predictions": False})
+
     def parse_arguments(self, parser, args) -> None:
         if args is None or isinstance(args, list):
             given = list(sys.argv[1:] if args is None else args)

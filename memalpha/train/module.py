@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
 from memalpha.agent.progress import Phase
@@ -37,6 +38,7 @@ from memalpha.reader.settings import ReaderSettings
 from memalpha.seeding import stable_seed
 from memalpha.train.engine_sync import EngineSync
 from memalpha.train.policy_module import PolicyModule, typed
+from memalpha.train.predict_writer import PredictionWriter
 from memalpha.train.round_report import rollout_text
 from memalpha.train.step import Agent, collect_round, train_minibatch
 from memalpha.train.step_faults import (
@@ -136,8 +138,9 @@ class GRPOModule(PolicyModule):
         if not splits:
             return
         tokenizer = self.tokenizer or load_tokenizer(self.hparams.model)
+        full_core = stage == "predict"  # no memory the agent writes may stop a prediction half-way
         for source, instances in splits:
-            check_prompt_budget(instances, tokenizer, self.rollout_settings, source)
+            check_prompt_budget(instances, tokenizer, self.rollout_settings, source, full_core=full_core)
         if stage == "fit" and self.update_settings.credit_scheme.turn_accuracy:
             for source, instances in splits:
                 if source.startswith(("data.train_path", "synthetic train")):
@@ -145,6 +148,8 @@ class GRPOModule(PolicyModule):
                         question_evidence(instance, file=source, index=index)
 
     def configure_model(self) -> None:
+        if self._predicts_nothing():
+            return
         if self.load_policy():
             if self.update_settings.kl_reference == "start" and self.hparams.adapter_path:
                 load_reference_adapter(self.policy, self.hparams.adapter_path)
@@ -165,6 +170,14 @@ class GRPOModule(PolicyModule):
             )
             if self.global_rank == 0:  # the run's record of what sampled (a failed capture stops it)
                 self._log_text("run/backends", describe_backends(self.backends))
+
+    def _predicts_nothing(self) -> bool:
+        """Whether this is ``memalpha predict`` in one process with every instance recorded already
+        (a finished run started again): then no model needs to load."""
+        trainer = self._trainer
+        if trainer is None or trainer.state.fn != TrainerFn.PREDICTING or trainer.world_size != 1:
+            return False
+        return not getattr(trainer.datamodule, "predict_pending", True)
 
     # ---------------------------------------------------- checkpoint content
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -224,8 +237,12 @@ class GRPOModule(PolicyModule):
         return server.base_url + "/v1", server.served_name, resolve_model_path(self.hparams.model)
 
     def configure_callbacks(self):
-        """With ``rollout.backend: vllm``, :class:`EngineShutdown`."""
-        return [EngineShutdown()] if self.rollout_settings.backend == "vllm" else []
+        """With ``rollout.backend: vllm``, :class:`EngineShutdown`; when predicting, the
+        :class:`~memalpha.train.predict_writer.PredictionWriter` of ``data.predict.output``."""
+        callbacks: list[Callback] = [EngineShutdown()] if self.rollout_settings.backend == "vllm" else []
+        if self._trainer is not None and self.trainer.state.fn == TrainerFn.PREDICTING:
+            callbacks.append(PredictionWriter())
+        return callbacks
 
     def teardown(self, stage: str) -> None:
         if self.engine_sync is not None:
@@ -416,6 +433,21 @@ class GRPOModule(PolicyModule):
             self.print(table)  # through the progress bar, which moves its bars below the table
         if refusal is not None:  # every rank: the records were gathered, so all refuse alike
             raise ReaderFailureError(refusal)
+
+    # ------------------------------------------------------------- prediction
+    def predict_step(self, batch: list[Instance], batch_idx: int) -> list[dict[str, Any]]:
+        """``memalpha predict``: read a batch of instances greedily (the agent memorises each,
+        the reader answers its questions) and return one record per instance, which the
+        :class:`~memalpha.train.predict_writer.PredictionWriter` appends to ``data.predict.output``.
+        Memory ids are seeded by ``model.seed`` and the instance alone, so a resumed or
+        re-batched run writes the same records."""
+        sync = self._engine_sync()
+        with self._out_of_memory_names_the_phase(f"predict batch {batch_idx}"):
+            readings = self.agent().read(
+                batch, seed=self.hparams.seed, on_phase=self._enter_phase,
+                sampler=None if sync is None else sync.generator(self.policy, self.tokenizer),
+            )
+        return [reading.record() for reading in readings]
 
 
 class EngineShutdown(Callback):

@@ -11,7 +11,6 @@ folder when training ends. This base class holds that once.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,7 +24,7 @@ from memalpha.grpo.update import (
     build_optimizer,
     schedule_length,
 )
-from memalpha.lm.core.adapters import export_adapter
+from memalpha.lm.core.adapters import check_adapter_folder, export_adapter
 from memalpha.lm.core.embedded import check_model_source
 from memalpha.lm.core.policy import LMSettings, LoraSettings, load_policy
 from memalpha.train.checkpoint_io import MODULE_KEY
@@ -51,10 +50,8 @@ class PolicyModule(LightningModule):
     ) -> None:
         check_model_source(self.hparams.model, "model.model")
         adapter = self.hparams.get("adapter_path")
-        if adapter and not (Path(adapter).expanduser() / "adapter_config.json").is_file():
-            raise ValueError(
-                f"model.adapter_path: {adapter!r} is not a PEFT adapter folder (no adapter_config.json)"
-            )
+        if adapter:
+            check_adapter_folder(adapter, "model.adapter_path")
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold the adapter only, never the frozen base
         self.lm_settings: LMSettings = typed(LMSettings, lm)

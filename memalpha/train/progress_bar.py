@@ -8,6 +8,9 @@ says which phase of the step runs now, as :mod:`memalpha.agent.progress` reports
     step 2: sampling chunk 2/4, 310 tok/s   25%|██▌       | 1/4 steps [01:21<04:03,
         reward=0.512, tool_success=0.938, step_s=81.02]
 
+``memalpha predict``'s bar counts the chunks the agent has read of this rank's instances
+(within a batch, the chunks before the one being sampled), with the instances written as postfix.
+
 The postfix holds the last step's values (what the module logs with ``prog_bar=True``: the
 round's mean reward, its tool-call success and the step's seconds). During validation the
 validation bar shows the phases in the same way. On a terminal the running bar is redrawn every
@@ -32,6 +35,9 @@ STEPS_FORMAT = (
     "{desc} {percentage:3.0f}%|{bar:10}| {n_fmt}/{total_fmt} steps [{elapsed}<{remaining}{postfix}]"
 )
 OPEN_FORMAT = "{desc} {n_fmt} steps [{elapsed}{postfix}]"
+CHUNKS_FORMAT = (
+    "{desc} {percentage:3.0f}%|{bar:10}| {n_fmt}/{total_fmt} chunks [{elapsed}<{remaining}{postfix}]"
+)
 BATCHES_FORMAT = "{desc} {percentage:3.0f}%|{bar:10}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
 DESCRIPTION_WIDTH = 40
 """Descriptions are padded to this width, so the bar stays put while the phases change."""
@@ -64,6 +70,8 @@ class StepProgressBar(TQDMProgressBar):
     def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = False) -> None:
         super().__init__(refresh_rate=refresh_rate, process_position=process_position, leave=leave)
         self._ticking: threading.Event | None = None
+        self._chunks_done = self._instances_done = 0  # memalpha predict's
+        self._batch_chunks: list[int] = []
 
     def __getstate__(self) -> dict:
         return {**super().__getstate__(), "_ticking": None}  # a thread's event does not pickle (ddp_spawn)
@@ -94,6 +102,8 @@ class StepProgressBar(TQDMProgressBar):
                 continue
             evaluating = trainer.validating or trainer.sanity_checking
             bar = self._val_progress_bar if evaluating else self._train_progress_bar
+            if trainer.predicting:
+                bar = self._predict_progress_bar
             if bar is not None and not bar.disable:
                 bar.refresh()
 
@@ -137,6 +147,35 @@ class StepProgressBar(TQDMProgressBar):
         bar.bar_format = BATCHES_FORMAT
         return bar
 
+    # ------------------------------------------------------------- prediction
+    def init_predict_tqdm(self):
+        bar = super().init_predict_tqdm()
+        bar.bar_format = CHUNKS_FORMAT
+        return bar
+
+    def on_predict_start(self, trainer, pl_module) -> None:
+        super().on_predict_start(trainer, pl_module)
+        self._chunks_done, self._instances_done, self._batch_chunks = 0, 0, []
+        bar = self.predict_progress_bar
+        bar.total = predict_chunks(trainer)
+        self._describe(bar, self.predict_description)
+
+    def on_predict_batch_start(
+        self, trainer, pl_module, batch, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._batch_chunks = [len(instance.chunks) for instance in batch]
+
+    def on_predict_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._chunks_done += sum(self._batch_chunks)
+        self._instances_done += len(self._batch_chunks)
+        bar = self._predict_progress_bar
+        if bar is not None and not bar.disable:
+            bar.n = self._chunks_done
+            bar.set_postfix({"instances": self._instances_done}, refresh=False)
+            self._describe(bar, self.predict_description)
+
     # --------------------------------------------------------------- phases
     def show_phase(self, phase: Phase) -> None:
         """A :data:`~memalpha.agent.progress.PhaseHook`: the phase goes into the description of
@@ -144,7 +183,11 @@ class StepProgressBar(TQDMProgressBar):
         trainer = self._trainer
         if trainer is None or not self.is_enabled:
             return
-        if trainer.validating or trainer.sanity_checking:
+        if trainer.predicting:
+            bar, label = self._predict_progress_bar, self.predict_description
+            if bar is not None and phase.name == "sampling" and phase.index is not None:
+                bar.n = self._chunks_done + sum(min(n, phase.index - 1) for n in self._batch_chunks)
+        elif trainer.validating or trainer.sanity_checking:
             bar, label = self._val_progress_bar, self.validation_description
         elif trainer.training:
             bar, label = self._train_progress_bar, f"step {trainer.global_step + 1}"
@@ -166,9 +209,20 @@ class StepProgressBar(TQDMProgressBar):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         """Close the bars, so an error message starts on a line of its own."""
         self._stop_ticking()
-        for bar in (self._val_progress_bar, self._train_progress_bar):
+        for bar in (self._val_progress_bar, self._train_progress_bar, self._predict_progress_bar):
             if bar is not None and not bar.disable:
                 bar.close()
+
+
+def predict_chunks(trainer: Any) -> int | None:
+    """The chunks of the instances this rank predicts (its sampler's share of the loader's
+    instances), or None when the loader does not say."""
+    loaders = trainer.predict_dataloaders
+    loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
+    try:
+        return sum(len(loader.dataset[i].chunks) for loader in loaders for i in loader.sampler)
+    except (AttributeError, TypeError):
+        return None
 
 
 def _on_terminal() -> bool:

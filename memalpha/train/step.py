@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from memalpha.agent.progress import Phase, PhaseHook, report
+from memalpha.agent.reading import Reading, read_instances
 from memalpha.agent.rollout import (
     GenerateFn,
     RolloutOutput,
@@ -130,6 +131,17 @@ class Agent:
             self.content_judge,
             seed=seed, do_sample=not greedy, group_size=1 if greedy else None,
             share_prefix=self.share_prefix, sampler=sampler, on_phase=on_phase, turn_accuracy=turn_accuracy,
+        )
+
+    def read(
+        self, instances: Sequence[Instance], *, seed: int, sampler: GenerateFn | None = None,
+        on_phase: PhaseHook | None = None,
+    ) -> list[Reading]:
+        """Memorise each instance greedily and answer its questions, no reward
+        (:func:`~memalpha.agent.reading.read_instances`): what ``memalpha predict`` records."""
+        return read_instances(
+            instances, self.policy, self.tokenizer, self.reader, self.rollout, self.reward, seed=seed,
+            sampler=sampler, on_phase=on_phase, share_prefix=self.share_prefix,
         )
 
 

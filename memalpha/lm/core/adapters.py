@@ -1,7 +1,8 @@
-"""Export a trained adapter as a standard PEFT folder."""
+"""Export a trained adapter as a standard PEFT folder, and check a folder that should be one."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -37,3 +38,36 @@ def export_adapter(policy, tokenizer, target: str | os.PathLike) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
+
+
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+"""The file names PEFT saves an adapter's weights under."""
+
+
+def check_adapter_folder(path: str | os.PathLike, option: str) -> Path:
+    """``path`` as a folder PEFT can load a LoRA adapter from, or ``ValueError`` in one line naming
+    ``option`` and what is missing, before any model loads: the folder, its ``adapter_config.json``
+    (a JSON object of a LoRA adapter) and its weights file."""
+    folder = Path(path).expanduser()
+    config = folder / "adapter_config.json"
+    if not config.is_file():
+        missing = "no such folder" if not folder.exists() else "no adapter_config.json"
+        raise ValueError(f"{option}: {str(path)!r} is not a PEFT adapter folder ({missing})")
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(
+            f"{option}: {str(path)!r} is not a PEFT adapter folder"
+            f" (adapter_config.json is not valid JSON: {exc})"
+        ) from None
+    kind = data.get("peft_type") if isinstance(data, dict) else None
+    if kind != "LORA":
+        raise ValueError(
+            f"{option}: {str(path)!r} is not a LoRA adapter folder"
+            f" (adapter_config.json has peft_type {kind!r}, memalpha trains LoRA adapters)"
+        )
+    if not any((folder / name).is_file() for name in ADAPTER_WEIGHTS):
+        raise ValueError(
+            f"{option}: {str(path)!r} is not a PEFT adapter folder (no {' or '.join(ADAPTER_WEIGHTS)})"
+        )
+    return folder

@@ -1,0 +1,154 @@
+"""The trained agent in use: it memorises instances and the reader answers from its memories,
+with no reward and nothing kept for an update.
+
+:func:`read_instances` is the one loop behind ``memalpha predict`` (one call per batch of
+instances) and the Python API (:mod:`memalpha.inference.memory_agent`: a chunk, a text, an
+instance): the rollout's own :func:`~memalpha.agent.rollout.memorise_chunks` (fresh prompts, the
+tools executed on the memory) and :func:`~memalpha.agent.rollout.answer_questions`, one greedy
+rollout per instance. A turn keeps only its log entry (the response and every call with its
+result), never its token ids, so what a long input costs in memory is its turns' text.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from memalpha.agent.fact_recall import memory_fact_recall
+from memalpha.agent.progress import Phase, PhaseHook, report
+from memalpha.agent.reward_settings import RewardSettings
+from memalpha.agent.rollout import (
+    GenerateFn,
+    Rollout,
+    RolloutSettings,
+    answer_questions,
+    make_token_counter,
+    memorise_chunks,
+)
+from memalpha.data.schema import Instance
+from memalpha.memory.store import Memory
+from memalpha.reader.base import Reader
+from memalpha.seeding import stable_seed
+
+
+@dataclass
+class Reading:
+    """What the agent made of one instance.
+
+    ``turns`` holds one entry per chunk (:func:`~memalpha.agent.rollout.turn_log`: the response
+    and each call with its arguments, status and reason); ``questions`` one per question of the
+    instance (question, the reader's ``instruction``, ``gold``, ``prediction``, ``score`` and
+    ``error``; a failed answer has its ``error`` and no score). ``fact_recall`` is the share of the
+    instance's gold facts the memory holds (None when it knows none).
+    """
+
+    instance_id: str
+    data_source: str
+    memory: Memory
+    turns: list[dict[str, Any]]
+    questions: list[dict[str, Any]]
+    reader_failures: int
+    fact_recall: float | None
+
+    @property
+    def accuracy(self) -> float | None:
+        """The mean score of the questions; None without questions or when an answer failed (a
+        fault is never a score)."""
+        if not self.questions or self.reader_failures:
+            return None
+        return sum(q["score"] for q in self.questions) / len(self.questions)
+
+    def record(self) -> dict[str, Any]:
+        """The reading as plain JSON values (the memory as :meth:`~memalpha.memory.store.Memory.to_dict`
+        writes it, the format of a memory file)."""
+        return {
+            "instance_id": self.instance_id,
+            "data_source": self.data_source,
+            "chunks": len(self.turns),
+            "memory": self.memory.to_dict(),
+            "memory_tokens": self.memory.total_tokens(),
+            "turns": self.turns,
+            "questions": self.questions,
+            "accuracy": self.accuracy,
+            "reader_failures": self.reader_failures,
+            "fact_recall": self.fact_recall,
+        }
+
+
+def start_memory(instance: Instance, tokenizer, settings: RolloutSettings, seed: int) -> Memory:
+    """The empty memory an instance starts from: the same ids as a validation rollout of it."""
+    return Memory(
+        token_counter=make_token_counter(tokenizer),
+        core_token_limit=settings.core_token_limit,
+        seed=stable_seed(seed, instance.instance_id, 0),
+    )
+
+
+def read_instances(
+    instances: Sequence[Instance],
+    model,
+    tokenizer,
+    reader: Reader | None,
+    settings: RolloutSettings,
+    weights: RewardSettings,
+    *,
+    seed: int,
+    memories: Sequence[Memory | None] | None = None,
+    greedy: bool = True,
+    sampler: GenerateFn | None = None,
+    on_phase: PhaseHook | None = None,
+    share_prefix: bool = True,
+) -> list[Reading]:
+    """One rollout per instance, together: memorise its chunks, then answer its questions.
+
+    Instance ``i`` starts from a copy of ``memories[i]`` (the caller's memory is left as it was),
+    or, where that is None, from :func:`start_memory`. ``greedy`` decodes without sampling (as
+    validation does); ``sampler`` generates instead of ``model`` (a vLLM server; ``model`` may then
+    be None). Questions are answered by ``reader`` (one batch for all instances) and scored with
+    ``weights``' metrics; instances without questions need no reader. ``on_phase`` hears
+    ``sampling`` at each chunk index and ``reader`` before the answers.
+    """
+    starts = list(memories) if memories is not None else [None] * len(instances)
+    if len(starts) != len(instances):
+        raise ValueError(f"{len(starts)} memories for {len(instances)} instances")
+    rollouts = [
+        Rollout(
+            rollout_id=i, group_id=i, index=0, instance=instance,
+            memory=start_memory(instance, tokenizer, settings, seed) if m is None else copy.deepcopy(m),
+        )
+        for i, (instance, m) in enumerate(zip(instances, starts))
+    ]  # fmt: skip
+    memorise_chunks(
+        rollouts, model, tokenizer, settings, seed=seed, do_sample=not greedy, share_prefix=share_prefix,
+        sampler=sampler, on_phase=on_phase, keep_samples=False,
+    )
+    asked = [r for r in rollouts if r.instance.questions]
+    answers: dict[int, Any] = {}
+    if asked:
+        if reader is None:
+            raise ValueError("these instances have questions: give a reader to answer them")
+        report(on_phase, Phase("reader", total=sum(len(r.instance.questions) for r in asked)))
+        answered = answer_questions(
+            asked, reader, metric_overrides=weights.metric_overrides, style=weights.answer_style
+        )
+        answers = {r.rollout_id: a for r, a in zip(asked, answered)}
+    readings = []
+    for rollout in rollouts:
+        result = answers.get(rollout.rollout_id)
+        questions = [] if result is None else [
+            {**q, "score": None if q["error"] is not None else q["score"]} for q in result.questions
+        ]
+        readings.append(
+            Reading(
+                instance_id=rollout.instance.instance_id,
+                data_source=rollout.instance.data_source,
+                memory=rollout.memory,
+                turns=rollout.turns,
+                questions=questions,
+                reader_failures=0 if result is None else result.failures,
+                fact_recall=memory_fact_recall(rollout.instance.metadata, rollout.memory),
+            )
+        )
+    return readings
