@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -119,3 +120,32 @@ def test_bisection_equals_shrinking_one_by_one(sem_sizes, epi_sizes, base, budge
         assert (sem, epi) == (semantic[:k], episodic[:k])
     else:
         assert (sem, epi) == ([], [])
+
+
+def test_sentences_keep_the_date_an_entry_opens_with():
+    from memalpha.memory.sentences import sentences
+
+    entry = "2024-08-14 - Rosalind Whitcombe wrote a sonnet. Nikolai Ashgrove organised a chess tournament."
+    assert sentences(entry) == ["2024-08-14 - Rosalind Whitcombe wrote a sonnet.",
+                                "2024-08-14: Nikolai Ashgrove organised a chess tournament."]
+    dated = ["On 2024-03-05, Bruno fixed a tap.", "On 2024-03-06, Ana sang!"]
+    assert sentences(" ".join(dated)) == dated  # each dated already: left as they are
+    undated = ["Ada moved to Lisbon.", "Bo took up chess."]
+    assert sentences(" ".join(undated)) == undated
+    assert sentences("Fact: Ada moved to Lisbon") == ["Fact: Ada moved to Lisbon"]
+    assert sentences("  ") == []
+
+
+def test_sentence_units_show_only_the_sentence_about_the_person_asked_about():
+    memory = Memory()
+    memory.insert(SEMANTIC, "Delphine Prendergast rented a flat on Heron Drive. "
+                            "Perpetua Esterhazy rented a flat on Granary Lane.")
+    memory.insert(SEMANTIC, "Perpetua Esterhazy now works as a veterinary nurse.")
+    question = ["On which street did Perpetua Esterhazy rent a flat?"]
+    (entries, _), = retrieve_for_questions(memory, question, top_k=1)
+    assert entries[0].content.startswith("Delphine")  # the whole entry: both people's streets
+    (units, _), = retrieve_for_questions(memory, question, top_k=1, unit="sentence")
+    assert [u.content for u in units] == ["Perpetua Esterhazy rented a flat on Granary Lane."]
+    assert units[0].id == f"{memory.semantic[0].id}.1"
+    with pytest.raises(ValueError, match="unit must be one of"):
+        retrieve_for_questions(memory, question, unit="word")

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from memalpha.agent.grounding import content_tokens
+from memalpha.memory.sentences import sentences
 from memalpha.memory.store import LIST_TYPES, Memory
 
 FACT_MIN_SHARE = 0.8
@@ -60,12 +61,15 @@ def fact_recall(facts: Sequence[str], items: Sequence[str], min_share: float = F
 
 
 def questions_stored(metadata: Mapping[str, Any], memory: Memory) -> list[bool] | None:
-    """Per question, whether ``memory`` holds the one fact that answers it (``metadata["question_facts"]``,
-    present by the same rule as fact recall); None when the instance does not name those facts."""
+    """Per question, whether ``memory`` holds the one fact that answers it
+    (``metadata["question_facts"]``): present, by fact recall's share, in one *sentence* of one item
+    (:func:`memalpha.memory.sentences.sentences`, an opening date dating each), so an entry that swaps
+    two people's facts does not count as holding either; None when the instance does not name those
+    facts."""
     facts = metadata.get("question_facts")
     if not isinstance(facts, list) or not all(isinstance(f, str) for f in facts):
         return None
-    tokenised = [content_tokens(item) for item in memory_items(memory)]
+    tokenised = [content_tokens(part) for item in memory_items(memory) for part in sentences(item)]
     return [fact_present(fact, tokenised) for fact in facts]
 
 

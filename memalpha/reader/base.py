@@ -92,7 +92,7 @@ class Reader(ABC):
             ``prompt_tokens`` or ``system_prompt_limit``; see :mod:`memalpha.reader.retrieval`);
             ``None``: its defaults. The reader copies the values (``top_k_entries``,
             ``prompt_budget_tokens``, ``bm25``, ``k_rule``, ``system_prompt_limit``,
-            ``bm25_query``).
+            ``bm25_query``, ``unit``).
         question_instructions: the per-source instruction table; ``None`` gives every question bare.
         templates: the prompt texts of the answer prompt, the memory view and the judges that
             use this reader (:mod:`memalpha.templates`; ``None``: memalpha's own).
@@ -112,6 +112,7 @@ class Reader(ABC):
         self.k_rule = K_RULES[retrieval.k_reduction]
         self.system_prompt_limit = retrieval.system_prompt_limit
         self.bm25_query = retrieval.bm25_query
+        self.unit = retrieval.unit
         self.templates = templates or default_templates()
         self.question_instructions = question_instructions or QuestionInstructions()
         self.failures = 0
@@ -183,7 +184,9 @@ class Reader(ABC):
         out: list[tuple[str | None, list[MemoryEntry], list[MemoryEntry]] | None] = [None] * len(items)
         for indices in groups.values():
             queries = [self.bm25_query_text(items[i][1], instructions[i]) for i in indices]
-            ranked = retrieve_for_questions(items[indices[0]][0], queries, self.top_k_entries, self.bm25)
+            ranked = retrieve_for_questions(
+                items[indices[0]][0], queries, self.top_k_entries, self.bm25, self.unit
+            )
             for i, (semantic, episodic) in zip(indices, ranked):
                 out[i] = (instructions[i], semantic, episodic)
         return [r for r in out if r is not None]

@@ -17,8 +17,10 @@ from memalpha.reader.retrieval import (
     DEFAULT_SYSTEM_PROMPT_LIMIT,
     DEFAULT_TOP_K,
     K_RULES,
+    RETRIEVAL_UNITS,
     BM25Variant,
     KReduction,
+    RetrievalUnit,
 )
 
 BM25Query = Literal["question", "with_instruction"]
@@ -46,6 +48,10 @@ class RetrievalSettings:
         bm25_query: What retrieval ranks entries for: ``question`` (the bare question) or
             ``with_instruction`` (the source's question instruction, an empty line and the
             question, as the official code queries).
+        unit: What is ranked and shown: ``entry`` (whole memory entries, as the official code) or
+            ``sentence`` (each entry's sentences on their own, an opening date kept with each, so an
+            entry that tells facts about several people shows only the sentence asked about;
+            ``top_k_entries`` then counts sentences). See docs/method.md, "Answering".
     """
 
     top_k_entries: int = DEFAULT_TOP_K
@@ -54,6 +60,7 @@ class RetrievalSettings:
     k_reduction: KReduction = "budget"
     system_prompt_limit: int = DEFAULT_SYSTEM_PROMPT_LIMIT
     bm25_query: BM25Query = "question"
+    unit: RetrievalUnit = "entry"
 
     def __post_init__(self) -> None:
         for name in ("prompt_tokens", "system_prompt_limit"):
@@ -65,6 +72,7 @@ class RetrievalSettings:
             ("bm25", BM25_VARIANTS),
             ("k_reduction", tuple(K_RULES)),
             ("bm25_query", BM25_QUERIES),
+            ("unit", RETRIEVAL_UNITS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(

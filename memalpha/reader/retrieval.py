@@ -9,6 +9,11 @@ entries with equal scores keep their memory order, as the official server's stab
 the default) or with ``BM25Okapi`` of the ``rank_bm25`` package (``okapi``, pinned at 0.2.2, the
 scorer the official server imports, with its defaults and its idf floor).
 
+``reader.retrieval.unit`` (:data:`RETRIEVAL_UNITS`) says what is ranked and shown: whole entries
+(``entry``, the official behaviour) or each entry's sentences on their own (``sentence``, an opening
+date kept with each: :func:`sentence_units`), so an entry that tells facts about several people shows
+only the sentence about the one asked about.
+
 ``reader.retrieval.k_reduction`` (:data:`K_RULES`) says how many entries are kept:
 :func:`fit_to_budget` (``budget``, the default) or :func:`shrink_while_over` (``official``).
 """
@@ -23,6 +28,8 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, get_args
 import numpy as np
 from rank_bm25 import BM25Okapi
 
+from memalpha.memory.sentences import sentences
+
 if TYPE_CHECKING:
     from memalpha.memory.store import Memory, MemoryEntry
 
@@ -33,6 +40,9 @@ BM25Variant = Literal["lucene", "okapi"]
 BM25_VARIANTS: tuple[str, ...] = get_args(BM25Variant)
 """``reader.retrieval.bm25``: ``lucene`` (bm25s) or ``okapi`` (rank_bm25's BM25Okapi, the official
 scoring)."""
+RetrievalUnit = Literal["entry", "sentence"]
+RETRIEVAL_UNITS: tuple[str, ...] = get_args(RetrievalUnit)
+"""``reader.retrieval.unit``: what is ranked and shown, whole entries or their sentences."""
 KReduction = Literal["budget", "official"]
 """``reader.retrieval.k_reduction``: bisect k to fit the whole prompt, or the official one-by-one rule on the
 system prompt (:data:`K_RULES`)."""
@@ -98,15 +108,30 @@ def rank_entries(
     return out
 
 
+def sentence_units(entries: Sequence[MemoryEntry]) -> list[MemoryEntry]:
+    """Each entry's sentences as entries of their own (:func:`memalpha.memory.sentences.sentences`: an
+    opening date dates every sentence), in memory order; the ``k``-th sentence of entry ``id`` has the
+    id ``id.k``."""
+    from memalpha.memory.store import MemoryEntry
+
+    return [MemoryEntry(f"{entry.id}.{k}", text)
+            for entry in entries for k, text in enumerate(sentences(entry.content))]
+
+
 def retrieve_for_questions(
-    memory: Memory, questions: Sequence[str], top_k: int = DEFAULT_TOP_K, bm25: str = "lucene"
+    memory: Memory, questions: Sequence[str], top_k: int = DEFAULT_TOP_K, bm25: str = "lucene",
+    unit: str = "entry",
 ) -> list[tuple[list[MemoryEntry], list[MemoryEntry]]]:
-    """Per question, the top-``top_k`` (semantic, episodic) entries of ``memory``, scored by ``bm25``.
+    """Per question, the top-``top_k`` (semantic, episodic) units of ``memory``, scored by ``bm25``:
+    its entries (``unit: entry``) or their sentences (``unit: sentence``, :func:`sentence_units`).
 
     Core memory is not part of the result: the reader always includes it.
     """
-    semantic = rank_entries(list(memory.semantic), questions, top_k, bm25)
-    episodic = rank_entries(list(memory.episodic), questions, top_k, bm25)
+    if unit not in RETRIEVAL_UNITS:
+        raise ValueError(f"unit must be one of {list(RETRIEVAL_UNITS)}, got {unit!r}")
+    cut = sentence_units if unit == "sentence" else list
+    semantic = rank_entries(cut(memory.semantic), questions, top_k, bm25)
+    episodic = rank_entries(cut(memory.episodic), questions, top_k, bm25)
     return list(zip(semantic, episodic))
 
 
