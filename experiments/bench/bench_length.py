@@ -13,8 +13,9 @@ on ``--instances`` synthetic validation instances of that many chunks at synthet
 (``data.synthetic.evidence: spread``: question ``i`` asks about the ``i``-th of the equal stretches, so
 the first chunks are asked about too). Per length it reports, from the process and its validation report:
 
-* seconds per chunk of the policy's turns (all rows of a chunk index are one batch) and seconds per
-  question of the reader, from the report's ``seconds``;
+* CPU seconds per chunk of the policy's turns (all rows of a chunk index are one batch) and per
+  question of the reader, from the report's ``seconds`` (the process is single-threaded, so its CPU
+  seconds count the work whatever else runs on the machine; wall seconds beside them);
 * the process's peak RSS (``wait4``) and its RSS every second;
 * prompt tokens per turn, max and p95, against ``rollout.max_prompt_tokens``, and the responses cut at
   ``rollout.max_new_tokens``;
@@ -41,6 +42,7 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread: CPU seconds count the work done
 
 from memalpha_lab.common import (
     REPO_ROOT,
@@ -100,10 +102,11 @@ def length_figures(report: dict[str, Any], chunks: int, budget: int, max_new: in
     return {
         "chunks": chunks,
         "instances": overall["instances"],
+        "policy_cpu_s_per_chunk": seconds["policy_cpu_s"] / chunks,
+        "reader_cpu_s_per_question": seconds["reader_cpu_s"] / max(1, len(questions)),
         "policy_s_per_chunk": seconds["policy_s"] / chunks,
         "reader_s_per_question": seconds["reader_s"] / max(1, len(questions)),
-        "policy_s": seconds["policy_s"],
-        "reader_s": seconds["reader_s"],
+        **{name: seconds[name] for name in ("policy_s", "reader_s", "policy_cpu_s", "reader_cpu_s")},
         "prompt_tokens_max": max(prompts),
         "prompt_tokens_p95": percentile(prompts, 0.95),
         "prompt_budget": budget,
@@ -235,7 +238,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     )
     left.set_xticks(lengths, [str(n) for n in lengths])
     left.legend()
-    right.plot(lengths, [r["policy_s_per_chunk"] for r in rows], marker="o", label="policy s per chunk")
+    right.plot(
+        lengths, [r["policy_cpu_s_per_chunk"] for r in rows], marker="o", label="policy CPU s per chunk"
+    )
     right.set(
         xscale="log", xlabel="chunks per instance", ylabel="seconds", title="cost per chunk and peak RSS"
     )
@@ -322,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         [
             [
                 r["chunks"],
-                r["policy_s_per_chunk"],
-                r["reader_s_per_question"],
+                r["policy_cpu_s_per_chunk"],
+                r["reader_cpu_s_per_question"],
                 r["peak_rss_bytes"] / 2**30,
                 r["prompt_tokens_max"],
                 r["prompt_tokens_p95"],
@@ -356,11 +361,12 @@ def main(argv: list[str] | None = None) -> int:
     if base is not None and longest is not base:
         ratios = {
             "chunks": [8, longest["chunks"]],
-            "policy_s_per_chunk": longest["policy_s_per_chunk"] / base["policy_s_per_chunk"],
+            "policy_cpu_s_per_chunk": longest["policy_cpu_s_per_chunk"] / base["policy_cpu_s_per_chunk"],
             "peak_rss": longest["peak_rss_bytes"] / base["peak_rss_bytes"],
         }
         print(
-            f"\n{longest['chunks']} chunks against 8: cost per chunk x{ratios['policy_s_per_chunk']:.2f}, "
+            f"\n{longest['chunks']} chunks against 8: "
+            f"cost per chunk x{ratios['policy_cpu_s_per_chunk']:.2f}, "
             f"peak RSS x{ratios['peak_rss']:.2f} (targets <= 1.25)"
         )
     result = {

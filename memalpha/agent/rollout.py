@@ -233,8 +233,10 @@ class RolloutRecord:
 
 @dataclass
 class RolloutOutput:
-    """One round: its turn samples, one record per rollout, timings (``rewards_s``: assigning the
-    rewards, content judgements included), and ``reader_failed_calls``, the requests to the reader
+    """One round: its turn samples, one record per rollout, timings (wall seconds, and the process's CPU
+    seconds of the policy's turns and of the reader, which a busy machine does not inflate;
+    ``rewards_s``: assigning the rewards, content judgements included), and ``reader_failed_calls``,
+    the requests to the reader
     (and to a separate judge reader) that failed during the round: answers, answer judgements and
     content judgements alike."""
 
@@ -245,6 +247,8 @@ class RolloutOutput:
     generated_tokens: int
     reader_failed_calls: int = 0
     rewards_s: float = 0.0
+    rollout_cpu_s: float = 0.0
+    reader_cpu_s: float = 0.0
 
 
 def make_token_counter(tokenizer) -> Callable[[str], int]:
@@ -677,21 +681,21 @@ def run_rollouts(
         instances, settings.group_size if group_size is None else group_size, settings, count_tokens, seed
     )
     asked = turn_accuracy == "asked"  # the reader reads the memory after every turn
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     generated_tokens = memorise_chunks(
         rollouts, model, tokenizer, settings, seed=seed, do_sample=do_sample, share_prefix=share_prefix,
         sampler=sampler, on_phase=on_phase, keep_snapshots=asked,
     )
-    rollout_s = time.perf_counter() - start
+    rollout_s, rollout_cpu_s = time.perf_counter() - start, time.process_time() - cpu
     report(on_phase, Phase("reader", total=sum(reader_questions(r.instance, asked) for r in rollouts)))
     readers = [reader] if judge_reader is None or judge_reader is reader else [reader, judge_reader]
     failures_before = sum(r.failures for r in readers)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     answers = answer_questions(
         rollouts, reader, judge=judge_reader, metric_overrides=weights.metric_overrides,
         style=weights.answer_style, turn_accuracy=turn_accuracy,
     )
-    reader_s = time.perf_counter() - start
+    reader_s, reader_cpu_s = time.perf_counter() - start, time.process_time() - cpu
     report(on_phase, Phase("rewards"))
     start = time.perf_counter()
     samples, records = assign_rewards(rollouts, answers, weights, content_judge, count_tokens)
@@ -704,4 +708,6 @@ def run_rollouts(
         generated_tokens=generated_tokens,
         reader_failed_calls=sum(r.failures for r in readers) - failures_before,
         rewards_s=rewards_s,
+        rollout_cpu_s=rollout_cpu_s,
+        reader_cpu_s=reader_cpu_s,
     )

@@ -51,6 +51,8 @@ from memalpha.train.step_faults import (
 from memalpha.train.validation_report import describe_backends, summarise_records, write_validation_report
 
 EXPERIENCE_KEY = "memalpha_experience"
+VALIDATION_SECONDS = ("policy_s", "reader_s", "policy_cpu_s", "reader_cpu_s")
+"""A validation report's ``seconds``: wall and process CPU seconds of the policy's turns and the reader."""
 SKIPPED_ROUNDS_KEY = "memalpha_reader_skipped_rounds"
 
 
@@ -119,7 +121,7 @@ class GRPOModule(PolicyModule):
         self.scoring: ScoringSpec | None = None  # how log-probs are computed, set with the policy
         self.experience: list[GRPOBatch] = []  # this rank's unserved mini-batches of the current round
         self._val_records: list[RolloutRecord] = []
-        self._val_seconds = {"policy_s": 0.0, "reader_s": 0.0}  # the policy's turns and the reader's answers
+        self._val_seconds = dict.fromkeys(VALIDATION_SECONDS, 0.0)
         self._step_start = time.perf_counter()
         self.engine_sync: EngineSync | None = None  # rollout.backend: vllm (started at the first rollout)
         self.reader_gate = ReaderGate(self.reader_settings)  # refuses rounds of failed reader answers
@@ -378,7 +380,7 @@ class GRPOModule(PolicyModule):
     # ------------------------------------------------------------- validation
     def on_validation_epoch_start(self) -> None:
         self._val_records = []
-        self._val_seconds = {"policy_s": 0.0, "reader_s": 0.0}
+        self._val_seconds = dict.fromkeys(VALIDATION_SECONDS, 0.0)
 
     def validation_step(self, batch: list[Instance], batch_idx: int) -> None:
         seed = stable_seed(self.hparams.seed, "validation", batch_idx)
@@ -390,8 +392,9 @@ class GRPOModule(PolicyModule):
                 sampler=None if sync is None else sync.generator(self.policy, self.tokenizer),
             )
         self._val_records.extend(out.records)
-        self._val_seconds["policy_s"] += out.rollout_s
-        self._val_seconds["reader_s"] += out.reader_s
+        for name, value in (("policy_s", out.rollout_s), ("reader_s", out.reader_s),
+                            ("policy_cpu_s", out.rollout_cpu_s), ("reader_cpu_s", out.reader_cpu_s)):
+            self._val_seconds[name] += value
 
     def on_validation_epoch_end(self) -> None:
         records, seconds = self._val_records, [self._val_seconds]
@@ -400,7 +403,7 @@ class GRPOModule(PolicyModule):
             torch.distributed.all_gather_object(gathered, (records, self._val_seconds))
             records = [r for part, _ in gathered for r in part]
             seconds = [s for _, s in gathered]
-        timing = {name: sum(s[name] for s in seconds) for name in ("policy_s", "reader_s")}
+        timing = {name: sum(s[name] for s in seconds) for name in VALIDATION_SECONDS}
         summary = {**summarise_records(records), "backends": self.backends, "seconds": timing}
         overall = summary["overall"]
         where = f"validation at global step {self.global_step}"
