@@ -46,7 +46,12 @@ from memalpha.train.step_faults import (
     phase_out_of_memory,
     validation_refusal,
 )
-from memalpha.train.validation_report import describe_backends, summarise_records, write_validation_report
+from memalpha.train.validation_report import (
+    describe_backends,
+    scoring_settings,
+    summarise_records,
+    write_validation_report,
+)
 
 EXPERIENCE_KEY = "memalpha_experience"
 SKIPPED_ROUNDS_KEY = "memalpha_reader_skipped_rounds"
@@ -378,7 +383,14 @@ class GRPOModule(PolicyModule):
             gathered: list[list[RolloutRecord]] = [None] * self.trainer.world_size  # type: ignore[list-item]
             torch.distributed.all_gather_object(gathered, records)
             records = [r for part in gathered for r in part]
-        summary = {**summarise_records(records), "backends": self.backends}
+        summary = {
+            **summarise_records(records),
+            "backends": self.backends,
+            "settings": scoring_settings(
+                self.hparams.model, self.reader_settings, self.reward_settings,
+                self.rollout_settings.templates,
+            ),
+        }
         overall = summary["overall"]
         where = f"validation at global step {self.global_step}"
         refusal = validation_refusal(ReaderFailures.of(records), self.reader_settings.max_failed_share, where)
