@@ -113,12 +113,11 @@ def compare(paths: list[Path], labels: list[str]) -> dict[str, Any]:
         if "settings" not in report["summary"]
     ]
     changes = []
-    for before, after in zip(range(len(reports) - 1), range(1, len(reports))):
-        pair = (reports[before], reports[after])
-        names = (str(paths[before]), str(paths[after]))
-        left_out = left_out_metrics(pair, names, notes)
+    for after in range(1, len(reports)):
+        pair = (reports[after - 1], reports[after])
+        left_out = left_out_metrics(pair, (str(paths[after - 1]), str(paths[after])), notes)
         changes.append({
-            "before": labels[before],
+            "before": labels[after - 1],
             "after": labels[after],
             "rows": change_rows(pair[0]["records"], pair[1]["records"], left_out),
         })
