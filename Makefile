@@ -19,10 +19,10 @@ $(STAMP): pyproject.toml lab/pyproject.toml constraints.txt
 	touch $(STAMP)
 
 # The demo (docs/cold_start.md): oracle demonstrations -> validate the base model -> SFT ->
-# validate the SFT adapter -> GRPO from it (validating at its end) -> one table of the three
-# stages on the same 16 held-out instances, also written to runs/demo_summary.json.
+# validate the SFT adapter -> GRPO from it (validating at its end) -> memalpha compare of the
+# three stages on the same 16 held-out instances, also written to runs/demo_summary.json.
 # lab/memalpha_lab/demo.py prints each stage as the memalpha command it is (DEMO_STAGES)
-# and runs them in one process, which saves five interpreter starts.
+# and runs them in one process, which saves six interpreter starts.
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m memalpha_lab.demo
 

@@ -22,6 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "allocator": set(),  # the CUDA allocator's setting, applied where a process starts
     "atomic_file": set(),  # every file of a run written atomically
     "seeding": set(),
+    "intervals": set(),  # Student t intervals, the math of memalpha compare
     "templates": set(),
     "memory": {"templates", "atomic_file"},
     "tools": {"memory", "templates"},
@@ -32,7 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     "agent": {"memory", "tools", "lm", "data", "reader", "seeding", "templates"},
     "train": {
         "memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "templates",
-        "atomic_file",
+        "atomic_file", "intervals",
     },
     "commands": {
         "memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "templates",

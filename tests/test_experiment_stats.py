@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from memalpha_lab.across_seeds import combine
-from memalpha_lab.stats import instance_values, mean_ci, paired_difference, summarise_with_ci, t975
+from memalpha_lab.instance_scores import study_instance_values
+from memalpha_lab.stats import mean_ci, paired_difference, summarise_with_ci, t975
 
 
 def record(instance, source, scores, statuses, rewards, memory_tokens=10, r3=0.5):
@@ -59,7 +60,7 @@ def test_instance_values_average_questions_calls_turns_and_rollouts():
         # instance b: no call at all counts as tool success 0
         record("b", "s2", [1], [[]], [0.05], r3=1.0),
     ]
-    values = instance_values(records)
+    values = study_instance_values(records)
     a = values["s1"]["a"]
     assert a["accuracy"] == 0.5
     assert math.isclose(a["tool_success"], (2 / 3 + 1) / 2)
@@ -86,7 +87,7 @@ def test_answer_stored_and_reader_given_stored_separate_the_memory_from_the_read
         return rec
 
     # golds Dunedin (stored, read right), Finnish (stored, read wrong), pho (not stored, guessed right)
-    values = instance_values(
+    values = study_instance_values(
         [qa("synth_personal", [("Dunedin", 1), ("finnish", 0), ("pho", 1)])]
     )["synth_personal"]["i"]
     assert values["answer_stored"] == 2 / 3 and values["reader_given_stored"] == 1 / 2
@@ -94,14 +95,14 @@ def test_answer_stored_and_reader_given_stored_separate_the_memory_from_the_read
     # nothing stored: no reader_given_stored; a second rollout without a memory drops answer_stored too
     assert (
         "reader_given_stored"
-        not in instance_values([qa("synth_personal", [("pho", 1)])])["synth_personal"]["i"]
+        not in study_instance_values([qa("synth_personal", [("pho", 1)])])["synth_personal"]["i"]
     )
-    two = instance_values(
+    two = study_instance_values(
         [qa("synth_personal", [("Dunedin", 1)]), qa("synth_personal", [("Dunedin", 0)], False)]
     )
     assert "answer_stored" not in two["synth_personal"]["i"]
     # a boxed label cannot be read off a memory text
-    assert "answer_stored" not in instance_values([qa("synth_icl", [("2", 1)])])["synth_icl"]["i"]
+    assert "answer_stored" not in study_instance_values([qa("synth_icl", [("2", 1)])])["synth_icl"]["i"]
 
 
 def test_paired_difference_uses_only_shared_instances():
@@ -191,6 +192,6 @@ def test_instance_values_average_fact_recall_only_where_every_rollout_has_one():
              dict(record("a", "s", [1], [["ok"]], [1.0]), fact_recall=1.0)]
     partly = [dict(record("b", "s", [1], [["ok"]], [1.0]), fact_recall=1.0),
               dict(record("b", "s", [1], [["ok"]], [1.0]), fact_recall=None)]
-    values = instance_values(known + partly)["s"]
+    values = study_instance_values(known + partly)["s"]
     assert values["a"]["fact_recall"] == 0.75
     assert "fact_recall" not in values["b"]

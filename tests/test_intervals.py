@@ -1,4 +1,4 @@
-"""memalpha_lab.intervals and memalpha_lab.seed_intervals against hand-computed numbers: closed forms
+"""memalpha.intervals and memalpha_lab.seed_intervals against hand-computed numbers: closed forms
 of the t distribution, intervals worked out by hand, and the seed-level interval and bootstrap over seeds."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from memalpha_lab.intervals import incomplete_beta, mean_interval, paired_interval, t_cdf, t_quantile
+from memalpha.intervals import incomplete_beta, mean_interval, paired_interval, t_cdf, t_quantile
 from memalpha_lab.seed_intervals import (
     equivalence,
     paired_differences_by_seed,

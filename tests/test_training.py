@@ -159,6 +159,8 @@ def test_validate_prints_table_and_writes_json(fitted, capsys):
     report = json.loads((version_dirs(tmp_path)[-1] / "validation.json").read_text())
     assert report["summary"]["overall"]["questions"] > 0
     assert report["summary"]["backends"] == {"sampling": "cpu-fused", "reader": "cpu-fused"}
+    scoring = report["summary"]["settings"]["scoring"]  # what memalpha compare checks
+    assert scoring["model.reader.kind"] == "local" and scoring["model.reader.model"] == scoring["model.model"]
     question = report["records"][0]["questions"][0]
     assert {"question", "gold", "prediction", "score"} <= set(question)
 

@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, print_table, write_json
-from memalpha_lab.demo_summary import event_scalars
+from memalpha_lab.tb_scalars import event_scalars
 
 DEFAULT_OUT = RESULTS_DIR / "bench_cpu_decoders.json"
 TAGS = ("perf/rollout_s", "perf/reader_s", "step_s", "perf/generated_tokens", "reader/questions")

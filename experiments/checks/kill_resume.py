@@ -46,7 +46,7 @@ from memalpha_lab.common import (
     tiny_model_folder,
     write_json,
 )
-from memalpha_lab.demo_summary import event_scalars
+from memalpha_lab.tb_scalars import event_scalars
 
 COMPARED = ("train/reward", "train/loss", "train/kl", "train/grad_norm", "memory/tokens", "lr")
 

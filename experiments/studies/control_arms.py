@@ -74,9 +74,9 @@ from memalpha_lab.control_arms_report import (
     plot,
     print_report,
 )
-from memalpha_lab.demo_summary import event_scalars
-from memalpha_lab.instance_scores import instance_values
+from memalpha_lab.instance_scores import study_instance_values
 from memalpha_lab.recipe_configs import load_yaml, sft_config, write_yaml
+from memalpha_lab.tb_scalars import event_scalars
 
 GRPO_ARMS = ("grpo", "grpo_lr0")
 
@@ -112,7 +112,7 @@ def validate(run_dir: Path, val_yaml: Path, adapter: Path, version: str, reuse: 
                 "--trainer.logger.init_args.name", folder, "--trainer.logger.init_args.version", version,
                 log=run_dir / "logs" / f"{folder}_{version}.log",
             )
-    return instance_values(load_records(report))
+    return study_instance_values(load_records(report))
 
 
 def arm_compute(run_dir: Path, name: str, command: str) -> dict[str, Any]:

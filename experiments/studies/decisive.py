@@ -74,9 +74,9 @@ from memalpha_lab.decisive_plan import (
     recipe_config,
 )
 from memalpha_lab.decisive_report import GRPO, GUARD_LIMIT, PRIMARY, SECONDARY, SFT, print_decisive, rebuild
-from memalpha_lab.demo_summary import event_scalars
 from memalpha_lab.levers import LEVERS
 from memalpha_lab.recipe_configs import write_yaml
+from memalpha_lab.tb_scalars import event_scalars
 
 
 def collect_runs(run_dir: Path, seeds: list[int],

@@ -58,10 +58,10 @@ from memalpha_lab.arm_configs import tag, validate_config
 from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, write_json
 from memalpha_lab.compute import measured
 from memalpha_lab.control_arms_report import INTERVALS, START, TRAIN_TAGS
-from memalpha_lab.demo_summary import event_scalars
 from memalpha_lab.grpo_levers_report import LEVER_METRICS, REFERENCES, lever_comparisons, print_levers
 from memalpha_lab.levers import LEVERS, lever_config, lever_runs
 from memalpha_lab.recipe_configs import load_yaml, write_yaml
+from memalpha_lab.tb_scalars import event_scalars
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -49,9 +49,10 @@ from memalpha_lab.common import (
     print_table,
     write_json,
 )
-from memalpha_lab.demo_summary import event_scalars
+from memalpha_lab.instance_scores import study_instance_values
 from memalpha_lab.recipe_configs import fit_config, load_yaml, sft_config, write_yaml
-from memalpha_lab.stats import METRICS, instance_values, paired_difference, summarise_with_ci
+from memalpha_lab.stats import METRICS, paired_difference, summarise_with_ci
+from memalpha_lab.tb_scalars import event_scalars
 
 TRAIN_SCALARS = (
     "train/reward",
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.reuse and start_report.exists()):
         memalpha("validate", "--config", str(fit_yaml), "--model.adapter_path", str(adapter),
                  "--trainer.logger.init_args.version", "start", log=logs / "validate_start.log")
-    start_values = instance_values(load_records(start_report))
+    start_values = study_instance_values(load_records(start_report))
 
     seed_runs = []
     for seed in seeds:
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         reports = [start_report] + sorted(folder.glob("validation_step*.json"), key=report_step)
         curve = []
         for report in reports:
-            values = instance_values(load_records(report))
+            values = study_instance_values(load_records(report))
             curve.append(
                 {
                     "step": report_step(report),
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                     "metrics": summarise_with_ci(values),
                 }
             )
-        final_values = instance_values(load_records(reports[-1]))
+        final_values = study_instance_values(load_records(reports[-1]))
         seed_runs.append(
             {
                 "seed": seed,

@@ -62,8 +62,8 @@ from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, load_recor
 from memalpha_lab.compute import measured
 from memalpha_lab.control_arms_report import START, compare
 from memalpha_lab.decisive_plan import collect_scores, recipe_config, validated
-from memalpha_lab.demo_summary import event_scalars
 from memalpha_lab.recipe_configs import load_yaml, write_yaml
+from memalpha_lab.tb_scalars import event_scalars
 
 SIDES = ("memalpha", "trl")
 VAL_DATA_SEED, TRAIN_DATA_SEED_BASE = 6900, 6910

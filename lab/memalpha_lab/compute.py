@@ -132,7 +132,7 @@ def training_counts(series: Mapping[str, Mapping[int, float]], sampled: bool) ->
 
 def training_compute(folder: Path, sampled: bool) -> dict[str, Any]:
     """:func:`training_counts` of the TensorBoard events under ``folder``."""
-    from memalpha_lab.demo_summary import event_scalars
+    from memalpha_lab.tb_scalars import event_scalars
 
     return training_counts(event_scalars(folder, TRAIN_TAGS), sampled)
 

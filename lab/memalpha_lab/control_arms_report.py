@@ -34,7 +34,7 @@ memory, so the instance is the unit):
 The arm ``start`` (the shared SFT adapter) is one validation used by every seed. ``fact_recall``
 pairs only the instances that know their facts (all synthetic ones do), ``reader_given_stored``
 (the reader's accuracy on the questions whose gold the memory holds, beside ``answer_stored``,
-the share of such questions: :func:`memalpha_lab.instance_scores.instance_values`) only the
+the share of such questions: :func:`memalpha_lab.instance_scores.study_instance_values`) only the
 instances where both arms stored at least one answer.
 """
 
@@ -47,9 +47,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from memalpha.intervals import mean_interval, paired_interval
+from memalpha.train.instance_scores import InstanceScores
 from memalpha_lab.common import RESULTS_DIR, command_line, print_table, write_text_atomically
-from memalpha_lab.instance_scores import InstanceScores
-from memalpha_lab.intervals import mean_interval, paired_interval
 from memalpha_lab.seed_intervals import seed_level_change
 
 ARMS = ("grpo", "grpo_lr0", "sft_continued")

@@ -18,11 +18,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from memalpha.train.instance_scores import InstanceScores
 from memalpha_lab.arm_configs import arm_fit_config, tag, validate_config
 from memalpha_lab.common import load_records
 from memalpha_lab.control_arms_report import START
 from memalpha_lab.decisive_report import GRPO, SFT
-from memalpha_lab.instance_scores import InstanceScores, instance_values
+from memalpha_lab.instance_scores import study_instance_values
 from memalpha_lab.levers import LEVERS, set_dotted
 
 VAL_DATA_SEED = 3900
@@ -46,8 +47,8 @@ def memory_shares(records: list[Mapping[str, Any]]) -> dict[str, dict[str, float
 
 
 def guarded_values(records: list[Mapping[str, Any]]) -> InstanceScores:
-    """:func:`memalpha_lab.instance_scores.instance_values` with each instance's ``memory_share``."""
-    values = instance_values(records)
+    """:func:`memalpha_lab.instance_scores.study_instance_values` with each instance's ``memory_share``."""
+    values = study_instance_values(records)
     for source, instances in memory_shares(records).items():
         for instance, share in instances.items():
             values[source][instance]["memory_share"] = share

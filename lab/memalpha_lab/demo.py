@@ -2,9 +2,10 @@
 
     python -m memalpha_lab.demo      (from the repository root)
 
-Clears the demo's outputs (:data:`DEMO_OUTPUTS`), runs :data:`DEMO_STAGES` one after another
-through :func:`memalpha.cli.run` (printing each as the ``memalpha`` command it is; one interpreter
-start instead of six), then the before/after table of :mod:`memalpha_lab.demo_summary`.
+Clears the demo's outputs (:data:`DEMO_OUTPUTS`), then runs :data:`DEMO_STAGES`, ``memalpha``
+commands only, one after another through :func:`memalpha.cli.run` (printing each as the command it
+is; one interpreter start instead of seven). The last, ``memalpha compare``, prints the
+before/after table and writes it to ``runs/demo_summary.json``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from pathlib import Path
 
 from memalpha.allocator import prefer_expandable_segments
 from memalpha.cli import run
-from memalpha_lab.demo_summary import main as summary_main
 
 DEMO_OUTPUTS = ("runs/demos", "runs/sft_tiny_cpu", "runs/tiny_cpu", "runs/demo_summary.json")
 _TINY = ["--config", "configs/tiny_cpu.yaml"]
@@ -28,6 +28,8 @@ DEMO_STAGES: tuple[list[str], ...] = (
      "--trainer.logger.init_args.version", "sft"],
     ["fit", *_TINY, "--model.adapter_path", "runs/sft_tiny_cpu/adapter",
      "--trainer.logger.init_args.version", "grpo"],
+    ["compare", "runs/tiny_cpu/base", "runs/tiny_cpu/sft", "runs/tiny_cpu/grpo", "--labels", "base,sft,grpo",
+     "--out", "runs/demo_summary.json"],
 )
 
 
@@ -48,10 +50,6 @@ def main(argv: list[str] | None = None) -> None:
     for stage in DEMO_STAGES:
         print(f"\n$ memalpha {' '.join(stage)}", flush=True)
         run(list(stage))
-    print("\n$ python -m memalpha_lab.demo_summary runs/tiny_cpu runs/demo_summary.json", flush=True)
-    status = summary_main(["runs/tiny_cpu", "runs/demo_summary.json"])
-    if status:
-        raise SystemExit(status)
 
 
 if __name__ == "__main__":

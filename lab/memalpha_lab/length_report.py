@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from memalpha.agent.scoring import score_answers
+from memalpha.intervals import mean_interval
 from memalpha.memory.store import EPISODIC, SEMANTIC, Memory
 from memalpha.reader.extractive import ExtractiveReader
 from memalpha.reader.options import RetrievalSettings
@@ -44,7 +45,6 @@ from memalpha_lab.control_arms_report import (
 from memalpha_lab.decisive_plan import guarded_values
 from memalpha_lab.decisive_report import decision, report_main
 from memalpha_lab.instance_scores import InstanceScores
-from memalpha_lab.intervals import mean_interval
 
 GRPO, SFT = "grpo", "sft_continued"
 ARMS = (GRPO, SFT)

@@ -2,7 +2,7 @@
 of the parity checks, and the seed-level estimates of a paired change (a t interval over seeds and
 a two-level bootstrap over seeds, then instances) that the pre-registered studies read.
 
-Built on :mod:`memalpha_lab.intervals` (the t quantile and the one-sample interval); pure functions
+Built on :mod:`memalpha.intervals` (the t quantile and the one-sample interval); pure functions
 over lists of floats.
 """
 
@@ -13,7 +13,7 @@ import random
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from memalpha_lab.intervals import mean_interval, sample_variance, t_quantile
+from memalpha.intervals import mean_interval, sample_variance, t_quantile
 
 
 def welch_interval(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> dict[str, float]:

@@ -13,17 +13,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from memalpha_lab.instance_scores import InstanceScores, instance_values, paired_change
-from memalpha_lab.intervals import mean_interval, t_quantile
-
-__all__ = ["METRICS", "instance_values", "mean_ci", "paired_difference", "summarise_with_ci", "t975"]
+from memalpha.intervals import mean_interval, t_quantile
+from memalpha.train.instance_scores import InstanceScores, paired_change
 
 METRICS = ("accuracy", "tool_success", "memory_tokens", "compression", "mean_reward")
 
 
 def t975(df: float) -> float:
     """The 0.975 quantile of Student's t with ``df`` degrees of freedom
-    (:func:`memalpha_lab.intervals.t_quantile`)."""
+    (:func:`memalpha.intervals.t_quantile`)."""
     if df < 1:
         raise ValueError(f"degrees of freedom must be >= 1, got {df}")
     return t_quantile(0.975, df)
@@ -31,7 +29,7 @@ def t975(df: float) -> float:
 
 def mean_ci(values: Sequence[float]) -> dict[str, float]:
     """``{"mean", "half_width", "n"}``: the mean and the half width of its 95 % t interval
-    (:func:`memalpha_lab.intervals.mean_interval`; half width 0 for a single value)."""
+    (:func:`memalpha.intervals.mean_interval`; half width 0 for a single value)."""
     interval = mean_interval(values)
     return {"mean": interval["mean"], "half_width": interval["half_width"], "n": interval["n"]}
 
@@ -48,6 +46,8 @@ def summarise_with_ci(per_instance: Mapping[str, Mapping[str, Mapping[str, float
 
 def paired_difference(before: InstanceScores, after: InstanceScores, metric: str) -> dict[str, float]:
     """Mean and 95 % interval of ``after - before`` over the instances both reports hold
-    (:func:`memalpha_lab.instance_scores.paired_change`)."""
+    (:func:`memalpha.train.instance_scores.paired_change`); ValueError when they share none."""
     change = paired_change(before, after, metric)
+    if change is None:
+        raise ValueError("the two reports share no instance")
     return {"mean": change["mean"], "half_width": change["half_width"], "n": change["n"]}

@@ -123,6 +123,12 @@ class MemAlphaCLI(LightningCLI):
     takes_profile = True
     """Offer ``--profile`` (:mod:`memalpha.train.profiles`); its keys are :class:`GRPOModule`'s."""
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """Lightning's subcommands but ``test``: memalpha scores held-out data with ``validate``
+        (``memalpha test`` says so in one line, :data:`memalpha.cli.REPLACED`)."""
+        return {name: skip for name, skip in LightningCLI.subcommands().items() if name != "test"}
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("parser_class", OneLineErrorParser)
         super().__init__(*args, **kwargs)

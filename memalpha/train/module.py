@@ -48,7 +48,12 @@ from memalpha.train.step_faults import (
     phase_out_of_memory,
     validation_refusal,
 )
-from memalpha.train.validation_report import describe_backends, summarise_records, write_validation_report
+from memalpha.train.validation_report import (
+    describe_backends,
+    scoring_settings,
+    summarise_records,
+    write_validation_report,
+)
 
 EXPERIENCE_KEY = "memalpha_experience"
 VALIDATION_SECONDS = ("policy_s", "reader_s", "policy_cpu_s", "reader_cpu_s")
@@ -403,8 +408,15 @@ class GRPOModule(PolicyModule):
             torch.distributed.all_gather_object(gathered, (records, self._val_seconds))
             records = [r for part, _ in gathered for r in part]
             seconds = [s for _, s in gathered]
-        timing = {name: sum(s[name] for s in seconds) for name in VALIDATION_SECONDS}
-        summary = {**summarise_records(records), "backends": self.backends, "seconds": timing}
+        summary = {
+            **summarise_records(records),
+            "backends": self.backends,
+            "seconds": {name: sum(s[name] for s in seconds) for name in VALIDATION_SECONDS},
+            "settings": scoring_settings(
+                self.hparams.model, self.reader_settings, self.reward_settings,
+                self.rollout_settings.templates,
+            ),
+        }
         overall = summary["overall"]
         where = f"validation at global step {self.global_step}"
         refusal = validation_refusal(ReaderFailures.of(records), self.reader_settings.max_failed_share, where)

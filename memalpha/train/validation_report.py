@@ -21,22 +21,31 @@ gives, per category (and over all, and over all but the adversarial one), the qu
 metric or style in force: :func:`~memalpha.agent.locomo_scoring.locomo_f1`); the table prints it
 below the sources, and each LoCoMo question of the JSON carries its ``locomo_f1`` beside its
 ``metadata`` (the category).
+
+The summary's ``settings`` (:func:`scoring_settings`) record what measured the report, so that
+``memalpha compare`` can refuse two reports scored differently.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memalpha.agent.scoring import OFFICIAL_ANSWERS, score_answers
 from memalpha.atomic_file import write_atomically
 from memalpha.data.locomo import ADVERSARIAL, CATEGORY_NAMES
 from memalpha.data.locomo import DATA_SOURCE as LOCOMO
 from memalpha.tools.executor import SUCCESS_STATUSES
+
+if TYPE_CHECKING:
+    from memalpha.agent.reward_settings import RewardSettings
+    from memalpha.reader.settings import ReaderSettings
+    from memalpha.templates.loader import PromptTemplates
 
 COLUMNS = (
     "source", "instances", "questions", "accuracy", "accuracy_by_instance", "fact_recall", "memory_tokens",
@@ -167,6 +176,62 @@ def format_locomo_table(summary: dict[str, Any]) -> str:
         "\nLoCoMo per category (accuracy: the metric in force; locomo_f1: LoCoMo's own score)\n"
         + format_columns(cells)
     )
+
+
+READER_TEMPLATES = (
+    "answer_system", "answer_system_no_core", "answer_user", "answer_view_empty_list", "answer_judge",
+)
+"""The prompt texts the reader and the ``llm_judge`` metric's judge read."""
+CONTENT_JUDGE_TEMPLATES = (
+    "content_judge", "content_judge_core", "content_judge_semantic", "content_judge_episodic",
+    "content_judge_system", "content_judge_retry",
+)
+"""The prompt texts of ``reward.content_judge: llm``."""
+
+
+def texts_digest(templates: PromptTemplates, names: Sequence[str]) -> str:
+    """A short SHA-256 of the templates ``names``: equal exactly when every one of those texts is."""
+    payload = json.dumps([getattr(templates, name) for name in names], ensure_ascii=False)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+
+
+def scoring_settings(
+    model: str, reader: ReaderSettings, reward: RewardSettings, templates: PromptTemplates
+) -> dict[str, dict[str, Any]]:
+    """What measured a validation report, as two groups of ``option: value``, keyed as a user sets them.
+
+    ``scoring``: what decides accuracy and memory size: the policy's base ``model`` (memory tokens
+    are counted in its tokens; the ``local`` and ``engine`` readers answer with it), the reader
+    (its kind, the model that answers, its length and temperature, its retrieval, the digest of its
+    prompt texts) and the answer metric (``reward.metric_style``, ``reward.metric_overrides``).
+    Two reports that differ here are not comparable. Each question's instruction is in its record.
+
+    ``reward``: every other reward setting, and with ``reward.content_judge: llm`` the digest of
+    the judge's prompt texts: what decides ``mean_reward`` besides the scoring.
+    """
+    answers = {"local": model, "engine": model, "openai": reader.openai.model}.get(reader.kind)
+    generates = reader.kind != "extractive"
+    scoring: dict[str, Any] = {
+        "model.model": model,
+        "model.reader.kind": reader.kind,
+        "model.reader.model": answers,
+        "model.reader.max_new_tokens": reader.max_new_tokens if generates else None,
+        "model.reader.temperature": reader.temperature if generates else None,
+        **{f"model.reader.retrieval.{k}": v for k, v in asdict(reader.retrieval).items()},
+        "model.rollout.prompt_templates[reader]": texts_digest(templates, READER_TEMPLATES),
+        "model.reward.metric_style": reward.metric_style,
+        "model.reward.metric_overrides": reward.metric_overrides,
+    }
+    rewards: dict[str, Any] = {
+        f"model.reward.{f.name}": getattr(reward, f.name)
+        for f in fields(reward)
+        if f.name not in ("metric_style", "metric_overrides")
+    }
+    if reward.content_judge == "llm":
+        rewards["model.rollout.prompt_templates[content_judge]"] = texts_digest(
+            templates, CONTENT_JUDGE_TEMPLATES
+        )
+    return {"scoring": scoring, "reward": rewards}
 
 
 def format_table(summary: dict[str, Any]) -> str:

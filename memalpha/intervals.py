@@ -1,5 +1,5 @@
-"""Student t confidence intervals: the t quantile, and the one-sample and paired intervals a
-validation report gives a change between two adapters (:mod:`memalpha_lab.instance_scores`).
+"""Student t confidence intervals: the t quantile, and the one-sample and paired intervals
+``memalpha compare`` gives a change between two validation reports (:mod:`memalpha.train.instance_scores`).
 
 Pure functions over lists of floats, with no dependency beyond :mod:`math`. The t distribution's
 CDF is written through the regularized incomplete beta function,
