@@ -24,6 +24,13 @@ the first chunks are asked about too). Per length it reports, from the process a
   accuracy on those (``stored_accuracy``) and the share stored but answered wrongly (``stored_wrong``),
   overall and by where the evidence sits (first, middle and last third of the input).
 
+With ``--reader-variant`` (repeatable, e.g. ``unit=sentence,top_k_entries=10``: ``reader.retrieval``
+fields), each length's final memories are also answered again by the config's reader with those
+retrieval settings, through the product's reader (``ReaderSettings.build``, the embedded base weights)
+and its answer metrics: the policy's turns are greedy and the reader does not change them, so its
+memories are the same, and only the reader's side is measured again. Per variant: accuracy, the
+accuracy where the answer is stored, and the share stored but answered wrongly, overall and by third.
+
 Writes ``--out`` (JSON, with the machine and commit) and a plot beside it (``.png``). ``--reuse`` keeps
 every length whose report exists in ``--run-dir``.
 """
@@ -165,6 +172,82 @@ def run_validate(argv: list[str], log: Path) -> dict[str, Any]:
     }
 
 
+def retrieval_variant(text: str) -> dict[str, Any]:
+    """``unit=sentence,top_k_entries=10`` as ``reader.retrieval`` fields, checked by
+    :class:`~memalpha.reader.options.RetrievalSettings`."""
+    from memalpha.reader.options import RetrievalSettings
+
+    fields: dict[str, Any] = {}
+    for part in filter(None, text.split(",")):
+        name, _, value = part.partition("=")
+        if not value:
+            raise ValueError(f"{part!r} is not FIELD=VALUE")
+        fields[name.strip()] = int(value) if value.strip().isdigit() else value.strip()
+    try:
+        RetrievalSettings(**fields)
+    except TypeError as exc:
+        raise ValueError(f"{text!r}: {exc}") from None
+    return fields
+
+
+def reader_settings(config: Path, variant: dict[str, Any]):
+    """The config's ``model.reader`` group with ``variant``'s retrieval fields."""
+    import yaml
+
+    from memalpha.reader.settings import ReaderSettings
+
+    reader = dict(yaml.safe_load(config.read_text(encoding="utf-8"))["model"].get("reader", {}))
+    reader["retrieval"] = {**reader.get("retrieval", {}), **variant}
+    return ReaderSettings(**reader)
+
+
+def answered_again(
+    reports: dict[int, dict[str, Any]], config: Path, variants: list[dict[str, Any]]
+) -> dict[str, dict[int, dict[str, Any]]]:
+    """Each length's final memories answered again by the config's reader under each retrieval
+    variant; per variant and length, :func:`answer_figures` overall and by third."""
+    import yaml
+
+    from memalpha.agent.scoring import score_answers
+    from memalpha.lm.core.policy import load_policy
+    from memalpha.memory.store import Memory
+
+    model_name = yaml.safe_load(config.read_text(encoding="utf-8"))["model"]["model"]
+    policy, tokenizer = load_policy(model_name, lora=None)
+    count = make_counter(tokenizer)
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for variant in variants:
+        reader = reader_settings(config, variant).build(policy, tokenizer)
+        name = ",".join(f"{k}={v}" for k, v in variant.items())
+        out[name] = {}
+        for chunks, report in reports.items():
+            records = report["records"]
+            memories = [Memory.from_dict(r["memory"], count) for r in records]
+            items = [(m, q["question"]) for m, r in zip(memories, records) for q in r["questions"]]
+            sources = [r["data_source"] for r in records for _ in r["questions"]]
+            answers = reader.answer(items, sources)
+            questions = [dict(q) for r in records for q in r["questions"]]
+            for n, (source, question) in enumerate(zip(sources, questions)):
+                scored, _ = score_answers(
+                    source, [answers[n].text], [question["gold"]], questions=[question["question"]]
+                )
+                question["score"] = scored[0]
+            out[name][chunks] = {
+                **answer_figures(questions),
+                "by_third": {
+                    part: answer_figures([q for q in questions if third(q["evidence_chunk"], chunks) == part])
+                    for part in THIRDS
+                },
+            }
+    return out
+
+
+def make_counter(tokenizer):
+    from memalpha.agent.rollout import make_token_counter
+
+    return make_token_counter(tokenizer)
+
+
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     args = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
@@ -188,6 +271,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "bench_length")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "bench_length.json")
     parser.add_argument("--reuse", action="store_true", help="keep every length whose report exists")
+    parser.add_argument(
+        "--reader-variant",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE,...",
+        help="reader.retrieval settings to answer each length's final memories with again (repeatable)",
+    )
     parsed = parser.parse_args(args)
     try:
         parsed.length_list = [int(n) for n in parsed.lengths.split(",")]
@@ -195,6 +285,14 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         parser.error(f"--lengths must be comma-separated integers, got {parsed.lengths!r}")
     if any(n < 1 for n in parsed.length_list) or parsed.instances < 1 or parsed.questions < 1:
         parser.error("--lengths, --instances and --questions must be >= 1")
+    try:
+        parsed.variants = [retrieval_variant(text) for text in parsed.reader_variant]
+    except ValueError as exc:
+        parser.error(f"--reader-variant: {exc}")
+    if parsed.variants and any(option.startswith("--model.reader") for option in extra):
+        parser.error(
+            "--reader-variant answers with the config's reader: give no --model.reader option after --"
+        )
     if not (parsed.adapter / "adapter_config.json").is_file():
         parser.error(
             f"--adapter {parsed.adapter} is not an adapter folder (run make demo to write the default)"
@@ -261,7 +359,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args, extra = parse_args(argv)
     budget, max_new = config_values(args.config, extra)
-    rows = []
+    rows, reports = [], {}
     for chunks in args.length_list:
         version = f"chunks{chunks}"
         report_path = args.run_dir / "validate" / version / "validation.json"
@@ -297,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             write_json(process, measured_path)
         process = json.loads(measured_path.read_text(encoding="utf-8"))
-        report = json.loads(report_path.read_text(encoding="utf-8"))
+        report = reports[chunks] = json.loads(report_path.read_text(encoding="utf-8"))
         rows.append(
             {
                 **length_figures(report, chunks, budget, max_new),
@@ -308,8 +406,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{chunks} chunks: {process['wall_s']:.0f} s", flush=True)
     headers = [
         "chunks",
-        "policy s/chunk",
-        "reader s/q",
+        "policy CPU s/chunk",
+        "reader CPU s/q",
         "peak RSS GiB",
         "prompt max",
         "prompt p95",
@@ -369,6 +467,23 @@ def main(argv: list[str] | None = None) -> int:
             f"cost per chunk x{ratios['policy_cpu_s_per_chunk']:.2f}, "
             f"peak RSS x{ratios['peak_rss']:.2f} (targets <= 1.25)"
         )
+    again = answered_again(reports, args.config, args.variants) if args.variants else {}
+    for name, by_length in again.items():
+        print(f"\nthe same memories answered again with reader.retrieval {name}")
+        print_table(
+            ["chunks", "accuracy", "stored", "acc. stored", "stored wrong", *[f"{p} acc." for p in THIRDS]],
+            [
+                [
+                    n,
+                    f["accuracy"],
+                    f["stored"],
+                    f["stored_accuracy"],
+                    f["stored_wrong"],
+                    *[f["by_third"][p]["accuracy"] for p in THIRDS],
+                ]
+                for n, f in by_length.items()
+            ],
+        )
     result = {
         "benchmark": "bench_length",
         "command": command_line(),
@@ -383,6 +498,9 @@ def main(argv: list[str] | None = None) -> int:
         },
         "rows": rows,
         "ratios_vs_8": ratios,
+        "reader_variants": {
+            name: {str(n): f for n, f in by_length.items()} for name, by_length in again.items()
+        },
     }
     write_json(result, args.out, machine=machine_info())
     plot(rows, args.out.with_suffix(".png"))
