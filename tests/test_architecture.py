@@ -24,7 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "seeding": set(),
     "intervals": set(),  # Student t intervals, the math of memalpha compare
     "templates": set(),
-    "memory": {"templates", "atomic_file"},
+    "memory": {"templates"},
     "tools": {"memory", "templates"},
     "lm": {"seeding"},
     "data": {"lm", "atomic_file"},
@@ -40,7 +40,9 @@ ALLOWED: dict[str, set[str]] = {
         "train",
     },
     "cli": {"commands", "train", "templates", "allocator"},
-    "inference": {"memory", "tools", "lm", "data", "reader", "agent", "train", "seeding", "templates"},
+    "inference": {
+        "memory", "tools", "lm", "data", "reader", "agent", "train", "seeding", "templates", "atomic_file",
+    },
     "integrations": {"memory", "tools", "data", "reader", "agent", "train", "seeding"},
 }
 # the experiments' measuring kit is a package of its own (lab/memalpha_lab), outside memalpha, which

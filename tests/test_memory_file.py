@@ -1,5 +1,5 @@
 """Memory files: saved and loaded back byte for byte, the id counter kept, and every file this
-memalpha cannot read refused in one line with nothing overwritten (memalpha/memory/file.py)."""
+memalpha cannot read refused in one line with nothing overwritten (memalpha/inference/memory_file.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from memalpha.memory.file import FORMAT_VERSION, MemoryFileError, load_memory, memory_json, save_memory
+from memalpha.inference.memory_file import (
+    FORMAT_VERSION,
+    MemoryFileError,
+    load_memory,
+    memory_json,
+    save_memory,
+)
 from memalpha.memory.ids import counter_for_id, id_for_counter
 from memalpha.memory.store import Memory
 

@@ -17,7 +17,7 @@ from test_training import write_config
 from memalpha.cli import main
 from memalpha.data.loaders import save_jsonl
 from memalpha.data.synthetic import SyntheticSettings
-from memalpha.memory.file import load_memory, save_memory
+from memalpha.inference.memory_file import load_memory, save_memory
 from memalpha.memory.store import Memory
 from memalpha.train.predict_file import RECORD_FORMAT
 

@@ -14,8 +14,8 @@ from memalpha.agent.rollout import RolloutError
 from memalpha.data.schema import QA, DataValidationError, Instance
 from memalpha.inference.loading import AgentLoadError, agent_settings
 from memalpha.inference.memory_agent import MemoryAgent
+from memalpha.inference.memory_file import MemoryFileError, save_memory
 from memalpha.lm.sampling.generation import Generation
-from memalpha.memory.file import MemoryFileError, save_memory
 from memalpha.memory.store import EPISODIC
 from memalpha.tools.formats import get_call_format
 from memalpha.tools.schemas import INSERT

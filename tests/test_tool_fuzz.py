@@ -488,7 +488,7 @@ def test_executor_survives_direct_calls_of_any_shape():
 
 # ------------------------------------------------------------------------ the sandbox
 _ALLOWED_IMPORTS = {"__future__", "abc", "collections.abc", "copy", "dataclasses", "functools", "hashlib",
-                    "json", "typing", "memalpha.memory.ids", "memalpha.memory.store",
+                    "json", "re", "typing", "memalpha.memory.ids", "memalpha.memory.store",
                     "memalpha.tools.formats", "memalpha.tools.jsonfix", "memalpha.tools.schemas",
                     # the official call-repair policy's parser: only its string entry point is called
                     # (its file readers never are); tests/test_call_repair.py audits that path

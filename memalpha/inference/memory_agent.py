@@ -37,12 +37,12 @@ from memalpha.inference.loading import (
     config_settings,
     read_source,
 )
+from memalpha.inference.memory_file import load_memory
 from memalpha.lm.core.embedded import load_tokenizer
 from memalpha.lm.core.policy import load_policy
 from memalpha.lm.sampling.generation import resolve_eos_ids
 from memalpha.lm.sampling.vllm_engine import VllmEngine
 from memalpha.lm.sampling.vllm_server import VllmServer
-from memalpha.memory.file import load_memory
 from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader
 from memalpha.reader.settings import ReaderSettings
@@ -177,7 +177,7 @@ class MemoryAgent:
         )
 
     def load_memory(self, path: str | Path) -> Memory:
-        """The memory file at ``path`` (:func:`memalpha.memory.file.load_memory`), its tokens
+        """The memory file at ``path`` (:func:`memalpha.inference.memory_file.load_memory`), its tokens
         counted with the agent's tokenizer."""
         return load_memory(path, token_counter=self._count_tokens)
 

@@ -220,7 +220,7 @@ class Memory:
         """The memory :meth:`to_dict` wrote, restored exactly: the core as stored (not cut again),
         the entries in order, and the id counter, so the next insert gets the id it would have got.
 
-        ``data`` is trusted (:mod:`memalpha.memory.file` checks a file's dictionary first);
+        ``data`` is trusted (:mod:`memalpha.inference.memory_file` checks a file's dictionary first);
         ``token_counter`` counts the restored memory's tokens (None: white-space words).
         """
         memory = cls(token_counter, core_token_limit=data["core_token_limit"], seed=data["seed"])
