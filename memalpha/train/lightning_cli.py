@@ -3,7 +3,8 @@
 ``memalpha fit|validate`` land here (:func:`run_lightning_cli`). Besides Lightning's own
 behaviour the CLI links ``model.model`` to ``data.tokenizer_name`` (the DataModule chunks long
 contexts with the policy's tokenizer), writes checkpoints atomically, saves ``last.ckpt`` on
-``SIGTERM``, and names the file, line and column of a config file that is not valid YAML.
+``SIGTERM``, names the file, line and column of a config file that is not valid YAML, and reads a
+``--ckpt_path``'s saved settings under the ones the user names (``MemAlphaCLI._parse_ckpt_path``).
 
 Bad input, and memalpha's own errors while the run goes on (:func:`run_errors`), end the process
 with one line naming the option as a user types it, and no traceback (docs/troubleshooting.md
