@@ -144,6 +144,25 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
     return build_tiny_model_dir(tmp_path_factory.mktemp("tiny-model"), tokenizer)
 
 
+@pytest.fixture(scope="session")
+def tiny_fit_run(tmp_path_factory, tiny_model_dir) -> dict:
+    """A one-step ``memalpha fit`` of the tiny model (tests/test_training.py's config: LoRA r 8,
+    ``rollout.call_format`` hermes, ``rollout.max_new_tokens`` 12, ``reader.max_new_tokens`` 6): its
+    folder (``root``), config file (``config``) and last checkpoint (``ckpt``)."""
+    import yaml
+    from test_training import write_config
+
+    from memalpha.cli import main
+
+    root = tmp_path_factory.mktemp("tiny-fit")
+    config = write_config(root, tiny_model_dir, max_steps=1, instances_per_step=1)
+    settings = yaml.safe_load(config.read_text())
+    settings["trainer"].update(enable_progress_bar=False, limit_val_batches=0)
+    config.write_text(yaml.safe_dump(settings))
+    main(["fit", "--config", str(config)])
+    return {"root": root, "config": config, "ckpt": root / "run" / "checkpoints" / "last.ckpt"}
+
+
 SMALL_VOCAB, SMALL_VOCAB_CHOSEN = 8, 5  # the sign tests reward sampling token 5 of 8
 
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from test_training import nonzero_adapter, write_config
+from test_training import nonzero_adapter
 from test_vllm_client import fake_venv
 
 from memalpha.cli import main
@@ -21,15 +20,9 @@ from memalpha.lm.sampling.vllm_server import VllmServer
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
-    """A one-step fit of the tiny model: its config and checkpoint."""
-    root = tmp_path_factory.mktemp("inference")
-    config = write_config(root, tiny_model_dir, max_steps=1, instances_per_step=1)
-    settings = yaml.safe_load(config.read_text())
-    settings["trainer"].update(enable_progress_bar=False, limit_val_batches=0)
-    config.write_text(yaml.safe_dump(settings))
-    main(["fit", "--config", str(config)])
-    return {"root": root, "config": config, "ckpt": root / "run" / "checkpoints" / "last.ckpt"}
+def run(tiny_fit_run) -> dict[str, Path]:
+    """A one-step fit of the tiny model: its config and checkpoint (shared with other test files)."""
+    return tiny_fit_run
 
 
 def lora_weights(model) -> dict[str, torch.Tensor]:

@@ -3,7 +3,8 @@
 ``memalpha fit|validate`` land here (:func:`run_lightning_cli`). Besides Lightning's own
 behaviour the CLI links ``model.model`` to ``data.tokenizer_name`` (the DataModule chunks long
 contexts with the policy's tokenizer), writes checkpoints atomically, saves ``last.ckpt`` on
-``SIGTERM``, and names the file, line and column of a config file that is not valid YAML.
+``SIGTERM``, names the file, line and column of a config file that is not valid YAML, and reads a
+``--ckpt_path``'s saved settings under the ones the user names (``MemAlphaCLI._parse_ckpt_path``).
 
 Bad input, and memalpha's own errors while the run goes on (:func:`run_errors`), end the process
 with one line naming the option as a user types it, and no traceback (docs/troubleshooting.md
@@ -21,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
@@ -140,6 +142,8 @@ class MemAlphaCLI(LightningCLI):
             predict.set_defaults({"return_predictions": False})
 
     def parse_arguments(self, parser, args) -> None:
+        self._given_args = args
+        self._profile_given = False
         if args is None or isinstance(args, list):
             given = list(sys.argv[1:] if args is None else args)
             try:
@@ -150,7 +154,51 @@ class MemAlphaCLI(LightningCLI):
             if self.takes_profile:
                 self._apply_profile(given)
         super().parse_arguments(parser, args)
-        self._check_ckpt_path()  # before Lightning reads the checkpoint's hyperparameters
+        self._check_ckpt_path()  # before the checkpoint's settings are read (_parse_ckpt_path)
+
+    def _parse_ckpt_path(self) -> None:
+        """The checkpoint's saved ``model.*`` settings under the config files and the command line.
+
+        Lightning's own version parses the saved settings over the whole config, so a setting the
+        user names (``--model.reader.kind extractive``) would silently run as the checkpoint had it.
+        Here they become the subcommand's defaults and the arguments are parsed again: a setting the
+        config files, the command line or an explicitly chosen profile names wins, every other one
+        is the checkpoint's. A setting that decides what the checkpoint's weights are
+        (:data:`CHECKPOINT_DECIDES`) cannot be changed: naming another value stops the run here,
+        before any model loads, with one line naming the option and both values.
+        """
+        subcommand = self.config.get("subcommand")
+        path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not path or not Path(path).is_file():  # Lightning's names (last, best, ...): its own business
+            return
+        import torch
+
+        checkpoint = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+        saved = checkpoint.get("hyper_parameters") or {}
+        saved.pop("_instantiator", None)
+        if not saved:
+            return
+        parser = self._subcommand_parsers[subcommand]
+        try:
+            values = checkpoint_settings(saved, parser.get_defaults(), "model", str(path))
+        except ValueError as exc:
+            if debugging():
+                raise
+            raise SystemExit(f"{self._prog()}: error: {exc}") from None
+        if self._profile_given:  # the profile named wins over the checkpoint, as over the defaults
+            values = {k: v for k, v in values.items() if not any(k in keys for keys in PROFILES.values())}
+        parser.set_defaults(values)
+        args = self._given_args
+        parse = self.parser.parse_object if isinstance(args, (dict, Namespace)) else self.parser.parse_args
+        self.config = parse(args)
+        for key in CHECKPOINT_DECIDES + (CHECKPOINT_DECIDES_FIT if subcommand == "fit" else ()):
+            named = self.config[subcommand].get(key)
+            if key in values and named != values[key]:
+                raise SystemExit(
+                    f"{self._prog()}: error: {key}: the checkpoint {path} was trained with {values[key]!r} "
+                    f"but the config or command line names {named!r}; a checkpoint runs as it was trained: "
+                    f"leave {key} out or set it to {values[key]!r}"
+                )
 
     def instantiate_classes(self) -> None:
         """Build the module and DataModule; a setting out of range exits with one line naming it.
@@ -212,9 +260,11 @@ class MemAlphaCLI(LightningCLI):
         """Make the chosen profile's values the defaults of every subcommand, so the config files
         and flags parsed next override them."""
         try:
-            name = profile_named(args)
+            name = profile_named(args, default=None)
         except ValueError as exc:
             raise SystemExit(f"memalpha {args[0] if args else ''}: error: {exc}") from None
+        self._profile_given = name is not None
+        name = name or "memalpha"
         for subparser in self._subcommand_parsers.values():
             subparser.set_defaults({"profile": name, **PROFILES[name]})
 
@@ -230,6 +280,31 @@ class MemAlphaCLI(LightningCLI):
                 if debugging():
                     raise
                 raise SystemExit(f"{self._prog()}: error: {exc}") from None
+
+
+CHECKPOINT_DECIDES = ("model.model", "model.adapter_path", "model.lora.r", "model.lora.alpha",
+                      "model.lora.target_modules")
+"""Saved settings a ``--ckpt_path`` run keeps: the base model, the adapter the run started from and
+the LoRA shape and scale its weights were trained with (another value would load the weights into
+another model, or run them at another scale)."""
+CHECKPOINT_DECIDES_FIT = ("model.optimizer.name",)
+"""Saved settings a resumed ``fit`` also keeps: the optimiser whose state the checkpoint holds."""
+
+
+def checkpoint_settings(saved: dict[str, Any], defaults: Namespace, prefix: str, path: str) -> dict[str, Any]:
+    """The checkpoint's ``saved`` hyper-parameters as option keys below ``prefix``
+    (``{"model.lora.r": 8, ...}``), nested groups followed down to the parser's options in
+    ``defaults``; raises ``ValueError`` naming a saved setting this memalpha has no option for."""
+    values: dict[str, Any] = {}
+    for name, value in saved.items():
+        key = f"{prefix}.{name}"
+        if key not in defaults:
+            raise ValueError(f"ckpt_path: {path} holds the setting {key}, which this memalpha does not have")
+        if isinstance(value, dict) and isinstance(defaults.get(key), Namespace):
+            values.update(checkpoint_settings(value, defaults, key, path))
+        else:
+            values[key] = value
+    return values
 
 
 def qualify_option(message: str, keys: list[str]) -> str:

@@ -66,13 +66,13 @@ PROFILES: dict[str, dict[str, Any]] = {
 """Each profile's option values (keys as on the command line, without the leading ``--``)."""
 
 
-def profile_named(args: Iterable[str]) -> str:
+def profile_named(args: Iterable[str], default: str | None = "memalpha") -> str | None:
     """The profile ``args`` choose: the last ``--profile`` flag or top-level ``profile:`` key of a
-    ``--config`` file, in the order given (``memalpha`` when none does). An unreadable config file
+    ``--config`` file, in the order given (``default`` when none does). An unreadable config file
     is left to the CLI, which reports it itself.
     """
     args = list(args)
-    chosen = "memalpha"
+    chosen = default
     for index, arg in enumerate(args):
         following = args[index + 1] if index + 1 < len(args) else None
         if arg == "--profile" and following is not None:
@@ -83,7 +83,7 @@ def profile_named(args: Iterable[str]) -> str:
             config = _read_yaml(following if arg in ("--config", "-c") else arg.split("=", 1)[1])
             if isinstance(config, Mapping) and "profile" in config:
                 chosen = str(config["profile"])
-    if chosen not in PROFILES:
+    if chosen is not None and chosen not in PROFILES:
         raise ValueError(f"profile must be one of {list(PROFILES)}, got {chosen!r}")
     return chosen
 
