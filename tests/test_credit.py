@@ -18,7 +18,8 @@ from test_training import write_config
 
 from memalpha.agent.reward_math import hindsight_accuracy, per_chunk_totals
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import RolloutSettings, reader_questions, run_rollouts
+from memalpha.agent.rollout import reader_questions, run_rollouts
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.cli import main
 from memalpha.data.schema import QA, DataValidationError, Instance, question_evidence
 from memalpha.data.synthetic import generate_synthetic

@@ -23,7 +23,8 @@ from memalpha.agent.prompts import (
     memorise_messages,
     stated_response_limit,
 )
-from memalpha.agent.rollout import RolloutSettings, turn_prompt
+from memalpha.agent.rollout import turn_prompt
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.agent.scoring import score_answer
 from memalpha.memory.render import render_answer, render_memorise
 from memalpha.memory.store import Memory

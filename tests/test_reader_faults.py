@@ -18,13 +18,8 @@ from test_training import scalars, version_dirs, write_config
 
 from memalpha.agent.content_judges import LLMContentJudge
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import (
-    RolloutRecord,
-    RolloutSettings,
-    answer_questions,
-    run_rollouts,
-    start_rollouts,
-)
+from memalpha.agent.rollout import RolloutRecord, answer_questions, run_rollouts, start_rollouts
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.cli import main
 from memalpha.data.schema import QA, Instance
 from memalpha.lm.core.http_post import backoff_delay

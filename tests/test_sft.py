@@ -12,7 +12,7 @@ from conftest import randomise_lora_b
 from numerics import GRADIENT_REL, assert_close, assert_same_gradients
 
 from memalpha.agent.demos import oracle_demonstrations
-from memalpha.agent.rollout import RolloutSettings
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.demos import Demonstration, load_demonstrations, save_demonstrations
 from memalpha.data.schema import DataValidationError
 from memalpha.data.synthetic import generate_synthetic

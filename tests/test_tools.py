@@ -268,15 +268,15 @@ def test_compact_profile_keeps_every_tool_argument_and_the_layout(fmt):
     memory = Memory()
     memory.insert("episodic_memory", "On 2024-01-01, Anna moved.")
     messages = memorise_messages(
-        render_memorise(memory), "the chunk", fmt, response_token_limit=90, profile="compact"
+        render_memorise(memory), "the chunk", fmt, response_token_limit=90, detail="compact"
     )
     assert compact in messages[0]["content"] and messages[0]["content"].endswith(render_memorise(memory))
     assert (
         "<new_chunk>\nthe chunk\n</new_chunk>" in messages[1]["content"]
         and "90 tokens" in messages[1]["content"]
     )
-    with pytest.raises(ValueError, match="prompt profile"):
-        memorise_messages(render_memorise(memory), "x", fmt, profile="tiny")
+    with pytest.raises(ValueError, match="prompt detail"):
+        memorise_messages(render_memorise(memory), "x", fmt, detail="tiny")
 
 
 # ---------------------------------------------------------------- property-based

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import RolloutSettings, run_rollouts
+from memalpha.agent.rollout import run_rollouts
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.schema import QA, Instance
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import UpdateSettings

@@ -19,7 +19,7 @@ import yaml
 from test_training import scalars, version_dirs, write_config
 from vllm_fake_server import EOS, fake_response, served_models
 
-from memalpha.agent.rollout import RolloutSettings
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.cli import main
 from memalpha.lm.sampling.vllm_engine import (
     SampledGeneration,

@@ -17,7 +17,8 @@ import yaml
 from test_training import scalars, version_dirs, write_config
 from vllm_fake_server import served_models
 
-from memalpha.agent.rollout import RolloutSettings, make_token_counter, memorise_chunks, start_rollouts
+from memalpha.agent.rollout import make_token_counter, memorise_chunks, start_rollouts
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.cli import main
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.lm.core.adapters import export_adapter

@@ -220,7 +220,9 @@ def run_graph(model, prompts, max_new_tokens: int, seed: int, device: torch.devi
     stats: dict[str, Any] = {}
     clock = PickClock(lambda logits: next_tokens(logits, do_sample=True))
     choice = (
-        {"sampling": graph_decode.Sampling(do_sample=True)} if sampling == "in-graph" else {"pick": clock}
+        {"sampling": graph_decode.GraphSampling(do_sample=True)}
+        if sampling == "in-graph"
+        else {"pick": clock}
     )
     synchronise(device)
     start = time.perf_counter()
@@ -351,10 +353,10 @@ def check_logits(model, prompts, steps: int, capture: bool | None, seed: int) ->
         cache = own_loop.growing_cache(decoder, batch.input_ids.shape[1] + steps)
         own_loop.decode(decoder, head, config, batch, cache, pick=recorder(loop_logits), **limits)
         with folded_adapters(model, quantised=True):
-            graph_decode.decode(
+            graph_decode.decode_in_graph(
                 decoder, head, config, batch, pick=recorder(graph_logits), capture=capture, **limits
             )
-            graph_decode.decode(
+            graph_decode.decode_in_graph(
                 decoder, head, config, batch, pick=recorder(eager_logits), capture=False, **limits
             )
     return {

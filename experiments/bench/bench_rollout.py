@@ -52,7 +52,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import RolloutSettings
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.grpo.settings import KLReference, OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import build_optimizer

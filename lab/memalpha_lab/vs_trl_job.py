@@ -131,7 +131,7 @@ def build_job(
     instances = generate_synthetic(count, split="train", seed=seed, **MEMORY_JOB_SYNTHETIC)
     return [
         (
-            memorise_messages(view, inst.chunks[0], call_format, response_token_limit, profile="compact"),
+            memorise_messages(view, inst.chunks[0], call_format, response_token_limit, detail="compact"),
             [note["fact"] for note in inst.metadata["notes"][0]],
         )
         for inst in instances

@@ -16,8 +16,8 @@ from memalpha.templates.loader import PromptTemplates, default_templates
 if TYPE_CHECKING:
     from memalpha.tools.formats import CallFormat
 
-PromptProfile = Literal["full", "compact"]
-PROMPT_PROFILES: tuple[str, ...] = get_args(PromptProfile)
+PromptDetail = Literal["full", "compact"]
+PROMPT_DETAILS: tuple[str, ...] = get_args(PromptDetail)
 
 
 def stated_response_limit(max_new_tokens: int, share: float = 1.0) -> int:
@@ -40,7 +40,7 @@ def memorise_messages(
     chunk: str,
     call_format: CallFormat,
     response_token_limit: int | None = None,
-    profile: str = "full",
+    detail: str = "full",
     templates: PromptTemplates | None = None,
 ) -> list[dict[str, str]]:
     """The ``[system, user]`` chat messages of one memorising turn (docs/method.md: memorising).
@@ -50,15 +50,15 @@ def memorise_messages(
         chunk: the new input chunk, verbatim.
         call_format: decides the tool block in the system prompt.
         response_token_limit: if given, the user message states the reply budget.
-        profile: ``full`` (the default: each memory part explained, the tools' JSON schemas) or
+        detail: ``full`` (the default: each memory part explained, the tools' JSON schemas) or
             ``compact`` (a few sentences and one signature line per tool: about 450 tokens less,
             for small models on small budgets).
         templates: the prompt texts (``None``: memalpha's own).
     """
-    if profile not in PROMPT_PROFILES:
-        raise ValueError(f"prompt profile must be one of {list(PROMPT_PROFILES)}, got {profile!r}")
+    if detail not in PROMPT_DETAILS:
+        raise ValueError(f"prompt detail must be one of {list(PROMPT_DETAILS)}, got {detail!r}")
     t = templates or default_templates()
-    compact = profile == "compact"
+    compact = detail == "compact"
     tool_block = call_format.instructions(compact=compact, templates=t)
     system = t.render(
         "compact_system" if compact else "memorise_system", memory_view=memory_view, tool_block=tool_block

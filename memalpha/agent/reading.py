@@ -19,14 +19,8 @@ from typing import Any
 from memalpha.agent.fact_recall import memory_fact_recall
 from memalpha.agent.progress import Phase, PhaseHook, report
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import (
-    GenerateFn,
-    Rollout,
-    RolloutSettings,
-    answer_questions,
-    make_token_counter,
-    memorise_chunks,
-)
+from memalpha.agent.rollout import GenerateFn, Rollout, answer_questions, make_token_counter, memorise_chunks
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.schema import Instance
 from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader

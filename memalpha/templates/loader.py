@@ -78,15 +78,15 @@ class PromptTemplates:
     """One full set of prompt texts (see ``memalpha.yaml`` for what each is).
 
     Args:
-        memorise_system: System message of a memorising turn (``full`` prompt profile).
+        memorise_system: System message of a memorising turn (``full`` prompt detail).
         memorise_user: User message of a memorising turn (``full``).
-        compact_system: System message of a memorising turn (``compact`` prompt profile).
+        compact_system: System message of a memorising turn (``compact`` prompt detail).
         compact_user: User message of a memorising turn (``compact``).
         response_limit_note: Appended to the user message when the reply has a token budget.
         tool_block_qwen: The tool block of the ``qwen`` call format (or a fixed text without
             placeholders, which then lists the tools itself).
         tool_block_hermes: The tool block of the ``hermes`` call format (JSON schemas).
-        tool_block_hermes_compact: The tool block of ``hermes`` under the ``compact`` profile.
+        tool_block_hermes_compact: The tool block of ``hermes`` under the ``compact`` prompt detail.
         view_recent_header: Memorising view: the header after a list's tag.
         view_empty_core: Memorising view: the body of an empty core.
         view_empty_list: Memorising view: the body of an empty list.

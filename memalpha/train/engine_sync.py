@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from memalpha.agent.rollout import GenerateFn, RolloutSettings
+from memalpha.agent.rollout import GenerateFn
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.lm.core.adapters import export_adapter
 from memalpha.lm.core.embedded import resolve_model_path
 from memalpha.lm.sampling.generation import resolve_eos_ids

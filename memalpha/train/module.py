@@ -24,7 +24,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from memalpha.agent.progress import Phase
 from memalpha.agent.prompt_budget import check_prompt_budget
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import RolloutRecord, RolloutSettings
+from memalpha.agent.rollout import RolloutRecord
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.schema import Instance, question_evidence
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings

@@ -31,14 +31,8 @@ import torch
 
 from memalpha.agent.progress import Phase, PhaseHook, report
 from memalpha.agent.reading import Reading, read_instances
-from memalpha.agent.rollout import (
-    GenerateFn,
-    RolloutOutput,
-    RolloutSettings,
-    TurnAccuracy,
-    TurnSample,
-    run_rollouts,
-)
+from memalpha.agent.rollout import GenerateFn, RolloutOutput, TurnAccuracy, TurnSample, run_rollouts
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.schema import Instance
 from memalpha.grpo.batch import GRPOBatch, cut_minibatches
 from memalpha.grpo.settings import UpdateSettings

@@ -2,7 +2,7 @@
 by the rows that sample the same prompt.
 
 At one token per row per step, a decoding step of a small model is bound by reading weights
-and keys, and by the number of operations more than by arithmetic. :func:`decode` therefore
+and keys, and by the number of operations more than by arithmetic. :func:`decode_fused` therefore
 runs the layers itself instead of through the model's modules:
 
 * **LoRA folded, ``q/k/v`` stacked, products packed.** A LoRA update is folded into its weight
@@ -290,7 +290,7 @@ def combine(first, second) -> torch.Tensor:
     return torch.lerp(out_b, out_a, torch.sigmoid(lse_a - lse_b)[..., None])
 
 
-def decode(
+def decode_fused(
     fused: FusedDecoder,
     batch: PaddedBatch,
     prompt_cache,

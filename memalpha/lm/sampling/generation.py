@@ -27,8 +27,7 @@ from memalpha.lm.core.prefix_cache import (
 from memalpha.lm.sampling import graph_decode
 from memalpha.lm.sampling.backend import SETTING, announce, choose_backend, declined
 from memalpha.lm.sampling.filters import next_tokens
-from memalpha.lm.sampling.fused_decode import FusedDecoder
-from memalpha.lm.sampling.fused_decode import decode as fused_decode
+from memalpha.lm.sampling.fused_decode import FusedDecoder, decode_fused
 
 
 @dataclass
@@ -147,11 +146,11 @@ def generate(
         )
         if choice == "cpu-fused":
             cache, prompt_of_row = distinct_prompt_cache(decoder, padded, chunk, prefix, dedupe=share_prefix)
-            return fused_decode(fused, padded, cache, prompt_of_row, max_new_tokens=max_new_tokens,
+            return decode_fused(fused, padded, cache, prompt_of_row, max_new_tokens=max_new_tokens,
                                 eos_ids=eos_ids, pick=pick)  # fmt: skip
         if choice == "cuda-graph":  # the step draws inside the graph, with these filters
-            in_graph = graph_decode.Sampling(do_sample, temperature, top_k, top_p)
-            return graph_decode.decode(
+            in_graph = graph_decode.GraphSampling(do_sample, temperature, top_k, top_p)
+            return graph_decode.decode_in_graph(
                 decoder, head, model_config, padded, prefix=prefix, prompt_of_row=prompt_of_row,
                 max_new_tokens=max_new_tokens, eos_ids=eos_ids, sampling=in_graph,
             )

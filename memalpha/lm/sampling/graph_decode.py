@@ -28,7 +28,7 @@ until then, harmlessly. The uniform variates come from the global RNG outside th
 chunk's worth at a time, into a fixed buffer the step reads (:class:`Variates`): the graph holds
 no random-number state, and the live rows take the variates in the order the reference loop
 draws them (one per live row per step), so on the CPU a seeded call samples the tokens of
-:func:`memalpha.lm.sampling.fused_decode.decode` up to float rounding, rows ending or not. With
+:func:`memalpha.lm.sampling.fused_decode.decode_fused` up to float rounding, rows ending or not. With
 ``pick=`` instead the host draws after every step (one host read a token), the tests' reference.
 
 A step attends over a **bucket** of the static cache, not the whole of it: its first ``width``
@@ -123,7 +123,7 @@ def first_rows(prompt_of_row: Sequence[int]) -> list[int]:
 def prompt_sharing(
     decoder, prompts: Sequence[Sequence[int]], enabled: bool = True
 ) -> tuple[SharedPrefix | None, list[int] | None]:
-    """``(prefix, prompt_of_row)`` for :func:`decode`: the prefix all ``prompts`` share (None when
+    """``(prefix, prompt_of_row)`` for :func:`decode_in_graph`: the prefix all ``prompts`` share (None when
     none), and every row's distinct prompt after it; ``(None, None)`` when sharing is off or
     :func:`~memalpha.lm.core.prefix_cache.can_share_cache` says no. Lay the batch out with
     ``shared_prefix=prefix.length``."""
@@ -340,7 +340,7 @@ def compiled_step(
 
 
 def compile_limits(capacity: int, bucket_columns: int | None):
-    """Dynamo's settings for one :func:`decode` whose step is compiled: room for one compilation
+    """Dynamo's settings for one :func:`decode_in_graph` whose step is compiled: room for one compilation
     per attention width the call can use (the default limit of 8 would send the ninth width back
     to eager without a word), and an error instead of that silent fall-back."""
     widths = 1 if bucket_columns is None else -(-capacity // bucket_columns) + 1
@@ -516,7 +516,7 @@ class FixedStep:
 
 
 @dataclass(frozen=True)
-class Sampling:
+class GraphSampling:
     """How the step picks its tokens inside the graph: greedy, or a draw after temperature,
     top-k and top-p, the rules and code of :func:`memalpha.lm.sampling.filters.next_tokens`
     (which :meth:`pick` calls), only with the uniform variates handed in."""
@@ -570,12 +570,12 @@ class Variates:
 
 class InGraphSampler:
     """The part of a decoding step after the logits, inside the captured graph: pick every row's
-    token (:class:`Sampling`), write it to ``history`` at ``slot`` (the step within the chunk),
+    token (:class:`GraphSampling`), write it to ``history`` at ``slot`` (the step within the chunk),
     mark the rows that drew an end token no longer ``alive`` and feed the tokens to the next
     step. Nothing here reads the device from the host: :meth:`read` does, once a chunk of
     :data:`EOS_CHECK_STEPS` steps, and cuts every row after its first end token."""
 
-    def __init__(self, fixed: FixedStep, sampling: Sampling, eos_ids: Sequence[int], chunk: int):
+    def __init__(self, fixed: FixedStep, sampling: GraphSampling, eos_ids: Sequence[int], chunk: int):
         rows, device = fixed.tokens.shape[0], fixed.tokens.device
         self.fixed, self.sampling, self.chunk = fixed, sampling, chunk
         self.eos = torch.tensor(sorted({int(t) for t in eos_ids}), dtype=torch.long, device=device)
@@ -622,7 +622,7 @@ class InGraphSampler:
             self.variates.spent = used
 
 
-def decode(
+def decode_in_graph(
     decoder,
     head: torch.nn.Module,
     config,
@@ -631,7 +631,7 @@ def decode(
     max_new_tokens: int,
     eos_ids: Sequence[int],
     pick: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    sampling: Sampling | None = None,
+    sampling: GraphSampling | None = None,
     capture: bool | None = None,
     stats: dict | None = None,
     bucket_columns: int | None = BUCKET_COLUMNS,
@@ -644,7 +644,7 @@ def decode(
     any shared prefix included): each row's tokens up to and including its first end-of-sequence
     token, and whether it ran out of ``max_new_tokens`` without one.
 
-    Pass one of ``sampling`` or ``pick``. With ``sampling`` (:class:`Sampling`) the step picks
+    Pass one of ``sampling`` or ``pick``. With ``sampling`` (:class:`GraphSampling`) the step picks
     the tokens itself, inside the graph, and the host reads them once every ``eos_check_steps``
     steps (:class:`InGraphSampler`); seeded, it draws the variates the reference loop draws.
     With ``pick`` the step ends at the logits and the host picks after every step: ``pick`` maps
@@ -761,7 +761,7 @@ def sample(
     max_new_tokens: int,
     eos_ids: Sequence[int],
     pick: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    sampling: Sampling | None = None,
+    sampling: GraphSampling | None = None,
     batch_size: int | None = None,
     capture: bool | None = None,
     stats: dict | None = None,
@@ -770,7 +770,7 @@ def sample(
     eos_check_steps: int = EOS_CHECK_STEPS,
     compile_backend: str | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
-    """Responses and truncation flags for every prompt, ``batch_size`` prompts per :func:`decode`
+    """Responses and truncation flags for every prompt, ``batch_size`` prompts per :func:`decode_in_graph`
     (all in one when None), left-padded as :mod:`memalpha.lm.core.layout` lays them out; with
     ``share_prefix`` each batch's shared prefix and each distinct prompt are prefilled once
     (:func:`prompt_sharing`), as ``generate`` shares them.
@@ -779,11 +779,11 @@ def sample(
     in eval mode under ``torch.no_grad()`` and its training mode is restored afterwards. Seeding
     is the caller's (``memalpha.lm.sampling.generation.generate`` forks and seeds the global RNG). Raises
     ValueError naming the reason when :func:`supports` refuses the model. ``stats`` receives the
-    last batch's (:func:`decode`). ``sampling`` picks inside the graph, ``pick`` on the host
-    after every step (:func:`decode`; one of the two; ``eos_check_steps`` with ``sampling``).
+    last batch's (:func:`decode_in_graph`). ``sampling`` picks inside the graph, ``pick`` on the host
+    after every step (:func:`decode_in_graph`; one of the two; ``eos_check_steps`` with ``sampling``).
 
     A caller that lays out its own batches, as ``generate`` does, opens
-    ``folded_adapters(model, quantised=True)`` once itself and calls :func:`decode` per batch.
+    ``folded_adapters(model, quantised=True)`` once itself and calls :func:`decode_in_graph` per batch.
     """
     reason = supports(model)
     if reason is not None:
@@ -800,7 +800,7 @@ def sample(
             padded = pad_prompt_response(
                 chunk, [[] for _ in chunk], pad_id, device, shared_prefix=prefix.length if prefix else 0
             )
-            kept, cut = decode(
+            kept, cut = decode_in_graph(
                 decoder, head, config, padded, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pick=pick,
                 sampling=sampling, capture=capture, stats=stats, bucket_columns=bucket_columns, prefix=prefix,
                 prompt_of_row=prompt_of_row, eos_check_steps=eos_check_steps, compile_backend=compile_backend,
