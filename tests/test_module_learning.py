@@ -33,7 +33,7 @@ class ToyAgent:
         self.policy, self.tokenizer = module.policy, module.tokenizer
         self.rewards_per_round = rewards_per_round
 
-    def rollouts(self, instances, *, seed: int, sampler, on_phase, turn_accuracy) -> RolloutOutput:
+    def rollouts(self, instances, *, seed: int, sampler, on_phase, credit) -> RolloutOutput:
         assert sampler is None
         prompts = [p for p in PROMPTS for _ in range(GROUP)]
         out = generate(

@@ -252,13 +252,6 @@ def turn_totals(r1: float, r2: Sequence[float], r3: float, r4: Sequence[float],
     ]
 
 
-def hindsight_accuracy(scores: Sequence[float], last: Sequence[int], turns: int) -> list[float]:
-    """``A_k`` of hindsight credit (``update.credit: hindsight``) for ``k < turns``: the summed final
-    score of the questions whose last evidence chunk (``last``) is ``<= k``, over all questions."""
-    total = max(len(scores), 1)
-    return [sum(s for s, e in zip(scores, last, strict=True) if e <= k) / total for k in range(turns)]
-
-
 def per_chunk_totals(
     turn_accuracy: Sequence[float],
     r2: Sequence[float],
@@ -266,7 +259,8 @@ def per_chunk_totals(
     r4: Sequence[float],
     weights: RewardSettings,
 ) -> list[float]:
-    """Per-turn credit (``update.credit: per_chunk``, ``hindsight``): ``R'_k = w * K * (A_k -
+    """Per-turn credit (a scheme whose :meth:`~memalpha.grpo.credit.CreditScheme.turn_accuracy` gives
+    ``A_k``: ``per_chunk``, ``hindsight``): ``R'_k = w * K * (A_k -
     A_{k-1}) + r2_k + beta * r3 + gamma * r4_k`` over the rollout's ``K`` turns, where ``A_k``
     (``turn_accuracy``) is the summed score of the questions answerable after turn ``k`` (from the
     memory after turn ``k``, or from the final memory) over all questions (``A_{-1} = 0``,

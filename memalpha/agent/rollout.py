@@ -21,17 +21,18 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from memalpha.agent.content_judges import ContentJudge
 from memalpha.agent.fact_recall import memory_fact_recall, questions_stored
 from memalpha.agent.progress import Phase, PhaseHook, report
 from memalpha.agent.prompts import memorise_messages, stated_response_limit
-from memalpha.agent.reward_math import TurnCalls, hindsight_accuracy, per_chunk_totals, rollout_rewards
+from memalpha.agent.reward_math import TurnCalls, per_chunk_totals, rollout_rewards
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.agent.scoring import MEMALPHA_ANSWERS, AnswerStyle, score_answers
 from memalpha.data.schema import DataValidationError, Instance, question_evidence
+from memalpha.grpo.credit import BROADCAST, CreditScheme
 from memalpha.lm.core.chat import chat_prompt_ids
 from memalpha.lm.core.modes import eval_mode
 from memalpha.lm.sampling.generation import Generation, sampler_for
@@ -186,17 +187,13 @@ class Rollout:
     snapshots: list[Memory] = field(default_factory=list)
 
 
-TurnAccuracy = Literal["asked", "final"] | None  # a credit scheme's source of A_k (answer_questions)
-
-
 @dataclass
 class RolloutAnswers:
     """The reader's scored answers to one rollout's questions; ``failures`` counts the questions
     that scored 0 because the reader's answer or its judgement failed (their ``error`` is set).
-    Under a per-turn credit scheme, ``turn_accuracy[k]`` is ``A_k``: the summed scores of the
-    questions answerable after turn ``k`` (evidence in chunks ``<= k``) over all the rollout's
-    questions (the last is ``r1``), answered from the memory after turn ``k`` (``asked``, their
-    records in ``turn_questions``) or finally (``final``)."""
+    Under a credit scheme that pays turn by turn, ``turn_accuracy[k]`` is its ``A_k``
+    (:meth:`~memalpha.grpo.credit.CreditScheme.turn_accuracy`); the answers the reader gave from the
+    memory after earlier turns, when the scheme asks them, are recorded in ``turn_questions``."""
 
     scores: list[float]
     questions: list[dict[str, Any]]
@@ -361,7 +358,7 @@ def answer_questions(
     judge: Reader | None = None,
     metric_overrides: dict[str, str] | None = None,
     style: AnswerStyle = MEMALPHA_ANSWERS,
-    turn_accuracy: TurnAccuracy = None,
+    credit: CreditScheme = BROADCAST,
 ) -> list[RolloutAnswers]:
     """Phase 2: the reader answers every question of every rollout from its final memory, scored.
 
@@ -371,17 +368,19 @@ def answer_questions(
     record keeps the bare question and, apart, the ``instruction`` the reader got before it, and
     the question's ``metadata`` when it has any (LoCoMo's category), which its metric may read.
     ``style`` (``reward.metric_style``'s :class:`~memalpha.agent.scoring.AnswerStyle`) says how answers
-    are compared with their golds. ``turn_accuracy`` fills in :attr:`RolloutAnswers.turn_accuracy`:
-    ``asked`` (per-chunk credit) asks, in the same batch, the questions answerable after every turn
-    but the last from the memory then (:attr:`Rollout.snapshots`); ``final`` (hindsight) reuses the
-    final answers. A final answer's record says where its evidence ends (``evidence_chunk``, when the
-    instance knows it) and whether the final memory holds its answer (``stored``, when the instance
-    names each question's fact: :func:`~memalpha.agent.fact_recall.questions_stored`), so a wrong
-    answer from a memory that holds it is told apart from a memory that lost it.
+    are compared with their golds. ``credit`` (``update.credit``'s scheme) fills in
+    :attr:`RolloutAnswers.turn_accuracy`; a scheme that
+    :attr:`~memalpha.grpo.credit.CreditScheme.asks_after_turns` has the reader answer, in the same
+    batch, the questions answerable after every turn but the last from the memory then
+    (:attr:`Rollout.snapshots`). A final answer's record says where its evidence ends
+    (``evidence_chunk``, when the instance knows it) and whether the final memory holds its answer
+    (``stored``, when the instance names each question's fact:
+    :func:`~memalpha.agent.fact_recall.questions_stored`), so a wrong answer from a memory that holds
+    it is told apart from a memory that lost it.
     """
-    asked = turn_accuracy == "asked"
+    asked = credit.asks_after_turns
     items, owners, sources = [], [], []  # owners: (rollout, turn or None for the final memory, qa)
-    evidence = [question_evidence(r.instance) if turn_accuracy else [] for r in rollouts]
+    evidence = [question_evidence(r.instance) if credit.needs_evidence else [] for r in rollouts]
     for i, rollout in enumerate(rollouts):
         for qa in rollout.instance.questions:
             items.append((rollout.memory, qa.question))
@@ -443,11 +442,7 @@ def answer_questions(
             turn_sums[i][k] += score
             result.turn_questions.append({"chunk_index": k, **record})
     for result, sums, last, rollout in zip(results, turn_sums, evidence, rollouts):
-        if asked:
-            total = max(len(result.scores), 1)
-            result.turn_accuracy = [s / total for s in sums] + [sum(result.scores) / total]
-        elif turn_accuracy == "final":
-            result.turn_accuracy = hindsight_accuracy(result.scores, last, len(rollout.calls))
+        result.turn_accuracy = credit.turn_accuracy(result.scores, sums, last, len(rollout.calls))
     return results
 
 
@@ -538,7 +533,7 @@ def run_rollouts(
     share_prefix: bool = True,
     sampler: GenerateFn | None = None,
     on_phase: PhaseHook | None = None,
-    turn_accuracy: TurnAccuracy = None,
+    credit: CreditScheme = BROADCAST,
 ) -> RolloutOutput:
     """``group_size`` rollouts for every instance (default ``settings.group_size``): memorise the
     chunks, answer the questions, assign the rewards. Returns the turn samples and one record per rollout.
@@ -549,14 +544,14 @@ def run_rollouts(
     answer metric of each source comes from
     ``weights.metric_overrides`` first; answers are compared in ``weights.answer_style``.
     ``sampler`` generates the agent's turns instead of the policy (see :func:`memorise_chunks`).
-    ``on_phase`` hears each phase as it starts (:mod:`memalpha.agent.progress`). ``turn_accuracy``
-    scores every turn too (:func:`answer_questions`), for ``update.credit: per_chunk`` or ``hindsight``.
+    ``on_phase`` hears each phase as it starts (:mod:`memalpha.agent.progress`). ``credit`` (the
+    ``update.credit`` scheme) says where each turn's accuracy comes from (:func:`answer_questions`).
     """
     count_tokens = make_token_counter(tokenizer)
     rollouts = start_rollouts(
         instances, settings.group_size if group_size is None else group_size, settings, count_tokens, seed
     )
-    asked = turn_accuracy == "asked"  # the reader reads the memory after every turn
+    asked = credit.asks_after_turns  # the reader reads the memory after every turn
     start, cpu = time.perf_counter(), time.process_time()
     generated_tokens = memorise_chunks(
         rollouts, model, tokenizer, settings, seed=seed, do_sample=do_sample, share_prefix=share_prefix,
@@ -569,7 +564,7 @@ def run_rollouts(
     start, cpu = time.perf_counter(), time.process_time()
     answers = answer_questions(
         rollouts, reader, judge=judge_reader, metric_overrides=weights.metric_overrides,
-        style=weights.answer_style, turn_accuracy=turn_accuracy,
+        style=weights.answer_style, credit=credit,
     )
     reader_s, reader_cpu_s = time.perf_counter() - start, time.process_time() - cpu
     report(on_phase, Phase("rewards"))

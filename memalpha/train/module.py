@@ -149,7 +149,7 @@ class GRPOModule(PolicyModule):
         full_core = stage == "predict"  # no memory the agent writes may stop a prediction half-way
         for source, instances in splits:
             check_prompt_budget(instances, tokenizer, self.rollout_settings, source, full_core=full_core)
-        if stage == "fit" and self.update_settings.credit_scheme.turn_accuracy:
+        if stage == "fit" and self.update_settings.credit_scheme.needs_evidence:
             for source, instances in splits:
                 if source.startswith(("data.train_path", "synthetic train")):
                     for index, instance in enumerate(instances):

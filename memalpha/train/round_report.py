@@ -24,7 +24,7 @@ def round_metrics(
 
     ``rewards`` are the ``[N]`` per-sample rewards ``R_t`` of ``out.samples``; ``compared`` the
     rewards the credit scheme compares and each one's group
-    (:class:`~memalpha.grpo.advantages.CreditScheme`), whose flat groups give
+    (:class:`~memalpha.grpo.credit.CreditScheme`), whose flat groups give
     ``train/frac_reward_zero_std``. ``reader/questions`` counts the answers after earlier turns of
     per-chunk credit too; those alone are ``reader/turn_questions``.
     """

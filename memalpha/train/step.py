@@ -31,10 +31,11 @@ import torch
 
 from memalpha.agent.progress import Phase, PhaseHook, report
 from memalpha.agent.reading import Reading, read_instances
-from memalpha.agent.rollout import GenerateFn, RolloutOutput, TurnAccuracy, TurnSample, run_rollouts
+from memalpha.agent.rollout import GenerateFn, RolloutOutput, TurnSample, run_rollouts
 from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.schema import Instance
 from memalpha.grpo.batch import GRPOBatch, cut_minibatches
+from memalpha.grpo.credit import BROADCAST, CreditScheme
 from memalpha.grpo.settings import UpdateSettings
 from memalpha.grpo.update import first_nonfinite, optimizer_step
 from memalpha.lm.core.reference import reference_weights
@@ -114,17 +115,17 @@ class Agent:
     def rollouts(
         self, instances: Sequence[Instance], *, seed: int, greedy: bool = False,
         sampler: GenerateFn | None = None, on_phase: PhaseHook | None = None,
-        turn_accuracy: TurnAccuracy = None,
+        credit: CreditScheme = BROADCAST,
     ) -> RolloutOutput:
         """Memorise, answer, reward (:func:`~memalpha.agent.rollout.run_rollouts`): a group of
         ``rollout.group_size`` rollouts per instance (one when ``greedy``, as validation does),
-        sampled by ``sampler`` (a server's generate function) or in this process; with
-        ``turn_accuracy`` each turn's accuracy too (the credit scheme's)."""
+        sampled by ``sampler`` (a server's generate function) or in this process; ``credit`` says
+        where each turn's accuracy comes from (``update.credit``'s scheme)."""
         return run_rollouts(
             instances, self.policy, self.tokenizer, self.reader, self.rollout, self.reward,
             self.content_judge,
             seed=seed, do_sample=not greedy, group_size=1 if greedy else None,
-            share_prefix=self.share_prefix, sampler=sampler, on_phase=on_phase, turn_accuracy=turn_accuracy,
+            share_prefix=self.share_prefix, sampler=sampler, on_phase=on_phase, credit=credit,
         )
 
     def read(
@@ -284,7 +285,7 @@ def collect_round(
     with clock("rollout"):
         out = agent.rollouts(
             instances, seed=seed, sampler=sampler, on_phase=on_phase,
-            turn_accuracy=update.credit_scheme.turn_accuracy,
+            credit=update.credit_scheme,
         )
     samples = out.samples
     if not samples:
