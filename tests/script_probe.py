@@ -96,7 +96,7 @@ CURRENT: dict[str, Any] = {}
 
 
 def _probe_step() -> Callable[[], None]:
-    from memalpha.lm.core.reference import has_reference_adapter
+    from memalpha.lm.core.modes import has_reference_adapter
     from memalpha.lm.sampling import generation
     from memalpha.train import step
 
@@ -137,7 +137,7 @@ SWAPPED = (
     ("memalpha.lm.scoring.logprobs", "packed_response_hidden"),
     ("memalpha.lm.scoring.logprobs", "streams_head"),
     ("memalpha.lm.scoring.logprobs", "accumulated_adapters"),
-    ("memalpha.lm.core.prefix_cache", "accumulated_adapters"),
+    ("memalpha.lm.core.prompt_sharing", "accumulated_adapters"),
 )
 """What the benchmarks swap for a while (``restored``)."""
 

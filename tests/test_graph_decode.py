@@ -22,9 +22,13 @@ from conftest import (
 )
 from numerics import assert_close
 
-from memalpha.lm.core.folded_lora import folded_adapters, folded_weight, is_four_bit, plain_adapters
-from memalpha.lm.core.layout import pad_prompt_response
-from memalpha.lm.core.prefix_cache import split_decoder_and_head
+from memalpha.lm.core.modes import folded_adapters, folded_weight, is_four_bit, plain_adapters
+from memalpha.lm.core.prompt_sharing import (
+    PromptSharing,
+    pad_prompt_response,
+    split_decoder_and_head,
+    unique_rows,
+)
 from memalpha.lm.sampling import graph_decode
 from memalpha.lm.sampling.filters import next_tokens
 from memalpha.lm.sampling.generation import generate
@@ -327,9 +331,9 @@ def graph_logits(model, tokenizer, prompts, steps: int, *, bucket_columns, share
     decoder, head, config = split_decoder_and_head(model.eval())
     limits = {"max_new_tokens": steps, "eos_ids": [NEVER], "bucket_columns": bucket_columns, "stats": stats}
     with torch.no_grad(), folded_adapters(model, quantised=True):
-        prefix, prompt_of_row = graph_decode.prompt_sharing(decoder, prompts, share)
-        batch = pad_prompt_response(prompts, [[] for _ in prompts], tokenizer.pad_token_id,
-                                    shared_prefix=prefix.length if prefix else 0)
+        sharing = PromptSharing.of(decoder, prompts, share)
+        prefix, prompt_of_row = sharing.prefix, sharing.prompt_of_row(prompts)
+        batch = sharing.layout(prompts, [[] for _ in prompts], tokenizer.pad_token_id, "cpu")
         return forced_logits(
             lambda pick: graph_decode.decode_in_graph(decoder, head, config, batch, pick=pick, prefix=prefix,
                                              prompt_of_row=prompt_of_row, **limits),
@@ -381,9 +385,10 @@ def test_shared_prompts_prefilled_once_give_the_unshared_logits_in_float64(
         hook.remove()
     for step, (a, b) in enumerate(zip(shared, expected)):
         assert_close(a, b, 1e-12, f"logits of step {step}")
-    prefix, prompt_of_row = graph_decode.prompt_sharing(decoder, prompts)
+    sharing = PromptSharing.of(decoder, prompts)
+    prefix, prompt_of_row = sharing.prefix, sharing.prompt_of_row(prompts)
     assert (prefix.length if prefix else 0) == prefix_length
-    assert prompt_of_row == graph_decode.unique_rows([p[prefix_length:] for p in prompts])[1]
+    assert prompt_of_row == unique_rows([p[prefix_length:] for p in prompts])[1]
     prefills = [shape for shape in masks if len(shape) == 2]
     assert len(prefills) == len(set(prompt_of_row)) and all(shape[0] == 1 for shape in prefills), masks
     assert all(shape[-2] == 1 for shape in masks if len(shape) == 4), masks  # no [B, 1, P, P] mask

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from memalpha.memory.file import FORMAT_VERSION, MemoryFileError, load_memory, memory_json, save_memory
-from memalpha.memory.ids import counter_for_id, id_for_counter
-from memalpha.memory.store import Memory
+from memalpha.memory.store import Memory, counter_for_id, id_for_counter
 
 
 def filled_memory(seed: int = 7) -> Memory:

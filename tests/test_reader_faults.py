@@ -30,7 +30,7 @@ from memalpha.reader.options import OpenAISettings
 from memalpha.reader.settings import ReaderSettings
 from memalpha.tools.formats import ToolCall
 from memalpha.tools.schemas import INSERT
-from memalpha.train.round_report import round_metrics
+from memalpha.train.step import round_metrics
 from memalpha.train.validation_report import format_table, summarise_records
 
 KEY_ENV = "MEMALPHA_FAULT_TEST_KEY"

@@ -24,7 +24,7 @@ from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.reader.local import LocalReader
 from memalpha.tools.formats import RESPONSE_OPEN, RESULT_MARK, get_call_format
 from memalpha.tools.schemas import INSERT
-from memalpha.train.actor import accumulate_grpo_gradients
+from memalpha.train.step import accumulate_grpo_gradients
 
 QWEN, HERMES = get_call_format("qwen"), get_call_format("hermes")
 FACT = {"memory_type": "semantic_memory", "content": "Anna lives in Oslo."}

@@ -19,30 +19,26 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 from memalpha.agent.content_judges import ContentJudge
 from memalpha.agent.fact_recall import memory_fact_recall, questions_stored
 from memalpha.agent.progress import Phase, PhaseHook, report
-from memalpha.agent.prompts import memorise_messages, stated_response_limit
+from memalpha.agent.prompts import chat_prompt_ids, memorise_messages, render_memorise
 from memalpha.agent.reward_math import TurnCalls, per_chunk_totals, rollout_rewards
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.agent.scoring import MEMALPHA_ANSWERS, AnswerStyle, score_answers
 from memalpha.data.schema import DataValidationError, Instance, question_evidence
 from memalpha.grpo.credit import BROADCAST, CreditScheme
-from memalpha.lm.core.chat import chat_prompt_ids
-from memalpha.lm.core.modes import eval_mode
 from memalpha.lm.sampling.generation import Generation, sampler_for
 from memalpha.lm.sampling.vllm_engine import SampledGeneration
-from memalpha.memory.render import render_memorise
 from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader
 from memalpha.seeding import stable_seed
 from memalpha.tools.executor import SUCCESS_STATUSES, ToolResult, execute_call
-from memalpha.tools.formats import CallFormat, ParseError, get_call_format
+from memalpha.tools.formats import CallFormat, ParseError
 
 GenerateFn = Callable[..., Generation]
 """Generates like :func:`memalpha.lm.sampling.generation.generate` without its model and tokenizer
@@ -151,13 +147,10 @@ def turn_prompt(
     """
     k = settings.memory_view_k
     while True:
+        view = render_memorise(memory, k, settings.templates)
         messages = memorise_messages(
-            render_memorise(memory, k, settings.templates),
-            chunk,
-            call_format,
-            response_token_limit=stated_response_limit(settings.max_new_tokens, settings.stated_limit_share),
-            detail=settings.prompt_profile,
-            templates=settings.templates,
+            view, chunk, call_format, response_token_limit=settings.stated_limit,
+            detail=settings.prompt_profile, templates=settings.templates,
         )
         ids = chat_prompt_ids(tokenizer, messages, settings.chat_template_kwargs)
         if len(ids) <= settings.max_prompt_tokens:
@@ -229,14 +222,13 @@ def start_rollouts(
 
 def memorise_chunks(
     rollouts: Sequence[Rollout],
-    model,
+    sample: GenerateFn,
     tokenizer,
     settings: RolloutSettings,
     *,
     seed: int,
     do_sample: bool,
     share_prefix: bool,
-    sampler: GenerateFn | None = None,
     on_phase: PhaseHook | None = None,
     keep_snapshots: bool = False,
     keep_samples: bool = True,
@@ -244,85 +236,83 @@ def memorise_chunks(
     """Phase 1: every rollout reads its instance chunk by chunk and writes its memory.
 
     For chunk index ``i`` the live rollouts (instances with fewer chunks have dropped out) get
-    one batched ``generate`` (``sampler`` when given, e.g. a vLLM server, else the policy in
-    this process through ``settings.backend``: :func:`~memalpha.lm.sampling.generation.sampler_for`); each
-    response is parsed and executed on its own rollout's memory, and the turn is appended to the rollout (a
-    :class:`TurnSample`, its calls, a log entry). ``on_phase`` hears ``sampling`` as each chunk index starts,
-    with the tokens per second so far. ``keep_snapshots`` keeps a copy of each memory after every
-    turn but the last (:attr:`Rollout.snapshots`). Without ``keep_samples`` (inference: no reward,
-    no update) a turn keeps only its log entry, not its token ids and calls. ``model`` may be None
-    when ``sampler`` generates (a served policy). Returns the number of generated tokens.
+    one batched call of ``sample`` (the policy in this process through ``settings.backend``,
+    :func:`~memalpha.lm.sampling.generation.sampler_for`, or a vLLM server; :attr:`Agent.sampler`);
+    each response is parsed and executed on its own rollout's memory, and the turn is appended to
+    the rollout (a :class:`TurnSample`, its calls, a log entry). ``on_phase`` hears ``sampling`` as
+    each chunk index starts, with the tokens per second so far. ``keep_snapshots`` keeps a copy of
+    each memory after every turn but the last (:attr:`Rollout.snapshots`). Without
+    ``keep_samples`` (inference: no reward, no update) a turn keeps only its log entry, not its
+    token ids and calls. Returns the number of generated tokens.
     """
-    call_format = get_call_format(settings.call_format)
+    call_format = settings.format
     generated_tokens = 0
     chunks = max((len(r.instance.chunks) for r in rollouts), default=0)
     start = time.perf_counter()
-    sample = sampler or sampler_for(model, tokenizer, settings.backend)
     repair = settings.repair
-    with eval_mode(model) if model is not None else nullcontext():
-        for chunk_index in range(chunks):
-            elapsed = time.perf_counter() - start
-            rate = generated_tokens / elapsed if chunk_index and elapsed > 0 else None
-            report(on_phase, Phase("sampling", chunk_index + 1, chunks, rate))
-            live = [r for r in rollouts if chunk_index < len(r.instance.chunks)]
-            prompts = [
-                turn_prompt(
-                    tokenizer,
-                    r.memory,
-                    r.instance.chunks[chunk_index],
-                    call_format,
-                    settings,
-                    where=f"instance {r.instance.instance_id!r}, chunk {chunk_index}",
-                )[1]
-                for r in live
-            ]
-            generation = sample(
-                prompts,
-                max_new_tokens=settings.max_new_tokens,
-                temperature=settings.temperature,
-                top_p=settings.top_p,
-                top_k=settings.top_k,
-                do_sample=do_sample,
-                seed=stable_seed(seed, "chunk", chunk_index),
-                batch_size=settings.generation_batch_size,
-                share_prefix=share_prefix,
+    for chunk_index in range(chunks):
+        elapsed = time.perf_counter() - start
+        rate = generated_tokens / elapsed if chunk_index and elapsed > 0 else None
+        report(on_phase, Phase("sampling", chunk_index + 1, chunks, rate))
+        live = [r for r in rollouts if chunk_index < len(r.instance.chunks)]
+        prompts = [
+            turn_prompt(
+                tokenizer,
+                r.memory,
+                r.instance.chunks[chunk_index],
+                call_format,
+                settings,
+                where=f"instance {r.instance.instance_id!r}, chunk {chunk_index}",
+            )[1]
+            for r in live
+        ]
+        generation = sample(
+            prompts,
+            max_new_tokens=settings.max_new_tokens,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            top_k=settings.top_k,
+            do_sample=do_sample,
+            seed=stable_seed(seed, "chunk", chunk_index),
+            batch_size=settings.generation_batch_size,
+            share_prefix=share_prefix,
+        )
+        sampled = generation if isinstance(generation, SampledGeneration) else None
+        generated_tokens += generation.num_generated_tokens
+        for j, rollout in enumerate(live):
+            response_ids = generation.response_ids[j]
+            text = tokenizer.decode(response_ids, skip_special_tokens=True)
+            parsed = call_format.parse(text, repair)
+            trained = call_format.trained_length(response_ids, tokenizer) if keep_samples else None
+            results = [execute_call(rollout.memory, call, repair) for call in parsed.calls]
+            if keep_snapshots and chunk_index < len(rollout.instance.chunks) - 1:
+                rollout.snapshots.append(copy.deepcopy(rollout.memory))
+            truncated, prompt_tokens = generation.truncated[j], len(generation.prompt_ids[j])
+            log = turn_log(chunk_index, text, truncated, results, parsed.errors, prompt_tokens)
+            rollout.turns.append(log)
+            if trained is None:  # no samples kept (inference)
+                continue
+            rollout.calls.append(
+                TurnCalls(
+                    results=results,
+                    parse_errors=list(parsed.errors),
+                    chunk=rollout.instance.chunks[chunk_index],
+                )
             )
-            sampled = generation if isinstance(generation, SampledGeneration) else None
-            generated_tokens += generation.num_generated_tokens
-            for j, rollout in enumerate(live):
-                response_ids = generation.response_ids[j]
-                text = tokenizer.decode(response_ids, skip_special_tokens=True)
-                parsed = call_format.parse(text, repair)
-                results = [execute_call(rollout.memory, call, repair) for call in parsed.calls]
-                if keep_snapshots and chunk_index < len(rollout.instance.chunks) - 1:
-                    rollout.snapshots.append(copy.deepcopy(rollout.memory))
-                truncated, prompt_tokens = generation.truncated[j], len(generation.prompt_ids[j])
-                log = turn_log(chunk_index, text, truncated, results, parsed.errors, prompt_tokens)
-                rollout.turns.append(log)
-                if not keep_samples:
-                    continue
-                trained = call_format.trained_length(response_ids, tokenizer)
-                rollout.calls.append(
-                    TurnCalls(
-                        results=results,
-                        parse_errors=list(parsed.errors),
-                        chunk=rollout.instance.chunks[chunk_index],
-                    )
+            rollout.samples.append(
+                TurnSample(
+                    group_id=rollout.group_id,
+                    rollout_id=rollout.rollout_id,
+                    chunk_index=chunk_index,
+                    prompt_ids=generation.prompt_ids[j],
+                    response_ids=response_ids[:trained],
+                    truncated=truncated,
+                    num_calls=len(results) + len(parsed.errors),
+                    num_successful_calls=sum(r.status in SUCCESS_STATUSES for r in results),
+                    adapter_version=sampled.adapter_version if sampled else None,
+                    sampler_logprobs=sampled.response_logprobs[j][:trained] if sampled else None,
                 )
-                rollout.samples.append(
-                    TurnSample(
-                        group_id=rollout.group_id,
-                        rollout_id=rollout.rollout_id,
-                        chunk_index=chunk_index,
-                        prompt_ids=generation.prompt_ids[j],
-                        response_ids=response_ids[:trained],
-                        truncated=truncated,
-                        num_calls=len(results) + len(parsed.errors),
-                        num_successful_calls=sum(r.status in SUCCESS_STATUSES for r in results),
-                        adapter_version=sampled.adapter_version if sampled else None,
-                        sampler_logprobs=sampled.response_logprobs[j][:trained] if sampled else None,
-                    )
-                )
+            )
     return generated_tokens
 
 
@@ -517,6 +507,86 @@ def reader_questions(instance: Instance, asked: bool) -> int:
     return len(instance.questions) + sum(turns - 1 - last for last in question_evidence(instance))
 
 
+@dataclass
+class Agent:
+    """The memory agent a round rolls out: the policy and its tokenizer, the reader that answers
+    from the memories it writes, how it generates (``rollout``) and how it is rewarded
+    (``reward``, ``content_judge``). ``sampler`` generates its turns: the policy in this process
+    through ``rollout.backend`` unless given (a vLLM server's, for ``rollout.backend: vllm``)."""
+
+    policy: Any
+    tokenizer: Any
+    reader: Reader
+    rollout: RolloutSettings
+    reward: RewardSettings
+    content_judge: ContentJudge | None = None
+    share_prefix: bool = True
+    sampler: GenerateFn | None = None
+
+    def __post_init__(self) -> None:
+        if self.sampler is None:
+            self.sampler = sampler_for(self.policy, self.tokenizer, self.rollout.backend)
+
+    def rollouts(
+        self,
+        instances: Sequence[Instance],
+        *,
+        seed: int,
+        do_sample: bool = True,
+        group_size: int | None = None,
+        judge_reader: Reader | None = None,
+        on_phase: PhaseHook | None = None,
+        credit: CreditScheme = BROADCAST,
+    ) -> RolloutOutput:
+        """``group_size`` rollouts for every instance (default ``rollout.group_size``; validation
+        takes one, greedy): memorise the chunks, answer the questions, assign the rewards. Returns
+        the turn samples and one record per rollout.
+
+        ``group_id`` of a sample is the instance's position in ``instances``. ``share_prefix`` lets
+        each ``generate`` call compute the prompt tokens its rows share once
+        (:class:`~memalpha.lm.core.prompt_sharing.PromptSharing`). The answer metric of each source
+        comes from ``reward.metric_overrides`` first; answers are compared in
+        ``reward.answer_style``; ``judge_reader`` judges answers instead of the reader. ``on_phase``
+        hears each phase as it starts (:mod:`memalpha.agent.progress`). ``credit`` (the
+        ``update.credit`` scheme) says where each turn's accuracy comes from
+        (:func:`answer_questions`).
+        """
+        count_tokens = make_token_counter(self.tokenizer)
+        size = self.rollout.group_size if group_size is None else group_size
+        rollouts = start_rollouts(instances, size, self.rollout, count_tokens, seed)
+        asked = credit.asks_after_turns  # the reader reads the memory after every turn
+        start, cpu = time.perf_counter(), time.process_time()
+        generated_tokens = memorise_chunks(
+            rollouts, self.sampler, self.tokenizer, self.rollout, seed=seed, do_sample=do_sample,
+            share_prefix=self.share_prefix, on_phase=on_phase, keep_snapshots=asked,
+        )
+        rollout_s, rollout_cpu_s = time.perf_counter() - start, time.process_time() - cpu
+        report(on_phase, Phase("reader", total=sum(reader_questions(r.instance, asked) for r in rollouts)))
+        readers = [self.reader] if judge_reader in (None, self.reader) else [self.reader, judge_reader]
+        failures_before = sum(r.failures for r in readers)
+        start, cpu = time.perf_counter(), time.process_time()
+        answers = answer_questions(
+            rollouts, self.reader, judge=judge_reader, metric_overrides=self.reward.metric_overrides,
+            style=self.reward.answer_style, credit=credit,
+        )
+        reader_s, reader_cpu_s = time.perf_counter() - start, time.process_time() - cpu
+        report(on_phase, Phase("rewards"))
+        start = time.perf_counter()
+        samples, records = assign_rewards(rollouts, answers, self.reward, self.content_judge, count_tokens)
+        rewards_s = time.perf_counter() - start
+        return RolloutOutput(
+            samples=samples,
+            records=records,
+            rollout_s=rollout_s,
+            reader_s=reader_s,
+            generated_tokens=generated_tokens,
+            reader_failed_calls=sum(r.failures for r in readers) - failures_before,
+            rewards_s=rewards_s,
+            rollout_cpu_s=rollout_cpu_s,
+            reader_cpu_s=reader_cpu_s,
+        )
+
+
 def run_rollouts(
     instances: Sequence[Instance],
     model,
@@ -535,50 +605,10 @@ def run_rollouts(
     on_phase: PhaseHook | None = None,
     credit: CreditScheme = BROADCAST,
 ) -> RolloutOutput:
-    """``group_size`` rollouts for every instance (default ``settings.group_size``): memorise the
-    chunks, answer the questions, assign the rewards. Returns the turn samples and one record per rollout.
-
-    ``group_id`` of a sample is the instance's position in ``instances``. ``share_prefix`` lets
-    each ``generate`` call compute the prompt tokens its rows share once
-    (:mod:`memalpha.lm.core.prefix_cache`); the policy samples as ``settings.backend`` says. The
-    answer metric of each source comes from
-    ``weights.metric_overrides`` first; answers are compared in ``weights.answer_style``.
-    ``sampler`` generates the agent's turns instead of the policy (see :func:`memorise_chunks`).
-    ``on_phase`` hears each phase as it starts (:mod:`memalpha.agent.progress`). ``credit`` (the
-    ``update.credit`` scheme) says where each turn's accuracy comes from (:func:`answer_questions`).
-    """
-    count_tokens = make_token_counter(tokenizer)
-    rollouts = start_rollouts(
-        instances, settings.group_size if group_size is None else group_size, settings, count_tokens, seed
-    )
-    asked = credit.asks_after_turns  # the reader reads the memory after every turn
-    start, cpu = time.perf_counter(), time.process_time()
-    generated_tokens = memorise_chunks(
-        rollouts, model, tokenizer, settings, seed=seed, do_sample=do_sample, share_prefix=share_prefix,
-        sampler=sampler, on_phase=on_phase, keep_snapshots=asked,
-    )
-    rollout_s, rollout_cpu_s = time.perf_counter() - start, time.process_time() - cpu
-    report(on_phase, Phase("reader", total=sum(reader_questions(r.instance, asked) for r in rollouts)))
-    readers = [reader] if judge_reader is None or judge_reader is reader else [reader, judge_reader]
-    failures_before = sum(r.failures for r in readers)
-    start, cpu = time.perf_counter(), time.process_time()
-    answers = answer_questions(
-        rollouts, reader, judge=judge_reader, metric_overrides=weights.metric_overrides,
-        style=weights.answer_style, credit=credit,
-    )
-    reader_s, reader_cpu_s = time.perf_counter() - start, time.process_time() - cpu
-    report(on_phase, Phase("rewards"))
-    start = time.perf_counter()
-    samples, records = assign_rewards(rollouts, answers, weights, content_judge, count_tokens)
-    rewards_s = time.perf_counter() - start
-    return RolloutOutput(
-        samples=samples,
-        records=records,
-        rollout_s=rollout_s,
-        reader_s=reader_s,
-        generated_tokens=generated_tokens,
-        reader_failed_calls=sum(r.failures for r in readers) - failures_before,
-        rewards_s=rewards_s,
-        rollout_cpu_s=rollout_cpu_s,
-        reader_cpu_s=reader_cpu_s,
+    """:meth:`Agent.rollouts` of the agent of these parts (``sampler`` generates instead of
+    ``model`` when given; ``model`` may then be anything)."""
+    agent = Agent(model, tokenizer, reader, settings, weights, content_judge, share_prefix, sampler)
+    return agent.rollouts(
+        instances, seed=seed, do_sample=do_sample, group_size=group_size, judge_reader=judge_reader,
+        on_phase=on_phase, credit=credit,
     )

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from memalpha.agent.prompts import PROMPT_DETAILS, PromptDetail
+from memalpha.agent.prompts import PROMPT_DETAILS, PromptDetail, stated_response_limit
 from memalpha.lm.sampling.backend import Backend, check_backend, check_machine
 from memalpha.lm.sampling.vllm_settings import VllmSettings
 from memalpha.templates.loader import PromptTemplates, load_templates
-from memalpha.tools.formats import CallFormatName, get_call_format
+from memalpha.tools.formats import CallFormat, CallFormatName, get_call_format
 from memalpha.tools.jsonfix import CALL_REPAIRS, CallRepair, CallRepairName
 
 
@@ -102,6 +102,7 @@ class RolloutSettings:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 < self.stated_limit_share <= 1.0:
             raise ValueError(f"rollout.stated_limit_share must be in (0, 1], got {self.stated_limit_share}")
+        self._stated_limit = stated_response_limit(self.max_new_tokens, self.stated_limit_share)
         if self.memory_view_k < 0:
             raise ValueError(f"rollout.memory_view_k must be >= 0, got {self.memory_view_k}")
         if self.temperature <= 0:
@@ -114,7 +115,7 @@ class RolloutSettings:
             raise ValueError(
                 f"rollout.generation_batch_size must be >= 1 or null, got {self.generation_batch_size}"
             )
-        get_call_format(self.call_format)  # raises with the known names
+        self._format = get_call_format(self.call_format)  # raises with the known names
         if self.prompt_profile not in PROMPT_DETAILS:
             raise ValueError(
                 f"rollout.prompt_profile must be one of {list(PROMPT_DETAILS)}, got {self.prompt_profile!r}"
@@ -132,6 +133,17 @@ class RolloutSettings:
     def templates(self) -> PromptTemplates:
         """The prompt texts of :attr:`prompt_templates`, loaded once."""
         return self._templates
+
+    @property
+    def stated_limit(self) -> int:
+        """The reply budget every memorising user message states (:attr:`stated_limit_share` of
+        :attr:`max_new_tokens`: :func:`~memalpha.agent.prompts.stated_response_limit`)."""
+        return self._stated_limit
+
+    @property
+    def format(self) -> CallFormat:
+        """The call format :attr:`call_format` names, looked up once."""
+        return self._format
 
     @property
     def repair(self) -> CallRepair:

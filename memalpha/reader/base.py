@@ -30,9 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from memalpha.memory.render import render_answer
 from memalpha.reader.options import RetrievalSettings
-from memalpha.reader.prompts import answer_messages
+from memalpha.reader.prompts import answer_messages, render_answer
 from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.reader.retrieval import K_RULES, retrieve_for_questions
 from memalpha.templates.loader import PromptTemplates, default_templates

@@ -39,7 +39,7 @@ PLACEHOLDERS: dict[str, frozenset[str]] = {
         "tool_block_qwen": ("tools", "tool_names"),
         "tool_block_hermes": ("tools",),
         "tool_block_hermes_compact": ("tools",),
-        # memory views (memalpha.memory.render)
+        # memory views (render_memorise in memalpha.agent.prompts, render_answer in memalpha.reader.prompts)
         "view_recent_header": ("shown", "total"),
         "view_empty_core": (),
         "view_empty_list": (),
@@ -141,6 +141,13 @@ class PromptTemplates:
         """Template ``name`` filled with ``values`` (exactly its placeholders); an optional template is
         rendered only where its caller has found it set."""
         return getattr(self, name).format(**values)
+
+    @staticmethod
+    def block(tag: str, body: str, header: str = "") -> str:
+        """One part of a memory view: ``body`` between a ``<tag>`` line (followed by ``header``,
+        when given) and a ``</tag>`` line, the same in every template file."""
+        head = f"<{tag}> {header}" if header else f"<{tag}>"
+        return f"{head}\n{body}\n</{tag}>"
 
 
 TEMPLATE_NAMES: tuple[str, ...] = tuple(f.name for f in fields(PromptTemplates) if f.name != "source")

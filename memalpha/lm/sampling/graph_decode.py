@@ -5,7 +5,7 @@ Qwen3-4B in NF4) but by launching some two thousand small kernels from Python an
 dequantising every NF4 weight again at every token: ~150 ms a step. This backend removes both:
 
 * **dense weights, made once per call.** Inside ``folded_adapters(model, quantised=True)``
-  (:mod:`memalpha.lm.core.folded_lora`) every LoRA layer runs one ``F.linear`` over ``W + s B A`` and
+  (:mod:`memalpha.lm.core.modes`) every LoRA layer runs one ``F.linear`` over ``W + s B A`` and
   every other 4-bit layer over its dequantised weight, in the layer's compute dtype (bf16 on a
   GPU). :func:`sample` opens that block around the whole call, so the copies are made once and
   freed before the policy's update.
@@ -40,7 +40,7 @@ tokens captures 8 graphs at 256 columns a bucket, and reads at most 255 unfilled
 ``bucket_columns=None`` attends over the whole static length.
 
 The prompt is prefilled once per distinct prompt when the caller says which rows share one
-(``prompt_of_row``) and what prefix they share (a :class:`~memalpha.lm.core.prefix_cache.SharedPrefix`,
+(``prompt_of_row``) and what prefix they share (a :class:`~memalpha.lm.core.prompt_sharing.SharedPrefix`,
 computed once at batch size 1): the prefix's keys are copied into every row, each distinct rest
 of a prompt but its last column runs once, alone at batch size 1 without its padding, and its
 cache columns are copied into the rows that hold it (:meth:`FixedStep.prefill`). No prefill
@@ -65,18 +65,15 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from memalpha.lm.core.attention import MASK_IMPLEMENTATIONS
-from memalpha.lm.core.folded_lora import folded_adapters, is_four_bit, lora_linear_types, plain_adapters
-from memalpha.lm.core.layout import PaddedBatch, pad_prompt_response
 from memalpha.lm.core.logits import finalise_logits, score_dtype
-from memalpha.lm.core.modes import eval_mode
-from memalpha.lm.core.prefix_cache import (
+from memalpha.lm.core.modes import eval_mode, folded_adapters, is_four_bit, lora_linear_types, plain_adapters
+from memalpha.lm.core.prompt_sharing import (
+    PaddedBatch,
+    PromptSharing,
     SharedPrefix,
-    can_share_cache,
     full_attention_layers,
     new_cache,
-    shared_prefix,
     split_decoder_and_head,
-    unique_rows,
 )
 from memalpha.lm.sampling.filters import next_tokens
 from memalpha.lm.sampling.responses import Responses
@@ -108,7 +105,7 @@ def bucket_width(filled: int, bucket_columns: int | None, capacity: int) -> int:
 
 def first_rows(prompt_of_row: Sequence[int]) -> list[int]:
     """The first row of each distinct prompt, given every row's prompt index numbered in order of
-    first appearance (as :func:`~memalpha.lm.core.prefix_cache.unique_rows` numbers them)."""
+    first appearance (as :func:`~memalpha.lm.core.prompt_sharing.unique_rows` numbers them)."""
     first: list[int] = []
     for row, prompt in enumerate(prompt_of_row):
         if prompt == len(first):
@@ -118,20 +115,6 @@ def first_rows(prompt_of_row: Sequence[int]) -> list[int]:
                 f"prompt_of_row must number prompts in order of first appearance, got {list(prompt_of_row)}"
             )
     return first
-
-
-def prompt_sharing(
-    decoder, prompts: Sequence[Sequence[int]], enabled: bool = True
-) -> tuple[SharedPrefix | None, list[int] | None]:
-    """``(prefix, prompt_of_row)`` for :func:`decode_in_graph`: the prefix all ``prompts`` share (None when
-    none), and every row's distinct prompt after it; ``(None, None)`` when sharing is off or
-    :func:`~memalpha.lm.core.prefix_cache.can_share_cache` says no. Lay the batch out with
-    ``shared_prefix=prefix.length``."""
-    if not enabled or not can_share_cache(decoder):
-        return None, None
-    prefix = shared_prefix(decoder, prompts)
-    length = prefix.length if prefix is not None else 0
-    return prefix, unique_rows([list(prompt[length:]) for prompt in prompts])[1]
 
 
 def supports(model) -> str | None:
@@ -640,9 +623,10 @@ def decode_in_graph(
     eos_check_steps: int = EOS_CHECK_STEPS,
     compile_backend: str | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
-    """New tokens for every row of ``batch`` (laid out by :func:`memalpha.lm.core.layout.pad_prompt_response`,
-    any shared prefix included): each row's tokens up to and including its first end-of-sequence
-    token, and whether it ran out of ``max_new_tokens`` without one.
+    """New tokens for every row of ``batch`` (laid out by
+    :func:`memalpha.lm.core.prompt_sharing.pad_prompt_response`, any shared prefix included): each
+    row's tokens up to and including its first end-of-sequence token, and whether it ran out of
+    ``max_new_tokens`` without one.
 
     Pass one of ``sampling`` or ``pick``. With ``sampling`` (:class:`GraphSampling`) the step picks
     the tokens itself, inside the graph, and the host reads them once every ``eos_check_steps``
@@ -656,8 +640,9 @@ def decode_in_graph(
     (all widths' captures), ``steps`` (forwards after the prefill), ``widths`` (the attention
     widths the steps used, one graph each) and ``host_reads`` (the times the loop read the tokens
     back to the host). ``bucket_columns`` sets those widths (:func:`bucket_width`; None: the whole
-    static cache). ``prefix`` and ``prompt_of_row`` (:func:`prompt_sharing`) prefill each distinct
-    prompt once (:meth:`FixedStep.prefill`). ``compile_backend`` (e.g. ``inductor``; None: off)
+    static cache). ``prefix`` and ``prompt_of_row``
+    (:class:`~memalpha.lm.core.prompt_sharing.PromptSharing`) prefill each distinct prompt once
+    (:meth:`FixedStep.prefill`). ``compile_backend`` (e.g. ``inductor``; None: off)
     compiles the step whole with ``torch.compile`` before each width is captured
     (:func:`compiled_step`): fewer, fused kernels per token, one compilation per width (on CUDA
     the first warm-up call before a capture compiles, so its time falls in ``capture_s``). Call
@@ -771,9 +756,9 @@ def sample(
     compile_backend: str | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
     """Responses and truncation flags for every prompt, ``batch_size`` prompts per :func:`decode_in_graph`
-    (all in one when None), left-padded as :mod:`memalpha.lm.core.layout` lays them out; with
+    (all in one when None), left-padded as :mod:`memalpha.lm.core.prompt_sharing` lays them out; with
     ``share_prefix`` each batch's shared prefix and each distinct prompt are prefilled once
-    (:func:`prompt_sharing`), as ``generate`` shares them.
+    (:class:`~memalpha.lm.core.prompt_sharing.PromptSharing`), as ``generate`` shares them.
 
     The dense weights are made once for the whole call and freed when it returns; the model runs
     in eval mode under ``torch.no_grad()`` and its training mode is restored afterwards. Seeding
@@ -796,14 +781,13 @@ def sample(
     with eval_mode(model), torch.no_grad(), folded_adapters(model, quantised=True):
         for start in range(0, len(prompt_ids), step):
             chunk = prompt_ids[start : start + step]
-            prefix, prompt_of_row = prompt_sharing(decoder, chunk, share_prefix)
-            padded = pad_prompt_response(
-                chunk, [[] for _ in chunk], pad_id, device, shared_prefix=prefix.length if prefix else 0
-            )
+            sharing = PromptSharing.of(decoder, chunk, share_prefix)
+            padded = sharing.layout(chunk, [[] for _ in chunk], pad_id, device)
             kept, cut = decode_in_graph(
                 decoder, head, config, padded, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pick=pick,
-                sampling=sampling, capture=capture, stats=stats, bucket_columns=bucket_columns, prefix=prefix,
-                prompt_of_row=prompt_of_row, eos_check_steps=eos_check_steps, compile_backend=compile_backend,
+                sampling=sampling, capture=capture, stats=stats, bucket_columns=bucket_columns,
+                prefix=sharing.prefix, prompt_of_row=sharing.prompt_of_row(chunk),
+                eos_check_steps=eos_check_steps, compile_backend=compile_backend,
             )
             responses.extend(kept)
             truncated.extend(cut)
