@@ -130,11 +130,11 @@ def _probe_step() -> Callable[[], None]:
 
 SWAPPED = (
     ("memalpha.lm.sampling.generation", "_hf_generate"),
-    ("memalpha.lm.sampling.generation", "fused_decode"),
+    ("memalpha.lm.sampling.generation", "decode_fused"),
     ("memalpha.lm.sampling.generation", "FusedDecoder"),
     ("memalpha.lm.sampling.generation", "next_tokens"),
     ("memalpha.lm.sampling.packed_linear", "packing_available"),
-    ("memalpha.lm.scoring.logprobs", "packed_response_hidden"),
+    ("memalpha.lm.core.prompt_sharing", "packed_response_hidden"),
     ("memalpha.lm.scoring.logprobs", "streams_head"),
     ("memalpha.lm.scoring.logprobs", "accumulated_adapters"),
     ("memalpha.lm.core.prompt_sharing", "accumulated_adapters"),

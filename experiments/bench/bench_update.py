@@ -65,10 +65,10 @@ def _no_switch(model):
 def run_path(path: str, model, batch: GRPOBatch, settings: UpdateSettings, pad_id: int, max_len: int):
     """One update's forward and backward along ``path``: seconds, loss and the gradients."""
     level = PATHS.index(path)
-    saved = (logprobs.packed_response_hidden, logprobs.streams_head, logprobs.accumulated_adapters,
+    saved = (prompt_sharing.packed_response_hidden, logprobs.streams_head, logprobs.accumulated_adapters,
              prompt_sharing.accumulated_adapters)
     if level < PATHS.index("packed"):
-        logprobs.packed_response_hidden = lambda *args: None
+        prompt_sharing.packed_response_hidden = lambda *args: None
     if level < PATHS.index("streamed"):
         logprobs.streams_head = lambda head, config: False
     if level < PATHS.index("accumulated"):
@@ -86,7 +86,7 @@ def run_path(path: str, model, batch: GRPOBatch, settings: UpdateSettings, pad_i
                                  max_response_len=max_len)
         seconds = time.perf_counter() - start
     finally:
-        (logprobs.packed_response_hidden, logprobs.streams_head, logprobs.accumulated_adapters,
+        (prompt_sharing.packed_response_hidden, logprobs.streams_head, logprobs.accumulated_adapters,
          prompt_sharing.accumulated_adapters) = saved
     grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     model.zero_grad(set_to_none=True)
