@@ -199,9 +199,8 @@ def loop_generate(model, tokenizer, prompts, *, max_new_tokens, eos_token_id, se
     fused and the graph steps draw them, so seeded samples compare token for token."""
     from types import SimpleNamespace
 
-    from memalpha.lm.core.layout import pad_prompt_response
     from memalpha.lm.core.modes import eval_mode
-    from memalpha.lm.core.prefix_cache import split_decoder_and_head
+    from memalpha.lm.core.prompt_sharing import pad_prompt_response, split_decoder_and_head
     from memalpha.lm.sampling.filters import next_tokens
     from memalpha_lab.growing_cache import decode, growing_cache
 

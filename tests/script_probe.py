@@ -96,7 +96,7 @@ CURRENT: dict[str, Any] = {}
 
 
 def _probe_step() -> Callable[[], None]:
-    from memalpha.lm.core.reference import has_reference_adapter
+    from memalpha.lm.core.modes import has_reference_adapter
     from memalpha.lm.sampling import generation
     from memalpha.train import step
 
@@ -130,14 +130,14 @@ def _probe_step() -> Callable[[], None]:
 
 SWAPPED = (
     ("memalpha.lm.sampling.generation", "_hf_generate"),
-    ("memalpha.lm.sampling.generation", "fused_decode"),
+    ("memalpha.lm.sampling.generation", "decode_fused"),
     ("memalpha.lm.sampling.generation", "FusedDecoder"),
     ("memalpha.lm.sampling.generation", "next_tokens"),
     ("memalpha.lm.sampling.packed_linear", "packing_available"),
-    ("memalpha.lm.scoring.logprobs", "packed_response_hidden"),
+    ("memalpha.lm.core.prompt_sharing", "packed_response_hidden"),
     ("memalpha.lm.scoring.logprobs", "streams_head"),
     ("memalpha.lm.scoring.logprobs", "accumulated_adapters"),
-    ("memalpha.lm.core.prefix_cache", "accumulated_adapters"),
+    ("memalpha.lm.core.prompt_sharing", "accumulated_adapters"),
 )
 """What the benchmarks swap for a while (``restored``)."""
 

@@ -8,8 +8,7 @@ import torch
 from conftest import build_tiny_model_dir, randomise_lora_b
 from numerics import VALUE_REL, assert_close, assert_same_gradients
 
-from memalpha.lm.core.accumulated_lora import accumulated_adapters
-from memalpha.lm.core.folded_lora import folded_adapters
+from memalpha.lm.core.modes import accumulated_adapters, folded_adapters
 from memalpha.lm.core.policy import LoraSettings, load_policy
 
 IDS = torch.tensor([[11, 12, 13, 14, 20, 21], [11, 12, 13, 30, 31, 32]])

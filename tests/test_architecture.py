@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "data": {"lm", "atomic_file"},
     "grpo": {"seeding"},
     "reader": {"memory", "lm", "templates"},
-    "agent": {"memory", "tools", "lm", "data", "reader", "seeding", "templates"},
+    "agent": {"memory", "tools", "lm", "data", "grpo", "reader", "seeding", "templates"},
     "train": {
         "memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "templates",
         "atomic_file", "intervals",

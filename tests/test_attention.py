@@ -249,7 +249,7 @@ def test_detector_sees_the_score_tensor_of_plain_sdpa(gqa_policy):
 
 def test_bounded_attention_keeps_the_models_outputs(gqa_policy):
     """Logits through memalpha's attention equal transformers' sdpa's (float64, padded rows)."""
-    from memalpha.lm.core.layout import pad_prompt_response
+    from memalpha.lm.core.prompt_sharing import pad_prompt_response
 
     model, tokenizer = gqa_policy
     base = model.get_base_model()

@@ -18,11 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rank_bm25 import BM25Okapi
 
-from memalpha.memory.render import render_answer
 from memalpha.memory.store import EPISODIC, SEMANTIC, Memory, MemoryEntry
 from memalpha.reader.base import Reader, ReaderAnswer
 from memalpha.reader.options import RetrievalSettings
-from memalpha.reader.prompts import answer_messages
+from memalpha.reader.prompts import answer_messages, render_answer
 from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.reader.retrieval import (
     K_RULES,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from memalpha.agent.rollout import RolloutSettings
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.memory.store import Memory
 from memalpha.tools.executor import execute_response
 from memalpha.tools.formats import ToolCall, get_call_format

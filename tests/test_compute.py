@@ -1,5 +1,6 @@
 """The compute record of experiments (issue 39, item 2): the per-round counts the GRPO module logs
-(memalpha/train/round_report.py), and lab/memalpha_lab/compute.py, which sums them from TensorBoard and
+(memalpha/train/step.py, `round_metrics`), and lab/memalpha_lab/compute.py, which sums them from TensorBoard
+and
 measures each stage's wall and CPU seconds around its subprocess."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def test_a_round_logs_its_rollouts_samples_tokens_and_reader_questions():
     import torch
 
     from memalpha.agent.rollout import RolloutOutput, RolloutRecord, TurnSample
-    from memalpha.train.round_report import round_metrics
+    from memalpha.train.step import round_metrics
 
     def record(name: str, questions: int) -> RolloutRecord:
         return RolloutRecord(name, "synth_personal", 0, [], {}, 10, 100, [{"score": 1.0}] * questions)

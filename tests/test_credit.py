@@ -16,13 +16,15 @@ from lightning.pytorch import Trainer
 from test_nonfinite import grpo
 from test_training import write_config
 
-from memalpha.agent.reward_math import hindsight_accuracy, per_chunk_totals
+from memalpha.agent.reward_math import per_chunk_totals
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import RolloutSettings, reader_questions, run_rollouts
+from memalpha.agent.rollout import reader_questions, run_rollouts
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.cli import main
 from memalpha.data.schema import QA, DataValidationError, Instance, question_evidence
 from memalpha.data.synthetic import generate_synthetic
-from memalpha.grpo.advantages import CREDIT_SCHEMES, flat_group_share, group_advantages
+from memalpha.grpo.advantages import flat_group_share, group_advantages
+from memalpha.grpo.credit import CREDIT_SCHEMES, CreditScheme, hindsight_accuracy, register_credit_scheme
 from memalpha.grpo.settings import UpdateSettings
 from memalpha.memory.store import CORE
 from memalpha.reader.extractive import ExtractiveReader
@@ -75,9 +77,18 @@ def test_per_chunk_credit_compares_a_turn_with_the_same_turn_of_the_other_rollou
 
 
 def test_the_setting_names_the_scheme_and_refuses_others():
-    assert UpdateSettings().credit == "broadcast" and UpdateSettings().credit_scheme.turn_accuracy is None
-    assert UpdateSettings(credit="per_chunk").credit_scheme.turn_accuracy == "asked"
-    assert UpdateSettings(credit="hindsight").credit_scheme.turn_accuracy == "final"
+    broadcast, per_chunk = UpdateSettings().credit_scheme, UpdateSettings(credit="per_chunk").credit_scheme
+    hindsight = UpdateSettings(credit="hindsight").credit_scheme
+    assert UpdateSettings().credit == "broadcast" and broadcast.name == "broadcast"
+    assert broadcast.turn_accuracy([1.0], [], [], 2) is None and not broadcast.needs_evidence
+    assert per_chunk.asks_after_turns and per_chunk.needs_evidence
+    assert not hindsight.asks_after_turns and hindsight.needs_evidence
+    # per_chunk's A_k: the scores asked after each earlier turn, then the final ones, over all questions
+    assert per_chunk.turn_accuracy([1.0, 0.0, 1.0, 1.0], [1.0, 1.0], [0, 1, 2, 2], 3) == pytest.approx(
+        [0.25, 0.25, 0.75]
+    )
+    hindsight_a = hindsight.turn_accuracy([1.0, 0.0, 1.0, 1.0], [], [0, 1, 2, 2], 3)
+    assert hindsight_a == pytest.approx([0.25, 0.25, 0.75])
     with pytest.raises(ValueError, match="update.credit must be one of"):
         UpdateSettings(credit="tree")
 
@@ -120,7 +131,7 @@ def synthetic():
                               questions_per_instance=3, chunk_words=50, families=("synth_personal",))
 
 
-def scripted(policy, instances, tokenizer, *, turn_accuracy: str | None):
+def scripted(policy, instances, tokenizer, *, credit: str):
     settings = RolloutSettings(group_size=1, max_new_tokens=112, max_prompt_tokens=1536, call_format="hermes",
                                prompt_profile="compact", core_token_limit=128)
     weights = RewardSettings()
@@ -128,12 +139,12 @@ def scripted(policy, instances, tokenizer, *, turn_accuracy: str | None):
     reader = ExtractiveReader()
     judge = weights.build_content_judge(reader)
     return run_rollouts(instances, _NoModel(), tokenizer, reader, settings, weights, judge,
-                        seed=0, do_sample=False, group_size=1, sampler=sampler, turn_accuracy=turn_accuracy)
+                        seed=0, do_sample=False, group_size=1, sampler=sampler, credit=CREDIT_SCHEMES[credit])
 
 
 def test_the_oracle_earns_each_question_at_the_turn_that_stored_its_fact(synthetic, tokenizer):
-    out = scripted(oracle, synthetic, tokenizer, turn_accuracy="asked")
-    broadcast = scripted(oracle, synthetic, tokenizer, turn_accuracy=None)
+    out = scripted(oracle, synthetic, tokenizer, credit="per_chunk")
+    broadcast = scripted(oracle, synthetic, tokenizer, credit="broadcast")
     assert [s.reward for s in out.samples] == [s.reward for s in broadcast.samples]  # broadcast unchanged
     for record, instance_ in zip(out.records, synthetic):
         assert record.r1 == 1.0  # the extractive reader finds every fact the oracle stored
@@ -160,15 +171,15 @@ def stores_the_first_chunk_only(instance_, chunk_index, rng):
 
 
 def test_turns_that_store_nothing_earn_no_accuracy(synthetic, tokenizer):
-    out = scripted(stores_the_first_chunk_only, synthetic, tokenizer, turn_accuracy="asked")
+    out = scripted(stores_the_first_chunk_only, synthetic, tokenizer, credit="per_chunk")
     for sample in out.samples:
         if sample.chunk_index > 0:
             assert sample.turn_reward == pytest.approx(sample.reward - out.records[sample.group_id].r1 * 1.0)
 
 
 def test_hindsight_credits_the_final_answers_to_their_evidence_turn_and_asks_no_more(synthetic, tokenizer):
-    asked = scripted(oracle, synthetic, tokenizer, turn_accuracy="asked")
-    hindsight = scripted(oracle, synthetic, tokenizer, turn_accuracy="final")
+    asked = scripted(oracle, synthetic, tokenizer, credit="per_chunk")
+    hindsight = scripted(oracle, synthetic, tokenizer, credit="hindsight")
     # the oracle keeps every answer it stored, so both schemes credit the same turns
     assert [s.turn_reward for s in hindsight.samples] == pytest.approx([s.turn_reward for s in asked.samples])
     for record, instance_ in zip(hindsight.records, synthetic):
@@ -184,8 +195,8 @@ def stores_the_first_chunk_then_forgets_it(instance_, chunk_index, rng):
 
 
 def test_a_turn_that_spoils_a_stored_answer_is_blamed_per_chunk_and_not_in_hindsight(synthetic, tokenizer):
-    asked = scripted(stores_the_first_chunk_then_forgets_it, synthetic, tokenizer, turn_accuracy="asked")
-    hindsight = scripted(stores_the_first_chunk_then_forgets_it, synthetic, tokenizer, turn_accuracy="final")
+    asked = scripted(stores_the_first_chunk_then_forgets_it, synthetic, tokenizer, credit="per_chunk")
+    hindsight = scripted(stores_the_first_chunk_then_forgets_it, synthetic, tokenizer, credit="hindsight")
     accuracy = {(s.group_id, s.chunk_index): s.turn_reward - s.reward for s in asked.samples}
     for g, instance_ in enumerate(synthetic):
         first = sum(e == 0 for e in question_evidence(instance_)) / len(instance_.questions)
@@ -202,20 +213,12 @@ def test_a_turn_that_spoils_a_stored_answer_is_blamed_per_chunk_and_not_in_hinds
 def test_a_fit_with_per_turn_credit_trains_on_turn_rewards(tiny_model_dir, tmp_path, credit):
     module, data = grpo(tiny_model_dir, tmp_path, update={"credit": credit, "kl_coef": 0.0})
     data.synthetic = dataclasses.replace(data.synthetic, chunks=2)
-    logged: list[dict] = []
-    original = module._log_step
-
-    def keep(logged_, round_metrics_, text, n):
-        logged.append(dict(round_metrics_))
-        return original(logged_, round_metrics_, text, n)
-
-    module._log_step = keep
     trainer = Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
                       num_sanity_val_steps=0, default_root_dir=str(tmp_path))
     random.seed(0)
     trainer.fit(module, datamodule=data, weights_only=False)
-    metrics = logged[0]
+    metrics = {name: float(value) for name, value in trainer.callback_metrics.items()}  # the one step's
     assert "train/turn_reward" in metrics
     if credit == "per_chunk":  # the reader asked after every turn too
         assert metrics["reader/turn_questions"] > 0
@@ -236,3 +239,69 @@ def test_per_turn_credit_without_evidence_stops_before_the_model_loads(tmp_path,
     message = str(stopped.value.code)
     assert "field 'metadata.evidence_chunks'" in message and f"data.train_path={train}" in message, message
     assert "\n" not in message
+
+
+# ------------------------------------------------------------------ a scheme from outside the package
+
+
+class EvenRamp(CreditScheme):
+    """A scheme of this test file, not of memalpha: ``A_k = (k + 1) / K`` whatever was answered, so
+    every turn earns ``w`` (``w * K * 1/K``) instead of the broadcast ``w * r1``; each turn reward
+    is compared with every turn of its instance's rollouts."""
+
+    name = "test_even_ramp"
+
+    def turn_accuracy(self, scores, asked, evidence, turns):
+        return [(k + 1) / turns for k in range(turns)]
+
+    def compared(self, rewards, turn_rewards, group_ids, turn_index):
+        return torch.as_tensor(turn_rewards), torch.as_tensor(group_ids).tolist()
+
+
+@pytest.fixture
+def even_ramp():
+    scheme = register_credit_scheme(EvenRamp())
+    yield scheme
+    del CREDIT_SCHEMES[scheme.name]
+
+
+def test_a_scheme_registered_outside_the_package_trains_a_real_step(
+    even_ramp, tiny_model_dir, tmp_path, monkeypatch
+):
+    from memalpha.agent import rollout
+    from memalpha.train import step
+
+    with pytest.raises(ValueError, match="update.credit must be one of"):
+        UpdateSettings(credit="test_unregistered")
+    module, data = grpo(tiny_model_dir, tmp_path, update={"credit": even_ramp.name, "kl_coef": 0.0})
+    data.synthetic = dataclasses.replace(data.synthetic, chunks=2)
+    scored, records = [], []
+    score_samples, assign_rewards = step.score_samples, rollout.assign_rewards
+
+    def keep_scored(policy, samples, update, *args, **kwargs):
+        out = score_samples(policy, samples, update, *args, **kwargs)
+        scored.append((samples, list(out.batches)))  # the module pops the batches it trains
+        return out
+
+    def keep_records(*args, **kwargs):
+        samples, records_ = assign_rewards(*args, **kwargs)
+        records.extend(records_)
+        return samples, records_
+
+    monkeypatch.setattr(step, "score_samples", keep_scored)
+    monkeypatch.setattr(rollout, "assign_rewards", keep_records)
+    trainer = Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                      num_sanity_val_steps=0, default_root_dir=str(tmp_path))
+    trainer.fit(module, datamodule=data, weights_only=False)
+    assert trainer.global_step == 1 and len(scored) == 1
+    samples, batches = scored[0]
+    # rows come rollout by rollout, two turns each; every turn earns w instead of w * r1
+    w = module.reward_settings.accuracy_weight
+    assert torch.equal(samples.turn_index, torch.tensor([0, 1] * len(records)))
+    r1 = torch.tensor([record.r1 for record in records]).repeat_interleave(2)
+    assert torch.allclose(samples.turn_rewards - samples.rewards, w * (1.0 - r1))
+    # the advantages compare each turn reward with every turn of its instance's rollouts
+    expected = group_advantages(samples.turn_rewards, samples.group_ids)
+    trained = torch.cat([batch.advantages for batch in batches])
+    assert torch.allclose(trained.sort().values, expected.sort().values)

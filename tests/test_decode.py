@@ -14,7 +14,7 @@ from conftest import (
     model_generate_path,
 )
 
-from memalpha.lm.core.prefix_cache import SharedPrefix, full_attention_layers, split_decoder_and_head
+from memalpha.lm.core.prompt_sharing import SharedPrefix, full_attention_layers, split_decoder_and_head
 from memalpha.lm.sampling.filters import draw, filter_logits, next_tokens
 from memalpha.lm.sampling.generation import generate
 from memalpha_lab.growing_cache import GrowingLayer, growing_cache

@@ -15,7 +15,8 @@ import yaml
 
 from memalpha.agent.demos import oracle_demonstrations
 from memalpha.agent.distill import RecordedTurn, replay_trajectory
-from memalpha.agent.rollout import RolloutSettings, make_token_counter
+from memalpha.agent.rollout import make_token_counter
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.demos import load_demonstrations
 from memalpha.data.loaders import save_jsonl
 from memalpha.data.schema import QA, Instance

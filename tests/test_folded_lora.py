@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import build_tiny_model_dir, loop_generate, randomise_lora_b
 
-from memalpha.lm.core.folded_lora import folded_adapters
+from memalpha.lm.core.modes import folded_adapters
 
 PROMPTS = [[11, 12, 13, 14, 20, 21], [11, 12, 13, 14, 30], [11, 12, 13, 14, 40, 41, 42]]
 

@@ -7,9 +7,8 @@ import pytest
 import torch
 from conftest import build_tiny_model_dir, early_end_token, loop_generate, model_generate_path
 
-from memalpha.lm.core.folded_lora import folded_adapters
-from memalpha.lm.core.layout import additive_mask
-from memalpha.lm.core.prefix_cache import split_decoder_and_head
+from memalpha.lm.core.modes import folded_adapters
+from memalpha.lm.core.prompt_sharing import additive_mask, split_decoder_and_head
 from memalpha.lm.sampling.fused_decode import (
     FusedDecoder,
     PromptGroups,

@@ -193,15 +193,15 @@ def test_the_probe_records_announced_choices_and_captures_per_phase(monkeypatch)
         stats["captured"] = kwargs.get("capture", True)
         return [[1]], [False]
 
-    monkeypatch.setattr(graph_decode, "decode", fake_decode)
+    monkeypatch.setattr(graph_decode, "decode_in_graph", fake_decode)
     phase = {"now": None}
     with backend_probe.BackendProbe(lambda: phase["now"]) as probe:
         announce(object(), BackendChoice("cuda-graph", "auto on cuda"), who="sampling")
         announce(object(), BackendChoice("hf-generate", "fold off"), who="reader")
         phase["now"] = "generate"  # a bench names its phase so: still the policy's sampling
-        graph_decode.decode("decoder", capture=True)
-        graph_decode.decode("decoder", capture=False)  # one batch fell back to eager
-    assert graph_decode.decode is fake_decode  # uninstalled
+        graph_decode.decode_in_graph("decoder", capture=True)
+        graph_decode.decode_in_graph("decoder", capture=False)  # one batch fell back to eager
+    assert graph_decode.decode_in_graph is fake_decode  # uninstalled
     summary = probe.summary()
     assert summary["sampling"] == {
         **summary["sampling"],
@@ -220,9 +220,9 @@ def test_the_reader_backend_is_read_from_its_phase_when_not_announced(monkeypatc
     def fake_decode(*args, stats=None, **kwargs):
         stats["captured"] = True
 
-    monkeypatch.setattr(graph_decode, "decode", fake_decode)
+    monkeypatch.setattr(graph_decode, "decode_in_graph", fake_decode)
     with backend_probe.BackendProbe(lambda: "reader") as probe:
-        graph_decode.decode()
+        graph_decode.decode_in_graph()
     reader = probe.summary()["reader"]
     assert reader["backend"] == "cuda-graph" and reader["captured"] is True and reader["source"] == "observed"
     assert probe.summary()["sampling"]["backend"] is None

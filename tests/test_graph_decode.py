@@ -22,9 +22,13 @@ from conftest import (
 )
 from numerics import assert_close
 
-from memalpha.lm.core.folded_lora import folded_adapters, folded_weight, is_four_bit, plain_adapters
-from memalpha.lm.core.layout import pad_prompt_response
-from memalpha.lm.core.prefix_cache import split_decoder_and_head
+from memalpha.lm.core.modes import folded_adapters, folded_weight, is_four_bit, plain_adapters
+from memalpha.lm.core.prompt_sharing import (
+    PromptSharing,
+    pad_prompt_response,
+    split_decoder_and_head,
+    unique_rows,
+)
 from memalpha.lm.sampling import graph_decode
 from memalpha.lm.sampling.filters import next_tokens
 from memalpha.lm.sampling.generation import generate
@@ -40,12 +44,12 @@ def graph_sample(model, tokenizer, prompts, *, max_new_tokens, eos_token_id, do_
                  eos_check_steps=graph_decode.EOS_CHECK_STEPS, stats=None, compile_backend=None, **filters):
     """The backend on ``prompts`` with :func:`generate`'s arguments: seeded the way ``generate``
     seeds (a forked global RNG), drawing through the same :func:`next_tokens`: on the host after
-    every step, or with ``in_graph`` inside the step (:class:`graph_decode.Sampling`)."""
+    every step, or with ``in_graph`` inside the step (:class:`graph_decode.GraphSampling`)."""
 
     def pick(logits):
         return next_tokens(logits, do_sample=do_sample, **filters)
 
-    how = {"sampling": graph_decode.Sampling(do_sample, **filters)} if in_graph else {"pick": pick}
+    how = {"sampling": graph_decode.GraphSampling(do_sample, **filters)} if in_graph else {"pick": pick}
     with torch.random.fork_rng(enabled=seed is not None):
         if seed is not None:
             torch.manual_seed(seed)
@@ -150,7 +154,7 @@ def test_end_tokens_stop_rows_and_only_live_rows_are_picked(peaked_policy):
         return torch.tensor(next(script))
 
     with torch.no_grad():
-        tokens, cut = graph_decode.decode(
+        tokens, cut = graph_decode.decode_in_graph(
             decoder, head, config, batch, max_new_tokens=4, eos_ids=[99], pick=pick
         )
     assert tokens == [[5, 7, 99], [99], [6, 8, 9, 10]]
@@ -180,10 +184,10 @@ def test_a_step_run_twice_changes_nothing_and_reads_buffers_that_never_move(peak
         return second
 
     with torch.no_grad():
-        expected, _ = graph_decode.decode(decoder, head, config, batch, **greedy)
+        expected, _ = graph_decode.decode_in_graph(decoder, head, config, batch, **greedy)
         graph_decode.FixedStep.step = twice
         try:
-            repeated, _ = graph_decode.decode(decoder, head, config, batch, **greedy)
+            repeated, _ = graph_decode.decode_in_graph(decoder, head, config, batch, **greedy)
         finally:
             graph_decode.FixedStep.step = original
     assert repeated == expected
@@ -225,7 +229,7 @@ def step_operators(model, tokenizer, prompts, in_graph: bool = False) -> set[str
         fixed = graph_decode.FixedStep(decoder, head, config, batch, max_new_tokens=3, bucket_columns=4)
         if in_graph:
             fixed.prefill_columns()
-            sampling = graph_decode.Sampling(True, **IN_GRAPH_FILTERS)
+            sampling = graph_decode.GraphSampling(True, **IN_GRAPH_FILTERS)
             sampler = graph_decode.InGraphSampler(fixed, sampling, [NEVER], chunk=3)
             sampler.begin()
             sampler.step(fixed.width())
@@ -271,8 +275,8 @@ def test_a_shared_prefix_layout_gives_the_same_tokens(peaked_policy):
             prompts, [[] for _ in prompts], tokenizer.pad_token_id, shared_prefix=len(SYSTEM)
         )
         assert not torch.equal(plain.attention_mask, holed.attention_mask)
-        expected, _ = graph_decode.decode(decoder, head, config, plain, **greedy)
-        assert graph_decode.decode(decoder, head, config, holed, **greedy)[0] == expected
+        expected, _ = graph_decode.decode_in_graph(decoder, head, config, plain, **greedy)
+        assert graph_decode.decode_in_graph(decoder, head, config, holed, **greedy)[0] == expected
 
 
 # ----------------------------------------------------------------------------- buckets and shared prompts
@@ -327,11 +331,11 @@ def graph_logits(model, tokenizer, prompts, steps: int, *, bucket_columns, share
     decoder, head, config = split_decoder_and_head(model.eval())
     limits = {"max_new_tokens": steps, "eos_ids": [NEVER], "bucket_columns": bucket_columns, "stats": stats}
     with torch.no_grad(), folded_adapters(model, quantised=True):
-        prefix, prompt_of_row = graph_decode.prompt_sharing(decoder, prompts, share)
-        batch = pad_prompt_response(prompts, [[] for _ in prompts], tokenizer.pad_token_id,
-                                    shared_prefix=prefix.length if prefix else 0)
+        sharing = PromptSharing.of(decoder, prompts, share)
+        prefix, prompt_of_row = sharing.prefix, sharing.prompt_of_row(prompts)
+        batch = sharing.layout(prompts, [[] for _ in prompts], tokenizer.pad_token_id, "cpu")
         return forced_logits(
-            lambda pick: graph_decode.decode(decoder, head, config, batch, pick=pick, prefix=prefix,
+            lambda pick: graph_decode.decode_in_graph(decoder, head, config, batch, pick=pick, prefix=prefix,
                                              prompt_of_row=prompt_of_row, **limits),
             steps, len(prompts),
         )
@@ -381,9 +385,10 @@ def test_shared_prompts_prefilled_once_give_the_unshared_logits_in_float64(
         hook.remove()
     for step, (a, b) in enumerate(zip(shared, expected)):
         assert_close(a, b, 1e-12, f"logits of step {step}")
-    prefix, prompt_of_row = graph_decode.prompt_sharing(decoder, prompts)
+    sharing = PromptSharing.of(decoder, prompts)
+    prefix, prompt_of_row = sharing.prefix, sharing.prompt_of_row(prompts)
     assert (prefix.length if prefix else 0) == prefix_length
-    assert prompt_of_row == graph_decode.unique_rows([p[prefix_length:] for p in prompts])[1]
+    assert prompt_of_row == unique_rows([p[prefix_length:] for p in prompts])[1]
     prefills = [shape for shape in masks if len(shape) == 2]
     assert len(prefills) == len(set(prompt_of_row)) and all(shape[0] == 1 for shape in prefills), masks
     assert all(shape[-2] == 1 for shape in masks if len(shape) == 4), masks  # no [B, 1, P, P] mask
@@ -518,9 +523,10 @@ def test_in_graph_pick_equals_the_filters_on_the_same_logits(filters):
         torch.manual_seed(1)
         expected = next_tokens(logits, do_sample=True, **filters)
         torch.manual_seed(1)
-        ours = graph_decode.Sampling(True, **filters).pick(logits, torch.rand((64, 1), dtype=torch.float64))
+        draws = torch.rand((64, 1), dtype=torch.float64)
+        ours = graph_decode.GraphSampling(True, **filters).pick(logits, draws)
     assert torch.equal(ours, expected) and len(set(ours.tolist())) > 1
-    assert torch.equal(graph_decode.Sampling(False).pick(logits, None), logits.argmax(-1))
+    assert torch.equal(graph_decode.GraphSampling(False).pick(logits, None), logits.argmax(-1))
 
 
 class HostReads:
@@ -567,7 +573,7 @@ def test_in_graph_sampling_reads_the_host_once_a_chunk_not_once_a_token(peaked_p
     batch = pad_prompt_response(PROMPTS, [[] for _ in PROMPTS], tokenizer.pad_token_id)
     chunk = 8
     choices = {"host": {"pick": lambda logits: next_tokens(logits, do_sample=True)},
-               "in-graph": {"sampling": graph_decode.Sampling(), "eos_check_steps": chunk}}
+               "in-graph": {"sampling": graph_decode.GraphSampling(), "eos_check_steps": chunk}}
     reads, loop_reads = {}, {}
     with torch.no_grad(), torch.random.fork_rng():
         torch.manual_seed(0)
@@ -576,7 +582,9 @@ def test_in_graph_sampling_reads_the_host_once_a_chunk_not_once_a_token(peaked_p
                 stats: dict = {}
                 limits = {"max_new_tokens": tokens, "eos_ids": [NEVER], "bucket_columns": 4, "stats": stats}
                 with HostReads(monkeypatch) as counter:
-                    generated, _ = graph_decode.decode(decoder, head, config, batch, **choice, **limits)
+                    generated, _ = graph_decode.decode_in_graph(
+                        decoder, head, config, batch, **choice, **limits
+                    )
                 assert all(len(row) == tokens for row in generated)
                 reads[how, tokens], loop_reads[how, tokens] = counter.count, stats["host_reads"]
     per_token = {how: (reads[how, 24] - reads[how, 8]) / 16 for how in choices}
@@ -725,14 +733,15 @@ def test_dora_sliding_windows_and_training_mode_are_refused(tmp_path, tokenizer,
     model.train()
     try:
         with pytest.raises(ValueError, match="eval mode"):
-            graph_decode.decode(
+            graph_decode.decode_in_graph(
                 decoder, head, config, batch, max_new_tokens=2, eos_ids=[NEVER], pick=lambda x: x
             )
     finally:
         model.eval()
     with pytest.raises(ValueError, match="CUDA device"):
-        graph_decode.decode(decoder, head, config, batch, max_new_tokens=2, eos_ids=[NEVER], pick=lambda x: x,
-                            capture=True)
+        graph_decode.decode_in_graph(
+            decoder, head, config, batch, max_new_tokens=2, eos_ids=[NEVER], pick=lambda x: x, capture=True
+        )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the capture succeeds: nothing to fail")
@@ -764,7 +773,7 @@ def test_a_capture_warm_up_at_a_chunks_last_slot_stays_in_bounds(peaked_policy):
     with torch.no_grad(), folded_adapters(model, quantised=True):
         fixed = graph_decode.FixedStep(decoder, head, config, batch, max_new_tokens=3, bucket_columns=4)
         fixed.prefill_columns()
-        sampler = graph_decode.InGraphSampler(fixed, graph_decode.Sampling(True), [NEVER], chunk=3)
+        sampler = graph_decode.InGraphSampler(fixed, graph_decode.GraphSampling(True), [NEVER], chunk=3)
         sampler.begin()
         for _ in range(2):
             sampler.step(fixed.width())

@@ -199,8 +199,8 @@ def _first_token_probability(model, prompts) -> float:
 
 
 def _grpo_run(model_dir, tokenizer, reward_sign: int, steps: int = 5) -> tuple[float, float]:
-    from memalpha.lm.core.layout import response_mask
     from memalpha.lm.core.policy import LoraSettings, load_policy
+    from memalpha.lm.core.prompt_sharing import response_mask
     from memalpha.lm.sampling.generation import generate
     from memalpha.lm.scoring.logprobs import token_logprobs
     from memalpha.lm.scoring.spec import ScoringSpec

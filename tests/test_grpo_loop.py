@@ -13,7 +13,7 @@ from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.sampling.generation import generate
 from memalpha.lm.scoring.logprobs import response_logprobs
 from memalpha.lm.scoring.spec import ScoringSpec
-from memalpha.train.actor import accumulate_grpo_gradients
+from memalpha.train.step import accumulate_grpo_gradients
 from memalpha_lab.single_turn import SingleTurnSettings, train_single_turn
 
 

@@ -20,7 +20,7 @@ from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.sampling.generation import generate
 from memalpha.lm.scoring.logprobs import response_logprobs
 from memalpha.lm.scoring.spec import ScoringSpec
-from memalpha.train.actor import accumulate_grpo_gradients
+from memalpha.train.step import accumulate_grpo_gradients
 
 STEPS, GROUP, NEW_TOKENS = 20, 8, 3
 PROMPTS = [[1, 3, 4], [6, 7], [4, 4, 1, 6]]

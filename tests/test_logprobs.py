@@ -9,8 +9,8 @@ from numerics import VALUE_REL, assert_close, assert_same_gradients
 from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
-from memalpha.lm.core.layout import pad_prompt_response
 from memalpha.lm.core.policy import LoraSettings, load_policy
+from memalpha.lm.core.prompt_sharing import pad_prompt_response
 from memalpha.lm.scoring.logprobs import HeadLogprob, streams_head, token_logprobs
 from memalpha.lm.scoring.spec import ScoringSpec
 

@@ -7,9 +7,15 @@ import random
 
 import pytest
 
-from memalpha.memory.ids import id_for_counter
-from memalpha.memory.render import render_answer, render_memorise
-from memalpha.memory.store import CORE_TRUNCATION_MARKER, Memory, MemoryEntry, whitespace_token_count
+from memalpha.agent.prompts import render_memorise
+from memalpha.memory.store import (
+    CORE_TRUNCATION_MARKER,
+    Memory,
+    MemoryEntry,
+    id_for_counter,
+    whitespace_token_count,
+)
+from memalpha.reader.prompts import render_answer
 
 
 class CountingCounter:

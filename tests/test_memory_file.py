@@ -15,8 +15,7 @@ from memalpha.inference.memory_file import (
     memory_json,
     save_memory,
 )
-from memalpha.memory.ids import counter_for_id, id_for_counter
-from memalpha.memory.store import Memory
+from memalpha.memory.store import Memory, counter_for_id, id_for_counter
 
 
 def filled_memory(seed: int = 7) -> Memory:

@@ -13,8 +13,13 @@ import pytest
 
 from memalpha.agent.content_judges import RuleContentJudge
 from memalpha.agent.fact_recall import fact_recall, instance_facts, memory_fact_recall
-from memalpha.agent.grounding import chunk_tokens, is_supported
-from memalpha.agent.reward_math import TurnCalls, rollout_rewards, tool_success_reward
+from memalpha.agent.reward_math import (
+    TurnCalls,
+    chunk_tokens,
+    is_supported,
+    rollout_rewards,
+    tool_success_reward,
+)
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.data.wrapping import wrap_chunk
 from memalpha.memory.store import Memory
@@ -210,7 +215,7 @@ def test_fact_recall_is_logged_per_round_and_reported_beside_accuracy():
     import torch
 
     from memalpha.agent.rollout import RolloutOutput, TurnSample
-    from memalpha.train.round_report import round_metrics
+    from memalpha.train.step import round_metrics
     from memalpha.train.validation_report import format_table, summarise_records
 
     records = [

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 from conftest import SMALL_VOCAB_CHOSEN as CHOSEN
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, Trainer
 
 from memalpha.agent.rollout import RolloutOutput, RolloutRecord, TurnSample
 from memalpha.data.synthetic import SyntheticSettings
@@ -30,11 +30,10 @@ class ToyAgent:
     """The module's agent for the toy task: sample the prompts, reward the chosen token."""
 
     def __init__(self, module, rewards_per_round: list[float]) -> None:
-        self.policy, self.tokenizer = module.policy, module.tokenizer
+        self.policy, self.tokenizer, self.rollout = module.policy, module.tokenizer, module.rollout_settings
         self.rewards_per_round = rewards_per_round
 
-    def rollouts(self, instances, *, seed: int, sampler, on_phase, turn_accuracy) -> RolloutOutput:
-        assert sampler is None
+    def rollouts(self, instances, *, seed: int, on_phase, credit) -> RolloutOutput:
         prompts = [p for p in PROMPTS for _ in range(GROUP)]
         out = generate(
             self.policy, self.tokenizer, prompts, max_new_tokens=NEW_TOKENS, seed=seed, eos_token_id=2
@@ -69,12 +68,18 @@ def train_toy(model_dir: str, tmp_path, learning_rate: float) -> list[float]:
         export_adapter_dir=str(tmp_path / "adapter"),
     )
     rewards: list[float] = []
-    module.agent = lambda: ToyAgent(module, rewards)
+
+    class ToyTask(Callback):
+        """The module's step rolls the toy agent out once the policy exists."""
+
+        def on_fit_start(self, trainer, pl_module) -> None:
+            pl_module.grpo_step.agent = ToyAgent(pl_module, rewards)
+
     synthetic = SyntheticSettings(train=4, val=1, chunks=1, questions=1, chunk_words=10)
     data = RolloutDataModule(synthetic=synthetic, instances_per_step=1, tokenizer_name=model_dir)
     trainer = Trainer(accelerator="cpu", devices=1, max_steps=STEPS, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                      num_sanity_val_steps=0, default_root_dir=str(tmp_path))
+                      num_sanity_val_steps=0, default_root_dir=str(tmp_path), callbacks=[ToyTask()])
     trainer.fit(module, datamodule=data, weights_only=False)
     assert trainer.global_step == STEPS and len(rewards) == STEPS
     return rewards

@@ -290,7 +290,7 @@ def test_ddp_ranks_skip_together_whichever_rank_saw_the_fault(tmp_path, tiny_mod
 
 def test_sft_skips_a_nan_loss_and_stops_after_three(tmp_path, tiny_model_dir, tokenizer, monkeypatch):
     from memalpha.agent.demos import oracle_demonstrations
-    from memalpha.agent.rollout import RolloutSettings
+    from memalpha.agent.rollout_settings import RolloutSettings
     from memalpha.data.demos import save_demonstrations
     from memalpha.data.synthetic import generate_synthetic
     from memalpha.train.demo_datamodule import DemoDataModule

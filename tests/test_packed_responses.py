@@ -11,10 +11,15 @@ import torch
 from conftest import randomise_lora_b
 from numerics import GRADIENT_REL, VALUE_REL, assert_close, assert_same_gradients
 
-from memalpha.lm.core.layout import pad_prompt_response
+from memalpha.lm.core import prompt_sharing
 from memalpha.lm.core.policy import LoraSettings, load_policy
+from memalpha.lm.core.prompt_sharing import (
+    SegmentLayout,
+    packed_response_hidden,
+    pad_prompt_response,
+    worth_packing,
+)
 from memalpha.lm.scoring import logprobs
-from memalpha.lm.scoring.packed_responses import SegmentLayout, packed_response_hidden, worth_packing
 from memalpha.lm.scoring.spec import ScoringSpec
 
 SYSTEM = [11, 12, 13, 14, 15]
@@ -79,7 +84,7 @@ def _scores_and_gradients(model, monkeypatch, packed: bool):
         used.append(rows is not None)
         return rows
 
-    monkeypatch.setattr(logprobs, "packed_response_hidden", counted)
+    monkeypatch.setattr(prompt_sharing, "packed_response_hidden", counted)
     model.zero_grad(set_to_none=True)
     scores = logprobs.token_scores(
         model, PROMPTS, RESPONSES, ScoringSpec(micro_batch_size=6), with_entropy=True,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memalpha.lm.core.layout import pad_prompt_response, response_mask
 from memalpha.lm.core.policy import LoraSettings, load_policy
+from memalpha.lm.core.prompt_sharing import pad_prompt_response, response_mask
 from memalpha.lm.sampling.generation import Generation, generate, trim_at_eos
 from memalpha.lm.scoring.logprobs import token_logprobs
 from memalpha.lm.scoring.spec import ScoringSpec

@@ -170,10 +170,9 @@ def test_the_embedded_model_reads_a_text_file_and_its_saved_memory_holds_what_it
     """SmolLM2-135M, given five supervised steps on one demonstration (the base model writes no
     call), reads a short text file through ``memalpha predict``; every call that succeeded left
     its content in the recorded memory, and that memory saved to a file loads back the same."""
-    from memalpha.agent.prompts import memorise_messages, stated_response_limit
-    from memalpha.agent.rollout import RolloutSettings
+    from memalpha.agent.prompts import memorise_messages, render_memorise, stated_response_limit
+    from memalpha.agent.rollout_settings import RolloutSettings
     from memalpha.data.demos import Demonstration, save_demonstrations
-    from memalpha.memory.render import render_memorise
     from memalpha.tools.formats import get_call_format
 
     chunk = "Ada Lovelace lives in Lisbon. Her cat is called Pixel."
@@ -186,7 +185,7 @@ def test_the_embedded_model_reads_a_text_file_and_its_saved_memory_holds_what_it
         render_memorise(Memory(core_token_limit=settings.core_token_limit), settings.memory_view_k,
                         settings.templates),
         chunk, call_format, response_token_limit=stated_response_limit(settings.max_new_tokens, 1.0),
-        profile=settings.prompt_profile, templates=settings.templates,
+        detail=settings.prompt_profile, templates=settings.templates,
     )  # fmt: skip
     reply = call_format.render_calls([("new_memory_insert", {"memory_type": "semantic_memory",
                                                              "content": "Ada Lovelace lives in Lisbon."})])

@@ -11,11 +11,11 @@ from numerics import VALUE_REL, assert_close, assert_same_gradients, relative_di
 
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import UpdateSettings
-from memalpha.lm.core.layout import pad_prompt_response
 from memalpha.lm.core.policy import LoraSettings, load_policy
-from memalpha.lm.core.prefix_cache import (
+from memalpha.lm.core.prompt_sharing import (
     SharedPrefix,
     cache_is_kept,
+    pad_prompt_response,
     prompt_order,
     shared_prefix_length,
     split_decoder_and_head,
@@ -24,7 +24,7 @@ from memalpha.lm.core.prefix_cache import (
 from memalpha.lm.sampling.generation import generate
 from memalpha.lm.scoring.logprobs import response_logprobs, token_logprobs
 from memalpha.lm.scoring.spec import ScoringSpec
-from memalpha.train.actor import accumulate_grpo_gradients
+from memalpha.train.step import accumulate_grpo_gradients
 
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]
 # Two groups of two identical prompts after a shared "system prompt", plus one shorter prompt.

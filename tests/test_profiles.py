@@ -70,7 +70,7 @@ def test_the_docs_table_lists_exactly_what_the_profile_sets():
     import inspect
 
     from memalpha.agent.reward_settings import RewardSettings
-    from memalpha.agent.rollout import RolloutSettings
+    from memalpha.agent.rollout_settings import RolloutSettings
     from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
     from memalpha.reader.settings import ReaderSettings
     from memalpha.train.datamodule import RolloutDataModule

@@ -18,7 +18,8 @@ from test_training import scalars, version_dirs, write_config
 from memalpha.agent.progress import Phase
 from memalpha.agent.prompt_budget import check_prompt_budget
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import RolloutError, RolloutSettings, run_rollouts, turn_prompt
+from memalpha.agent.rollout import RolloutError, run_rollouts, turn_prompt
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.cli import main
 from memalpha.data.schema import QA, Instance
 from memalpha.memory.store import Memory

@@ -4,7 +4,7 @@ naming the file and the key, and ``rollout.prompt_templates`` reaches every prom
 
 ``fixtures/prompt_texts_memalpha.json`` was written by the code *before* the texts moved to
 ``memalpha/templates/memalpha.yaml`` (the constants of agent/prompts.py, reader/prompts.py and
-memory/render.py, the tool blocks of tools/formats.py), from the inputs :func:`render_all` uses.
+the memory views, the tool blocks of tools/formats.py), from the inputs :func:`render_all` uses.
 """
 
 from __future__ import annotations
@@ -21,14 +21,15 @@ from memalpha.agent.prompts import (
     answer_judge_prompt,
     content_judge_messages,
     memorise_messages,
+    render_memorise,
     stated_response_limit,
 )
-from memalpha.agent.rollout import RolloutSettings, turn_prompt
+from memalpha.agent.rollout import turn_prompt
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.agent.scoring import score_answer
-from memalpha.memory.render import render_answer, render_memorise
 from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader, ReaderAnswer
-from memalpha.reader.prompts import answer_messages
+from memalpha.reader.prompts import answer_messages, render_answer
 from memalpha.templates.loader import (
     OPTIONAL_TEMPLATES,
     PLACEHOLDERS,

@@ -17,11 +17,11 @@ from memalpha.agent.prompts import (
     answer_judge_prompt,
     content_judge_messages,
     memorise_messages,
+    render_memorise,
 )
 from memalpha.cli import run
-from memalpha.memory.render import render_answer, render_memorise
 from memalpha.memory.store import Memory
-from memalpha.reader.prompts import answer_messages
+from memalpha.reader.prompts import answer_messages, render_answer
 from memalpha.templates.loader import default_templates, load_templates
 from memalpha.templates.official import QWEN_AGENT_FILE, REQUIRED_FILES, import_official, qwen_tool_block
 from memalpha.tools.formats import get_call_format

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from memalpha.agent.rollout import RolloutSettings, answer_questions, start_rollouts
+from memalpha.agent.rollout import answer_questions, start_rollouts
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.agent.scoring import metric_for_source
 from memalpha.cli import main
 from memalpha.data.loaders import load_instances

@@ -9,13 +9,12 @@ import time
 import pytest
 
 from memalpha.agent.scoring import score_answer
-from memalpha.memory.render import render_answer
 from memalpha.memory.store import EPISODIC, SEMANTIC, Memory
-from memalpha.reader.base import ReaderAnswer, Sampling
+from memalpha.reader.base import ReaderAnswer, ReaderSampling
 from memalpha.reader.local import LocalReader
 from memalpha.reader.openai_compat import OpenAIReader, ReaderRequestRefused
 from memalpha.reader.options import OpenAISettings, RetrievalSettings
-from memalpha.reader.prompts import answer_messages
+from memalpha.reader.prompts import answer_messages, render_answer
 from memalpha.reader.retrieval import retrieve_for_questions
 
 
@@ -98,7 +97,7 @@ def test_local_reader_batches_and_respects_the_prompt_budget(tiny_model, tokeniz
 
 
 def test_local_reader_complete_takes_per_call_sampling(tiny_model, tokenizer, monkeypatch):
-    """A ``Sampling`` given to ``complete`` reaches ``generate`` for that call only; every other
+    """A ``ReaderSampling`` given to ``complete`` reaches ``generate`` for that call only; every other
     call keeps the reader's own settings (greedy, 2 tokens here)."""
     from memalpha.lm.sampling import generation
 
@@ -115,9 +114,9 @@ def test_local_reader_complete_takes_per_call_sampling(tiny_model, tokenizer, mo
     reader = LocalReader(tiny_model, tokenizer, max_new_tokens=2, temperature=0.0)
     prompts = ["Is the sky blue?", "Name a colour."]
     assert all(a.ok for a in reader.complete(prompts))
-    assert all(a.ok for a in reader.complete(prompts, sampling=Sampling(temperature=0.1, max_tokens=6)))
-    assert all(a.ok for a in reader.complete(prompts, sampling=Sampling(max_tokens=5)))
-    assert all(a.ok for a in reader.complete(prompts, sampling=Sampling()))  # overrides nothing
+    assert all(a.ok for a in reader.complete(prompts, sampling=ReaderSampling(temperature=0.1, max_tokens=6)))
+    assert all(a.ok for a in reader.complete(prompts, sampling=ReaderSampling(max_tokens=5)))
+    assert all(a.ok for a in reader.complete(prompts, sampling=ReaderSampling()))  # overrides nothing
     assert all(a.ok for a in reader.answer([(capital_memory(), "What is the capital city of Australia?")]))
     settings = [(cap, sample, temperature) for cap, sample, temperature, _ in seen]
     assert settings == [(2, False, 1.0), (6, True, 0.1), (5, False, 1.0), (2, False, 1.0), (2, False, 1.0)]
@@ -132,12 +131,13 @@ def test_openai_reader_complete_sends_per_call_sampling(tiny_model, tokenizer):
 
     client = OpenAIReader(OpenAISettings("http://127.0.0.1:1/v1", "tiny"), temperature=0.0, max_tokens=3,
                           extra_body={"seed": 1})
-    body = client.request_body([{"role": "user", "content": "q"}], Sampling(temperature=0.1, max_tokens=512))
+    question = [{"role": "user", "content": "q"}]
+    body = client.request_body(question, ReaderSampling(temperature=0.1, max_tokens=512))
     assert (body["temperature"], body["max_tokens"], body["top_p"], body["seed"]) == (0.1, 512, 1.0, 1)
-    body = client.request_body([{"role": "user", "content": "q"}], Sampling(max_tokens=9))
+    body = client.request_body([{"role": "user", "content": "q"}], ReaderSampling(max_tokens=9))
     assert (body["temperature"], body["max_tokens"]) == (0.0, 9)
     assert client.request_body([{"role": "user", "content": "q"}]) == client.request_body(
-        [{"role": "user", "content": "q"}], Sampling())
+        [{"role": "user", "content": "q"}], ReaderSampling())
 
     with ChatCompletionServer(
         LocalReader(tiny_model, tokenizer, max_new_tokens=4), model_name="tiny"
@@ -149,10 +149,10 @@ def test_openai_reader_complete_sends_per_call_sampling(tiny_model, tokenizer):
                               temperature=0.0, max_tokens=3)
         prompts = ["Is the sky blue?", "Name a colour."]
         assert all(a.ok for a in client.complete(prompts))
-        assert all(a.ok for a in client.complete(prompts, sampling=Sampling(temperature=0.1, max_tokens=7)))
-        assert all(
-            a.ok for a in client.complete(prompts[:1], systems=["Be brief."], sampling=Sampling(max_tokens=5))
-        )
+        brief = ReaderSampling(temperature=0.1, max_tokens=7)
+        assert all(a.ok for a in client.complete(prompts, sampling=brief))
+        shorter = ReaderSampling(max_tokens=5)
+        assert all(a.ok for a in client.complete(prompts[:1], systems=["Be brief."], sampling=shorter))
         assert all(a.ok for a in client.complete(prompts[:1]))
     assert [(p.max_tokens, p.temperature) for p in received] == [(3, 0.0)] * 2 + [(7, 0.1)] * 2 + [
         (5, 0.0),
@@ -167,7 +167,7 @@ def test_openai_reader_complete_sends_per_call_sampling(tiny_model, tokenizer):
 )
 def test_sampling_overrides_are_checked(options, message):
     with pytest.raises(ValueError) as info:
-        Sampling(**options)
+        ReaderSampling(**options)
     assert str(info.value) == message
 
 

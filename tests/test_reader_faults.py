@@ -18,13 +18,8 @@ from test_training import scalars, version_dirs, write_config
 
 from memalpha.agent.content_judges import LLMContentJudge
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import (
-    RolloutRecord,
-    RolloutSettings,
-    answer_questions,
-    run_rollouts,
-    start_rollouts,
-)
+from memalpha.agent.rollout import RolloutRecord, answer_questions, run_rollouts, start_rollouts
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.cli import main
 from memalpha.data.schema import QA, Instance
 from memalpha.lm.core.http_post import backoff_delay
@@ -35,7 +30,7 @@ from memalpha.reader.options import OpenAISettings
 from memalpha.reader.settings import ReaderSettings
 from memalpha.tools.formats import ToolCall
 from memalpha.tools.schemas import INSERT
-from memalpha.train.round_report import round_metrics
+from memalpha.train.step import round_metrics
 from memalpha.train.validation_report import format_table, summarise_records
 
 KEY_ENV = "MEMALPHA_FAULT_TEST_KEY"

@@ -9,8 +9,8 @@ from numerics import VALUE_REL, assert_close
 
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.lm.core.adapters import export_adapter
+from memalpha.lm.core.modes import REFERENCE_ADAPTER, load_reference_adapter, reference_weights
 from memalpha.lm.core.policy import LoraSettings, load_policy
-from memalpha.lm.core.reference import REFERENCE_ADAPTER, load_reference_adapter, reference_weights
 from memalpha.lm.scoring.logprobs import response_logprobs
 from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha_lab.single_turn import SingleTurnSettings, train_single_turn

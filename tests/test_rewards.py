@@ -29,7 +29,7 @@ from memalpha.agent.reward_math import (
 )
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.memory.store import Memory
-from memalpha.reader.base import Reader, ReaderAnswer, Sampling
+from memalpha.reader.base import Reader, ReaderAnswer, ReaderSampling
 from memalpha.reader.options import RetrievalSettings
 from memalpha.templates.loader import default_templates
 from memalpha.tools.executor import ToolResult, execute_response
@@ -318,7 +318,7 @@ class ReplayJudge(Reader):
     def __init__(self, script: dict[str, list[str | None]], templates=SPLIT):
         super().__init__(templates=templates)
         self.script = {entry: list(replies) for entry, replies in script.items()}
-        self.batches: list[tuple[list, Sampling | None]] = []
+        self.batches: list[tuple[list, ReaderSampling | None]] = []
 
     def count_tokens(self, text: str) -> int:
         return len(text.split())
@@ -365,7 +365,8 @@ def test_the_judge_asks_again_only_for_malformed_writes_with_the_retry_text_and_
         [conversation("alpha", 1), conversation("gamma", 1), conversation("delta", 0)],
         [conversation("gamma", 2), conversation("delta", 1)],
     ]
-    assert [sampling for _, sampling in reader.batches] == [Sampling(temperature=0.1, max_tokens=512)] * 3
+    official = ReaderSampling(temperature=0.1, max_tokens=512)
+    assert [sampling for _, sampling in reader.batches] == [official] * 3
     assert reader.script["gamma"] == [VALID_REPLY]  # the fourth reply was never asked for
     assert judge.malformed == 1 + 3 + 2 and judge.unjudged == 1
     assert sum(len(batch) for batch, _ in reader.batches) == 9 and reader.failures == 1

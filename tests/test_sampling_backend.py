@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from memalpha.agent.rollout import RolloutSettings
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.sampling.backend import (
     BACKENDS,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import RolloutSettings
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.reader.extractive import ExtractiveReader
 from memalpha.tools.formats import get_call_format

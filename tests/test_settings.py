@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import RolloutSettings
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.synthetic import SyntheticSettings
 from memalpha.grpo.batch import GRPOBatch, cut_minibatches
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings

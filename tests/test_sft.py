@@ -12,14 +12,14 @@ from conftest import randomise_lora_b
 from numerics import GRADIENT_REL, assert_close, assert_same_gradients
 
 from memalpha.agent.demos import oracle_demonstrations
-from memalpha.agent.rollout import RolloutSettings
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.demos import Demonstration, load_demonstrations, save_demonstrations
 from memalpha.data.schema import DataValidationError
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.grpo.settings import OptimizerSettings
 from memalpha.grpo.update import build_optimizer, optimizer_step
-from memalpha.lm.core.layout import pad_prompt_response
 from memalpha.lm.core.policy import LoraSettings, load_policy
+from memalpha.lm.core.prompt_sharing import pad_prompt_response
 from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.memory.store import Memory
 from memalpha.tools.executor import execute_call

@@ -287,7 +287,7 @@ def test_skipped_rounds_are_counted_and_the_run_trains_on_once_the_reader_answer
     plan = FaultPlan({})
     trainer = fit(module, data, plan, monkeypatch, tmp_path, max_steps=1)
     assert trainer.global_step == 1 and len(calls) == 2  # round 0 skipped, round 1 trained
-    assert module.reader_gate.skipped_in_a_row == 0
+    assert module.grpo_step.reader_gate.skipped_in_a_row == 0
     assert plan.calls[0]["unchanged"] and not plan.calls[1]["unchanged"]
     assert all(math.isfinite(call["grad_norm"]) for call in plan.calls[1:])
 

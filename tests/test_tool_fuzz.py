@@ -32,8 +32,9 @@ from pathlib import Path
 
 import pytest
 
-from memalpha.memory.render import render_answer, render_memorise
+from memalpha.agent.prompts import render_memorise
 from memalpha.memory.store import CORE, EPISODIC, LIST_TYPES, SEMANTIC, Memory
+from memalpha.reader.prompts import render_answer
 from memalpha.tools.executor import ToolResult, execute_call, execute_response
 from memalpha.tools.formats import (
     CALL_FORMATS,
@@ -488,7 +489,7 @@ def test_executor_survives_direct_calls_of_any_shape():
 
 # ------------------------------------------------------------------------ the sandbox
 _ALLOWED_IMPORTS = {"__future__", "abc", "collections.abc", "copy", "dataclasses", "functools", "hashlib",
-                    "json", "re", "typing", "memalpha.memory.ids", "memalpha.memory.store",
+                    "json", "re", "typing", "memalpha.memory.store",
                     "memalpha.tools.formats", "memalpha.tools.jsonfix", "memalpha.tools.schemas",
                     # the official call-repair policy's parser: only its string entry point is called
                     # (its file readers never are); tests/test_call_repair.py audits that path

@@ -9,8 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memalpha.agent.prompts import memorise_messages
-from memalpha.memory.render import render_memorise
+from memalpha.agent.prompts import memorise_messages, render_memorise
 from memalpha.memory.store import Memory
 from memalpha.tools.executor import ToolResult, execute_call, execute_response
 from memalpha.tools.formats import ParseError, ToolCall, get_call_format
@@ -268,15 +267,15 @@ def test_compact_profile_keeps_every_tool_argument_and_the_layout(fmt):
     memory = Memory()
     memory.insert("episodic_memory", "On 2024-01-01, Anna moved.")
     messages = memorise_messages(
-        render_memorise(memory), "the chunk", fmt, response_token_limit=90, profile="compact"
+        render_memorise(memory), "the chunk", fmt, response_token_limit=90, detail="compact"
     )
     assert compact in messages[0]["content"] and messages[0]["content"].endswith(render_memorise(memory))
     assert (
         "<new_chunk>\nthe chunk\n</new_chunk>" in messages[1]["content"]
         and "90 tokens" in messages[1]["content"]
     )
-    with pytest.raises(ValueError, match="prompt profile"):
-        memorise_messages(render_memorise(memory), "x", fmt, profile="tiny")
+    with pytest.raises(ValueError, match="prompt detail"):
+        memorise_messages(render_memorise(memory), "x", fmt, detail="tiny")
 
 
 # ---------------------------------------------------------------- property-based

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import RolloutSettings, run_rollouts
+from memalpha.agent.rollout import run_rollouts
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.schema import QA, Instance
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import UpdateSettings
@@ -23,7 +24,7 @@ from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.reader.local import LocalReader
 from memalpha.tools.formats import RESPONSE_OPEN, RESULT_MARK, get_call_format
 from memalpha.tools.schemas import INSERT
-from memalpha.train.actor import accumulate_grpo_gradients
+from memalpha.train.step import accumulate_grpo_gradients
 
 QWEN, HERMES = get_call_format("qwen"), get_call_format("hermes")
 FACT = {"memory_type": "semantic_memory", "content": "Anna lives in Oslo."}

@@ -170,7 +170,8 @@ def test_trls_grpo_trainer_trains_a_step_whose_tool_calls_reach_the_memory(insta
 
 
 def test_memorising_rows_carry_memalphas_own_prompt_of_chunk_0(instance, tokenizer):
-    from memalpha.agent.rollout import RolloutSettings, turn_prompt
+    from memalpha.agent.rollout import turn_prompt
+    from memalpha.agent.rollout_settings import RolloutSettings
     from memalpha.integrations.trl_environment import memorising_rows
     from memalpha.memory.store import Memory
     from memalpha.tools.formats import get_call_format
@@ -189,7 +190,7 @@ def test_the_memorising_template_renders_memalphas_prompt_and_parses_its_calls(i
 
     from trl.chat_template_utils import is_chat_template_prefix_preserving, supports_tool_calling
 
-    from memalpha.agent.rollout import RolloutSettings
+    from memalpha.agent.rollout_settings import RolloutSettings
     from memalpha.integrations.trl_environment import memorising_rows, use_memorising_template
 
     tok = copy.deepcopy(tokenizer)

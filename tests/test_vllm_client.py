@@ -19,7 +19,7 @@ import yaml
 from test_training import scalars, version_dirs, write_config
 from vllm_fake_server import EOS, fake_response, served_models
 
-from memalpha.agent.rollout import RolloutSettings
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.cli import main
 from memalpha.lm.sampling.vllm_engine import (
     SampledGeneration,
@@ -28,7 +28,14 @@ from memalpha.lm.sampling.vllm_engine import (
     completion_body,
     parse_completion,
 )
-from memalpha.lm.sampling.vllm_server import VllmServer, VllmServerError, health_ok, log_tail, server_command
+from memalpha.lm.sampling.vllm_server import (
+    VllmServer,
+    VllmServerError,
+    free_port,
+    health_ok,
+    log_tail,
+    server_command,
+)
 from memalpha.lm.sampling.vllm_settings import VllmSettings, lora_rank_for_server
 from memalpha.train.engine_sync import (
     EngineSync,
@@ -47,7 +54,8 @@ def fake_venv(root: Path, script: str | None = None) -> Path:
     python = root / "bin" / "python"
     python.parent.mkdir(parents=True)
     body = script or f'shift 2\nexec "{sys.executable}" "{FAKE_SERVER}" "$@"\n'
-    python.write_text("#!/bin/sh\n" + body)
+    probe = 'if [ "$1" = "-c" ]; then exit 0; fi  # the trainer asks whether vllm is installed\n'
+    python.write_text("#!/bin/sh\n" + probe + body)
     python.chmod(python.stat().st_mode | stat.S_IXUSR)
     return root
 
@@ -239,6 +247,73 @@ def test_check_gap_stops_the_run_above_the_threshold(tmp_path):
     sync.check_gap(0.1, "round 0")
     with pytest.raises(SamplerDriftError, match=r"round 0: rollout/sampler_logprob_gap 0.2 is over .* 0.1"):
         sync.check_gap(0.2, "round 0")
+
+
+# ---------------------------------------------------------------- an engine that cannot start
+def stops_before_the_model_loads(tmp_path, tiny_model_dir, monkeypatch, **vllm) -> str:
+    """The one-line error of ``memalpha fit`` with ``rollout.backend: vllm`` and ``vllm`` settings,
+    checked to come before any weight loads."""
+    from memalpha.train import policy_module
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the policy loaded before the engine's settings were checked")
+
+    monkeypatch.setattr(policy_module, "load_policy", no_loading)
+    config = engine_config(tmp_path, tiny_model_dir, **vllm)
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--config", str(config)])
+    message = str(stopped.value.code)
+    assert message.startswith("memalpha fit: error: model.rollout.vllm.") and "\n" not in message, message
+    return message
+
+
+def test_a_missing_venv_stops_before_the_model_loads(tmp_path, tiny_model_dir, monkeypatch):
+    message = stops_before_the_model_loads(
+        tmp_path, tiny_model_dir, monkeypatch, url=None, venv=str(tmp_path / "no-such-venv")
+    )
+    assert f"model.rollout.vllm.venv: no folder {tmp_path / 'no-such-venv'}" in message
+    assert "make vllm-env" in message
+
+
+def test_a_venv_without_its_server_stops_before_the_model_loads(tmp_path, tiny_model_dir, monkeypatch):
+    empty = tmp_path / "empty-venv"
+    empty.mkdir()
+    message = stops_before_the_model_loads(tmp_path, tiny_model_dir, monkeypatch, url=None, venv=str(empty))
+    assert f"model.rollout.vllm.venv: no python at {empty / 'bin' / 'python'}" in message
+    no_vllm = tmp_path / "no-vllm"
+    python = no_vllm / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\nexit 1\n")  # a python that finds no vllm package
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    message = stops_before_the_model_loads(tmp_path, tiny_model_dir, monkeypatch, url=None, venv=str(no_vllm))
+    assert "model.rollout.vllm.venv: " in message and "has no vllm package" in message
+
+
+def test_a_taken_port_stops_before_the_model_loads(tmp_path, tiny_model_dir, monkeypatch):
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        message = stops_before_the_model_loads(
+            tmp_path, tiny_model_dir, monkeypatch, url=None, venv=str(fake_venv(tmp_path / "venv")), port=port
+        )
+    assert f"model.rollout.vllm.port: 127.0.0.1:{port} is taken" in message
+
+
+def test_a_server_url_that_does_not_answer_stops_before_the_model_loads(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    url = f"http://127.0.0.1:{free_port()}"
+    message = stops_before_the_model_loads(tmp_path, tiny_model_dir, monkeypatch, url=url)
+    assert f"model.rollout.vllm.url: no healthy vLLM server at {url}" in message
+
+
+def test_vllm_port_is_a_port():
+    assert VllmSettings(port=8000).port == 8000
+    with pytest.raises(ValueError, match=r"rollout.vllm.port must be in \[1, 65535\] or null, got 0"):
+        VllmSettings(port=0)
 
 
 # ---------------------------------------------------------------- a whole fit

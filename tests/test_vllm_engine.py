@@ -17,12 +17,13 @@ import yaml
 from test_training import scalars, version_dirs, write_config
 from vllm_fake_server import served_models
 
-from memalpha.agent.rollout import RolloutSettings, make_token_counter, memorise_chunks, start_rollouts
+from memalpha.agent.rollout import make_token_counter, memorise_chunks, start_rollouts
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.cli import main
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.lm.core.adapters import export_adapter
 from memalpha.lm.core.policy import LoraSettings, load_policy
-from memalpha.lm.sampling.generation import resolve_eos_ids
+from memalpha.lm.sampling.generation import resolve_eos_ids, sampler_for
 from memalpha.lm.sampling.vllm_engine import VllmEngine, VllmEngineError
 from memalpha.lm.sampling.vllm_server import VllmServer
 from memalpha.lm.scoring.logprobs import response_logprobs
@@ -79,8 +80,8 @@ def memorise(policy, tokenizer, engine_fn, *, do_sample: bool, seed: int = 0):
         2, split="val", seed=3, num_chunks=2, chunk_words=40, questions_per_instance=1
     )
     rollouts = start_rollouts(instances, 1, ROLLOUT, make_token_counter(tokenizer), seed)
-    memorise_chunks(rollouts, policy, tokenizer, ROLLOUT, seed=seed, do_sample=do_sample, share_prefix=True,
-                    sampler=engine_fn)  # fmt: skip
+    sample = engine_fn or sampler_for(policy, tokenizer, ROLLOUT.backend)
+    memorise_chunks(rollouts, sample, tokenizer, ROLLOUT, seed=seed, do_sample=do_sample, share_prefix=True)
     return [sample for rollout in rollouts for sample in rollout.samples]
 
 

@@ -68,10 +68,10 @@ def run_path(
 ) -> dict[str, float]:
     """One generation of ``rows`` through ``path``; total and decoding seconds."""
     timer = DecodeTimer()
-    saved = (generation._hf_generate, generation.fused_decode)
+    saved = (generation._hf_generate, generation.decode_fused)
 
     generation._hf_generate = timer.wrap(saved[0])
-    generation.fused_decode = timer.wrap(fused_decode.decode)
+    generation.decode_fused = timer.wrap(fused_decode.decode_fused)
     packing = packed_linear.packing_available
     if path == "fused_plain":
         packed_linear.packing_available = lambda: False
@@ -83,7 +83,7 @@ def run_path(
         )
         total = time.perf_counter() - start
     finally:
-        generation._hf_generate, generation.fused_decode = saved
+        generation._hf_generate, generation.decode_fused = saved
         packed_linear.packing_available = packing
     return {
         "total_s": total,

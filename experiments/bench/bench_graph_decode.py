@@ -68,9 +68,8 @@ import torch
 from hf_static_decode import run_hf_static
 
 from memalpha.allocator import prefer_expandable_segments
-from memalpha.lm.core.folded_lora import is_four_bit
-from memalpha.lm.core.layout import pad_prompt_response
-from memalpha.lm.core.prefix_cache import split_decoder_and_head
+from memalpha.lm.core.modes import is_four_bit
+from memalpha.lm.core.prompt_sharing import pad_prompt_response, split_decoder_and_head
 from memalpha.lm.sampling import graph_decode
 from memalpha.lm.sampling.filters import next_tokens
 from memalpha_lab import growing_cache as own_loop
@@ -220,7 +219,9 @@ def run_graph(model, prompts, max_new_tokens: int, seed: int, device: torch.devi
     stats: dict[str, Any] = {}
     clock = PickClock(lambda logits: next_tokens(logits, do_sample=True))
     choice = (
-        {"sampling": graph_decode.Sampling(do_sample=True)} if sampling == "in-graph" else {"pick": clock}
+        {"sampling": graph_decode.GraphSampling(do_sample=True)}
+        if sampling == "in-graph"
+        else {"pick": clock}
     )
     synchronise(device)
     start = time.perf_counter()
@@ -326,7 +327,7 @@ def check_logits(model, prompts, steps: int, capture: bool | None, seed: int) ->
     memalpha's loop: the rounding of the folded bf16 weights, a few 1e-2 at most; ~1 is a bug)
     and ``captured_vs_eager`` (the same backend with and without the capture: 0 up to kernel
     choice; anything else is a stale buffer in the graph)."""
-    from memalpha.lm.core.folded_lora import folded_adapters
+    from memalpha.lm.core.modes import folded_adapters
 
     decoder, head, config = split_decoder_and_head(model)
     device = decoder.get_input_embeddings().weight.device
@@ -351,10 +352,10 @@ def check_logits(model, prompts, steps: int, capture: bool | None, seed: int) ->
         cache = own_loop.growing_cache(decoder, batch.input_ids.shape[1] + steps)
         own_loop.decode(decoder, head, config, batch, cache, pick=recorder(loop_logits), **limits)
         with folded_adapters(model, quantised=True):
-            graph_decode.decode(
+            graph_decode.decode_in_graph(
                 decoder, head, config, batch, pick=recorder(graph_logits), capture=capture, **limits
             )
-            graph_decode.decode(
+            graph_decode.decode_in_graph(
                 decoder, head, config, batch, pick=recorder(eager_logits), capture=False, **limits
             )
     return {

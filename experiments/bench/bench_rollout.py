@@ -52,7 +52,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import RolloutSettings
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.grpo.settings import KLReference, OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import build_optimizer
@@ -145,8 +145,9 @@ def bench_step(
     with Stopwatch() as sync_watch:  # the round's own sync finds the server up to date
         if engine_sync is not None:
             engine_sync.sync(module.policy, module.tokenizer)
-    agent = module.agent()
-    agent.rollout = dataclasses.replace(agent.rollout, group_size=group_size)
+    rollout = dataclasses.replace(module.rollout_settings, group_size=group_size)
+    sampler = None if engine_sync is None else engine_sync.sampler(module.policy, module.tokenizer)
+    agent = dataclasses.replace(module.agent, rollout=rollout, sampler=sampler)
     collected = collect_round(
         agent, instances, module.update_settings, module.scoring, ONE_PROCESS, seed=seed,
         where="benchmark round", engine=engine_sync,

@@ -14,7 +14,7 @@ exactly as ``configs/qlora_4090.yaml`` does: NF4 base (double quantisation), LoR
 64 on all linear layers, gradient checkpointing. One GRPO step at that config's lengths follows:
 
 1. ``generate``   ``group_size`` rollouts, each of its own ``prompt_tokens``-long random prompt
-                  (nothing shared, so :mod:`memalpha.lm.core.prefix_cache` saves nothing: the worst case),
+                  (nothing shared, so :mod:`memalpha.lm.core.prompt_sharing` saves nothing: the worst case),
                   forced to exactly ``response_tokens`` new tokens (the end-of-sequence id handed to
                   :func:`memalpha.lm.sampling.generation.generate` is one past the vocabulary, so it can never
                   be sampled), ``generation_batch_size`` prompts per call;

@@ -17,11 +17,11 @@ process:
                   repeated to each row; the head's log-probs under activation checkpointing;
                   PEFT's LoRA forward (the update before fix 5);
 * ``packed``   -- the responses of each distinct prompt one after another in one row, without
-                  padding (:mod:`memalpha.lm.scoring.packed_responses`; fix 5);
+                  padding (:func:`memalpha.lm.core.prompt_sharing.packed_response_hidden`; fix 5);
 * ``streamed`` -- the head's log-probs through its hand-written backward
                   (:class:`memalpha.lm.scoring.logprobs.HeadLogprob`; fix 6);
 * ``accumulated`` -- each LoRA product added into its base output in place
-                  (:mod:`memalpha.lm.core.accumulated_lora`; fix 6): the default.
+                  (:mod:`memalpha.lm.core.modes`; fix 6): the default.
 
 All must give the same loss and gradients up to float32 rounding; the report holds the
 relative difference of each path's gradients from ``padded``'s. Without ``--adapter-path`` a
@@ -47,7 +47,7 @@ from _parity_job import add_job_arguments, check_job_arguments, job_settings, lo
 
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import UpdateSettings
-from memalpha.lm.core import prefix_cache
+from memalpha.lm.core import prompt_sharing
 from memalpha.lm.sampling.generation import sampler_for
 from memalpha.lm.scoring import logprobs
 from memalpha.lm.scoring.spec import ScoringSpec
@@ -65,14 +65,14 @@ def _no_switch(model):
 def run_path(path: str, model, batch: GRPOBatch, settings: UpdateSettings, pad_id: int, max_len: int):
     """One update's forward and backward along ``path``: seconds, loss and the gradients."""
     level = PATHS.index(path)
-    saved = (logprobs.packed_response_hidden, logprobs.streams_head, logprobs.accumulated_adapters,
-             prefix_cache.accumulated_adapters)
+    saved = (prompt_sharing.packed_response_hidden, logprobs.streams_head, logprobs.accumulated_adapters,
+             prompt_sharing.accumulated_adapters)
     if level < PATHS.index("packed"):
-        logprobs.packed_response_hidden = lambda *args: None
+        prompt_sharing.packed_response_hidden = lambda *args: None
     if level < PATHS.index("streamed"):
         logprobs.streams_head = lambda head, config: False
     if level < PATHS.index("accumulated"):
-        logprobs.accumulated_adapters = prefix_cache.accumulated_adapters = _no_switch
+        logprobs.accumulated_adapters = prompt_sharing.accumulated_adapters = _no_switch
     try:
         model.zero_grad(set_to_none=True)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -86,8 +86,8 @@ def run_path(path: str, model, batch: GRPOBatch, settings: UpdateSettings, pad_i
                                  max_response_len=max_len)
         seconds = time.perf_counter() - start
     finally:
-        (logprobs.packed_response_hidden, logprobs.streams_head, logprobs.accumulated_adapters,
-         prefix_cache.accumulated_adapters) = saved
+        (prompt_sharing.packed_response_hidden, logprobs.streams_head, logprobs.accumulated_adapters,
+         prompt_sharing.accumulated_adapters) = saved
     grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     model.zero_grad(set_to_none=True)
     return seconds, result.metrics["loss"], grads

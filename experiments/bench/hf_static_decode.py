@@ -55,8 +55,7 @@ def run_hf_static(model, prompts: list[list[int]], max_new_tokens: int, seed: in
     weights the graph backend multiplies, so both read the same bytes. Returns ``tokens``,
     ``total_s`` (the long call), ``decode_s`` and ``steps`` (the difference of the two calls),
     ``compiled`` (whether transformers compiled its decoding forward) and ``warmup_s``."""
-    from memalpha.lm.core.folded_lora import folded_adapters
-    from memalpha.lm.core.modes import eval_mode
+    from memalpha.lm.core.modes import eval_mode, folded_adapters
 
     if max_new_tokens < 2:
         raise ValueError("the static-cache arm needs max_new_tokens >= 2: it times the steps after the first")

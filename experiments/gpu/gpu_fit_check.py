@@ -61,7 +61,7 @@ PERF_KEYS = (
     "perf/train_s",
     "step_s",
 )
-"""The module's logged timings of a step (``memalpha/train/module.py``, ``round_report.py``)."""
+"""The module's logged timings of a step (``memalpha/train/module.py``, ``step.py``)."""
 
 
 class FitRun:

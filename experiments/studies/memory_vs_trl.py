@@ -253,7 +253,8 @@ def trl_child(config_path: Path, metrics_path: Path) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from memalpha.agent.reward_settings import RewardSettings
-    from memalpha.agent.rollout import RolloutSettings, make_token_counter
+    from memalpha.agent.rollout import make_token_counter
+    from memalpha.agent.rollout_settings import RolloutSettings
     from memalpha.data.synthetic import SyntheticSettings
     from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
     from memalpha.integrations.trl_environment import (

@@ -38,7 +38,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import yaml
 
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import RolloutSettings
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.synthetic import SyntheticSettings
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer, resolve_model_path
 from memalpha.reader.extractive import ExtractiveReader

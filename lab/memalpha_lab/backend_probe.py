@@ -5,7 +5,7 @@ What a run can know without changing the library:
 - the choice: :func:`memalpha.lm.sampling.backend.announce` logs every
   :class:`~memalpha.lm.sampling.backend.BackendChoice` (``"<who> backend: <name> -- <reason>"``,
   once per model, caller and backend); :class:`BackendProbe` listens on that logger;
-- the capture: the ``cuda-graph`` backend's :func:`memalpha.lm.sampling.graph_decode.decode`
+- the capture: the ``cuda-graph`` backend's :func:`memalpha.lm.sampling.graph_decode.decode_in_graph`
   reports ``captured`` in its ``stats``; the probe wraps it for as long as it is installed and
   counts captured and eager calls per phase (``phase`` is a function naming the running one).
 
@@ -77,8 +77,8 @@ class BackendProbe:
         try:
             from memalpha.lm.sampling import graph_decode
 
-            self._original = graph_decode.decode
-            graph_decode.decode = self._wrap(self._original)
+            self._original = graph_decode.decode_in_graph
+            graph_decode.decode_in_graph = self._wrap(self._original)
         except (ImportError, AttributeError):
             self._original = None
         return self
@@ -91,7 +91,7 @@ class BackendProbe:
         if self._original is not None:
             from memalpha.lm.sampling import graph_decode
 
-            graph_decode.decode = self._original
+            graph_decode.decode_in_graph = self._original
             self._original = None
 
     def _captured(self, backend: str | None, phases: list[str]) -> bool | None:

@@ -13,7 +13,7 @@ Two sources, never an estimate:
   :func:`stage_seconds` then reports the stage's seconds as not ``complete``;
 * **what a training run did**, from the TensorBoard scalars its module logged: ``step_s`` (one
   per optimiser step: the step count and the training seconds, loading and validation excluded)
-  and, per GRPO round (:func:`memalpha.train.round_report.round_metrics`), ``perf/rollouts``,
+  and, per GRPO round (:func:`memalpha.train.step.round_metrics`), ``perf/rollouts``,
   ``perf/turn_samples``, ``perf/generated_tokens`` and ``reader/questions`` (each question one
   reader request). An SFT run samples nothing: those counts are 0 by construction. A GRPO run
   logged before those scalars existed has ``None`` for them.

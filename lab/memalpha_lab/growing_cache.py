@@ -25,9 +25,8 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from memalpha.lm.core.layout import PaddedBatch
 from memalpha.lm.core.logits import finalise_logits, score_dtype
-from memalpha.lm.core.prefix_cache import full_attention_layers
+from memalpha.lm.core.prompt_sharing import PaddedBatch, full_attention_layers
 from memalpha.lm.sampling.responses import Responses
 
 
@@ -114,7 +113,7 @@ def decode(
     eos_ids: Sequence[int],
     pick: Callable[[torch.Tensor], torch.Tensor],
 ) -> tuple[list[list[int]], list[bool]]:
-    """New tokens for every row of ``batch`` (laid out as :mod:`memalpha.lm.core.layout` says).
+    """New tokens for every row of ``batch`` (laid out as :mod:`memalpha.lm.core.prompt_sharing` says).
 
     ``cache`` is a :func:`growing_cache` holding the batch's first ``cache.get_seq_length()``
     columns (0 or more; the rest of the prompt runs in the first step) with room for

@@ -26,7 +26,8 @@ from typing import Any
 
 from memalpha.agent.demos import note_contents
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import RolloutOutput, RolloutSettings, run_rollouts
+from memalpha.agent.rollout import RolloutOutput, run_rollouts
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.schema import Instance
 from memalpha.lm.sampling.generation import Generation
 from memalpha.memory.store import CORE, EPISODIC, SEMANTIC

@@ -27,12 +27,12 @@ from typing import Any
 
 import torch
 
+from memalpha.agent.prompts import chat_prompt_ids
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import NonFiniteStreak, build_optimizer
 from memalpha.lm.core.adapters import export_adapter
-from memalpha.lm.core.chat import chat_prompt_ids
+from memalpha.lm.core.modes import load_reference_adapter
 from memalpha.lm.core.policy import LMSettings, LoraSettings, load_policy
-from memalpha.lm.core.reference import load_reference_adapter
 from memalpha.lm.sampling.backend import check_backend
 from memalpha.lm.sampling.generation import sampler_for
 from memalpha.lm.scoring.spec import ScoringSpec

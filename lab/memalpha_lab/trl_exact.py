@@ -7,7 +7,7 @@ float64 LoRA policy loaded twice) goes through
 
 - memalpha's update path, the functions ``GRPOModule.training_step`` calls:
   :func:`memalpha.lm.scoring.logprobs.token_logprobs` for the per-token log-probs and
-  :func:`memalpha.train.actor.accumulate_grpo_gradients` (which runs
+  :func:`memalpha.train.step.accumulate_grpo_gradients` (which runs
   :func:`memalpha.grpo.update.micro_batch_loss` and :func:`memalpha.grpo.loss.policy_loss`)
   for the loss and the LoRA gradient;
 - TRL's: a real ``trl.GRPOTrainer`` configured the same way (clip range, KL coefficient, loss
@@ -332,7 +332,7 @@ def run_memalpha(policy, batch: ExactBatch, setting: ExactSetting, spec: ExactBa
     """memalpha's log-probs, loss and LoRA gradient through the functions ``GRPOModule.training_step``
     calls."""
     from memalpha.lm.scoring.logprobs import token_logprobs
-    from memalpha.train.actor import accumulate_grpo_gradients
+    from memalpha.train.step import accumulate_grpo_gradients
 
     scoring = scoring_spec(spec, batch.pad_id)
     with torch.no_grad():

@@ -114,9 +114,8 @@ def build_job(
     count: int, seed: int, response_token_limit: int | None, job: str
 ) -> list[tuple[list[dict[str, str]], list[str]]]:
     """``count`` prompts of ``job`` with the facts each prompt's chunk tells (empty for ``validity``)."""
-    from memalpha.agent.prompts import memorise_messages
+    from memalpha.agent.prompts import memorise_messages, render_memorise
     from memalpha.data.synthetic import generate_synthetic
-    from memalpha.memory.render import render_memorise
     from memalpha.memory.store import Memory
     from memalpha.tools.formats import get_call_format
 
@@ -131,7 +130,7 @@ def build_job(
     instances = generate_synthetic(count, split="train", seed=seed, **MEMORY_JOB_SYNTHETIC)
     return [
         (
-            memorise_messages(view, inst.chunks[0], call_format, response_token_limit, profile="compact"),
+            memorise_messages(view, inst.chunks[0], call_format, response_token_limit, detail="compact"),
             [note["fact"] for note in inst.metadata["notes"][0]],
         )
         for inst in instances

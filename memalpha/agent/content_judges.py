@@ -21,11 +21,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 from memalpha.agent.prompts import content_judge_messages
-from memalpha.agent.scoring import strip_thinking
+from memalpha.agent.scoring import reply_after_thinking
 from memalpha.tools.schemas import INSERT, UPDATE
 
 if TYPE_CHECKING:
-    from memalpha.reader.base import Reader, Sampling
+    from memalpha.reader.base import Reader, ReaderSampling
     from memalpha.tools.formats import ToolCall
 
 JudgementParse = Literal["memalpha", "official"]
@@ -133,7 +133,7 @@ _JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
 
 def _memalpha_object(reply: str) -> str | None:
     """The first fenced object, else the bare object, of ``reply`` after any thinking block."""
-    text = strip_thinking(reply)
+    text = reply_after_thinking(reply)
     fenced = _JSON_BLOCK.search(text)
     if fenced:
         return fenced.group(1)
@@ -195,7 +195,7 @@ class LLMContentJudge:
     all (``attempts`` >= 1); then it scores 0. Each ask after a malformed reply appends the
     templates' ``content_judge_retry`` to the user message once more (after a failed call the
     messages stay as they were), as the official per-call judge does. ``sampling`` (a
-    :class:`~memalpha.reader.base.Sampling`) replaces the reader's temperature and reply length
+    :class:`~memalpha.reader.base.ReaderSampling`) replaces the reader's temperature and reply length
     for the judge's requests.
 
     ``malformed`` counts every malformed reply and failed call, one per ask; ``unjudged`` counts
@@ -207,7 +207,7 @@ class LLMContentJudge:
         self,
         reader: Reader,
         attempts: int = 1,
-        sampling: Sampling | None = None,
+        sampling: ReaderSampling | None = None,
         parse: JudgementParse = "memalpha",
     ) -> None:
         self.reader = reader

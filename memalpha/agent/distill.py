@@ -20,7 +20,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from memalpha.agent.rollout import RolloutSettings, make_token_counter, turn_prompt
+from memalpha.agent.rollout import make_token_counter, turn_prompt
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.demos import Demonstration
 from memalpha.data.schema import Instance
 from memalpha.memory.store import Memory

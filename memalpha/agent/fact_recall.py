@@ -4,7 +4,7 @@ An instance knows its facts when ``metadata["notes"]`` lists, per chunk, the fac
 (the synthetic tasks write them: :mod:`memalpha.data.synthetic`); other data has no facts and no
 recall (``None``, never 0). A fact is **present** when one memory item (the core paragraph, or
 one entry of either list) holds at least :data:`FACT_MIN_SHARE` of the fact's content tokens
-(:func:`memalpha.agent.grounding.content_tokens`). docs/metrics_and_rewards.md ("Fact recall")
+(:func:`memalpha.agent.reward_math.content_tokens`). docs/metrics_and_rewards.md ("Fact recall")
 says why token overlap within one item, with examples.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from memalpha.agent.grounding import content_tokens
+from memalpha.agent.reward_math import content_tokens
 from memalpha.memory.sentences import sentences
 from memalpha.memory.store import LIST_TYPES, Memory
 

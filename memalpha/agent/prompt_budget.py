@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from memalpha.agent.rollout import RolloutError, RolloutSettings, make_token_counter, turn_prompt
+from memalpha.agent.rollout import RolloutError, make_token_counter, turn_prompt
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.schema import Instance
 from memalpha.memory.store import Memory
 from memalpha.tools.formats import get_call_format

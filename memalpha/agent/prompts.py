@@ -1,23 +1,27 @@
 """The memorising and judge prompts, rendered from the prompt templates (:mod:`memalpha.templates`:
 the texts live in ``memalpha/templates/memalpha.yaml`` or the file ``rollout.prompt_templates`` names).
 
-Memorising (docs/method.md: memorising): every chunk gets a fresh ``[system, user]`` prompt. The
+Memorising (docs/method.md: memorising): every chunk gets a fresh ``[system, user]`` prompt, templated
+into the token ids the policy generates from by its chat template (:func:`chat_prompt_ids`: rollouts,
+the single-turn trainer and supervised fine-tuning alike, so a demonstration's prompt is token for
+token the prompt a rollout builds). The
 rendered memory is the only part of the system prompt that differs between rollouts, so memalpha's
 texts put it last: everything before it is a prefix every turn of a batch shares, which
-:mod:`memalpha.lm.core.prefix_cache` computes once instead of once per row.
+:mod:`memalpha.lm.core.prompt_sharing` computes once instead of once per row.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from memalpha.memory.store import Memory
 from memalpha.templates.loader import PromptTemplates, default_templates
 
 if TYPE_CHECKING:
     from memalpha.tools.formats import CallFormat
 
-PromptProfile = Literal["full", "compact"]
-PROMPT_PROFILES: tuple[str, ...] = get_args(PromptProfile)
+PromptDetail = Literal["full", "compact"]
+PROMPT_DETAILS: tuple[str, ...] = get_args(PromptDetail)
 
 
 def stated_response_limit(max_new_tokens: int, share: float = 1.0) -> int:
@@ -35,30 +39,64 @@ def stated_response_limit(max_new_tokens: int, share: float = 1.0) -> int:
     return max(1, int(max_new_tokens * share))
 
 
+def render_memorise(memory: Memory, k: int = 5, templates: PromptTemplates | None = None) -> str:
+    """The memory as a memorising turn shows it: the core, then the ``k`` most recent entries of
+    each list as ``[id] content``, with totals::
+
+        <core_memory>
+        ...core paragraph...
+        </core_memory>
+
+        <semantic_memory> (showing the most recent 2 of 7 entries)
+        [3fa1] content
+        [09cd] content
+        </semantic_memory>
+
+        <episodic_memory> (showing the most recent 0 of 0 entries)
+        (empty)
+        </episodic_memory>
+
+    ``templates`` gives the header and the notes for an empty core, an empty list and a hidden
+    list (``view_*``; ``None``: memalpha's, shown above)."""
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    t = templates or default_templates()
+    blocks = [t.block("core_memory", memory.core or t.render("view_empty_core"))]
+    for tag, entries in (("semantic_memory", memory.semantic), ("episodic_memory", memory.episodic)):
+        shown = entries[-k:] if k > 0 else []
+        if shown:
+            body = "\n".join(f"[{entry.id}] {entry.content}" for entry in shown)
+        else:
+            body = t.render("view_empty_list" if not entries else "view_hidden_list")
+        header = t.render("view_recent_header", shown=len(shown), total=len(entries))
+        blocks.append(t.block(tag, body, header))
+    return "\n\n".join(blocks)
+
+
 def memorise_messages(
     memory_view: str,
     chunk: str,
     call_format: CallFormat,
     response_token_limit: int | None = None,
-    profile: str = "full",
+    detail: str = "full",
     templates: PromptTemplates | None = None,
 ) -> list[dict[str, str]]:
     """The ``[system, user]`` chat messages of one memorising turn (docs/method.md: memorising).
 
     Args:
-        memory_view: the memory rendered for memorising (:func:`memalpha.memory.render.render_memorise`).
+        memory_view: the memory rendered for memorising (:func:`render_memorise`).
         chunk: the new input chunk, verbatim.
         call_format: decides the tool block in the system prompt.
         response_token_limit: if given, the user message states the reply budget.
-        profile: ``full`` (the default: each memory part explained, the tools' JSON schemas) or
+        detail: ``full`` (the default: each memory part explained, the tools' JSON schemas) or
             ``compact`` (a few sentences and one signature line per tool: about 450 tokens less,
             for small models on small budgets).
         templates: the prompt texts (``None``: memalpha's own).
     """
-    if profile not in PROMPT_PROFILES:
-        raise ValueError(f"prompt profile must be one of {list(PROMPT_PROFILES)}, got {profile!r}")
+    if detail not in PROMPT_DETAILS:
+        raise ValueError(f"prompt detail must be one of {list(PROMPT_DETAILS)}, got {detail!r}")
     t = templates or default_templates()
-    compact = profile == "compact"
+    compact = detail == "compact"
     tool_block = call_format.instructions(compact=compact, templates=t)
     system = t.render(
         "compact_system" if compact else "memorise_system", memory_view=memory_view, tool_block=tool_block
@@ -66,6 +104,18 @@ def memorise_messages(
     limit_note = t.render("response_limit_note", limit=response_token_limit) if response_token_limit else ""
     user = t.render("compact_user" if compact else "memorise_user", chunk=chunk, limit_note=limit_note)
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def chat_prompt_ids(
+    tokenizer, messages: list[dict[str, str]], chat_template_kwargs: dict[str, Any] | None = None
+) -> list[int]:
+    """``messages`` through ``tokenizer``'s chat template with the generation prompt, as token ids."""
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, **(chat_template_kwargs or {})
+    )
+    if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)
 
 
 def answer_judge_prompt(

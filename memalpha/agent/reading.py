@@ -19,15 +19,10 @@ from typing import Any
 from memalpha.agent.fact_recall import memory_fact_recall
 from memalpha.agent.progress import Phase, PhaseHook, report
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import (
-    GenerateFn,
-    Rollout,
-    RolloutSettings,
-    answer_questions,
-    make_token_counter,
-    memorise_chunks,
-)
+from memalpha.agent.rollout import GenerateFn, Rollout, answer_questions, make_token_counter, memorise_chunks
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.schema import Instance
+from memalpha.lm.sampling.generation import sampler_for
 from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader
 from memalpha.seeding import stable_seed
@@ -121,8 +116,8 @@ def read_instances(
         for i, (instance, m) in enumerate(zip(instances, starts))
     ]  # fmt: skip
     memorise_chunks(
-        rollouts, model, tokenizer, settings, seed=seed, do_sample=not greedy, share_prefix=share_prefix,
-        sampler=sampler, on_phase=on_phase, keep_samples=False,
+        rollouts, sampler or sampler_for(model, tokenizer, settings.backend), tokenizer, settings, seed=seed,
+        do_sample=not greedy, share_prefix=share_prefix, on_phase=on_phase, keep_samples=False,
     )
     asked = [r for r in rollouts if r.instance.questions]
     answers: dict[int, Any] = {}

@@ -16,15 +16,22 @@ For chunk turn ``t`` of one rollout::
 Every function here computes from the values it is given and changes nothing; the one exception
 is :func:`rollout_rewards`, which asks the content judge (:mod:`memalpha.agent.content_judges`)
 for the verdicts r4 needs. The settings come checked (:mod:`memalpha.agent.reward_settings`).
+
+**Support by the chunk** (the r2/r4 rule): a written text is supported by the chunk it was written
+for when the content tokens it adds to the memory are mostly tokens of the chunk
+(:func:`is_supported`; docs/metrics_and_rewards.md, "Supported by the chunk", with examples). Cheap
+(set operations on words), deterministic and model-free. It does not tell a paraphrase from a copy
+or a useful fact from filler; r1 and fact recall (:mod:`memalpha.agent.fact_recall`) measure that.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from memalpha.agent.grounding import chunk_tokens, is_supported
+from memalpha.data.wrapping import parse_wrapped_chunk
 from memalpha.tools.executor import SUCCESS_STATUSES
 from memalpha.tools.schemas import DELETE, INSERT, UPDATE
 
@@ -33,6 +40,53 @@ if TYPE_CHECKING:
     from memalpha.agent.reward_settings import CompressionGate, RewardSettings
     from memalpha.tools.executor import ToolResult
     from memalpha.tools.formats import ParseError, ToolCall
+
+
+STOP_WORDS = frozenset(
+    (
+        "a", "an", "the", "and", "or", "but", "if", "then", "than", "so", "of", "to", "in", "on", "at",
+        "by", "for", "with", "from", "into", "onto", "over", "under", "about", "as", "is", "are", "was",
+        "were", "be", "been", "being", "am", "do", "does", "did", "has", "have", "had", "having", "will",
+        "would", "shall", "should", "can", "could", "may", "might", "must", "not", "no", "nor", "it", "its",
+        "this", "that", "these", "those", "there", "here", "i", "me", "my", "we", "our", "you", "your",
+        "he", "him", "his", "she", "her", "they", "them", "their", "what", "which", "who", "whom", "whose",
+        "when", "where", "why", "how", "all", "any", "some", "each", "every", "also", "just", "very", "too",
+        "only", "own", "same", "such", "up", "down", "out", "off", "again", "once"
+    )
+)
+"""Function words that carry no content of their own; they never count as support."""
+
+_TOKEN = re.compile(r"[a-z0-9]+")
+
+
+def content_tokens(text: str) -> frozenset[str]:
+    """The set of lower-cased letter/digit runs of ``text`` that are not :data:`STOP_WORDS`."""
+    return frozenset(t for t in _TOKEN.findall(text.lower()) if t not in STOP_WORDS)
+
+
+def chunk_tokens(chunk: str) -> frozenset[str]:
+    """Content tokens of ``chunk``'s own text: a chunk made by memalpha's wrapper loses the wrapper's
+    words and keeps its date; any other chunk counts whole."""
+    wrapped = parse_wrapped_chunk(chunk)
+    if wrapped is None:
+        return content_tokens(chunk)
+    return content_tokens(f"{wrapped.day:%Y-%m-%d} {wrapped.text}")
+
+
+def added_tokens(text: str, replaced: str | None = None) -> frozenset[str]:
+    """Content tokens of ``text`` that ``replaced`` (the text it overwrites) does not hold."""
+    tokens = content_tokens(text)
+    return tokens - content_tokens(replaced) if replaced else tokens
+
+
+def is_supported(
+    text: str, source: frozenset[str], *, replaced: str | None = None, min_share: float, min_tokens: int
+) -> bool:
+    """Whether ``text``, written over ``replaced``, adds at least ``min_tokens`` tokens of ``source``
+    (a chunk's :func:`chunk_tokens`) that are at least ``min_share`` of all it adds."""
+    added = added_tokens(text, replaced)
+    shared = len(added & source)
+    return shared >= min_tokens and shared >= min_share * len(added)
 
 
 @dataclass
@@ -109,7 +163,7 @@ def written_text(call: ToolCall | None) -> str | None:
 
 def supported_write(result: ToolResult, source: frozenset[str], weights: RewardSettings) -> bool:
     """Whether ``result``'s call writes a text that the chunk with content tokens ``source``
-    supports (:func:`memalpha.agent.grounding.is_supported`; an executed update is judged by what
+    supports (:func:`is_supported`; an executed update is judged by what
     it adds to the text it replaced)."""
     text = written_text(result.call)
     if text is None:
@@ -252,13 +306,6 @@ def turn_totals(r1: float, r2: Sequence[float], r3: float, r4: Sequence[float],
     ]
 
 
-def hindsight_accuracy(scores: Sequence[float], last: Sequence[int], turns: int) -> list[float]:
-    """``A_k`` of hindsight credit (``update.credit: hindsight``) for ``k < turns``: the summed final
-    score of the questions whose last evidence chunk (``last``) is ``<= k``, over all questions."""
-    total = max(len(scores), 1)
-    return [sum(s for s, e in zip(scores, last, strict=True) if e <= k) / total for k in range(turns)]
-
-
 def per_chunk_totals(
     turn_accuracy: Sequence[float],
     r2: Sequence[float],
@@ -266,7 +313,8 @@ def per_chunk_totals(
     r4: Sequence[float],
     weights: RewardSettings,
 ) -> list[float]:
-    """Per-turn credit (``update.credit: per_chunk``, ``hindsight``): ``R'_k = w * K * (A_k -
+    """Per-turn credit (a scheme whose :meth:`~memalpha.grpo.credit.CreditScheme.turn_accuracy` gives
+    ``A_k``: ``per_chunk``, ``hindsight``): ``R'_k = w * K * (A_k -
     A_{k-1}) + r2_k + beta * r3 + gamma * r4_k`` over the rollout's ``K`` turns, where ``A_k``
     (``turn_accuracy``) is the summed score of the questions answerable after turn ``k`` (from the
     memory after turn ``k``, or from the final memory) over all questions (``A_{-1} = 0``,

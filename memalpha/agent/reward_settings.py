@@ -18,7 +18,7 @@ from memalpha.agent.content_judges import (
     RuleContentJudge,
 )
 from memalpha.agent.scoring import ANSWER_STYLES, AnswerStyle, MetricStyle, check_metric_overrides
-from memalpha.reader.base import Sampling
+from memalpha.reader.base import ReaderSampling
 
 if TYPE_CHECKING:
     from memalpha.reader.base import Reader
@@ -157,6 +157,6 @@ class RewardSettings:
         return LLMContentJudge(
             reader,
             attempts=self.content_judge_attempts,
-            sampling=Sampling(self.content_judge_temperature, self.content_judge_max_tokens),
+            sampling=ReaderSampling(self.content_judge_temperature, self.content_judge_max_tokens),
             parse=self.content_judge_parse,
         )

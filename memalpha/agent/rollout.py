@@ -19,32 +19,26 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from memalpha.agent.content_judges import ContentJudge
 from memalpha.agent.fact_recall import memory_fact_recall, questions_stored
 from memalpha.agent.progress import Phase, PhaseHook, report
-from memalpha.agent.prompts import PROMPT_PROFILES, PromptProfile, memorise_messages, stated_response_limit
-from memalpha.agent.reward_math import TurnCalls, hindsight_accuracy, per_chunk_totals, rollout_rewards
+from memalpha.agent.prompts import chat_prompt_ids, memorise_messages, render_memorise
+from memalpha.agent.reward_math import TurnCalls, per_chunk_totals, rollout_rewards
 from memalpha.agent.reward_settings import RewardSettings
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.agent.scoring import MEMALPHA_ANSWERS, AnswerStyle, score_answers
 from memalpha.data.schema import DataValidationError, Instance, question_evidence
-from memalpha.lm.core.chat import chat_prompt_ids
-from memalpha.lm.core.modes import eval_mode
-from memalpha.lm.sampling.backend import Backend, check_backend, check_machine
+from memalpha.grpo.credit import BROADCAST, CreditScheme
 from memalpha.lm.sampling.generation import Generation, sampler_for
 from memalpha.lm.sampling.vllm_engine import SampledGeneration
-from memalpha.lm.sampling.vllm_settings import VllmSettings
-from memalpha.memory.render import render_memorise
 from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader
 from memalpha.seeding import stable_seed
-from memalpha.templates.loader import PromptTemplates, load_templates
 from memalpha.tools.executor import SUCCESS_STATUSES, ToolResult, execute_call
-from memalpha.tools.formats import CallFormat, CallFormatName, ParseError, get_call_format
-from memalpha.tools.jsonfix import CALL_REPAIRS, CallRepair, CallRepairName
+from memalpha.tools.formats import CallFormat, ParseError
 
 GenerateFn = Callable[..., Generation]
 """Generates like :func:`memalpha.lm.sampling.generation.generate` without its model and tokenizer
@@ -53,127 +47,6 @@ arguments (the ``vllm`` engine's bound :meth:`~memalpha.lm.sampling.vllm_engine.
 
 class RolloutError(ValueError):
     """An instance cannot be rolled out as configured (for example a chunk over the prompt budget)."""
-
-
-@dataclass
-class RolloutSettings:
-    """How the memory agent generates.
-
-    Args:
-        group_size: Rollouts per instance (GRPO's group size ``n``; official 8).
-        max_new_tokens: Response cap per chunk turn (official 2048).
-        stated_limit_share: Share of ``max_new_tokens`` the memorising user message states as
-            the reply budget, truncated to a whole number (1.0 = the cap itself; the official
-            code states 0.8 of it, 1,638 of 2,048; docs/official_compatibility.md, difference 4).
-            The real cap stays ``max_new_tokens``; training, validation and the demonstrations
-            state the same number.
-        max_prompt_tokens: Prompt budget per turn; the visible memory shrinks (k halves) to fit (official
-            ~6k).
-        temperature: Sampling temperature (official 1.0); also used for the training log-probs.
-        top_p: Nucleus sampling threshold (1.0 = off).
-        top_k: Top-k sampling (0 = off).
-        call_format: Tool-call format the agent writes: ``qwen`` (✿FUNCTION✿/✿ARGS✿, the official
-            Mem-alpha-4B format) or ``hermes`` (``<tool_call>{...}</tool_call>``, Qwen2.5/3 native).
-        memory_view_k: Most recent entries per list shown while memorising (official 5).
-        core_token_limit: Core memory cap in tokens; longer text is cut with a marker (official 512).
-        generation_batch_size: Max prompts per ``generate`` call (None = all live rollouts at once).
-        chat_template_kwargs: Extra arguments for the chat template, e.g. ``{"enable_thinking": false}`` for
-            Qwen3.
-        prompt_profile: ``full`` (every memory part explained, the tools' JSON schemas; ~1.1k
-            tokens with the hermes format) or ``compact`` (a few sentences and one signature line
-            per tool; ~650 tokens less: for small models on a CPU budget).
-        call_repair: How call arguments are read (docs/official_compatibility.md, difference 6):
-            ``strict`` (memalpha) refuses a call cut off inside its arguments and one with an
-            argument its tool does not take (both failed calls), and reports a call with no
-            arguments; ``json_repair`` (official) repairs arguments with the ``json-repair``
-            package, so a cut-off call stores the prefix it keeps and succeeds, drops a call with
-            no arguments silently and ignores extra arguments.
-        prompt_templates: The prompt-template file (YAML) every prompt text comes from: the
-            memorising prompts and tool block, the memory views, the reader's prompt and the
-            judges' (the reader built for this run gets the same file). null = memalpha's own
-            texts (``memalpha/templates/memalpha.yaml``); ``memalpha prompts import`` writes the
-            official code's texts as such a file (docs/official_compatibility.md, difference 4).
-        backend: How every token of the run is sampled, the agent's and the local reader's
-            (``memalpha/lm/sampling/backend.py``): ``auto`` (the best in-process loop that runs for
-            the model and device, logged once at setup), ``cpu-fused`` (memalpha's CPU decoding
-            step over weights with the LoRA folded in; float32/float64 Llama-family decoders),
-            ``cuda-graph`` (a static cache and a decoding step captured as a CUDA graph over a
-            dense copy of the weights, LoRA folded in, 4-bit bases dequantised; CUDA only, and a
-            failed capture stops the run),
-            ``hf-generate`` (``transformers``' ``model.generate`` on the model as loaded, from the
-            prompts' shared prefix pre-filled once: no copy of the weights, for FSDP or when that
-            copy does not fit) or ``vllm`` (a vLLM
-            server with the current adapter synced to it before every round; docs/vllm_engine.md;
-            the local reader then samples in-process as ``auto`` chooses). A backend that cannot
-            run for the model stops the run at setup, naming the reason. Validation rollouts
-            sample the same way.
-        vllm: The ``vllm`` backend's server and its checks (ignored unless ``backend: vllm``).
-    """
-
-    group_size: int = 8
-    max_new_tokens: int = 2048
-    stated_limit_share: float = 1.0
-    max_prompt_tokens: int = 6144
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    call_format: CallFormatName = "qwen"
-    memory_view_k: int = 5
-    core_token_limit: int = 512
-    generation_batch_size: int | None = None
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    prompt_profile: PromptProfile = "full"
-    call_repair: CallRepairName = "strict"
-    prompt_templates: str | None = None
-    backend: Backend = "auto"
-    vllm: VllmSettings = field(default_factory=VllmSettings)
-
-    def __post_init__(self) -> None:
-        check_backend(self.backend)
-        check_machine(self.backend)
-        if isinstance(self.vllm, dict):
-            self.vllm = VllmSettings(**self.vllm)
-        for name in ("group_size", "max_new_tokens", "max_prompt_tokens", "core_token_limit"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
-        if not 0.0 < self.stated_limit_share <= 1.0:
-            raise ValueError(f"rollout.stated_limit_share must be in (0, 1], got {self.stated_limit_share}")
-        if self.memory_view_k < 0:
-            raise ValueError(f"rollout.memory_view_k must be >= 0, got {self.memory_view_k}")
-        if self.temperature <= 0:
-            raise ValueError(f"rollout.temperature must be > 0 (rollouts sample), got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"rollout.top_k must be >= 0 (0 = off), got {self.top_k}")
-        if self.generation_batch_size is not None and self.generation_batch_size < 1:
-            raise ValueError(
-                f"rollout.generation_batch_size must be >= 1 or null, got {self.generation_batch_size}"
-            )
-        get_call_format(self.call_format)  # raises with the known names
-        if self.prompt_profile not in PROMPT_PROFILES:
-            raise ValueError(
-                f"rollout.prompt_profile must be one of {list(PROMPT_PROFILES)}, got {self.prompt_profile!r}"
-            )
-        if self.call_repair not in CALL_REPAIRS:
-            raise ValueError(
-                f"rollout.call_repair must be one of {list(CALL_REPAIRS)}, got {self.call_repair!r}"
-            )
-        try:
-            self._templates = load_templates(self.prompt_templates)
-        except ValueError as exc:
-            raise ValueError(f"rollout.prompt_templates: {exc}") from None
-
-    @property
-    def templates(self) -> PromptTemplates:
-        """The prompt texts of :attr:`prompt_templates`, loaded once."""
-        return self._templates
-
-    @property
-    def repair(self) -> CallRepair:
-        """The call-repair policy :attr:`call_repair` names (read once a round by
-        :func:`memorise_chunks`, which hands the object down)."""
-        return CALL_REPAIRS[self.call_repair]
 
 
 @dataclass
@@ -274,13 +147,10 @@ def turn_prompt(
     """
     k = settings.memory_view_k
     while True:
+        view = render_memorise(memory, k, settings.templates)
         messages = memorise_messages(
-            render_memorise(memory, k, settings.templates),
-            chunk,
-            call_format,
-            response_token_limit=stated_response_limit(settings.max_new_tokens, settings.stated_limit_share),
-            profile=settings.prompt_profile,
-            templates=settings.templates,
+            view, chunk, call_format, response_token_limit=settings.stated_limit,
+            detail=settings.prompt_profile, templates=settings.templates,
         )
         ids = chat_prompt_ids(tokenizer, messages, settings.chat_template_kwargs)
         if len(ids) <= settings.max_prompt_tokens:
@@ -310,17 +180,13 @@ class Rollout:
     snapshots: list[Memory] = field(default_factory=list)
 
 
-TurnAccuracy = Literal["asked", "final"] | None  # a credit scheme's source of A_k (answer_questions)
-
-
 @dataclass
 class RolloutAnswers:
     """The reader's scored answers to one rollout's questions; ``failures`` counts the questions
     that scored 0 because the reader's answer or its judgement failed (their ``error`` is set).
-    Under a per-turn credit scheme, ``turn_accuracy[k]`` is ``A_k``: the summed scores of the
-    questions answerable after turn ``k`` (evidence in chunks ``<= k``) over all the rollout's
-    questions (the last is ``r1``), answered from the memory after turn ``k`` (``asked``, their
-    records in ``turn_questions``) or finally (``final``)."""
+    Under a credit scheme that pays turn by turn, ``turn_accuracy[k]`` is its ``A_k``
+    (:meth:`~memalpha.grpo.credit.CreditScheme.turn_accuracy`); the answers the reader gave from the
+    memory after earlier turns, when the scheme asks them, are recorded in ``turn_questions``."""
 
     scores: list[float]
     questions: list[dict[str, Any]]
@@ -356,14 +222,13 @@ def start_rollouts(
 
 def memorise_chunks(
     rollouts: Sequence[Rollout],
-    model,
+    sample: GenerateFn,
     tokenizer,
     settings: RolloutSettings,
     *,
     seed: int,
     do_sample: bool,
     share_prefix: bool,
-    sampler: GenerateFn | None = None,
     on_phase: PhaseHook | None = None,
     keep_snapshots: bool = False,
     keep_samples: bool = True,
@@ -371,85 +236,83 @@ def memorise_chunks(
     """Phase 1: every rollout reads its instance chunk by chunk and writes its memory.
 
     For chunk index ``i`` the live rollouts (instances with fewer chunks have dropped out) get
-    one batched ``generate`` (``sampler`` when given, e.g. a vLLM server, else the policy in
-    this process through ``settings.backend``: :func:`~memalpha.lm.sampling.generation.sampler_for`); each
-    response is parsed and executed on its own rollout's memory, and the turn is appended to the rollout (a
-    :class:`TurnSample`, its calls, a log entry). ``on_phase`` hears ``sampling`` as each chunk index starts,
-    with the tokens per second so far. ``keep_snapshots`` keeps a copy of each memory after every
-    turn but the last (:attr:`Rollout.snapshots`). Without ``keep_samples`` (inference: no reward,
-    no update) a turn keeps only its log entry, not its token ids and calls. ``model`` may be None
-    when ``sampler`` generates (a served policy). Returns the number of generated tokens.
+    one batched call of ``sample`` (the policy in this process through ``settings.backend``,
+    :func:`~memalpha.lm.sampling.generation.sampler_for`, or a vLLM server; :attr:`Agent.sampler`);
+    each response is parsed and executed on its own rollout's memory, and the turn is appended to
+    the rollout (a :class:`TurnSample`, its calls, a log entry). ``on_phase`` hears ``sampling`` as
+    each chunk index starts, with the tokens per second so far. ``keep_snapshots`` keeps a copy of
+    each memory after every turn but the last (:attr:`Rollout.snapshots`). Without
+    ``keep_samples`` (inference: no reward, no update) a turn keeps only its log entry, not its
+    token ids and calls. Returns the number of generated tokens.
     """
-    call_format = get_call_format(settings.call_format)
+    call_format = settings.format
     generated_tokens = 0
     chunks = max((len(r.instance.chunks) for r in rollouts), default=0)
     start = time.perf_counter()
-    sample = sampler or sampler_for(model, tokenizer, settings.backend)
     repair = settings.repair
-    with eval_mode(model) if model is not None else nullcontext():
-        for chunk_index in range(chunks):
-            elapsed = time.perf_counter() - start
-            rate = generated_tokens / elapsed if chunk_index and elapsed > 0 else None
-            report(on_phase, Phase("sampling", chunk_index + 1, chunks, rate))
-            live = [r for r in rollouts if chunk_index < len(r.instance.chunks)]
-            prompts = [
-                turn_prompt(
-                    tokenizer,
-                    r.memory,
-                    r.instance.chunks[chunk_index],
-                    call_format,
-                    settings,
-                    where=f"instance {r.instance.instance_id!r}, chunk {chunk_index}",
-                )[1]
-                for r in live
-            ]
-            generation = sample(
-                prompts,
-                max_new_tokens=settings.max_new_tokens,
-                temperature=settings.temperature,
-                top_p=settings.top_p,
-                top_k=settings.top_k,
-                do_sample=do_sample,
-                seed=stable_seed(seed, "chunk", chunk_index),
-                batch_size=settings.generation_batch_size,
-                share_prefix=share_prefix,
+    for chunk_index in range(chunks):
+        elapsed = time.perf_counter() - start
+        rate = generated_tokens / elapsed if chunk_index and elapsed > 0 else None
+        report(on_phase, Phase("sampling", chunk_index + 1, chunks, rate))
+        live = [r for r in rollouts if chunk_index < len(r.instance.chunks)]
+        prompts = [
+            turn_prompt(
+                tokenizer,
+                r.memory,
+                r.instance.chunks[chunk_index],
+                call_format,
+                settings,
+                where=f"instance {r.instance.instance_id!r}, chunk {chunk_index}",
+            )[1]
+            for r in live
+        ]
+        generation = sample(
+            prompts,
+            max_new_tokens=settings.max_new_tokens,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            top_k=settings.top_k,
+            do_sample=do_sample,
+            seed=stable_seed(seed, "chunk", chunk_index),
+            batch_size=settings.generation_batch_size,
+            share_prefix=share_prefix,
+        )
+        sampled = generation if isinstance(generation, SampledGeneration) else None
+        generated_tokens += generation.num_generated_tokens
+        for j, rollout in enumerate(live):
+            response_ids = generation.response_ids[j]
+            text = tokenizer.decode(response_ids, skip_special_tokens=True)
+            parsed = call_format.parse(text, repair)
+            trained = call_format.trained_length(response_ids, tokenizer) if keep_samples else None
+            results = [execute_call(rollout.memory, call, repair) for call in parsed.calls]
+            if keep_snapshots and chunk_index < len(rollout.instance.chunks) - 1:
+                rollout.snapshots.append(copy.deepcopy(rollout.memory))
+            truncated, prompt_tokens = generation.truncated[j], len(generation.prompt_ids[j])
+            log = turn_log(chunk_index, text, truncated, results, parsed.errors, prompt_tokens)
+            rollout.turns.append(log)
+            if trained is None:  # no samples kept (inference)
+                continue
+            rollout.calls.append(
+                TurnCalls(
+                    results=results,
+                    parse_errors=list(parsed.errors),
+                    chunk=rollout.instance.chunks[chunk_index],
+                )
             )
-            sampled = generation if isinstance(generation, SampledGeneration) else None
-            generated_tokens += generation.num_generated_tokens
-            for j, rollout in enumerate(live):
-                response_ids = generation.response_ids[j]
-                text = tokenizer.decode(response_ids, skip_special_tokens=True)
-                parsed = call_format.parse(text, repair)
-                results = [execute_call(rollout.memory, call, repair) for call in parsed.calls]
-                if keep_snapshots and chunk_index < len(rollout.instance.chunks) - 1:
-                    rollout.snapshots.append(copy.deepcopy(rollout.memory))
-                truncated, prompt_tokens = generation.truncated[j], len(generation.prompt_ids[j])
-                log = turn_log(chunk_index, text, truncated, results, parsed.errors, prompt_tokens)
-                rollout.turns.append(log)
-                if not keep_samples:
-                    continue
-                trained = call_format.trained_length(response_ids, tokenizer)
-                rollout.calls.append(
-                    TurnCalls(
-                        results=results,
-                        parse_errors=list(parsed.errors),
-                        chunk=rollout.instance.chunks[chunk_index],
-                    )
+            rollout.samples.append(
+                TurnSample(
+                    group_id=rollout.group_id,
+                    rollout_id=rollout.rollout_id,
+                    chunk_index=chunk_index,
+                    prompt_ids=generation.prompt_ids[j],
+                    response_ids=response_ids[:trained],
+                    truncated=truncated,
+                    num_calls=len(results) + len(parsed.errors),
+                    num_successful_calls=sum(r.status in SUCCESS_STATUSES for r in results),
+                    adapter_version=sampled.adapter_version if sampled else None,
+                    sampler_logprobs=sampled.response_logprobs[j][:trained] if sampled else None,
                 )
-                rollout.samples.append(
-                    TurnSample(
-                        group_id=rollout.group_id,
-                        rollout_id=rollout.rollout_id,
-                        chunk_index=chunk_index,
-                        prompt_ids=generation.prompt_ids[j],
-                        response_ids=response_ids[:trained],
-                        truncated=truncated,
-                        num_calls=len(results) + len(parsed.errors),
-                        num_successful_calls=sum(r.status in SUCCESS_STATUSES for r in results),
-                        adapter_version=sampled.adapter_version if sampled else None,
-                        sampler_logprobs=sampled.response_logprobs[j][:trained] if sampled else None,
-                    )
-                )
+            )
     return generated_tokens
 
 
@@ -485,7 +348,7 @@ def answer_questions(
     judge: Reader | None = None,
     metric_overrides: dict[str, str] | None = None,
     style: AnswerStyle = MEMALPHA_ANSWERS,
-    turn_accuracy: TurnAccuracy = None,
+    credit: CreditScheme = BROADCAST,
 ) -> list[RolloutAnswers]:
     """Phase 2: the reader answers every question of every rollout from its final memory, scored.
 
@@ -495,17 +358,19 @@ def answer_questions(
     record keeps the bare question and, apart, the ``instruction`` the reader got before it, and
     the question's ``metadata`` when it has any (LoCoMo's category), which its metric may read.
     ``style`` (``reward.metric_style``'s :class:`~memalpha.agent.scoring.AnswerStyle`) says how answers
-    are compared with their golds. ``turn_accuracy`` fills in :attr:`RolloutAnswers.turn_accuracy`:
-    ``asked`` (per-chunk credit) asks, in the same batch, the questions answerable after every turn
-    but the last from the memory then (:attr:`Rollout.snapshots`); ``final`` (hindsight) reuses the
-    final answers. A final answer's record says where its evidence ends (``evidence_chunk``, when the
-    instance knows it) and whether the final memory holds its answer (``stored``, when the instance
-    names each question's fact: :func:`~memalpha.agent.fact_recall.questions_stored`), so a wrong
-    answer from a memory that holds it is told apart from a memory that lost it.
+    are compared with their golds. ``credit`` (``update.credit``'s scheme) fills in
+    :attr:`RolloutAnswers.turn_accuracy`; a scheme that
+    :attr:`~memalpha.grpo.credit.CreditScheme.asks_after_turns` has the reader answer, in the same
+    batch, the questions answerable after every turn but the last from the memory then
+    (:attr:`Rollout.snapshots`). A final answer's record says where its evidence ends
+    (``evidence_chunk``, when the instance knows it) and whether the final memory holds its answer
+    (``stored``, when the instance names each question's fact:
+    :func:`~memalpha.agent.fact_recall.questions_stored`), so a wrong answer from a memory that holds
+    it is told apart from a memory that lost it.
     """
-    asked = turn_accuracy == "asked"
+    asked = credit.asks_after_turns
     items, owners, sources = [], [], []  # owners: (rollout, turn or None for the final memory, qa)
-    evidence = [question_evidence(r.instance) if turn_accuracy else [] for r in rollouts]
+    evidence = [question_evidence(r.instance) if credit.needs_evidence else [] for r in rollouts]
     for i, rollout in enumerate(rollouts):
         for qa in rollout.instance.questions:
             items.append((rollout.memory, qa.question))
@@ -567,11 +432,7 @@ def answer_questions(
             turn_sums[i][k] += score
             result.turn_questions.append({"chunk_index": k, **record})
     for result, sums, last, rollout in zip(results, turn_sums, evidence, rollouts):
-        if asked:
-            total = max(len(result.scores), 1)
-            result.turn_accuracy = [s / total for s in sums] + [sum(result.scores) / total]
-        elif turn_accuracy == "final":
-            result.turn_accuracy = hindsight_accuracy(result.scores, last, len(rollout.calls))
+        result.turn_accuracy = credit.turn_accuracy(result.scores, sums, last, len(rollout.calls))
     return results
 
 
@@ -646,6 +507,86 @@ def reader_questions(instance: Instance, asked: bool) -> int:
     return len(instance.questions) + sum(turns - 1 - last for last in question_evidence(instance))
 
 
+@dataclass
+class Agent:
+    """The memory agent a round rolls out: the policy and its tokenizer, the reader that answers
+    from the memories it writes, how it generates (``rollout``) and how it is rewarded
+    (``reward``, ``content_judge``). ``sampler`` generates its turns: the policy in this process
+    through ``rollout.backend`` unless given (a vLLM server's, for ``rollout.backend: vllm``)."""
+
+    policy: Any
+    tokenizer: Any
+    reader: Reader
+    rollout: RolloutSettings
+    reward: RewardSettings
+    content_judge: ContentJudge | None = None
+    share_prefix: bool = True
+    sampler: GenerateFn | None = None
+
+    def __post_init__(self) -> None:
+        if self.sampler is None:
+            self.sampler = sampler_for(self.policy, self.tokenizer, self.rollout.backend)
+
+    def rollouts(
+        self,
+        instances: Sequence[Instance],
+        *,
+        seed: int,
+        do_sample: bool = True,
+        group_size: int | None = None,
+        judge_reader: Reader | None = None,
+        on_phase: PhaseHook | None = None,
+        credit: CreditScheme = BROADCAST,
+    ) -> RolloutOutput:
+        """``group_size`` rollouts for every instance (default ``rollout.group_size``; validation
+        takes one, greedy): memorise the chunks, answer the questions, assign the rewards. Returns
+        the turn samples and one record per rollout.
+
+        ``group_id`` of a sample is the instance's position in ``instances``. ``share_prefix`` lets
+        each ``generate`` call compute the prompt tokens its rows share once
+        (:class:`~memalpha.lm.core.prompt_sharing.PromptSharing`). The answer metric of each source
+        comes from ``reward.metric_overrides`` first; answers are compared in
+        ``reward.answer_style``; ``judge_reader`` judges answers instead of the reader. ``on_phase``
+        hears each phase as it starts (:mod:`memalpha.agent.progress`). ``credit`` (the
+        ``update.credit`` scheme) says where each turn's accuracy comes from
+        (:func:`answer_questions`).
+        """
+        count_tokens = make_token_counter(self.tokenizer)
+        size = self.rollout.group_size if group_size is None else group_size
+        rollouts = start_rollouts(instances, size, self.rollout, count_tokens, seed)
+        asked = credit.asks_after_turns  # the reader reads the memory after every turn
+        start, cpu = time.perf_counter(), time.process_time()
+        generated_tokens = memorise_chunks(
+            rollouts, self.sampler, self.tokenizer, self.rollout, seed=seed, do_sample=do_sample,
+            share_prefix=self.share_prefix, on_phase=on_phase, keep_snapshots=asked,
+        )
+        rollout_s, rollout_cpu_s = time.perf_counter() - start, time.process_time() - cpu
+        report(on_phase, Phase("reader", total=sum(reader_questions(r.instance, asked) for r in rollouts)))
+        readers = [self.reader] if judge_reader in (None, self.reader) else [self.reader, judge_reader]
+        failures_before = sum(r.failures for r in readers)
+        start, cpu = time.perf_counter(), time.process_time()
+        answers = answer_questions(
+            rollouts, self.reader, judge=judge_reader, metric_overrides=self.reward.metric_overrides,
+            style=self.reward.answer_style, credit=credit,
+        )
+        reader_s, reader_cpu_s = time.perf_counter() - start, time.process_time() - cpu
+        report(on_phase, Phase("rewards"))
+        start = time.perf_counter()
+        samples, records = assign_rewards(rollouts, answers, self.reward, self.content_judge, count_tokens)
+        rewards_s = time.perf_counter() - start
+        return RolloutOutput(
+            samples=samples,
+            records=records,
+            rollout_s=rollout_s,
+            reader_s=reader_s,
+            generated_tokens=generated_tokens,
+            reader_failed_calls=sum(r.failures for r in readers) - failures_before,
+            rewards_s=rewards_s,
+            rollout_cpu_s=rollout_cpu_s,
+            reader_cpu_s=reader_cpu_s,
+        )
+
+
 def run_rollouts(
     instances: Sequence[Instance],
     model,
@@ -662,52 +603,12 @@ def run_rollouts(
     share_prefix: bool = True,
     sampler: GenerateFn | None = None,
     on_phase: PhaseHook | None = None,
-    turn_accuracy: TurnAccuracy = None,
+    credit: CreditScheme = BROADCAST,
 ) -> RolloutOutput:
-    """``group_size`` rollouts for every instance (default ``settings.group_size``): memorise the
-    chunks, answer the questions, assign the rewards. Returns the turn samples and one record per rollout.
-
-    ``group_id`` of a sample is the instance's position in ``instances``. ``share_prefix`` lets
-    each ``generate`` call compute the prompt tokens its rows share once
-    (:mod:`memalpha.lm.core.prefix_cache`); the policy samples as ``settings.backend`` says. The
-    answer metric of each source comes from
-    ``weights.metric_overrides`` first; answers are compared in ``weights.answer_style``.
-    ``sampler`` generates the agent's turns instead of the policy (see :func:`memorise_chunks`).
-    ``on_phase`` hears each phase as it starts (:mod:`memalpha.agent.progress`). ``turn_accuracy``
-    scores every turn too (:func:`answer_questions`), for ``update.credit: per_chunk`` or ``hindsight``.
-    """
-    count_tokens = make_token_counter(tokenizer)
-    rollouts = start_rollouts(
-        instances, settings.group_size if group_size is None else group_size, settings, count_tokens, seed
-    )
-    asked = turn_accuracy == "asked"  # the reader reads the memory after every turn
-    start, cpu = time.perf_counter(), time.process_time()
-    generated_tokens = memorise_chunks(
-        rollouts, model, tokenizer, settings, seed=seed, do_sample=do_sample, share_prefix=share_prefix,
-        sampler=sampler, on_phase=on_phase, keep_snapshots=asked,
-    )
-    rollout_s, rollout_cpu_s = time.perf_counter() - start, time.process_time() - cpu
-    report(on_phase, Phase("reader", total=sum(reader_questions(r.instance, asked) for r in rollouts)))
-    readers = [reader] if judge_reader is None or judge_reader is reader else [reader, judge_reader]
-    failures_before = sum(r.failures for r in readers)
-    start, cpu = time.perf_counter(), time.process_time()
-    answers = answer_questions(
-        rollouts, reader, judge=judge_reader, metric_overrides=weights.metric_overrides,
-        style=weights.answer_style, turn_accuracy=turn_accuracy,
-    )
-    reader_s, reader_cpu_s = time.perf_counter() - start, time.process_time() - cpu
-    report(on_phase, Phase("rewards"))
-    start = time.perf_counter()
-    samples, records = assign_rewards(rollouts, answers, weights, content_judge, count_tokens)
-    rewards_s = time.perf_counter() - start
-    return RolloutOutput(
-        samples=samples,
-        records=records,
-        rollout_s=rollout_s,
-        reader_s=reader_s,
-        generated_tokens=generated_tokens,
-        reader_failed_calls=sum(r.failures for r in readers) - failures_before,
-        rewards_s=rewards_s,
-        rollout_cpu_s=rollout_cpu_s,
-        reader_cpu_s=reader_cpu_s,
+    """:meth:`Agent.rollouts` of the agent of these parts (``sampler`` generates instead of
+    ``model`` when given; ``model`` may then be anything)."""
+    agent = Agent(model, tokenizer, reader, settings, weights, content_judge, share_prefix, sampler)
+    return agent.rollouts(
+        instances, seed=seed, do_sample=do_sample, group_size=group_size, judge_reader=judge_reader,
+        on_phase=on_phase, credit=credit,
     )

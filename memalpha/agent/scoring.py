@@ -9,7 +9,7 @@ of all golds), so that a right answer written differently still scores; ``offici
 (:data:`OFFICIAL_METRICS`) compares as the official code does (for ``locomo``: LoCoMo's own
 evaluation). A style changes how an answer is compared with its gold, never which metric a source
 gets. A prediction's leading ``<think>...</think>`` block is removed before scoring
-(:func:`strip_thinking`). docs/metrics_and_rewards.md ("Answer metrics and the source registry")
+(:func:`reply_after_thinking`). docs/metrics_and_rewards.md ("Answer metrics and the source registry")
 tables the metrics, the sources and both styles with examples.
 """
 
@@ -52,7 +52,7 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.split())
 
 
-def strip_thinking(prediction: str) -> str:
+def reply_after_thinking(prediction: str) -> str:
     """The part of a reply after its ``</think>``; empty when a thinking block never closes."""
     if "</think>" in prediction:
         return prediction.split("</think>", 1)[1].strip()
@@ -100,13 +100,13 @@ def substring_match(prediction: str, gold: Gold) -> float:
     golds = _golds(gold)
     if not golds:
         return 0.0
-    pred = normalize_answer(strip_thinking(prediction))
+    pred = normalize_answer(reply_after_thinking(prediction))
     return float(any(_contains(pred, g) for g in golds))
 
 
 def multi_part_match(prediction: str, gold: Gold) -> float:
     """Fraction of the ``;``-separated gold parts found in the prediction (max over golds)."""
-    pred = normalize_answer(strip_thinking(prediction))
+    pred = normalize_answer(reply_after_thinking(prediction))
     best = 0.0
     for single in _golds(gold):
         parts = [p for p in (x.strip() for x in single.split(";")) if p]
@@ -118,7 +118,7 @@ def multi_part_match(prediction: str, gold: Gold) -> float:
 
 def boxed_label_match(prediction: str, gold: Gold) -> float:
     """1.0 when the reply's first boxed label (see :func:`extract_label`) equals a gold label."""
-    label = extract_label(strip_thinking(prediction))
+    label = extract_label(reply_after_thinking(prediction))
     if not label:
         return 0.0
     return float(any(label == g.strip().strip("\"'").strip() for g in _golds(gold)))
@@ -138,13 +138,13 @@ def keyword_hit(prediction: str, gold: Gold) -> float:
     keywords = [" ".join(k.lower().split()) for k in _split_keywords(gold) if k.strip()]
     if not keywords:
         return 0.0
-    pred = " ".join(strip_thinking(prediction).lower().split())
+    pred = " ".join(reply_after_thinking(prediction).lower().split())
     return sum(k in pred for k in keywords) / len(keywords)
 
 
 def parse_yes_no(reply: str) -> float:
     """1.0 for a reply that says yes and not no (word-wise, after any thinking block), else 0.0."""
-    words = set(_WORD.findall(strip_thinking(reply).lower()))
+    words = set(_WORD.findall(reply_after_thinking(reply).lower()))
     return float("yes" in words and "no" not in words)
 
 
@@ -167,7 +167,7 @@ def _judge_many(
         )
     templates = getattr(judge, "templates", None)  # the judge reader's prompt templates
     prompts = [
-        answer_judge_prompt(q, "; ".join(_golds(g)), strip_thinking(p), templates)
+        answer_judge_prompt(q, "; ".join(_golds(g)), reply_after_thinking(p), templates)
         for p, g, q in zip(predictions, golds, questions, strict=True)
     ]
     replies = judge.complete(prompts)
@@ -189,7 +189,7 @@ def official_first_gold_match(prediction: str, gold: Gold) -> float:
     golds = _golds(gold)
     if not golds:
         return 0.0
-    return float(golds[0].lower() in strip_thinking(prediction).lower())
+    return float(golds[0].lower() in reply_after_thinking(prediction).lower())
 
 
 def official_multi_part_match(prediction: str, gold: Gold) -> float:
@@ -199,7 +199,7 @@ def official_multi_part_match(prediction: str, gold: Gold) -> float:
     so a capitalised answer misses a part; every piece of the split counts, an empty one as
     found. Without a ``;`` both sides are lower-cased.
     """
-    pred = strip_thinking(prediction)
+    pred = reply_after_thinking(prediction)
     best = 0.0
     for single in _golds(gold):
         if ";" in single:
@@ -217,7 +217,7 @@ _DIGITS = re.compile(r"\d+")
 def official_boxed_digits_match(prediction: str, gold: Gold) -> float:
     """1.0 when the first ``\\boxed{}`` (else the whole reply), without quotes, is all digits and
     equals a gold label; ``<answer>`` tags and ``\\box{}`` are not read."""
-    reply = strip_thinking(prediction)
+    reply = reply_after_thinking(prediction)
     match = _BOXED.search(reply)
     label = (match.group(1) if match else reply).strip().strip("\"'").strip()
     if not _DIGITS.fullmatch(label):
@@ -231,7 +231,7 @@ def official_keyword_hit(prediction: str, gold: Gold) -> float:
     keywords = [k.strip().lower() for k in _split_keywords(gold)]
     if not keywords:
         return 0.0
-    pred = strip_thinking(prediction).lower()
+    pred = reply_after_thinking(prediction).lower()
     return sum(k in pred for k in keywords) / len(keywords)
 
 
@@ -241,7 +241,7 @@ def official_yes_no(reply: str) -> float:
     So "Yes, nothing is missing" scores 0 (``no`` in "nothing"). The official judge runs
     without thinking; a thinking block is removed first all the same.
     """
-    text = strip_thinking(reply).lower()
+    text = reply_after_thinking(reply).lower()
     return float("yes" in text and "no" not in text)
 
 
@@ -420,7 +420,7 @@ def score_answers(
     if name in style.question_metrics:
         question_metric = style.question_metrics[name]
         for i in live:
-            prediction = strip_thinking(predictions[i])
+            prediction = reply_after_thinking(predictions[i])
             scores[i] = max(question_metric(prediction, g, metadata[i]) for g in _golds(golds[i]))
         return scores, judge_errors
     metric = style.metrics[name]

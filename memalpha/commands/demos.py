@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from memalpha.agent.demos import DEFAULT_REPLY_SHARE, OracleError, oracle_demonstrations
-from memalpha.agent.rollout import RolloutSettings
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.demos import save_demonstrations
 from memalpha.data.synthetic import SyntheticSettings
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from memalpha.agent.distill import DistillStats, RecordedTurn, replay_trajectory
-from memalpha.agent.rollout import RolloutSettings
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.commands.demos import config_sections, demonstrations_parser
 from memalpha.data.demos import Demonstration, save_demonstrations
 from memalpha.data.loaders import load_instances

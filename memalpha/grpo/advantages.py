@@ -6,8 +6,7 @@ instance's rollouts is one group). Pure tensor functions, tested on hand-compute
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Literal, get_args
 
 import torch
@@ -75,46 +74,6 @@ def group_advantages(
     return torch.where(flat, torch.zeros_like(advantages), advantages)
 
 
-# ---------------------------------------------------------------------------
-# credit assignment: which reward each turn sample is judged by, and against which group
-# ---------------------------------------------------------------------------
-
-CreditName = Literal["broadcast", "per_chunk", "hindsight"]
-
-
-@dataclass(frozen=True)
-class CreditScheme:
-    """A credit-assignment scheme (``update.credit``; docs/metrics_and_rewards.md, "Credit"):
-    where each turn's accuracy comes from (``turn_accuracy``: None, the final accuracy for every
-    turn; ``asked``, the reader asked after every memorising turn; ``final``, each question's final
-    answer from its evidence turn on), and which rewards of a round it compares within which groups
-    (``compared(rewards, turn_rewards, group_ids, turn_index)``, ``[N]`` tensors, ``turn_rewards``
-    None unless ``turn_accuracy``: the ``[N]`` rewards and each one's group label)."""
-
-    turn_accuracy: Literal["asked", "final"] | None
-    compared: Callable[..., tuple[torch.Tensor, list]]
-
-    def advantages(self, rewards, turn_rewards, group_ids, turn_index, scale: str = "group") -> torch.Tensor:
-        """The round's ``[N]`` advantages: :func:`group_advantages` of what the scheme compares."""
-        values, labels = self.compared(rewards, turn_rewards, group_ids, turn_index)
-        return group_advantages(values, labels, scale=scale)
-
-
-def broadcast_compared(rewards, turn_rewards, group_ids, turn_index) -> tuple[torch.Tensor, list]:
-    """Mem-α's credit: every turn's ``R_t`` (the final accuracy ``r1`` broadcast to all turns) against
-    all turn samples of its instance's rollouts."""
-    return torch.as_tensor(rewards), torch.as_tensor(group_ids).tolist()
-
-
-def per_chunk_compared(rewards, turn_rewards, group_ids, turn_index) -> tuple[torch.Tensor, list]:
-    """Turn ``k``'s own reward (the accuracy credited to its turn, scaled to the broadcast's total)
-    against the same turn ``k`` of the other rollouts of its instance."""
-    if turn_rewards is None:
-        raise ValueError("per-turn credit needs the turn rewards of a rollout scored turn by turn")
-    pairs = list(zip(torch.as_tensor(group_ids).tolist(), torch.as_tensor(turn_index).tolist(), strict=True))
-    return torch.as_tensor(turn_rewards), pairs
-
-
 def flat_group_share(rewards: torch.Tensor, group_ids: torch.Tensor | Sequence) -> float:
     """The share of groups whose rewards are all equal (or that have one member): their advantages
     are 0, so they teach nothing (``train/frac_reward_zero_std``)."""
@@ -123,11 +82,3 @@ def flat_group_share(rewards: torch.Tensor, group_ids: torch.Tensor | Sequence) 
     groups = [rewards[index == g] for g in index.unique().tolist()]
     flat = [len(group) < 2 or group.std(unbiased=False).item() < 1e-6 for group in groups]
     return sum(flat) / len(flat) if flat else 0.0
-
-
-CREDIT_SCHEMES: dict[str, CreditScheme] = {
-    "broadcast": CreditScheme(turn_accuracy=None, compared=broadcast_compared),
-    "per_chunk": CreditScheme(turn_accuracy="asked", compared=per_chunk_compared),
-    "hindsight": CreditScheme(turn_accuracy="final", compared=per_chunk_compared),
-}
-"""Each ``update.credit`` name's scheme: a new scheme is one function and one entry."""

@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from memalpha.grpo.advantages import CREDIT_SCHEMES, AdvantageScale, CreditName, CreditScheme
+from memalpha.grpo.advantages import AdvantageScale
+from memalpha.grpo.credit import CreditScheme, credit_scheme
 from memalpha.grpo.loss import LossAggregation
 
 KLReference = Literal["base", "start"]
@@ -44,7 +45,8 @@ class UpdateSettings:
             questions (``reader/turn_questions``). ``hindsight``: as ``per_chunk``, but each
             question's final answer is credited to the turn that read its last evidence chunk (no
             extra reader questions; a later turn that spoils a stored answer is not blamed).
-            docs/metrics_and_rewards.md, "Credit".
+            Any other scheme registered from Python (``memalpha/grpo/credit.py``) is accepted by
+            its name. docs/metrics_and_rewards.md, "Credit".
         clip_low: Lower PPO clip (ratio >= 1 - clip_low).
         clip_high: Upper PPO clip (ratio <= 1 + clip_high; above clip_low is DAPO's clip-higher).
         clip_ratio_c: Dual clip (Ye et al. 2019, verl's ``clip_ratio_c``; official 3.0): a token with
@@ -74,7 +76,7 @@ class UpdateSettings:
     """
 
     advantage_scale: AdvantageScale = "group"
-    credit: CreditName = "broadcast"
+    credit: str = "broadcast"
     clip_low: float = 0.2
     clip_high: float = 0.2
     clip_ratio_c: float | None = None
@@ -88,7 +90,7 @@ class UpdateSettings:
 
     def __post_init__(self) -> None:
         _choice("update", "advantage_scale", self.advantage_scale, AdvantageScale)
-        _choice("update", "credit", self.credit, CreditName)
+        credit_scheme(self.credit)  # a registered scheme, or a one-line error naming them
         _choice("update", "kl_reference", self.kl_reference, KLReference)
         _choice("update", "loss_agg", self.loss_agg, LossAggregation)
         if not 0.0 <= self.clip_low < 1.0:
@@ -131,8 +133,8 @@ class UpdateSettings:
 
     @property
     def credit_scheme(self) -> CreditScheme:
-        """The credit-assignment scheme :attr:`credit` names."""
-        return CREDIT_SCHEMES[self.credit]
+        """The credit-assignment scheme :attr:`credit` names (:mod:`memalpha.grpo.credit`)."""
+        return credit_scheme(self.credit)
 
 
 @dataclass

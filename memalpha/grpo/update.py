@@ -1,8 +1,8 @@
 """One GRPO update on a :class:`~memalpha.grpo.batch.GRPOBatch`, without the model: the loss of a
-micro-batch from its log-probs (:func:`micro_batch_loss`, called by :mod:`memalpha.train.actor`),
-the mini-batch's metrics (:class:`LossMeter`), the optimiser step, the optimiser and its warm-up
-schedule. Every trainer (the Lightning modules, the single-turn trainer, the benchmarks) goes
-through these functions.
+micro-batch from its log-probs (:func:`micro_batch_loss`, called by
+:func:`memalpha.train.step.accumulate_grpo_gradients`), the mini-batch's metrics
+(:class:`LossMeter`), the optimiser step, the optimiser and its warm-up schedule. Every trainer (the
+Lightning modules, the single-turn trainer, the benchmarks) goes through these functions.
 
 A step that meets a NaN or an infinity is skipped, never trained on; :class:`NonFiniteStreak`
 stops the run after ``optimizer.max_consecutive_nonfinite`` such steps in a row

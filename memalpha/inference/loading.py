@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import RolloutSettings
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.lm.core.adapters import check_adapter_folder
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME
 from memalpha.lm.core.policy import LMSettings, LoraSettings

@@ -30,8 +30,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from memalpha.atomic_file import write_atomically
-from memalpha.memory.ids import counter_for_id
-from memalpha.memory.store import DICT_FORMAT, Memory, TokenCounter
+from memalpha.memory.store import DICT_FORMAT, Memory, TokenCounter, counter_for_id
 
 FORMAT_NAME, _, _version = DICT_FORMAT.partition("/")
 FORMAT_VERSION = int(_version)

@@ -16,12 +16,12 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
-from memalpha.agent.prompts import memorise_messages, stated_response_limit
+from memalpha.agent.prompts import memorise_messages, render_memorise
 from memalpha.agent.reward_math import TurnCalls, rollout_rewards
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import Rollout, RolloutSettings, answer_questions
+from memalpha.agent.rollout import Rollout, answer_questions
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.schema import DataValidationError, Instance, parse_record
-from memalpha.memory.render import render_memorise
 from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader
 from memalpha.reader.settings import ReaderSettings
@@ -47,14 +47,14 @@ def instance_rows(instances: Iterable[Instance], prompt: str) -> list[dict[str, 
 
 def memorising_rows(instances: Iterable[Instance], settings: RolloutSettings) -> list[dict[str, Any]]:
     """One TRL dataset row per instance whose ``prompt`` is memalpha's own memorising prompt of its
-    chunk 0 (system and user message, an empty memory, ``settings``' call format, profile and texts):
+    chunk 0 (system and user message, an empty memory, ``settings``' call format, prompt detail and texts):
     the prompt a memalpha-trained policy knows. Use with ``MemoryEnvironment(first_chunk_in_prompt=True)``."""
     call_format = get_call_format(settings.call_format)
-    limit = stated_response_limit(settings.max_new_tokens, settings.stated_limit_share)
+    limit = settings.stated_limit
     view = render_memorise(Memory(), settings.memory_view_k, settings.templates)
     return [
         {"prompt": memorise_messages(view, instance.chunks[0], call_format, response_token_limit=limit,
-                                     profile=settings.prompt_profile, templates=settings.templates),
+                                     detail=settings.prompt_profile, templates=settings.templates),
          "instance": json.dumps(instance.to_dict())}
         for instance in instances
     ]

@@ -8,7 +8,7 @@ data sources, each question preceded by its source's instruction
 the bare question or, as the official code does, for the instruction and the question). Backends
 only implement :meth:`Reader.chat` (conversations in, replies out) and token counting.
 
-:meth:`Reader.complete` may take a :class:`Sampling` that answers those prompts with another
+:meth:`Reader.complete` may take a :class:`ReaderSampling` that answers those prompts with another
 temperature or reply length than the reader's own settings (the r4 content judge's official
 0.1 and 512 tokens); every other call samples with the reader's settings.
 
@@ -30,9 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from memalpha.memory.render import render_answer
 from memalpha.reader.options import RetrievalSettings
-from memalpha.reader.prompts import answer_messages
+from memalpha.reader.prompts import answer_messages, render_answer
 from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.reader.retrieval import K_RULES, retrieve_for_questions
 from memalpha.templates.loader import PromptTemplates, default_templates
@@ -50,7 +49,7 @@ PER_MESSAGE_OVERHEAD_TOKENS = 8
 
 
 @dataclass(frozen=True)
-class Sampling:
+class ReaderSampling:
     """Sampling settings for one :meth:`Reader.complete` call, in place of the reader's own.
 
     Args:
@@ -125,7 +124,7 @@ class Reader(ABC):
         transport failure of a remote backend may come back as a failed answer; anything else raises.
 
         A backend that can sample with other settings per call also takes a keyword
-        ``sampling`` (a :class:`Sampling`); it is passed only when :meth:`complete` is given
+        ``sampling`` (a :class:`ReaderSampling`); it is passed only when :meth:`complete` is given
         one that overrides something, so a backend without it serves every other call.
         """
 
@@ -229,7 +228,7 @@ class Reader(ABC):
         self,
         prompts: Sequence[str],
         systems: Sequence[str | None] | None = None,
-        sampling: Sampling | None = None,
+        sampling: ReaderSampling | None = None,
     ) -> list[ReaderAnswer]:
         """Reply to bare prompts (one user message each), e.g. judge questions; ``systems``, one
         per prompt, puts a system message before each prompt whose entry is not ``None``;
@@ -251,7 +250,7 @@ class Reader(ABC):
         )
 
     def _run(
-        self, conversations: Sequence[Conversation], sampling: Sampling | None = None
+        self, conversations: Sequence[Conversation], sampling: ReaderSampling | None = None
     ) -> list[ReaderAnswer]:
         if sampling is not None and sampling.overrides:
             answers = self.chat(conversations, sampling=sampling)  # type: ignore[call-arg]

@@ -26,7 +26,7 @@ from typing import Any
 
 from memalpha.lm.core.modes import eval_mode
 from memalpha.lm.sampling.backend import in_process
-from memalpha.reader.base import Conversation, Reader, ReaderAnswer, Sampling
+from memalpha.reader.base import Conversation, Reader, ReaderAnswer, ReaderSampling
 from memalpha.reader.options import RetrievalSettings
 from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.templates.loader import PromptTemplates
@@ -161,7 +161,7 @@ class LocalReader(Reader):
         return [r for r in results if r is not None]
 
     def chat(
-        self, conversations: Sequence[Conversation], sampling: Sampling | None = None
+        self, conversations: Sequence[Conversation], sampling: ReaderSampling | None = None
     ) -> list[ReaderAnswer]:
         """Reply to each conversation; ``sampling`` replaces ``temperature`` and ``max_new_tokens``
         for this call where it sets them."""

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from memalpha.lm.core.http_post import RefusedRequestError, RetryableRequestError, backoff_delay, post_json
-from memalpha.reader.base import Conversation, Reader, ReaderAnswer, Sampling
+from memalpha.reader.base import Conversation, Reader, ReaderAnswer, ReaderSampling
 from memalpha.reader.options import OpenAISettings, RetrievalSettings
 from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.templates.loader import PromptTemplates
@@ -61,7 +61,7 @@ class OpenAIReader(Reader):
             :class:`~memalpha.reader.options.RetrievalSettings`'s defaults).
         temperature, max_tokens: sampling settings sent with each request, with ``top_p`` 1 and
             thinking off (``chat_template_kwargs``, vLLM) (paper: temperature 0.7); a
-            :class:`~memalpha.reader.base.Sampling` given to :meth:`chat` replaces them for its call.
+            :class:`~memalpha.reader.base.ReaderSampling` given to :meth:`chat` replaces them for its call.
         tokenizer: a tokenizer name/path for exact prompt budgets; ``None`` estimates.
         extra_body: more JSON fields merged into every request.
         sleep: waits between attempts (tests pass a recorder instead of :func:`time.sleep`).
@@ -110,7 +110,9 @@ class OpenAIReader(Reader):
         return super().conversation_tokens(conversation)
 
     # -- HTTP -----------------------------------------------------------------------------
-    def request_body(self, conversation: Conversation, sampling: Sampling | None = None) -> dict[str, Any]:
+    def request_body(
+        self, conversation: Conversation, sampling: ReaderSampling | None = None
+    ) -> dict[str, Any]:
         """The JSON body of one request; ``sampling`` replaces the temperature and ``max_tokens``
         where it sets them (``extra_body`` is merged last and wins over both)."""
         temperature = (
@@ -147,7 +149,7 @@ class OpenAIReader(Reader):
             )
         return content
 
-    def _ask(self, conversation: Conversation, sampling: Sampling | None = None) -> ReaderAnswer:
+    def _ask(self, conversation: Conversation, sampling: ReaderSampling | None = None) -> ReaderAnswer:
         payload = json.dumps(self.request_body(conversation, sampling)).encode("utf-8")
         endpoint = self.endpoint
         attempts = endpoint.max_retries + 1
@@ -167,7 +169,7 @@ class OpenAIReader(Reader):
         return ReaderAnswer(text="", ok=False, error=f"gave up after {attempts} attempts: {last_error}")
 
     def chat(
-        self, conversations: Sequence[Conversation], sampling: Sampling | None = None
+        self, conversations: Sequence[Conversation], sampling: ReaderSampling | None = None
     ) -> list[ReaderAnswer]:
         """Reply to each conversation, ``sampling`` (if given) in every request's body."""
         if len(conversations) == 1 or self.endpoint.max_concurrency == 1:

@@ -8,7 +8,30 @@ that was read (see ``docs/metrics_and_rewards.md``). The texts are prompt templa
 
 from __future__ import annotations
 
+from memalpha.memory.store import Memory, MemoryEntry
 from memalpha.templates.loader import PromptTemplates, default_templates
+
+
+def _numbered_block(tag: str, entries: list[MemoryEntry], t: PromptTemplates) -> str:
+    if not entries:
+        return t.block(tag, t.render("answer_view_empty_list"))
+    return t.block(tag, "\n".join(f"{i}. {entry.content}" for i, entry in enumerate(entries, start=1)))
+
+
+def render_answer(
+    memory: Memory,
+    semantic: list[MemoryEntry],
+    episodic: list[MemoryEntry],
+    templates: PromptTemplates | None = None,
+) -> str:
+    """The memory as the reader sees it: ``memory``'s core (only if non-empty), then the given
+    (retrieved) semantic and episodic entries numbered from 1, ids dropped; ``templates`` gives the
+    note of an empty list (``answer_view_empty_list``; ``None``: memalpha's)."""
+    t = templates or default_templates()
+    parts = [t.block("core_memory", memory.core)] if memory.core else []
+    parts.append(_numbered_block("semantic_memory", semantic, t))
+    parts.append(_numbered_block("episodic_memory", episodic, t))
+    return "\n\n".join(parts)
 
 
 def answer_messages(
@@ -24,7 +47,7 @@ def answer_messages(
     the official Mem-α code puts it; the system message is the same for every source.
 
     Args:
-        memory_text: the memory rendered for answering (:func:`memalpha.memory.render.render_answer`).
+        memory_text: the memory rendered for answering (:func:`render_answer`).
         question: the question, verbatim.
         instruction: the question instruction of the instance's source
             (:mod:`memalpha.reader.question_instructions`), or ``None`` for the bare question.

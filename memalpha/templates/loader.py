@@ -39,7 +39,7 @@ PLACEHOLDERS: dict[str, frozenset[str]] = {
         "tool_block_qwen": ("tools", "tool_names"),
         "tool_block_hermes": ("tools",),
         "tool_block_hermes_compact": ("tools",),
-        # memory views (memalpha.memory.render)
+        # memory views (render_memorise in memalpha.agent.prompts, render_answer in memalpha.reader.prompts)
         "view_recent_header": ("shown", "total"),
         "view_empty_core": (),
         "view_empty_list": (),
@@ -78,15 +78,15 @@ class PromptTemplates:
     """One full set of prompt texts (see ``memalpha.yaml`` for what each is).
 
     Args:
-        memorise_system: System message of a memorising turn (``full`` prompt profile).
+        memorise_system: System message of a memorising turn (``full`` prompt detail).
         memorise_user: User message of a memorising turn (``full``).
-        compact_system: System message of a memorising turn (``compact`` prompt profile).
+        compact_system: System message of a memorising turn (``compact`` prompt detail).
         compact_user: User message of a memorising turn (``compact``).
         response_limit_note: Appended to the user message when the reply has a token budget.
         tool_block_qwen: The tool block of the ``qwen`` call format (or a fixed text without
             placeholders, which then lists the tools itself).
         tool_block_hermes: The tool block of the ``hermes`` call format (JSON schemas).
-        tool_block_hermes_compact: The tool block of ``hermes`` under the ``compact`` profile.
+        tool_block_hermes_compact: The tool block of ``hermes`` under the ``compact`` prompt detail.
         view_recent_header: Memorising view: the header after a list's tag.
         view_empty_core: Memorising view: the body of an empty core.
         view_empty_list: Memorising view: the body of an empty list.
@@ -141,6 +141,13 @@ class PromptTemplates:
         """Template ``name`` filled with ``values`` (exactly its placeholders); an optional template is
         rendered only where its caller has found it set."""
         return getattr(self, name).format(**values)
+
+    @staticmethod
+    def block(tag: str, body: str, header: str = "") -> str:
+        """One part of a memory view: ``body`` between a ``<tag>`` line (followed by ``header``,
+        when given) and a ``</tag>`` line, the same in every template file."""
+        head = f"<{tag}> {header}" if header else f"<{tag}>"
+        return f"{head}\n{body}\n</{tag}>"
 
 
 TEMPLATE_NAMES: tuple[str, ...] = tuple(f.name for f in fields(PromptTemplates) if f.name != "source")

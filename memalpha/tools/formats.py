@@ -105,7 +105,8 @@ class ParseResult:
 
 
 def _spans_outside_thinking(text: str) -> list[tuple[int, int]]:
-    """The ``(start, end)`` spans of ``text`` outside reasoning, in order (see :func:`strip_thinking`)."""
+    """The ``(start, end)`` spans of ``text`` outside reasoning, in order
+    (see :func:`text_outside_thinking`)."""
     spans: list[tuple[int, int]] = []
     pos = 0
     while True:
@@ -125,13 +126,13 @@ def _spans_outside_thinking(text: str) -> list[tuple[int, int]]:
         pos = closing + len(THINK_CLOSE)
 
 
-def strip_thinking(text: str) -> str:
+def text_outside_thinking(text: str) -> str:
     """Remove reasoning: ``<think>…</think>`` blocks, text before a lone ``</think>``, an open ``<think>``."""
     return "".join(text[start:end] for start, end in _spans_outside_thinking(text))
 
 
 def _find_outside_thinking(text: str, marker: str) -> int | None:
-    """Position in ``text`` of the first ``marker`` in what :func:`strip_thinking` keeps, or None.
+    """Position in ``text`` of the first ``marker`` in what :func:`text_outside_thinking` keeps, or None.
 
     The search runs on the kept text, as the parsers read it, so a marker quoted in reasoning
     is not found; the position is mapped back into ``text``.
@@ -264,7 +265,7 @@ class CallFormat(ABC):
                 ParseError(reason="response is not text", raw=_clip(repr(text)), code="not_text")
             )
             return result
-        return self._parse_text(strip_thinking(text), result, repair)
+        return self._parse_text(text_outside_thinking(text), result, repair)
 
     @abstractmethod
     def _parse_text(self, text: str, result: ParseResult, repair: CallRepair) -> ParseResult:

@@ -110,7 +110,7 @@ def tool_parameters(name: str) -> dict[str, Any] | None:
 def compact_signatures() -> str:
     """One line per tool, ``name(param: a|b, optional?: string): first sentence of its description``.
 
-    The compact prompt profile's tool block: the same tools, arguments and choices as
+    The compact prompt detail's tool block: the same tools, arguments and choices as
     :data:`TOOL_SCHEMAS`, in a fraction of the tokens of the JSON schemas.
     """
     lines = []

@@ -18,9 +18,9 @@ from typing import Any
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
+from memalpha.agent.prompts import chat_prompt_ids
 from memalpha.data.demos import Demonstration, load_demonstrations
 from memalpha.data.schema import DataValidationError
-from memalpha.lm.core.chat import chat_prompt_ids
 from memalpha.lm.core.embedded import load_tokenizer
 from memalpha.train.stream import PassCursor, as_is, endless_loader, pass_order
 

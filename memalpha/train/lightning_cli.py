@@ -77,6 +77,7 @@ def run_errors() -> tuple[type[BaseException], ...]:
     from memalpha.agent.rollout import RolloutError
     from memalpha.data.schema import DataValidationError
     from memalpha.grpo.update import NonFiniteTrainingError
+    from memalpha.lm.sampling.vllm_server import VllmServerError
     from memalpha.reader.openai_compat import ReaderRequestRefused
     from memalpha.train.checkpoint_io import CheckpointWriteError
     from memalpha.train.engine_sync import SamplerDriftError, StaleSamplesError
@@ -84,7 +85,7 @@ def run_errors() -> tuple[type[BaseException], ...]:
 
     return (
         DataValidationError, CheckpointWriteError, NonFiniteTrainingError, RolloutError, StaleSamplesError,
-        SamplerDriftError, ReaderFailureError, StepOutOfMemory, ReaderRequestRefused,
+        SamplerDriftError, ReaderFailureError, StepOutOfMemory, ReaderRequestRefused, VllmServerError,
     )
 
 

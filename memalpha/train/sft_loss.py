@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import torch
 
-from memalpha.lm.core.layout import response_mask
 from memalpha.lm.core.modes import eval_mode
+from memalpha.lm.core.prompt_sharing import response_mask
 from memalpha.lm.scoring.logprobs import token_scores
 from memalpha.lm.scoring.spec import ScoringSpec
 

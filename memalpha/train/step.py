@@ -4,15 +4,18 @@ Read top to bottom, a step is::
 
     round_ = collect_round(agent, instances, update, scoring, ranks, seed=..., where=...)
         rollouts (the memory agent: memorise chunk by chunk -> answer -> rewards)
-        -> the reader-failure gate (``ReaderGate``) and, with a vLLM engine, the sampler checks
-        -> score_samples: group advantages, reference / old log-probs, mini-batches
+        -> the reader-failure gate (``ReaderGate``) and, with a vLLM engine, the sampler's drift check
+        -> score_samples: the credit scheme's advantages, reference / old log-probs, mini-batches
     for batch in round_.batches:
         result = train_minibatch(policy, batch, update, scoring, ranks, optimisation, max_response_len=...)
             loss (micro-batch by micro-batch) -> gradients -> clip -> optimiser step
 
-:class:`~memalpha.train.module.GRPOModule` runs them from its Lightning hooks (one mini-batch per
-``training_step``), the single-turn trainer (:mod:`memalpha_lab.single_turn`) runs
-:func:`score_samples` and :func:`train_minibatch` on its own samples, and the benchmarks under
+:class:`GRPOStep` is that loop one optimiser step at a time, with what a run carries from step to
+step (the round's unserved mini-batches, the reader gate's count) and the step's skip policy: a
+stream that has served its rounds, a round the reader gate refused, a round with a non-finite
+value. :class:`~memalpha.train.module.GRPOModule` calls :meth:`GRPOStep.train_next` from its
+``training_step`` and logs what it returns; the single-turn trainer (:mod:`memalpha_lab.single_turn`)
+runs :func:`score_samples` and :func:`train_minibatch` on its own samples, and the benchmarks under
 ``experiments/`` time the same calls. What differs between processes of a data-parallel run
 (averages over ranks, agreeing to skip a step) goes through :class:`Ranks`; :class:`OneProcess`
 is the stand-in outside Lightning.
@@ -20,41 +23,29 @@ is the stand-in outside Lightning.
 
 from __future__ import annotations
 
+import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from memalpha.agent.progress import Phase, PhaseHook, report
-from memalpha.agent.reading import Reading, read_instances
-from memalpha.agent.rollout import (
-    GenerateFn,
-    RolloutOutput,
-    RolloutSettings,
-    TurnAccuracy,
-    TurnSample,
-    run_rollouts,
-)
+from memalpha.agent.rollout import Agent, RolloutOutput, RolloutRecord, TurnSample
 from memalpha.data.schema import Instance
+from memalpha.grpo.advantages import flat_group_share
 from memalpha.grpo.batch import GRPOBatch, cut_minibatches
 from memalpha.grpo.settings import UpdateSettings
-from memalpha.grpo.update import first_nonfinite, optimizer_step
-from memalpha.lm.core.reference import reference_weights
-from memalpha.lm.scoring.logprobs import response_logprobs
+from memalpha.grpo.update import LossMeter, first_nonfinite, micro_batch_loss, optimizer_step
+from memalpha.lm.core.modes import reference_weights
+from memalpha.lm.scoring.logprobs import micro_batch_scores, response_logprobs
 from memalpha.lm.scoring.spec import ScoringSpec
-from memalpha.reader.base import Reader
-from memalpha.train.actor import accumulate_grpo_gradients
-from memalpha.train.engine_sync import EngineSync, check_versions, sampler_logprob_gap
-from memalpha.train.round_report import round_metrics
+from memalpha.seeding import stable_seed
+from memalpha.train.engine_sync import EngineSync
 from memalpha.train.step_faults import ReaderFailures, ReaderGate
-
-if TYPE_CHECKING:  # annotations only: the agent's reward settings and judges
-    from memalpha.agent.content_judges import ContentJudge
-    from memalpha.agent.reward_settings import RewardSettings
 
 Clock = Callable[[str], AbstractContextManager]
 """Around each stage of a step (``rollout``, ``logprobs``, ``gradients``, ``optimizer``): a
@@ -104,45 +95,74 @@ class OneProcess:
 ONE_PROCESS = OneProcess()
 
 
-@dataclass
-class Agent:
-    """The memory agent a round rolls out: the policy and its tokenizer, the reader that answers
-    from the memories it writes, how it generates and how it is rewarded."""
+def round_metrics(
+    out: RolloutOutput, rewards: torch.Tensor, compared: tuple[torch.Tensor, Sequence]
+) -> dict[str, float]:
+    """Reward, reward spread, response, tool-call, reward-term, memory, fact-recall, reader-failure,
+    timing and compute metrics of one round; docs/quickstart.md's table of logged metrics says what
+    each one means.
 
-    policy: Any
-    tokenizer: Any
-    reader: Reader
-    rollout: RolloutSettings
-    reward: RewardSettings
-    content_judge: ContentJudge | None = None
-    share_prefix: bool = True
+    ``rewards`` are the ``[N]`` per-sample rewards ``R_t`` of ``out.samples``; ``compared`` the
+    rewards the credit scheme compares and each one's group
+    (:class:`~memalpha.grpo.credit.CreditScheme`), whose flat groups give
+    ``train/frac_reward_zero_std``. ``reader/questions`` counts the answers after earlier turns of
+    per-chunk credit too; those alone are ``reader/turn_questions``.
+    """
+    samples, records = out.samples, out.records
+    calls = sum(s.num_calls for s in samples)
+    lengths = [len(s.response_ids) for s in samples]
+    recalls = [r.fact_recall for r in records if r.fact_recall is not None]
+    known = {"train/fact_recall": sum(recalls) / len(recalls)} if recalls else {}
+    per_turn = {}
+    if samples and all(s.turn_reward is not None for s in samples):
+        per_turn = {
+            "train/turn_reward": sum(s.turn_reward for s in samples) / len(samples),
+            "reader/turn_questions": float(sum(len(r.turn_questions) for r in records)),
+        }
+    return {
+        **known,
+        "train/reward": rewards.mean().item(),
+        "train/reward_std": rewards.std(unbiased=False).item(),
+        "train/frac_reward_zero_std": flat_group_share(*compared),
+        "train/response_length": sum(lengths) / len(lengths),
+        "train/truncated_ratio": sum(s.truncated for s in samples) / len(samples),
+        "train/tool_calls_per_turn": calls / len(samples),
+        "train/tool_success": sum(s.num_successful_calls for s in samples) / calls if calls else 0.0,
+        "rewards/r1_accuracy": sum(r.r1 for r in records) / len(records),
+        "rewards/r2_tool": sum(s.r2 for s in samples) / len(samples),
+        "rewards/r3_compression": sum(r.r3 for r in records) / len(records),
+        "rewards/r4_content": sum(s.r4 for s in samples) / len(samples),
+        "memory/tokens": sum(r.memory_tokens for r in records) / len(records),
+        "reader/failures": float(sum(r.reader_failures for r in records)),
+        "reader/failed_calls": float(out.reader_failed_calls),
+        "perf/rollout_s": out.rollout_s,
+        "perf/reader_s": out.reader_s,
+        "perf/rewards_s": out.rewards_s,
+        "perf/gen_tokens_per_s": out.generated_tokens / out.rollout_s if out.rollout_s > 0 else 0.0,
+        "perf/rollout_total_s": out.rollout_s + out.reader_s,
+        "perf/rollouts": float(len(records)),
+        "perf/turn_samples": float(len(samples)),
+        "perf/generated_tokens": float(out.generated_tokens),
+        "reader/questions": float(sum(len(r.questions) + len(r.turn_questions) for r in records)),
+        **per_turn,
+    }
 
-    def rollouts(
-        self, instances: Sequence[Instance], *, seed: int, greedy: bool = False,
-        sampler: GenerateFn | None = None, on_phase: PhaseHook | None = None,
-        turn_accuracy: TurnAccuracy = None,
-    ) -> RolloutOutput:
-        """Memorise, answer, reward (:func:`~memalpha.agent.rollout.run_rollouts`): a group of
-        ``rollout.group_size`` rollouts per instance (one when ``greedy``, as validation does),
-        sampled by ``sampler`` (a server's generate function) or in this process; with
-        ``turn_accuracy`` each turn's accuracy too (the credit scheme's)."""
-        return run_rollouts(
-            instances, self.policy, self.tokenizer, self.reader, self.rollout, self.reward,
-            self.content_judge,
-            seed=seed, do_sample=not greedy, group_size=1 if greedy else None,
-            share_prefix=self.share_prefix, sampler=sampler, on_phase=on_phase, turn_accuracy=turn_accuracy,
-        )
 
-    def read(
-        self, instances: Sequence[Instance], *, seed: int, sampler: GenerateFn | None = None,
-        on_phase: PhaseHook | None = None,
-    ) -> list[Reading]:
-        """Memorise each instance greedily and answer its questions, no reward
-        (:func:`~memalpha.agent.reading.read_instances`): what ``memalpha predict`` records."""
-        return read_instances(
-            instances, self.policy, self.tokenizer, self.reader, self.rollout, self.reward, seed=seed,
-            sampler=sampler, on_phase=on_phase, share_prefix=self.share_prefix,
-        )
+def rollout_text(record: RolloutRecord) -> str:
+    """One rollout as markdown: each chunk's response, reward and tool results, then the final memory."""
+    lines = [
+        f"### instance `{record.instance_id}` ({record.data_source}), rollout {record.rollout_index}",
+        "",
+    ]
+    for turn in record.turns:
+        lines.append(f"**chunk {turn['chunk_index']}** reward {turn.get('reward', 0):.3f}")
+        lines.append("```\n" + turn["response"] + "\n```")
+        lines.append("results: " + json.dumps(turn["results"], ensure_ascii=False))
+        lines.append("")
+    lines.append("**final memory**")
+    lines.append("```json\n" + json.dumps(record.memory, indent=2, ensure_ascii=False) + "\n```")
+    lines.append(f"r1 {record.r1:.3f}, r3 {record.r3:.3f}, memory tokens {record.memory_tokens}")
+    return "\n".join(lines)
 
 
 @dataclass
@@ -185,20 +205,15 @@ class Scored:
 @dataclass
 class Round:
     """A collected round: its rollouts, mini-batches (none when ``nonfinite`` or ``refused``),
-    metrics, what was non-finite (None: all was finite), and whether the reader-failure gate
-    refused it (``reader.on_failed_round: skip``)."""
+    metrics, its first rollout as text (when asked), what was non-finite (None: all was finite), and
+    whether the reader-failure gate refused it (``reader.on_failed_round: skip``)."""
 
     out: RolloutOutput
     batches: list[GRPOBatch]
     metrics: dict[str, float]
+    text: str | None = None
     nonfinite: str | None = None
     refused: bool = False
-
-
-def global_samples(count: int, ranks: Ranks) -> int:
-    """The round's samples summed over the ranks (``update.mini_batch_size`` is global, as verl's),
-    so every rank takes the same number of steps; a collective, before any rank can leave early."""
-    return round(ranks.mean_over_ranks(float(count)) * ranks.world_size)
 
 
 def score_samples(
@@ -212,17 +227,27 @@ def score_samples(
     sampler_gap: Callable[[Callable[[], list[torch.Tensor]]], dict[str, float]] | None = None,
     clock: Clock = no_clock,
     on_phase: PhaseHook | None = None,
+    where: str = "the round",
 ) -> Scored:
     """Rewards -> advantages (``update.credit``'s scheme) -> reference / old log-probs -> the round's
     mini-batches.
 
     The reference pass runs only with ``update.kl_coef > 0`` (under ``update.kl_reference``'s
-    weights: :func:`~memalpha.lm.core.reference.reference_weights`); the old-policy pass only when
+    weights: :func:`~memalpha.lm.core.modes.reference_weights`); the old-policy pass only when
     the round feeds several optimiser steps. ``sampler_gap`` (given the trainer's log-probs of the
     samples) adds the metrics of a sampler outside this process. ``round_samples`` is the round's
     size over all ranks; ``seed`` reshuffles later PPO epochs. A NaN or an infinity in the rewards
-    or the log-probs leaves the round without mini-batches, named in ``nonfinite``.
+    or the log-probs leaves the round without mini-batches, named in ``nonfinite``. A rank with fewer
+    samples than the round's optimiser steps stops the run, naming ``where``.
     """
+    steps_per_epoch = update.mini_batches_per_epoch(round_samples)
+    needs_old_logps = update.needs_old_logps(round_samples)
+    if steps_per_epoch > len(samples):
+        raise RuntimeError(
+            f"this rank has {len(samples)} samples in {where}, fewer than the {steps_per_epoch}"
+            " optimiser steps the round takes; raise model.update.mini_batch_size or lower"
+            " model.update.num_mini_batches"
+        )
     if first_nonfinite({"rewards": samples.rewards, "turn rewards": samples.turn_rewards}) is not None:
         return Scored([], {}, "rewards")
     report(on_phase, Phase("logprobs"))
@@ -234,7 +259,7 @@ def score_samples(
         if update.kl_coef > 0:
             with reference_weights(policy):
                 ref_logps = response_logprobs(policy, prompts, responses, scoring)
-        if update.needs_old_logps(round_samples):
+        if needs_old_logps:
             old_logps = response_logprobs(policy, prompts, responses, scoring)
     metrics["perf/ref_old_logprob_s"] = time.perf_counter() - start
     if sampler_gap is not None:
@@ -257,7 +282,6 @@ def score_samples(
         old_logps=old_logps,
         ref_logps=ref_logps,
     )
-    steps_per_epoch = update.mini_batches_per_epoch(round_samples)
     return Scored(cut_minibatches(batch, steps_per_epoch, update.ppo_epochs, seed), metrics)
 
 
@@ -275,54 +299,46 @@ def collect_round(
     reader_gate: ReaderGate | None = None,
     on_phase: PhaseHook | None = None,
     clock: Clock = no_clock,
+    with_text: bool = False,
 ) -> Round:
     """A round, on every rank alike: the agent's rollouts of ``instances`` (memorise chunk by
     chunk, answer, reward), the reader-failure gate, then its mini-batches (:func:`score_samples`).
 
-    With ``engine`` (``rollout.backend: vllm``) the server samples, its adapter synced to the policy
-    first; samples of another adapter version stop the round, and so does a sampler whose log-probs
-    drift from the trainer's (``rollout.vllm.max_logprob_gap``). ``reader_gate`` refuses a round
+    With ``engine`` (``rollout.backend: vllm``; the agent's sampler is its server's, which syncs the
+    adapter and refuses samples of another adapter version) a sampler whose log-probs drift from the
+    trainer's stops the round (``rollout.vllm.max_logprob_gap``). ``reader_gate`` refuses a round
     whose reader answers failed (summed over the ranks, so every rank decides alike). ``where``
     names the round in errors (``rollout round 3``); ``ranks`` makes the size of the round, and so
-    the number of its optimiser steps, the same on every rank.
+    the number of its optimiser steps, the same on every rank. ``with_text`` adds its first rollout
+    as text (:func:`rollout_text`).
     """
-    sampler = None if engine is None else engine.generator(agent.policy, agent.tokenizer)
     with clock("rollout"):
-        out = agent.rollouts(
-            instances, seed=seed, sampler=sampler, on_phase=on_phase,
-            turn_accuracy=update.credit_scheme.turn_accuracy,
-        )
+        out = agent.rollouts(instances, seed=seed, on_phase=on_phase, credit=update.credit_scheme)
     samples = out.samples
     if not samples:
         raise RuntimeError(f"{where} produced no samples")
-    if engine is not None:
-        check_versions([s.adapter_version for s in samples], engine.policy_version, where)
-    round_samples = global_samples(len(samples), ranks)
-    steps_per_epoch = update.mini_batches_per_epoch(round_samples)
-    if steps_per_epoch > len(samples):
-        raise RuntimeError(
-            f"this rank has {len(samples)} samples in {where}, fewer than the {steps_per_epoch}"
-            " optimiser steps the round takes; raise model.update.mini_batch_size or lower"
-            " model.update.num_mini_batches"
-        )
+    # the round's samples summed over the ranks (update.mini_batch_size is global, as verl's), so
+    # every rank takes the same number of steps; a collective, before any rank can leave early
+    round_samples = round(ranks.mean_over_ranks(float(len(samples))) * ranks.world_size)
     rows = Samples.of(samples)
     compared = update.credit_scheme.compared(rows.rewards, rows.turn_rewards, rows.group_ids, rows.turn_index)
     metrics = round_metrics(out, rows.rewards, compared)
+    text = rollout_text(out.records[0]) if with_text else None
     failures = ReaderFailures.of(out.records).summed(ranks)
     if reader_gate is not None and not reader_gate.answered(failures, where):
-        return Round(out, [], {**metrics, "train/skipped_reader_round": 1.0}, refused=True)
+        return Round(out, [], {**metrics, "train/skipped_reader_round": 1.0}, text=text, refused=True)
     metrics["train/skipped_reader_round"] = 0.0
 
     def sampler_gap(trainer_logps: Callable[[], list[torch.Tensor]]) -> dict[str, float]:
-        gap = sampler_logprob_gap([s.sampler_logprobs for s in samples], trainer_logps())
-        engine.check_gap(gap, where)  # the server sampled: was it the policy being trained?
+        # the server sampled: was it the policy being trained?
+        gap = engine.sampler_gap([s.sampler_logprobs for s in samples], trainer_logps(), where)
         return {"rollout/sampler_logprob_gap": gap}
 
     scored = score_samples(
         agent.policy, rows, update, scoring, round_samples=round_samples, seed=seed, clock=clock,
-        on_phase=on_phase, sampler_gap=None if engine is None else sampler_gap,
+        on_phase=on_phase, sampler_gap=None if engine is None else sampler_gap, where=where,
     )
-    return Round(out, scored.batches, {**metrics, **scored.metrics}, scored.nonfinite)
+    return Round(out, scored.batches, {**metrics, **scored.metrics}, text, scored.nonfinite)
 
 
 @dataclass
@@ -351,6 +367,49 @@ class StepResult:
     problem: str | None
 
 
+def accumulate_grpo_gradients(
+    policy,
+    batch: GRPOBatch,
+    settings: UpdateSettings,
+    scoring: ScoringSpec,
+    *,
+    max_response_len: int,
+    token_normaliser: float,
+    seq_normaliser: float,
+    backward: Callable[[torch.Tensor], None],
+    grad_scale: float = 1.0,
+) -> tuple[dict[str, float], bool]:
+    """Backward the GRPO loss of one mini-batch, micro-batch by micro-batch of
+    ``update.micro_batch_size``.
+
+    The policy's log-probs come from :func:`~memalpha.lm.scoring.logprobs.micro_batch_scores`
+    (how they are computed is ``scoring``'s: the temperature sampling used, the pad id, whether
+    prompt prefixes are shared, which it handles across the micro-batches); the loss is
+    :func:`~memalpha.grpo.update.micro_batch_loss`'s, and ``backward`` runs once per micro-batch.
+    ``batch`` without ``old_logps`` takes the ratio on-policy; without ``ref_logps`` it needs
+    ``kl_coef`` 0 (above 0 it is an error). ``max_response_len`` is the constant of the
+    ``seq-mean-token-sum-norm`` aggregation (the response cap). The normalisers are the
+    mini-batch's global response-token and sequence counts, so summing the micro-batch losses gives
+    the mini-batch loss (and the order of the rows does not matter). ``grad_scale`` is the factor
+    ``backward`` multiplies a loss by (a mixed-precision grad scaler's current scale; 1 otherwise).
+
+    Returns token-weighted metrics and whether every micro-batch loss was finite.
+    """
+    meter = LossMeter()
+    finite = True
+    for part in micro_batch_scores(
+        policy, batch.prompt_ids, batch.response_ids, scoring, settings.micro_batch_size
+    ):
+        out = micro_batch_loss(
+            part.logprobs, part.entropy, batch.select(part.rows), settings, token_normaliser=token_normaliser,
+            seq_normaliser=seq_normaliser, max_response_len=max_response_len,
+        )
+        finite = finite and out.finite
+        backward(part.loss_to_backward(out.loss, grad_scale))
+        meter.add(out)
+    return meter.metrics(), finite
+
+
 def train_minibatch(
     policy,
     batch: GRPOBatch,
@@ -363,7 +422,7 @@ def train_minibatch(
     clock: Clock = no_clock,
 ) -> StepResult:
     """One optimiser step on one mini-batch: the clipped GRPO loss micro-batch by micro-batch
-    (:func:`~memalpha.train.actor.accumulate_grpo_gradients`), its gradients, then clip and step
+    (:func:`accumulate_grpo_gradients`), its gradients, then clip and step
     (:func:`~memalpha.grpo.update.optimizer_step`), or drop them when a rank's loss or the
     gradient norm is non-finite.
 
@@ -402,3 +461,105 @@ def apply_gradients(
     if optimisation.check_grad_norm and not math.isfinite(grad_norm):
         return grad_norm, "grad norm"
     return grad_norm, None
+
+
+@dataclass
+class StepLog:
+    """What one :meth:`GRPOStep.train_next` leaves for the trainer to log: the step's own metrics
+    (``train/*``, ``perf/train_s``), its round's metrics (on the round's first step), a rollout as
+    text (when asked), the samples it trained (the logging batch size), whether the round is spent
+    (a per-round learning-rate schedule moves then), and whether the stream had no round left
+    (nothing was trained: the run stops)."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    round_metrics: dict[str, float] = field(default_factory=dict)
+    text: str | None = None
+    samples: int = 1
+    round_spent: bool = False
+    stream_ended: bool = False
+
+
+@dataclass
+class GRPOStep:
+    """One GRPO optimiser step at a time, free of Lightning, with what a run carries between steps.
+
+    ``experience`` holds this rank's unserved mini-batches of the current round and
+    ``reader_gate`` counts the rounds it skipped in a row: both are part of a checkpoint. The agent
+    and ``scoring`` come with the policy (the trainer sets them once it has loaded it); ``engine`` is
+    the vLLM engine of ``rollout.backend: vllm`` (its sampler is the agent's). A round's seed is
+    ``stable_seed(seed, "round", index, rank)``; every ``log_text_every`` optimiser steps (0: never)
+    rank 0 returns a rollout of the round as text.
+    """
+
+    update: UpdateSettings
+    reader_gate: ReaderGate
+    agent: Agent | None = None
+    scoring: ScoringSpec | None = None
+    engine: EngineSync | None = None
+    seed: int = 0
+    log_text_every: int = 0
+    experience: list[GRPOBatch] = field(default_factory=list)
+
+    def train_next(
+        self,
+        rounds: Iterator,
+        optimisation: Optimisation,
+        ranks: Ranks,
+        *,
+        global_step: int,
+        rank: int,
+        on_phase: PhaseHook | None = None,
+        count_nonfinite: Callable[[str | None], None] = lambda problem: None,
+    ) -> StepLog:
+        """Train one mini-batch of the current round, rolling a new round out of ``rounds`` (an
+        iterator of :class:`~memalpha.train.datamodule.InstanceRound`) when none is left.
+
+        The skip policy: when ``rounds`` has no round left, nothing trains and the log says the
+        stream ended; a round the reader gate refuses (``reader.on_failed_round: skip``) trains
+        nothing and logs ``train/skipped_reader_round``; a round with a non-finite reward or
+        log-prob is dropped whole on every rank at once (``ranks``) and counted with
+        ``count_nonfinite``, as is every trained step's outcome (None: it trained). ``optimisation``
+        is how the gradients become the step.
+        """
+        metrics_of_round, text = {}, None
+        problem = None
+        if not self.experience:
+            try:
+                round_, _, _ = next(rounds)
+            except StopIteration:  # the last of data.epochs' rounds is trained: every rank ends here
+                return StepLog(stream_ended=True)
+            collected = collect_round(
+                self.agent, round_.instances, self.update, self.scoring, ranks,
+                seed=stable_seed(self.seed, "round", round_.index, rank),
+                where=f"rollout round {round_.index} (global step {global_step})",
+                engine=self.engine, reader_gate=self.reader_gate, on_phase=on_phase,
+                with_text=self.log_text_every > 0 and rank == 0 and global_step % self.log_text_every == 0,
+            )
+            self.experience, metrics_of_round = collected.batches, collected.metrics
+            problem, text = collected.nonfinite, collected.text
+            if collected.refused:  # every rank refused it alike (the failures were summed over the ranks)
+                untrained = {"train/skipped_nonfinite": 0.0, "train/grad_norm": float("nan")}
+                return StepLog(untrained, metrics_of_round, text, round_spent=True)
+        problem = ranks.agree_on_nonfinite(problem)
+        if problem is not None:  # every rank drops its round, so the ranks keep rolling out in step
+            self.experience = []
+            count_nonfinite(problem)
+            skipped = {"train/skipped_nonfinite": 1.0, "train/grad_norm": float("nan")}
+            return StepLog(skipped, metrics_of_round, text, round_spent=True)
+        batch = self.experience.pop(0)
+        report(on_phase, Phase("update"))
+        start = time.perf_counter()
+        result = train_minibatch(
+            self.agent.policy, batch, self.update, self.scoring, ranks, optimisation,
+            max_response_len=self.agent.rollout.max_new_tokens,
+        )
+        count_nonfinite(result.problem)
+        metrics = {f"train/{key}": value for key, value in result.metrics.items() if key != "tokens"}
+        metrics.update(
+            {
+                "train/grad_norm": result.grad_norm,
+                "train/skipped_nonfinite": float(result.problem is not None),
+                "perf/train_s": time.perf_counter() - start,
+            }
+        )
+        return StepLog(metrics, metrics_of_round, text, len(batch), round_spent=not self.experience)

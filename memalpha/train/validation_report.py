@@ -36,11 +36,15 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+from lightning.pytorch.callbacks import Callback
+
 from memalpha.agent.scoring import OFFICIAL_ANSWERS, score_answers
 from memalpha.atomic_file import write_atomically
 from memalpha.data.locomo import ADVERSARIAL, CATEGORY_NAMES
 from memalpha.data.locomo import DATA_SOURCE as LOCOMO
 from memalpha.tools.executor import SUCCESS_STATUSES
+from memalpha.train.step_faults import ReaderFailureError, ReaderFailures, validation_refusal
 
 if TYPE_CHECKING:
     from memalpha.agent.reward_settings import RewardSettings
@@ -310,3 +314,83 @@ def describe_backends(backends: dict[str, str]) -> str:
 def write_json_atomically(path: str | Path, payload: Any) -> None:
     """``payload`` as indented JSON at ``path``, atomically (a crash leaves the old file)."""
     write_atomically(path, [json.dumps(payload, ensure_ascii=False, indent=1)])
+
+
+VALIDATION_SECONDS = ("policy_s", "reader_s", "policy_cpu_s", "reader_cpu_s")
+"""A validation report's ``seconds``: wall and process CPU seconds of the policy's turns and the reader."""
+
+
+class ValidationReporter(Callback):
+    """Validation's report: the rollout records every ``validation_step`` returns (a
+    :class:`~memalpha.agent.rollout.RolloutOutput`), gathered over the ranks at the epoch's end into
+    the summary (:func:`summarise_records`, with the module's sampling ``backends``, the wall and CPU
+    seconds the policy and the reader took, and the :func:`scoring_settings` that measured it), the
+    ``val/*`` metrics logged, and the report written as
+    ``validation.json`` (``memalpha validate``) or ``validation_step<N>.json`` and printed as a table.
+
+    A reader outage is no score: over ``reader.max_failed_share`` failed answers
+    (:func:`~memalpha.train.step_faults.validation_refusal`) the report says so under ``invalid``,
+    nothing is logged, and every rank raises :class:`~memalpha.train.step_faults.ReaderFailureError`.
+    """
+
+    def __init__(self, max_failed_share: float) -> None:
+        self.max_failed_share = max_failed_share
+        self.records: list[Any] = []
+        self.seconds = dict.fromkeys(VALIDATION_SECONDS, 0.0)
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        self.records = []
+        self.seconds = dict.fromkeys(VALIDATION_SECONDS, 0.0)
+
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self.records.extend(outputs.records)
+        for name, value in (("policy_s", outputs.rollout_s), ("reader_s", outputs.reader_s),
+                            ("policy_cpu_s", outputs.rollout_cpu_s), ("reader_cpu_s", outputs.reader_cpu_s)):
+            self.seconds[name] += value
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        records, seconds = self.records, [self.seconds]
+        if trainer.world_size > 1:
+            gathered: list[Any] = [None] * trainer.world_size
+            torch.distributed.all_gather_object(gathered, (records, self.seconds))
+            records = [r for part, _ in gathered for r in part]
+            seconds = [s for _, s in gathered]
+        summary = {
+            **summarise_records(records),
+            "backends": pl_module.backends,
+            "seconds": {name: sum(s[name] for s in seconds) for name in VALIDATION_SECONDS},
+            "settings": scoring_settings(
+                pl_module.hparams.model, pl_module.reader_settings, pl_module.reward_settings,
+                pl_module.rollout_settings.templates,
+            ),
+        }
+        overall = summary["overall"]
+        where = f"validation at global step {trainer.global_step}"
+        refusal = validation_refusal(ReaderFailures.of(records), self.max_failed_share, where)
+        if refusal is not None:  # a reader outage is no score: the report says so, nothing is logged
+            summary["invalid"] = refusal
+        else:
+            recall = {} if overall["fact_recall"] is None else {"val/fact_recall": overall["fact_recall"]}
+            pl_module.log_dict(
+                {
+                    **recall,
+                    "val/accuracy": overall["accuracy"],
+                    "val/memory_tokens": overall["memory_tokens"],
+                    "val/compression": overall["compression"],
+                    "val/tool_success": overall["tool_success"],
+                    "val/reader_failures": float(overall["reader_failures"]),
+                },
+                sync_dist=False,
+                rank_zero_only=True,
+                batch_size=max(1, overall["questions"]),
+            )
+        log_dir = Path(trainer.log_dir or ".")  # a collective under DDP: every rank must ask
+        if trainer.global_rank == 0 and not trainer.sanity_checking:
+            validating = trainer.state.fn == "validate"
+            name = "validation.json" if validating else f"validation_step{trainer.global_step}.json"
+            table = write_validation_report(summary, records, log_dir / name)
+            pl_module.print(table)  # through the progress bar, which moves its bars below the table
+        if refusal is not None:  # every rank: the records were gathered, so all refuse alike
+            raise ReaderFailureError(refusal)

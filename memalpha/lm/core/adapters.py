@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from memalpha.lm.core.reference import has_reference_adapter
+from memalpha.lm.core.modes import has_reference_adapter
 
 
 def export_adapter(policy, tokenizer, target: str | os.PathLike) -> Path:

@@ -29,7 +29,7 @@ from typing import Literal, get_args
 
 import torch
 
-from memalpha.lm.core.prefix_cache import split_decoder_and_head
+from memalpha.lm.core.prompt_sharing import split_decoder_and_head
 from memalpha.lm.sampling import graph_decode
 from memalpha.lm.sampling.fused_decode import FusedDecoder
 

@@ -2,11 +2,11 @@
 by the rows that sample the same prompt.
 
 At one token per row per step, a decoding step of a small model is bound by reading weights
-and keys, and by the number of operations more than by arithmetic. :func:`decode` therefore
+and keys, and by the number of operations more than by arithmetic. :func:`decode_fused` therefore
 runs the layers itself instead of through the model's modules:
 
 * **LoRA folded, ``q/k/v`` stacked, products packed.** A LoRA update is folded into its weight
-  (``W + s B A``, :func:`memalpha.lm.core.folded_lora.folded_weight`) and ``q/k/v`` are one matrix:
+  (``W + s B A``, :func:`memalpha.lm.core.modes.folded_weight`) and ``q/k/v`` are one matrix:
   five products per layer instead of seven, or twenty-one with PEFT's LoRA layers (``gate/up``
   stay two products: stacked, they ran slower).
   In float32 on an MKL build each product's weight is also laid out once for the batch's rows
@@ -43,10 +43,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from memalpha.lm.core.folded_lora import effective_weight, foldable
-from memalpha.lm.core.layout import PaddedBatch, additive_mask
 from memalpha.lm.core.logits import finalise_logits, score_dtype
-from memalpha.lm.core.prefix_cache import full_attention_layers
+from memalpha.lm.core.modes import effective_weight, foldable
+from memalpha.lm.core.prompt_sharing import PaddedBatch, additive_mask, full_attention_layers
 from memalpha.lm.sampling.packed_linear import LinearProduct
 from memalpha.lm.sampling.responses import Responses
 
@@ -290,7 +289,7 @@ def combine(first, second) -> torch.Tensor:
     return torch.lerp(out_b, out_a, torch.sigmoid(lse_a - lse_b)[..., None])
 
 
-def decode(
+def decode_fused(
     fused: FusedDecoder,
     batch: PaddedBatch,
     prompt_cache,

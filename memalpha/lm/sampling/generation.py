@@ -1,8 +1,8 @@
 """Batched sampling from a causal LM: left-padded prompts, shared prefixes, the chosen decoding loop.
 
-Prompts are laid out as in :mod:`memalpha.lm.core.layout`; with ``share_prefix`` the tokens the
-prompts of a batch share are computed once (:mod:`memalpha.lm.core.prefix_cache`); the new tokens
-come from the backend :mod:`memalpha.lm.sampling.backend` chooses.
+Prompts are laid out as in :mod:`memalpha.lm.core.prompt_sharing`; with ``share_prefix`` the tokens the
+prompts of a batch share are computed once (:class:`~memalpha.lm.core.prompt_sharing.PromptSharing`);
+the new tokens come from the backend :mod:`memalpha.lm.sampling.backend` chooses.
 """
 
 from __future__ import annotations
@@ -13,22 +13,19 @@ from functools import partial
 
 import torch
 
-from memalpha.lm.core.folded_lora import folded_adapters
 from memalpha.lm.core.freed_memory import release_freed_memory
-from memalpha.lm.core.layout import PaddedBatch, check_pairs, pad_prompt_response
-from memalpha.lm.core.modes import eval_mode
-from memalpha.lm.core.prefix_cache import (
+from memalpha.lm.core.modes import eval_mode, folded_adapters
+from memalpha.lm.core.prompt_sharing import (
+    PaddedBatch,
+    PromptSharing,
     can_share_cache,
-    distinct_prompt_cache,
-    prompt_cache,
-    shared_prefix,
+    check_pairs,
     split_decoder_and_head,
 )
 from memalpha.lm.sampling import graph_decode
 from memalpha.lm.sampling.backend import SETTING, announce, choose_backend, declined
 from memalpha.lm.sampling.filters import next_tokens
-from memalpha.lm.sampling.fused_decode import FusedDecoder
-from memalpha.lm.sampling.fused_decode import decode as fused_decode
+from memalpha.lm.sampling.fused_decode import FusedDecoder, decode_fused
 
 
 @dataclass
@@ -116,7 +113,7 @@ def generate(
 
     With ``share_prefix`` (the default) the tokens that the prompts of a batch share -- their
     common prefix, and whole prompts repeated by a group -- are pre-filled once and their
-    key/value cache is repeated to every row (:mod:`memalpha.lm.core.prefix_cache`); the samples are
+    key/value cache is repeated to every row (:mod:`memalpha.lm.core.prompt_sharing`); the samples are
     those of the plain batch up to float rounding. Decoders with sliding-window or other non-plain
     attention layers share nothing.
 
@@ -138,24 +135,20 @@ def generate(
 
     def new_tokens(chunk: list[list[int]], choice: str, fused: FusedDecoder | None):
         """One batch's responses; its caches go when it returns."""
-        if choice == "cuda-graph":  # each distinct prompt prefilled once into the static cache
-            prefix, prompt_of_row = graph_decode.prompt_sharing(decoder, chunk, share_prefix)
-        else:
-            prefix = shared_prefix(decoder, chunk) if share_prefix else None
-        padded = pad_prompt_response(
-            chunk, [[] for _ in chunk], pad_id, device, shared_prefix=prefix.length if prefix else 0
-        )
+        sharing = PromptSharing.of(decoder, chunk, share_prefix)
+        padded = sharing.layout(chunk, [[] for _ in chunk], pad_id, device)
         if choice == "cpu-fused":
-            cache, prompt_of_row = distinct_prompt_cache(decoder, padded, chunk, prefix, dedupe=share_prefix)
-            return fused_decode(fused, padded, cache, prompt_of_row, max_new_tokens=max_new_tokens,
+            cache, prompt_of_row = sharing.distinct_cache(padded, chunk)
+            return decode_fused(fused, padded, cache, prompt_of_row, max_new_tokens=max_new_tokens,
                                 eos_ids=eos_ids, pick=pick)  # fmt: skip
-        if choice == "cuda-graph":  # the step draws inside the graph, with these filters
-            in_graph = graph_decode.Sampling(do_sample, temperature, top_k, top_p)
-            return graph_decode.decode(
-                decoder, head, model_config, padded, prefix=prefix, prompt_of_row=prompt_of_row,
-                max_new_tokens=max_new_tokens, eos_ids=eos_ids, sampling=in_graph,
+        if choice == "cuda-graph":  # each distinct prompt prefilled once; the step draws in the graph
+            in_graph = graph_decode.GraphSampling(do_sample, temperature, top_k, top_p)
+            return graph_decode.decode_in_graph(
+                decoder, head, model_config, padded, prefix=sharing.prefix,
+                prompt_of_row=sharing.prompt_of_row(chunk), max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+                sampling=in_graph,
             )
-        cache = prompt_cache(decoder, padded, chunk, prefix) if share_prefix else None
+        cache = sharing.row_cache(padded, chunk)
         return _hf_generate(
             model, padded, cache, eos_ids, pad_id, max_new_tokens, do_sample, temperature, top_k, top_p
         )
@@ -208,8 +201,8 @@ def _hf_generate(
 ) -> tuple[list[list[int]], list[bool]]:
     """``model.generate`` on one laid-out batch (the ``hf-generate`` backend), given ``cache``: the
     batch's prompt columns but the last, pre-filled with the shared prefix computed once
-    (:func:`~memalpha.lm.core.prefix_cache.prompt_cache`), or None, where nothing is shared or the
-    decoder cannot share (:func:`~memalpha.lm.core.prefix_cache.can_share_cache`)."""
+    (:func:`~memalpha.lm.core.prompt_sharing.prompt_cache`), or None, where nothing is shared or the
+    decoder cannot share (:func:`~memalpha.lm.core.prompt_sharing.can_share_cache`)."""
     from transformers import GenerationConfig
 
     sampling = (

@@ -5,7 +5,7 @@ Qwen3-4B in NF4) but by launching some two thousand small kernels from Python an
 dequantising every NF4 weight again at every token: ~150 ms a step. This backend removes both:
 
 * **dense weights, made once per call.** Inside ``folded_adapters(model, quantised=True)``
-  (:mod:`memalpha.lm.core.folded_lora`) every LoRA layer runs one ``F.linear`` over ``W + s B A`` and
+  (:mod:`memalpha.lm.core.modes`) every LoRA layer runs one ``F.linear`` over ``W + s B A`` and
   every other 4-bit layer over its dequantised weight, in the layer's compute dtype (bf16 on a
   GPU). :func:`sample` opens that block around the whole call, so the copies are made once and
   freed before the policy's update.
@@ -28,7 +28,7 @@ until then, harmlessly. The uniform variates come from the global RNG outside th
 chunk's worth at a time, into a fixed buffer the step reads (:class:`Variates`): the graph holds
 no random-number state, and the live rows take the variates in the order the reference loop
 draws them (one per live row per step), so on the CPU a seeded call samples the tokens of
-:func:`memalpha.lm.sampling.fused_decode.decode` up to float rounding, rows ending or not. With
+:func:`memalpha.lm.sampling.fused_decode.decode_fused` up to float rounding, rows ending or not. With
 ``pick=`` instead the host draws after every step (one host read a token), the tests' reference.
 
 A step attends over a **bucket** of the static cache, not the whole of it: its first ``width``
@@ -40,7 +40,7 @@ tokens captures 8 graphs at 256 columns a bucket, and reads at most 255 unfilled
 ``bucket_columns=None`` attends over the whole static length.
 
 The prompt is prefilled once per distinct prompt when the caller says which rows share one
-(``prompt_of_row``) and what prefix they share (a :class:`~memalpha.lm.core.prefix_cache.SharedPrefix`,
+(``prompt_of_row``) and what prefix they share (a :class:`~memalpha.lm.core.prompt_sharing.SharedPrefix`,
 computed once at batch size 1): the prefix's keys are copied into every row, each distinct rest
 of a prompt but its last column runs once, alone at batch size 1 without its padding, and its
 cache columns are copied into the rows that hold it (:meth:`FixedStep.prefill`). No prefill
@@ -65,18 +65,15 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from memalpha.lm.core.attention import MASK_IMPLEMENTATIONS
-from memalpha.lm.core.folded_lora import folded_adapters, is_four_bit, lora_linear_types, plain_adapters
-from memalpha.lm.core.layout import PaddedBatch, pad_prompt_response
 from memalpha.lm.core.logits import finalise_logits, score_dtype
-from memalpha.lm.core.modes import eval_mode
-from memalpha.lm.core.prefix_cache import (
+from memalpha.lm.core.modes import eval_mode, folded_adapters, is_four_bit, lora_linear_types, plain_adapters
+from memalpha.lm.core.prompt_sharing import (
+    PaddedBatch,
+    PromptSharing,
     SharedPrefix,
-    can_share_cache,
     full_attention_layers,
     new_cache,
-    shared_prefix,
     split_decoder_and_head,
-    unique_rows,
 )
 from memalpha.lm.sampling.filters import next_tokens
 from memalpha.lm.sampling.responses import Responses
@@ -108,7 +105,7 @@ def bucket_width(filled: int, bucket_columns: int | None, capacity: int) -> int:
 
 def first_rows(prompt_of_row: Sequence[int]) -> list[int]:
     """The first row of each distinct prompt, given every row's prompt index numbered in order of
-    first appearance (as :func:`~memalpha.lm.core.prefix_cache.unique_rows` numbers them)."""
+    first appearance (as :func:`~memalpha.lm.core.prompt_sharing.unique_rows` numbers them)."""
     first: list[int] = []
     for row, prompt in enumerate(prompt_of_row):
         if prompt == len(first):
@@ -118,20 +115,6 @@ def first_rows(prompt_of_row: Sequence[int]) -> list[int]:
                 f"prompt_of_row must number prompts in order of first appearance, got {list(prompt_of_row)}"
             )
     return first
-
-
-def prompt_sharing(
-    decoder, prompts: Sequence[Sequence[int]], enabled: bool = True
-) -> tuple[SharedPrefix | None, list[int] | None]:
-    """``(prefix, prompt_of_row)`` for :func:`decode`: the prefix all ``prompts`` share (None when
-    none), and every row's distinct prompt after it; ``(None, None)`` when sharing is off or
-    :func:`~memalpha.lm.core.prefix_cache.can_share_cache` says no. Lay the batch out with
-    ``shared_prefix=prefix.length``."""
-    if not enabled or not can_share_cache(decoder):
-        return None, None
-    prefix = shared_prefix(decoder, prompts)
-    length = prefix.length if prefix is not None else 0
-    return prefix, unique_rows([list(prompt[length:]) for prompt in prompts])[1]
 
 
 def supports(model) -> str | None:
@@ -340,7 +323,7 @@ def compiled_step(
 
 
 def compile_limits(capacity: int, bucket_columns: int | None):
-    """Dynamo's settings for one :func:`decode` whose step is compiled: room for one compilation
+    """Dynamo's settings for one :func:`decode_in_graph` whose step is compiled: room for one compilation
     per attention width the call can use (the default limit of 8 would send the ninth width back
     to eager without a word), and an error instead of that silent fall-back."""
     widths = 1 if bucket_columns is None else -(-capacity // bucket_columns) + 1
@@ -516,7 +499,7 @@ class FixedStep:
 
 
 @dataclass(frozen=True)
-class Sampling:
+class GraphSampling:
     """How the step picks its tokens inside the graph: greedy, or a draw after temperature,
     top-k and top-p, the rules and code of :func:`memalpha.lm.sampling.filters.next_tokens`
     (which :meth:`pick` calls), only with the uniform variates handed in."""
@@ -570,12 +553,12 @@ class Variates:
 
 class InGraphSampler:
     """The part of a decoding step after the logits, inside the captured graph: pick every row's
-    token (:class:`Sampling`), write it to ``history`` at ``slot`` (the step within the chunk),
+    token (:class:`GraphSampling`), write it to ``history`` at ``slot`` (the step within the chunk),
     mark the rows that drew an end token no longer ``alive`` and feed the tokens to the next
     step. Nothing here reads the device from the host: :meth:`read` does, once a chunk of
     :data:`EOS_CHECK_STEPS` steps, and cuts every row after its first end token."""
 
-    def __init__(self, fixed: FixedStep, sampling: Sampling, eos_ids: Sequence[int], chunk: int):
+    def __init__(self, fixed: FixedStep, sampling: GraphSampling, eos_ids: Sequence[int], chunk: int):
         rows, device = fixed.tokens.shape[0], fixed.tokens.device
         self.fixed, self.sampling, self.chunk = fixed, sampling, chunk
         self.eos = torch.tensor(sorted({int(t) for t in eos_ids}), dtype=torch.long, device=device)
@@ -622,7 +605,7 @@ class InGraphSampler:
             self.variates.spent = used
 
 
-def decode(
+def decode_in_graph(
     decoder,
     head: torch.nn.Module,
     config,
@@ -631,7 +614,7 @@ def decode(
     max_new_tokens: int,
     eos_ids: Sequence[int],
     pick: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    sampling: Sampling | None = None,
+    sampling: GraphSampling | None = None,
     capture: bool | None = None,
     stats: dict | None = None,
     bucket_columns: int | None = BUCKET_COLUMNS,
@@ -640,11 +623,12 @@ def decode(
     eos_check_steps: int = EOS_CHECK_STEPS,
     compile_backend: str | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
-    """New tokens for every row of ``batch`` (laid out by :func:`memalpha.lm.core.layout.pad_prompt_response`,
-    any shared prefix included): each row's tokens up to and including its first end-of-sequence
-    token, and whether it ran out of ``max_new_tokens`` without one.
+    """New tokens for every row of ``batch`` (laid out by
+    :func:`memalpha.lm.core.prompt_sharing.pad_prompt_response`, any shared prefix included): each
+    row's tokens up to and including its first end-of-sequence token, and whether it ran out of
+    ``max_new_tokens`` without one.
 
-    Pass one of ``sampling`` or ``pick``. With ``sampling`` (:class:`Sampling`) the step picks
+    Pass one of ``sampling`` or ``pick``. With ``sampling`` (:class:`GraphSampling`) the step picks
     the tokens itself, inside the graph, and the host reads them once every ``eos_check_steps``
     steps (:class:`InGraphSampler`); seeded, it draws the variates the reference loop draws.
     With ``pick`` the step ends at the logits and the host picks after every step: ``pick`` maps
@@ -656,8 +640,9 @@ def decode(
     (all widths' captures), ``steps`` (forwards after the prefill), ``widths`` (the attention
     widths the steps used, one graph each) and ``host_reads`` (the times the loop read the tokens
     back to the host). ``bucket_columns`` sets those widths (:func:`bucket_width`; None: the whole
-    static cache). ``prefix`` and ``prompt_of_row`` (:func:`prompt_sharing`) prefill each distinct
-    prompt once (:meth:`FixedStep.prefill`). ``compile_backend`` (e.g. ``inductor``; None: off)
+    static cache). ``prefix`` and ``prompt_of_row``
+    (:class:`~memalpha.lm.core.prompt_sharing.PromptSharing`) prefill each distinct prompt once
+    (:meth:`FixedStep.prefill`). ``compile_backend`` (e.g. ``inductor``; None: off)
     compiles the step whole with ``torch.compile`` before each width is captured
     (:func:`compiled_step`): fewer, fused kernels per token, one compilation per width (on CUDA
     the first warm-up call before a capture compiles, so its time falls in ``capture_s``). Call
@@ -761,7 +746,7 @@ def sample(
     max_new_tokens: int,
     eos_ids: Sequence[int],
     pick: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    sampling: Sampling | None = None,
+    sampling: GraphSampling | None = None,
     batch_size: int | None = None,
     capture: bool | None = None,
     stats: dict | None = None,
@@ -770,20 +755,20 @@ def sample(
     eos_check_steps: int = EOS_CHECK_STEPS,
     compile_backend: str | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
-    """Responses and truncation flags for every prompt, ``batch_size`` prompts per :func:`decode`
-    (all in one when None), left-padded as :mod:`memalpha.lm.core.layout` lays them out; with
+    """Responses and truncation flags for every prompt, ``batch_size`` prompts per :func:`decode_in_graph`
+    (all in one when None), left-padded as :mod:`memalpha.lm.core.prompt_sharing` lays them out; with
     ``share_prefix`` each batch's shared prefix and each distinct prompt are prefilled once
-    (:func:`prompt_sharing`), as ``generate`` shares them.
+    (:class:`~memalpha.lm.core.prompt_sharing.PromptSharing`), as ``generate`` shares them.
 
     The dense weights are made once for the whole call and freed when it returns; the model runs
     in eval mode under ``torch.no_grad()`` and its training mode is restored afterwards. Seeding
     is the caller's (``memalpha.lm.sampling.generation.generate`` forks and seeds the global RNG). Raises
     ValueError naming the reason when :func:`supports` refuses the model. ``stats`` receives the
-    last batch's (:func:`decode`). ``sampling`` picks inside the graph, ``pick`` on the host
-    after every step (:func:`decode`; one of the two; ``eos_check_steps`` with ``sampling``).
+    last batch's (:func:`decode_in_graph`). ``sampling`` picks inside the graph, ``pick`` on the host
+    after every step (:func:`decode_in_graph`; one of the two; ``eos_check_steps`` with ``sampling``).
 
     A caller that lays out its own batches, as ``generate`` does, opens
-    ``folded_adapters(model, quantised=True)`` once itself and calls :func:`decode` per batch.
+    ``folded_adapters(model, quantised=True)`` once itself and calls :func:`decode_in_graph` per batch.
     """
     reason = supports(model)
     if reason is not None:
@@ -796,14 +781,13 @@ def sample(
     with eval_mode(model), torch.no_grad(), folded_adapters(model, quantised=True):
         for start in range(0, len(prompt_ids), step):
             chunk = prompt_ids[start : start + step]
-            prefix, prompt_of_row = prompt_sharing(decoder, chunk, share_prefix)
-            padded = pad_prompt_response(
-                chunk, [[] for _ in chunk], pad_id, device, shared_prefix=prefix.length if prefix else 0
-            )
-            kept, cut = decode(
+            sharing = PromptSharing.of(decoder, chunk, share_prefix)
+            padded = sharing.layout(chunk, [[] for _ in chunk], pad_id, device)
+            kept, cut = decode_in_graph(
                 decoder, head, config, padded, max_new_tokens=max_new_tokens, eos_ids=eos_ids, pick=pick,
-                sampling=sampling, capture=capture, stats=stats, bucket_columns=bucket_columns, prefix=prefix,
-                prompt_of_row=prompt_of_row, eos_check_steps=eos_check_steps, compile_backend=compile_backend,
+                sampling=sampling, capture=capture, stats=stats, bucket_columns=bucket_columns,
+                prefix=sharing.prefix, prompt_of_row=sharing.prompt_of_row(chunk),
+                eos_check_steps=eos_check_steps, compile_backend=compile_backend,
             )
             responses.extend(kept)
             truncated.extend(cut)

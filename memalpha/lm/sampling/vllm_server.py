@@ -8,6 +8,7 @@ runtime adapter loading enabled, in a process group of its own, writes its outpu
 file the caller names and returns once ``/health`` answers. :meth:`VllmServer.close` (also run
 at interpreter exit) stops the whole group: SIGTERM, then SIGKILL.
 :meth:`VllmServer.connect` wraps a server someone else started (given by URL).
+:func:`check_launchable` says, before anything loads, why a server could not start.
 """
 
 from __future__ import annotations
@@ -38,6 +39,53 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def port_taken(port: int) -> bool:
+    """Whether a server could not listen at ``127.0.0.1:port`` now (another process holds it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no bar
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def check_launchable(venv: str | os.PathLike, port: int | None = None, timeout_s: float = 120.0) -> None:
+    """Raise :class:`VllmServerError`, one line naming the option, when :meth:`VllmServer.launch`
+    could not start a server: ``venv`` is no folder, has no ``bin/python``, or that python has no
+    ``vllm`` package (looked up without importing it), or ``port`` is taken. Cheap: a trainer asks
+    this before any weight loads, so a server that cannot start costs nothing."""
+    root = Path(venv)
+    if not root.is_dir():
+        raise VllmServerError(
+            f"rollout.vllm.venv: no folder {root}; build the server's venv with `make vllm-env`, or name a"
+            " running server with rollout.vllm.url"
+        )
+    python = root / "bin" / "python"
+    if not python.is_file():
+        raise VllmServerError(
+            f"rollout.vllm.venv: no python at {python}; build the server's venv with `make vllm-env`"
+        )
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    try:
+        found = subprocess.run(
+            [str(python), "-c", probe], env=server_env(1), stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout_s, check=False,
+        ).returncode == 0
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise VllmServerError(f"rollout.vllm.venv: {python} does not run ({exc})") from None
+    if not found:
+        raise VllmServerError(
+            f"rollout.vllm.venv: {python} has no vllm package to run the server ({SERVER_MODULE});"
+            " build the server's venv with `make vllm-env`"
+        )
+    if port is not None and port_taken(port):
+        raise VllmServerError(
+            f"rollout.vllm.port: 127.0.0.1:{port} is taken by another process; name a free port, or"
+            " null to let memalpha pick one"
+        )
 
 
 def log_tail(path: str | os.PathLike, lines: int = 3, width: int = 400) -> str:
@@ -138,8 +186,9 @@ class VllmServer:
         extra_args: Sequence[str] = (),
         start_timeout_s: float = 300.0,
         poll_s: float = 1.0,
+        port: int | None = None,
     ) -> VllmServer:
-        """Start a server on 127.0.0.1 at a free port and wait until ``/health`` answers.
+        """Start a server on 127.0.0.1 at ``port`` (None: a free one) and wait until ``/health`` answers.
 
         Raises :class:`VllmServerError` (one line naming the log file and its last lines) when
         the venv has no python, the server exits while starting, or it is not healthy within
@@ -150,7 +199,7 @@ class VllmServer:
             raise VllmServerError(
                 f"rollout.vllm.venv: no python at {python}; build the server's venv with `make vllm-env`"
             )
-        port = free_port()
+        port = free_port() if port is None else port
         command = server_command(
             str(python), model, port=port, served_name="base", dtype=dtype, max_model_len=max_model_len,
             max_lora_rank=max_lora_rank, extra_args=extra_args,

@@ -31,7 +31,11 @@ class VllmSettings:
             machine; it must read the adapter folders memalpha writes under ``adapter_dir``).
             null = memalpha starts one on 127.0.0.1 from ``venv`` and stops it with the run.
         venv: The virtual environment whose ``bin/python`` runs a started server (``make
-            vllm-env`` builds ``.venv-vllm``).
+            vllm-env`` builds ``.venv-vllm``). Checked before any weight loads: the folder, its
+            python and the ``vllm`` package in it.
+        port: The port a started server listens on at 127.0.0.1 (null = a free port the system
+            picks; rank ``r`` of a data-parallel run takes ``port + r``). A taken port stops the
+            run before any weight loads. Ignored with ``url``.
         log_file: Where a started server's output goes (null = ``vllm_server.log`` in the run's
             log folder).
         adapter_dir: Where each synced adapter version is exported for the server to load (null =
@@ -57,6 +61,7 @@ class VllmSettings:
 
     url: str | None = None
     venv: str = ".venv-vllm"
+    port: int | None = None
     log_file: str | None = None
     adapter_dir: str | None = None
     dtype: VllmDtype = "float32"
@@ -79,6 +84,8 @@ class VllmSettings:
                 )
         if not self.venv:
             raise ValueError("rollout.vllm.venv must name a virtual environment folder, got ''")
+        if self.port is not None and not 1 <= self.port <= 65535:
+            raise ValueError(f"rollout.vllm.port must be in [1, 65535] or null, got {self.port}")
         if self.dtype not in VLLM_DTYPES:
             raise ValueError(f"rollout.vllm.dtype must be one of {list(VLLM_DTYPES)}, got {self.dtype!r}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -18,25 +18,22 @@ under activation checkpointing for any other head.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from memalpha.lm.core.accumulated_lora import accumulated_adapters
-from memalpha.lm.core.layout import pad_prompt_response
 from memalpha.lm.core.logits import finalise_logits, score_dtype
-from memalpha.lm.core.modes import eval_mode
-from memalpha.lm.core.prefix_cache import (
+from memalpha.lm.core.modes import accumulated_adapters, eval_mode
+from memalpha.lm.core.prompt_sharing import (
+    PromptSharing,
     SharedPrefix,
-    can_share_cache,
-    extend_cache,
-    prompt_cache,
     prompt_order,
     shared_prefix,
     split_decoder_and_head,
 )
-from memalpha.lm.scoring.packed_responses import packed_response_hidden
 from memalpha.lm.scoring.spec import DEFAULT_SCORING, ScoringSpec
 
 
@@ -245,30 +242,6 @@ class TokenScores(NamedTuple):
     argmax_hits: torch.Tensor | None
 
 
-def _padded_response_hidden(
-    decoder, batch, prompts, prefix: SharedPrefix | None, share_prefix: bool
-) -> torch.Tensor:
-    """The hidden states predicting ``batch``'s real response tokens (row-major) from the padded
-    layout: on top of the prompts' shared cache where rows share one, else the plain forward."""
-    cache = prompt_cache(decoder, batch, prompts, prefix) if share_prefix else None
-    if cache is not None:  # every prompt column but the last is cached
-        first_column = batch.prompt_width - 1
-        hidden = extend_cache(decoder, cache, batch, first_column, batch.input_ids.shape[1])
-        del cache
-    else:
-        first_column = 0
-        hidden = decoder(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            use_cache=False,
-        ).last_hidden_state
-    # hidden at column t predicts the token at column t + 1 (hidden starts at first_column)
-    first = batch.prompt_width - 1 - first_column
-    predicting = hidden[:, first : first + batch.response_mask.shape[1]]
-    return predicting[batch.response_mask.bool()]
-
-
 def token_scores(
     model,
     prompt_ids: list[list[int]],
@@ -296,111 +269,94 @@ def token_scores(
 
     With ``share_prefix`` the prompt prefix common to all rows (the system prompt of every
     memorising turn) goes through the decoder once per call, and within a micro-batch each
-    distinct prompt goes through once; their key/value cache serves every row that shares them
-    (:mod:`memalpha.lm.core.prefix_cache`), and where it saves work the responses of a prompt's rows
-    run as one row without padding (:mod:`memalpha.lm.scoring.packed_responses`). The values equal the
-    plain path up to float rounding.
+    distinct prompt goes through once; their key/value cache serves every row that shares them,
+    and where it saves work the responses of a prompt's rows run as one row without padding
+    (:class:`~memalpha.lm.core.prompt_sharing.PromptSharing`, built once per call). The values equal
+    the plain path up to float rounding.
     ``prefix`` hands in a prefix computed by the caller (it must start every prompt), so that
     several calls can share one; HF gradient checkpointing drops caches, so a checkpointed
     model in training mode takes the plain path.
     """
     with accumulated_adapters(model):  # LoRA products added into the base outputs in place
-        return _token_scores(model, prompt_ids, response_ids, spec, with_entropy, with_accuracy, prefix)
-
-
-def _token_scores(
-    model, prompt_ids, response_ids, spec: ScoringSpec, with_entropy: bool, with_accuracy: bool,
-    prefix: SharedPrefix | None,
-) -> TokenScores:
-    temperature, vocab_chunk, token_chunk = spec.temperature, spec.vocab_chunk, spec.token_chunk
-    decoder, head, config = split_decoder_and_head(model)
-    device = next(model.parameters()).device
-    dtype = score_dtype(head.weight.dtype) if hasattr(head, "weight") else torch.float32
-    width = max((len(r) for r in response_ids), default=0)
-    grad = torch.is_grad_enabled()
-    streams = streams_head(head, config)
-    # A checkpointed layer in training mode drops any cache it is given, so nothing can be shared then.
-    share_prefix = spec.share_prefix and can_share_cache(decoder)
-    if not share_prefix:
-        if prefix is not None:
-            raise ValueError(
-                "a prefix was handed in, but this model cannot share caches "
-                "(it drops caches under gradient checkpointing in training, or has sliding-window layers)"
-            )
-    elif prefix is not None:
-        prefix.check_extends(prompt_ids)
-    elif width > 0:
-        prefix = shared_prefix(decoder, prompt_ids)
-    shared_len = prefix.length if prefix is not None else 0
-    kinds = ["logprobs"] + ["entropy"] * with_entropy + ["hits"] * with_accuracy
-    out: dict[str, list[torch.Tensor]] = {
-        kind: [torch.zeros(0, width, device=device, dtype=dtype)] for kind in kinds
-    }
-    for start in range(0, len(prompt_ids), spec.micro_batch_size):
-        prompts = prompt_ids[start : start + spec.micro_batch_size]
-        responses = response_ids[start : start + spec.micro_batch_size]
-        batch = pad_prompt_response(prompts, responses, spec.pad_id, device, shared_prefix=shared_len)
-        local_width = batch.response_mask.shape[1]
-        if local_width == 0:
+        temperature, vocab_chunk, token_chunk = spec.temperature, spec.vocab_chunk, spec.token_chunk
+        decoder, head, config = split_decoder_and_head(model)
+        device = next(model.parameters()).device
+        dtype = score_dtype(head.weight.dtype) if hasattr(head, "weight") else torch.float32
+        width = max((len(r) for r in response_ids), default=0)
+        grad = torch.is_grad_enabled()
+        streams = streams_head(head, config)
+        # A checkpointed layer in training mode drops any cache it is given, so nothing can be shared then.
+        sharing = PromptSharing.of(
+            decoder, prompt_ids, spec.share_prefix, prefix=prefix, compute_prefix=width > 0
+        )
+        kinds = ["logprobs"] + ["entropy"] * with_entropy + ["hits"] * with_accuracy
+        out: dict[str, list[torch.Tensor]] = {
+            kind: [torch.zeros(0, width, device=device, dtype=dtype)] for kind in kinds
+        }
+        for start in range(0, len(prompt_ids), spec.micro_batch_size):
+            prompts = prompt_ids[start : start + spec.micro_batch_size]
+            responses = response_ids[start : start + spec.micro_batch_size]
+            batch = sharing.layout(prompts, responses, spec.pad_id, device)
+            local_width = batch.response_mask.shape[1]
+            if local_width == 0:
+                for kind in kinds:
+                    out[kind].append(torch.zeros(len(prompts), width, device=device, dtype=dtype))
+                continue
+            mask = batch.response_mask.bool()
+            targets = batch.input_ids[:, batch.prompt_width :][mask]
+            rows = sharing.response_hidden(batch, prompts)
+            found: dict[str, list[torch.Tensor]] = {kind: [] for kind in kinds}
+            for r0 in range(0, rows.shape[0], token_chunk):
+                h, y = rows[r0 : r0 + token_chunk], targets[r0 : r0 + token_chunk]
+                if grad and streams:
+                    value, ent, hit = HeadLogprob.apply(
+                        h,
+                        head.weight,
+                        head.bias,
+                        y,
+                        head,
+                        config,
+                        temperature,
+                        vocab_chunk,
+                        with_entropy,
+                        with_accuracy,
+                    )
+                elif grad:
+                    value, ent, hit = checkpoint(
+                        _rows_logprob_grad,
+                        h,
+                        y,
+                        head,
+                        config,
+                        temperature,
+                        vocab_chunk,
+                        with_entropy,
+                        with_accuracy,
+                        use_reentrant=False,
+                    )
+                    if (with_entropy and ent is None) or (with_accuracy and hit is None):  # chunked vocab
+                        with torch.no_grad():
+                            _, ent, hit, _ = _rows_logprob_nograd(
+                                h.detach(), y, head, config, temperature, vocab_chunk, with_entropy,
+                                with_accuracy,
+                            )
+                else:
+                    value, ent, hit, _ = _rows_logprob_nograd(
+                        h, y, head, config, temperature, vocab_chunk, with_entropy, with_accuracy
+                    )
+                for kind, piece in (("logprobs", value), ("entropy", ent), ("hits", hit)):
+                    if kind in found:
+                        found[kind].append(piece)
+            placed = torch.nn.functional.pad(mask, (0, width - local_width))  # response tokens in [B, width]
             for kind in kinds:
-                out[kind].append(torch.zeros(len(prompts), width, device=device, dtype=dtype))
-            continue
-        mask = batch.response_mask.bool()
-        targets = batch.input_ids[:, batch.prompt_width :][mask]
-        rows = packed_response_hidden(decoder, batch, prompts, prefix) if share_prefix else None
-        if rows is None:
-            rows = _padded_response_hidden(decoder, batch, prompts, prefix, share_prefix)
-        found: dict[str, list[torch.Tensor]] = {kind: [] for kind in kinds}
-        for r0 in range(0, rows.shape[0], token_chunk):
-            h, y = rows[r0 : r0 + token_chunk], targets[r0 : r0 + token_chunk]
-            if grad and streams:
-                value, ent, hit = HeadLogprob.apply(
-                    h,
-                    head.weight,
-                    head.bias,
-                    y,
-                    head,
-                    config,
-                    temperature,
-                    vocab_chunk,
-                    with_entropy,
-                    with_accuracy,
-                )
-            elif grad:
-                value, ent, hit = checkpoint(
-                    _rows_logprob_grad,
-                    h,
-                    y,
-                    head,
-                    config,
-                    temperature,
-                    vocab_chunk,
-                    with_entropy,
-                    with_accuracy,
-                    use_reentrant=False,
-                )
-                if (with_entropy and ent is None) or (with_accuracy and hit is None):  # chunked vocabulary
-                    with torch.no_grad():
-                        _, ent, hit, _ = _rows_logprob_nograd(
-                            h.detach(), y, head, config, temperature, vocab_chunk, with_entropy, with_accuracy
-                        )
-            else:
-                value, ent, hit, _ = _rows_logprob_nograd(
-                    h, y, head, config, temperature, vocab_chunk, with_entropy, with_accuracy
-                )
-            for kind, piece in (("logprobs", value), ("entropy", ent), ("hits", hit)):
-                if kind in found:
-                    found[kind].append(piece)
-        placed = torch.nn.functional.pad(mask, (0, width - local_width))  # the response tokens in [B, width]
-        for kind in kinds:
-            columns = torch.zeros(len(prompts), width, device=device, dtype=dtype)
-            out[kind].append(columns.masked_scatter(placed, torch.cat(found[kind])))
-        del rows
-    return TokenScores(
-        torch.cat(out["logprobs"]),
-        torch.cat(out["entropy"]) if with_entropy else None,
-        torch.cat(out["hits"]) if with_accuracy else None,
-    )
+                columns = torch.zeros(len(prompts), width, device=device, dtype=dtype)
+                out[kind].append(columns.masked_scatter(placed, torch.cat(found[kind])))
+            del rows
+        return TokenScores(
+            torch.cat(out["logprobs"]),
+            torch.cat(out["entropy"]) if with_entropy else None,
+            torch.cat(out["hits"]) if with_accuracy else None,
+        )
 
 
 def token_logprobs(
@@ -426,7 +382,7 @@ def response_logprobs(
 ) -> list[torch.Tensor]:
     """Per-sample response log-probs (no grad, eval mode) as CPU float tensors of each response's length.
 
-    The rows go through in :func:`memalpha.lm.core.prefix_cache.prompt_order`, so the prompt prefix all of
+    The rows go through in :func:`memalpha.lm.core.prompt_sharing.prompt_order`, so the prompt prefix all of
     them share runs once for the whole call and identical prompts land in the same micro-batch.
     """
     order = prompt_order(prompts) if spec.share_prefix else list(range(len(prompts)))
@@ -441,3 +397,65 @@ def response_logprobs(
     for row, i in enumerate(order):
         result[i] = logps[row, : len(responses[i])].cpu()
     return result  # type: ignore[return-value]
+
+
+@dataclass
+class MicroBatchScores:
+    """One micro-batch of :func:`micro_batch_scores`: its ``rows`` (indices into the caller's rows),
+    the log-probs and entropy of their response tokens (``[b, R]``, the log-probs with grad), and
+    what their loss needs before its backward (:meth:`loss_to_backward`)."""
+
+    rows: list[int]
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    policy: torch.nn.Module
+    prefix: SharedPrefix | None = None
+    leaves: SharedPrefix | None = None
+
+    def loss_to_backward(self, loss: torch.Tensor, grad_scale: float = 1.0) -> torch.Tensor:
+        """``loss`` as this micro-batch's backward must take it. A loss without grad (no trained
+        token: responses cut to nothing at a result marker) gets a zero-weighted term reaching every
+        trainable weight, so each micro-batch still runs one backward, as data parallelism expects;
+        the last micro-batch of a shared prefix adds the term that carries every micro-batch's
+        gradient through the prefix's own pass (:meth:`SharedPrefix.pullback`; ``grad_scale``: the
+        factor the backward multiplies losses by, a mixed-precision scaler's)."""
+        if not loss.requires_grad:
+            loss = loss + sum(p.sum() for p in self.policy.parameters() if p.requires_grad) * 0.0
+        if self.leaves is not None:
+            return loss + self.prefix.pullback(self.leaves, grad_scale)
+        return loss
+
+
+def micro_batch_scores(
+    policy, prompt_ids: list[list[int]], response_ids: list[list[int]], spec: ScoringSpec,
+    micro_batch_size: int | None = None,
+) -> Iterator[MicroBatchScores]:
+    """The rows' response log-probs and entropy with grad, ``micro_batch_size`` rows at a time
+    (default ``spec.micro_batch_size``), for a caller that runs one backward per micro-batch (the
+    GRPO update).
+
+    With ``spec.share_prefix`` the rows go in
+    :func:`~memalpha.lm.core.prompt_sharing.prompt_order` and the prompt prefix they all share runs
+    through the policy once for all of them: each micro-batch reads it through detached leaves that
+    collect its gradient, and the last one's :meth:`MicroBatchScores.loss_to_backward` carries the
+    sum through the prefix's pass. Each micro-batch is yielded before the next is computed, so its
+    backward frees its graph first.
+    """
+    n, size = len(prompt_ids), micro_batch_size or spec.micro_batch_size
+    order = prompt_order(prompt_ids) if spec.share_prefix else list(range(n))
+    prompts = [prompt_ids[i] for i in order]
+    responses = [response_ids[i] for i in order]
+    prefix = leaves = None
+    if spec.share_prefix and any(responses):
+        prefix = shared_prefix(split_decoder_and_head(policy)[0], prompts)
+        if prefix is not None and n > size:
+            leaves = prefix.detached()
+    for lo in range(0, n, size):
+        last = lo + size >= n
+        logps, entropy = token_logprobs(
+            policy, prompts[lo : lo + size], responses[lo : lo + size], spec, with_entropy=True,
+            prefix=prefix if leaves is None or last else leaves,
+        )
+        yield MicroBatchScores(
+            order[lo : lo + size], logps, entropy, policy, prefix, leaves if last else None
+        )

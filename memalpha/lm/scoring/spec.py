@@ -14,7 +14,7 @@ class ScoringSpec:
         temperature: the logits are divided by it, as sampling divided them.
         micro_batch_size: sequences through the decoder at a time.
         pad_id: the id padding takes (masked out of attention).
-        share_prefix: compute the prompt tokens rows share once (:mod:`memalpha.lm.core.prefix_cache`).
+        share_prefix: compute the prompt tokens rows share once (:mod:`memalpha.lm.core.prompt_sharing`).
         token_chunk: response rows through the head at a time (bounds the logits held).
         vocab_chunk: vocabulary columns at a time with a running log-sum-exp (None: all).
     """
