@@ -332,12 +332,18 @@ def _check_demo(ran: Ran) -> None:
     assert (runs / "tiny_cpu" / "grpo" / "adapter" / "adapter_config.json").is_file()
 
 
+def _check_compare(ran: Ran) -> None:
+    pair = json.loads((ran.folder / "runs" / "sft_vs_grpo.json").read_text())
+    assert [report["label"] for report in pair["reports"]] == ["A", "B"]
+    assert "(written to runs/sft_vs_grpo.json)" in ran.output
+
+
 def _check_peft(ran: Ran) -> None:
     assert ran.values == {"type(model).__name__": "PeftModelForCausalLM", "model.peft_config['default'].r": 8}
 
 
 def _check_api(ran: Ran) -> None:
-    from memalpha.memory.file import load_memory
+    from memalpha.inference.memory_file import load_memory
 
     saved = ran.folder / "ada.memory.json"
     assert load_memory(saved).to_dict() == ran.values["reading.memory.to_dict()"]
@@ -374,6 +380,7 @@ SNIPPETS: dict[str, Snippet] = {
     "cold-start-distill": Snippet(inputs=_write_teacher, check=_check_distill),
     # docs/quickstart.md
     "quickstart-demo": Snippet(lowered=(("--count 24", "--count 4"),), check=_check_demo),
+    "quickstart-compare": Snippet(after="quickstart-demo", check=_check_compare),
     "quickstart-peft": Snippet(after="quickstart-demo", check=_check_peft,
                                keep=("type(model).__name__", "model.peft_config['default'].r")),
     # docs/inference.md
