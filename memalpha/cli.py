@@ -11,7 +11,7 @@ inspect, convert start without importing Lightning; ``demos`` writes oracle demo
 training config, ``distill`` demonstrations from recorded trajectories).
 ``memalpha --help`` lists :data:`COMMANDS`; Lightning's ``test``, which memalpha has no use for,
 stops with one line pointing at ``validate`` (:data:`REPLACED`).
-``make demo`` runs the cold-start recipe through :func:`run` (``lab/memalpha_lab/demo.py``).
+``make demo`` runs the cold-start recipe as ``memalpha`` commands (the Makefile's ``demo`` target).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def run(argv: list[str] | None = None):
     if command in REPLACED:
         raise SystemExit(f"memalpha {command}: error: {REPLACED[command]}")
     if command == "prompts":
-        from memalpha.templates.official import main as prompts_main
+        from memalpha.commands.prompts import main as prompts_main
 
         prompts_main(args[1:])
         return None

@@ -45,7 +45,8 @@ ALLOWED: dict[str, set[str]] = {
     },
     "integrations": {"memory", "tools", "data", "reader", "agent", "train", "seeding"},
 }
-# the experiments' measuring kit is a package of its own (lab/memalpha_lab), outside memalpha, which
+# the experiments' measuring kit is a package of its own (experiments/lab/memalpha_lab), outside memalpha,
+# which
 # never imports it (test_the_product_never_imports_the_lab)
 
 # inside lm: folder -> the lm folders it may import (besides itself); docs/architecture.md's lm table.
@@ -95,7 +96,7 @@ GRAPH = {name: memalpha_imports(path) - {name} for name, path in MODULES.items()
 
 
 def test_the_product_never_imports_the_lab():
-    """memalpha_lab (lab/) measures memalpha and is not shipped with it: no module of the package
+    """memalpha_lab (experiments/lab/) measures memalpha and is not shipped with it: no module of the package
     imports it, so the package a user installs runs without it."""
     importing = sorted(
         name for name, path in MODULES.items()

@@ -1,6 +1,6 @@
 """Smoke test of experiments/bench/bench_vs_trl.py: one step of each side on a tiny random model,
-the script run as it is run; and its job (lab/memalpha_lab/vs_trl_job.py) and timing report
-(lab/memalpha_lab/vs_trl_report.py).
+the script run as it is run; and its job (experiments/lab/memalpha_lab/vs_trl_job.py) and timing report
+(experiments/lab/memalpha_lab/vs_trl_report.py).
 
 The TRL side needs the ``bench`` extra. With TRL installed one invocation runs both sides;
 without it that test skips (saying so) and a memalpha-only run is checked instead, so exactly

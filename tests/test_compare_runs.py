@@ -1,4 +1,4 @@
-"""experiments/studies/compare_runs.py: the before/after comparison of two runs on the same seed."""
+"""python -m memalpha_lab.compare_runs: the before/after comparison of two runs on the same seed."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The pre-registered credit study (experiments/studies/credit_study.py, lab/memalpha_lab/credit_report.py):
+"""The pre-registered credit study (experiments/studies/credit_study.py,
+experiments/lab/memalpha_lab/credit_report.py):
 the verdict rule on the primary comparison, the per-family split, and the script run as its command line
 over a run folder whose every stage of one seed is done: the configs it writes (A′ with per-chunk credit;
 A and B stopped at A′'s recorded CPU seconds; the new held-out set) and its pending summary; and the

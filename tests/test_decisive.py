@@ -1,4 +1,5 @@
-"""The pre-registered decisive experiment (lab/memalpha_lab/decisive_plan.py, decisive_report.py): the verdict
+"""The pre-registered decisive experiment (experiments/lab/memalpha_lab/decisive_plan.py,
+decisive_report.py): the verdict
 rule on every side of its thresholds, the guard, the t interval over seeds it reads against a hand-computed
 one, the arms' configs and held-out set, the --check rebuild on small made-up files, and
 experiments/studies/decisive.py run as its command line: its options' checks, and the configs and summary

@@ -1,26 +1,48 @@
-"""``make demo`` (lab/memalpha_lab/demo.py) runs ``memalpha`` commands only, its before/after table is
-``memalpha compare``'s, and it refuses what it cannot run."""
+"""``make demo`` (the Makefile's ``demo`` target) runs ``memalpha`` commands only, docs/quickstart.md's,
+after clearing what an earlier demo left, and its before/after table is ``memalpha compare``'s."""
 
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
-
-import pytest
 
 from memalpha.cli import COMMANDS
 from memalpha.commands.compare import format_result
-from memalpha_lab.demo import DEMO_OUTPUTS, DEMO_STAGES, main
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_every_stage_is_a_listed_memalpha_command_and_the_last_compares_the_three():
-    assert all(stage[0] in COMMANDS for stage in DEMO_STAGES)
-    last = DEMO_STAGES[-1]
+def demo_recipe() -> list[str]:
+    """The shell lines of the Makefile's ``demo`` target."""
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    match = re.search(r"^demo: .*?\n((?:\t.*\n)+)", makefile, re.MULTILINE)
+    assert match, "the Makefile has no demo target"
+    return [line.strip() for line in match.group(1).splitlines()]
+
+
+def demo_commands() -> list[list[str]]:
+    """The demo's ``memalpha`` commands, their arguments split (the ``$(MEMALPHA)`` lines)."""
+    prefix = "$(MEMALPHA) "
+    return [shlex.split(line.removeprefix(prefix)) for line in demo_recipe() if line.startswith(prefix)]
+
+
+def test_the_demo_clears_its_outputs_then_runs_listed_memalpha_commands_only():
+    recipe = demo_recipe()
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    assert "MEMALPHA := HF_HUB_OFFLINE=1 $(VENV)/bin/memalpha" in makefile
+    outputs = re.search(r"^DEMO_OUTPUTS := (.*)$", makefile, re.MULTILINE).group(1).split()
+    assert recipe[0] == "rm -rf $(DEMO_OUTPUTS)"
+    assert set(outputs) == {"runs/demos", "runs/sft_tiny_cpu", "runs/tiny_cpu", "runs/demo_summary.json"}
+    commands = demo_commands()
+    assert len(commands) == len(recipe) - 1, "a demo line that is not a memalpha command"
+    assert all(command[0] in COMMANDS for command in commands)
+    names = ["data", "data", "validate", "sft", "validate", "fit", "compare"]
+    assert [command[0] for command in commands] == names
+    last = commands[-1]
     assert last[:4] == ["compare", "runs/tiny_cpu/base", "runs/tiny_cpu/sft", "runs/tiny_cpu/grpo"]
     assert last[last.index("--out") + 1] == "runs/demo_summary.json"
-    assert "runs/demo_summary.json" in DEMO_OUTPUTS  # cleared first
 
 
 def test_the_committed_summary_is_what_compare_writes():
@@ -29,13 +51,3 @@ def test_the_committed_summary_is_what_compare_writes():
     assert [(c["before"], c["after"]) for c in summary["changes"]] == [("base", "sft"), ("sft", "grpo")]
     assert summary["notes"] == []  # the demo's reports record their settings, and they agree
     assert "grpo - sft: mean change per instance" in format_result(summary)
-
-
-def test_the_demo_refuses_arguments_and_a_folder_without_the_configs(tmp_path, monkeypatch):
-    with pytest.raises(SystemExit, match="takes no arguments"):
-        main(["--fast"])
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "runs" / "tiny_cpu").mkdir(parents=True)
-    with pytest.raises(SystemExit, match="configs/tiny_cpu.yaml not found; run it from the repository root"):
-        main([])
-    assert (tmp_path / "runs" / "tiny_cpu").is_dir()  # nothing was cleared

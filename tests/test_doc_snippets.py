@@ -179,7 +179,7 @@ def _defines(script: Path, option: str) -> bool:
     arguments from defines it as a string."""
     if re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", script.read_text(encoding="utf-8")):
         return True
-    lab = sorted((REPO / "lab" / "memalpha_lab").glob("*.py"))
+    lab = sorted((REPO / "experiments" / "lab" / "memalpha_lab").glob("*.py"))
     return any(f'"{option}"' in path.read_text(encoding="utf-8") for path in lab)
 
 

@@ -158,9 +158,10 @@ def test_docs_pages_exist():
 
 
 def test_quickstart_lists_the_commands_the_demo_runs():
-    from memalpha_lab.demo import DEMO_STAGES
+    from test_demo import demo_commands
 
     page = (REPO_ROOT / "docs" / "quickstart.md").read_text(encoding="utf-8")
     listed = [line.removeprefix(".venv/bin/memalpha ").split() for line in page.splitlines()
               if line.startswith(".venv/bin/memalpha ")]
-    assert listed[: len(DEMO_STAGES)] == [list(stage) for stage in DEMO_STAGES]
+    commands = demo_commands()
+    assert listed[: len(commands)] == commands

@@ -1,4 +1,5 @@
-"""The learning-curve statistics (``lab/memalpha_lab/stats.py``, ``lab/memalpha_lab/across_seeds.py``) against
+"""The learning-curve statistics (``experiments/lab/memalpha_lab/stats.py``,
+``experiments/lab/memalpha_lab/across_seeds.py``) against
 hand-computed values, and ``experiments/studies/learning_curve_seeds.py`` run as its command line."""
 
 from __future__ import annotations

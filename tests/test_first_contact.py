@@ -39,7 +39,8 @@ def write_inputs(folder: Path) -> None:
     (folder / "notes.txt").write_text("not a checkpoint\n")
     torch.save({"state_dict": {}, "memalpha_module": "SFTModule", "global_step": 3}, folder / "sft.ckpt")
     torch.save({"state_dict": {}, "memalpha_module": "GRPOModule", "global_step": 1, "hyper_parameters": {
-        "model": "smollm2-135m-instruct", "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"},
+        "model": "smollm2-135m-instruct",
+        "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"},
     }}, folder / "fit.ckpt")
     (folder / "empty.txt").write_text("")
     (folder / "long.txt").write_text("word " * 3000)

@@ -2,7 +2,8 @@
 stage logic (the CUDA line first, the tree check, each stage's limit, the summary, the packing into
 $OUT) runs in a dry run and with a stage that outlives its limit, and it runs a real stage (the fit's
 ``--tiny`` form) as the device machine starts it: from a copy of the tracked files, no ``PYTHON``, the
-``python3`` on the path, the copy and its ``lab/`` first on ``PYTHONPATH`` (what ``.device/env.sh`` sets
+``python3`` on the path, the copy and its ``experiments/lab/`` first on ``PYTHONPATH`` (what
+``.device/env.sh`` sets
 there)."""
 
 from __future__ import annotations
@@ -104,7 +105,8 @@ def test_from_a_fresh_copy_the_check_runs_its_stages_from_the_repository_root(tm
     (shim / "python3").chmod(0o755)
     environment = {key: value for key, value in os.environ.items() if key not in ("OUT", "PYTHON")}
     environment.update(
-        PATH=f"{shim}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=f"{copy}{os.pathsep}{copy / 'lab'}",
+        PATH=f"{shim}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=f"{copy}{os.pathsep}{copy / 'experiments' / 'lab'}",
         GPU_CHECK_STAGES="fit",
     )
     done = run_check(copy, environment, "--allow-dirty", "--tiny", timeout=600)  # a copy has no commit

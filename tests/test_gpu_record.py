@@ -1,4 +1,5 @@
-"""The record every GPU result carries (lab/memalpha_lab/gpu_record.py and its parts), checked on the CPU:
+"""The record every GPU result carries (experiments/lab/memalpha_lab/gpu_record.py and its parts), checked on
+the CPU:
 the commit and the refusal of a dirty tree (with git, and from a stamp where the copy has no .git),
 the phase peaks sampled while a phase runs, the backend probe, and the CUDA/bitsandbytes line."""
 

@@ -1,4 +1,5 @@
-"""The GRPO-levers experiment's pure parts (lab/memalpha_lab/levers.py, grpo_levers_report.py): every
+"""The GRPO-levers experiment's pure parts (experiments/lab/memalpha_lab/levers.py, grpo_levers_report.py):
+every
 lever's config is a valid `memalpha fit` config that differs from the seed's grpo arm only where the
 lever says, and the report's paired intervals against hand-computed numbers and its rebuild check."""
 

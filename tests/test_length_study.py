@@ -1,4 +1,5 @@
-"""The pre-registered length study (experiments/studies/length_study.py, lab/memalpha_lab/length_report.py):
+"""The pre-registered length study (experiments/studies/length_study.py,
+experiments/lab/memalpha_lab/length_report.py):
 the per-instance values it reads off a validation (the extractive reader from the final memory, stored
 answers, scores by where the evidence sits), the primary comparison at the longest length against a
 hand-computed t interval, each arm's change with length, and the script run as its command line over a

@@ -1,5 +1,6 @@
 """Tests import nothing from ``experiments/`` (issue 40, item 4): what a test checks directly lives
-in the package (``lab/memalpha_lab/`` for the experiments' measuring kit), and a script is tested by
+in the package (``experiments/lab/memalpha_lab/`` for the experiments' measuring kit), and a script
+is tested by
 running it in a child process (``tests/script_probe.py``). A test file that imports a script's
 module, or puts a folder of ``experiments/`` on ``sys.path``, fails here.
 """

@@ -1,6 +1,8 @@
-"""The parity check of experiments/bench/bench_vs_trl.py --parity (lab/memalpha_lab/parity.py, run by
-lab/memalpha_lab/vs_trl_parity.py from the options of lab/memalpha_lab/vs_trl_options.py): its verdict
-fails an arm that never learns and passes equal arms, and its runs resume from their files.
+"""The parity check of experiments/bench/bench_vs_trl.py --parity (experiments/lab/memalpha_lab/parity.py,
+run by
+experiments/lab/memalpha_lab/vs_trl_parity.py from the options of
+experiments/lab/memalpha_lab/vs_trl_options.py): its verdict fails an arm that never learns and passes
+equal arms, and its runs resume from their files.
 
 Runs are recorded per-step rewards (no model): the driver gets a ``run_child`` that returns them,
 so these tests take about a second; tests/test_bench_vs_trl.py runs the real children. The

@@ -1,4 +1,5 @@
-"""memalpha's GRPO update equals TRL's ``GRPOTrainer`` on one identical batch (lab/memalpha_lab/trl_exact.py).
+"""memalpha's GRPO update equals TRL's ``GRPOTrainer`` on one identical batch
+(experiments/lab/memalpha_lab/trl_exact.py).
 
 Per setting (every loss aggregation TRL shares with memalpha, KL off and on): memalpha's
 per-token log-probs, loss and LoRA gradient against TRL's, end to end and on the same float64

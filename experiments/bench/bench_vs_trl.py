@@ -35,7 +35,7 @@ step time; "gen tok/s" divides by generation time only. Sampling differs between
 implementations, so the completion lengths differ too: compare tokens/s, not only step time.
 The table goes to stdout and the JSON report to ``experiments/results/bench_vs_trl.json``.
 
-``--parity``: the learning-parity check of ``lab/memalpha_lab/parity.py``: the arms ``memalpha``,
+``--parity``: the learning-parity check of ``experiments/lab/memalpha_lab/parity.py``: the arms ``memalpha``,
 ``trl`` and ``memalpha-lr0`` (memalpha at learning rate 0, the negative control), ``--repeats``
 fresh runs each at seeds ``--seed``, ``--seed + 1``, ..., one JSON per finished run in
 ``--runs-dir`` (finished runs are not run again; ``--summary-only`` only reads them), and once
@@ -44,7 +44,7 @@ against ``±--margin``. The report goes to ``experiments/results/bench_vs_trl_pa
 its plot next to it (docs/results.md, "Learning parity").
 
 ``--exact``: no training runs. One identical batch through memalpha's update path and TRL's
-``GRPOTrainer`` loss (``lab/memalpha_lab/trl_exact.py``): per loss aggregation (memalpha
+``GRPOTrainer`` loss (``experiments/lab/memalpha_lab/trl_exact.py``): per loss aggregation (memalpha
 ``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum-norm`` against TRL ``dapo``,
 ``grpo``, ``dr_grpo``), KL off and on, the largest differences of the per-token log-probs, the
 loss and the LoRA gradient, end to end and on the same float64 log-probs, against their

@@ -36,7 +36,7 @@ cat > .device/env.sh <<'ENV'
 _d=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/devsite "$_d"/whl/*.whl >/dev/null 2>&1
 _root=$(cd "$_d/.." && pwd)
-export PYTHONPATH=$_d/site:/tmp/devsite:$_root:$_root/lab  # memalpha, and memalpha_lab from lab/
+export PYTHONPATH=$_d/site:/tmp/devsite:$_root:$_root/experiments/lab  # memalpha, and memalpha_lab from experiments/lab/
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 ENV
 # the commit this pack is for: the GPU run checks its copy's files against it (.git may not travel);

@@ -35,7 +35,7 @@ on the 2 shared cores it was sized on: a GRPO step took 40 s there, an SFT step 
 validation of 48 instances x 4 questions 305 s (load average 1.5-3). Under ``nice -n 19`` beside
 other jobs at nice 0 it gets far less: one SFT step took 140 s at load 6.
 
-The report (``experiments/studies/control_arms_report.py``, which rebuilds it from the committed files):
+The report (``python -m memalpha_lab.control_arms_report``, which rebuilds it from the committed files):
 paired per instance, ``grpo - sft_continued``, ``grpo - grpo_lr0`` and each arm ``- start`` on
 accuracy, fact recall and mean reward (plus tool success and memory tokens), with 95 % intervals
 *over seeds* (each seed's paired mean change, a t interval over seeds and a two-level bootstrap),

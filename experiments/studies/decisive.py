@@ -5,7 +5,7 @@ Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/studies/decisive.py --reuse
           [--val-data-seed 3900] [--train-data-seed-base 3910] [--plan-commit HASH]
           [--run-dir runs/decisive] [--out experiments/results/decisive.json]
       .venv/bin/python experiments/studies/decisive.py --check
-          (experiments/studies/decisive_report.py --check)
+          (python -m memalpha_lab.decisive_report --check)
 
 The plan, its thresholds and its commit are in docs/results.md ("Pre-registered: ..."). Every stage is
 the user's command line, through ``experiments/studies/control_arms.py``'s :class:`control_arms.Experiment`:

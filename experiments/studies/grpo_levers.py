@@ -37,7 +37,7 @@ invocation's and earlier ones' (``--levers extractive_reader --seeds 1,2`` adds 
 seed-0 report); a seed's references enter once ``control_arms.py`` has validated them. Outputs: the summary
 ``experiments/results/grpo_levers.json`` and the per-instance scores of every validation it used in
 ``experiments/results/grpo_levers/instance_scores.json`` (rewritten after every lever);
-``experiments/studies/grpo_levers_report.py --check`` rebuilds the intervals from them.
+``python -m memalpha_lab.grpo_levers_report --check`` rebuilds the intervals from them.
 """
 
 from __future__ import annotations

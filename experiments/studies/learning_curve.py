@@ -18,7 +18,7 @@ Every stage is the user's command line (``memalpha data demos``, ``memalpha sft`
    instances every ``--every`` steps (greedy, one rollout each).
 
 Every validation report holds every question and turn, so each point of the curve is a mean
-over instances with a 95 % t interval (``lab/memalpha_lab/stats.py``), per data source and over
+over instances with a 95 % t interval (``experiments/lab/memalpha_lab/stats.py``), per data source and over
 all; the step-``N`` minus step-0 difference is paired over the same instances. The training
 scalars (reward, its spread, gradient norm, KL) come from TensorBoard. Output: a table, the
 JSON ``experiments/results/learning_curve.json`` and the plot ``learning_curve.png`` beside

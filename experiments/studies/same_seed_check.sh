@@ -2,7 +2,7 @@
 # Same results before and after a change, on the same seed (issue 31's check of a restructure):
 # `memalpha fit --config configs/tiny_cpu.yaml` (2 GRPO steps from ADAPTER, validating at step 2)
 # and `memalpha validate` of its last checkpoint, each run at BEFORE_REV and at AFTER_REV (default
-# HEAD) from a worktree of that revision, then experiments/studies/compare_runs.py over the two outputs.
+# HEAD) from a worktree of that revision, then python -m memalpha_lab.compare_runs over the two outputs.
 #
 #   bash experiments/studies/same_seed_check.sh BEFORE_REV ADAPTER_DIR [AFTER_REV]
 #   BEFORE_FLAGS / AFTER_FLAGS: extra options for each side's fit and validate, to hold fixed what
@@ -40,5 +40,5 @@ for side in before after; do
   git worktree remove --force "$tree"
   echo "$side ($rev): done"
 done
-"$root/.venv/bin/python" experiments/studies/compare_runs.py "$work/before/runs" "$work/after/runs" --tolerance 1e-5 \
+"$root/.venv/bin/python" -m memalpha_lab.compare_runs "$work/before/runs" "$work/after/runs" --tolerance 1e-5 \
   --out "experiments/results/compare_runs_${before_rev}.json"

@@ -1,6 +1,6 @@
 """Rebuild every interval of the control-arms experiment from its committed files alone.
 
-Run:  .venv/bin/python experiments/studies/control_arms_report.py
+Run:  .venv/bin/python -m memalpha_lab.control_arms_report
           [--scores experiments/results/control_arms/instance_scores.json]
           [--summary experiments/results/control_arms.json] [--check] [--update] [--plot PATH]
 

@@ -581,7 +581,7 @@ NOTES = (
     "one batch, no training: memalpha's update path and TRL's GRPOTrainer loss on the same prompts, "
     "responses, advantages, old and reference log-probs and LoRA weights (float64 model); "
     "'vs fp64': against a float64 log-softmax of the full logits (TRL's at its own position numbering); "
-    "'same-logp': both losses on memalpha's float64 log-probs; see lab/memalpha_lab/trl_exact.py"
+    "'same-logp': both losses on memalpha's float64 log-probs; see experiments/lab/memalpha_lab/trl_exact.py"
 )
 
 

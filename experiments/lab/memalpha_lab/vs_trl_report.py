@@ -89,7 +89,7 @@ def build_report(settings: BenchSettings, repeats: int, sides: Sequence[str],
 def learning_summary(runs: dict[str, list[dict[str, Any]]], steps: int) -> dict[str, Any]:
     """Mean reward per step of each side (mean, min and max over its runs) and each run's mean
     reward over the last half of its steps. A description only: the learning comparison is the
-    parity mode's (``lab/memalpha_lab/parity.py``)."""
+    parity mode's (``experiments/lab/memalpha_lab/parity.py``)."""
     window = max(1, steps // 2)
     per_side: dict[str, Any] = {}
     for side in [side for side in runs if runs.get(side)]:

@@ -1,7 +1,7 @@
 """Same results before and after a change: two runs of the same command on the same seed compared
 value by value (issue 31's check of a restructure).
 
-Run:  .venv/bin/python experiments/studies/compare_runs.py BEFORE_DIR AFTER_DIR
+Run:  .venv/bin/python -m memalpha_lab.compare_runs BEFORE_DIR AFTER_DIR
           [--out PATH] [--tolerance 1e-6]
 
 Each directory is a run's output folder (a TensorBoard ``save_dir``). Compared:

@@ -52,7 +52,7 @@ def parse_args(argv: Sequence[str] | None = None, description: str = "") -> argp
                              f"{PARITY_OUT.name} unless --out")
     parser.add_argument("--exact", action="store_true",
                         help="no training: memalpha's and TRL's log-probs, loss and LoRA gradient on one "
-                             "identical batch (lab/memalpha_lab/trl_exact.py), the report in "
+                             "identical batch (experiments/lab/memalpha_lab/trl_exact.py), the report in "
                              f"{EXACT_OUT.name} unless --out")
     parser.add_argument("--arms", default=",".join(_parity.ARMS),
                         help=f"with --parity: comma-separated subset of {','.join(_parity.ARMS)}")

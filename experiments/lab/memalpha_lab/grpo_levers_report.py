@@ -1,6 +1,6 @@
 """Rebuild every interval of the GRPO-levers experiment from its committed files alone.
 
-Run:  .venv/bin/python experiments/studies/grpo_levers_report.py
+Run:  .venv/bin/python -m memalpha_lab.grpo_levers_report
           [--scores experiments/results/grpo_levers/instance_scores.json]
           [--summary experiments/results/grpo_levers.json] [--check] [--update]
 

@@ -1,6 +1,6 @@
 """The pre-registered decisive experiment's verdict, rebuilt from its committed files alone.
 
-Run:  .venv/bin/python experiments/studies/decisive_report.py
+Run:  .venv/bin/python -m memalpha_lab.decisive_report
           [--scores experiments/results/decisive/instance_scores.json]
           [--summary experiments/results/decisive.json] [--check]
 
