@@ -25,7 +25,7 @@ from typing import Any, Self
 from memalpha.atomic_file import write_atomically
 from memalpha_lab import tree_state
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 RESULTS_DIR = REPO_ROOT / "experiments" / "results"
 
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 CONFIG = Path("configs/tiny_cpu.yaml")
 OUTPUT = Path("docs/configuration.md")
 COMMAND = "python -m memalpha_lab.config_reference"

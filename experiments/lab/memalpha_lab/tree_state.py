@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 STAMP = REPO_ROOT / ".device" / "tree.json"
 """Where ``stamp`` writes the commit and its file hashes (``.device/`` is what a device run carries)."""
 
