@@ -36,8 +36,10 @@ demo: $(STAMP)
 	$(MEMALPHA) fit --config configs/tiny_cpu.yaml --model.adapter_path runs/sft_tiny_cpu/adapter --trainer.logger.init_args.version grpo
 	$(MEMALPHA) compare runs/tiny_cpu/base runs/tiny_cpu/sft runs/tiny_cpu/grpo --labels base,sft,grpo --out runs/demo_summary.json
 
+# The suite runs its test files on up to 4 processes (pytest-xdist; one file stays in one process,
+# so a file's shared fixtures and its snippets' order hold).
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 # Benchmarks (not part of `make test`): each target works from a fresh clone.
 BENCH_STAMP := $(VENV)/.memalpha-bench-installed
