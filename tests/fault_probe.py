@@ -63,9 +63,9 @@ def arm(phase: str, n: int, signum: int) -> None:
         os.kill(os.getpid(), signum)
 
     if phase == "rollout":
-        from memalpha.train import step
+        from memalpha.agent.rollout import Agent
 
-        generate = step.run_rollouts
+        generate = Agent.rollouts
 
         def rollouts_then_fault(*args, **kwargs):
             out = generate(*args, **kwargs)
@@ -73,7 +73,7 @@ def arm(phase: str, n: int, signum: int) -> None:
                 strike()
             return out
 
-        step.run_rollouts = rollouts_then_fault
+        Agent.rollouts = rollouts_then_fault
     elif phase == "optimizer":
 
         def after_step(optimizer, args, kwargs) -> None:

@@ -155,9 +155,9 @@ class StepLog(Callback):
             {
                 "ratio_mean": float(logged["train/ratio_mean"]),
                 "dual": float(logged["train/clip_ratio/dual"]),
-                "left": len(module.experience),
-                "left_rows": [len(b) for b in module.experience],
-                "has_old": [b.old_logps is not None for b in module.experience],
+                "left": len(module.grpo_step.experience),
+                "left_rows": [len(b) for b in module.grpo_step.experience],
+                "has_old": [b.old_logps is not None for b in module.grpo_step.experience],
             }
         )
 
