@@ -334,15 +334,18 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ylim=(0, 1),
         title="what the memory holds and the reader finds",
     )
-    left.set_xticks(lengths, [str(n) for n in lengths])
+    left.set_xticks(lengths, [str(n) for n in lengths], minor=False)
+    left.set_xticks([], minor=True)
     left.legend()
     right.plot(
         lengths, [r["policy_cpu_s_per_chunk"] for r in rows], marker="o", label="policy CPU s per chunk"
     )
     right.set(
-        xscale="log", xlabel="chunks per instance", ylabel="seconds", title="cost per chunk and peak RSS"
+        xscale="log", xlabel="chunks per instance", ylabel="seconds", title="cost per chunk and peak RSS",
+        ylim=(0, None),
     )
-    right.set_xticks(lengths, [str(n) for n in lengths])
+    right.set_xticks(lengths, [str(n) for n in lengths], minor=False)
+    right.set_xticks([], minor=True)
     twin = right.twinx()
     twin.plot(
         lengths, [r["peak_rss_bytes"] / 2**30 for r in rows], marker="s", color="tab:red", label="peak RSS"
