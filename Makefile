@@ -37,9 +37,10 @@ demo: $(STAMP)
 	$(MEMALPHA) compare runs/tiny_cpu/base runs/tiny_cpu/sft runs/tiny_cpu/grpo --labels base,sft,grpo --out runs/demo_summary.json
 
 # The suite runs its test files on up to 4 processes (pytest-xdist; one file stays in one process,
-# so a file's shared fixtures and its snippets' order hold).
+# so a file's shared fixtures and its snippets' order hold), each on one thread: torch's threads
+# of several processes on the same cores wait on each other, and the suite ran no faster than on one.
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 # Benchmarks (not part of `make test`): each target works from a fresh clone.
 BENCH_STAMP := $(VENV)/.memalpha-bench-installed
