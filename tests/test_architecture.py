@@ -45,9 +45,8 @@ ALLOWED: dict[str, set[str]] = {
     },
     "integrations": {"memory", "tools", "data", "reader", "agent", "train", "seeding"},
 }
-# the experiments' measuring kit is a package of its own (experiments/lab/memalpha_lab), outside memalpha,
-# which
-# never imports it (test_the_product_never_imports_the_lab)
+# the experiments' measuring kit is a package of its own (experiments/lab/memalpha_lab), outside
+# memalpha, which never imports it (test_the_product_never_imports_the_lab)
 
 # inside lm: folder -> the lm folders it may import (besides itself); docs/architecture.md's lm table.
 LM_ALLOWED: dict[str, set[str]] = {

@@ -1,8 +1,6 @@
 """The compute record of experiments (issue 39, item 2): the per-round counts the GRPO module logs
 (memalpha/train/step.py, `round_metrics`), and experiments/lab/memalpha_lab/compute.py, which sums them from
-TensorBoard
-and
-measures each stage's wall and CPU seconds around its subprocess."""
+TensorBoard and measures each stage's wall and CPU seconds around its subprocess."""
 
 from __future__ import annotations
 

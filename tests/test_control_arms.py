@@ -1,7 +1,6 @@
 """The control-arms experiment's pure parts (experiments/lab/memalpha_lab/control_arms_report.py,
-arm_configs.py):
-paired intervals pooled over seeds and per seed against hand-computed numbers, the rebuild check,
-the wall-clock matching rule, and the configs of the arms."""
+arm_configs.py): paired intervals pooled over seeds and per seed against hand-computed numbers, the
+rebuild check, the wall-clock matching rule, and the configs of the arms."""
 
 from __future__ import annotations
 

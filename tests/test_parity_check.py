@@ -1,6 +1,5 @@
 """The parity check of experiments/bench/bench_vs_trl.py --parity (experiments/lab/memalpha_lab/parity.py,
-run by
-experiments/lab/memalpha_lab/vs_trl_parity.py from the options of
+run by experiments/lab/memalpha_lab/vs_trl_parity.py from the options of
 experiments/lab/memalpha_lab/vs_trl_options.py): its verdict fails an arm that never learns and passes
 equal arms, and its runs resume from their files.
 

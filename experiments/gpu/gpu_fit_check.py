@@ -7,8 +7,7 @@ Run (CPU, the same script on a tiny random model and a shrunk config, as tests/t
 
 Time and memory depend only on shapes, so a random-weight model of Qwen3-4B's shape
 (``experiments/lab/memalpha_lab/qlora_4090.py``'s, built on the GPU in seconds) stands in for the real one,
-and
-synthetic instances (``memalpha data synth``) whose chunks fill ~6k-token prompts stand in for the
+and synthetic instances (``memalpha data synth``) whose chunks fill ~6k-token prompts stand in for the
 Mem-α data. Everything else is the config's: NF4 + LoRA r 32 on all linear layers, 8 rollouts,
 2048 new tokens a turn, the reader on the 4-bit base, micro-batches of 2, paged 8-bit AdamW. Only
 the data's size is cut (``--instances`` per step, ``--chunks`` per instance) so that two steps fit
