@@ -19,6 +19,7 @@ every registered name, and nothing else in the package changes.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 import torch
@@ -26,7 +27,7 @@ import torch
 from memalpha.grpo.advantages import group_advantages
 
 
-class CreditScheme:
+class CreditScheme(ABC):
     """A credit-assignment scheme: subclasses set :attr:`name` and the two flags and define
     :meth:`compared`, and :meth:`turn_accuracy` when the turns earn their accuracy one by one."""
 
@@ -49,11 +50,11 @@ class CreditScheme:
         evidence chunk (with :attr:`needs_evidence`)."""
         return None
 
+    @abstractmethod
     def compared(self, rewards, turn_rewards, group_ids, turn_index) -> tuple[torch.Tensor, list]:
         """The ``[N]`` values the round's advantages are taken of and each one's group label, from the
         ``[N]`` broadcast rewards ``R_t``, turn rewards ``R'_k`` (None unless :meth:`turn_accuracy`
         gives ``A_k``), instance group ids and turn indices."""
-        raise NotImplementedError
 
     def advantages(self, rewards, turn_rewards, group_ids, turn_index, scale: str = "group") -> torch.Tensor:
         """The round's ``[N]`` advantages: :func:`~memalpha.grpo.advantages.group_advantages` of what
