@@ -342,7 +342,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     )
     right.set(
         xscale="log", xlabel="chunks per instance", ylabel="seconds", title="cost per chunk and peak RSS",
-        ylim=(0, None),
+        ylim=(0, 1.2 * max(r["policy_cpu_s_per_chunk"] for r in rows)),
     )
     right.set_xticks(lengths, [str(n) for n in lengths], minor=False)
     right.set_xticks([], minor=True)
@@ -350,7 +350,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     twin.plot(
         lengths, [r["peak_rss_bytes"] / 2**30 for r in rows], marker="s", color="tab:red", label="peak RSS"
     )
-    twin.set(ylabel="GiB", ylim=(0, None))
+    twin.set(ylabel="GiB", ylim=(0, 1.2 * max(r["peak_rss_bytes"] for r in rows) / 2**30))
     right.legend(loc="upper left")
     twin.legend(loc="upper right")
     fig.tight_layout()
