@@ -53,19 +53,10 @@ def tiny_setup(tmp_path_factory, tiny_model_dir):
 def test_each_length_is_validated_in_its_own_process_and_answered_again(tiny_setup):
     folder, adapter = tiny_setup
     out = folder / "bench_length.json"
+    sizes = ("--adapter", str(adapter), "--config", str(folder / "config.yaml"), "--lengths", "1,3",
+             "--instances", "2", "--questions", "2", "--run-dir", str(folder / "run"))
     done = bench(
-        "--adapter",
-        str(adapter),
-        "--config",
-        str(folder / "config.yaml"),
-        "--lengths",
-        "1,3",
-        "--instances",
-        "2",
-        "--questions",
-        "2",
-        "--run-dir",
-        str(folder / "run"),
+        *sizes,
         "--out",
         str(out),
         "--reader-variant",
@@ -85,18 +76,7 @@ def test_each_length_is_validated_in_its_own_process_and_answered_again(tiny_set
     assert out.with_suffix(".png").is_file()
     # --reuse keeps both reports and measures nothing again
     again = bench(
-        "--adapter",
-        str(adapter),
-        "--config",
-        str(folder / "config.yaml"),
-        "--lengths",
-        "1,3",
-        "--instances",
-        "2",
-        "--questions",
-        "2",
-        "--run-dir",
-        str(folder / "run"),
+        *sizes,
         "--out",
         str(folder / "again.json"),
         "--reuse",
