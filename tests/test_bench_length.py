@@ -97,3 +97,20 @@ def test_each_length_is_validated_in_its_own_process_and_answered_again(tiny_set
 def test_a_bad_command_line_is_one_line(args, message):
     done = bench(*args)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_relative_paths_are_taken_from_where_it_was_started(tmp_path, monkeypatch):
+    """The validations run in the repository root, so a relative --run-dir from elsewhere must not
+    send their reports there (the summary would look for them in the wrong folder)."""
+    sys.path.insert(0, str(REPO / "experiments" / "bench"))
+    try:
+        import bench_length
+    finally:
+        sys.path.remove(str(REPO / "experiments" / "bench"))
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    args, _ = bench_length.parse_args(["--adapter", "adapter", "--run-dir", "runs/x", "--out", "x.json"])
+    assert (args.adapter, args.run_dir, args.out) == (
+        tmp_path / "adapter", tmp_path / "runs" / "x", tmp_path / "x.json"
+    )
