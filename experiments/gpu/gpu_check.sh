@@ -26,7 +26,19 @@
 #   decode_hf      (only when named) transformers' generate with its static cache and torch.compile, the
 #                  reference loop and cuda-graph at 8 rows after 1,024-token prompts         issue 37 item 4
 #   decode_compiled (only when named) the cuda-graph step compiled by inductor before each capture, 8 rows
-#                  after 6,144-token prompts, 512 new tokens (3 widths, each compiled)        issue 37 item 2
+#                  after 6,144-token prompts, 512 new tokens (3 widths, each compiled)   issue 37 item 2, 57 item 1
+#   decode_hf_6144 (only when named) cuda-graph against transformers' static cache + torch.compile at the
+#                  recipe's shape, 8 rows after 6,144-token prompts, 256 new tokens, 3 repeats each
+#                                                                                          issue 57 item 2
+#   real_step      (only when named; alone in a call) one step of the config at its own row count: 4
+#                  instances x 8 rollouts (32 rows in calls of generation_batch_size 4) reading one chunk
+#                  of 2,048 tokens, reader and update included (gpu_fit_check.py). A real step reads
+#                  ~10 such chunks, ~4 minutes of sampling each by the last lease's figures, so one chunk
+#                  is what fits a call; its phases give the per-chunk cost to scale     issue 57 item 3
+#
+# Issue 57's run (docs/real_model.md, "Issue 57's run"), one lease each, in this order (both do not fit one
+# lease of 15 device-minutes): GPU_CHECK_STAGES="decode_compiled decode_hf_6144", then
+# GPU_CHECK_STAGES=real_step.
 #
 #   bash experiments/gpu/gpu_check.sh [--allow-dirty] [--dry-run] [--print-budget] [--tiny]
 #     --dry-run       every check and stage's bookkeeping, each stage's command printed, not run
@@ -50,12 +62,16 @@ DECODE_CMD=${GPU_CHECK_DECODE_CMD:-"experiments/bench/bench_graph_decode.py --de
 DECODE_COMPILED_CMD="experiments/bench/bench_graph_decode.py --device cuda --nf4 --rows 8 --upcast-unquantised off \
   --prompt-tokens 6144 --max-new-tokens 512 --paths graph --compile-step inductor --check-steps 0 \
   --out $RESULTS/bench_graph_decode_8x6144_compiled.json"
+DECODE_HF_6144_CMD="experiments/bench/bench_graph_decode.py --device cuda --nf4 --rows 8 --upcast-unquantised off \
+  --prompt-tokens 6144 --max-new-tokens 256 --paths graph,hf-static --repeats 3 \
+  --check-steps 0 --out $RESULTS/bench_graph_decode_8x6144_vs_hf.json"
 DECODE_HF_CMD="experiments/bench/bench_graph_decode.py --device cuda --nf4 --rows 8 --upcast-unquantised off \
   --prompt-tokens 1024 --max-new-tokens 256 --loop-max-new-tokens 32 --paths loop,graph,hf-static \
   --check-steps 0 --out $RESULTS/bench_graph_decode_8x1024.json"
 
 DEFAULT_STAGES="fit decode nf4_gradients"
-declare -A LIMIT=([fit]=270 [decode]=90 [nf4_gradients]=45 [scale]=150 [decode_hf]=150 [decode_compiled]=180)  # seconds, each stage's own
+declare -A LIMIT=([fit]=270 [decode]=90 [nf4_gradients]=45 [scale]=150 [decode_hf]=150 [decode_compiled]=180
+  [decode_hf_6144]=210 [real_step]=420)  # seconds, each stage's own
 START_S=45   # installing .device's wheels, the CUDA line and the tree check, before the first stage
 PACK_S=5     # packing the results into $OUT after each stage
 BUDGET_S=480 # 8 minutes: the whole run, well under one 600-second call
@@ -128,13 +144,18 @@ for stage in $STAGES; do
     decode) run_stage decode "$PY" $DECODE_CMD ;;
     decode_hf) run_stage decode_hf "$PY" $DECODE_HF_CMD ;;
     decode_compiled) run_stage decode_compiled "$PY" $DECODE_COMPILED_CMD ;;
+    decode_hf_6144) run_stage decode_hf_6144 "$PY" $DECODE_HF_6144_CMD ;;
+    real_step) run_stage real_step "$PY" experiments/gpu/gpu_fit_check.py --tokenizer "$TOKENIZER" --steps 1 \
+                 --instances 4 --chunks 1 $( [ -z "$TINY" ] && echo --chunk-tokens 2048 ) \
+                 --out "$RESULTS/gpu_real_step.json" $TINY ;;
     nf4_gradients) run_stage nf4_gradients env MEMALPHA_TEST_DEVICE=cuda \
                      MEMALPHA_TEST_TOKENIZER="$TOKENIZER" "$PY" -m pytest -q -p no:cacheprovider \
                      tests/test_nf4_gradients.py \
                      --junitxml="$RESULTS/nf4_gradients.xml" ;;
     scale) run_stage scale "$PY" experiments/bench/bench_scale.py --device cuda --tokenizer "$TOKENIZER" \
              --out "$RESULTS/bench_scale.json" ;;
-    *) echo "unknown stage $stage (choose from: fit decode nf4_gradients scale decode_hf decode_compiled)"; exit 2 ;;
+    *) echo "unknown stage $stage (choose from: fit decode nf4_gradients scale decode_hf decode_compiled"\
+            "decode_hf_6144 real_step)"; exit 2 ;;
   esac
 done
 cat "$RESULTS/stages.tsv"
