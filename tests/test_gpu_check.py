@@ -41,9 +41,10 @@ def check(*args: str, **env: str) -> subprocess.CompletedProcess:
     return run_check(ROOT, environment, *args)
 
 
-def budget() -> dict[str, list[int]]:
+def budget(**env: str) -> dict[str, list[int]]:
+    """``--print-budget``'s rows (``env``: e.g. ``GPU_CHECK_STAGES``), each name's seconds in order."""
     rows: dict[str, list[int]] = {}
-    for line in check("--print-budget").stdout.splitlines():
+    for line in check("--print-budget", **env).stdout.splitlines():
         name, seconds = line.split("\t")
         rows.setdefault(name, []).append(int(seconds))
     return rows
@@ -66,10 +67,7 @@ lease of 15 device-minutes (their limits, two starts and transfers add up to mor
 
 @pytest.mark.parametrize("stages", ISSUE_57_CALLS)
 def test_each_lease_of_issue_57s_run_fits_one_call_after_a_failed_start(stages):
-    rows: dict[str, list[int]] = {}
-    for line in check("--print-budget", GPU_CHECK_STAGES=stages).stdout.splitlines():
-        name, seconds = line.split("\t")
-        rows.setdefault(name, []).append(int(seconds))
+    rows = budget(GPU_CHECK_STAGES=stages)
     assert [name for name in rows if name not in ("start", "pack", "total", "budget")] == stages.split()
     assert rows["total"][0] <= rows["budget"][0] <= 0.8 * CALL_S
     assert 2 * START_MACHINE_S + TRANSFER_S + rows["total"][0] <= DEVICE_S
