@@ -16,11 +16,11 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 
 
-def bench(*args: str) -> subprocess.CompletedProcess:
+def bench(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "experiments/bench/bench_length.py", *args],
-        cwd=REPO,
+        [sys.executable, str(REPO / "experiments" / "bench" / "bench_length.py"), *args],
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
@@ -51,16 +51,19 @@ def tiny_setup(tmp_path_factory, tiny_model_dir):
 
 
 def test_each_length_is_validated_in_its_own_process_and_answered_again(tiny_setup):
+    """Started from the run's own folder with relative paths: the validations run in the repository
+    root, and their reports must still land in ``--run-dir`` as given."""
     folder, adapter = tiny_setup
     out = folder / "bench_length.json"
-    sizes = ("--adapter", str(adapter), "--config", str(folder / "config.yaml"), "--lengths", "1,3",
-             "--instances", "2", "--questions", "2", "--run-dir", str(folder / "run"))
+    sizes = ("--adapter", adapter.name, "--config", "config.yaml", "--lengths", "1,3",
+             "--instances", "2", "--questions", "2", "--run-dir", "run")
     done = bench(
         *sizes,
         "--out",
-        str(out),
+        out.name,
         "--reader-variant",
         "unit=sentence,top_k_entries=3",
+        cwd=folder,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
@@ -73,14 +76,9 @@ def test_each_length_is_validated_in_its_own_process_and_answered_again(tiny_set
     assert result["rows"][0]["by_third"]["middle"]["questions"] == 4  # one chunk: its middle is the middle
     assert set(result["reader_variants"]) == {"unit=sentence,top_k_entries=3"}
     assert set(result["reader_variants"]["unit=sentence,top_k_entries=3"]) == {"1", "3"}
-    assert out.with_suffix(".png").is_file()
+    assert out.with_suffix(".png").is_file() and (folder / "run" / "validate" / "chunks3").is_dir()
     # --reuse keeps both reports and measures nothing again
-    again = bench(
-        *sizes,
-        "--out",
-        str(folder / "again.json"),
-        "--reuse",
-    )
+    again = bench(*sizes, "--out", "again.json", "--reuse", cwd=folder)
     assert again.returncode == 0, again.stderr[-2000:]
     assert json.loads((folder / "again.json").read_text())["rows"][1]["cpu_s"] == result["rows"][1]["cpu_s"]
 
@@ -98,19 +96,3 @@ def test_a_bad_command_line_is_one_line(args, message):
     done = bench(*args)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
 
-
-def test_relative_paths_are_taken_from_where_it_was_started(tmp_path, monkeypatch):
-    """The validations run in the repository root, so a relative --run-dir from elsewhere must not
-    send their reports there (the summary would look for them in the wrong folder)."""
-    sys.path.insert(0, str(REPO / "experiments" / "bench"))
-    try:
-        import bench_length
-    finally:
-        sys.path.remove(str(REPO / "experiments" / "bench"))
-    (tmp_path / "adapter").mkdir()
-    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
-    monkeypatch.chdir(tmp_path)
-    args, _ = bench_length.parse_args(["--adapter", "adapter", "--run-dir", "runs/x", "--out", "x.json"])
-    assert (args.adapter, args.run_dir, args.out) == (
-        tmp_path / "adapter", tmp_path / "runs" / "x", tmp_path / "x.json"
-    )

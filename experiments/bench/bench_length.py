@@ -279,10 +279,6 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         help="reader.retrieval settings to answer each length's final memories with again (repeatable)",
     )
     parsed = parser.parse_args(args)
-    # validate runs in the repository root: a path given relative to where this was started is made
-    # absolute here, so its reports land where --reuse and the summary look for them
-    for name in ("adapter", "config", "run_dir", "out"):
-        setattr(parsed, name, getattr(parsed, name).resolve())
     try:
         parsed.length_list = [int(n) for n in parsed.lengths.split(",")]
     except ValueError:
@@ -301,6 +297,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         parser.error(
             f"--adapter {parsed.adapter} is not an adapter folder (run make demo to write the default)"
         )
+    # validate runs in the repository root: a path given relative to where this was started is made
+    # absolute here, so its reports land where --reuse and the summary look for them
+    for name in ("adapter", "config", "run_dir", "out"):
+        setattr(parsed, name, getattr(parsed, name).resolve())
     return parsed, extra
 
 
