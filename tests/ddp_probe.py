@@ -1,4 +1,5 @@
-"""A callback the DDP test injects through the CLI: each rank saves what it trained on and its adapter."""
+"""Callbacks the DDP tests inject through the CLI: each rank saves what it trained on and its adapter
+(:class:`RankProbe`), or stops as a validation batch starts, as a kill would (:class:`KillAtBatch`)."""
 
 from __future__ import annotations
 
@@ -25,3 +26,14 @@ class RankProbe(Callback):
             },
             self.out_dir / f"rank{trainer.global_rank}.pt",
         )
+
+
+class KillAtBatch(Callback):
+    """Every rank raises as validation batch ``batch`` starts: the batches before it are finished."""
+
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx: int, dataloader_idx: int = 0):
+        if batch_idx == self.batch:
+            raise RuntimeError(f"killed as validation batch {batch_idx} starts")

@@ -311,6 +311,9 @@ class GRPOModule(PolicyModule):
     def validation_step(self, batch: list[Instance], batch_idx: int) -> RolloutOutput:
         """One greedy rollout per instance; the :class:`~memalpha.train.validation_report.ValidationReporter`
         collects what it returns."""
+        resumed = self.validation_report.resumed(batch_idx, batch)  # a killed `memalpha validate` ran it
+        if resumed is not None:
+            return resumed
         seed = stable_seed(self.hparams.seed, "validation", batch_idx)
         where = f"validation batch {batch_idx} at global step {self.global_step}"
         with self._out_of_memory_names_the_phase(where):

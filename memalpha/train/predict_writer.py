@@ -13,15 +13,13 @@ when every rank is done.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info
 
+from memalpha.train.agent_digest import agent_digest
 from memalpha.train.predict_file import (
     RECORD_FORMAT,
     Scan,
@@ -33,37 +31,6 @@ from memalpha.train.predict_file import (
     part_paths,
     scan_records,
 )
-
-ROLLOUT_KEPT_OUT = ("group_size", "generation_batch_size", "backend", "vllm")
-"""Rollout settings that change how fast a record is made, not what it holds."""
-READER_KEPT_OUT = ("batch_size", "max_failed_share", "on_failed_round", "openai")
-
-
-def agent_digest(module: Any, datamodule: Any, ckpt_path: str | None) -> str:
-    """A digest of what decides a record: the model, the adapter or checkpoint file, the seed, the
-    rollout, reader and answer-metric settings, and how the input is cut into chunks."""
-    hp = module.hparams
-    rollout = {k: v for k, v in asdict(module.rollout_settings).items() if k not in ROLLOUT_KEPT_OUT}
-    reader = {k: v for k, v in asdict(module.reader_settings).items() if k not in READER_KEPT_OUT}
-    reader["openai_model"] = module.reader_settings.openai.model
-    reward = module.reward_settings
-    load, predict = datamodule.load, datamodule.predict
-    parts = {
-        "model": hp.model,
-        "adapter": _resolved(hp.adapter_path),
-        "checkpoint": _resolved(ckpt_path),
-        "seed": hp.seed,
-        "rollout": rollout,
-        "reader": reader,
-        "metrics": {"overrides": reward.metric_overrides, "style": reward.metric_style},
-        "chunks": [load.layout, load.chunk_tokens, load.wrap, predict.split],
-    }
-    text = json.dumps(parts, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-def _resolved(path: str | None) -> str | None:
-    return None if path is None else str(Path(path).expanduser().resolve())
 
 
 class PredictionWriter(BasePredictionWriter):

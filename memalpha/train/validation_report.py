@@ -38,13 +38,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
 
 from memalpha.agent.scoring import OFFICIAL_ANSWERS, score_answers
 from memalpha.atomic_file import write_atomically
 from memalpha.data.locomo import ADVERSARIAL, CATEGORY_NAMES
 from memalpha.data.locomo import DATA_SOURCE as LOCOMO
 from memalpha.tools.executor import SUCCESS_STATUSES
+from memalpha.train.agent_digest import agent_digest
 from memalpha.train.step_faults import ReaderFailureError, ReaderFailures, validation_refusal
+from memalpha.train.validation_journal import ValidationJournal, journal_path
 
 if TYPE_CHECKING:
     from memalpha.agent.reward_settings import RewardSettings
@@ -331,12 +334,37 @@ class ValidationReporter(Callback):
     A reader outage is no score: over ``reader.max_failed_share`` failed answers
     (:func:`~memalpha.train.step_faults.validation_refusal`) the report says so under ``invalid``,
     nothing is logged, and every rank raises :class:`~memalpha.train.step_faults.ReaderFailureError`.
+
+    ``memalpha validate`` journals every finished batch and resumes a killed run's journal from
+    the same log folder (:mod:`memalpha.train.validation_journal`): :meth:`resumed` gives
+    ``validation_step`` a batch's journaled output, and the journal is removed once the report is
+    written.
     """
 
     def __init__(self, max_failed_share: float) -> None:
         self.max_failed_share = max_failed_share
         self.records: list[Any] = []
         self.seconds = dict.fromkeys(VALIDATION_SECONDS, 0.0)
+        self.journal: ValidationJournal | None = None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        """For ``memalpha validate``, read the journal a killed run left in this log folder (before
+        the model loads: a journal this run cannot resume stops it in one line)."""
+        self.journal = None
+        if stage != "validate":
+            return
+        agent = f"{agent_digest(pl_module, trainer.datamodule, trainer.ckpt_path)}-{trainer.world_size}"
+        log_dir = Path(trainer.log_dir or ".")  # a collective under DDP: every rank asks
+        path = journal_path(log_dir, trainer.global_rank, trainer.world_size)
+        self.journal = ValidationJournal(path, agent)
+        if self.journal.batches:
+            done = len(self.journal.batches)
+            rank_zero_info(f"memalpha validate: {done} finished batches taken from {path}")
+
+    def resumed(self, batch_idx: int, batch: Sequence[Any]) -> Any:
+        """The journaled :class:`~memalpha.agent.rollout.RolloutOutput` of a batch a killed
+        ``memalpha validate`` finished, or None when it runs now."""
+        return None if self.journal is None else self.journal.resumed(batch_idx, batch)
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
         self.records = []
@@ -346,6 +374,8 @@ class ValidationReporter(Callback):
         self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         self.records.extend(outputs.records)
+        if self.journal is not None:
+            self.journal.append(batch_idx, batch, outputs)
         for name, value in (("policy_s", outputs.rollout_s), ("reader_s", outputs.reader_s),
                             ("policy_cpu_s", outputs.rollout_cpu_s), ("reader_cpu_s", outputs.reader_cpu_s)):
             self.seconds[name] += value
@@ -394,3 +424,11 @@ class ValidationReporter(Callback):
             pl_module.print(table)  # through the progress bar, which moves its bars below the table
         if refusal is not None:  # every rank: the records were gathered, so all refuse alike
             raise ReaderFailureError(refusal)
+        if self.journal is not None:  # the report holds every batch now
+            trainer.strategy.barrier("memalpha validate: report written")
+            self.journal.remove()
+            self.journal = None
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if self.journal is not None:
+            self.journal.close()
