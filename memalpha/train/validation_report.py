@@ -51,6 +51,7 @@ from memalpha.train.validation_journal import ValidationJournal, journal_path
 
 if TYPE_CHECKING:
     from memalpha.agent.reward_settings import RewardSettings
+    from memalpha.agent.rollout import RolloutOutput
     from memalpha.reader.settings import ReaderSettings
     from memalpha.templates.loader import PromptTemplates
 
@@ -361,7 +362,7 @@ class ValidationReporter(Callback):
             done = len(self.journal.batches)
             rank_zero_info(f"memalpha validate: {done} finished batches taken from {path}")
 
-    def resumed(self, batch_idx: int, batch: Sequence[Any]) -> Any:
+    def resumed(self, batch_idx: int, batch: Sequence[Any]) -> RolloutOutput | None:
         """The journaled :class:`~memalpha.agent.rollout.RolloutOutput` of a batch a killed
         ``memalpha validate`` finished, or None when it runs now."""
         return None if self.journal is None else self.journal.resumed(batch_idx, batch)
