@@ -14,7 +14,9 @@ a record of another agent, or one of an instance the input does not hold is refu
 (:class:`PredictionFileError`), and the file is left as it was. Under data parallelism each rank
 appends to its own part file (:func:`part_path`); :func:`merge_records` writes the output and the
 parts as one file in the input's order, atomically, then removes the parts. Only offsets are held
-in memory, never the records.
+in memory, never the records. The reading of complete lines and the cut of a torn tail
+(:func:`complete_lines`, :func:`cut_torn_tail`) serve ``memalpha validate``'s journal too
+(:mod:`memalpha.train.validation_journal`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -80,19 +82,38 @@ def scan_records(path: Path, agent: str, known: Mapping[str, int]) -> Scan:
         return scan
     if not path.is_file():
         raise PredictionFileError(str(path), "is not a file; give data.predict.output a file path")
+    for number, offset, line in complete_lines(path, RECORD_START, lambda n: not_a_record(path, n)):
+        instance_id = _check_line(line, path, number, agent, known)
+        scan.records.append((instance_id, offset, len(line)))
+        scan.complete_bytes = offset + len(line)
+    scan.torn_bytes = path.stat().st_size - scan.complete_bytes
+    return scan
+
+
+def complete_lines(
+    path: Path, line_start: bytes, not_ours: Callable[[int], Exception]
+) -> Iterator[tuple[int, int, bytes]]:
+    """Each complete line of an append-only JSONL file as ``(number, byte offset, line)``. A torn
+    last line (no newline: an append cut short) ends the lines when it starts as every line of the
+    file's format does (``line_start``); any other raises ``not_ours(number)``."""
     offset = 0
     with open(path, "rb") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.endswith(b"\n"):
-                if not (line.startswith(RECORD_START) or RECORD_START.startswith(line)):
-                    raise not_a_record(path, number)
-                scan.torn_bytes = len(line)
-                break
-            instance_id = _check_line(line, path, number, agent, known)
-            scan.records.append((instance_id, offset, len(line)))
+                if not (line.startswith(line_start) or line_start.startswith(line)):
+                    raise not_ours(number)
+                return
+            yield number, offset, line
             offset += len(line)
-    scan.complete_bytes = offset
-    return scan
+
+
+def cut_torn_tail(path: Path, complete_bytes: int, again: str) -> None:
+    """Cut what follows the complete lines (a torn last line) off ``path``, with a warning ending in
+    ``again`` (what is done again instead); nothing when there is none."""
+    torn = path.stat().st_size - complete_bytes
+    if torn:
+        logger.warning("%s: dropped a torn last line of %d bytes (a write cut short); %s", path, torn, again)
+        os.truncate(path, complete_bytes)
 
 
 def not_a_record(path: Path, number: int) -> PredictionFileError:
@@ -129,11 +150,7 @@ def _check_line(line: bytes, path: Path, number: int, agent: str, known: Mapping
 def drop_torn_tail(scan: Scan) -> None:
     """Cut a torn last line (an interrupted append) off ``scan.path``, keeping every complete record."""
     if scan.torn_bytes:
-        logger.warning(
-            "%s: dropped a torn last line of %d bytes (a write cut short); its instance is read again",
-            scan.path, scan.torn_bytes,
-        )  # fmt: skip
-        os.truncate(scan.path, scan.complete_bytes)
+        cut_torn_tail(scan.path, scan.complete_bytes, "its instance is read again")
         scan.torn_bytes = 0
 
 

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import os
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -30,9 +28,7 @@ from typing import BinaryIO
 
 from memalpha.agent.rollout import RolloutOutput, RolloutRecord
 from memalpha.data.schema import DataValidationError, Instance
-from memalpha.train.predict_file import append_record
-
-logger = logging.getLogger(__name__)
+from memalpha.train.predict_file import append_record, complete_lines, cut_torn_tail
 
 JOURNAL_FORMAT = "memalpha.validation-batch/1"
 LINE_START = json.dumps({"format": JOURNAL_FORMAT})[:-1].encode("utf-8")
@@ -73,21 +69,10 @@ class ValidationJournal:
         if not self.path.is_file():
             raise self._error(f"is not a file; move it to validate into {self.path.parent}")
         complete = 0
-        with open(self.path, "rb") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.endswith(b"\n"):
-                    if not (line.startswith(LINE_START) or LINE_START.startswith(line)):
-                        raise self._not_ours(number)
-                    break
-                self._take(line, number)
-                complete += len(line)
-        torn = self.path.stat().st_size - complete
-        if torn:
-            logger.warning(
-                "%s: dropped a torn last line of %d bytes (a write cut short); its batch runs again",
-                self.path, torn,
-            )  # fmt: skip
-            os.truncate(self.path, complete)
+        for number, offset, line in complete_lines(self.path, LINE_START, self._not_ours):
+            self._take(line, number)
+            complete = offset + len(line)
+        cut_torn_tail(self.path, complete, "its batch runs again")
 
     def _take(self, line: bytes, number: int) -> None:
         try:
