@@ -212,11 +212,15 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
 }
 """``tiny``: each config's settings as run (``{tiny}``: the tiny random model's folder). The demonstrations
 must fit ``model.rollout.max_new_tokens``, so it stays."""
-EMBEDDED_CONFIGS: dict[str, dict[str, Any]] = {}
-"""``embedded``: each config's sizes as run. The cold start keeps its 16 SFT steps: after 6 steps of 4
-demonstrations the embedded model's calls parsed greedily, but sampled at temperature 1 in TRL's step
-every stored text was garbled or its JSON broken, and no reward differed; the TRL step draws two
-groups, in case one instance's four replies all fail alike."""
+EMBEDDED_CONFIGS: dict[str, dict[str, Any]] = {
+    "sft_tiny_cpu.yaml": {"trainer.max_steps": 8, "trainer.val_check_interval": 8},
+}
+"""``embedded``: each config's sizes as run. The cold start runs 8 of its 16 SFT steps on the 12
+demonstrations the snippet makes (about 140 s less). Measured with TRL seeds 42, 1 and 2, its first
+TRL step made calls in 62-88 % of the replies and no group's rewards were all equal, as after 16
+steps (calls 75-100 %). Fewer steps fail: after 6 steps of 4 demonstrations, every text stored at
+temperature 1 was garbled or its JSON broken, and no reward differed. The TRL step draws two groups,
+in case one instance's four replies all fail alike."""
 
 
 def lowered_config(original: dict[str, Any], changes: dict[str, Any], tiny: str) -> dict[str, Any]:
