@@ -4,6 +4,7 @@ of the t distribution, intervals worked out by hand, and the seed-level interval
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -14,6 +15,7 @@ from memalpha_lab.seed_intervals import (
     paired_differences_from_pairs,
     per_seed_means,
     percentile,
+    python_uniforms,
     seed_bootstrap_interval,
     seed_interval,
     seed_level_change,
@@ -169,6 +171,35 @@ def test_bootstrap_is_deterministic_for_a_seed_and_stays_within_what_resampling_
     # no spread anywhere: every draw is the one value
     flat = seed_bootstrap_interval({"a": [0.25, 0.25], "b": [0.25]}, resamples=50)
     assert flat["low"] == pytest.approx(0.25) and flat["high"] == pytest.approx(0.25)
+
+
+def looped_bootstrap_statistics(differences: dict, resamples: int, seed: int) -> list[float]:
+    """Every draw's statistic by the plain loop the bootstrap's docstring describes, sorted."""
+    draw, groups, statistics = random.Random(seed).random, list(differences.values()), []
+    for _ in range(resamples):
+        total = 0.0
+        for _ in range(len(groups)):
+            values = groups[int(draw() * len(groups))]
+            total += sum([values[int(draw() * len(values))] for _ in values]) / len(values)
+        statistics.append(total / len(groups))
+    return sorted(statistics)
+
+
+def test_pythons_random_doubles_are_drawn_at_once():
+    generator = random.Random(11)
+    assert python_uniforms(11, 1000).tolist() == [generator.random() for _ in range(1000)]
+
+
+@pytest.mark.parametrize("sizes", [(24, 24, 24), (30, 1, 17, 9)])
+def test_the_bootstrap_draws_exactly_what_a_loop_over_random_draws(sizes):
+    # seeds of equal and of unequal sizes: the vectorised draws are the loop's, double for double
+    values = iter(math.sin(i) / 3 for i in range(1, 200))
+    differences = {f"s{j}": [next(values) for _ in range(size)] for j, size in enumerate(sizes)}
+    for level, seed in ((0.95, 0), (0.6, 4)):
+        result = seed_bootstrap_interval(differences, level=level, resamples=300, seed=seed)
+        looped = looped_bootstrap_statistics(differences, 300, seed)
+        assert result["low"] == percentile(looped, (1 - level) / 2)
+        assert result["high"] == percentile(looped, (1 + level) / 2)
 
 
 def test_bootstrap_with_one_instance_a_seed_resamples_the_seed_means_only():

@@ -13,6 +13,8 @@ import random
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from memalpha.intervals import mean_interval, sample_variance, t_quantile
 
 
@@ -148,6 +150,15 @@ def percentile(ordered: Sequence[float], q: float) -> float:
     return ordered[below] + (position - below) * (ordered[above] - ordered[below])
 
 
+def python_uniforms(seed: int, count: int) -> np.ndarray:
+    """The first ``count`` values of ``random.Random(seed).random()``, drawn at once by NumPy's MT19937
+    set to the same state (both make a double of two 32-bit words the same way)."""
+    _, state, _ = random.Random(seed).getstate()
+    generator = np.random.RandomState()
+    generator.set_state(("MT19937", np.array(state[:-1], dtype=np.uint32), state[-1]))
+    return generator.random_sample(count)
+
+
 def seed_bootstrap_interval(
     differences: Mapping[Hashable, Sequence[float]],
     level: float = 0.95,
@@ -173,18 +184,32 @@ def seed_bootstrap_interval(
         raise ValueError(f"resamples must be >= 1, got {resamples}")
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), got {level}")
-    rng = random.Random(seed)
-    draw = rng.random
-    groups = [list(values) for values in differences.values()]
+    groups = list(differences.values())
     k = len(groups)
-    statistics = []
-    for _ in range(resamples):
-        total = 0.0
-        for _ in range(k):
-            values = groups[int(draw() * k)]
-            n = len(values)
-            total += sum([values[int(draw() * n)] for _ in range(n)]) / n
-        statistics.append(total / k)
+    sizes = np.array([len(values) for values in groups], dtype=np.int64)
+    width = int(sizes.max())
+    table = np.zeros((k, width))
+    for row, values in enumerate(groups):
+        table[row, : len(values)] = values
+    # random.Random(seed)'s own doubles, drawn at once: a draw uses 1 + the drawn seed's size of them
+    uniforms = python_uniforms(seed, resamples * k * (1 + width))
+    # where each drawn seed's draws start, which depends on the sizes of the seeds drawn before it
+    uniform, sizes_of, picks, starts, at = uniforms.item, sizes.tolist(), [], [], 0
+    for _ in range(resamples * k):
+        pick = int(uniform(at) * k)
+        picks.append(pick)
+        starts.append(at + 1)
+        at += 1 + sizes_of[pick]
+    picks = np.array(picks, dtype=np.int64).reshape(resamples, k)
+    starts = np.array(starts, dtype=np.int64).reshape(resamples, k)
+    drawn = sizes[picks]  # (resamples, k): how many instances each drawn seed draws
+    slots = np.arange(width)
+    positions = np.minimum(starts[..., None] + slots, len(uniforms) - 1)  # a short seed's slots past its end
+    instances = (uniforms[positions] * drawn[..., None]).astype(np.int64)  # < drawn <= width
+    values = np.where(slots < drawn[..., None], table[picks[..., None], instances], 0.0)
+    # left-to-right sums (cumsum), as a plain loop adds: the same doubles, so one input, one interval
+    seed_means = np.cumsum(values, axis=2)[..., -1] / drawn
+    statistics = (np.cumsum(seed_means, axis=1)[:, -1] / k).tolist()
     statistics.sort()
     return {
         "mean": sum(per_seed_means(differences).values()) / k,
