@@ -4,7 +4,6 @@ model) and the OpenAI-compatible backend against the real loopback server."""
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
@@ -12,7 +11,7 @@ from memalpha.agent.scoring import score_answer
 from memalpha.memory.store import EPISODIC, SEMANTIC, Memory
 from memalpha.reader.base import ReaderAnswer, ReaderSampling
 from memalpha.reader.local import LocalReader
-from memalpha.reader.openai_compat import OpenAIReader, ReaderRequestRefused
+from memalpha.reader.openai_compat import OpenAIReader
 from memalpha.reader.options import OpenAISettings, RetrievalSettings
 from memalpha.reader.prompts import answer_messages, render_answer
 from memalpha.reader.retrieval import retrieve_for_questions
@@ -208,27 +207,21 @@ def test_embedded_local_reader_answers_from_memory(embedded_model, tokenizer):
 
 @pytest.fixture(scope="module")
 def server(embedded_model, tokenizer):
-    from faulty_server import FaultyServer
+    from memalpha_lab.reader_server import ChatCompletionServer
 
     reader = LocalReader(embedded_model, tokenizer, max_new_tokens=16, batch_size=4)
-    with FaultyServer(reader, model_name="smollm2", port=0, max_batch=4) as srv:
+    with ChatCompletionServer(reader, model_name="smollm2", port=0, max_batch=4) as srv:
         yield srv
-
-
-def make_client(server, **kwargs) -> OpenAIReader:
-    endpoint = {"base_url": server.base_url, "model": "smollm2", "timeout_s": 30, "max_retries": 0,
-                "backoff_s": 0.01, "max_concurrency": 4, "api_key_env": "MEMALPHA_TEST_KEY"}
-    options = {"temperature": 0.0, "max_tokens": 16}
-    for key, value in kwargs.items():
-        (endpoint if key in OpenAISettings.__dataclass_fields__ else options)[key] = value
-    return OpenAIReader(OpenAISettings(**endpoint), **options)
 
 
 @pytest.mark.embedded
 def test_openai_reader_round_trip_through_loopback_server(server, monkeypatch):
     monkeypatch.setenv("MEMALPHA_TEST_KEY", "secret")
     assert server.base_url.startswith("http://127.0.0.1:")
-    client = make_client(server)
+    client = OpenAIReader(
+        OpenAISettings(server.base_url, "smollm2", "MEMALPHA_TEST_KEY", max_concurrency=4, max_retries=0),
+        temperature=0.0, max_tokens=16,
+    )
     memory = capital_memory()
     questions = ["What is the capital city of Australia?", "Which is the longest river in Africa?",
                  "What did the user read?", "Who is the user?"]
@@ -240,54 +233,6 @@ def test_openai_reader_round_trip_through_loopback_server(server, monkeypatch):
     assert answers[0].text == local.answer([(memory, questions[0])])[0].text
     judged = client.complete(["Is Canberra the capital of Australia? Answer yes or no."])
     assert judged[0].ok and judged[0].text
-
-
-@pytest.mark.embedded
-def test_openai_reader_timeout_and_server_errors(server):
-    memory = capital_memory()
-    item = [(memory, "What is the capital city of Australia?")]
-
-    # a reply slower than the timeout, no retries: a failed answer, counted, not an exception
-    # (the timeout leaves room for a real 2-token generation on a busy CPU)
-    server.inject_fault(delay_s=6.0, status=503, count=1)
-    client = make_client(server, timeout_s=2.0, max_tokens=2)
-    start = time.monotonic()
-    answer = client.answer(item)[0]
-    assert not answer.ok and answer.text == "" and "timed out" in answer.error
-    assert time.monotonic() - start < 5.0
-    assert client.failures == 1
-
-    # the same timeout once, then a retry that succeeds: a real generation. It is given 20 s: a
-    # 2-token answer takes 1.6-3.6 s on a quiet 2-core CPU, and 5 s failed twice in CI beside three
-    # other test processes (2 s once before). The delayed first attempt still times out.
-    server.inject_fault(delay_s=21.0, status=503, count=1)
-    answer = make_client(server, timeout_s=20.0, max_tokens=2, max_retries=1).answer(item)[0]
-    assert answer.ok and answer.text
-
-    # HTTP 500 on every attempt: 1 + max_retries requests, then a failed answer
-    server.inject_fault(status=500, count=10)
-    seen = server.requests_seen
-    client = make_client(server, max_retries=2, max_tokens=2)
-    answer = client.answer(item)[0]
-    assert not answer.ok and "HTTP 500" in answer.error and "3 attempts" in answer.error
-    assert server.requests_seen - seen == 3
-    server.inject_fault(count=0)
-
-    # one 500, then success on the retry
-    server.inject_fault(status=500, count=1)
-    assert make_client(server, max_retries=1, max_tokens=2).answer(item)[0].ok
-
-    # a 4xx is the client's fault: not retried, and it stops (every question would be refused)
-    seen = server.requests_seen
-    with pytest.raises(ReaderRequestRefused, match=r"HTTP 400.*n = 1"):
-        make_client(server, max_retries=3, extra_body={"n": 2}).answer(item)
-    assert server.requests_seen - seen == 1
-
-    # nobody listening: connection refused, retried, failed
-    dead = OpenAIReader(
-        OpenAISettings("http://127.0.0.1:9/v1", "m", max_retries=1, backoff_s=0.01, timeout_s=2)
-    )
-    assert not dead.answer(item)[0].ok and dead.failures == 1
 
 
 @pytest.mark.parametrize("backend", ["auto", "cpu-fused", "hf-generate"])
