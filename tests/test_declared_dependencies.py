@@ -1,6 +1,7 @@
 """Every package ``memalpha`` imports is one ``pyproject.toml`` declares: a package that only arrives
 with another (numpy with torch, PyYAML with transformers) is one upgrade away from a fresh install
-that cannot import memalpha. The optional integrations may import what an extra declares.
+that cannot import memalpha. The optional integrations may import what an extra declares. The
+same holds for the measuring kit (``experiments/lab``), which may also import what memalpha requires.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "memalpha"
+LAB = REPO / "experiments" / "lab"
 LOCAL_EXTRAS = {"dev"}  # the test and lint kit: no module of memalpha may rest on it
 
 
@@ -55,14 +57,14 @@ def third_party_imports(path: Path) -> set[str]:
         else:
             continue
         found |= {name.split(".")[0] for name in names}
-    return {top for top in found if top not in sys.stdlib_module_names and top != "memalpha"}
+    ours = {"memalpha", "memalpha_lab"}
+    return {top for top in found if top not in sys.stdlib_module_names and top not in ours}
 
 
-def undeclared(package: Path, pyproject: Path) -> dict[str, list[str]]:
-    """``{distribution: [files importing it]}`` for each import no requirement covers. Only the
-    optional integrations (``integrations/``, used by a user of an extra: docs/trl.md) may import
-    what an extra declares."""
-    required, extras = declared(pyproject)
+def undeclared(package: Path, required: set[str], extras: set[str] = frozenset()) -> dict[str, list[str]]:
+    """``{distribution: [files importing it]}`` for each import of ``package`` that ``required``
+    does not cover. Only the optional integrations (``integrations/``, used by a user of an extra:
+    docs/trl.md) may import what ``extras`` adds."""
     optional = package / "integrations"
     distributions = packages_distributions()
     missing: dict[str, list[str]] = {}
@@ -76,7 +78,13 @@ def undeclared(package: Path, pyproject: Path) -> dict[str, list[str]]:
 
 
 def test_every_package_memalpha_imports_is_declared():
-    assert undeclared(PACKAGE, REPO / "pyproject.toml") == {}
+    assert undeclared(PACKAGE, *declared(REPO / "pyproject.toml")) == {}
+
+
+def test_every_package_the_lab_imports_is_declared():
+    lab_required, _ = declared(LAB / "pyproject.toml")
+    memalpha_required, _ = declared(REPO / "pyproject.toml")
+    assert undeclared(LAB / "memalpha_lab", lab_required | memalpha_required) == {}
 
 
 def test_the_rule_sees_an_undeclared_and_an_extra_only_import(tmp_path):
@@ -91,6 +99,6 @@ def test_the_rule_sees_an_undeclared_and_an_extra_only_import(tmp_path):
         '[project]\ndependencies = ["torch>=2.4"]\n'
         '[project.optional-dependencies]\ntrl = ["trl>=1.16"]\ndev = ["PyYAML"]\n'
     )
-    found = undeclared(package, pyproject)
+    found = undeclared(package, *declared(pyproject))
     # yaml: only the local kit declares it; trl: an extra, so only the integration may import it
     assert found == {"pyyaml": ["memalpha/core.py"], "trl": ["memalpha/core.py"]}
