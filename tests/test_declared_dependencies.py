@@ -6,13 +6,13 @@ same holds for the measuring kit (``experiments/lab``), which may also import wh
 
 from __future__ import annotations
 
-import ast
 import re
 import sys
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
+from source_imports import absolute_imports
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "memalpha"
@@ -48,15 +48,7 @@ def declared(pyproject: Path) -> tuple[set[str], set[str]]:
 def third_party_imports(path: Path) -> set[str]:
     """The top-level modules ``path`` imports anywhere (a function's deferred import included)
     that are neither the standard library nor memalpha itself."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        else:
-            continue
-        found |= {name.split(".")[0] for name in names}
+    found = {name.split(".")[0] for name in absolute_imports(path.read_text(encoding="utf-8"))}
     ours = {"memalpha", "memalpha_lab"}
     return {top for top in found if top not in sys.stdlib_module_names and top not in ours}
 

@@ -7,9 +7,10 @@ module, or puts a folder of ``experiments/`` on ``sys.path``, fails here.
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
+
+from source_imports import absolute_imports
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
@@ -23,16 +24,8 @@ def offences(path: Path) -> list[str]:
     """The script modules ``path`` imports (anywhere in the file) and its sys.path lines naming
     experiments."""
     text = path.read_text(encoding="utf-8")
-    found = []
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        else:
-            continue
-        found += [f"import {name}" for name in names
-                  if name.split(".")[0] in SCRIPT_MODULES or name.split(".")[0] == "experiments"]
+    found = [f"import {name}" for name in absolute_imports(text)
+             if name.split(".")[0] in SCRIPT_MODULES or name.split(".")[0] == "experiments"]
     found += [f"sys.path: {line.strip()}" for line in text.splitlines() if _EXPERIMENTS_ON_PATH.search(line)]
     return found
 
