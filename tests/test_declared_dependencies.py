@@ -47,7 +47,7 @@ def declared(pyproject: Path) -> tuple[set[str], set[str]]:
 
 def third_party_imports(path: Path) -> set[str]:
     """The top-level modules ``path`` imports anywhere (a function's deferred import included)
-    that are neither the standard library nor memalpha itself."""
+    that are neither the standard library nor memalpha's own (memalpha, memalpha_lab)."""
     found = {name.split(".")[0] for name in absolute_imports(path.read_text(encoding="utf-8"))}
     ours = {"memalpha", "memalpha_lab"}
     return {top for top in found if top not in sys.stdlib_module_names and top not in ours}
