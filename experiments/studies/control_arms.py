@@ -52,8 +52,12 @@ interrupted ``fit`` or continued ``sft`` from its ``last.ckpt``.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
+import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -76,14 +80,10 @@ from memalpha_lab.control_arms_report import (
 )
 from memalpha_lab.instance_scores import study_instance_values
 from memalpha_lab.recipe_configs import load_yaml, sft_config, write_yaml
+from memalpha_lab.run_state import forget, install, lost, trained
 from memalpha_lab.tb_scalars import event_scalars
 
 GRPO_ARMS = ("grpo", "grpo_lr0")
-
-
-def adapter_done(folder: Path) -> bool:
-    """An exported PEFT adapter (its config and its weights)."""
-    return (folder / "adapter_config.json").is_file() and (folder / "adapter_model.safetensors").is_file()
 
 
 def step_seconds(folder: Path) -> list[float]:
@@ -100,19 +100,42 @@ def train_run(config_path: Path, config: dict[str, Any], log: Path, command: str
 
 
 def validate(run_dir: Path, val_yaml: Path, adapter: Path, version: str, reuse: bool,
-             folder: str = "validate") -> dict[str, Any]:
+             folder: str = "validate") -> dict[str, Any] | None:
     """``memalpha validate`` of ``adapter`` into ``<run_dir>/<folder>/<version>`` (kept when its report
     exists under ``--reuse``; its wall and CPU seconds recorded as the stage ``<folder>_<version>``); its
-    per-instance scores."""
+    per-instance scores. None when another process over the same run folder is running this validation
+    (it holds ``<folder>/<version>.lock``): this one goes on with its next stage."""
     report = run_dir / folder / version / "validation.json"
     if not (reuse and report.is_file()):
-        with measured(run_dir, f"{folder}_{version}"):
-            memalpha(
-                "validate", "--config", str(val_yaml), "--model.adapter_path", str(adapter),
-                "--trainer.logger.init_args.name", folder, "--trainer.logger.init_args.version", version,
-                log=run_dir / "logs" / f"{folder}_{version}.log",
-            )
+        with claimed(run_dir / folder / f"{version}.lock") as mine:
+            if not mine:
+                print(f"  {folder}/{version}: another process is validating it; going on", flush=True)
+                return None
+            if not (reuse and report.is_file()):  # not finished by that other process meanwhile
+                with measured(run_dir, f"{folder}_{version}"):
+                    memalpha(
+                        "validate", "--config", str(val_yaml), "--model.adapter_path", str(adapter),
+                        "--trainer.logger.init_args.name", folder, "--trainer.logger.init_args.version",
+                        version, log=run_dir / "logs" / f"{folder}_{version}.log",
+                    )
     return study_instance_values(load_records(report))
+
+
+@contextmanager
+def claimed(path: Path) -> Iterator[bool]:
+    """Try to hold an exclusive lock on ``path`` (made if missing) without waiting: yields whether this
+    process holds it, until the block ends (or the process does: the kernel drops the lock)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def arm_compute(run_dir: Path, name: str, command: str) -> dict[str, Any]:
@@ -125,6 +148,27 @@ def arm_compute(run_dir: Path, name: str, command: str) -> dict[str, Any]:
     if report.is_file():
         out["validate"] = stage_record(run_dir, f"validate_{name}", validation_counts(load_records(report)))
     return out
+
+
+def rebuild(run_dir: Path, adapter: Path, config_path: Path, command: str) -> None:
+    """Train the run whose weights a restored run state left behind (:mod:`memalpha_lab.run_state`) again,
+    ``memalpha <command>`` of its own config into ``rebuild/<adapter's run>/`` (its events, checkpoints
+    and compute apart from the run's: the stage and log ``rebuild_<run>``), and install the adapter where it
+    was when it equals the recorded one file for file; otherwise stop in one line."""
+    name = adapter.parent.name
+    scratch = run_dir / "rebuild" / name
+    shutil.rmtree(scratch, ignore_errors=True)
+    config = load_yaml(config_path)
+    config["trainer"]["logger"] = logger(scratch, "events", name)
+    config["model"]["export_adapter_dir"] = str(scratch / "adapter")
+    for callback in config["trainer"]["callbacks"]:
+        if "dirpath" in callback.get("init_args", {}):
+            callback["init_args"]["dirpath"] = str(scratch / "checkpoints")
+    with measured(run_dir, f"rebuild_{name}"):
+        memalpha(command, "--config", str(write_yaml(config, scratch / "config.yaml")),
+                 log=run_dir / "logs" / f"rebuild_{name}.log")
+    install(run_dir, adapter, scratch / "adapter")
+    shutil.rmtree(scratch)
 
 
 def max_abs_change(before: Path, after: Path) -> float:
@@ -195,6 +239,11 @@ class Experiment:
 
     def start(self) -> None:
         """Demonstrations, the shared SFT start, and its validation."""
+        self.train_start()
+        self.validate_start()
+
+    def train_start(self) -> None:
+        """Demonstrations and the shared SFT start (trained again where a restored run state lost it)."""
         args, run_dir = self.args, self.run_dir
         demos = run_dir / "demos"
         if not (args.reuse and (demos / "val.jsonl").is_file()):
@@ -204,13 +253,18 @@ class Experiment:
                          log=self.logs / "demos_train.log")
                 memalpha("data", "demos", "--config", str(self.demos_yaml), "--out", str(demos / "val.jsonl"),
                          "--split", "test", "--count", "2", log=self.logs / "demos_val.log")
-        if not (args.reuse and adapter_done(self.adapter)):
+        if not (args.reuse and trained(run_dir, self.adapter)):
             config = sft_config(self.base_sft, run_dir, args.sft_steps)
             config["trainer"]["logger"] = logger(run_dir, "sft", START)  # one events folder, rerun or not
             with measured(run_dir, f"sft_{START}"):
                 memalpha("sft", "--config", str(write_yaml(config, run_dir / "sft.yaml")),
                          log=self.logs / "sft.log")
+        elif lost(run_dir, self.adapter):  # every arm trains from it: always needed again
+            rebuild(run_dir, self.adapter, run_dir / "sft.yaml", "sft")
         self.sft_step_s = step_seconds(run_dir / "sft" / START)
+
+    def validate_start(self) -> None:
+        """The start's validation and both JSON files."""
         self.scores[START] = self.validate_adapter(self.adapter, START)
         self.write()
 
@@ -218,14 +272,42 @@ class Experiment:
         """``memalpha validate`` of the run ``name``'s adapter on the held-out set (:func:`validate`)."""
         return validate(self.run_dir, self.val_yaml, adapter, name, self.args.reuse)
 
+    def validation_reports(self, name: str) -> list[Path]:
+        """The reports :meth:`validate_adapter` writes for the run ``name``."""
+        return [self.run_dir / "validate" / name / "validation.json"]
+
+    def pending(self, name: str) -> bool:
+        """Whether a validation of the run ``name`` is still to finish (so its weights are needed)."""
+        return not all(report.is_file() for report in self.validation_reports(name))
+
+    def supersede(self, name: str, command: str) -> None:
+        """Move everything of the run ``name`` (training, checkpoints, compute, validations, logs) to
+        ``superseded/<name>.<n>/`` under the same relative paths, and forget its recorded adapter: it is
+        trained and validated anew."""
+        run_dir = self.run_dir
+        target = run_dir / "superseded" / f"{name}.{len(list((run_dir / 'superseded').glob(f'{name}.*')))}"
+        folders = {report.parent for report in self.validation_reports(name)}
+        stages = [command, *(folder.parent.name for folder in folders)]
+        moved = [run_dir / "arms" / name, run_dir / "checkpoints" / name, *folders,
+                 *(path for stage in stages for path in (run_dir / "compute").glob(f"{stage}_{name}.*")),
+                 *(run_dir / "logs").glob(f"*_{name}.log")]
+        for path in moved:
+            if path.exists():
+                destination = target / path.relative_to(run_dir)
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                path.rename(destination)
+        forget(run_dir, run_dir / "arms" / name / "adapter")
+
     def grpo_arm(self, seed: int, arm: str) -> None:
         name = tag(seed, arm)
         config = self.fit_config(seed, arm)
         path = write_yaml(config, self.run_dir / f"{name}.yaml")
         folder = self.run_dir / "arms" / name
-        if not (self.args.reuse and adapter_done(folder / "adapter")):
+        if not (self.args.reuse and trained(self.run_dir, folder / "adapter")):
             with measured(self.run_dir, f"fit_{name}"):
                 train_run(path, config, self.logs / f"fit_{name}.log", "fit")
+        elif lost(self.run_dir, folder / "adapter") and self.pending(name):
+            rebuild(self.run_dir, folder / "adapter", path, "fit")
         self.train[name] = {
             t: {str(k): v for k, v in s.items()} for t, s in event_scalars(folder, TRAIN_TAGS).items()
         }
@@ -245,7 +327,9 @@ class Experiment:
         config, matched = self.continued_sft(seed)
         path = write_yaml(config, self.run_dir / f"{name}.yaml")
         folder = self.run_dir / "arms" / name
-        if not (self.args.reuse and adapter_done(folder / "adapter")):
+        if self.args.reuse and lost(self.run_dir, folder / "adapter") and self.pending(name):
+            self.supersede(name, "sft")  # a CPU budget stopped it: trained again, it is another adapter
+        if not (self.args.reuse and trained(self.run_dir, folder / "adapter")):
             with measured(self.run_dir, f"sft_{name}"):
                 train_run(path, config, self.logs / f"sft_{name}.log", "sft")
         taken = step_seconds(folder)

@@ -52,7 +52,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from control_arms import Experiment, adapter_done, arm_compute, step_seconds
+from control_arms import Experiment, arm_compute, step_seconds
 from learning_curve import add_recipe_arguments, check_positive, parse_seeds
 
 from memalpha_lab.arm_configs import cpu_matched_sft_config, tag
@@ -76,6 +76,7 @@ from memalpha_lab.decisive_plan import (
 from memalpha_lab.decisive_report import GRPO, GUARD_LIMIT, PRIMARY, SECONDARY, SFT, print_decisive, rebuild
 from memalpha_lab.levers import LEVERS
 from memalpha_lab.recipe_configs import write_yaml
+from memalpha_lab.run_state import trained
 from memalpha_lab.tb_scalars import event_scalars
 
 
@@ -86,14 +87,14 @@ def collect_runs(run_dir: Path, seeds: list[int],
     matched arms' ``cpu_budget_s`` (``budget_arm``'s recorded CPU seconds), and the start's SFT; from
     what ``run_dir`` holds. ``arm_commands``: each arm and the ``memalpha`` command that trains it."""
     runs: dict[str, Any] = {}
-    if adapter_done(run_dir / "sft" / "adapter"):
+    if trained(run_dir, run_dir / "sft" / "adapter"):
         runs[f"seed0_{START}"] = {"train_s": sum(step_seconds(run_dir / "sft" / START)),
                                   "steps": len(step_seconds(run_dir / "sft" / START)),
                                   "compute": {"train": arm_compute_start(run_dir)}}
     for seed in seeds:
         for arm, command in arm_commands:
             name = tag(seed, arm)
-            if adapter_done(run_dir / "arms" / name / "adapter"):
+            if trained(run_dir, run_dir / "arms" / name / "adapter"):
                 taken = step_seconds(run_dir / "arms" / name)
                 runs[name] = {"train_s": sum(taken), "steps": len(taken),
                               "compute": arm_compute(run_dir, name, command)}
@@ -165,7 +166,7 @@ class Decisive(Experiment):
         """A's fit (:meth:`control_arms.Experiment.grpo_arm`), refused before it starts when an earlier
         attempt went unrecorded (B's budget would then be unknown, :func:`budget_unknown`)."""
         name = tag(seed, arm)
-        if not (self.args.reuse and adapter_done(self.run_dir / "arms" / name / "adapter")) \
+        if not (self.args.reuse and trained(self.run_dir, self.run_dir / "arms" / name / "adapter")) \
                 and unrecorded_attempt(self.run_dir, f"fit_{name}"):
             raise budget_unknown(self.run_dir, seed, arm)
         super().grpo_arm(seed, arm)
@@ -290,8 +291,8 @@ def start_lock(run_dir: Path) -> Iterator[None]:
 def run_study(args: argparse.Namespace, name: str, experiment_class: type[Decisive],
               stages: Callable[[Decisive, int], None], report: Callable[[list[str]], int]) -> int:
     """A study's command line: with ``--check`` only ``report``'s rebuild of the committed files; else the
-    start (built under a lock by the first of several processes over one folder), ``stages`` of every
-    seed in turn, and the summary."""
+    start (trained under a lock by the first of several processes over one folder, then validated: a
+    validation another process runs is left to it), ``stages`` of every seed in turn, and the summary."""
     if args.check:
         return report(["--scores", str(args.out.parent / args.out.stem / "instance_scores.json"),
                        "--summary", str(args.out), "--check"])
@@ -301,7 +302,8 @@ def run_study(args: argparse.Namespace, name: str, experiment_class: type[Decisi
     print(f"{name} in {run_dir}, seeds {args.seed_list}", flush=True)
     with start_lock(run_dir):
         experiment = experiment_class(args)
-        experiment.start()
+        experiment.train_start()
+    experiment.validate_start()
     for seed in args.seed_list:
         stages(experiment, seed)
     result = experiment.write()

@@ -51,7 +51,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from control_arms import adapter_done, arm_compute, step_seconds, train_run, validate
+from control_arms import arm_compute, step_seconds, train_run, validate
 from learning_curve import check_positive, parse_seeds
 
 from memalpha_lab.arm_configs import tag, validate_config
@@ -61,6 +61,7 @@ from memalpha_lab.control_arms_report import INTERVALS, START, TRAIN_TAGS
 from memalpha_lab.grpo_levers_report import LEVER_METRICS, REFERENCES, lever_comparisons, print_levers
 from memalpha_lab.levers import LEVERS, lever_config, lever_runs
 from memalpha_lab.recipe_configs import load_yaml, write_yaml
+from memalpha_lab.run_state import exported
 from memalpha_lab.tb_scalars import event_scalars
 
 
@@ -149,7 +150,7 @@ def report(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     run_dir = args.run_dir.resolve()
-    if not adapter_done(run_dir / "sft" / "adapter"):
+    if not exported(run_dir / "sft" / "adapter"):
         raise SystemExit(
             f"grpo_levers: no SFT start at {run_dir / 'sft' / 'adapter'}: "
             "run experiments/studies/control_arms.py first"
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             config = lever_config(base, run_dir, args, lever, seed)
             path = write_yaml(config, run_dir / f"{name}.yaml")
             folder = run_dir / "arms" / name
-            if not (args.reuse and adapter_done(folder / "adapter")):
+            if not (args.reuse and exported(folder / "adapter")):
                 with measured(run_dir, f"fit_{name}"):
                     train_run(path, config, run_dir / "logs" / f"fit_{name}.log", "fit")
             validate(run_dir, val_yaml, folder / "adapter", name, args.reuse)

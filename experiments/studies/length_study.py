@@ -25,7 +25,16 @@ values from :func:`memalpha_lab.length_report.length_values`: the extractive rea
 final memory, whether its answers were stored, and its scores by where the evidence sits) and the summary
 ``--out``, rebuilt from the run folder after every stage (:mod:`memalpha_lab.length_report` rebuilds the
 verdict from the first and ``--check`` compares it with the second). ``--reuse`` keeps every stage whose
-output exists and resumes an interrupted fit or SFT from its ``last.ckpt``.
+output exists and resumes an interrupted fit or SFT from its ``last.ckpt``; two processes over one run
+folder never run the same validation (the second goes on with its next stage).
+
+The study runs for more CPU hours than a machine is kept here, so its run folder, all but the weights,
+is committed as it grows (``python -m memalpha_lab.run_state save runs/length_study
+experiments/results/length_study/run_state``) and laid back on a new machine (``... restore``, same
+run-folder path) before ``--reuse``: a lost adapter still needed is trained again and installed only
+if it equals the recorded one (C and A: fixed steps, seeded), and a lost B with a validation to go,
+stopped by a CPU budget and so not reproducible, is moved to ``superseded/`` and run anew
+(:mod:`memalpha_lab.run_state`).
 """
 
 from __future__ import annotations
@@ -94,6 +103,9 @@ class LengthStudy(Decisive):
             n: validate(self.run_dir, self.length_yamls[n], adapter, name, self.args.reuse, folder(n))
             for n in self.args.length_list
         }
+
+    def validation_reports(self, name: str) -> list[Path]:
+        return [self.run_dir / folder(n) / name / "validation.json" for n in self.args.length_list]
 
     def collect_scores(self) -> dict[str, Any]:
         arms = tuple(arm for arm, _ in self.arm_commands)

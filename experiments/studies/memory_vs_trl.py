@@ -52,7 +52,6 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from control_arms import adapter_done
 from decisive import Decisive, start_lock
 from decisive import parse_args as decisive_args
 
@@ -63,6 +62,7 @@ from memalpha_lab.compute import measured
 from memalpha_lab.control_arms_report import START, compare
 from memalpha_lab.decisive_plan import collect_scores, recipe_config, validated
 from memalpha_lab.recipe_configs import load_yaml, write_yaml
+from memalpha_lab.run_state import exported
 from memalpha_lab.tb_scalars import event_scalars
 
 SIDES = ("memalpha", "trl")
@@ -109,7 +109,7 @@ class MemoryVsTrl(Decisive):
         path = write_yaml(config, self.run_dir / f"{name}.yaml")
         adapter = Path(config["model"]["export_adapter_dir"])
         record = self.run_dir / "arms" / name / "run.json"
-        if not (self.args.reuse and adapter_done(adapter) and record.is_file()):
+        if not (self.args.reuse and exported(adapter) and record.is_file()):
             if side == "memalpha":
                 command = [sys.executable, "-m", "memalpha.cli", "fit", "--config", str(path)]
             else:

@@ -1,0 +1,211 @@
+"""A study's run state carried to a new machine (experiments/lab/memalpha_lab/run_state.py): what is saved
+and what is left behind, the recorded adapters counting as trained, an adapter trained again installed only
+when it equals the recorded one, and the study stages over a restored folder: a lost adapter trained again
+for real on the tiny model, a lost SFT-continued arm moved aside, and a validation another process holds
+left to it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from test_sft import _sft_config, demo_file  # noqa: F401  (the fixture)
+
+from memalpha_lab.run_state import (
+    DIGESTS,
+    MAX_FILE_BYTES,
+    RunStateError,
+    adapter_files,
+    exported,
+    forget,
+    install,
+    lost,
+    recorded,
+    restore,
+    save,
+    trained,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "experiments" / "studies"))
+
+
+def adapter(folder: Path, weights: bytes = b"w") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "adapter_config.json").write_text("{}")
+    (folder / "adapter_model.safetensors").write_bytes(weights)
+    return folder
+
+
+def run_folder(run: Path) -> Path:
+    """A study's folder: the start and seed 0's A trained and validated, B's SFT running, a checkpoint."""
+    adapter(run / "sft" / "adapter")
+    (run / "sft" / "start").mkdir()
+    (run / "sft" / "start" / "events.out").write_bytes(b"e")
+    adapter(run / "arms" / "seed0_grpo" / "adapter", b"a")
+    (run / "arms" / "seed0_grpo" / "events.out").write_bytes(b"e")
+    (run / "arms" / "seed0_sft_continued").mkdir(parents=True)
+    (run / "arms" / "seed0_sft_continued" / "events.out").write_bytes(b"b")
+    (run / "checkpoints" / "seed0_grpo").mkdir(parents=True)
+    (run / "checkpoints" / "seed0_grpo" / "last.ckpt").write_bytes(b"c")
+    (run / "compute").mkdir()
+    (run / "compute" / "fit_seed0_grpo.json").write_text("[]")
+    (run / "compute" / "sft_seed0_sft_continued.running").write_text("")
+    (run / "compute" / "validate_chunks8_seed0_grpo.running").write_text("")
+    (run / "validate_chunks8" / "seed0_grpo").mkdir(parents=True)
+    (run / "validate_chunks8" / "seed0_grpo" / "validation.partial.jsonl").write_text("{}\n")
+    (run / "validate_chunks8" / "seed0_grpo.lock").write_text("")
+    return run
+
+
+def test_save_keeps_the_text_and_records_the_adapters_instead_of_their_weights(tmp_path):
+    run = run_folder(tmp_path / "run")
+    assert save(run, tmp_path / "state") == 7
+    kept = {
+        p.relative_to(tmp_path / "state").as_posix() for p in (tmp_path / "state").rglob("*") if p.is_file()
+    }
+    assert kept == {
+        "sft/start/events.out",
+        "arms/seed0_grpo/events.out",
+        "compute/fit_seed0_grpo.json",
+        "sft/adapter/adapter_config.json",
+        "arms/seed0_grpo/adapter/adapter_config.json",
+        "compute/validate_chunks8_seed0_grpo.running",
+        "validate_chunks8/seed0_grpo/validation.partial.jsonl",
+        DIGESTS,
+    }  # no weights, checkpoint or lock; nothing of B's SFT under way (it restarts from its beginning)
+    digests = recorded(tmp_path / "state")
+    assert set(digests) == {"sft/adapter", "arms/seed0_grpo/adapter"}
+    assert digests["arms/seed0_grpo/adapter"] == adapter_files(run / "arms" / "seed0_grpo" / "adapter")
+    (run / "compute" / "fit_seed0_grpo.json").unlink()
+    save(run, tmp_path / "state")  # replaced whole: a file gone from the run is gone from the state
+    assert not (tmp_path / "state" / "compute" / "fit_seed0_grpo.json").exists()
+
+
+def test_a_restored_folder_counts_its_recorded_adapters_as_trained_but_lost(tmp_path):
+    save(run_folder(tmp_path / "run"), tmp_path / "state")
+    new = tmp_path / "new"
+    assert restore(tmp_path / "state", new) == 7
+    grpo = new / "arms" / "seed0_grpo" / "adapter"
+    assert trained(new, grpo) and lost(new, grpo) and not exported(grpo)
+    assert not trained(new, new / "arms" / "seed0_sft_continued" / "adapter")
+    (new / "compute" / "fit_seed0_grpo.json").write_text("[1]")
+    assert restore(tmp_path / "state", new) == 0  # a file the run holds is never overwritten
+    assert (new / "compute" / "fit_seed0_grpo.json").read_text() == "[1]"
+    forget(new, grpo)
+    assert not trained(new, grpo) and "sft/adapter" in recorded(new)
+
+
+def test_install_takes_only_the_recorded_adapter(tmp_path):
+    run = tmp_path / "run"
+    original = adapter(run / "arms" / "seed0_grpo" / "adapter", b"a")
+    save(run, tmp_path / "state")
+    new = tmp_path / "new"
+    restore(tmp_path / "state", new)
+    target = new / "arms" / "seed0_grpo" / "adapter"
+    with pytest.raises(RunStateError, match=r"differs from the recorded one in adapter_model.safetensors"):
+        install(new, target, adapter(tmp_path / "other", b"b"))
+    assert not exported(target)  # nothing installed
+    install(new, target, original)
+    assert exported(target) and adapter_files(target) == adapter_files(original)
+
+
+def test_a_file_too_large_for_a_run_state_stops_the_save_naming_it(tmp_path):
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    with open(run / "logs" / "big.log", "wb") as handle:
+        handle.truncate(MAX_FILE_BYTES + 1)
+    with pytest.raises(RunStateError, match=r"logs/big.log is 8 MiB, too large .* nothing was saved"):
+        save(run, tmp_path / "state")
+    assert not (tmp_path / "state").exists()
+
+
+def length_study(run: Path, *argv: str):
+    from length_study import LengthStudy, parse_args
+
+    return LengthStudy(parse_args(["--reuse", "--run-dir", str(run), "--out", str(run / "out.json"), *argv]))
+
+
+def test_a_lost_sft_continued_arm_with_a_validation_to_go_is_moved_aside(tmp_path):
+    """B was stopped by a CPU budget, so training it again gives another adapter: its training, compute,
+    logs and every validation go to superseded/ together, and it no longer counts as trained."""
+    run = tmp_path.resolve() / "run"
+    name = "seed0_sft_continued"
+    adapter(run / "arms" / name / "adapter")
+    for path in (
+        f"arms/{name}/events.out",
+        f"compute/sft_{name}.json",
+        f"compute/validate_chunks2_{name}.json",
+        f"logs/sft_{name}.log",
+        f"validate_chunks2/{name}/validation.json",
+        f"validate_chunks8/{name}/validation.partial.jsonl",
+        "validate_chunks2/seed0_grpo/validation.json",
+    ):
+        (run / path).parent.mkdir(parents=True, exist_ok=True)
+        (run / path).write_text("{}")
+    save(run, tmp_path / "state")
+    new = tmp_path.resolve() / "new"
+    restore(tmp_path / "state", new)
+    study = length_study(new, "--seeds", "0")
+    assert study.pending(name)
+    study.supersede(name, "sft")
+    moved = {
+        p.relative_to(new / "superseded" / f"{name}.0").as_posix()
+        for p in (new / "superseded" / f"{name}.0").rglob("*")
+        if p.is_file()
+    }
+    assert moved == {
+        f"arms/{name}/events.out",
+        f"arms/{name}/adapter/adapter_config.json",
+        f"compute/sft_{name}.json",
+        f"compute/validate_chunks2_{name}.json",
+        f"logs/sft_{name}.log",
+        f"validate_chunks2/{name}/validation.json",
+        f"validate_chunks8/{name}/validation.partial.jsonl",
+    }
+    assert not trained(new, new / "arms" / name / "adapter")
+    assert (new / "validate_chunks2" / "seed0_grpo" / "validation.json").is_file()  # A's stays
+
+
+def test_a_validation_another_process_holds_is_left_to_it(tmp_path, capsys):
+    from control_arms import claimed, validate
+
+    run = tmp_path / "run"
+    with claimed(run / "validate" / "start.lock") as mine:
+        assert mine
+        with claimed(run / "validate" / "start.lock") as again:
+            assert not again  # flock: a second open file is refused while the first holds it
+        assert validate(run, run / "none.yaml", run / "adapter", "start", True) is None
+    assert "another process is validating it" in capsys.readouterr().out
+    assert not (run / "compute").exists()  # nothing ran, nothing was measured
+
+
+def test_a_lost_start_is_trained_again_and_installed_bit_for_bit(tmp_path, tiny_model_dir, demo_file):  # noqa: F811
+    """The real SFT of the tiny model, saved, its folder gone as on a new machine, restored, and trained
+    again from its own config: the adapter equals the recorded one file for file and is put back."""
+    from control_arms import rebuild
+    from learning_curve import memalpha
+
+    run = tmp_path.resolve() / "run"
+    config = yaml.safe_load(_sft_config(tmp_path, tiny_model_dir, demo_file, max_steps=2).read_text())
+    config["model"]["export_adapter_dir"] = str(run / "sft" / "adapter")
+    config["trainer"]["logger"]["init_args"].update(save_dir=str(run), name="sft", version="start")
+    config["trainer"]["enable_checkpointing"] = False
+    config["trainer"]["callbacks"] = []
+    (run / "logs").mkdir(parents=True)
+    (run / "sft.yaml").write_text(yaml.safe_dump(config))
+    memalpha("sft", "--config", str(run / "sft.yaml"), log=run / "logs" / "sft.log")
+    want = adapter_files(run / "sft" / "adapter")
+    save(run, tmp_path / "state")
+    (tmp_path / "state" / "logs" / "sft.log").unlink()
+    for path in sorted(run.rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    restore(tmp_path / "state", run)
+    assert lost(run, run / "sft" / "adapter")
+    rebuild(run, run / "sft" / "adapter", run / "sft.yaml", "sft")
+    assert exported(run / "sft" / "adapter") and adapter_files(run / "sft" / "adapter") == want
+    assert not (run / "rebuild" / "sft").exists()  # the scratch training is gone
+    assert json.loads((run / "compute" / "rebuild_sft.json").read_text())[0]["finished"]
