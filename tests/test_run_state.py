@@ -37,6 +37,7 @@ def adapter(folder: Path, weights: bytes = b"w") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "adapter_config.json").write_text("{}")
     (folder / "adapter_model.safetensors").write_bytes(weights)
+    (folder / "tokenizer.json").write_text("{}")
     return folder
 
 
@@ -76,7 +77,7 @@ def test_save_keeps_the_text_and_records_the_adapters_instead_of_their_weights(t
         "compute/validate_chunks8_seed0_grpo.running",
         "validate_chunks8/seed0_grpo/validation.partial.jsonl",
         DIGESTS,
-    }  # no weights, checkpoint or lock; nothing of B's SFT under way (it restarts from its beginning)
+    }  # of an adapter its config alone; no checkpoint or lock; nothing of B's SFT under way (it restarts)
     digests = recorded(tmp_path / "state")
     assert set(digests) == {"sft/adapter", "arms/seed0_grpo/adapter"}
     assert digests["arms/seed0_grpo/adapter"] == adapter_files(run / "arms" / "seed0_grpo" / "adapter")
@@ -187,7 +188,8 @@ def test_a_lost_start_is_trained_again_and_installed_bit_for_bit(tmp_path, tiny_
     """The real SFT of the tiny model, saved, its folder gone as on a new machine, restored, and trained
     again from its own config: the adapter equals the recorded one file for file and is put back."""
     from control_arms import rebuild
-    from learning_curve import memalpha
+
+    from memalpha.cli import main
 
     run = tmp_path.resolve() / "run"
     config = yaml.safe_load(_sft_config(tmp_path, tiny_model_dir, demo_file, max_steps=2).read_text())
@@ -197,10 +199,9 @@ def test_a_lost_start_is_trained_again_and_installed_bit_for_bit(tmp_path, tiny_
     config["trainer"]["callbacks"] = []
     (run / "logs").mkdir(parents=True)
     (run / "sft.yaml").write_text(yaml.safe_dump(config))
-    memalpha("sft", "--config", str(run / "sft.yaml"), log=run / "logs" / "sft.log")
+    main(["sft", "--config", str(run / "sft.yaml")])  # in this process; trained again in another
     want = adapter_files(run / "sft" / "adapter")
     save(run, tmp_path / "state")
-    (tmp_path / "state" / "logs" / "sft.log").unlink()
     for path in sorted(run.rglob("*"), reverse=True):
         path.unlink() if path.is_file() else path.rmdir()
     restore(tmp_path / "state", run)

@@ -1,24 +1,23 @@
 """A study's run folder carried from one machine to the next, without its weights.
 
 A pre-registered study runs for more CPU hours than a machine is kept here (a session's machine may
-be a new one, and only the repository comes along), so its state is committed as it grows:
-:func:`save` copies the run folder into a folder of the repository, all but what a model is made
-of: no exported adapter's weights (the SHA-256 of every file of each adapter go into
-``adapters.json``), no Lightning checkpoint, no lock file, and nothing of a training that was
-running (its ``.running`` marker, its events and its adapter; a training restarts from its
-beginning anyway, its checkpoint being left behind). What stays is text: configs, demonstrations,
-the compute ledger, logs, TensorBoard events of finished trainings, adapters' configs and
-tokenizers, validation reports and the journals of validations under way. :func:`restore` lays it
-back into a run folder on a new machine.
+be a new one, and only the repository comes along), so its state is committed as it grows.
+:func:`save` copies the run folder into a folder of the repository, all but what a model is made of:
+of an exported adapter only its config (the SHA-256 of each of its files go into ``adapters.json``;
+its weights and tokenizer come back when it is trained again), no Lightning checkpoint, no lock file,
+and nothing of a training that was running (its ``.running`` marker, events and adapter: without its
+checkpoint it restarts from its beginning anyway). What stays is text: configs, demonstrations, the
+compute ledger, logs, TensorBoard events of finished trainings, validation reports and the journals
+of validations under way. :func:`restore` lays it back into a run folder of the same path.
 
 An adapter whose weights are not there but whose digests are recorded counts as trained
 (:func:`trained`): the stages after it keep their outputs. Where one is needed again (a validation
-still to run, or a training that starts from it), the study trains it again from its own config
-and :func:`install` puts its weights in place only if they equal the recorded digest, and so does
-every other file (PEFT writes ``target_modules`` in a set's order, which changes from one process to
-the next, so the config is compared as a set there and the original file is kept): the adapter is
-then the same bytes in the same place, and a validation journal of the lost one resumes with it
-(``memalpha.train.validation_journal`` refuses another adapter by itself).
+still to run, or a training that starts from it), the study trains it again from its own config, and
+:func:`install` takes the files it lacks only if every file equals the recorded digest (the config up
+to the order of ``target_modules``, which PEFT writes in a set's order, different in every process;
+the original config is kept). The adapter is then the same bytes in the same place, and a validation
+journal of the lost one resumes with it (``memalpha.train.validation_journal`` refuses another
+adapter by itself).
 
 Run:  python -m memalpha_lab.run_state save RUN_DIR STATE_DIR
       python -m memalpha_lab.run_state restore STATE_DIR RUN_DIR
@@ -38,7 +37,7 @@ from memalpha_lab.common import write_text_atomically
 DIGESTS = "adapters.json"
 """The run-folder file of every exported adapter's files and their SHA-256, by relative path."""
 WEIGHTS = "adapter_model.safetensors"
-"""An exported adapter's weights: the one file of it a run state leaves behind."""
+"""An exported adapter's weights."""
 MAX_FILE_BYTES = 8 << 20
 """A file larger than this is no run-state text: :func:`save` stops naming it."""
 
@@ -95,11 +94,14 @@ def in_flight(run_dir: Path) -> set[Path]:
 
 
 def kept_files(run_dir: Path) -> Iterator[Path]:
-    """The files :func:`save` copies: all but weights, checkpoints, locks and the trainings under way."""
+    """The files :func:`save` copies: all but adapters (their configs kept), checkpoints, locks and the
+    trainings under way."""
     skipped = in_flight(run_dir)
     for path in sorted(run_dir.rglob("*")):
-        if not path.is_file() or path.suffix in (".ckpt", ".lock") or path.name in (DIGESTS, WEIGHTS):
+        if not path.is_file() or path.suffix in (".ckpt", ".lock") or path.name == DIGESTS:
             continue
+        if (path.parent / "adapter_config.json").is_file() and path.name != "adapter_config.json":
+            continue  # an adapter's weights and tokenizer: training it again gives them back
         if any(folder == path or folder in path.parents for folder in skipped):
             continue
         if path.relative_to(run_dir).parts[0] in ("checkpoints", "rebuild"):
@@ -163,10 +165,10 @@ def forget(run_dir: Path, adapter: Path) -> None:
 
 
 def install(run_dir: Path, adapter: Path, rebuilt: Path) -> None:
-    """Put the weights of the adapter trained again in ``rebuilt`` into the restored folder of the lost
-    ``adapter``, when every file equals the recorded digests (the config up to the order of
-    ``target_modules``); otherwise stop in one line: it is another adapter, and what was measured with
-    the lost one would be mixed with it."""
+    """Copy the files of the adapter trained again in ``rebuilt`` that the restored folder of the lost
+    ``adapter`` lacks (all but its config) into it, when every file equals the recorded digests (the
+    config up to the order of ``target_modules``); otherwise stop in one line: it is another adapter,
+    and what was measured with the lost one would be mixed with it."""
     relative = adapter.resolve().relative_to(run_dir.resolve()).as_posix()
     want, got = recorded(run_dir).get(relative) or {}, adapter_files(rebuilt)
     differ = sorted(
