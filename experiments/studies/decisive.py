@@ -43,6 +43,8 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -221,7 +223,8 @@ class Decisive(Experiment):
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """The plan as this run carries it out (docs/results.md, "Pre-registered: ...")."""
     return {
-        "plan_commit": args.plan_commit, "config": str(args.config), "sft_config": str(args.sft_config),
+        "plan_commit": args.plan_commit, "product_commit": args.product_commit,
+        "config": str(args.config), "sft_config": str(args.sft_config),
         "demos": args.demos, "demos_data_seed": args.demos_data_seed, "sft_steps": args.sft_steps,
         "recipe": args.recipe, "recipe_settings": LEVERS[args.recipe], "steps": args.steps,
         "seeds": args.planned_list,
@@ -259,6 +262,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--train-data-seed-base", type=int, default=TRAIN_DATA_SEED_BASE)
     parser.add_argument("--demos-data-seed", type=int, default=0)
     parser.add_argument("--plan-commit", default=None, help="the commit of the pre-registered plan")
+    parser.add_argument("--product-commit", default=None,
+                        help="the commit whose memalpha/ and configs/ every stage must run (a study that "
+                             "spans sessions and machines keeps its product fixed): refused otherwise")
     parser.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "decisive")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "decisive.json")
     parser.add_argument("--reuse", action="store_true", help="keep the stages whose outputs exist")
@@ -273,6 +279,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--val-data-seed {args.val_data_seed} must differ from every training data seed")
     args.lr0 = None  # arm_fit_config reads it only for the arm grpo_lr0
     return args
+
+
+PRODUCT = ("memalpha", "configs")
+"""What a study measures: the package and the configs its stages derive theirs from."""
+
+
+def check_product(commit: str, repo: Path = REPO_ROOT) -> None:
+    """Stop in one line unless the checkout's :data:`PRODUCT` folders, as they are on disk, equal
+    ``commit``'s."""
+    done = subprocess.run(["git", "diff", "--quiet", commit, "--", *PRODUCT], cwd=repo,
+                          capture_output=True, text=True, check=False)
+    untracked = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "--", *PRODUCT],
+                               cwd=repo, capture_output=True, text=True, check=False).stdout.strip()
+    if done.returncode != 0 or untracked:
+        why = done.stderr.strip() or ("untracked files" if untracked else "they differ")
+        folders = " and ".join(f"{p}/" for p in PRODUCT)
+        raise SystemExit(f"{Path(sys.argv[0]).stem}: --product-commit {commit}: this checkout's {folders} "
+                         f"are not that commit's ({why}); run from a checkout of it")
 
 
 @contextmanager
@@ -296,6 +320,8 @@ def run_study(args: argparse.Namespace, name: str, experiment_class: type[Decisi
     if args.check:
         return report(["--scores", str(args.out.parent / args.out.stem / "instance_scores.json"),
                        "--summary", str(args.out), "--check"])
+    if args.product_commit is not None:
+        check_product(args.product_commit)
     run_dir = args.run_dir.resolve()
     if not args.reuse and run_dir.exists():
         raise SystemExit(f"{name}: {run_dir} exists; pass --reuse to continue it (nothing is deleted)")

@@ -1,8 +1,8 @@
 """The pre-registered length study (issue 55, item 3): does GRPO's gain hold at 16 times the training length?
 
 Run:  HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 .venv/bin/python experiments/studies/length_study.py --reuse
-          --plan-commit HASH [--seeds 0,1,2 | --seeds 3,4 in two processes over one --run-dir]
-          [--run-dir runs/length_study]
+          --plan-commit b1b81a7 --product-commit bf7256b
+          [--seeds 0,1,2 | --seeds 3,4 in two processes over one --run-dir] [--run-dir runs/length_study]
       .venv/bin/python experiments/studies/length_study.py --check
 
 The plan is in docs/results.md ("Pre-registered: does GRPO's gain hold at 16 times the training length?").
@@ -28,12 +28,13 @@ verdict from the first and ``--check`` compares it with the second). ``--reuse``
 output exists and resumes an interrupted fit or SFT from its ``last.ckpt``; two processes over one run
 folder never run the same validation (the second goes on with its next stage).
 
-The study runs for more CPU hours than a machine is kept here, so its run folder, all but the weights,
-is committed as it grows (``python -m memalpha_lab.run_state save runs/length_study
-experiments/results/length_study/run_state``) and laid back on a new machine (``... restore``, same
-run-folder path) before ``--reuse``: a lost adapter still needed is trained again and installed only
-if it equals the recorded one (C and A: fixed steps, seeded), and a lost B with a validation to go,
-stopped by a CPU budget and so not reproducible, is moved to ``superseded/`` and run anew
+The study runs for more CPU hours than a machine is kept here (docs/results.md, amendment 2), so its
+product is pinned (``--product-commit``) and its run folder, all but the weights, is committed as it
+grows (``python -m memalpha_lab.run_state save runs/length_study
+experiments/results/length_study/run_state``) and laid back on a new machine (``... restore``, into
+the same run-folder path) before ``--reuse``: a lost adapter still needed is trained again and used
+only if it equals the recorded one (C and A: fixed steps, seeded), and a lost B with a validation to
+go, stopped by a CPU budget and so not reproducible, is moved to ``superseded/`` and run anew
 (:mod:`memalpha_lab.run_state`).
 """
 
