@@ -282,30 +282,3 @@ def test_the_committed_summary_is_rebuilt_from_the_committed_scores(capsys):
     out = capsys.readouterr().out
     assert "rebuilt numbers match" in out and "verdict" in out and "optimiser steps" in out
 
-
-def test_a_product_commit_is_refused_unless_the_checkout_holds_it(tmp_path):
-    """--product-commit: memalpha/ and configs/ on disk must be that commit's, edits and new files
-    included; what lies elsewhere does not matter."""
-    sys.path.insert(0, str(REPO / "experiments" / "studies"))
-    from decisive import check_product
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
-                              check=True, capture_output=True, text=True).stdout.strip()
-
-    git("init", "-q")
-    for path in ("memalpha/a.py", "configs/c.yaml", "docs/d.md"):
-        (tmp_path / path).parent.mkdir(exist_ok=True)
-        (tmp_path / path).write_text("x\n")
-    git("add", "-A")
-    git("commit", "-q", "-m", "product")
-    commit = git("rev-parse", "HEAD")
-    (tmp_path / "docs" / "d.md").write_text("changed\n")
-    check_product(commit, tmp_path)
-    (tmp_path / "configs" / "new.yaml").write_text("y\n")
-    with pytest.raises(SystemExit, match=rf"--product-commit {commit}: .* \(untracked files\)"):
-        check_product(commit, tmp_path)
-    (tmp_path / "configs" / "new.yaml").unlink()
-    (tmp_path / "memalpha" / "a.py").write_text("changed\n")
-    with pytest.raises(SystemExit, match=r"memalpha/ and configs/ are not that commit's \(they differ\)"):
-        check_product(commit, tmp_path)

@@ -16,6 +16,7 @@ from test_decisive import T4, study
 
 from memalpha.reader.options import RetrievalSettings
 from memalpha_lab.length_report import drops, length_values, rebuild, third
+from memalpha_lab.run_state import claimed, lost, restore, save
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -210,3 +211,30 @@ def test_a_run_whose_stages_are_done_writes_the_plans_configs_and_a_pending_verd
     assert set(scores["lengths"]) == {"2", "8", "32"}
     assert scores["lengths"]["32"]["seeds"]["3"]["grpo"]["synth_personal"]["a"]["extractive_accuracy"] == 1.0
     assert "verdict" in done.stdout
+
+
+def test_a_restored_run_trains_nothing_it_holds_and_leaves_a_claimed_validation_to_its_holder(tmp_path):
+    """Laid back on a new machine (memalpha_lab.run_state, the arms' weights left behind; the start's
+    trained again, as the study does first), a run whose stages are done but the start's 8-chunk
+    validation counts its arms as trained and trains nothing; that validation, held by another
+    process, is left to it."""
+    run = tmp_path.resolve() / "run"
+    done_folder(run, (2, 8, 32), ("seed3_grpo", "seed3_sft_continued"))
+    (run / "compute").mkdir()
+    (run / "compute" / "fit_seed3_grpo.json").write_text(
+        json.dumps([{"wall_s": 900.0, "cpu_s": 1200.5, "finished": True, "ended": "t"}])
+    )
+    (run / "validate_chunks8" / "start" / "validation.json").unlink()
+    (run / "sft" / "start" / "hparams.yaml").write_text("{}\n")  # a training's folder is never empty
+    save(run, tmp_path / "state")
+    new = tmp_path.resolve() / "new"
+    restore(tmp_path / "state", new)
+    assert lost(new, new / "arms" / "seed3_grpo" / "adapter")
+    (new / "sft" / "adapter" / "adapter_model.safetensors").write_text("")  # the start trained again
+    out = tmp_path / "results" / "length_study.json"
+    with claimed(new / "validate_chunks8" / "start.lock"):
+        done = study("length_study.py", "--reuse", "--seeds", "3", "--run-dir", str(new), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "validate_chunks8/start: another process is validating it; going on" in done.stdout
+    assert not (new / "logs").exists()  # no memalpha command ran: nothing trained or validated
+    assert {"seed3_grpo", "seed3_sft_continued"} <= set(json.loads(out.read_text())["runs"])

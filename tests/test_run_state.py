@@ -7,6 +7,7 @@ left to it."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,23 +15,25 @@ import pytest
 import yaml
 from test_sft import _sft_config, demo_file  # noqa: F401  (the fixture)
 
+from memalpha.cli import main
 from memalpha_lab.run_state import (
     DIGESTS,
     MAX_FILE_BYTES,
     RunStateError,
     adapter_files,
+    check_product,
+    claimed,
     exported,
     forget,
     install,
     lost,
+    rebuild,
     recorded,
     restore,
     save,
+    supersede,
     trained,
 )
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "experiments" / "studies"))
 
 
 def adapter(folder: Path, weights: bytes = b"w") -> Path:
@@ -124,12 +127,6 @@ def test_a_file_too_large_for_a_run_state_stops_the_save_naming_it(tmp_path):
     assert not (tmp_path / "state").exists()
 
 
-def length_study(run: Path, *argv: str):
-    from length_study import LengthStudy, parse_args
-
-    return LengthStudy(parse_args(["--reuse", "--run-dir", str(run), "--out", str(run / "out.json"), *argv]))
-
-
 def test_a_lost_sft_continued_arm_with_a_validation_to_go_is_moved_aside(tmp_path):
     """B was stopped by a CPU budget, so training it again gives another adapter: its training, compute,
     logs and every validation go to superseded/ together, and it no longer counts as trained."""
@@ -150,9 +147,8 @@ def test_a_lost_sft_continued_arm_with_a_validation_to_go_is_moved_aside(tmp_pat
     save(run, tmp_path / "state")
     new = tmp_path.resolve() / "new"
     restore(tmp_path / "state", new)
-    study = length_study(new, "--seeds", "0")
-    assert study.pending(name)
-    study.supersede(name, "sft")
+    folders = {new / f"validate_chunks{n}" / name for n in (2, 8, 32)}
+    assert supersede(new, name, "sft", folders) == new / "superseded" / f"{name}.0"
     moved = {
         p.relative_to(new / "superseded" / f"{name}.0").as_posix()
         for p in (new / "superseded" / f"{name}.0").rglob("*")
@@ -171,26 +167,18 @@ def test_a_lost_sft_continued_arm_with_a_validation_to_go_is_moved_aside(tmp_pat
     assert (new / "validate_chunks2" / "seed0_grpo" / "validation.json").is_file()  # A's stays
 
 
-def test_a_validation_another_process_holds_is_left_to_it(tmp_path, capsys):
-    from control_arms import claimed, validate
-
-    run = tmp_path / "run"
-    with claimed(run / "validate" / "start.lock") as mine:
+def test_a_claim_is_refused_while_another_open_file_holds_it(tmp_path):
+    with claimed(tmp_path / "v" / "start.lock") as mine:
         assert mine
-        with claimed(run / "validate" / "start.lock") as again:
+        with claimed(tmp_path / "v" / "start.lock") as again:
             assert not again  # flock: a second open file is refused while the first holds it
-        assert validate(run, run / "none.yaml", run / "adapter", "start", True) is None
-    assert "another process is validating it" in capsys.readouterr().out
-    assert not (run / "compute").exists()  # nothing ran, nothing was measured
+    with claimed(tmp_path / "v" / "start.lock") as after:
+        assert after  # released with the block
 
 
 def test_a_lost_start_is_trained_again_and_installed_bit_for_bit(tmp_path, tiny_model_dir, demo_file):  # noqa: F811
     """The real SFT of the tiny model, saved, its folder gone as on a new machine, restored, and trained
     again from its own config: the adapter equals the recorded one file for file and is put back."""
-    from control_arms import rebuild
-
-    from memalpha.cli import main
-
     run = tmp_path.resolve() / "run"
     config = yaml.safe_load(_sft_config(tmp_path, tiny_model_dir, demo_file, max_steps=2).read_text())
     config["model"]["export_adapter_dir"] = str(run / "sft" / "adapter")
@@ -206,7 +194,41 @@ def test_a_lost_start_is_trained_again_and_installed_bit_for_bit(tmp_path, tiny_
         path.unlink() if path.is_file() else path.rmdir()
     restore(tmp_path / "state", run)
     assert lost(run, run / "sft" / "adapter")
-    rebuild(run, run / "sft" / "adapter", run / "sft.yaml", "sft")
+    trained_again = []
+
+    def sft(config: Path, log: Path) -> None:  # the study runs `memalpha sft` in a child process
+        trained_again.append(log)
+        subprocess.run([sys.executable, "-m", "memalpha.cli", "sft", "--config", str(config)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    rebuild(run, run / "sft" / "adapter", run / "sft.yaml", sft)
+    assert trained_again == [run / "logs" / "rebuild_sft.log"]
     assert exported(run / "sft" / "adapter") and adapter_files(run / "sft" / "adapter") == want
     assert not (run / "rebuild" / "sft").exists()  # the scratch training is gone
     assert json.loads((run / "compute" / "rebuild_sft.json").read_text())[0]["finished"]
+
+
+def test_a_product_commit_is_refused_unless_the_checkout_holds_it(tmp_path):
+    """--product-commit: memalpha/ and configs/ on disk must be that commit's, edits and new files
+    included; what lies elsewhere does not matter."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    for path in ("memalpha/a.py", "configs/c.yaml", "docs/d.md"):
+        (tmp_path / path).parent.mkdir(exist_ok=True)
+        (tmp_path / path).write_text("x\n")
+    git("add", "-A")
+    git("commit", "-q", "-m", "product")
+    commit = git("rev-parse", "HEAD")
+    (tmp_path / "docs" / "d.md").write_text("changed\n")
+    check_product(commit, "study", tmp_path)
+    (tmp_path / "configs" / "new.yaml").write_text("y\n")
+    with pytest.raises(RunStateError, match=rf"^study: --product-commit {commit}: .* \(untracked files\)"):
+        check_product(commit, "study", tmp_path)
+    (tmp_path / "configs" / "new.yaml").unlink()
+    (tmp_path / "memalpha" / "a.py").write_text("changed\n")
+    with pytest.raises(RunStateError, match=r"memalpha/ and configs/ are not that commit's \(they differ\)"):
+        check_product(commit, "study", tmp_path)

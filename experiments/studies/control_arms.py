@@ -52,12 +52,9 @@ interrupted ``fit`` or continued ``sft`` from its ``last.ckpt``.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
-import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +77,7 @@ from memalpha_lab.control_arms_report import (
 )
 from memalpha_lab.instance_scores import study_instance_values
 from memalpha_lab.recipe_configs import load_yaml, sft_config, write_yaml
-from memalpha_lab.run_state import forget, install, lost, trained
+from memalpha_lab.run_state import claimed, lost, rebuild, supersede, trained
 from memalpha_lab.tb_scalars import event_scalars
 
 GRPO_ARMS = ("grpo", "grpo_lr0")
@@ -121,23 +118,6 @@ def validate(run_dir: Path, val_yaml: Path, adapter: Path, version: str, reuse: 
     return study_instance_values(load_records(report))
 
 
-@contextmanager
-def claimed(path: Path) -> Iterator[bool]:
-    """Try to hold an exclusive lock on ``path`` (made if missing) without waiting: yields whether this
-    process holds it, until the block ends (or the process does: the kernel drops the lock)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def arm_compute(run_dir: Path, name: str, command: str) -> dict[str, Any]:
     """The compute of the run ``name`` (:mod:`_compute`): ``train`` (its ``memalpha <command>``: optimiser
     steps, training seconds, rollouts, tokens sampled and reader calls from its TensorBoard events, wall
@@ -150,25 +130,9 @@ def arm_compute(run_dir: Path, name: str, command: str) -> dict[str, Any]:
     return out
 
 
-def rebuild(run_dir: Path, adapter: Path, config_path: Path, command: str) -> None:
-    """Train the run whose weights a restored run state left behind (:mod:`memalpha_lab.run_state`) again,
-    ``memalpha <command>`` of its own config into ``rebuild/<adapter's run>/`` (its events, checkpoints
-    and compute apart from the run's: the stage and log ``rebuild_<run>``), and install the adapter where it
-    was when it equals the recorded one file for file; otherwise stop in one line."""
-    name = adapter.parent.name
-    scratch = run_dir / "rebuild" / name
-    shutil.rmtree(scratch, ignore_errors=True)
-    config = load_yaml(config_path)
-    config["trainer"]["logger"] = logger(scratch, "events", name)
-    config["model"]["export_adapter_dir"] = str(scratch / "adapter")
-    for callback in config["trainer"]["callbacks"]:
-        if "dirpath" in callback.get("init_args", {}):
-            callback["init_args"]["dirpath"] = str(scratch / "checkpoints")
-    with measured(run_dir, f"rebuild_{name}"):
-        memalpha(command, "--config", str(write_yaml(config, scratch / "config.yaml")),
-                 log=run_dir / "logs" / f"rebuild_{name}.log")
-    install(run_dir, adapter, scratch / "adapter")
-    shutil.rmtree(scratch)
+def command_runner(command: str) -> Callable[[Path, Path], None]:
+    """``memalpha <command> --config CONFIG`` with its output in ``LOG``, as a function of both."""
+    return lambda config, log: memalpha(command, "--config", str(config), log=log)
 
 
 def max_abs_change(before: Path, after: Path) -> float:
@@ -260,7 +224,7 @@ class Experiment:
                 memalpha("sft", "--config", str(write_yaml(config, run_dir / "sft.yaml")),
                          log=self.logs / "sft.log")
         elif lost(run_dir, self.adapter):  # every arm trains from it: always needed again
-            rebuild(run_dir, self.adapter, run_dir / "sft.yaml", "sft")
+            rebuild(run_dir, self.adapter, run_dir / "sft.yaml", command_runner("sft"))
         self.sft_step_s = step_seconds(run_dir / "sft" / START)
 
     def validate_start(self) -> None:
@@ -280,24 +244,6 @@ class Experiment:
         """Whether a validation of the run ``name`` is still to finish (so its weights are needed)."""
         return not all(report.is_file() for report in self.validation_reports(name))
 
-    def supersede(self, name: str, command: str) -> None:
-        """Move everything of the run ``name`` (training, checkpoints, compute, validations, logs) to
-        ``superseded/<name>.<n>/`` under the same relative paths, and forget its recorded adapter: it is
-        trained and validated anew."""
-        run_dir = self.run_dir
-        target = run_dir / "superseded" / f"{name}.{len(list((run_dir / 'superseded').glob(f'{name}.*')))}"
-        folders = {report.parent for report in self.validation_reports(name)}
-        stages = [command, *(folder.parent.name for folder in folders)]
-        moved = [run_dir / "arms" / name, run_dir / "checkpoints" / name, *folders,
-                 *(path for stage in stages for path in (run_dir / "compute").glob(f"{stage}_{name}.*")),
-                 *(run_dir / "logs").glob(f"*_{name}.log")]
-        for path in moved:
-            if path.exists():
-                destination = target / path.relative_to(run_dir)
-                destination.parent.mkdir(parents=True, exist_ok=True)
-                path.rename(destination)
-        forget(run_dir, run_dir / "arms" / name / "adapter")
-
     def grpo_arm(self, seed: int, arm: str) -> None:
         name = tag(seed, arm)
         config = self.fit_config(seed, arm)
@@ -307,7 +253,7 @@ class Experiment:
             with measured(self.run_dir, f"fit_{name}"):
                 train_run(path, config, self.logs / f"fit_{name}.log", "fit")
         elif lost(self.run_dir, folder / "adapter") and self.pending(name):
-            rebuild(self.run_dir, folder / "adapter", path, "fit")
+            rebuild(self.run_dir, folder / "adapter", path, command_runner("fit"))
         self.train[name] = {
             t: {str(k): v for k, v in s.items()} for t, s in event_scalars(folder, TRAIN_TAGS).items()
         }
@@ -328,7 +274,8 @@ class Experiment:
         path = write_yaml(config, self.run_dir / f"{name}.yaml")
         folder = self.run_dir / "arms" / name
         if self.args.reuse and lost(self.run_dir, folder / "adapter") and self.pending(name):
-            self.supersede(name, "sft")  # a CPU budget stopped it: trained again, it is another adapter
+            # a CPU budget stopped it: trained again, it is another adapter
+            supersede(self.run_dir, name, "sft", {report.parent for report in self.validation_reports(name)})
         if not (self.args.reuse and trained(self.run_dir, folder / "adapter")):
             with measured(self.run_dir, f"sft_{name}"):
                 train_run(path, config, self.logs / f"sft_{name}.log", "sft")

@@ -43,8 +43,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -78,7 +76,7 @@ from memalpha_lab.decisive_plan import (
 from memalpha_lab.decisive_report import GRPO, GUARD_LIMIT, PRIMARY, SECONDARY, SFT, print_decisive, rebuild
 from memalpha_lab.levers import LEVERS
 from memalpha_lab.recipe_configs import write_yaml
-from memalpha_lab.run_state import trained
+from memalpha_lab.run_state import check_product, trained
 from memalpha_lab.tb_scalars import event_scalars
 
 
@@ -281,24 +279,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-PRODUCT = ("memalpha", "configs")
-"""What a study measures: the package and the configs its stages derive theirs from."""
-
-
-def check_product(commit: str, repo: Path = REPO_ROOT) -> None:
-    """Stop in one line unless the checkout's :data:`PRODUCT` folders, as they are on disk, equal
-    ``commit``'s."""
-    done = subprocess.run(["git", "diff", "--quiet", commit, "--", *PRODUCT], cwd=repo,
-                          capture_output=True, text=True, check=False)
-    untracked = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "--", *PRODUCT],
-                               cwd=repo, capture_output=True, text=True, check=False).stdout.strip()
-    if done.returncode != 0 or untracked:
-        why = done.stderr.strip() or ("untracked files" if untracked else "they differ")
-        folders = " and ".join(f"{p}/" for p in PRODUCT)
-        raise SystemExit(f"{Path(sys.argv[0]).stem}: --product-commit {commit}: this checkout's {folders} "
-                         f"are not that commit's ({why}); run from a checkout of it")
-
-
 @contextmanager
 def start_lock(run_dir: Path) -> Iterator[None]:
     """Hold ``run_dir/start.lock``: a second process over the same folder waits while the first
@@ -321,7 +301,7 @@ def run_study(args: argparse.Namespace, name: str, experiment_class: type[Decisi
         return report(["--scores", str(args.out.parent / args.out.stem / "instance_scores.json"),
                        "--summary", str(args.out), "--check"])
     if args.product_commit is not None:
-        check_product(args.product_commit)
+        check_product(args.product_commit, name)
     run_dir = args.run_dir.resolve()
     if not args.reuse and run_dir.exists():
         raise SystemExit(f"{name}: {run_dir} exists; pass --reuse to continue it (nothing is deleted)")

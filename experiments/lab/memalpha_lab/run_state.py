@@ -1,4 +1,4 @@
-"""A study's run folder carried from one machine to the next, without its weights.
+"""A study's run folder kept whole across its processes, sessions and machines.
 
 A pre-registered study runs for more CPU hours than a machine is kept here (a session's machine may
 be a new one, and only the repository comes along), so its state is committed as it grows.
@@ -19,6 +19,9 @@ the original config is kept). The adapter is then the same bytes in the same pla
 journal of the lost one resumes with it (``memalpha.train.validation_journal`` refuses another
 adapter by itself).
 
+Across processes: two processes over one run folder never run the same validation (:func:`claimed`).
+Across sessions: the product a study measures stays the one its first stage ran (:func:`check_product`).
+
 Run:  python -m memalpha_lab.run_state save RUN_DIR STATE_DIR
       python -m memalpha_lab.run_state restore STATE_DIR RUN_DIR
 """
@@ -26,13 +29,19 @@ Run:  python -m memalpha_lab.run_state save RUN_DIR STATE_DIR
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import shutil
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from memalpha_lab.common import write_text_atomically
+from memalpha_lab.arm_configs import logger
+from memalpha_lab.common import REPO_ROOT, write_text_atomically
+from memalpha_lab.compute import measured
+from memalpha_lab.recipe_configs import load_yaml, write_yaml
 
 DIGESTS = "adapters.json"
 """The run-folder file of every exported adapter's files and their SHA-256, by relative path."""
@@ -40,6 +49,8 @@ WEIGHTS = "adapter_model.safetensors"
 """An exported adapter's weights."""
 MAX_FILE_BYTES = 8 << 20
 """A file larger than this is no run-state text: :func:`save` stops naming it."""
+PRODUCT = ("memalpha", "configs")
+"""What a study measures: the package and the configs its stages derive theirs from."""
 
 
 class RunStateError(SystemExit):
@@ -197,6 +208,74 @@ def same_config(kept: Path, rebuilt: Path) -> bool:
         if isinstance(config.get("target_modules"), list):
             config["target_modules"] = sorted(config["target_modules"])
     return configs[0] == configs[1]
+
+
+def rebuild(run_dir: Path, adapter: Path, config_path: Path, train: Callable[[Path, Path], None]) -> None:
+    """Train the run of the lost ``adapter`` again: ``train(config, log)`` (the study's ``memalpha`` command)
+    of its own config redirected to ``rebuild/<run>/`` (its events, checkpoints and compute apart from
+    the run's: the stage and log ``rebuild_<run>``), then :func:`install` it and drop the scratch folder."""
+    name = adapter.parent.name
+    scratch = run_dir / "rebuild" / name
+    shutil.rmtree(scratch, ignore_errors=True)
+    config = load_yaml(config_path)
+    config["trainer"]["logger"] = logger(scratch, "events", name)
+    config["model"]["export_adapter_dir"] = str(scratch / "adapter")
+    for callback in config["trainer"]["callbacks"]:
+        if "dirpath" in callback.get("init_args", {}):
+            callback["init_args"]["dirpath"] = str(scratch / "checkpoints")
+    with measured(run_dir, f"rebuild_{name}"):
+        train(write_yaml(config, scratch / "config.yaml"), run_dir / "logs" / f"rebuild_{name}.log")
+    install(run_dir, adapter, scratch / "adapter")
+    shutil.rmtree(scratch)
+
+
+def supersede(run_dir: Path, name: str, command: str, report_folders: set[Path]) -> Path:
+    """Move everything of the run ``name`` (its training folder, checkpoints, compute of ``command`` and of
+    its validations, validation folders and logs) to ``superseded/<name>.<n>/`` under the same relative
+    paths, and forget its recorded adapter: it is trained and validated anew. Returns the folder."""
+    target = run_dir / "superseded" / f"{name}.{len(list((run_dir / 'superseded').glob(f'{name}.*')))}"
+    stages = [command, *(folder.parent.name for folder in report_folders)]
+    moved = [run_dir / "arms" / name, run_dir / "checkpoints" / name, *report_folders,
+             *(path for stage in stages for path in (run_dir / "compute").glob(f"{stage}_{name}.*")),
+             *(run_dir / "logs").glob(f"*_{name}.log")]
+    for path in moved:
+        if path.exists():
+            destination = target / path.relative_to(run_dir)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            path.rename(destination)
+    forget(run_dir, run_dir / "arms" / name / "adapter")
+    return target
+
+
+@contextmanager
+def claimed(path: Path) -> Iterator[bool]:
+    """Try to hold an exclusive lock on ``path`` (made if missing) without waiting: yields whether this
+    process holds it, until the block ends (or the process does: the kernel drops the lock)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def check_product(commit: str, script: str, repo: Path = REPO_ROOT) -> None:
+    """Stop in one line, named after ``script``, unless the checkout's :data:`PRODUCT` folders, as they
+    are on disk, equal ``commit``'s."""
+    done = subprocess.run(["git", "diff", "--quiet", commit, "--", *PRODUCT], cwd=repo,
+                          capture_output=True, text=True, check=False)
+    untracked = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "--", *PRODUCT],
+                               cwd=repo, capture_output=True, text=True, check=False).stdout.strip()
+    if done.returncode != 0 or untracked:
+        why = done.stderr.strip() or ("untracked files" if untracked else "they differ")
+        folders = " and ".join(f"{p}/" for p in PRODUCT)
+        raise RunStateError(f"{script}: --product-commit {commit}: this checkout's {folders} are not that "
+                            f"commit's ({why}); run from a checkout of it")
 
 
 def main(argv: list[str] | None = None) -> int:
