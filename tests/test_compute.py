@@ -4,12 +4,14 @@ TensorBoard and measures each stage's wall and CPU seconds around its subprocess
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 
 from memalpha_lab.compute import (
+    boot_id,
     measured,
     stage_record,
     stage_seconds,
@@ -128,3 +130,13 @@ def test_an_attempt_killed_with_the_experiment_marks_the_next_one(tmp_path):
     assert not unrecorded_attempt(tmp_path, "fit_x")
     seconds = stage_seconds(tmp_path, "fit_x")
     assert seconds["attempts"] == 2 and seconds["complete"] is False
+    assert seconds["boots"] == [boot_id()]  # both attempts on this machine
+
+
+def test_the_machines_a_stage_ran_on_are_its_attempts_boot_ids(tmp_path):
+    (tmp_path / "compute").mkdir()
+    attempts = [{"wall_s": 1.0, "cpu_s": 1.0, "finished": False, "ended": "t"},  # recorded before boot ids
+                {"wall_s": 1.0, "cpu_s": 1.0, "finished": False, "ended": "t", "boot": "b"},
+                {"wall_s": 1.0, "cpu_s": 1.0, "finished": True, "ended": "t", "boot": "a"}]
+    (tmp_path / "compute" / "fit_x.json").write_text(json.dumps(attempts))
+    assert stage_seconds(tmp_path, "fit_x")["boots"] == [None, "a", "b"]

@@ -77,7 +77,8 @@ def measured(run_dir: Path, stage: str) -> Iterator[None]:
     """Record the wall and children-CPU seconds of the block as one attempt of ``stage``
     (``finished`` False when it raised, a failed or interrupted subprocess included;
     ``after_unrecorded`` True when an earlier attempt was never recorded, see
-    :func:`unrecorded_attempt`)."""
+    :func:`unrecorded_attempt`; ``boot`` the machine's boot id, so seconds matched between two stages,
+    as a study's arms are, can be seen to come from one machine)."""
     marker = running_marker(run_dir, stage)
     after_unrecorded = marker.is_file()
     marker.parent.mkdir(parents=True, exist_ok=True)
@@ -91,6 +92,7 @@ def measured(run_dir: Path, stage: str) -> Iterator[None]:
         attempt = {
             "wall_s": round(time.perf_counter() - wall, 3), "cpu_s": round(children_cpu_s() - cpu, 3),
             "finished": finished, "ended": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "boot": boot_id(),
         }
         if after_unrecorded:
             attempt["after_unrecorded"] = True
@@ -98,9 +100,16 @@ def measured(run_dir: Path, stage: str) -> Iterator[None]:
         marker.unlink(missing_ok=True)
 
 
+def boot_id() -> str | None:
+    """This machine's boot id (Linux: new at every boot and on every machine); None elsewhere."""
+    path = Path("/proc/sys/kernel/random/boot_id")
+    return path.read_text(encoding="utf-8").strip() if path.is_file() else None
+
+
 def stage_seconds(run_dir: Path, stage: str) -> dict[str, Any] | None:
-    """``{"wall_s", "cpu_s", "attempts", "complete"}`` summed over the stage's recorded attempts
-    (``complete`` False when an attempt came after an unrecorded one, so the sums miss its seconds);
+    """``{"wall_s", "cpu_s", "attempts", "complete", "boots"}`` over the stage's recorded attempts: the
+    seconds summed (``complete`` False when an attempt came after an unrecorded one, so the sums miss
+    its seconds) and the boot ids they ran under (None for an attempt recorded before they were);
     None when none was recorded (the stage ran before this record, or has not run)."""
     path = ledger_path(run_dir, stage)
     if not path.is_file():
@@ -110,7 +119,8 @@ def stage_seconds(run_dir: Path, stage: str) -> dict[str, Any] | None:
         return None
     return {"wall_s": round(sum(a["wall_s"] for a in attempts), 3),
             "cpu_s": round(sum(a["cpu_s"] for a in attempts), 3), "attempts": len(attempts),
-            "complete": not any(a.get("after_unrecorded", False) for a in attempts)}
+            "complete": not any(a.get("after_unrecorded", False) for a in attempts),
+            "boots": sorted({a.get("boot") for a in attempts}, key=str)}
 
 
 def training_counts(series: Mapping[str, Mapping[int, float]], sampled: bool) -> dict[str, Any]:
