@@ -18,6 +18,7 @@ from test_training import scalars, version_dirs
 
 from memalpha.cli import main
 from memalpha_lab import cpu_budget
+from memalpha_lab.arm_configs import replayed_config
 from memalpha_lab.cpu_budget import CpuBudget, process_cpu_s
 
 CLOCK = {"t": 0.0}
@@ -86,6 +87,31 @@ def test_resuming_with_another_budget_is_refused(tmp_path, tiny_model_dir, demo_
     with pytest.raises(ValueError, match="saved with a budget of 35.0 CPU s, this run has 99.0"):
         main(["sft", "--config", str(other),
               "--ckpt_path", str(tmp_path / "run" / "checkpoints" / "last.ckpt")])
+
+
+def test_a_budget_stopped_run_replayed_to_its_steps_gives_the_same_adapter(
+    tmp_path, tiny_model_dir, demo_file, fake_clock  # noqa: F811
+):
+    """A lost arm B is trained again to the steps its CPU budget stopped it at (replayed_config: StepCount
+    in CpuBudget's place, max_steps and so the schedule unchanged): the same weights, byte for byte."""
+    fake_clock["t"] = 0.0
+    config = budgeted_config(tmp_path, tiny_model_dir, demo_file, max_steps=50, seconds=25.0)
+    main(["sft", "--config", str(config)])  # 10, 20, 30 CPU s: stops after step 3 of 50
+    weights = tmp_path / "run" / "adapter" / "adapter_model.safetensors"
+    budgeted = weights.read_bytes()
+    replay = replayed_config(yaml.safe_load(config.read_text()), 3)
+    assert [c["class_path"].rsplit(".", 1)[1] for c in replay["trainer"]["callbacks"]][-1] == "StepCount"
+    replay["model"]["export_adapter_dir"] = str(tmp_path / "replay")
+    replay["trainer"]["callbacks"][0]["init_args"]["dirpath"] = str(tmp_path / "replay_checkpoints")
+    config.write_text(yaml.safe_dump(replay))
+    main(["sft", "--config", str(config)])
+    assert (tmp_path / "replay" / "adapter_model.safetensors").read_bytes() == budgeted
+    replay["trainer"]["callbacks"][-1]["init_args"]["steps"] = 2
+    config.write_text(yaml.safe_dump(replay))
+    main(["sft", "--config", str(config)])
+    assert (tmp_path / "replay" / "adapter_model.safetensors").read_bytes() != budgeted  # a step fewer
+    with pytest.raises(ValueError, match="0 CpuBudget callbacks in the config, expected one"):
+        replayed_config(replay, 3)
 
 
 @pytest.mark.parametrize("seconds", [0, -1.0, float("nan"), float("inf"), True, "10"])

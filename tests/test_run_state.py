@@ -1,8 +1,7 @@
 """A study's run state carried to a new machine (experiments/lab/memalpha_lab/run_state.py): what is saved
 and what is left behind, the recorded adapters counting as trained, an adapter trained again installed only
-when it equals the recorded one, and the study stages over a restored folder: a lost adapter trained again
-for real on the tiny model, a lost SFT-continued arm moved aside, and a validation another process holds
-left to it."""
+when it equals the recorded one (a lost start trained again for real on the tiny model), a claim another
+process holds, and the product commit a study is pinned to."""
 
 from __future__ import annotations
 
@@ -31,7 +30,6 @@ from memalpha_lab.run_state import (
     recorded,
     restore,
     save,
-    supersede,
     trained,
 )
 
@@ -125,46 +123,6 @@ def test_a_file_too_large_for_a_run_state_stops_the_save_naming_it(tmp_path):
     with pytest.raises(RunStateError, match=r"logs/big.log is 8 MiB, too large .* nothing was saved"):
         save(run, tmp_path / "state")
     assert not (tmp_path / "state").exists()
-
-
-def test_a_lost_sft_continued_arm_with_a_validation_to_go_is_moved_aside(tmp_path):
-    """B was stopped by a CPU budget, so training it again gives another adapter: its training, compute,
-    logs and every validation go to superseded/ together, and it no longer counts as trained."""
-    run = tmp_path.resolve() / "run"
-    name = "seed0_sft_continued"
-    adapter(run / "arms" / name / "adapter")
-    for path in (
-        f"arms/{name}/events.out",
-        f"compute/sft_{name}.json",
-        f"compute/validate_chunks2_{name}.json",
-        f"logs/sft_{name}.log",
-        f"validate_chunks2/{name}/validation.json",
-        f"validate_chunks8/{name}/validation.partial.jsonl",
-        "validate_chunks2/seed0_grpo/validation.json",
-    ):
-        (run / path).parent.mkdir(parents=True, exist_ok=True)
-        (run / path).write_text("{}")
-    save(run, tmp_path / "state")
-    new = tmp_path.resolve() / "new"
-    restore(tmp_path / "state", new)
-    folders = {new / f"validate_chunks{n}" / name for n in (2, 8, 32)}
-    assert supersede(new, name, "sft", folders) == new / "superseded" / f"{name}.0"
-    moved = {
-        p.relative_to(new / "superseded" / f"{name}.0").as_posix()
-        for p in (new / "superseded" / f"{name}.0").rglob("*")
-        if p.is_file()
-    }
-    assert moved == {
-        f"arms/{name}/events.out",
-        f"arms/{name}/adapter/adapter_config.json",
-        f"compute/sft_{name}.json",
-        f"compute/validate_chunks2_{name}.json",
-        f"logs/sft_{name}.log",
-        f"validate_chunks2/{name}/validation.json",
-        f"validate_chunks8/{name}/validation.partial.jsonl",
-    }
-    assert not trained(new, new / "arms" / name / "adapter")
-    assert (new / "validate_chunks2" / "seed0_grpo" / "validation.json").is_file()  # A's stays
 
 
 def test_a_claim_is_refused_while_another_open_file_holds_it(tmp_path):

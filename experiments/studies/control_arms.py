@@ -63,7 +63,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from learning_curve import add_recipe_arguments, check_positive, memalpha, parse_seeds
 
-from memalpha_lab.arm_configs import arm_fit_config, continued_sft_config, logger, tag, validate_config
+from memalpha_lab.arm_configs import (
+    arm_fit_config,
+    continued_sft_config,
+    logger,
+    replayed_config,
+    tag,
+    validate_config,
+)
 from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, load_records, machine_info, write_json
 from memalpha_lab.compute import measured, stage_record, training_compute, validation_counts
 from memalpha_lab.control_arms_report import (
@@ -77,7 +84,7 @@ from memalpha_lab.control_arms_report import (
 )
 from memalpha_lab.instance_scores import study_instance_values
 from memalpha_lab.recipe_configs import load_yaml, sft_config, write_yaml
-from memalpha_lab.run_state import claimed, lost, rebuild, supersede, trained
+from memalpha_lab.run_state import claimed, lost, rebuild, trained
 from memalpha_lab.tb_scalars import event_scalars
 
 GRPO_ARMS = ("grpo", "grpo_lr0")
@@ -245,6 +252,11 @@ class Experiment:
         return not all(report.is_file() for report in self.validation_reports(name))
 
     def grpo_arm(self, seed: int, arm: str) -> None:
+        self.finish_arm(seed, arm, self.train_grpo(seed, arm))
+
+    def train_grpo(self, seed: int, arm: str) -> Path:
+        """The GRPO arm's fit (trained again where a restored run state lost it and a validation needs
+        it); its adapter."""
         name = tag(seed, arm)
         config = self.fit_config(seed, arm)
         path = write_yaml(config, self.run_dir / f"{name}.yaml")
@@ -260,7 +272,7 @@ class Experiment:
         self.runs[name] = {"train_s": sum(step_seconds(folder)), "steps": self.args.steps}
         if arm == "grpo_lr0":
             self.runs[name]["no_update_max_abs_change"] = max_abs_change(self.adapter, folder / "adapter")
-        self.finish_arm(seed, arm, folder / "adapter")
+        return folder / "adapter"
 
     def continued_sft(self, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """The ``sft_continued`` run's config, and how its compute was matched (for its run record):
@@ -269,19 +281,25 @@ class Experiment:
         return continued_sft_config(self.base_sft, self.run_dir, seed, seconds), {"max_time_s": seconds}
 
     def sft_arm(self, seed: int) -> None:
+        self.finish_arm(seed, "sft_continued", self.train_sft(seed))
+
+    def train_sft(self, seed: int) -> Path:
+        """The continued SFT arm (trained again to the steps it took where a restored run state lost it
+        and a validation needs it); its adapter."""
         name = tag(seed, "sft_continued")
         config, matched = self.continued_sft(seed)
         path = write_yaml(config, self.run_dir / f"{name}.yaml")
         folder = self.run_dir / "arms" / name
-        if self.args.reuse and lost(self.run_dir, folder / "adapter") and self.pending(name):
-            # a CPU budget stopped it: trained again, it is another adapter
-            supersede(self.run_dir, name, "sft", {report.parent for report in self.validation_reports(name)})
         if not (self.args.reuse and trained(self.run_dir, folder / "adapter")):
             with measured(self.run_dir, f"sft_{name}"):
                 train_run(path, config, self.logs / f"sft_{name}.log", "sft")
+        elif lost(self.run_dir, folder / "adapter") and self.pending(name):
+            replay = write_yaml(replayed_config(config, len(step_seconds(folder))),
+                                self.run_dir / f"{name}.replay.yaml")
+            rebuild(self.run_dir, folder / "adapter", replay, command_runner("sft"))
         taken = step_seconds(folder)
         self.runs[name] = {"train_s": sum(taken), "steps": len(taken), **matched}
-        self.finish_arm(seed, "sft_continued", folder / "adapter")
+        return folder / "adapter"
 
     def finish_arm(self, seed: int, arm: str, adapter: Path) -> None:
         """Validate the arm, record its compute (training and validation) and write both JSON files."""

@@ -162,14 +162,14 @@ class Decisive(Experiment):
     def fit_config(self, seed: int, arm: str) -> dict[str, Any]:
         return recipe_config(self.base_fit, self.run_dir, self.args, seed)
 
-    def grpo_arm(self, seed: int, arm: str) -> None:
-        """A's fit (:meth:`control_arms.Experiment.grpo_arm`), refused before it starts when an earlier
+    def train_grpo(self, seed: int, arm: str) -> Path:
+        """A's fit (:meth:`control_arms.Experiment.train_grpo`), refused before it starts when an earlier
         attempt went unrecorded (B's budget would then be unknown, :func:`budget_unknown`)."""
         name = tag(seed, arm)
         if not (self.args.reuse and trained(self.run_dir, self.run_dir / "arms" / name / "adapter")) \
                 and unrecorded_attempt(self.run_dir, f"fit_{name}"):
             raise budget_unknown(self.run_dir, seed, arm)
-        super().grpo_arm(seed, arm)
+        return super().train_grpo(seed, arm)
 
     def continued_sft(self, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """B's config: SFT continued from the start until its process has spent A's CPU seconds."""
@@ -319,9 +319,11 @@ def run_study(args: argparse.Namespace, name: str, experiment_class: type[Decisi
 
 
 def decisive_stages(experiment: Decisive, seed: int) -> None:
-    """A's fit, then B matched to its CPU seconds."""
-    experiment.grpo_arm(seed, GRPO)
-    experiment.sft_arm(seed)
+    """A's fit, B matched to its CPU seconds right after it (so on the same machine: a study spans
+    sessions, and a new machine may be faster or slower), then the validations of both."""
+    adapters = {GRPO: experiment.train_grpo(seed, GRPO), SFT: experiment.train_sft(seed)}
+    for arm, adapter in adapters.items():
+        experiment.finish_arm(seed, arm, adapter)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,10 +32,10 @@ The study runs for more CPU hours than a machine is kept here (docs/results.md, 
 product is pinned (``--product-commit``) and its run folder, all but the weights, is committed as it
 grows (``python -m memalpha_lab.run_state save runs/length_study
 experiments/results/length_study/run_state``) and laid back on a new machine (``... restore``, into
-the same run-folder path) before ``--reuse``: a lost adapter still needed is trained again and used
-only if it equals the recorded one (C and A: fixed steps, seeded), and a lost B with a validation to
-go, stopped by a CPU budget and so not reproducible, is moved to ``superseded/`` and run anew
-(:mod:`memalpha_lab.run_state`).
+the same run-folder path) before ``--reuse``: a lost adapter still needed is trained again (B to the
+step its CPU budget stopped it at) and used only if it equals the recorded one
+(:mod:`memalpha_lab.run_state`). Each seed trains B right after A, then validates both, so that the
+two arms matched in CPU seconds train on one machine.
 """
 
 from __future__ import annotations

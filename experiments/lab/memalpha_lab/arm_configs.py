@@ -16,6 +16,7 @@ checkpoints under ``checkpoints/seed<S>_<arm>``:
 from __future__ import annotations
 
 import argparse
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +111,16 @@ def cpu_matched_sft_config(base: dict[str, Any], run_dir: Path, seed: int,
     config["trainer"]["callbacks"].append({"class_path": "memalpha_lab.cpu_budget.CpuBudget",
                                            "init_args": {"seconds": round(float(cpu_seconds), 3)}})
     return config
+
+
+def replayed_config(config: dict[str, Any], steps: int) -> dict[str, Any]:
+    """A :func:`cpu_matched_sft_config` run trained again to the ``steps`` its CPU budget stopped it at:
+    the budget's callback replaced by :class:`memalpha_lab.cpu_budget.StepCount` (a budget depends on the
+    machine's speed, a step count does not)."""
+    replay = copy.deepcopy(config)
+    callbacks = replay["trainer"]["callbacks"]
+    budgets = [k for k, c in enumerate(callbacks) if c["class_path"] == "memalpha_lab.cpu_budget.CpuBudget"]
+    if len(budgets) != 1:
+        raise ValueError(f"replayed_config: {len(budgets)} CpuBudget callbacks in the config, expected one")
+    callbacks[budgets[0]] = {"class_path": "memalpha_lab.cpu_budget.StepCount", "init_args": {"steps": steps}}
+    return replay

@@ -72,3 +72,21 @@ class CpuBudget(Callback):
             raise ValueError(f"CpuBudget: the checkpoint was saved with a budget of {saved} CPU s, this run "
                              f"has {self.seconds}; resume with the same budget")
         self.earlier_s = float(state_dict["spent_s"])
+
+
+class StepCount(Callback):
+    """Stop training after ``steps`` training batches: a run a :class:`CpuBudget` stopped, trained again
+    to the same step (its schedule, which ``trainer.max_steps`` sets, unchanged), so that it gives the
+    same adapter without the budget's dependence on the machine's speed."""
+
+    def __init__(self, steps: int) -> None:
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"StepCount: steps must be a positive number of steps, got {steps!r}")
+        self.steps = steps
+        self.done = 0
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.done += 1
+        if self.done >= self.steps:
+            trainer.should_stop = True

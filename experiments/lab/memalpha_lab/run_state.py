@@ -136,7 +136,7 @@ def save(run_dir: Path, state_dir: Path) -> int:
         adapter = config.parent
         if exported(adapter) and not any(folder in adapter.parents for folder in skipped):
             relative = adapter.relative_to(run_dir).as_posix()
-            if relative.split("/")[0] not in ("rebuild", "superseded"):
+            if relative.split("/")[0] != "rebuild":
                 digests[relative] = adapter_files(adapter)
     staging = state_dir.with_name(state_dir.name + ".saving")
     shutil.rmtree(staging, ignore_errors=True)
@@ -227,24 +227,6 @@ def rebuild(run_dir: Path, adapter: Path, config_path: Path, train: Callable[[Pa
         train(write_yaml(config, scratch / "config.yaml"), run_dir / "logs" / f"rebuild_{name}.log")
     install(run_dir, adapter, scratch / "adapter")
     shutil.rmtree(scratch)
-
-
-def supersede(run_dir: Path, name: str, command: str, report_folders: set[Path]) -> Path:
-    """Move everything of the run ``name`` (its training folder, checkpoints, compute of ``command`` and of
-    its validations, validation folders and logs) to ``superseded/<name>.<n>/`` under the same relative
-    paths, and forget its recorded adapter: it is trained and validated anew. Returns the folder."""
-    target = run_dir / "superseded" / f"{name}.{len(list((run_dir / 'superseded').glob(f'{name}.*')))}"
-    stages = [command, *(folder.parent.name for folder in report_folders)]
-    moved = [run_dir / "arms" / name, run_dir / "checkpoints" / name, *report_folders,
-             *(path for stage in stages for path in (run_dir / "compute").glob(f"{stage}_{name}.*")),
-             *(run_dir / "logs").glob(f"*_{name}.log")]
-    for path in moved:
-        if path.exists():
-            destination = target / path.relative_to(run_dir)
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            path.rename(destination)
-    forget(run_dir, run_dir / "arms" / name / "adapter")
-    return target
 
 
 @contextmanager
