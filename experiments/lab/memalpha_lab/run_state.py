@@ -131,13 +131,9 @@ def save(run_dir: Path, state_dir: Path) -> int:
             raise RunStateError(f"run_state: {path} is {path.stat().st_size >> 20} MiB, too large for a "
                                 f"run state (at most {MAX_FILE_BYTES >> 20} MiB a file); nothing was saved")
     digests = dict(recorded(run_dir))
-    skipped = in_flight(run_dir)
-    for config in run_dir.rglob("adapter_config.json"):
-        adapter = config.parent
-        if exported(adapter) and not any(folder in adapter.parents for folder in skipped):
-            relative = adapter.relative_to(run_dir).as_posix()
-            if relative.split("/")[0] != "rebuild":
-                digests[relative] = adapter_files(adapter)
+    for path in files:  # the configs kept are those of the finished adapters
+        if path.name == "adapter_config.json" and exported(path.parent):
+            digests[path.parent.relative_to(run_dir).as_posix()] = adapter_files(path.parent)
     staging = state_dir.with_name(state_dir.name + ".saving")
     shutil.rmtree(staging, ignore_errors=True)
     for path in files:
