@@ -282,3 +282,23 @@ def test_the_committed_summary_is_rebuilt_from_the_committed_scores(capsys):
     out = capsys.readouterr().out
     assert "rebuilt numbers match" in out and "verdict" in out and "optimiser steps" in out
 
+
+
+def test_a_killed_b_is_refused_rather_than_resumed(tmp_path):
+    """B's SFT killed mid-run (its ``.running`` marker left, its adapter not exported): resuming it would
+    not count the killed process's seconds after its last checkpoint, so the study stops with one line
+    naming what to move aside and runs no SFT."""
+    run = tmp_path.resolve() / "run"
+    done_run_folder(run)
+    for path in sorted((run / "arms" / "seed3_sft_continued" / "adapter").iterdir()):
+        path.unlink()
+    (run / "arms" / "seed3_sft_continued" / "adapter").rmdir()
+    (run / "compute").mkdir()
+    attempt = {"wall_s": 1.0, "cpu_s": 1.0, "finished": True, "ended": "t"}
+    (run / "compute" / "fit_seed3_grpo.json").write_text(json.dumps([attempt]))
+    (run / "compute" / "sft_seed3_sft_continued.running").write_text("")
+    done = decisive("--reuse", "--seeds", "3", "--run-dir", str(run), "--out", str(tmp_path / "out.json"))
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert "seed3_sft_continued's SFT was killed" in last and "move" in last
+    assert not (run / "compute" / "sft_seed3_sft_continued.json").exists()

@@ -23,7 +23,8 @@ the user's command line, through ``experiments/studies/control_arms.py``'s :clas
   :class:`memalpha_lab.cpu_budget.CpuBudget` in B's own process,
   :func:`memalpha_lab.arm_configs.cpu_matched_sft_config`). A's ledger must hold every attempt of its
   fit: a fit whose earlier attempt was killed with the experiment (``compute/fit_<run>.running`` left)
-  stops the study with one line, and A is rerun from scratch;
+  stops the study with one line, and A is rerun from scratch; so does a B whose own earlier attempt was
+  killed (``compute/sft_<run>.running`` left: a resumed B would not count that attempt's last seconds);
 * every adapter validated by ``memalpha validate`` on ``--val`` held-out instances x ``--questions``
   questions of the validation split at synthetic data seed ``--val-data-seed`` (3900: no earlier study
   validated on it; they all used 0), scored by the local 135M reader.
@@ -170,6 +171,21 @@ class Decisive(Experiment):
                 and unrecorded_attempt(self.run_dir, f"fit_{name}"):
             raise budget_unknown(self.run_dir, seed, arm)
         return super().train_grpo(seed, arm)
+
+    def train_sft(self, seed: int) -> Path:
+        """B's SFT (:meth:`control_arms.Experiment.train_sft`), refused before it resumes when an earlier
+        attempt was killed (its marker left): :class:`memalpha_lab.cpu_budget.CpuBudget` does not count a
+        killed process's seconds after its last checkpoint, so a resumed B could overshoot A's CPU seconds."""
+        name = tag(seed, SFT)
+        marker = running_marker(self.run_dir, f"sft_{name}")
+        if not (self.args.reuse and trained(self.run_dir, self.run_dir / "arms" / name / "adapter")) \
+                and marker.is_file():
+            raise SystemExit(
+                f"{self.run_dir.name}: an attempt of {name}'s SFT was killed ({marker} left), so resuming "
+                f"it could spend more than its CPU budget; move {self.run_dir / 'arms' / name}, "
+                f"{self.run_dir / 'checkpoints' / name} and that marker aside and rerun"
+            )
+        return super().train_sft(seed)
 
     def continued_sft(self, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """B's config: SFT continued from the start until its process has spent A's CPU seconds."""
