@@ -227,6 +227,13 @@ def test_a_run_whose_stages_are_done_gets_the_plans_configs_and_a_pending_verdic
     assert "pending" in done.stdout
 
 
+def refusal(run: Path, tmp_path: Path) -> str:
+    """The one line decisive.py --reuse over seed 3 of ``run`` stops with (exit status 1)."""
+    done = decisive("--reuse", "--seeds", "3", "--run-dir", str(run), "--out", str(tmp_path / "out.json"))
+    assert done.returncode == 1
+    return done.stderr.strip().splitlines()[-1]
+
+
 @pytest.mark.parametrize("ledger", ["missing", "after_unrecorded", "marker_left"])
 def test_b_is_refused_when_as_cpu_seconds_are_not_all_recorded(tmp_path, ledger):
     """B's budget is A's recorded CPU seconds: with no ledger, with an attempt after an unrecorded one,
@@ -242,9 +249,7 @@ def test_b_is_refused_when_as_cpu_seconds_are_not_all_recorded(tmp_path, ledger)
     elif ledger == "marker_left":
         (run / "compute" / "fit_seed3_grpo.json").write_text(json.dumps([attempt]))
         (run / "compute" / "fit_seed3_grpo.running").write_text("")
-    done = decisive("--reuse", "--seeds", "3", "--run-dir", str(run), "--out", str(tmp_path / "out.json"))
-    assert done.returncode == 1
-    last = done.stderr.strip().splitlines()[-1]
+    last = refusal(run, tmp_path)
     assert "does not hold every attempt of seed3_grpo's fit" in last and "move" in last
     assert not (run / "seed3_sft_continued.yaml").exists()
 
@@ -297,8 +302,6 @@ def test_a_killed_b_is_refused_rather_than_resumed(tmp_path):
     attempt = {"wall_s": 1.0, "cpu_s": 1.0, "finished": True, "ended": "t"}
     (run / "compute" / "fit_seed3_grpo.json").write_text(json.dumps([attempt]))
     (run / "compute" / "sft_seed3_sft_continued.running").write_text("")
-    done = decisive("--reuse", "--seeds", "3", "--run-dir", str(run), "--out", str(tmp_path / "out.json"))
-    assert done.returncode == 1
-    last = done.stderr.strip().splitlines()[-1]
+    last = refusal(run, tmp_path)
     assert "seed3_sft_continued's SFT was killed" in last and "move" in last
     assert not (run / "compute" / "sft_seed3_sft_continued.json").exists()
