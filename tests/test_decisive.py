@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -288,16 +289,13 @@ def test_the_committed_summary_is_rebuilt_from_the_committed_scores(capsys):
     assert "rebuilt numbers match" in out and "verdict" in out and "optimiser steps" in out
 
 
-
 def test_a_killed_b_is_refused_rather_than_resumed(tmp_path):
     """B's SFT killed mid-run (its ``.running`` marker left, its adapter not exported): resuming it would
     not count the killed process's seconds after its last checkpoint, so the study stops with one line
     naming what to move aside and runs no SFT."""
     run = tmp_path.resolve() / "run"
     done_run_folder(run)
-    for path in sorted((run / "arms" / "seed3_sft_continued" / "adapter").iterdir()):
-        path.unlink()
-    (run / "arms" / "seed3_sft_continued" / "adapter").rmdir()
+    shutil.rmtree(run / "arms" / "seed3_sft_continued" / "adapter")
     (run / "compute").mkdir()
     attempt = {"wall_s": 1.0, "cpu_s": 1.0, "finished": True, "ended": "t"}
     (run / "compute" / "fit_seed3_grpo.json").write_text(json.dumps([attempt]))

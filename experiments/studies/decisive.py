@@ -176,12 +176,12 @@ class Decisive(Experiment):
         """B's SFT (:meth:`control_arms.Experiment.train_sft`), refused before it resumes when an earlier
         attempt was killed (its marker left): :class:`memalpha_lab.cpu_budget.CpuBudget` does not count a
         killed process's seconds after its last checkpoint, so a resumed B could overshoot A's CPU seconds."""
-        name = tag(seed, SFT)
-        marker = running_marker(self.run_dir, f"sft_{name}")
+        name, stage = tag(seed, SFT), f"sft_{tag(seed, SFT)}"
         if not (self.args.reuse and trained(self.run_dir, self.run_dir / "arms" / name / "adapter")) \
-                and marker.is_file():
+                and unrecorded_attempt(self.run_dir, stage):
             raise SystemExit(
-                f"{self.run_dir.name}: an attempt of {name}'s SFT was killed ({marker} left), so resuming "
+                f"{self.run_dir.name}: an attempt of {name}'s SFT was killed "
+                f"({running_marker(self.run_dir, stage)} left), so resuming "
                 f"it could spend more than its CPU budget; move {self.run_dir / 'arms' / name}, "
                 f"{self.run_dir / 'checkpoints' / name} and that marker aside and rerun"
             )
