@@ -16,6 +16,7 @@ from test_decisive import T4, study
 
 from memalpha.reader.options import RetrievalSettings
 from memalpha_lab.length_report import drops, length_values, rebuild, third
+from memalpha_lab.length_report import main as report_main
 from memalpha_lab.run_state import claimed, lost, restore, save
 
 REPO = Path(__file__).resolve().parent.parent
@@ -238,3 +239,16 @@ def test_a_restored_run_trains_nothing_it_holds_and_leaves_a_claimed_validation_
     assert "validate_chunks8/start: another process is validating it; going on" in done.stdout
     assert not (new / "logs").exists()  # no memalpha command ran: nothing trained or validated
     assert {"seed3_grpo", "seed3_sft_continued"} <= set(json.loads(out.read_text())["runs"])
+
+
+def test_the_committed_summary_is_rebuilt_from_the_committed_scores(capsys):
+    """experiments/results/length_study.json (the verdict) from .../length_study/instance_scores.json."""
+    assert report_main(["--check"]) == 0
+    out = capsys.readouterr().out
+    assert "rebuilt numbers match" in out and "optimiser steps" in out
+    verdict = json.loads((REPO / "experiments/results/length_study.json").read_text())["decision"]["verdict"]
+    line = next(x for x in out.splitlines() if x.startswith("verdict ("))
+    assert line.startswith(
+        "verdict (grpo - sft_continued, fact_recall at 32 chunks, t over seeds [0, 1, 2, 3, 4] of"
+    )
+    assert line.endswith(f"): {verdict}") and verdict != "pending"
