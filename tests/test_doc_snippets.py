@@ -328,6 +328,18 @@ def _check_compare(ran: Ran) -> None:
     assert "(written to runs/sft_vs_grpo.json)" in ran.output
 
 
+def _check_baselines(ran: Ran) -> None:
+    result = json.loads((ran.folder / "runs" / "baselines.json").read_text())
+    assert [r["memory"] for r in result["reports"]] == ["raw_chunks top 2", "agent", "full_text"]
+    assert all(r["tool_success"] is None for r in result["reports"][::2])
+    assert "raw_chunks top 2 stores the text, makes no tool call" in ran.output
+
+
+def _check_baselines_api(ran: Ran) -> None:
+    assert ran.values["[e.content for e in reading.memory.episodic]"] == [
+        "Ada moved to Porto in May.", "Her sister Grace teaches in Coimbra."]
+
+
 def _check_peft(ran: Ran) -> None:
     assert ran.values == {"type(model).__name__": "PeftModelForCausalLM", "model.peft_config['default'].r": 8}
 
@@ -378,6 +390,10 @@ SNIPPETS: dict[str, Snippet] = {
     "quickstart-compare": Snippet(after="quickstart-demo", check=_check_compare),
     "quickstart-peft": Snippet(after="quickstart-demo", check=_check_peft,
                                keep=("type(model).__name__", "model.peft_config['default'].r")),
+    # docs/baselines.md
+    "baselines-validate": Snippet(after="quickstart-demo", check=_check_baselines),
+    "baselines-api": Snippet(check=_check_baselines_api,
+                             keep=("[e.content for e in reading.memory.episodic]",)),
     # docs/inference.md
     "inference-api": Snippet(after="quickstart-demo", check=_check_api,
                              keep=("reading.memory.to_dict()", "scored")),

@@ -97,7 +97,7 @@ def test_a_bad_instance_stops_with_memalphas_one_line(instance):
 class DownReader(ExtractiveReader):
     """A remote reader whose every answer failed in transport."""
 
-    def answer(self, items, sources=None):
+    def answer(self, items, sources=None, top_k=None):
         self.failures += len(items)
         return [ReaderAnswer(text="", ok=False, error="ConnectError: refused") for _ in items]
 

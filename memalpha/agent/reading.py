@@ -19,7 +19,14 @@ from typing import Any
 from memalpha.agent.fact_recall import memory_fact_recall
 from memalpha.agent.progress import Phase, PhaseHook, report
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import GenerateFn, Rollout, answer_questions, make_token_counter, memorise_chunks
+from memalpha.agent.rollout import (
+    GenerateFn,
+    Rollout,
+    answer_questions,
+    make_token_counter,
+    memorise_chunks,
+    store_baseline,
+)
 from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.schema import Instance
 from memalpha.lm.sampling.generation import sampler_for
@@ -32,8 +39,9 @@ from memalpha.seeding import stable_seed
 class Reading:
     """What the agent made of one instance.
 
-    ``turns`` holds one entry per chunk (:func:`~memalpha.agent.rollout.turn_log`: the response
-    and each call with its arguments, status and reason); ``questions`` one per question of the
+    ``chunks`` counts the instance's chunks; ``turns`` holds one entry per chunk
+    (:func:`~memalpha.agent.rollout.turn_log`: the response and each call with its arguments,
+    status and reason; none for a baseline, which takes no turn); ``questions`` one per question of the
     instance (question, the reader's ``instruction``, ``gold``, ``prediction``, ``score`` and
     ``error``; a failed answer has its ``error`` and no score). ``fact_recall`` is the share of the
     instance's gold facts the memory holds (None when it knows none).
@@ -41,6 +49,7 @@ class Reading:
 
     instance_id: str
     data_source: str
+    chunks: int
     memory: Memory
     turns: list[dict[str, Any]]
     questions: list[dict[str, Any]]
@@ -61,7 +70,7 @@ class Reading:
         return {
             "instance_id": self.instance_id,
             "data_source": self.data_source,
-            "chunks": len(self.turns),
+            "chunks": self.chunks,
             "memory": self.memory.to_dict(),
             "memory_tokens": self.memory.total_tokens(),
             "turns": self.turns,
@@ -103,8 +112,11 @@ def read_instances(
     validation does); ``sampler`` generates instead of ``model`` (a vLLM server; ``model`` may then
     be None). Questions are answered by ``reader`` (one batch for all instances) and scored with
     ``weights``' metrics; instances without questions need no reader. ``on_phase`` hears
-    ``sampling`` at each chunk index and ``reader`` before the answers.
+    ``sampling`` at each chunk index and ``reader`` before the answers. A baseline (``settings.baseline``)
+    stores the chunks as it says instead (:mod:`memalpha.agent.baselines`; ``model`` may then be
+    None and no turn is taken).
     """
+    baseline = settings.baseline
     starts = list(memories) if memories is not None else [None] * len(instances)
     if len(starts) != len(instances):
         raise ValueError(f"{len(starts)} memories for {len(instances)} instances")
@@ -115,10 +127,13 @@ def read_instances(
         )
         for i, (instance, m) in enumerate(zip(instances, starts))
     ]  # fmt: skip
-    memorise_chunks(
-        rollouts, sampler or sampler_for(model, tokenizer, settings.backend), tokenizer, settings, seed=seed,
-        do_sample=not greedy, share_prefix=share_prefix, on_phase=on_phase, keep_samples=False,
-    )
+    if baseline.kind is None:
+        memorise_chunks(
+            rollouts, sampler or sampler_for(model, tokenizer, settings.backend), tokenizer, settings,
+            seed=seed, do_sample=not greedy, share_prefix=share_prefix, on_phase=on_phase, keep_samples=False,
+        )
+    else:
+        store_baseline(rollouts, baseline, reader, tokenizer)
     asked = [r for r in rollouts if r.instance.questions]
     answers: dict[int, Any] = {}
     if asked:
@@ -126,7 +141,8 @@ def read_instances(
             raise ValueError("these instances have questions: give a reader to answer them")
         report(on_phase, Phase("reader", total=sum(len(r.instance.questions) for r in asked)))
         answered = answer_questions(
-            asked, reader, metric_overrides=weights.metric_overrides, style=weights.answer_style
+            asked, reader, metric_overrides=weights.metric_overrides, style=weights.answer_style,
+            top_k=baseline.answer_top_k,
         )
         answers = {r.rollout_id: a for r, a in zip(asked, answered)}
     readings = []
@@ -139,6 +155,7 @@ def read_instances(
             Reading(
                 instance_id=rollout.instance.instance_id,
                 data_source=rollout.instance.data_source,
+                chunks=len(rollout.instance.chunks),
                 memory=rollout.memory,
                 turns=rollout.turns,
                 questions=questions,

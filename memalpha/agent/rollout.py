@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from memalpha.agent.baselines import BaselineSettings, cut_full_text, stored_memory
 from memalpha.agent.content_judges import ContentJudge
 from memalpha.agent.fact_recall import memory_fact_recall, questions_stored
 from memalpha.agent.progress import Phase, PhaseHook, report
@@ -316,6 +317,21 @@ def memorise_chunks(
     return generated_tokens
 
 
+def store_baseline(
+    rollouts: Sequence[Rollout], baseline: BaselineSettings, reader: Reader | None, tokenizer
+) -> None:
+    """Phase 1 of a baseline (:mod:`memalpha.agent.baselines`): each rollout's memory holds its
+    instance's chunks as ``baseline.kind`` stores them, no turn taken; a ``full_text`` memory is cut
+    to ``reader``'s prompt budget for its instance's questions (uncut without questions or reader)."""
+    for rollout in rollouts:
+        instance = rollout.instance
+        memory = stored_memory(baseline.kind, instance.chunks, rollout.memory)
+        if baseline.kind == "full_text" and reader is not None and instance.questions:
+            asked = [qa.question for qa in instance.questions]
+            memory = cut_full_text(memory, asked, instance.data_source, reader, tokenizer)
+        rollout.memory = memory
+
+
 def turn_log(
     chunk_index: int, response: str, truncated: bool, results: Sequence[ToolResult],
     errors: Sequence[ParseError], prompt_tokens: int,
@@ -349,6 +365,7 @@ def answer_questions(
     metric_overrides: dict[str, str] | None = None,
     style: AnswerStyle = MEMALPHA_ANSWERS,
     credit: CreditScheme = BROADCAST,
+    top_k: int | None = None,
 ) -> list[RolloutAnswers]:
     """Phase 2: the reader answers every question of every rollout from its final memory, scored.
 
@@ -366,7 +383,8 @@ def answer_questions(
     (``evidence_chunk``, when the instance knows it) and whether the final memory holds its answer
     (``stored``, when the instance names each question's fact:
     :func:`~memalpha.agent.fact_recall.questions_stored`), so a wrong answer from a memory that holds
-    it is told apart from a memory that lost it.
+    it is told apart from a memory that lost it. ``top_k`` retrieves that many entries per list in
+    place of the reader's own (a baseline's, :attr:`~memalpha.agent.baselines.BaselineSettings.answer_top_k`).
     """
     asked = credit.asks_after_turns
     items, owners, sources = [], [], []  # owners: (rollout, turn or None for the final memory, qa)
@@ -382,7 +400,7 @@ def answer_questions(
                     items.append((memory, qa.question))
                     owners.append((i, k, qa))
                     sources.append(rollout.instance.data_source)
-    answers = reader.answer(items, sources) if items else []
+    answers = reader.answer(items, sources, top_k) if items else []
     by_source: dict[str, list[int]] = {}
     for n, source in enumerate(sources):
         by_source.setdefault(source, []).append(n)
@@ -512,7 +530,9 @@ class Agent:
     """The memory agent a round rolls out: the policy and its tokenizer, the reader that answers
     from the memories it writes, how it generates (``rollout``) and how it is rewarded
     (``reward``, ``content_judge``). ``sampler`` generates its turns: the policy in this process
-    through ``rollout.backend`` unless given (a vLLM server's, for ``rollout.backend: vllm``)."""
+    through ``rollout.backend`` unless given (a vLLM server's, for ``rollout.backend: vllm``).
+    A baseline (``rollout.baseline``) stores the chunks in its place and the policy takes no turn
+    (:mod:`memalpha.agent.baselines`)."""
 
     policy: Any
     tokenizer: Any
@@ -553,13 +573,22 @@ class Agent:
         """
         count_tokens = make_token_counter(self.tokenizer)
         size = self.rollout.group_size if group_size is None else group_size
+        baseline = self.rollout.baseline
+        if baseline.kind is not None and size != 1:
+            raise ValueError(
+                f"rollout.baseline.kind {baseline.kind} stores the text: one rollout per instance, not {size}"
+            )
         rollouts = start_rollouts(instances, size, self.rollout, count_tokens, seed)
         asked = credit.asks_after_turns  # the reader reads the memory after every turn
         start, cpu = time.perf_counter(), time.process_time()
-        generated_tokens = memorise_chunks(
-            rollouts, self.sampler, self.tokenizer, self.rollout, seed=seed, do_sample=do_sample,
-            share_prefix=self.share_prefix, on_phase=on_phase, keep_snapshots=asked,
-        )
+        if baseline.kind is None:
+            generated_tokens = memorise_chunks(
+                rollouts, self.sampler, self.tokenizer, self.rollout, seed=seed, do_sample=do_sample,
+                share_prefix=self.share_prefix, on_phase=on_phase, keep_snapshots=asked,
+            )
+        else:
+            store_baseline(rollouts, baseline, self.reader, self.tokenizer)
+            generated_tokens = 0
         rollout_s, rollout_cpu_s = time.perf_counter() - start, time.process_time() - cpu
         report(on_phase, Phase("reader", total=sum(reader_questions(r.instance, asked) for r in rollouts)))
         readers = [self.reader] if judge_reader in (None, self.reader) else [self.reader, judge_reader]
@@ -567,7 +596,7 @@ class Agent:
         start, cpu = time.perf_counter(), time.process_time()
         answers = answer_questions(
             rollouts, self.reader, judge=judge_reader, metric_overrides=self.reward.metric_overrides,
-            style=self.reward.answer_style, credit=credit,
+            style=self.reward.answer_style, credit=credit, top_k=baseline.answer_top_k,
         )
         reader_s, reader_cpu_s = time.perf_counter() - start, time.process_time() - cpu
         report(on_phase, Phase("rewards"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from memalpha.agent.baselines import BaselineSettings
 from memalpha.agent.prompts import PROMPT_DETAILS, PromptDetail, stated_response_limit
 from memalpha.lm.sampling.backend import Backend, check_backend, check_machine
 from memalpha.lm.sampling.vllm_settings import VllmSettings
@@ -72,6 +73,10 @@ class RolloutSettings:
             run for the model stops the run at setup, naming the reason. Validation rollouts
             sample the same way.
         vllm: The ``vllm`` backend's server and its checks (ignored unless ``backend: vllm``).
+        baseline: A memory that learns nothing in the agent's place (``kind``: ``raw_chunks``, every
+            chunk stored and the reader's BM25 top ``top_k``; ``full_text``, the input cut to the
+            reader's budget): the policy takes no turn and no adapter loads; for ``memalpha
+            validate``, ``predict`` and the Python API (docs/baselines.md).
     """
 
     group_size: int = 8
@@ -91,12 +96,15 @@ class RolloutSettings:
     prompt_templates: str | None = None
     backend: Backend = "auto"
     vllm: VllmSettings = field(default_factory=VllmSettings)
+    baseline: BaselineSettings = field(default_factory=BaselineSettings)
 
     def __post_init__(self) -> None:
         check_backend(self.backend)
         check_machine(self.backend)
         if isinstance(self.vllm, dict):
             self.vllm = VllmSettings(**self.vllm)
+        if isinstance(self.baseline, dict):
+            self.baseline = BaselineSettings(**self.baseline)
         for name in ("group_size", "max_new_tokens", "max_prompt_tokens", "core_token_limit"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")

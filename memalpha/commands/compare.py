@@ -4,7 +4,8 @@
 
 Each of ``A``, ``B``, ... is a validation report (``validation.json`` of ``memalpha validate``,
 ``validation_step<N>.json`` of ``fit``'s validation) or a run folder holding one. The command
-prints each report's pooled figures, then for each report against the one before it (``B - A``,
+prints each report's pooled figures (what wrote its memories, ``memory``: the agent or a baseline
+of :mod:`memalpha.agent.baselines`, and accuracy beside memory size, as Mem-α's table sets them), then for each report against the one before it (``B - A``,
 ``C - B``) the change in accuracy, fact recall, tool success, memory size and mean reward, paired
 per instance with its 95 % Student t interval (:mod:`memalpha.train.instance_scores`): for all
 instances, per source and, where questions name a category (LoCoMo), per category. ``--out``
@@ -25,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from memalpha.agent.baselines import BASELINE_KIND_KEY, BASELINE_TOP_K_KEY, memory_label
 from memalpha.commands.report_checks import (
     ReportError,
     instance_difference,
@@ -36,9 +38,10 @@ from memalpha.train.instance_scores import COMPARED_METRICS, change_rows
 from memalpha.train.validation_report import format_columns, write_json_atomically
 
 PROG = "memalpha compare"
-POOLED = ("instances", "questions", "accuracy", "fact_recall", "tool_success", "memory_tokens", "compression",
+POOLED = ("instances", "questions", "accuracy", "memory_tokens", "fact_recall", "tool_success", "compression",
           "mean_reward")
-"""A report's own figures, from its summary (pooled over all its questions, calls and rollouts)."""
+"""A report's own figures, from its summary (pooled over all its questions, calls and rollouts),
+accuracy and memory size side by side as in Mem-α's table."""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -121,14 +124,31 @@ def compare(paths: list[Path], labels: list[str]) -> dict[str, Any]:
             "after": labels[after],
             "rows": change_rows(pair[0]["records"], pair[1]["records"], left_out),
         })
+    memories = [report_memory(report) for report in reports]
+    for after in range(1, len(reports)):
+        if "agent" not in memories[after - 1:after + 1] or memories[after - 1] == memories[after]:
+            continue
+        baseline = memories[after - 1] if memories[after] == "agent" else memories[after]
+        notes.append(
+            f"{labels[after]} - {labels[after - 1]}: {baseline} stores the text, makes no tool call and "
+            "earns no reward, so tool_success and mean_reward are not compared"
+        )
     return {
         "reports": [
-            {"label": label, "path": str(path), **{k: report["summary"]["overall"].get(k) for k in POOLED}}
-            for label, path, report in zip(labels, paths, reports)
+            {"label": label, "path": str(path), "memory": memory,
+             **{k: report["summary"]["overall"].get(k) for k in POOLED}}
+            for label, path, report, memory in zip(labels, paths, reports, memories)
         ],
         "changes": changes,
         "notes": notes,
     }
+
+
+def report_memory(report: dict[str, Any]) -> str:
+    """What wrote the report's memories: ``agent``, or the baseline its settings record
+    (:func:`memalpha.agent.baselines.memory_label`)."""
+    memory = (report["summary"].get("settings") or {}).get("memory") or {}
+    return memory_label(memory.get(BASELINE_KIND_KEY), memory.get(BASELINE_TOP_K_KEY))
 
 
 def left_out_metrics(pair: tuple[dict, dict], names: tuple[str, str], notes: list[str]) -> tuple[str, ...]:
@@ -172,9 +192,10 @@ DIGITS = {"memory_tokens": 1}
 
 def format_result(result: dict[str, Any]) -> str:
     """The tables :func:`compare` returns, as text: the reports, then each change."""
-    reports = [("report", *POOLED)]
+    reports = [("report", "memory", *POOLED)]
     for report in result["reports"]:
-        reports.append((report["label"], *(_figure(report[k], k) for k in POOLED)))
+        figures = (_figure(report[k], k) for k in POOLED)
+        reports.append((report["label"], report.get("memory", "agent"), *figures))
     width = max(len(r["label"]) for r in result["reports"])
     lines = [f"{r['label'].ljust(width)}  {r['path']}" for r in result["reports"]]
     lines += ["", format_columns(reports)]

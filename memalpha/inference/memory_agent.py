@@ -8,6 +8,8 @@
     save_memory(reading.memory, "ada.memory.json")
     answers = agent.answer(["Where does Ada live?"], agent.load_memory("ada.memory.json"))
 
+    stored = MemoryAgent.baseline("raw_chunks", config="configs/tiny_cpu.yaml")  # BM25 top 2 of the chunks
+
 Every call runs the rollout's own code (:func:`memalpha.agent.reading.read_instances`: the
 memorising prompt, the call parser, the tools on the memory, the reader), decoding greedily as
 validation does. A call never changes the memory it is given: it returns a new one.
@@ -25,6 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from memalpha.agent.baselines import BASELINE_KINDS, cut_full_text
 from memalpha.agent.prompt_budget import chunk_room
 from memalpha.agent.reading import Reading, read_instances
 from memalpha.agent.rollout import GenerateFn, Rollout, answer_questions, make_token_counter
@@ -105,6 +108,12 @@ class MemoryAgent:
         found = read_source(source)
         layers = [found.settings] + ([config_settings(config)] if config is not None else []) + [overrides]
         settings = agent_settings(*layers, fallback_model=found.base_model)
+        baseline = settings.rollout.baseline.kind
+        if baseline is not None:
+            raise AgentLoadError(
+                f"rollout.baseline.kind {baseline} stores the text and loads no adapter: use "
+                f"MemoryAgent.baseline({baseline!r}, ...)"
+            )
         if settings.rollout.backend == "vllm":
             raise AgentLoadError("rollout.backend: vllm samples on a server; use MemoryAgent.served")
         lm = settings.lm
@@ -127,6 +136,38 @@ class MemoryAgent:
         return cls(policy, tokenizer, reader, settings, seed=seed)
 
     @classmethod
+    def baseline(
+        cls, kind: str, *, config: str | Path | None = None, top_k: int | None = None, device: str = "cpu",
+        seed: int = 0, **overrides: Any,
+    ) -> MemoryAgent:  # fmt: skip
+        """A memory that learns nothing in the agent's place (docs/baselines.md): ``raw_chunks``
+        (every chunk an entry, the reader answering from the ``top_k`` entries BM25 ranks highest,
+        default ``rollout.baseline.top_k``: 2) or ``full_text`` (the text itself, cut from its start to the
+        reader's prompt budget when questions are answered). No adapter is loaded: the base model
+        (``model``, default the config's or the embedded one) loads only for the ``local`` reader,
+        and its tokenizer counts the memory's tokens. Settings as in :meth:`load`."""
+        if kind not in BASELINE_KINDS:
+            raise AgentLoadError(f"baseline kind must be one of {list(BASELINE_KINDS)}, got {kind!r}")
+        chosen = {"kind": kind, **({} if top_k is None else {"top_k": top_k})}
+        layers = ([config_settings(config)] if config is not None else []) + [
+            overrides, {"rollout": {"baseline": chosen}}
+        ]
+        settings = agent_settings(*layers)
+        if settings.rollout.backend == "vllm":
+            raise AgentLoadError("rollout.backend: vllm samples the agent's turns; a baseline takes none")
+        policy = None
+        if settings.reader.kind == "local":
+            lm = settings.lm
+            policy, tokenizer = load_policy(
+                settings.model, precision=lm.precision, lora=None, compute_dtype=lm.compute_dtype,
+                device=device, attention_score_mib=lm.attention_score_mib,
+                upcast_unquantised=lm.upcast_unquantised,
+            )  # fmt: skip
+        else:
+            tokenizer = load_tokenizer(settings.model)
+        return cls(policy, tokenizer, build_reader(settings, policy, tokenizer), settings, seed=seed)
+
+    @classmethod
     def served(
         cls, url: str, adapter: str, *, tokenizer: str, config: str | Path | None = None, seed: int = 0,
         **overrides: Any,
@@ -143,6 +184,11 @@ class MemoryAgent:
             raise AgentLoadError(
                 f"reader.kind: {settings.reader.kind} answers with weights in this process; a served agent"
                 " has none: use openai (the server's base model, for one) or extractive"
+            )
+        if settings.rollout.baseline.kind is not None:
+            raise AgentLoadError(
+                f"rollout.baseline.kind {settings.rollout.baseline.kind} takes no turn: use "
+                "MemoryAgent.baseline"
             )
         names = served_models(url)
         if adapter not in names:
@@ -229,20 +275,29 @@ class MemoryAgent:
         """The reader's answer to each question from ``memory``: ``question``, ``instruction`` (what
         the reader got before it, from ``data_source``'s entry of ``reader.question_instructions``),
         ``prediction`` and ``error`` (a failed remote answer: no prediction). With ``golds`` each
-        answer is also scored with ``data_source``'s metric (``score``; None when it failed)."""
+        answer is also scored with ``data_source``'s metric (``score``; None when it failed).
+
+        A baseline answers as it is scored: ``raw_chunks`` from its ``top_k`` entries, ``full_text``
+        from its text cut from the start to the reader's prompt budget for these questions."""
         if self.reader is None:
             raise AgentLoadError("this agent has no reader: build it with a reader setting")
         if golds is not None and len(golds) != len(questions):
             raise ValueError(f"{len(golds)} golds for {len(questions)} questions")
+        baseline = self.settings.rollout.baseline
+        if baseline.kind == "full_text" and len(memory.episodic) == 1:
+            memory = cut_full_text(memory, questions, data_source, self.reader, self.tokenizer)
         if golds is not None:  # the rollout's own answering and scoring, on this memory
             instance = Instance("questions", data_source, [""], [QA(q, g) for q, g in zip(questions, golds)])
             rollout = Rollout(rollout_id=0, group_id=0, index=0, instance=instance, memory=memory)
             reward = self.settings.reward
             answered = answer_questions(
-                [rollout], self.reader, metric_overrides=reward.metric_overrides, style=reward.answer_style
+                [rollout], self.reader, metric_overrides=reward.metric_overrides, style=reward.answer_style,
+                top_k=baseline.answer_top_k,
             )[0]
             return [{**q, "score": None if q["error"] else q["score"]} for q in answered.questions]
-        answers = self.reader.answer([(memory, q) for q in questions], [data_source] * len(questions))
+        answers = self.reader.answer(
+            [(memory, q) for q in questions], [data_source] * len(questions), baseline.answer_top_k
+        )
         return [
             {"question": q, "instruction": self.reader.instruction_for(data_source), "prediction": a.text,
              "error": a.error}

@@ -165,11 +165,21 @@ class Reader(ABC):
         view = render_answer(memory, semantic, episodic, self.templates)
         return answer_messages(view, question, instruction, self.templates, has_core=bool(memory.core))
 
+    def prompt_size(
+        self, memory: Memory, semantic: Sequence[MemoryEntry], episodic: Sequence[MemoryEntry], question: str,
+        instruction: str | None,
+    ) -> int:  # fmt: skip
+        """What ``k_reduction`` holds against :meth:`prompt_limit`: the answer prompt of ``question``
+        showing ``memory``'s core and these entries, measured by :meth:`measure_prompt`."""
+        return self.measure_prompt(self._answer_messages(memory, semantic, episodic, question, instruction))
+
     def retrieved(
-        self, items: Sequence[tuple[Memory, str]], sources: Sequence[str] | None = None
-    ) -> list[tuple[str | None, list[MemoryEntry], list[MemoryEntry]]]:
+        self, items: Sequence[tuple[Memory, str]], sources: Sequence[str] | None = None,
+        top_k: int | None = None,
+    ) -> list[tuple[str | None, list[MemoryEntry], list[MemoryEntry]]]:  # fmt: skip
         """Per item, ``(instruction, semantic, episodic)``: its question's instruction and the
-        ``top_k_entries`` entries of each list ranked for it; BM25 runs once per distinct memory.
+        ``top_k_entries`` entries of each list ranked for it (``top_k`` when given: a baseline's,
+        :mod:`memalpha.agent.baselines`); BM25 runs once per distinct memory.
 
         ``sources`` (one data source per item) picks each question's instruction; without it
         every question goes bare.
@@ -184,24 +194,26 @@ class Reader(ABC):
         for indices in groups.values():
             queries = [self.bm25_query_text(items[i][1], instructions[i]) for i in indices]
             ranked = retrieve_for_questions(
-                items[indices[0]][0], queries, self.top_k_entries, self.bm25, self.unit
+                items[indices[0]][0], queries, self.top_k_entries if top_k is None else top_k, self.bm25,
+                self.unit,
             )
             for i, (semantic, episodic) in zip(indices, ranked):
                 out[i] = (instructions[i], semantic, episodic)
         return [r for r in out if r is not None]
 
     def answer_conversations(
-        self, items: Sequence[tuple[Memory, str]], sources: Sequence[str] | None = None
-    ) -> list[Conversation]:
+        self, items: Sequence[tuple[Memory, str]], sources: Sequence[str] | None = None,
+        top_k: int | None = None,
+    ) -> list[Conversation]:  # fmt: skip
         """The answer-mode chat for every item (:meth:`retrieved` entries, ``k`` cut by ``k_reduction``)."""
         conversations: list[Conversation] = []
         limit = self.prompt_limit()
         for (memory, question), (instruction, semantic, episodic) in zip(
-            items, self.retrieved(items, sources)
+            items, self.retrieved(items, sources, top_k)
         ):
 
             def measure(sem, epi, _memory=memory, _question=question, _instruction=instruction) -> int:
-                return self.measure_prompt(self._answer_messages(_memory, sem, epi, _question, _instruction))
+                return self.prompt_size(_memory, sem, epi, _question, _instruction)
 
             semantic, episodic, fits = self.k_rule.reduce(semantic, episodic, measure, limit)
             if not fits:
@@ -216,13 +228,15 @@ class Reader(ABC):
 
     # -- public entry points --------------------------------------------------------------
     def answer(
-        self, items: Sequence[tuple[Memory, str]], sources: Sequence[str] | None = None
-    ) -> list[ReaderAnswer]:
+        self, items: Sequence[tuple[Memory, str]], sources: Sequence[str] | None = None,
+        top_k: int | None = None,
+    ) -> list[ReaderAnswer]:  # fmt: skip
         """Answer each question from its memory (one reply per item, in order); ``sources``, one
-        data source per item, gives each question its source's instruction."""
+        data source per item, gives each question its source's instruction; ``top_k`` retrieves
+        that many entries per list in place of ``top_k_entries`` (a baseline's)."""
         if not items:
             return []
-        return self._run(self.answer_conversations(items, sources))
+        return self._run(self.answer_conversations(items, sources, top_k))
 
     def complete(
         self,

@@ -30,13 +30,14 @@ class ExtractiveReader(Reader):
     """Answers each ``(memory, question)`` item with the memory text retrieved for the question."""
 
     def answer(
-        self, items: Sequence[tuple[Memory, str]], sources: Sequence[str] | None = None
-    ) -> list[ReaderAnswer]:
+        self, items: Sequence[tuple[Memory, str]], sources: Sequence[str] | None = None,
+        top_k: int | None = None,
+    ) -> list[ReaderAnswer]:  # fmt: skip
         """One answer per item: the core memory, then the retrieved semantic and episodic
-        entries' contents, one per line (empty when the memory is empty)."""
+        entries' contents (``top_k`` per list when given), one per line (empty when the memory is empty)."""
         answers = []
         for (memory, _question), (_instruction, semantic, episodic) in zip(
-            items, self.retrieved(items, sources)
+            items, self.retrieved(items, sources, top_k)
         ):
             lines = ([memory.core] if memory.core else []) + [
                 entry.content for entry in (*semantic, *episodic)

@@ -10,15 +10,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-ROLLOUT_KEPT_OUT = ("group_size", "generation_batch_size", "backend", "vllm")
-"""Rollout settings that change how fast a record is made, not what it holds."""
+ROLLOUT_KEPT_OUT = ("group_size", "generation_batch_size", "backend", "vllm", "baseline")
+"""Rollout settings that change how fast a record is made, not what it holds (and the baseline,
+which the digest holds only when it names one, so an agent's digest is what it was before there
+were baselines)."""
 READER_KEPT_OUT = ("batch_size", "max_failed_share", "on_failed_round", "openai")
 
 
 def agent_digest(module: Any, datamodule: Any, ckpt_path: str | None) -> str:
     """A digest of what decides a record: the model, the adapter or checkpoint (its path and its
     bytes, so that one trained again in the same place is another agent), the seed, the rollout,
-    reader and answer-metric settings, and how the input is cut into chunks."""
+    reader and answer-metric settings, the baseline in the agent's place, and how the input is cut
+    into chunks."""
     hp = module.hparams
     rollout = {k: v for k, v in asdict(module.rollout_settings).items() if k not in ROLLOUT_KEPT_OUT}
     reader = {k: v for k, v in asdict(module.reader_settings).items() if k not in READER_KEPT_OUT}
@@ -34,6 +37,7 @@ def agent_digest(module: Any, datamodule: Any, ckpt_path: str | None) -> str:
         "reader": reader,
         "metrics": {"overrides": reward.metric_overrides, "style": reward.metric_style},
         "chunks": [load.layout, load.chunk_tokens, load.wrap, predict.split],
+        **({"baseline": asdict(baseline)} if (baseline := module.rollout_settings.baseline).kind else {}),
     }
     text = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]

@@ -30,19 +30,22 @@ def record_values(record: Mapping[str, Any]) -> dict[str, float]:
     ``tool_success`` the share of its tool calls that succeeded (a rollout without a call counts
     0: no call stored nothing), ``memory_tokens`` and ``compression`` (r3) as recorded,
     ``mean_reward`` the mean turn reward, and ``fact_recall`` (the share of its gold facts in the
-    final memory, :mod:`memalpha.agent.fact_recall`) when the record holds one."""
+    final memory, :mod:`memalpha.agent.fact_recall`) when the record holds one. A record without
+    turns (a baseline stored the text, :mod:`memalpha.agent.baselines`) has no ``tool_success`` and
+    no ``mean_reward``."""
     scores = [q["score"] for q in record["questions"]]
     results = [res for turn in record["turns"] for res in turn["results"]]
     rewards = [turn.get("reward", 0.0) for turn in record["turns"]]
     values = {
         "accuracy": sum(scores) / len(scores) if scores else 0.0,
-        "tool_success": (
-            sum(res["status"] in SUCCESS_STATUSES for res in results) / len(results) if results else 0.0
-        ),
         "memory_tokens": float(record["memory_tokens"]),
         "compression": float(record["r3"]),
-        "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
     }
+    if record["turns"]:
+        values["tool_success"] = (
+            sum(res["status"] in SUCCESS_STATUSES for res in results) / len(results) if results else 0.0
+        )
+        values["mean_reward"] = sum(rewards) / len(rewards)
     if record.get("fact_recall") is not None:
         values["fact_recall"] = float(record["fact_recall"])
     return values

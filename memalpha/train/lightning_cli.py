@@ -156,6 +156,7 @@ class MemAlphaCLI(LightningCLI):
                 self._apply_profile(given)
         super().parse_arguments(parser, args)
         self._check_ckpt_path()  # before the checkpoint's settings are read (_parse_ckpt_path)
+        self._check_baseline()
 
     def _parse_ckpt_path(self) -> None:
         """The checkpoint's saved ``model.*`` settings under the config files and the command line.
@@ -268,6 +269,24 @@ class MemAlphaCLI(LightningCLI):
         name = name or "memalpha"
         for subparser in self._subcommand_parsers.values():
             subparser.set_defaults({"profile": name, **PROFILES[name]})
+
+    def _check_baseline(self) -> None:
+        """A baseline (``model.rollout.baseline.kind``, :mod:`memalpha.agent.baselines`) learns nothing
+        and loads no adapter: ``fit`` with one, or one with ``--ckpt_path``, stops here in one line."""
+        subcommand = self.config.get("subcommand")
+        kind = self.config[subcommand].get("model.rollout.baseline.kind") if subcommand else None
+        if kind is None:
+            return
+        if subcommand == "fit":
+            raise SystemExit(
+                f"{self._prog()}: error: model.rollout.baseline.kind {kind} stores the text and learns "
+                "nothing, so there is nothing to fit: score it with memalpha validate, or leave it out"
+            )
+        if self.config[subcommand].get("ckpt_path"):
+            raise SystemExit(
+                f"{self._prog()}: error: model.rollout.baseline.kind {kind} loads no adapter: leave "
+                "--ckpt_path out"
+            )
 
     def _check_ckpt_path(self) -> None:
         from memalpha.train.checkpoint_io import check_checkpoint

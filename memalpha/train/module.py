@@ -96,6 +96,12 @@ class GRPOModule(PolicyModule):
         self.save_hyperparameters()
         self._init_policy(lm, lora, optimizer)
         self.rollout_settings: RolloutSettings = typed(RolloutSettings, rollout)
+        baseline = self.rollout_settings.baseline.kind
+        if baseline is not None and adapter_path:
+            raise ValueError(
+                f"rollout.baseline.kind {baseline} stores the text and loads no adapter: leave model."
+                f"adapter_path out (it names {adapter_path})"
+            )
         self.reader_settings: ReaderSettings = typed(ReaderSettings, reader)
         if self.reader_settings.kind == "engine" and self.rollout_settings.backend != "vllm":
             raise ValueError(

@@ -90,16 +90,18 @@ def _summarise(records: Sequence[Any]) -> dict[str, float]:
         "stored_accuracy": sum(stored) / len(stored) if stored else None,
         "memory_tokens": sum(r.memory_tokens for r in records) / len(records) if records else 0.0,
         "compression": sum(r.r3 for r in records) / len(records) if records else 0.0,
-        "tool_success": ok / len(results) if results else 0.0,
+        # a baseline takes no turn (memalpha.agent.baselines): no call, no reward, not a 0
+        "tool_success": ok / len(results) if results else (0.0 if rewards else None),
         "tool_calls": len(results),
-        "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
+        "mean_reward": sum(rewards) / len(rewards) if rewards else None,
         "reader_failures": sum(r.reader_failures for r in records),
     }
 
 
 def summarise_records(records: Sequence[Any]) -> dict[str, Any]:
     """Overall and per-``data_source`` accuracy, fact recall, memory size, compression (r3), tool
-    success, the mean per-turn reward ``R_t``, and the questions that scored 0 because the reader failed."""
+    success, the mean per-turn reward ``R_t``, and the questions that scored 0 because the reader failed.
+    Records without turns (a baseline's) have no tool success or mean reward (None)."""
     by_source: dict[str, list[Any]] = defaultdict(list)
     for record in records:
         by_source[record.data_source].append(record)
@@ -254,8 +256,8 @@ def format_table(summary: dict[str, Any]) -> str:
             "-" if s["fact_recall"] is None else f"{s['fact_recall']:.3f}",
             f"{s['memory_tokens']:.0f}",
             f"{s['compression']:.3f}",
-            f"{s['tool_success']:.3f}",
-            f"{s['mean_reward']:.3f}",
+            _optional(s["tool_success"]),
+            _optional(s["mean_reward"]),
         )
         for src, s in rows
     ]
@@ -272,6 +274,10 @@ def format_table(summary: dict[str, Any]) -> str:
             f"\n{failures} of {summary['overall']['questions']} questions scored 0 because the reader failed"
         )
     return table
+
+
+def _optional(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def format_columns(cells: Sequence[Sequence[str]]) -> str:
@@ -392,10 +398,13 @@ class ValidationReporter(Callback):
             **summarise_records(records),
             "backends": pl_module.backends,
             "seconds": {name: sum(s[name] for s in seconds) for name in VALIDATION_SECONDS},
-            "settings": scoring_settings(
-                pl_module.hparams.model, pl_module.reader_settings, pl_module.reward_settings,
-                pl_module.rollout_settings.templates,
-            ),
+            "settings": {
+                **scoring_settings(
+                    pl_module.hparams.model, pl_module.reader_settings, pl_module.reward_settings,
+                    pl_module.rollout_settings.templates,
+                ),
+                "memory": pl_module.rollout_settings.baseline.record(),
+            },
         }
         overall = summary["overall"]
         where = f"validation at global step {trainer.global_step}"
@@ -403,14 +412,16 @@ class ValidationReporter(Callback):
         if refusal is not None:  # a reader outage is no score: the report says so, nothing is logged
             summary["invalid"] = refusal
         else:
-            recall = {} if overall["fact_recall"] is None else {"val/fact_recall": overall["fact_recall"]}
+            optional = {
+                f"val/{name}": overall[name]
+                for name in ("fact_recall", "tool_success") if overall[name] is not None
+            }
             pl_module.log_dict(
                 {
-                    **recall,
+                    **optional,
                     "val/accuracy": overall["accuracy"],
                     "val/memory_tokens": overall["memory_tokens"],
                     "val/compression": overall["compression"],
-                    "val/tool_success": overall["tool_success"],
                     "val/reader_failures": float(overall["reader_failures"]),
                 },
                 sync_dist=False,
