@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from memalpha.grpo.advantages import group_advantages
+from memalpha.grpo.advantages import advantage_shares, group_advantages
 from memalpha.grpo.loss import LossOutput, k3_kl, policy_loss
 
 # ---------------------------------------------------------------- group_advantages
@@ -23,6 +23,29 @@ def test_group_scale_by_hand():
     got = group_advantages(REWARDS, GROUPS, scale="group")
     assert torch.allclose(got, expected, atol=1e-5)
     assert got[3:].eq(0).all()  # zero spread and single member: exactly 0
+
+
+def test_advantage_shares_by_hand():
+    # one group: r1 = (1, 0, 1, 0), r2 = (1, 1, 0, 1); v = r1 + r2 = (2, 1, 1, 1), centred
+    # (.75, -.25, -.25, -.25), sum of squares .75; r1 centred (.5, -.5, .5, -.5) gives .5 with v,
+    # r2 centred (.25, .25, -.75, .25) gives .25: shares 2/3 and 1/3
+    r1, r2 = torch.tensor([1.0, 0, 1, 0]), torch.tensor([1.0, 1, 0, 1])
+    shares = advantage_shares(r1 + r2, [0] * 4, {"r1": r1, "r2": r2})
+    assert shares == pytest.approx({"r1": 2 / 3, "r2": 1 / 3}, abs=1e-12)
+    # a term that falls where the other rises is pushed against: r2 = (0, 1, 0, 1) against r1 = (3, 0, 3, 0)
+    r1, r2 = torch.tensor([3.0, 0, 3, 0]), torch.tensor([0.0, 1, 0, 1])
+    shares = advantage_shares(r1 + r2, [0] * 4, {"r1": r1, "r2": r2})
+    assert shares["r2"] == pytest.approx(-0.5) and shares["r1"] == pytest.approx(1.5)
+
+
+def test_advantage_shares_weigh_groups_as_the_update_does():
+    # group a: v = (1, 0) from r2 alone, std .5, weight 2; group b: v = (4, 0) from r1 alone, std 2,
+    # weight .5; flat group c adds nothing. Sum c (v - mean)^2: a 2 * (.25 + .25) = 1, b .5 * (4 + 4) = 4
+    values = torch.tensor([1.0, 0, 4, 0, 5, 5])
+    r2 = torch.tensor([1.0, 0, 0, 0, 5, 5])
+    shares = advantage_shares(values, list("aabbcc"), {"r1": values - r2, "r2": r2})
+    assert shares == pytest.approx({"r1": 0.8, "r2": 0.2}, abs=1e-12)
+    assert advantage_shares(torch.tensor([5.0, 5.0]), ["c", "c"], {"r1": torch.tensor([5.0, 5.0])}) == {}
 
 
 def test_batch_scale_by_hand():
@@ -256,3 +279,23 @@ def test_a_kl_coefficient_without_reference_logprobs_is_an_error_not_a_silent_ze
         micro_batch_loss(logps, None, batch, UpdateSettings(kl_coef=0.1), **common)
     out = micro_batch_loss(logps, None, batch, UpdateSettings(kl_coef=0.0), **common)
     assert torch.isfinite(out.loss)
+
+
+def test_a_rounds_advantage_shares_split_each_reward_into_its_terms():
+    from memalpha.agent.reward_settings import RewardSettings
+    from memalpha.agent.rollout import RolloutOutput, RolloutRecord, TurnSample
+    from memalpha.train.step import reward_term_shares
+
+    weights = RewardSettings()  # w 1, beta 0.05, gamma 0.1
+    # two rollouts of one instance, one turn each: r1 (1, 0), r2 (1, 0), r3 (.2, 0), r4 (0, 0)
+    rewards = [1 + 1 + 0.05 * 0.2, 0.0]
+    samples = [TurnSample(group_id=0, rollout_id=i, chunk_index=0, prompt_ids=[1], response_ids=[2],
+                          truncated=False, num_calls=1, num_successful_calls=1 - i, r2=1.0 - i, reward=r)
+               for i, r in enumerate(rewards)]
+    records = [RolloutRecord("x", "synth", i, [], {}, 0, 10, [], r1=1.0 - i, r3=0.2 * (1 - i))
+               for i in range(2)]
+    out = RolloutOutput(samples, records, 0.0, 0.0, 0)
+    shares = reward_term_shares(out, (torch.tensor(rewards), [0, 0]), weights)
+    total = 2.01
+    assert shares == pytest.approx({"advantage/share_r1": 1 / total, "advantage/share_r2": 1 / total,
+                                    "advantage/share_r3": 0.01 / total, "advantage/share_r4": 0.0}, abs=1e-6)

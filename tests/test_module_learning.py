@@ -31,6 +31,7 @@ class ToyAgent:
 
     def __init__(self, module, rewards_per_round: list[float]) -> None:
         self.policy, self.tokenizer, self.rollout = module.policy, module.tokenizer, module.rollout_settings
+        self.reward = module.reward_settings  # the step splits the advantages by its terms
         self.rewards_per_round = rewards_per_round
 
     def rollouts(self, instances, *, seed: int, on_phase, credit) -> RolloutOutput:

@@ -82,3 +82,37 @@ def flat_group_share(rewards: torch.Tensor, group_ids: torch.Tensor | Sequence) 
     groups = [rewards[index == g] for g in index.unique().tolist()]
     flat = [len(group) < 2 or group.std(unbiased=False).item() < 1e-6 for group in groups]
     return sum(flat) / len(flat) if flat else 0.0
+
+
+def advantage_shares(
+    values: torch.Tensor, group_ids: torch.Tensor | Sequence, terms: dict[str, torch.Tensor]
+) -> dict[str, float]:
+    """How much of the round's push each reward term carries: for every name of ``terms``,
+    ``sum_i c_i (t_i - mean_g t) (v_i - mean_g v) / sum_i c_i (v_i - mean_g v)^2``.
+
+    ``values`` are the ``[N]`` values the advantages are taken of and ``terms`` their parts
+    (``values == sum(terms.values())``, each ``[N]``, already weighted). Whatever the advantage's
+    scale, a sample's advantage is its group's constant ``c_g >= 0`` times ``v_i - mean_g v``, so the
+    shares sum to 1 (for ``group`` scaling ``c_g = 1 / std_g``, which weighs each group as the update
+    does). A share near 1 means the advantages follow that term; a negative share means they push
+    against it (it falls where the other terms rise). Empty when every group is flat (no push).
+    """
+    values = torch.as_tensor(values, dtype=torch.float64)
+    index = _group_index(group_ids, values.shape[0])
+    groups = int(index.max()) + 1 if values.numel() else 0
+    zeros = values.new_zeros(groups)
+    counts = zeros.index_add(0, index, torch.ones_like(values))
+
+    def centred(x: torch.Tensor) -> torch.Tensor:
+        x = torch.as_tensor(x, dtype=torch.float64)
+        return x - (zeros.index_add(0, index, x) / counts)[index]
+
+    v = centred(values)
+    std = (zeros.index_add(0, index, v**2) / counts).sqrt()
+    live = std > 1e-9
+    inverse = 1.0 / torch.where(live, std, torch.ones_like(std))
+    scale = torch.where(live, inverse, torch.zeros_like(std))[index]
+    total = (scale * v * v).sum()
+    if total <= 0:
+        return {}
+    return {name: ((scale * centred(t) * v).sum() / total).item() for name, t in terms.items()}

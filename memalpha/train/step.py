@@ -34,9 +34,10 @@ from typing import Any, Protocol
 import torch
 
 from memalpha.agent.progress import Phase, PhaseHook, report
+from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import Agent, RolloutOutput, RolloutRecord, TurnSample
 from memalpha.data.schema import Instance
-from memalpha.grpo.advantages import flat_group_share
+from memalpha.grpo.advantages import advantage_shares, flat_group_share
 from memalpha.grpo.batch import GRPOBatch, cut_minibatches
 from memalpha.grpo.settings import UpdateSettings
 from memalpha.grpo.update import LossMeter, first_nonfinite, micro_batch_loss, optimizer_step
@@ -146,6 +147,25 @@ def round_metrics(
         "reader/questions": float(sum(len(r.questions) + len(r.turn_questions) for r in records)),
         **per_turn,
     }
+
+
+def reward_term_shares(
+    out: RolloutOutput, compared: tuple[torch.Tensor, Sequence], weights: RewardSettings
+) -> dict[str, float]:
+    """``advantage/share_r1`` .. ``share_r4``: the share of the round's advantages each reward term
+    carries (:func:`~memalpha.grpo.advantages.advantage_shares`). Each compared value is split into
+    ``r2_t``, ``beta * r3``, ``gamma * r4_t`` and the rest, the accuracy term (``w * r1``, or the
+    turn's credited accuracy under per-turn credit). A low or negative ``share_r2`` says the update
+    does not follow tool success (docs/metrics_and_rewards.md, "What the advantages follow")."""
+    values, labels = compared
+    values = torch.as_tensor(values, dtype=torch.float64)
+    samples = out.samples
+    r2 = torch.tensor([s.r2 for s in samples], dtype=torch.float64)
+    r4 = weights.gamma * torch.tensor([s.r4 for s in samples], dtype=torch.float64)
+    # a sample's rollout_id is its record's position (records come in rollout order)
+    r3 = weights.beta * torch.tensor([out.records[s.rollout_id].r3 for s in samples], dtype=torch.float64)
+    shares = advantage_shares(values, labels, {"r1": values - r2 - r3 - r4, "r2": r2, "r3": r3, "r4": r4})
+    return {f"advantage/share_{name}": share for name, share in shares.items()}
 
 
 def rollout_text(record: RolloutRecord) -> str:
@@ -322,7 +342,7 @@ def collect_round(
     round_samples = round(ranks.mean_over_ranks(float(len(samples))) * ranks.world_size)
     rows = Samples.of(samples)
     compared = update.credit_scheme.compared(rows.rewards, rows.turn_rewards, rows.group_ids, rows.turn_index)
-    metrics = round_metrics(out, rows.rewards, compared)
+    metrics = round_metrics(out, rows.rewards, compared) | reward_term_shares(out, compared, agent.reward)
     text = rollout_text(out.records[0]) if with_text else None
     failures = ReaderFailures.of(out.records).summed(ranks)
     if reader_gate is not None and not reader_gate.answered(failures, where):
