@@ -187,9 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     start_records = validate(args, run_dir, data, "start", adapter)
     result: dict[str, Any] = {
         "benchmark": "tool_success", "command": command_line(),
-        "settings": {"config": str(args.config.relative_to(REPO_ROOT)) if args.config.is_relative_to(REPO_ROOT)
-                     else str(args.config), "steps": args.steps, "val": args.val, "held_out_seed": HELD_OUT_SEED,
-                     "seeds": args.seed_list, "arms": {a: ARMS[a] for a in args.arm_list}},
+        "settings": {"config": str(args.config), "steps": args.steps, "val": args.val,
+                     "held_out_seed": HELD_OUT_SEED, "seeds": args.seed_list,
+                     "arms": {a: ARMS[a] for a in args.arm_list}},
         "start": pooled(start_records), "arms": {},
     }
     for arm in args.arm_list:
@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         result["wall_s"] = round(time.perf_counter() - started, 1)
         write_json(result, args.out, machine=machine)  # after every arm: a stopped study keeps the rest
         ts = changes["tool_success"]
-        print(f"{arm}: tool success − start {ts['mean']:+.3f} [{ts['low']:+.3f}, {ts['high']:+.3f}]", flush=True)
+        print(f"{arm}: tool success - start {ts['mean']:+.3f} [{ts['low']:+.3f}, {ts['high']:+.3f}]",
+              flush=True)
     print(f"(written to {args.out})")
     return 0
 

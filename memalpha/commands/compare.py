@@ -5,11 +5,12 @@
 Each of ``A``, ``B``, ... is a validation report (``validation.json`` of ``memalpha validate``,
 ``validation_step<N>.json`` of ``fit``'s validation) or a run folder holding one. The command
 prints each report's pooled figures (what wrote its memories, ``memory``: the agent or a baseline
-of :mod:`memalpha.agent.baselines`, and accuracy beside memory size, as Mem-α's table sets them), then for each report against the one before it (``B - A``,
-``C - B``) the change in accuracy, fact recall, tool success, memory size and mean reward, paired
-per instance with its 95 % Student t interval (:mod:`memalpha.train.instance_scores`): for all
-instances, per source and, where questions name a category (LoCoMo), per category. ``--out``
-writes the same as JSON (docs/quickstart.md, *Comparing two runs*).
+of :mod:`memalpha.agent.baselines`, and accuracy beside memory size, as Mem-α's table sets them),
+then for each report against the one before it (``B - A``, ``C - B``) the change in accuracy, fact
+recall, tool success, memory size and mean reward, paired per instance with its 95 % Student t
+interval (:mod:`memalpha.train.instance_scores`): for all instances, per source and, where
+questions name a category (LoCoMo), per category. ``--out`` writes the same as JSON
+(docs/quickstart.md, *Comparing two runs*).
 
 It refuses, in one line and before printing anything, reports that are not comparable
 (:mod:`memalpha.commands.report_checks`): other instances, chunks or questions, other scoring
