@@ -37,7 +37,7 @@ ALLOWED: dict[str, set[str]] = {
     },
     "commands": {
         "memory", "tools", "lm", "data", "grpo", "reader", "agent", "seeding", "templates",
-        "train",
+        "train", "inference",
     },
     "cli": {"commands", "train", "templates", "allocator"},
     "inference": {

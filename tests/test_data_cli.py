@@ -134,7 +134,27 @@ def test_every_data_command_goes_through_one_module_and_synth_starts_without_lig
     assert done.stdout.strip().splitlines()[-1] == "[]"
     with pytest.raises(SystemExit):
         main(["--help"])
-    assert "{synth,inspect,convert,demos,distill}" in capsys.readouterr().out
-    with pytest.raises(SystemExit) as exit_info:
-        main(["demos", "--help"])
-    assert exit_info.value.code == 0 and "memalpha data demos" in capsys.readouterr().out
+    assert "{synth,inspect,convert,demos,distill,answers}" in capsys.readouterr().out
+    for command in ("demos", "answers"):
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, "--help"])
+        assert exit_info.value.code == 0 and f"memalpha data {command}" in capsys.readouterr().out
+
+
+def test_data_demos_reads_the_config_as_fit_does_its_profile_first(tmp_path, tiny_model_dir):
+    """``memalpha_official.yaml`` names the official profile, which states 80 % of the reply cap to the
+    agent (``rollout.stated_limit_share: 0.8``): its demonstrations must state what training will."""
+    import yaml
+
+    official = Path(__file__).resolve().parents[1] / "configs" / "memalpha_official.yaml"
+    config = yaml.safe_load(official.read_text())
+    config["model"]["model"] = tiny_model_dir
+    config["model"]["rollout"]["max_new_tokens"] = 1000
+    config["data"]["synthetic"] = {"chunks": 1, "questions": 1, "chunk_words": 20}
+    path = tmp_path / "official.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = tmp_path / "demos.jsonl"
+    main(["demos", "--config", str(path), "--out", str(out), "--count", "1"])
+    (demo,) = [json.loads(line) for line in out.read_text().splitlines()]
+    stated = demo["messages"][-1]["content"]
+    assert "at most 800 tokens" in stated and "at most 1000 tokens" not in stated

@@ -208,6 +208,10 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "data.batch_size": 2, "data.val_batch_size": 2, "model.micro_batch_size": 2,
     },
     "memalpha_official.yaml": {"model.model": "{tiny}"},
+    "sft_answer_tiny_cpu.yaml": {
+        "model.model": "{tiny}", "trainer.max_steps": 2, "trainer.val_check_interval": 2,
+        "data.batch_size": 2, "data.val_batch_size": 2, "model.micro_batch_size": 2,
+    },
 }
 """Each config's settings as run (``{tiny}``: the tiny random model's folder). The demonstrations
 must fit ``model.rollout.max_new_tokens``, so it stays."""
@@ -340,6 +344,19 @@ def _check_baselines_api(ran: Ran) -> None:
         "Ada moved to Porto in May.", "Her sister Grace teaches in Coimbra."]
 
 
+def _check_answer_agent(ran: Ran) -> None:
+    runs = ran.folder / "runs"
+    assert len(_jsonl(runs / "answers" / "train.jsonl")) == 4  # 2 instances x 2 questions
+    assert (runs / "sft_answer" / "adapter" / "adapter_config.json").is_file()
+    report = json.loads((runs / "tiny_cpu" / "sft_answered" / "validation.json").read_text())
+    assert report["summary"]["settings"]["scoring"]["model.reader.adapter"][0].endswith("sft_answer/adapter")
+
+
+def _check_answer_agent_api(ran: Ran) -> None:
+    assert ran.values == {"agent.settings.reader.adapter_path": "runs/sft_answer/adapter",
+                          "stored.reader.adapter": "answer"}
+
+
 def _check_peft(ran: Ran) -> None:
     assert ran.values == {"type(model).__name__": "PeftModelForCausalLM", "model.peft_config['default'].r": 8}
 
@@ -394,6 +411,12 @@ SNIPPETS: dict[str, Snippet] = {
     "baselines-validate": Snippet(after="quickstart-demo", check=_check_baselines),
     "baselines-api": Snippet(check=_check_baselines_api,
                              keep=("[e.content for e in reading.memory.episodic]",)),
+    # docs/answer_agent.md
+    "answer-agent-sft": Snippet(
+        after="quickstart-demo", check=_check_answer_agent,
+        lowered=(("--num-train 64", "--num-train 2"), ("--num-val 8", "--num-val 1"))),
+    "answer-agent-api": Snippet(after="answer-agent-sft", check=_check_answer_agent_api,
+                                keep=("agent.settings.reader.adapter_path", "stored.reader.adapter")),
     # docs/inference.md
     "inference-api": Snippet(after="quickstart-demo", check=_check_api,
                              keep=("reading.memory.to_dict()", "scored")),

@@ -19,7 +19,7 @@ from test_training import write_config
 from memalpha.agent.rollout import RolloutOutput, RolloutRecord
 from memalpha.cli import main
 from memalpha.data.schema import QA, Instance
-from memalpha.train.agent_digest import _identified
+from memalpha.train.agent_digest import identified
 from memalpha.train.module import GRPOModule
 from memalpha.train.validation_journal import JOURNAL_FORMAT, ValidationJournal
 
@@ -199,7 +199,7 @@ def test_an_adapter_trained_again_in_the_same_folder_is_another_agent(tmp_path):
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     (adapter / "adapter_model.safetensors").write_bytes(b"\x00" * 64)
-    first = _identified(str(adapter))
+    first = identified(str(adapter))
     (adapter / "adapter_model.safetensors").write_bytes(b"\x00" * 63 + b"\x01")
-    assert _identified(str(adapter))[0] == first[0] and _identified(str(adapter)) != first
-    assert _identified(str(tmp_path / "missing")) == [str(tmp_path / "missing")]
+    assert identified(str(adapter))[0] == first[0] and identified(str(adapter)) != first
+    assert identified(str(tmp_path / "missing")) == [str(tmp_path / "missing")]

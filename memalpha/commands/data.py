@@ -9,8 +9,9 @@ docs/data.md, *memalpha data*, describes each (``--processing official``:
 :mod:`memalpha.data.official_processing`). Bad input exits with status 2 and a message naming file,
 record and field.
 
-``demos`` and ``distill`` (:mod:`memalpha.commands.demos`, :mod:`memalpha.commands.distill`) have their
-own parsers; :func:`main` hands them their arguments, importing them (and Lightning) only then.
+``demos``, ``distill`` and ``answers`` (:mod:`memalpha.commands.demos`,
+:mod:`memalpha.commands.distill`, :mod:`memalpha.commands.answers`) have their own parsers;
+:func:`main` hands them their arguments, importing them (and Lightning) only then.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ def main(argv: list[str] | None = None) -> None:
 
         demos_main(argv[1:])
         return
+    if argv[:1] == ["answers"]:
+        from memalpha.commands.answers import main as answers_main
+
+        answers_main(argv[1:])
+        return
     if argv[:1] == ["distill"]:
         from memalpha.commands.distill import main as distill_main
 
@@ -74,11 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "memalpha data demos --config FIT.yaml --out FILE.jsonl writes oracle demonstrations for "
             "memalpha sft; memalpha data distill --config FIT.yaml --out FILE.jsonl --records REPORT.json "
-            "writes them from recorded trajectories."
+            "writes them from recorded trajectories; memalpha data answers --config FIT.yaml "
+            "--out FILE.jsonl --memories RECORDS writes answer demonstrations for the answer agent."
         ),
     )
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="{synth,inspect,convert,demos,distill}"
+        dest="command", required=True, metavar="{synth,inspect,convert,demos,distill,answers}"
     )
 
     synth = sub.add_parser("synth", help="write synthetic train/validation JSONL (deterministic from --seed)")

@@ -3,10 +3,11 @@
     memalpha data demos --config configs/tiny_cpu.yaml --out runs/demos/train.jsonl [--split train]
                         [--count N] [--seed S] [--reply-share F]
 
-The config's ``model.model``, ``model.rollout`` and ``data.synthetic`` decide the demonstrations, so
-their prompts are the prompts the rollout will build (docs/cold_start.md, *Oracle demonstrations*);
-every chunk gives one (:func:`memalpha.agent.demos.oracle_demonstrations`). Bad input exits with
-status 2 and one line.
+The config's ``model.model``, ``model.rollout`` (read as every command reads it, its ``profile:``
+first: :func:`memalpha.inference.loading.config_settings`) and ``data.synthetic`` decide the
+demonstrations, so their prompts are the prompts the rollout will build (docs/cold_start.md,
+*Oracle demonstrations*); every chunk gives one (:func:`memalpha.agent.demos.oracle_demonstrations`).
+Bad input exits with status 2 and one line.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from typing import Any
 import yaml
 
 from memalpha.agent.demos import DEFAULT_REPLY_SHARE, OracleError, oracle_demonstrations
-from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.demos import save_demonstrations
 from memalpha.data.synthetic import SyntheticSettings
-from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer
+from memalpha.inference.loading import agent_settings, config_settings
+from memalpha.lm.core.embedded import load_tokenizer
 
 
 def config_sections(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -40,15 +41,16 @@ def config_sections(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    model, data = config_sections(args.config)
-    rollout = RolloutSettings(**(model.get("rollout") or {}))
+    _, data = config_sections(args.config)
+    settings = agent_settings(config_settings(args.config))
+    rollout = settings.rollout
     seed = args.seed if args.seed is not None else int(data.get("seed", 0))
     try:
         synthetic = SyntheticSettings(**(data.get("synthetic") or {}))
     except ValueError as exc:
         raise ValueError(f"{args.config}: {exc}") from None
     instances = synthetic.generate(args.split, seed, count=args.count)
-    tokenizer = load_tokenizer(model.get("model", EMBEDDED_MODEL_NAME))
+    tokenizer = load_tokenizer(settings.model)
     demos = oracle_demonstrations(instances, tokenizer, rollout, seed=seed, reply_share=args.reply_share)
     count = save_demonstrations(args.out, demos)
     print(f"wrote {count} demonstrations from {len(instances)} {args.split} instances to {args.out}")

@@ -24,12 +24,12 @@ from typing import Any
 import yaml
 
 from memalpha.agent.distill import DistillStats, RecordedTurn, replay_trajectory
-from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.commands.demos import config_sections, demonstrations_parser
 from memalpha.data.demos import Demonstration, save_demonstrations
 from memalpha.data.loaders import load_instances
 from memalpha.data.schema import DataValidationError, Instance
-from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer
+from memalpha.inference.loading import agent_settings, config_settings
+from memalpha.lm.core.embedded import load_tokenizer
 from memalpha.seeding import stable_seed
 from memalpha.train.datamodule import RolloutDataModule
 
@@ -123,16 +123,18 @@ def official_trajectories(path: Path) -> Iterator[tuple[str, int, list[RecordedT
         )
 
 
-def config_instances(model: dict[str, Any], data: dict[str, Any]) -> list[Instance]:
-    """The validation set ``memalpha validate --config`` scores, built by its own DataModule."""
-    module = RolloutDataModule(**{**data, "tokenizer_name": model.get("model", EMBEDDED_MODEL_NAME)})
+def config_instances(model: str, data: dict[str, Any]) -> list[Instance]:
+    """The validation set ``memalpha validate --config`` scores, built by its own DataModule
+    (``model``: the policy, whose tokenizer cuts the chunks)."""
+    module = RolloutDataModule(**{**data, "tokenizer_name": model})
     module.setup("validate")
     return module.val_instances
 
 
 def run(args: argparse.Namespace) -> tuple[int, DistillStats]:
-    model, data = config_sections(args.config)
-    rollout = RolloutSettings(**(model.get("rollout") or {}))
+    _, data = config_sections(args.config)
+    settings = agent_settings(config_settings(args.config))  # the profile first, as every command
+    rollout = settings.rollout
     if args.records is not None:
         trajectories, source, source_format = (
             memalpha_trajectories(args.records, args.min_accuracy),
@@ -152,9 +154,9 @@ def run(args: argparse.Namespace) -> tuple[int, DistillStats]:
     if args.instances is not None:
         instances, _ = load_instances(args.instances)
     else:
-        instances = config_instances(model, data)
+        instances = config_instances(settings.model, data)
     by_id = {instance.instance_id: instance for instance in instances}
-    tokenizer = load_tokenizer(model.get("model", EMBEDDED_MODEL_NAME))
+    tokenizer = load_tokenizer(settings.model)
     demos: list[Demonstration] = []
     stats = DistillStats()
     for instance_id, seed, turns, meta in trajectories:

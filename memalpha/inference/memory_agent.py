@@ -41,6 +41,7 @@ from memalpha.inference.loading import (
     read_source,
 )
 from memalpha.inference.memory_file import load_memory
+from memalpha.lm.core.adapters import check_adapter_base
 from memalpha.lm.core.embedded import load_tokenizer
 from memalpha.lm.core.policy import load_policy
 from memalpha.lm.sampling.generation import resolve_eos_ids
@@ -108,6 +109,7 @@ class MemoryAgent:
         found = read_source(source)
         layers = [found.settings] + ([config_settings(config)] if config is not None else []) + [overrides]
         settings = agent_settings(*layers, fallback_model=found.base_model)
+        check_answer_agent(settings)
         baseline = settings.rollout.baseline.kind
         if baseline is not None:
             raise AgentLoadError(
@@ -153,6 +155,7 @@ class MemoryAgent:
             overrides, {"rollout": {"baseline": chosen}}
         ]
         settings = agent_settings(*layers)
+        check_answer_agent(settings)
         if settings.rollout.backend == "vllm":
             raise AgentLoadError("rollout.backend: vllm samples the agent's turns; a baseline takes none")
         policy = None
@@ -208,6 +211,7 @@ class MemoryAgent:
         if self.policy is None and settings.reader.kind in ("local", "engine"):
             raise AgentLoadError(f"reader.kind: {settings.reader.kind} needs the policy's weights here")
         agent = replace(self.settings, reader=settings.reader)
+        check_answer_agent(agent)
         return MemoryAgent(
             self.policy, self.tokenizer, build_reader(agent, self.policy, self.tokenizer), agent,
             sampler=self.sampler, seed=self.seed,
@@ -306,11 +310,22 @@ class MemoryAgent:
 
 
 def build_reader(settings: AgentSettings, policy: Any, tokenizer: Any) -> Reader:
-    """The reader ``settings.reader`` names (the ``engine`` reader needs a training run's server)."""
+    """The reader ``settings.reader`` names (the ``engine`` reader needs a training run's server;
+    the answer agent of ``reader.adapter_path`` is loaded beside the policy's adapter)."""
     if settings.reader.kind == "engine":
         raise AgentLoadError("reader.kind: engine answers from a training run's vLLM engine; use openai")
     rollout = settings.rollout
     return settings.reader.build(policy, tokenizer, rollout.templates, backend=rollout.backend)
+
+
+def check_answer_agent(settings: AgentSettings) -> None:
+    """The answer agent of ``reader.adapter_path``, when named, was trained on ``model``'s base
+    (one line otherwise, before any weight loads)."""
+    if settings.reader.adapter_path is not None:
+        try:
+            check_adapter_base(settings.reader.adapter_path, settings.model, "reader.adapter_path")
+        except ValueError as exc:
+            raise AgentLoadError(str(exc)) from None
 
 
 def served_models(url: str) -> list[str]:

@@ -2,7 +2,9 @@
 
 In training this is the policy's own base model: when ``model`` is a PEFT model, every
 generation runs inside ``model.disable_adapter()``, so the frozen base weights answer and no
-second copy of the model is loaded.
+second copy of the model is loaded. With an answer agent (``reader.adapter_path``) the reader
+answers with that adapter alone, loaded frozen beside the policy's
+(:data:`~memalpha.lm.core.modes.ANSWER_ADAPTER`): the policy's adapter is off while it answers.
 
 Prompts are chat-formatted with the tokenizer's template (thinking disabled where the
 template supports the switch, unless a call of :meth:`LocalReader.generate` asks for it), sorted
@@ -24,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memalpha.lm.core.modes import eval_mode
+from memalpha.lm.core.modes import adapter_weights, eval_mode
 from memalpha.lm.sampling.backend import in_process
 from memalpha.reader.base import Conversation, Reader, ReaderAnswer, ReaderSampling
 from memalpha.reader.options import RetrievalSettings
@@ -55,6 +57,20 @@ class LocalGeneration:
 
 
 @contextlib.contextmanager
+def answering_weights(model: Any, adapter: str | None) -> Iterator[None]:
+    """Run with the adapter ``adapter`` of the PEFT ``model`` alone (the answer agent), or with
+    ``None`` the base weights (:func:`base_weights`), in eval mode, without gradients."""
+    if adapter is None:
+        with base_weights(model):
+            yield
+        return
+    import torch
+
+    with eval_mode(model), adapter_weights(model, adapter), torch.no_grad():
+        yield
+
+
+@contextlib.contextmanager
 def base_weights(model: Any) -> Iterator[None]:
     """Run with LoRA adapters switched off (PEFT models), in eval mode, without gradients."""
     import torch
@@ -70,7 +86,7 @@ class LocalReader(Reader):
 
     Args:
         model: a ``transformers`` causal LM, or a ``peft.PeftModel`` around one (answering with
-            its base weights).
+            its base weights, or with its adapter ``adapter``).
         tokenizer: its tokenizer (a chat template is required).
         max_new_tokens: reply length limit (answers are short).
         temperature: 0 decodes greedily; > 0 samples (nucleus sampling is asked per call:
@@ -79,6 +95,7 @@ class LocalReader(Reader):
         batch_size: prompts per forward batch.
         backend: how it samples (``rollout.backend``'s values, the run's; ``vllm`` samples the
             agent's turns on a server and the reader as ``auto`` chooses).
+        adapter: the name of ``model``'s adapter that answers (the answer agent); None: the base.
     """
 
     def __init__(
@@ -92,6 +109,7 @@ class LocalReader(Reader):
         question_instructions: QuestionInstructions | None = None,
         templates: PromptTemplates | None = None,
         backend: str = "auto",
+        adapter: str | None = None,
     ) -> None:
         super().__init__(
             retrieval=retrieval, question_instructions=question_instructions, templates=templates
@@ -108,6 +126,7 @@ class LocalReader(Reader):
         self.temperature = temperature
         self.batch_size = batch_size
         self.backend = in_process(backend)
+        self.adapter = adapter
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -142,7 +161,7 @@ class LocalReader(Reader):
             return []
         # longest first: batches hold similar lengths (little padding), and an OOM shows up at once
         order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
-        with base_weights(self.model):
+        with answering_weights(self.model, self.adapter):
             out = sampler_for(self.model, self.tokenizer, self.backend, announce_as="reader")(
                 [prompts[i] for i in order],
                 max_new_tokens=max_new_tokens,

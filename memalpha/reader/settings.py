@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
+from memalpha.lm.core.adapters import check_adapter_folder
+from memalpha.lm.core.modes import ANSWER_ADAPTER, holds_adapter, load_frozen_adapter
 from memalpha.reader.base import Reader
 from memalpha.reader.extractive import ExtractiveReader
 from memalpha.reader.local import LocalReader
@@ -56,6 +58,10 @@ class ReaderSettings:
             naming the share and the first error (the last checkpoint stays as it was), or ``skip``
             the round untrained, logged as ``train/skipped_reader_rounds``; three skipped in a row
             stop the run all the same (docs/metrics_and_rewards.md, "Faults").
+        adapter_path: The answer agent: a LoRA adapter folder trained on the policy's base to answer
+            from memory (``memalpha data answers``, then ``memalpha sft``; docs/answer_agent.md). The
+            ``local`` reader answers with it alone, loaded frozen beside the policy's adapter, which
+            is off while it answers; null: the base model answers. Only with ``kind: local``.
     """
 
     kind: ReaderKind = "local"
@@ -67,6 +73,7 @@ class ReaderSettings:
     openai: OpenAISettings = field(default_factory=OpenAISettings)
     max_failed_share: float = 0.1
     on_failed_round: FailedRoundAction = "stop"
+    adapter_path: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.retrieval, dict):
@@ -88,6 +95,13 @@ class ReaderSettings:
                 f" got {self.on_failed_round!r}"
             )
         load_question_instructions(self.question_instructions)  # a missing or malformed file fails here
+        if self.adapter_path is not None:
+            if self.kind != "local":
+                raise ValueError(
+                    f"reader.adapter_path: the answer agent is an adapter on the policy's base, which only "
+                    f"reader.kind: local answers with (got {self.kind})"
+                )
+            check_adapter_folder(self.adapter_path, "reader.adapter_path")
 
     def build(
         self,
@@ -104,6 +118,8 @@ class ReaderSettings:
         ``templates`` are the prompt texts (the run's ``rollout.prompt_templates``; ``None``:
         memalpha's). The ``openai`` reader builds its prompts here too, so one file serves both.
         ``backend`` is the run's ``rollout.backend``: the ``local`` reader samples through the same loop.
+        With ``adapter_path`` the answer agent's adapter is loaded into ``policy`` (a PEFT model;
+        a bare model is wrapped, for the reader alone) unless it holds it already.
         """
         instructions = load_question_instructions(self.question_instructions)
         if self.kind == "extractive":
@@ -111,6 +127,9 @@ class ReaderSettings:
                 retrieval=self.retrieval, question_instructions=instructions, templates=templates
             )
         if self.kind == "local":
+            adapter = None
+            if self.adapter_path is not None:
+                policy, adapter = with_answer_adapter(policy, self.adapter_path), ANSWER_ADAPTER
             return LocalReader(
                 policy,
                 tokenizer,
@@ -121,6 +140,7 @@ class ReaderSettings:
                 question_instructions=instructions,
                 templates=templates,
                 backend=backend,
+                adapter=adapter,
             )
         endpoint, tokenizer_path = self.openai, None
         if self.kind == "engine":
@@ -139,3 +159,18 @@ class ReaderSettings:
             question_instructions=instructions,
             templates=templates,
         )
+
+
+def with_answer_adapter(model: Any, path: str) -> Any:
+    """``model`` holding the answer agent at ``path`` as its frozen
+    :data:`~memalpha.lm.core.modes.ANSWER_ADAPTER`: loaded into a PEFT model (in place of an answer
+    adapter it held before), or a bare model wrapped around it (a new PEFT model; the bare one is
+    left as it was)."""
+    from peft import PeftModel
+
+    if isinstance(model, PeftModel):
+        if holds_adapter(model, ANSWER_ADAPTER):
+            model.delete_adapter(ANSWER_ADAPTER)
+        load_frozen_adapter(model, path, ANSWER_ADAPTER)
+        return model
+    return PeftModel.from_pretrained(model, path, adapter_name=ANSWER_ADAPTER, is_trainable=False)

@@ -26,12 +26,13 @@ def agent_digest(module: Any, datamodule: Any, ckpt_path: str | None) -> str:
     rollout = {k: v for k, v in asdict(module.rollout_settings).items() if k not in ROLLOUT_KEPT_OUT}
     reader = {k: v for k, v in asdict(module.reader_settings).items() if k not in READER_KEPT_OUT}
     reader["openai_model"] = module.reader_settings.openai.model
+    reader["adapter_path"] = identified(module.reader_settings.adapter_path)  # the answer agent's bytes
     reward = module.reward_settings
     load, predict = datamodule.load, datamodule.predict
     parts = {
         "model": hp.model,
-        "adapter": _identified(hp.adapter_path),
-        "checkpoint": _identified(ckpt_path),
+        "adapter": identified(hp.adapter_path),
+        "checkpoint": identified(ckpt_path),
         "seed": hp.seed,
         "rollout": rollout,
         "reader": reader,
@@ -43,7 +44,7 @@ def agent_digest(module: Any, datamodule: Any, ckpt_path: str | None) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def _identified(path: str | None) -> list[str] | None:
+def identified(path: str | None) -> list[str] | None:
     """``path`` resolved, and the SHA-256 of its bytes (of every file under it, by relative path,
     for a folder); None without a path. A path that does not exist keeps its name alone: loading it
     fails with its own message."""

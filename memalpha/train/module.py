@@ -30,6 +30,7 @@ from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.schema import Instance, question_evidence
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
+from memalpha.lm.core.adapters import check_adapter_base
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer, resolve_model_path
 from memalpha.lm.core.modes import load_reference_adapter
 from memalpha.lm.core.policy import LMSettings, LoraSettings
@@ -103,6 +104,8 @@ class GRPOModule(PolicyModule):
                 f"adapter_path out (it names {adapter_path})"
             )
         self.reader_settings: ReaderSettings = typed(ReaderSettings, reader)
+        if self.reader_settings.adapter_path is not None:
+            check_adapter_base(self.reader_settings.adapter_path, model, "reader.adapter_path")
         if self.reader_settings.kind == "engine" and self.rollout_settings.backend != "vllm":
             raise ValueError(
                 "reader.kind: engine answers from the rollout backend's vLLM server:"

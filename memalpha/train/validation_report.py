@@ -45,7 +45,7 @@ from memalpha.atomic_file import write_atomically
 from memalpha.data.locomo import ADVERSARIAL, CATEGORY_NAMES
 from memalpha.data.locomo import DATA_SOURCE as LOCOMO
 from memalpha.tools.executor import SUCCESS_STATUSES
-from memalpha.train.agent_digest import agent_digest
+from memalpha.train.agent_digest import agent_digest, identified
 from memalpha.train.step_faults import ReaderFailureError, ReaderFailures, validation_refusal
 from memalpha.train.validation_journal import ValidationJournal, journal_path
 
@@ -213,7 +213,8 @@ def scoring_settings(
     ``scoring``: what decides accuracy and memory size: the policy's base ``model`` (memory tokens
     are counted in its tokens; the ``local`` and ``engine`` readers answer with it), the reader
     (its kind, the model that answers, its length and temperature, its retrieval, the digest of its
-    prompt texts) and the answer metric (``reward.metric_style``, ``reward.metric_overrides``).
+    prompt texts, and the answer agent's adapter, by path and content digest, when it has one) and
+    the answer metric (``reward.metric_style``, ``reward.metric_overrides``).
     Two reports that differ here are not comparable. Each question's instruction is in its record.
 
     ``reward``: every other reward setting, and with ``reward.content_judge: llm`` the digest of
@@ -221,6 +222,8 @@ def scoring_settings(
     """
     answers = {"local": model, "engine": model, "openai": reader.openai.model}.get(reader.kind)
     generates = reader.kind != "extractive"
+    adapter = reader.adapter_path
+    answer_agent = {} if adapter is None else {"model.reader.adapter": identified(adapter)}
     scoring: dict[str, Any] = {
         "model.model": model,
         "model.reader.kind": reader.kind,
@@ -231,6 +234,7 @@ def scoring_settings(
         "model.rollout.prompt_templates[reader]": texts_digest(templates, READER_TEMPLATES),
         "model.reward.metric_style": reward.metric_style,
         "model.reward.metric_overrides": reward.metric_overrides,
+        **answer_agent,
     }
     rewards: dict[str, Any] = {
         f"model.reward.{f.name}": getattr(reward, f.name)

@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from memalpha.lm.core.modes import has_reference_adapter
+from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
 
 
 def export_adapter(policy, tokenizer, target: str | os.PathLike) -> Path:
@@ -21,10 +21,8 @@ def export_adapter(policy, tokenizer, target: str | os.PathLike) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        if has_reference_adapter(policy):  # the frozen KL reference is not part of the result
-            policy.save_pretrained(staging, selected_adapters=[policy.active_adapter])
-        else:
-            policy.save_pretrained(staging)
+        # the trained adapter alone: a frozen KL reference or answer agent beside it is not the result
+        policy.save_pretrained(staging, selected_adapters=[policy.active_adapter])
         tokenizer.save_pretrained(staging)
         if target.exists():
             backup = target.with_name(f".{target.name}.old")
@@ -71,3 +69,31 @@ def check_adapter_folder(path: str | os.PathLike, option: str) -> Path:
             f"{option}: {str(path)!r} is not a PEFT adapter folder (no {' or '.join(ADAPTER_WEIGHTS)})"
         )
     return folder
+
+
+def adapter_base(path: str | os.PathLike) -> str | None:
+    """The base model an adapter folder names (``base_model_name_or_path``; None when it names none)."""
+    data = json.loads((Path(path).expanduser() / "adapter_config.json").read_text(encoding="utf-8"))
+    base = data.get("base_model_name_or_path") if isinstance(data, dict) else None
+    return base if isinstance(base, str) and base else None
+
+
+def check_adapter_base(path: str | os.PathLike, model: str, option: str) -> None:
+    """``ValueError`` in one line naming ``option`` when the adapter at ``path`` was trained on another
+    base than ``model``, before any weight loads: the same base is the same string, the same folder
+    (the embedded model's, :func:`~memalpha.lm.core.embedded.embedded_model_dir`, for its name), or a
+    folder of the same name (an adapter moved to another machine, or a hub id and its downloaded
+    folder). An adapter that names no base is taken as it is."""
+    base = adapter_base(path)
+    if base is None:
+        return
+    folder = str(embedded_model_dir()) if model.strip().lower() == EMBEDDED_MODEL_NAME else model
+    same = {model, folder}
+    if base in same or Path(base).name in {Path(m).name for m in same}:
+        return
+    if Path(base).expanduser().resolve() == Path(folder).expanduser().resolve():
+        return
+    raise ValueError(
+        f"{option}: {str(path)!r} was trained on the base {base!r}, not on model.model {model!r}: "
+        "train it on this base, or set model.model to its base"
+    )

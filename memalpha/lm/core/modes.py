@@ -280,10 +280,18 @@ def accumulated_adapters(model) -> Iterator[int]:
 
 
 REFERENCE_ADAPTER = "reference"
+ANSWER_ADAPTER = "answer"
+"""The answer agent's adapter (``reader.adapter_path``): frozen beside the policy's own, on the same
+base, active only while the local reader answers (:func:`adapter_weights`)."""
+
+
+def holds_adapter(policy, name: str) -> bool:
+    """Whether the PEFT ``policy`` holds an adapter named ``name``."""
+    return name in getattr(policy, "peft_config", {})
 
 
 def has_reference_adapter(policy) -> bool:
-    return REFERENCE_ADAPTER in getattr(policy, "peft_config", {})
+    return holds_adapter(policy, REFERENCE_ADAPTER)
 
 
 @contextmanager
@@ -300,13 +308,29 @@ def _same_adapter_and_trainables(policy) -> Iterator[None]:
             p.requires_grad_(trains.get(name, False))
 
 
-def load_reference_adapter(policy, adapter_path: str | os.PathLike) -> None:
-    """Load ``adapter_path`` into ``policy`` as the frozen :data:`REFERENCE_ADAPTER`; the active
-    adapter and which parameters train are left as they were."""
-    if has_reference_adapter(policy):
-        raise ValueError(f"the policy already holds a '{REFERENCE_ADAPTER}' adapter")
+def load_frozen_adapter(policy, adapter_path: str | os.PathLike, name: str) -> None:
+    """Load ``adapter_path`` into the PEFT ``policy`` as the frozen adapter ``name``; the active
+    adapter and which parameters train are left as they were. The base weights are shared: the
+    adapter costs only its own LoRA matrices."""
+    if holds_adapter(policy, name):
+        raise ValueError(f"the policy already holds a '{name}' adapter")
     with _same_adapter_and_trainables(policy):
-        policy.load_adapter(str(adapter_path), adapter_name=REFERENCE_ADAPTER, is_trainable=False)
+        policy.load_adapter(str(adapter_path), adapter_name=name, is_trainable=False)
+
+
+def load_reference_adapter(policy, adapter_path: str | os.PathLike) -> None:
+    """Load ``adapter_path`` into ``policy`` as the frozen :data:`REFERENCE_ADAPTER`."""
+    load_frozen_adapter(policy, adapter_path, REFERENCE_ADAPTER)
+
+
+@contextmanager
+def adapter_weights(policy, name: str) -> Iterator[None]:
+    """Inside the block the PEFT ``policy`` computes with its adapter ``name`` alone (in inference
+    mode); afterwards the previously active adapter is back and every parameter's
+    ``requires_grad`` is what it was."""
+    with _same_adapter_and_trainables(policy):
+        policy.set_adapter(name, inference_mode=True)
+        yield
 
 
 @contextmanager
@@ -318,6 +342,5 @@ def reference_weights(policy) -> Iterator[None]:
         with policy.disable_adapter():
             yield
         return
-    with _same_adapter_and_trainables(policy):
-        policy.set_adapter(REFERENCE_ADAPTER, inference_mode=True)
+    with adapter_weights(policy, REFERENCE_ADAPTER):
         yield
