@@ -18,6 +18,7 @@ from test_training import nonzero_adapter, write_config
 from memalpha.agent.answer_demos import answer_demonstrations, read_memory_records, target_answer
 from memalpha.cli import main, run
 from memalpha.data.demos import load_demonstrations
+from memalpha.data.memory_records import parse_memory_record
 from memalpha.data.schema import DataValidationError
 from memalpha.inference.loading import AgentLoadError
 from memalpha.inference.memory_agent import MemoryAgent
@@ -53,11 +54,13 @@ def test_a_demonstration_is_the_readers_prompt_and_the_gold(tmp_path):
     reader = ExtractiveReader()
     record = memory_record(memory, [{"question": "Where does Ada live?", "gold": ["Lisbon", "Lisboa"]},
                                     {"question": "Who moved?", "gold": "Bob", "stored": True}])
-    demos, skipped = answer_demonstrations([record], reader, len)
+    instance = parse_memory_record(record, "memories.jsonl", 0)
+    demos, skipped = answer_demonstrations([instance], reader, len)
     assert skipped == 0 and [d.response for d in demos] == ["Lisbon", "Bob"]
     expected = reader.answer_conversations([(memory, "Where does Ada live?")], ["synth_personal"])[0]
-    assert demos[0].messages == expected and demos[1].metadata["stored"] is True
-    judged, skipped = answer_demonstrations([record], reader, len, metric_overrides={"synth_*": "llm_judge"})
+    assert demos[0].messages == expected and demos[1].metadata["instance_id"] == "i0"
+    rubric = {"synth_*": "llm_judge"}
+    judged, skipped = answer_demonstrations([instance], reader, len, metric_overrides=rubric)
     assert judged == [] and skipped == 2
 
 
@@ -65,7 +68,7 @@ def test_records_are_read_from_predict_outputs_and_reports_and_bad_ones_named(tm
     memory = Memory()
     good = memory_record(memory, [{"question": "q?", "gold": "g"}])
     jsonl = tmp_path / "predict.jsonl"
-    jsonl.write_text(json.dumps(good) + "\n\n" + json.dumps(good) + "\n")
+    jsonl.write_text(json.dumps(good) + "\n\n" + json.dumps({**good, "instance_id": "i1"}) + "\n")
     report = tmp_path / "validation.json"
     report.write_text(json.dumps({"summary": {}, "records": [good]}))
     assert len(read_memory_records(jsonl)) == 2 and len(read_memory_records(report)) == 1
@@ -77,7 +80,7 @@ def test_records_are_read_from_predict_outputs_and_reports_and_bad_ones_named(tm
     ]
     for bad, field in cases:
         path = tmp_path / "bad.jsonl"
-        path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+        path.write_text(json.dumps(good) + "\n" + json.dumps({**bad, "instance_id": "i1"}) + "\n")
         with pytest.raises(DataValidationError) as error:
             read_memory_records(path)
         assert str(path) in str(error.value) and "record 1" in str(error.value) and field in str(error.value)
@@ -200,3 +203,97 @@ def test_data_answers_refuses_bad_memories_in_one_line(path, tmp_path, capsys):
     err = capsys.readouterr().err
     assert stopped.value.code == 2 and "memalpha data answers: error:" in err and "field 'memory'" in err
     assert not (tmp_path / "o.jsonl").exists()
+
+
+# ------------------------------------------------------------------ GRPO of the answer agent
+def test_the_answer_reward_is_token_f1_against_the_best_gold():
+    from memalpha.agent.answering import answer_reward
+
+    # "in Lisbon" against "Lisbon": precision 1/2 (the stem "in" is not dropped), recall 1: F1 2/3
+    assert answer_reward("in Lisbon", "Lisbon", {}, "synth_personal") == pytest.approx(2 / 3)
+    assert answer_reward("Lisbon", ["Porto", "Lisbon"], {}, "synth_personal") == 1.0
+    assert answer_reward("Oslo", "Lisbon", {}, "synth_personal") == 0.0
+    # LoCoMo's own score by category: an adversarial question scores "not mentioned"
+    adversarial = {"category": 5, "options": {"a": "Not mentioned in the conversation", "b": "x"}}
+    assert answer_reward("Not mentioned.", "x", adversarial, "locomo") == 1.0
+
+
+def test_answer_rollouts_group_each_questions_answers_and_reward_them(path, tiny_model_dir):
+    from memalpha.agent.answering import AnswerAgent, answer_reward
+    from memalpha.agent.reward_settings import RewardSettings
+    from memalpha.agent.rollout_settings import RolloutSettings
+    from memalpha.data.loaders import load_instances
+
+    instances, report = load_instances(path["memories"])
+    assert report.layout == "memories" and all(i.chunks == [] and "memory" in i.metadata for i in instances)
+    policy, tokenizer = load_policy(tiny_model_dir, lora=LoraSettings(r=4, alpha=8))
+    reader = ReaderSettings(max_new_tokens=5).build(None, tokenizer)
+    agent = AnswerAgent(policy, tokenizer, reader, RolloutSettings(group_size=3), RewardSettings(), 5)
+    out = agent.rollouts(instances[:2], seed=0)
+    questions = sum(len(i.questions) for i in instances[:2])
+    assert len(out.samples) == 3 * questions and len(out.records) == 2 * 3
+    assert sorted({s.group_id for s in out.samples}) == list(range(questions))
+    for sample in out.samples:
+        record = out.records[sample.rollout_id]
+        (asked,) = [q for q in record.questions if q["question"] ==
+                    instances[[i.instance_id for i in instances].index(record.instance_id)]
+                    .questions[sample.chunk_index].question]
+        assert sample.reward == asked["answer_reward"] == pytest.approx(
+            answer_reward(asked["prediction"], asked["gold"], {}, record.data_source))
+        assert len(sample.response_ids) <= 5 and sample.num_calls == 0
+    for record in out.records:
+        rewards = [q["answer_reward"] for q in record.questions]
+        assert record.r1 == pytest.approx(sum(rewards) / len(rewards))
+        assert record.turns == [] and all(q["score"] in (0.0, 1.0) for q in record.questions)
+
+
+def answer_fit_config(path: dict, tiny_model_dir: str, root: Path, **rollout) -> Path:
+    config = yaml.safe_load(path["config"].read_text())
+    config["trainer"].update(max_steps=1, val_check_interval=1, limit_val_batches=1, callbacks=[],
+                             enable_checkpointing=False)
+    config["trainer"]["logger"]["init_args"]["save_dir"] = str(root)
+    config["model"]["rollout"].update(trains="answer", group_size=2, **rollout)
+    config["model"]["export_adapter_dir"] = str(root / "adapter")
+    config["data"].update(train_path=str(path["memories"]), val_path=str(path["memories"]))
+    out = root / "answer_fit.yaml"
+    out.write_text(yaml.safe_dump(config))
+    return out
+
+
+def test_fit_trains_the_answer_agent_on_memories_through_the_grpo_step(path, tiny_model_dir, tmp_path):
+    from test_training import scalars
+
+    config = answer_fit_config(path, tiny_model_dir, tmp_path)
+    main(["fit", "--config", str(config)])
+    (version,) = (tmp_path / "tb").glob("version_*")
+    values = scalars(version)
+    assert {"train/reward", "train/loss", "rewards/r1_accuracy", "val/accuracy"} <= set(values)
+    assert values["train/tool_calls_per_turn"][0] == 0.0
+    report = json.loads(next(version.glob("validation_step*.json")).read_text())
+    assert report["summary"]["overall"]["tool_success"] is None
+    assert all("answer_reward" in q for r in report["records"] for q in r["questions"])
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model.reader.kind", "extractive"],
+         "model.rollout.trains: answer trains the answer agent on the local reader's prompts"),
+        (["--model.reader.adapter_path", "ANSWER"],
+         "start it with model.adapter_path, not reader.adapter_path"),
+        (["--model.update.credit", "hindsight"], "update.credit must be broadcast, not hindsight"),
+        (["--data.train_path", "INSTANCES"],
+         "no memory: model.rollout.trains: answer reads memories an agent wrote"),
+    ],
+)
+def test_settings_that_cannot_train_the_answer_agent_are_one_line(
+    path, tiny_model_dir, tmp_path, capsys, args, message
+):
+    config = answer_fit_config(path, tiny_model_dir, tmp_path)
+    args = [a.replace("ANSWER", str(path["answer"])).replace("INSTANCES", str(path["root"] / "train.jsonl"))
+            for a in args]
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--config", str(config), *args])
+    said = f"{stopped.value.code}{capsys.readouterr().err}"
+    assert message in said and "Traceback" not in said

@@ -208,6 +208,10 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "data.batch_size": 2, "data.val_batch_size": 2, "model.micro_batch_size": 2,
     },
     "memalpha_official.yaml": {"model.model": "{tiny}"},
+    "answer_tiny_cpu.yaml": {
+        "model.model": "{tiny}", "trainer.max_steps": 1, "trainer.val_check_interval": 1,
+        "model.rollout.group_size": 2, "data.instances_per_step": 1, "data.val_batch_size": 2,
+    },
     "sft_answer_tiny_cpu.yaml": {
         "model.model": "{tiny}", "trainer.max_steps": 2, "trainer.val_check_interval": 2,
         "data.batch_size": 2, "data.val_batch_size": 2, "model.micro_batch_size": 2,
@@ -352,6 +356,14 @@ def _check_answer_agent(ran: Ran) -> None:
     assert report["summary"]["settings"]["scoring"]["model.reader.adapter"][0].endswith("sft_answer/adapter")
 
 
+def _check_answer_agent_grpo(ran: Ran) -> None:
+    runs = ran.folder / "runs"
+    assert (runs / "answer_tiny_cpu" / "adapter" / "adapter_config.json").is_file()
+    report = json.loads((runs / "tiny_cpu" / "grpo_answered" / "validation.json").read_text())
+    answered_by = report["summary"]["settings"]["scoring"]["model.reader.adapter"][0]
+    assert answered_by.endswith("answer_tiny_cpu/adapter")
+
+
 def _check_answer_agent_api(ran: Ran) -> None:
     assert ran.values == {"agent.settings.reader.adapter_path": "runs/sft_answer/adapter",
                           "stored.reader.adapter": "answer"}
@@ -415,6 +427,7 @@ SNIPPETS: dict[str, Snippet] = {
     "answer-agent-sft": Snippet(
         after="quickstart-demo", check=_check_answer_agent,
         lowered=(("--num-train 64", "--num-train 2"), ("--num-val 8", "--num-val 1"))),
+    "answer-agent-grpo": Snippet(after="answer-agent-sft", check=_check_answer_agent_grpo),
     "answer-agent-api": Snippet(after="answer-agent-sft", check=_check_answer_agent_api,
                                 keep=("agent.settings.reader.adapter_path", "stored.reader.adapter")),
     # docs/inference.md

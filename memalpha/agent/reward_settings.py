@@ -27,6 +27,7 @@ ContentJudgeKind = Literal["rule", "llm"]
 CallSuccessRule = Literal["memalpha", "status", "official"]
 ContentGrounding = Literal["chunk", "none"]
 CompressionGate = Literal["accuracy", "none"]
+AnswerReward = Literal["token_f1", "metric"]
 
 
 def _check_one_of(key: str, value: object, options: tuple[str, ...]) -> None:
@@ -97,6 +98,10 @@ class RewardSettings:
             when the reply opens a fence tagged ``json``, as the official code checks
             (``_validate_json_format``). Both need a boolean ``VALID``, a list ``ISSUES`` and a
             text ``EXPLANATION``.
+        answer_reward: What rewards an answer of the answer agent's GRPO (``rollout.trains:
+            answer``, docs/answer_agent.md): ``token_f1`` (LoCoMo's token F1 against the best gold,
+            LoCoMo's own score for LoCoMo questions: continuous, a short right answer scores most) or
+            ``metric`` (the source's own metric, as validation scores it: for most sources 0 or 1).
     """
 
     beta: float = 0.05
@@ -114,8 +119,10 @@ class RewardSettings:
     content_judge_temperature: float | None = None
     content_judge_max_tokens: int | None = None
     content_judge_parse: JudgementParse = "memalpha"
+    answer_reward: AnswerReward = "token_f1"
 
     def __post_init__(self) -> None:
+        _check_one_of("answer_reward", self.answer_reward, get_args(AnswerReward))
         _check_one_of("content_judge", self.content_judge, get_args(ContentJudgeKind))
         if self.beta < 0 or self.gamma < 0:
             raise ValueError(f"reward.beta and reward.gamma must be >= 0, got {self.beta}, {self.gamma}")

@@ -7,7 +7,7 @@ settings group (docs/configuration.md is generated from its ``Args:``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from memalpha.agent.baselines import BaselineSettings
 from memalpha.agent.prompts import PROMPT_DETAILS, PromptDetail, stated_response_limit
@@ -16,6 +16,8 @@ from memalpha.lm.sampling.vllm_settings import VllmSettings
 from memalpha.templates.loader import PromptTemplates, load_templates
 from memalpha.tools.formats import CallFormat, CallFormatName, get_call_format
 from memalpha.tools.jsonfix import CALL_REPAIRS, CallRepair, CallRepairName
+
+TrainedAgent = Literal["memory", "answer"]
 
 
 @dataclass
@@ -73,6 +75,11 @@ class RolloutSettings:
             run for the model stops the run at setup, naming the reason. Validation rollouts
             sample the same way.
         vllm: The ``vllm`` backend's server and its checks (ignored unless ``backend: vllm``).
+        trains: Which agent the rollouts sample and ``memalpha fit`` trains: ``memory`` (the policy
+            reads chunks and writes memory) or ``answer`` (the answer agent: the policy answers each
+            question of memories written beforehand, the ``memories`` layout of ``memalpha
+            predict`` outputs, ``group_size`` answers per question of at most
+            ``reader.max_new_tokens`` tokens, rewarded by ``reward.answer_reward``; docs/answer_agent.md).
         baseline: A memory that learns nothing in the agent's place (``kind``: ``raw_chunks``, every
             chunk stored and the reader's BM25 top ``top_k``; ``full_text``, the input cut to the
             reader's budget): the policy takes no turn and no adapter loads; for ``memalpha
@@ -96,6 +103,7 @@ class RolloutSettings:
     prompt_templates: str | None = None
     backend: Backend = "auto"
     vllm: VllmSettings = field(default_factory=VllmSettings)
+    trains: TrainedAgent = "memory"
     baseline: BaselineSettings = field(default_factory=BaselineSettings)
 
     def __post_init__(self) -> None:
@@ -105,6 +113,15 @@ class RolloutSettings:
             self.vllm = VllmSettings(**self.vllm)
         if isinstance(self.baseline, dict):
             self.baseline = BaselineSettings(**self.baseline)
+        if self.trains not in get_args(TrainedAgent):
+            raise ValueError(
+                f"rollout.trains must be one of {list(get_args(TrainedAgent))}, got {self.trains!r}"
+            )
+        if self.trains == "answer" and self.baseline.kind is not None:
+            raise ValueError(
+                f"rollout.trains: answer trains the answer agent on memories already written: "
+                f"rollout.baseline.kind {self.baseline.kind} writes none"
+            )
         for name in ("group_size", "max_new_tokens", "max_prompt_tokens", "core_token_limit"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")

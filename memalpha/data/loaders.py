@@ -14,7 +14,8 @@ fields): ``jsonl``, memalpha's own schema (:mod:`memalpha.data.schema`) in JSONL
 ``memalpha``, the official Mem-α parquet; ``memoryagentbench``, one long ``context`` per record, cut
 into chunks of ``chunk_tokens`` tokens of ``tokenizer``; ``longmemeval`` (:mod:`memalpha.data.longmemeval`);
 ``locomo`` (:mod:`memalpha.data.locomo`), whose sessions longer than ``chunk_tokens`` are split
-between turns.
+between turns; ``memories`` (:mod:`memalpha.data.memory_records`), memories an agent wrote with
+their questions (``memalpha predict`` outputs), what the answer agent trains on.
 
 A file with a bad record is refused as a whole; with ``skip_bad=True`` the bad records are
 skipped instead, each reported (logger ``memalpha.data``) with its reason and counted in
@@ -35,12 +36,13 @@ from memalpha.atomic_file import write_atomically
 from memalpha.data.chunking import DEFAULT_CHUNK_TOKENS, chunk_by_tokens, count_tokens
 from memalpha.data.locomo import load_notes, parse_locomo_record
 from memalpha.data.longmemeval import parse_longmemeval_record
+from memalpha.data.memory_records import is_memory_record, parse_memory_record
 from memalpha.data.schema import QA, DataValidationError, Instance, RecordChecker, parse_record
 from memalpha.data.wrapping import WRAP_STYLES, wrap_chunks
 
 logger = logging.getLogger("memalpha.data")
 
-Layout = Literal["auto", "jsonl", "memalpha", "memoryagentbench", "longmemeval", "locomo"]
+Layout = Literal["auto", "jsonl", "memalpha", "memoryagentbench", "longmemeval", "locomo", "memories"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -92,7 +94,8 @@ def load_instances(
 
     Args:
         source: file, folder or hub dataset name.
-        layout: ``auto``, ``jsonl``, ``memalpha``, ``memoryagentbench``, ``longmemeval`` or ``locomo``.
+        layout: ``auto``, ``jsonl``, ``memalpha``, ``memoryagentbench``, ``longmemeval``, ``locomo`` or
+            ``memories`` (memories an agent wrote, with their questions: :mod:`memalpha.data.memory_records`).
         tokenizer: tokenizer (object, or a model name / path for
             :func:`memalpha.lm.core.embedded.load_tokenizer`) used to chunk MemoryAgentBench contexts
             (required for that layout) and to measure LoCoMo sessions (white-space words without it).
@@ -359,6 +362,8 @@ def detect_layout(records: list[RawRecord], label: str) -> str:
                 return "longmemeval"
             if "conversation" in keys and "qa" in keys:
                 return "locomo"
+            if is_memory_record(raw.value):
+                return "memories"
             if "context" in keys and ("answers" in keys or "questions" in keys) and "chunks" not in keys:
                 return "memoryagentbench"
             return "jsonl"
@@ -372,6 +377,8 @@ def _record_parser(layout: str, *, tokenizer: Any, chunk_tokens: int) -> Callabl
         return parse_memalpha_record
     if layout == "longmemeval":
         return parse_longmemeval_record
+    if layout == "memories":
+        return parse_memory_record
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     resolved: list[Any] = []

@@ -21,13 +21,15 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 
+from memalpha.agent.answering import AnswerAgent
 from memalpha.agent.progress import Phase
 from memalpha.agent.prompt_budget import check_prompt_budget
 from memalpha.agent.reading import read_instances
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import Agent, RolloutOutput
 from memalpha.agent.rollout_settings import RolloutSettings
-from memalpha.data.schema import Instance, question_evidence
+from memalpha.data.memory_records import MEMORY
+from memalpha.data.schema import DataValidationError, Instance, question_evidence
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.lm.core.adapters import check_adapter_base
@@ -118,10 +120,12 @@ class GRPOModule(PolicyModule):
                 "to judge with: use content_judge: rule or a language-model reader"
             )
         self.update_settings: UpdateSettings = typed(UpdateSettings, update)
+        if self.rollout_settings.trains == "answer":
+            self._check_answer_training()
         self.reader: Reader | None = None
         self.content_judge = None
         self.scoring: ScoringSpec | None = None  # how log-probs are computed, set with the policy
-        self.agent: Agent | None = None  # the policy, its reader and settings; set with the policy
+        self.agent: Agent | AnswerAgent | None = None  # the policy, its reader and settings; set with it
         self.engine = (  # rollout.backend: vllm: the server, checked at setup, started at the first rollout
             EngineSync(self.rollout_settings, model, self.lora_settings.r)
             if self.rollout_settings.backend == "vllm"
@@ -136,6 +140,26 @@ class GRPOModule(PolicyModule):
         self._phase = "sampling"  # the phase of the step now running (named if it runs out of memory)
         self.backends: dict[str, str] = {}  # the decoding backend of the policy and the local reader
 
+    def _check_answer_training(self) -> None:
+        """``rollout.trains: answer`` trains the policy as the answer agent: the local reader's prompts,
+        no second answer adapter, one turn per answer."""
+        reader = self.reader_settings
+        if reader.kind != "local":
+            raise ValueError(
+                f"rollout.trains: answer trains the answer agent on the local reader's prompts; "
+                f"reader.kind is {reader.kind}"
+            )
+        if reader.adapter_path is not None:
+            raise ValueError(
+                "rollout.trains: answer trains the policy as the answer agent: start it with "
+                "model.adapter_path, not reader.adapter_path"
+            )
+        if self.update_settings.credit != "broadcast":
+            raise ValueError(
+                f"rollout.trains: answer: an answer is one turn, so update.credit must be broadcast, "
+                f"not {self.update_settings.credit}"
+            )
+
     # ----------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:
         """Check the DataModule's instances against the prompt budget, with the policy's tokenizer
@@ -147,6 +171,21 @@ class GRPOModule(PolicyModule):
         splits = datamodule.loaded_splits() if hasattr(datamodule, "loaded_splits") else []
         if not splits:
             return
+        if self.rollout_settings.trains == "answer":
+            if stage == "predict":
+                raise ValueError(
+                    "rollout.trains: answer trains the answer agent; memalpha predict answers with a trained "
+                    "one as reader.adapter_path"
+                )
+            for source, instances in splits:
+                for index, instance in enumerate(instances):
+                    if MEMORY not in instance.metadata:
+                        raise DataValidationError(
+                            source, "no memory: rollout.trains: answer reads memories an agent wrote (the "
+                            "memories layout: memalpha predict outputs)", index=index,
+                            instance_id=instance.instance_id, field="memory",
+                        )
+            return  # no chunk to read: the reader's k_reduction fits each answer prompt to its budget
         tokenizer = self.tokenizer or load_tokenizer(self.hparams.model)
         full_core = stage == "predict"  # no memory the agent writes may stop a prediction half-way
         for source, instances in splits:
@@ -175,11 +214,17 @@ class GRPOModule(PolicyModule):
                 pad_id=self.tokenizer.pad_token_id,
                 share_prefix=self.lm_settings.share_prefix,
             )
-            self.agent = Agent(
-                self.policy, self.tokenizer, self.reader, self.rollout_settings, self.reward_settings,
-                self.content_judge, share_prefix=self.lm_settings.share_prefix,
-                sampler=None if self.engine is None else self.engine.sampler(self.policy, self.tokenizer),
-            )
+            sampler = None if self.engine is None else self.engine.sampler(self.policy, self.tokenizer)
+            if self.rollout_settings.trains == "answer":
+                self.agent = AnswerAgent(
+                    self.policy, self.tokenizer, self.reader, self.rollout_settings, self.reward_settings,
+                    self.reader_settings.max_new_tokens, sampler=sampler,
+                )
+            else:
+                self.agent = Agent(
+                    self.policy, self.tokenizer, self.reader, self.rollout_settings, self.reward_settings,
+                    self.content_judge, share_prefix=self.lm_settings.share_prefix, sampler=sampler,
+                )
             self.grpo_step.agent, self.grpo_step.scoring = self.agent, self.scoring
             self.backends = announce_backends(
                 self.policy, backend, reader_samples_here=self.reader_settings.kind == "local"
