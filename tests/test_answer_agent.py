@@ -297,3 +297,17 @@ def test_settings_that_cannot_train_the_answer_agent_are_one_line(
         main(["fit", "--config", str(config), *args])
     said = f"{stopped.value.code}{capsys.readouterr().err}"
     assert message in said and "Traceback" not in said
+
+
+def test_validate_scores_any_reader_on_memories_already_written(path):
+    """A memories file is a held-out set whose memories are fixed: validate answers from each as it is
+    (no chunk to read), so readers are compared on the same memories."""
+    runs = path["root"] / "run" / "tb"
+    main(["validate", "--config", str(path["config"]), "--data.val_path", str(path["memories"]),
+          "--trainer.logger.init_args.version", "on_memories", "--trainer.limit_val_batches", "null"])
+    report = json.loads((runs / "on_memories" / "validation.json").read_text())
+    written = [json.loads(line) for line in path["memories"].read_text().splitlines()]
+    assert {r["instance_id"]: r["memory"] for r in report["records"]} == {
+        r["instance_id"]: r["memory"] for r in written}
+    assert all(r["turns"] == [] and r["chunk_tokens"] == 0 for r in report["records"])
+    assert [len(r["questions"]) for r in report["records"]] == [len(r["questions"]) for r in written]

@@ -125,8 +125,10 @@ def test_weights_turns_without_calls_and_compression_sign():
                                                       ToolResult("ok", "", SISTER)])],
                           0, 10, RewardSettings(**UNGROUNDED), RuleContentJudge())
     assert odd.r2 == [0.5] and odd.r4 == [0.5]
-    with pytest.raises(ValueError, match="chunk_tokens"):
-        rollout_rewards([1.0], [], 10, 0, RewardSettings(), None)
+    with pytest.raises(ValueError, match="chunk_tokens"):  # turns over no input: a bug, not a reward
+        rollout_rewards([1.0], two_turns(), 10, 0, RewardSettings(**UNGROUNDED), None)
+    # nothing read and no turn (a memory already written, the memories layout): no compression
+    assert rollout_rewards([1.0], [], 10, 0, RewardSettings(), None).r3 == 0.0
 
 
 def test_rewards_from_real_parsed_turns():

@@ -72,6 +72,8 @@ def check_prompt_budget(
     chunks = [
         (instance, index, chunk) for instance in instances for index, chunk in enumerate(instance.chunks)
     ]
+    if not chunks:  # memories to answer from (the memories layout): nothing to read
+        return
     counts = tokenizer([chunk for _, _, chunk in chunks], add_special_tokens=False)["input_ids"]
     for (instance, index, chunk), ids in zip(chunks, counts):
         if overhead + len(ids) <= settings.max_prompt_tokens - MARGIN:

@@ -23,6 +23,7 @@ from memalpha.agent.rollout import (
     GenerateFn,
     Rollout,
     answer_questions,
+    first_memory,
     make_token_counter,
     memorise_chunks,
     store_baseline,
@@ -82,12 +83,10 @@ class Reading:
 
 
 def start_memory(instance: Instance, tokenizer, settings: RolloutSettings, seed: int) -> Memory:
-    """The empty memory an instance starts from: the same ids as a validation rollout of it."""
-    return Memory(
-        token_counter=make_token_counter(tokenizer),
-        core_token_limit=settings.core_token_limit,
-        seed=stable_seed(seed, instance.instance_id, 0),
-    )
+    """The memory an instance starts from, as a validation rollout of it
+    (:func:`~memalpha.agent.rollout.first_memory`)."""
+    ids = stable_seed(seed, instance.instance_id, 0)
+    return first_memory(instance, make_token_counter(tokenizer), settings, ids)
 
 
 def read_instances(

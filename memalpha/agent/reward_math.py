@@ -344,7 +344,10 @@ def rollout_rewards(
     writes a text its turn's chunk supports.
     """
     r1 = accuracy_reward(question_scores)
-    r3 = gated_compression(compression_reward(memory_tokens, chunk_tokens), r1, weights.compression_gate)
+    # an instance with nothing to read (the memories layout: a memory already written) compresses nothing
+    r3 = 0.0 if chunk_tokens == 0 and not turns else gated_compression(
+        compression_reward(memory_tokens, chunk_tokens), r1, weights.compression_gate
+    )
     r2 = [tool_success_reward(t, weights) for t in turns]
     r4 = content_rewards(turns, judged_verdicts(turns, weights, content_judge), weights)
     return RolloutReward(r1=r1, r3=r3, r2=r2, r4=r4, total=turn_totals(r1, r2, r3, r4, weights))

@@ -31,6 +31,7 @@ from memalpha.agent.reward_math import TurnCalls, per_chunk_totals, rollout_rewa
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.agent.scoring import MEMALPHA_ANSWERS, AnswerStyle, score_answers
+from memalpha.data.memory_records import MEMORY
 from memalpha.data.schema import DataValidationError, Instance, question_evidence
 from memalpha.grpo.credit import BROADCAST, CreditScheme
 from memalpha.lm.sampling.generation import Generation, sampler_for
@@ -199,7 +200,8 @@ class RolloutAnswers:
 def start_rollouts(
     instances: Sequence[Instance], group_size: int, settings: RolloutSettings, count_tokens, seed: int
 ) -> list[Rollout]:
-    """``group_size`` rollouts per instance, each with an empty memory seeded for its memory ids."""
+    """``group_size`` rollouts per instance, each with an empty memory seeded for its memory ids, or
+    with the memory an instance of the ``memories`` layout holds (:func:`first_memory`)."""
     pairs = [
         (group_id, instance, index)
         for group_id, instance in enumerate(instances)
@@ -211,14 +213,24 @@ def start_rollouts(
             group_id=group_id,
             index=index,
             instance=instance,
-            memory=Memory(
-                token_counter=count_tokens,
-                core_token_limit=settings.core_token_limit,
-                seed=stable_seed(seed, instance.instance_id, index),
+            memory=first_memory(
+                instance, count_tokens, settings, stable_seed(seed, instance.instance_id, index)
             ),
         )
         for rollout_id, (group_id, instance, index) in enumerate(pairs)
     ]
+
+
+def first_memory(
+    instance: Instance, count_tokens: Callable[[str], int], settings: RolloutSettings, seed: int
+) -> Memory:
+    """The memory a rollout of ``instance`` starts from: a copy of the one a ``memories`` instance
+    holds (memories an agent wrote, :mod:`memalpha.data.memory_records`: no chunk to read, so the
+    reader answers from it as it is, whatever reader a validation names), else an empty one whose
+    entry ids ``seed`` seeds."""
+    if MEMORY in instance.metadata:
+        return Memory.from_dict(dict(instance.metadata[MEMORY]), token_counter=count_tokens)
+    return Memory(token_counter=count_tokens, core_token_limit=settings.core_token_limit, seed=seed)
 
 
 def memorise_chunks(

@@ -185,7 +185,7 @@ class GRPOModule(PolicyModule):
                             "memories layout: memalpha predict outputs)", index=index,
                             instance_id=instance.instance_id, field="memory",
                         )
-            return  # no chunk to read: the reader's k_reduction fits each answer prompt to its budget
+            return  # the reader's k_reduction fits each answer prompt to its budget
         tokenizer = self.tokenizer or load_tokenizer(self.hparams.model)
         full_core = stage == "predict"  # no memory the agent writes may stop a prediction half-way
         for source, instances in splits:
