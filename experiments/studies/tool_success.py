@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,8 +31,9 @@ from memalpha.data.loaders import save_jsonl
 from memalpha.data.synthetic import SyntheticSettings
 from memalpha.intervals import mean_interval
 from memalpha.train.instance_scores import instance_values
+from memalpha_lab.cli_runs import cold_start, memalpha
 from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, write_json
-from memalpha_lab.recipe_configs import load_yaml, sft_config, write_yaml
+from memalpha_lab.recipe_configs import load_yaml, write_yaml
 from memalpha_lab.run_state import exported
 from memalpha_lab.tb_scalars import event_scalars
 
@@ -84,40 +83,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def memalpha(args: list[str], log: Path) -> None:
-    """One ``memalpha`` command in a child process, its output in ``log``; a failure stops the study."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "memalpha.cli", *args]
-    with open(log, "w", encoding="utf-8") as out:
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"tool_success: {' '.join(args[:1])} failed ({done.returncode}); see {log}")
-
-
 def set_key(config: dict[str, Any], key: str, value: Any) -> None:
     *parents, last = key.split(".")
     node = config
     for part in parents:
         node = node.setdefault(part, {})
     node[last] = value
-
-
-def start(args: argparse.Namespace, run_dir: Path) -> Path:
-    """The demo's cold start in ``run_dir``: demonstrations, then ``memalpha sft``; its adapter."""
-    adapter = run_dir / "sft" / "adapter"
-    if exported(adapter):
-        return adapter
-    config = args.config.resolve()
-    demos = run_dir / "demos"
-    memalpha(["data", "demos", "--config", str(config), "--out", str(demos / "train.jsonl"), "--count", "24"],
-             run_dir / "logs" / "demos_train.log")
-    memalpha(["data", "demos", "--config", str(config), "--out", str(demos / "val.jsonl"), "--split", "test",
-              "--count", "2"], run_dir / "logs" / "demos_val.log")
-    base = load_yaml(args.sft_config)
-    steps = base["trainer"]["max_steps"]
-    path = write_yaml(sft_config(base, run_dir, steps), run_dir / "sft.yaml")
-    memalpha(["sft", "--config", str(path)], run_dir / "logs" / "sft.log")
-    return adapter
 
 
 def held_out(args: argparse.Namespace, run_dir: Path) -> Path:
@@ -136,7 +107,8 @@ def validate(args: argparse.Namespace, run_dir: Path, data: Path, name: str, ada
         memalpha(["validate", "--config", str(args.config.resolve()), "--model.adapter_path", str(adapter),
                   "--data.val_path", str(data), "--trainer.logger.init_args.save_dir", str(run_dir),
                   "--trainer.logger.init_args.name", "validate", "--trainer.logger.init_args.version", name,
-                  "--trainer.enable_progress_bar", "false"], run_dir / "logs" / f"validate_{name}.log")
+                  "--trainer.enable_progress_bar", "false"],
+                 run_dir / "logs" / f"validate_{name}.log", "tool_success")
     return json.loads(report.read_text(encoding="utf-8"))["records"]
 
 
@@ -157,7 +129,7 @@ def fit(args: argparse.Namespace, run_dir: Path, adapter: Path, arm: str, seed: 
                        "model.export_adapter_dir": str(folder / "adapter"), **ARMS[arm]}.items():
         set_key(config, key, value)
     path = write_yaml(config, run_dir / "configs" / f"{name}.yaml")
-    memalpha(["fit", "--config", str(path)], run_dir / "logs" / f"fit_{name}.log")
+    memalpha(["fit", "--config", str(path)], run_dir / "logs" / f"fit_{name}.log", "tool_success")
     return folder / "adapter"
 
 
@@ -182,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     run_dir = args.run_dir.resolve()
     machine, started = machine_info(), time.perf_counter()
-    adapter = start(args, run_dir)
+    adapter = cold_start(run_dir, args.config.resolve(), args.sft_config.resolve(), "tool_success")
     data = held_out(args, run_dir)
     start_records = validate(args, run_dir, data, "start", adapter)
     result: dict[str, Any] = {
