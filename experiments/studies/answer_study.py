@@ -1,0 +1,225 @@
+"""Pre-registered (docs/results.md, "Pre-registered: does GRPO on the answer agent beat SFT continued?"):
+the answer agent's GRPO against its SFT continued for the same CPU seconds, 5 seeds, on long memories.
+
+Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/studies/answer_study.py
+          [--start-dir runs/bench_answer_agent] [--seeds 0,1,2,3,4] [--held-out 16] [--questions 8]
+          [--chunks 128] [--data-seed 5803] [--run-dir runs/answer_study]
+          [--out experiments/results/answer_study.json] [--reuse]
+
+The start is bench_answer_agent's (``--start-dir``, run first): its memory agent, the SFT answer agent
+and the answer demonstrations and memories it trained on. Per seed:
+
+* A: ``memalpha fit --config configs/answer_tiny_cpu.yaml`` from the SFT answer agent (its 8 GRPO steps),
+  its CPU seconds measured over the whole process;
+* B: ``memalpha sft`` continued from the same adapter on the same answer demonstrations, stopped at A's
+  CPU seconds (:class:`memalpha_lab.cpu_budget.CpuBudget`).
+
+Both are validated as the reader (``reader.adapter_path``) of the same held-out memories: ``--held-out``
+validation instances of ``--chunks`` chunks (data seed ``--data-seed``, ``--questions`` questions spread
+over the input), memorised once by the memory agent. The primary measure is the answered share of the
+questions whose answer the memory holds, per instance; A − B paired per instance per seed, then a 95 % t
+interval over the seeds. The verdict is the plan's rule, printed with the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from memalpha.data.loaders import save_jsonl
+from memalpha.data.synthetic import SyntheticSettings
+from memalpha.intervals import mean_interval
+from memalpha_lab.cli_runs import memalpha
+from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, write_json
+from memalpha_lab.compute import children_cpu_s
+from memalpha_lab.recipe_configs import load_yaml, write_yaml
+from memalpha_lab.run_state import exported
+
+WHO = "answer_study"
+CONFIGS = REPO_ROOT / "configs"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--start-dir", type=Path, default=REPO_ROOT / "runs" / "bench_answer_agent")
+    parser.add_argument("--memory-adapter", type=Path,
+                        help="the memory agent (default: bench_answer_agent's, START_DIR/sft/adapter)")
+    parser.add_argument("--seeds", default="0,1,2,3,4")
+    parser.add_argument("--held-out", type=int, default=16)
+    parser.add_argument("--questions", type=int, default=8)
+    parser.add_argument("--chunks", type=int, default=128)
+    parser.add_argument("--data-seed", type=int, default=5803)
+    parser.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "answer_study")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "answer_study.json")
+    parser.add_argument("--reuse", action="store_true", help="keep every run already trained or validated")
+    args = parser.parse_args(argv)
+    try:
+        args.seed_list = [int(s) for s in args.seeds.split(",") if s]
+    except ValueError:
+        parser.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
+    if not args.seed_list or min(args.held_out, args.questions, args.chunks) < 1:
+        parser.error("--seeds must name a seed; --held-out, --questions and --chunks must be >= 1")
+    return args
+
+
+def start_of(start_dir: Path, memory_adapter: Path | None) -> dict[str, Path]:
+    """bench_answer_agent's memory agent, SFT answer agent and answer data; one line when missing."""
+    parts = {"memory": memory_adapter or start_dir / "sft" / "adapter",
+             "sft": start_dir / "answer_sft" / "adapter", "data": start_dir / "answer_data"}
+    if not exported(parts["sft"]) or not (parts["data"] / "answers_train.jsonl").is_file():
+        raise SystemExit(
+            f"{WHO}: no SFT answer agent in {start_dir}: run experiments/bench/bench_answer_agent.py first"
+        )
+    if not exported(parts["memory"]):
+        raise SystemExit(f"{WHO}: no memory agent at {parts['memory']}: name it with --memory-adapter")
+    return parts
+
+
+def trained_a(args: argparse.Namespace, start: dict[str, Path], seed: int) -> tuple[Path, float]:
+    """A of ``seed``: the answer agent's GRPO from the start; its adapter and CPU seconds."""
+    folder = args.run_dir / "arms" / f"grpo_seed{seed}"
+    ledger = folder / "cpu_s.json"
+    if args.reuse and exported(folder / "adapter") and ledger.is_file():
+        return folder / "adapter", json.loads(ledger.read_text())["cpu_s"]
+    config = load_yaml(CONFIGS / "answer_tiny_cpu.yaml")
+    config["seed_everything"] = seed
+    config["trainer"].update(callbacks=[], enable_checkpointing=False, enable_progress_bar=False,
+                             limit_val_batches=0)
+    config["trainer"]["logger"]["init_args"].update(save_dir=str(args.run_dir), name="arms",
+                                                    version=f"grpo_seed{seed}")
+    config["model"].update(adapter_path=str(start["sft"]), export_adapter_dir=str(folder / "adapter"),
+                           seed=seed)
+    config["data"].update(train_path=str(start["data"] / "memories_train.jsonl"),
+                          val_path=str(start["data"] / "memories_validation.jsonl"))
+    path = write_yaml(config, args.run_dir / "configs" / f"grpo_seed{seed}.yaml")
+    before = children_cpu_s()
+    memalpha(["fit", "--config", str(path)], args.run_dir / "logs" / f"grpo_seed{seed}.log", WHO)
+    cpu_s = children_cpu_s() - before
+    ledger.write_text(json.dumps({"cpu_s": cpu_s}))
+    return folder / "adapter", cpu_s
+
+
+def trained_b(args: argparse.Namespace, start: dict[str, Path], seed: int, cpu_s: float) -> Path:
+    """B of ``seed``: SFT continued from the start on its answer demonstrations for ``cpu_s`` CPU seconds."""
+    folder = args.run_dir / "arms" / f"sft_continued_seed{seed}"
+    if args.reuse and exported(folder / "adapter"):
+        return folder / "adapter"
+    config = load_yaml(CONFIGS / "sft_answer_tiny_cpu.yaml")
+    config["seed_everything"] = seed
+    budget = {"class_path": "memalpha_lab.cpu_budget.CpuBudget", "init_args": {"seconds": cpu_s}}
+    config["trainer"].update(max_steps=10_000, callbacks=[budget], enable_checkpointing=False,
+                             enable_progress_bar=False, limit_val_batches=0)
+    config["trainer"].pop("val_check_interval", None)
+    config["trainer"]["logger"]["init_args"].update(save_dir=str(args.run_dir), name="arms",
+                                                    version=f"sft_continued_seed{seed}")
+    config["model"].update(adapter_path=str(start["sft"]), export_adapter_dir=str(folder / "adapter"))
+    config["model"]["optimizer"]["warmup_ratio"] = 0.0  # continued: no second warm-up over 10,000 steps
+    config["data"].update(train_path=str(start["data"] / "answers_train.jsonl"),
+                          val_path=str(start["data"] / "answers_validation.jsonl"))
+    path = write_yaml(config, args.run_dir / "configs" / f"sft_continued_seed{seed}.yaml")
+    memalpha(["sft", "--config", str(path)], args.run_dir / "logs" / f"sft_continued_seed{seed}.log", WHO)
+    return folder / "adapter"
+
+
+def held_out_memories(args: argparse.Namespace, memory_adapter: Path) -> Path:
+    """The held-out instances, memorised once by the memory agent (``memalpha predict``)."""
+    instances = args.run_dir / "held_out.jsonl"
+    if not instances.is_file():
+        values = {**load_yaml(CONFIGS / "tiny_cpu.yaml")["data"]["synthetic"], "chunks": args.chunks,
+                  "questions": args.questions, "evidence": "spread"}
+        held_out = SyntheticSettings(**values).generate("validation", args.data_seed, args.held_out)
+        save_jsonl(held_out, instances)
+    memories = args.run_dir / "held_out_memories.jsonl"
+    done = memories.is_file() and len(memories.read_text().splitlines()) == args.held_out
+    if not (args.reuse and done):
+        memalpha(["predict", "--config", str(CONFIGS / "tiny_cpu.yaml"), "--model.adapter_path",
+                  str(memory_adapter), "--data.predict.path", str(instances), "--data.predict.output",
+                  str(memories),
+                  "--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
+                  "--trainer.default_root_dir", str(args.run_dir / "predict")],
+                 args.run_dir / "logs" / "predict_held_out.log", WHO)
+    return memories
+
+
+def stored_answered(args: argparse.Namespace, memories: Path, name: str, adapter: Path,
+                    stored: dict[tuple[str, int], bool]) -> dict[str, float]:
+    """Per instance, the share of its stored questions the answer agent at ``adapter`` answers right."""
+    report = args.run_dir / "validate" / name / "validation.json"
+    if not (args.reuse and report.is_file()):
+        memalpha(["validate", "--config", str(CONFIGS / "tiny_cpu.yaml"), "--data.val_path", str(memories),
+                  "--model.reader.adapter_path", str(adapter), "--trainer.logger.init_args.save_dir",
+                  str(args.run_dir), "--trainer.logger.init_args.name", "validate",
+                  "--trainer.logger.init_args.version", name, "--trainer.enable_progress_bar", "false"],
+                 args.run_dir / "logs" / f"validate_{name}.log", WHO)
+    out = {}
+    for record in json.loads(report.read_text())["records"]:
+        held = [q["score"] for k, q in enumerate(record["questions"]) if stored[(record["instance_id"], k)]]
+        if held:
+            out[record["instance_id"]] = sum(held) / len(held)
+    return out
+
+
+def verdict(interval: dict[str, float]) -> str:
+    """The plan's rule on the t interval over seeds of A − B."""
+    if interval["low"] > 0:
+        return "shown: GRPO beats SFT continued"
+    if interval["high"] < 0:
+        return "SFT continued beats GRPO"
+    return "not shown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.run_dir = args.run_dir.resolve()
+    machine, started = machine_info(), time.perf_counter()
+    start = start_of(args.start_dir.resolve(), args.memory_adapter)
+    memories = held_out_memories(args, start["memory"])
+    written = [json.loads(line) for line in memories.read_text().splitlines()]
+    stored = {(r["instance_id"], k): bool(q.get("stored"))
+              for r in written for k, q in enumerate(r["questions"])}
+    start_scores = stored_answered(args, memories, "start", start["sft"], stored)
+    seeds: dict[str, Any] = {}
+    for seed in args.seed_list:
+        a, cpu_s = trained_a(args, start, seed)
+        b = trained_b(args, start, seed, cpu_s)
+        scores = {"grpo": stored_answered(args, memories, f"grpo_seed{seed}", a, stored),
+                  "sft_continued": stored_answered(args, memories, f"sft_continued_seed{seed}", b, stored)}
+        shared = sorted(scores["grpo"].keys() & scores["sft_continued"].keys())
+
+        def change(after: dict[str, float], before: dict[str, float], ids=shared) -> float:
+            return sum(after[i] - before[i] for i in ids) / len(ids)
+
+        seeds[str(seed)] = {
+            "cpu_s": cpu_s, "scores": scores,
+            "grpo_minus_sft_continued": change(scores["grpo"], scores["sft_continued"]),
+            "grpo_minus_start": change(scores["grpo"], start_scores),
+            "sft_continued_minus_start": change(scores["sft_continued"], start_scores),
+        }
+    result = {
+        "benchmark": "answer_study", "command": command_line(),
+        "settings": {"start_dir": str(args.start_dir), "seeds": args.seed_list, "held_out": args.held_out,
+                     "questions": args.questions, "chunks": args.chunks, "data_seed": args.data_seed},
+        "stored_share": sum(stored.values()) / len(stored), "start": start_scores, "seeds": seeds,
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+    if len(seeds) > 1:
+        interval = mean_interval([s["grpo_minus_sft_continued"] for s in seeds.values()])
+        result["primary"] = {"grpo_minus_sft_continued": interval, "verdict": verdict(interval)}
+        print(f"GRPO − SFT continued, stored answered at {args.chunks} chunks: {interval['mean']:+.3f} "
+              f"[{interval['low']:+.3f}, {interval['high']:+.3f}] over {len(seeds)} seeds: "
+              f"{verdict(interval)}")
+    write_json(result, args.out, machine=machine)
+    print(f"(written to {args.out})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
