@@ -311,3 +311,27 @@ def test_validate_scores_any_reader_on_memories_already_written(path):
         r["instance_id"]: r["memory"] for r in written}
     assert all(r["turns"] == [] and r["chunk_tokens"] == 0 for r in report["records"])
     assert [len(r["questions"]) for r in report["records"]] == [len(r["questions"]) for r in written]
+
+
+def test_the_memory_agents_grpo_and_predict_answer_with_a_trained_answer_agent(path, tmp_path):
+    """fit trains the memory agent's adapter while the frozen answer agent scores it; its export holds
+    the memory agent alone; predict answers with the answer agent too."""
+    config = yaml.safe_load(path["config"].read_text())
+    config["trainer"].update(max_steps=1, limit_val_batches=0, callbacks=[], enable_checkpointing=False)
+    config["trainer"]["logger"]["init_args"]["save_dir"] = str(tmp_path)
+    config["model"]["reader"]["adapter_path"] = str(path["answer"])
+    config["model"]["export_adapter_dir"] = str(tmp_path / "memory_agent")
+    (tmp_path / "fit.yaml").write_text(yaml.safe_dump(config))
+    main(["fit", "--config", str(tmp_path / "fit.yaml")])
+    exported = tmp_path / "memory_agent"
+    assert (exported / "adapter_config.json").is_file() and not (exported / ANSWER_ADAPTER).exists()
+    from safetensors.torch import load_file
+
+    names = load_file(str(exported / "adapter_model.safetensors"))
+    assert names and not any(f".{ANSWER_ADAPTER}." in name for name in names)
+    output = tmp_path / "answered.jsonl"
+    main(["predict", "--config", str(path["config"]), "--data.predict.path",
+          str(path["root"] / "train.jsonl"), "--data.predict.output", str(output),
+          "--model.reader.adapter_path", str(path["answer"]), "--trainer.default_root_dir", str(tmp_path)])
+    records = [json.loads(line) for line in output.read_text().splitlines()]
+    assert len(records) == 3 and all(q["prediction"] is not None for r in records for q in r["questions"])
