@@ -40,3 +40,15 @@ def test_rollouts_of_one_instance_are_pooled_before_the_instance_mean():
     summary = summarise_records(records)["overall"]
     assert summary["accuracy_by_instance"] == pytest.approx((2 / 4 + 1) / 2)
     assert summary["instances"] == 2
+
+
+def test_replies_cut_at_the_cap_are_counted_and_said_under_the_table():
+    def turn(truncated: bool) -> dict:
+        return {"results": [{"status": "ok"}], "truncated": truncated, "reward": 1.0}
+
+    cut = RolloutRecord("a", "squad", 0, [turn(True), turn(False)], {}, 0, 10, [{"score": 1.0, "error": None}])
+    whole = RolloutRecord("b", "squad", 0, [turn(False)], {}, 0, 10, [{"score": 0.0, "error": None}])
+    summary = summarise_records([cut, whole])
+    assert (summary["overall"]["turns"], summary["overall"]["replies_cut"]) == (3, 1)
+    assert "1 of 3 replies were cut at model.rollout.max_new_tokens" in format_table(summary)
+    assert "replies were cut" not in format_table(summarise_records([whole]))

@@ -74,6 +74,7 @@ def instance_mean_accuracy(records: Sequence[Any]) -> float:
 def _summarise(records: Sequence[Any]) -> dict[str, float]:
     scores = [q["score"] for r in records for q in r.questions]
     rewards = [turn.get("reward", 0.0) for r in records for turn in r.turns]
+    cut = sum(bool(turn.get("truncated")) for r in records for turn in r.turns)
     results = [res for r in records for turn in r.turns for res in turn["results"]]
     ok = sum(res["status"] in SUCCESS_STATUSES for res in results)
     recalls = [r.fact_recall for r in records if getattr(r, "fact_recall", None) is not None]
@@ -93,6 +94,8 @@ def _summarise(records: Sequence[Any]) -> dict[str, float]:
         # a baseline takes no turn (memalpha.agent.baselines): no call, no reward, not a 0
         "tool_success": ok / len(results) if results else (0.0 if rewards else None),
         "tool_calls": len(results),
+        "turns": len(rewards),
+        "replies_cut": cut,
         "mean_reward": sum(rewards) / len(rewards) if rewards else None,
         "reader_failures": sum(r.reader_failures for r in records),
     }
@@ -100,8 +103,9 @@ def _summarise(records: Sequence[Any]) -> dict[str, float]:
 
 def summarise_records(records: Sequence[Any]) -> dict[str, Any]:
     """Overall and per-``data_source`` accuracy, fact recall, memory size, compression (r3), tool
-    success, the mean per-turn reward ``R_t``, and the questions that scored 0 because the reader failed.
-    Records without turns (a baseline's) have no tool success or mean reward (None)."""
+    success, the mean per-turn reward ``R_t``, the turns and the replies among them cut at
+    ``rollout.max_new_tokens`` (``replies_cut``), and the questions that scored 0 because the reader
+    failed. Records without turns (a baseline's) have no tool success or mean reward (None)."""
     by_source: dict[str, list[Any]] = defaultdict(list)
     for record in records:
         by_source[record.data_source].append(record)
@@ -271,6 +275,9 @@ def format_table(summary: dict[str, Any]) -> str:
         read = "-" if overall["stored_accuracy"] is None else f"{overall['stored_accuracy']:.3f}"
         table += (f"\nthe final memory holds the answer of {overall['stored']:.3f} of the questions; "
                   f"accuracy on those: {read}")
+    if overall.get("replies_cut"):  # a reply cut at the cap may have lost its call: say how many
+        table += (f"\n{overall['replies_cut']} of {overall['turns']} replies were cut at "
+                  "model.rollout.max_new_tokens")
     failures = summary["overall"]["reader_failures"]
     if failures:
         # a reader outage must not pass for a bad memory: say how much of the accuracy it cost
