@@ -46,7 +46,8 @@ def test_replies_cut_at_the_cap_are_counted_and_said_under_the_table():
     def turn(truncated: bool) -> dict:
         return {"results": [{"status": "ok"}], "truncated": truncated, "reward": 1.0}
 
-    cut = RolloutRecord("a", "squad", 0, [turn(True), turn(False)], {}, 0, 10, [{"score": 1.0, "error": None}])
+    answered = [{"score": 1.0, "error": None}]
+    cut = RolloutRecord("a", "squad", 0, [turn(True), turn(False)], {}, 0, 10, answered)
     whole = RolloutRecord("b", "squad", 0, [turn(False)], {}, 0, 10, [{"score": 0.0, "error": None}])
     summary = summarise_records([cut, whole])
     assert (summary["overall"]["turns"], summary["overall"]["replies_cut"]) == (3, 1)
