@@ -75,6 +75,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "tool_success")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "tool_success.json")
     parser.add_argument("--reuse", action="store_true", help="keep the runs already validated")
+    parser.add_argument("--cap", type=int, help="validate with replies of up to CAP tokens, the prompt "
+                        "stating the config's cap (a follow-up: were the failed calls only cut?)")
     args = parser.parse_args(argv)
     args.arm_list = [a for a in args.arms.split(",") if a]
     if not args.arm_list or any(a not in ARMS for a in args.arm_list):
@@ -106,13 +108,22 @@ def held_out(args: argparse.Namespace, run_dir: Path) -> Path:
 
 
 def validate(args: argparse.Namespace, run_dir: Path, data: Path, name: str, adapter: Path) -> list[dict]:
-    """``memalpha validate`` of ``adapter`` on the held-out instances; the report's records."""
+    """``memalpha validate`` of ``adapter`` on the held-out instances; the report's records. With
+    ``--cap N`` the replies may run to ``N`` tokens while the prompt states the config's cap (the
+    validation is named ``<name>_capN``)."""
+    config = load_yaml(args.config)["model"]["rollout"]
+    extra = []
+    if args.cap is not None:
+        name = f"{name}_cap{args.cap}"
+        share = config["max_new_tokens"] / args.cap
+        extra = ["--model.rollout.max_new_tokens", str(args.cap),
+                 "--model.rollout.stated_limit_share", str(share)]
     report = run_dir / "validate" / name / "validation.json"
     if not (args.reuse and report.is_file()):
         memalpha(["validate", "--config", str(args.config.resolve()), "--model.adapter_path", str(adapter),
                   "--data.val_path", str(data), "--trainer.logger.init_args.save_dir", str(run_dir),
                   "--trainer.logger.init_args.name", "validate", "--trainer.logger.init_args.version", name,
-                  "--trainer.enable_progress_bar", "false"],
+                  "--trainer.enable_progress_bar", "false", *extra],
                  run_dir / "logs" / f"validate_{name}.log", "tool_success")
     return json.loads(report.read_text(encoding="utf-8"))["records"]
 
@@ -164,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     start_records = validate(args, run_dir, data, "start", adapter)
     result: dict[str, Any] = {
         "benchmark": "tool_success", "command": command_line(),
-        "settings": {"config": str(args.config), "steps": args.steps, "val": args.val,
+        "settings": {"config": str(args.config), "steps": args.steps, "val": args.val, "cap": args.cap,
                      "held_out_seed": HELD_OUT_SEED, "seeds": args.seed_list,
                      "arms": {a: ARMS[a] for a in args.arm_list}},
         "start": pooled(start_records), "arms": {},
