@@ -76,6 +76,21 @@ def test_the_chunk_supports_what_it_tells_and_not_its_wrapper():
     )
 
 
+def test_a_write_that_says_a_sentence_twice_is_not_supported():
+    """The loop GRPO taught the 135M policy (docs/results.md, tool_success): the same facts again and
+    again until the reply is cut. A second copy adds nothing; a loop's call is lost when cut."""
+    from memalpha.agent.reward_math import repeats_itself
+
+    source, rule = chunk_tokens(CHUNK), {"min_share": 0.5, "min_tokens": 2}
+    loop = "Anselm Esterhazy signed up for Finnish classes. There was a queue at the post office. " * 2
+    assert repeats_itself(loop) and not is_supported(loop, source, **rule)
+    assert repeats_itself("Finnish classes today. finnish CLASSES, today!")  # case and punctuation aside
+    assert not repeats_itself("Anselm signed up. Anselm signed up for Finnish.")  # a longer sentence is new
+    assert not repeats_itself("Yes. Yes. Anselm Esterhazy signed up.")  # one-word sentences left out
+    assert is_supported("Anselm Esterhazy signed up for Finnish classes. The post office had a queue.",
+                        source, **rule)
+
+
 def test_r2_counts_changes_of_memory_that_the_chunk_supports():
     # a skipped call (deleting an empty core) is no success: 0 / 1
     assert r2(Memory(), DELETE_CORE) == 0.0

@@ -79,11 +79,34 @@ def added_tokens(text: str, replaced: str | None = None) -> frozenset[str]:
     return tokens - content_tokens(replaced) if replaced else tokens
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def repeats_itself(text: str) -> bool:
+    """Whether ``text`` says one of its sentences twice (the same words, case and punctuation aside;
+    sentences of fewer than 2 words left out): the loop a small model falls into, "A. B. A. B. A."
+    until its reply is cut."""
+    seen: set[str] = set()
+    for sentence in _SENTENCE_END.split(text):
+        words = _TOKEN.findall(sentence.lower())
+        if len(words) < 2:
+            continue
+        key = " ".join(words)
+        if key in seen:
+            return True
+        seen.add(key)
+    return False
+
+
 def is_supported(
     text: str, source: frozenset[str], *, replaced: str | None = None, min_share: float, min_tokens: int
 ) -> bool:
     """Whether ``text``, written over ``replaced``, adds at least ``min_tokens`` tokens of ``source``
-    (a chunk's :func:`chunk_tokens`) that are at least ``min_share`` of all it adds."""
+    (a chunk's :func:`chunk_tokens`) that are at least ``min_share`` of all it adds, and says none of
+    its sentences twice (:func:`repeats_itself`: a second copy adds nothing to the memory, and a loop
+    that runs on loses its call when the reply is cut)."""
+    if repeats_itself(text):
+        return False
     added = added_tokens(text, replaced)
     shared = len(added & source)
     return shared >= min_tokens and shared >= min_share * len(added)
