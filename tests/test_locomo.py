@@ -245,3 +245,27 @@ def test_a_fit_with_per_chunk_credit_asks_a_locomo_question_after_its_evidence(t
     # evidence chunk on, but the last turn: fx-1 (2 chunks) asks its 4 questions of chunk 0 once more,
     # fx-2 (2 chunks) its 1 question of chunk 0: 2 x (4 + 1)
     assert list(logged["reader/turn_questions"].values()) == [10.0]
+
+
+def test_without_a_chunk_size_the_sessions_are_split_to_what_fits_the_prompt_budget(tokenizer):
+    from memalpha.agent.prompt_budget import chunk_room
+    from memalpha.agent.rollout_settings import RolloutSettings
+    from memalpha.train.datamodule import RolloutDataModule
+
+    rollout = RolloutSettings(max_prompt_tokens=1240, core_token_limit=32)  # about 100 tokens of room
+    room = chunk_room(tokenizer, rollout)
+    module = RolloutDataModule(val_path=str(FIXTURE), tokenizer_name="smollm2-135m-instruct", rollout=rollout)
+    module._tokenizer = lambda: tokenizer
+    assert module.chunk_tokens(tokenizer) == room
+    module.setup("validate")
+    first = module.val_instances[0]
+    assert first.metadata["chunk_tokens"] == room and first.metadata["split_sessions"]  # some did not fit
+    assert all(len(tokenizer(c, add_special_tokens=False)["input_ids"]) <= room for c in first.chunks)
+    # a number set by hand is kept as set, even one over the room (the budget check then refuses it)
+    kept = RolloutDataModule(load={"chunk_tokens": room + 50}, rollout=rollout)
+    assert kept.chunk_tokens(tokenizer) == room + 50
+
+
+def test_a_layout_that_cuts_chunks_refuses_a_missing_size_in_one_line():
+    with pytest.raises(ValueError, match=r"^data.load.chunk_tokens: null cuts the locomo layout's chunks"):
+        load_instances(FIXTURE, layout="locomo", chunk_tokens=None)

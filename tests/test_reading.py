@@ -4,13 +4,14 @@ memalpha/inference/memory_agent.py)."""
 
 from __future__ import annotations
 
-import logging
 import re
 
 import pytest
 
+from memalpha.agent.prompt_budget import chunk_room
 from memalpha.agent.reading import read_instances
 from memalpha.agent.rollout import RolloutError
+from memalpha.data.plain_text import text_chunks
 from memalpha.data.schema import QA, DataValidationError, Instance
 from memalpha.inference.loading import AgentLoadError, agent_settings
 from memalpha.inference.memory_agent import MemoryAgent
@@ -100,13 +101,18 @@ def test_remember_read_answer_and_a_memory_file(agent, tmp_path):
     assert "score" not in bare[0] and "Coimbra" in bare[0]["prediction"]
 
 
-def test_read_cuts_a_long_text_into_chunks_that_fit_and_says_so(agent, tokenizer, caplog):
+def test_read_cuts_a_long_text_into_chunks_that_fit_and_refuses_a_size_that_cannot(agent, tokenizer):
     text = " ".join(f"Fact {i}: item {i} is kept in box {i * 7}." for i in range(400))
-    with caplog.at_level(logging.WARNING):
-        reading = agent.read(text, chunk_tokens=100_000)
-    assert "does not fit rollout.max_prompt_tokens=1536" in caplog.text
+    room = chunk_room(tokenizer, agent.settings.rollout)
+    reading = agent.read(text)
     assert len(reading.turns) > 1 and agent.sampler.prompts == len(reading.turns)
+    assert len(reading.turns) == len(text_chunks(text, tokenizer, room, "tokens", "text"))
     assert "".join(e.content for e in reading.memory.episodic).replace("\n", "") in text.replace("\n", "")
+    prompts = agent.sampler.prompts
+    refused = r"text: instance 'text', chunk 0 \(\d+ tokens\), cut at data.load.chunk_tok"
+    with pytest.raises(RolloutError, match=refused):
+        agent.read(text, chunk_tokens=100_000)
+    assert agent.sampler.prompts == prompts  # refused before the agent read anything
     small = agent.read(text, chunk_tokens=200)
     assert len(small.turns) > len(reading.turns)
 

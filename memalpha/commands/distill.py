@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from memalpha.agent.distill import DistillStats, RecordedTurn, replay_trajectory
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.commands.demos import config_sections, demonstrations_parser
 from memalpha.data.demos import Demonstration, save_demonstrations
 from memalpha.data.loaders import load_instances
@@ -123,10 +124,10 @@ def official_trajectories(path: Path) -> Iterator[tuple[str, int, list[RecordedT
         )
 
 
-def config_instances(model: str, data: dict[str, Any]) -> list[Instance]:
+def config_instances(model: str, data: dict[str, Any], rollout: RolloutSettings) -> list[Instance]:
     """The validation set ``memalpha validate --config`` scores, built by its own DataModule
-    (``model``: the policy, whose tokenizer cuts the chunks)."""
-    module = RolloutDataModule(**{**data, "tokenizer_name": model})
+    (``model``: the policy, whose tokenizer cuts the chunks to fit ``rollout``'s prompt budget)."""
+    module = RolloutDataModule(**{**data, "tokenizer_name": model, "rollout": rollout})
     module.setup("validate")
     return module.val_instances
 
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace) -> tuple[int, DistillStats]:
     if args.instances is not None:
         instances, _ = load_instances(args.instances)
     else:
-        instances = config_instances(settings.model, data)
+        instances = config_instances(settings.model, data, rollout)
     by_id = {instance.instance_id: instance for instance in instances}
     tokenizer = load_tokenizer(settings.model)
     demos: list[Demonstration] = []

@@ -84,7 +84,7 @@ def load_instances(
     source: str | Path,
     layout: str = "auto",
     tokenizer: Any = None,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    chunk_tokens: int | None = DEFAULT_CHUNK_TOKENS,
     wrap: str | None = None,
     skip_bad: bool = False,
     split: str | None = None,
@@ -100,7 +100,9 @@ def load_instances(
             :func:`memalpha.lm.core.embedded.load_tokenizer`) used to chunk MemoryAgentBench contexts
             (required for that layout) and to measure LoCoMo sessions (white-space words without it).
         chunk_tokens: chunk size in tokens for MemoryAgentBench contexts (official: 2048; 1024 for the
-            test-time-learning sets); the longest LoCoMo session chunk.
+            test-time-learning sets); the longest LoCoMo session chunk. None: the caller knows no
+            size (``data.load.chunk_tokens: null`` without a prompt budget), and those two layouts
+            are refused.
         wrap: ``None``, ``"dialogue"`` or ``"reading"``: wrap every chunk as a dated dialogue turn or a
             dated reading event (chunk ``i`` dated 2024-01-01 + ``i`` days).
         skip_bad: skip (and report) bad records instead of refusing the whole source.
@@ -370,7 +372,9 @@ def detect_layout(records: list[RawRecord], label: str) -> str:
     raise DataValidationError(label, "cannot detect the layout: no readable record (pass layout=)")
 
 
-def _record_parser(layout: str, *, tokenizer: Any, chunk_tokens: int) -> Callable[[Any, str, int], Instance]:
+def _record_parser(
+    layout: str, *, tokenizer: Any, chunk_tokens: int | None
+) -> Callable[[Any, str, int], Instance]:
     if layout == "jsonl":
         return lambda record, file, index: parse_record(record, file=file, index=index)
     if layout == "memalpha":
@@ -379,6 +383,11 @@ def _record_parser(layout: str, *, tokenizer: Any, chunk_tokens: int) -> Callabl
         return parse_longmemeval_record
     if layout == "memories":
         return parse_memory_record
+    if chunk_tokens is None:
+        raise ValueError(
+            f"data.load.chunk_tokens: null cuts the {layout} layout's chunks to model.rollout's prompt "
+            "budget, which is not known here (no model linked): set a number"
+        )
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     resolved: list[Any] = []

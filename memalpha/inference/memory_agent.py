@@ -18,7 +18,6 @@ validation does. A call never changes the memory it is given: it returns a new o
 from __future__ import annotations
 
 import json
-import logging
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from memalpha.agent.baselines import BASELINE_KINDS, cut_full_text
-from memalpha.agent.prompt_budget import chunk_room
+from memalpha.agent.prompt_budget import check_prompt_budget, chunk_room
 from memalpha.agent.reading import Reading, read_instances
 from memalpha.agent.rollout import GenerateFn, Rollout, answer_questions, make_token_counter
 from memalpha.data.plain_text import TEXT_SOURCE, text_chunks
@@ -50,8 +49,6 @@ from memalpha.lm.sampling.vllm_server import VllmServer
 from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader
 from memalpha.reader.settings import ReaderSettings
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -249,20 +246,16 @@ class MemoryAgent:
 
         The text is cut as ``memalpha predict`` cuts a file (``split``: ``tokens`` or
         ``blank_lines``), in chunks of at most ``chunk_tokens`` tokens (default: the most that
-        fit, :func:`~memalpha.agent.prompt_budget.chunk_room`). A larger ``chunk_tokens`` than
-        fits ``rollout.max_prompt_tokens`` once the core is full is lowered to what fits, with a
-        warning: no chunk can stop the reading half-way.
+        fit, :func:`~memalpha.agent.prompt_budget.chunk_room`). A ``chunk_tokens`` the user sets is
+        kept; a chunk it makes whose turn could go over ``rollout.max_prompt_tokens`` once the core
+        is full is refused (a :class:`~memalpha.agent.rollout.RolloutError` naming it) before the
+        agent reads anything, as ``memalpha predict`` refuses it.
         """
-        room = chunk_room(self.tokenizer, self.settings.rollout)
-        size = room if chunk_tokens is None else min(chunk_tokens, room)
-        if chunk_tokens is not None and chunk_tokens > room:
-            logger.warning(
-                "chunk_tokens=%d does not fit rollout.max_prompt_tokens=%d with a full core memory: the text"
-                " is cut into chunks of %d tokens", chunk_tokens, self.settings.rollout.max_prompt_tokens,
-                room,
-            )  # fmt: skip
-        chunks = text_chunks(text, self.tokenizer, size, split, "text")
-        return self._read(Instance("text", TEXT_SOURCE, chunks, []), memory)
+        size = chunk_room(self.tokenizer, self.settings.rollout) if chunk_tokens is None else chunk_tokens
+        instance = Instance("text", TEXT_SOURCE, text_chunks(text, self.tokenizer, size, split, "text"), [],
+                            metadata={"chunk_tokens": size})
+        check_prompt_budget([instance], self.tokenizer, self.settings.rollout, "text", full_core=True)
+        return self._read(instance, memory)
 
     def _read(self, instance: Instance, memory: Memory | None) -> Reading:
         start = self.new_memory() if memory is None else memory

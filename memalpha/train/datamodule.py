@@ -22,6 +22,8 @@ from typing import Any, NamedTuple
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
+from memalpha.agent.prompt_budget import chunk_room
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.loaders import LAYOUTS, Layout, check_source, load_instances
 from memalpha.data.plain_text import TEXT_SPLITS, TextSplit, load_predict_instances
 from memalpha.data.schema import DataValidationError, Instance
@@ -37,8 +39,13 @@ class LoadSettings:
     Args:
         layout: ``auto``, ``jsonl``, ``memalpha``, ``memoryagentbench``, ``longmemeval`` or ``locomo``
             (docs/data.md).
-        chunk_tokens: Chunk size in policy tokens for layouts that hold one long context (MemoryAgentBench);
-            for LoCoMo the longest session chunk: a longer session is split between turns.
+        chunk_tokens: Chunk size in policy tokens for layouts that hold one long context
+            (MemoryAgentBench) and for text files; for LoCoMo the longest session chunk (a longer
+            session is split between turns). null (default): the most tokens whose memorising turn
+            fits ``model.rollout.max_prompt_tokens`` with the core memory at its cap, the rule the
+            Python API's ``read`` cuts by (docs/data.md, "Chunks against the prompt budget"). A number is
+            kept as set; a chunk it makes that cannot fit stops the run in one line before any
+            model loads.
         wrap: Wrap chunks as dated ``dialogue`` turns or dated ``reading`` events (``None`` keeps them as is).
         skip_bad: Skip (and report) malformed records instead of refusing the whole file.
         train_limit: Use at most this many training instances.
@@ -46,7 +53,7 @@ class LoadSettings:
     """
 
     layout: Layout = "auto"
-    chunk_tokens: int = 2048
+    chunk_tokens: int | None = None
     wrap: WrapStyle | None = None
     skip_bad: bool = False
     train_limit: int | None = None
@@ -57,7 +64,7 @@ class LoadSettings:
             raise ValueError(f"data.load.layout must be one of {list(LAYOUTS)}, got {self.layout!r}")
         if self.wrap is not None and self.wrap not in WRAP_STYLES:
             raise ValueError(f"data.load.wrap must be one of {list(WRAP_STYLES)} or null, got {self.wrap!r}")
-        if self.chunk_tokens < 1:
+        if self.chunk_tokens is not None and self.chunk_tokens < 1:
             raise ValueError(f"data.load.chunk_tokens must be >= 1, got {self.chunk_tokens}")
         for name in ("train_limit", "val_limit"):
             value = getattr(self, name)
@@ -191,6 +198,8 @@ class RolloutDataModule(LightningDataModule):
         seed: Seed of the synthetic data and of the shuffling.
         tokenizer_name: The policy's model, linked from ``model.model`` by the CLI: chunking long
             contexts (MemoryAgentBench) counts tokens with its tokenizer.
+        rollout: The memory agent's settings, linked from ``model.rollout`` by the CLI: with
+            ``data.load.chunk_tokens`` null, chunks are as long as its prompt budget allows.
         predict: What ``memalpha predict`` reads and writes (``data.predict.*``: input, output,
             batch size, how text is cut).
     """
@@ -209,12 +218,15 @@ class RolloutDataModule(LightningDataModule):
         seed: int = 0,
         tokenizer_name: str | None = None,
         predict: PredictSettings = PredictSettings(),  # noqa: B008 - a value object; jsonargparse shows its fields
+        rollout: RolloutSettings | None = None,
     ) -> None:
         super().__init__()
         # kept in checkpoints and in the run's config.yaml, but not handed to the loggers: Lightning
         # merges module and data hyperparameters there and refuses keys that differ, and both
-        # have a ``seed`` (model.seed and data.seed are separate settings)
-        self.save_hyperparameters(logger=False)
+        # have a ``seed`` (model.seed and data.seed are separate settings); the rollout settings
+        # are the module's, saved there
+        self.save_hyperparameters(logger=False, ignore=["rollout"])
+        self.rollout = RolloutSettings(**rollout) if isinstance(rollout, Mapping) else rollout
         check_data_settings(self.hparams)
         # Lightning's CLI and checkpoints hand the groups over as dicts
         self.load = LoadSettings(**load) if isinstance(load, Mapping) else load
@@ -237,13 +249,25 @@ class RolloutDataModule(LightningDataModule):
 
         return load_tokenizer(self.hparams.tokenizer_name)
 
+    def chunk_tokens(self, tokenizer) -> int | None:
+        """The chunk size long inputs are cut to: ``data.load.chunk_tokens``, or when it is null the
+        most tokens that fit the rollout's prompt budget with the core at its cap
+        (:func:`~memalpha.agent.prompt_budget.chunk_room`); None when it is null and no rollout
+        settings or tokenizer were given (a layout that cuts chunks then refuses to load)."""
+        if self.load.chunk_tokens is not None:
+            return self.load.chunk_tokens
+        if self.rollout is None or tokenizer is None:
+            return None
+        return chunk_room(tokenizer, self.rollout)
+
     def _load(self, path: str, limit: int | None) -> list[Instance]:
         load = self.load
+        tokenizer = self._tokenizer() if load.layout in ("auto", "memoryagentbench", "locomo") else None
         instances, _ = load_instances(
             path,
             layout=load.layout,
-            tokenizer=self._tokenizer() if load.layout in ("auto", "memoryagentbench", "locomo") else None,
-            chunk_tokens=load.chunk_tokens,
+            tokenizer=tokenizer,
+            chunk_tokens=self.chunk_tokens(tokenizer),
             wrap=load.wrap,
             skip_bad=load.skip_bad,
             limit=limit,
@@ -273,9 +297,9 @@ class RolloutDataModule(LightningDataModule):
                     "data.predict.path",
                     "not set: memalpha predict reads a text or markdown file, a folder of them, a data file",
                 )
-            load = self.load
+            load, tokenizer = self.load, self._tokenizer()
             self.predict_instances = load_predict_instances(
-                self.predict.path, tokenizer=self._tokenizer(), chunk_tokens=load.chunk_tokens,
+                self.predict.path, tokenizer=tokenizer, chunk_tokens=self.chunk_tokens(tokenizer),
                 split=self.predict.split, layout=load.layout, wrap=load.wrap, skip_bad=load.skip_bad,
             )  # fmt: skip
             self.predict_pending = list(self.predict_instances)
