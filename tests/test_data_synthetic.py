@@ -9,10 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from memalpha.data.loaders import load_instances, save_jsonl
 from memalpha.data.schema import Instance, parse_record
-from memalpha.data.synthetic import FAMILIES, generate_synthetic
+from memalpha.data.synthetic import DEFAULT_FAMILIES, generate_synthetic
 from memalpha.data.wrapping import parse_wrapped_chunk
 
 KNOBS = {"num_chunks": 5, "facts_per_chunk": 4, "distractors_per_chunk": 2, "questions_per_instance": 6}
@@ -72,7 +73,7 @@ def test_val_alias_and_split_names():
 
 def test_families_cycle_and_instances_are_valid():
     instances = generate_synthetic(8, seed=2)
-    assert [i.data_source for i in instances] == list(FAMILIES) * 2
+    assert [i.data_source for i in instances] == list(DEFAULT_FAMILIES) * 2
     assert len({i.instance_id for i in instances}) == 8
     for instance in instances:
         assert parse_record(instance.to_dict()) == instance
@@ -216,3 +217,78 @@ def test_an_unknown_evidence_placement_is_one_line():
 
     with pytest.raises(ValueError, match=r"data.synthetic.evidence must be one of \['random', 'spread'\]"):
         SyntheticSettings(evidence="everywhere")
+
+
+REAL_SHAPES = ("synth_conversation", "synth_document")
+
+
+def test_the_real_shapes_never_share_an_entity_between_splits():
+    sets = {split: generate_synthetic(12, split=split, seed=1, families=REAL_SHAPES, **KNOBS)
+            for split in ("train", "validation", "test")}
+    entities = {split: set().union(*(set(i.metadata["entities"]) for i in insts))
+                for split, insts in sets.items()}
+    for a in sets:
+        for b, other in sets.items():
+            if a != b:
+                pattern = re.compile(r"\b(?:" + "|".join(map(re.escape, entities[a])) + r")\b")
+                clash = pattern.search("\n".join(_texts(i) for i in other))
+                assert clash is None, (a, b, clash and clash.group(0))
+
+
+def test_a_conversation_is_dated_sessions_of_speakers_with_a_fact_changed_later():
+    instances = generate_synthetic(8, split="validation", seed=4, families=("synth_conversation",), **KNOBS)
+    for instance in instances:
+        speakers = instance.metadata["people"]
+        for number, chunk in enumerate(instance.chunks, start=1):
+            header, *turns = chunk.splitlines()
+            when = r"\d+:\d\d [ap]m on \d+ \w+, 2\d{3}"
+            assert re.fullmatch(rf"\[Chat between .+, session {number}, {when}\]", header)
+            # every line a speaker's, the last one included
+            assert turns and all(line.split(": ", 1)[0] in speakers for line in turns)
+            assert len(chunk.split()) >= 60  # topped up to chunk_words by small talk
+        # every answer is told by its owner in the evidence session, in the first person
+        for qa, (chunk,) in zip(instance.questions, instance.metadata["evidence_chunks"]):
+            assert any(line.startswith(tuple(speakers)) and qa.answer in line
+                       for line in instance.chunks[chunk].splitlines())
+        changed = instance.metadata["changed_fact"]
+        old_session = next(k for k, c in enumerate(instance.chunks) if changed["was"] in c)
+        assert old_session < changed["chunk"] and "Change of plan" in instance.chunks[changed["chunk"]]
+        assert changed["now"] in instance.chunks[changed["chunk"]]
+        # the question about it asks what holds now, and its evidence is the later session
+        asked = [(qa, e) for qa, e in zip(instance.questions, instance.metadata["evidence_chunks"])
+                 if qa.question == changed["question"]]
+        assert asked == [(asked[0][0], [changed["chunk"]])] and asked[0][0].answer == changed["now"]
+
+
+def test_a_document_states_the_names_numbers_and_dates_its_questions_ask():
+    instances = generate_synthetic(8, split="train", seed=5, families=("synth_document",), **KNOBS)
+    kinds = set()
+    for instance in instances:
+        for qa, fact, (chunk,) in zip(instance.questions, instance.metadata["question_facts"],
+                                      instance.metadata["evidence_chunks"]):
+            assert fact in instance.chunks[chunk] and qa.answer in fact
+            assert sum(fact in c for c in instance.chunks) == 1
+            kinds.add("number" if qa.answer.isdigit() else "date" if qa.answer[-4:].isdigit() else "name")
+    assert kinds == {"number", "date", "name"}
+
+
+@pytest.mark.parametrize("family", REAL_SHAPES)
+def test_the_real_shapes_give_oracle_demonstrations_that_store_every_note(family, tokenizer):
+    from memalpha.agent.demos import oracle_demonstrations
+    from memalpha.agent.rollout_settings import RolloutSettings
+    from memalpha.data.synthetic import SyntheticSettings
+    from memalpha.tools.formats import get_call_format
+
+    config = yaml.safe_load((Path(__file__).parents[1] / "configs" / "tiny_cpu.yaml").read_text())
+    # a chat session tells facts and events (two lists, two calls): more than the recipe's 112 tokens
+    settings = RolloutSettings(**{**config["model"]["rollout"], "max_new_tokens": 160})
+    synthetic = {**config["data"]["synthetic"], "families": [family]}
+    instances = SyntheticSettings(**synthetic).generate("train", 0, 4)
+    demos = oracle_demonstrations(instances, tokenizer, settings, seed=0)
+    assert len(demos) == sum(len(i.chunks) for i in instances)
+    call_format = get_call_format(settings.call_format)
+    by_id = {i.instance_id: i for i in instances}
+    for demo in demos:
+        notes = by_id[demo.metadata["instance_id"]].metadata["notes"][demo.metadata["chunk_index"]]
+        stored = " ".join(call.arguments["content"] for call in call_format.parse(demo.response).calls)
+        assert all(note["fact"].rstrip(".") in stored for note in notes)

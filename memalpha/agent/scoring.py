@@ -310,6 +310,8 @@ SOURCE_METRICS: dict[str, str] = {
     "synth_timeline": "substring",
     "synth_icl": "boxed",
     "synth_summary": "keyword",
+    "synth_conversation": "substring",
+    "synth_document": "substring",
     # LoCoMo (the locomo layout): its protocol per question category
     "locomo": "locomo",
 }

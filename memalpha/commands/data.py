@@ -39,7 +39,7 @@ from memalpha.data.official_processing import (
     process_official,
 )
 from memalpha.data.schema import DataValidationError, Instance
-from memalpha.data.synthetic import EVIDENCE_PLACEMENTS, FAMILIES, generate_synthetic
+from memalpha.data.synthetic import DEFAULT_FAMILIES, EVIDENCE_PLACEMENTS, FAMILIES, generate_synthetic
 from memalpha.data.wrapping import WRAP_STYLES
 
 DEFAULT_TOKENIZER = "smollm2-135m-instruct"
@@ -102,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     synth.add_argument(
         "--families",
-        default=",".join(FAMILIES),
-        help=f"comma-separated families (default {','.join(FAMILIES)})",
+        default=",".join(DEFAULT_FAMILIES),
+        help=f"comma-separated families of {','.join(FAMILIES)} (default {','.join(DEFAULT_FAMILIES)})",
     )
     synth.add_argument(
         "--evidence", choices=EVIDENCE_PLACEMENTS, default="random",

@@ -14,6 +14,17 @@ answer. Four families match the real metrics (``memalpha.agent.scoring`` picks t
 ``synth_summary``   a story read over several days (dated reading events); the question asks for a
                     summary of a date range, the gold is a comma-separated keyword list; keyword metric.
 
+Two more shapes are real text's, not notes (named in ``families`` to be used):
+
+``synth_conversation``  dated sessions of a chat between two or three friends, one session a
+                    chunk, opened by a line as LoCoMo's (``[Chat between Ada and Bo, session 2,
+                    4:04 pm on 17 March, 2024]``) and ending on a speaker's line: personal facts and
+                    the day's events told in the first person, replies, small talk, other people's
+                    news said in passing, and a fact told in one session and changed in a later one
+                    (its question asks what holds now: ``metadata["changed_fact"]``); substring metric.
+``synth_document``  a report read paragraph by paragraph: who leads each project, how many took
+                    part, its budget, result and start date, among filler sentences; substring metric.
+
 Knobs: chunks per instance, facts per chunk, distractor facts per chunk (about entities no
 question asks about), questions per instance, chunk length in words (filler sentences, or
 for ``synth_icl`` more labelled examples, top a chunk up to it) and where the questions' evidence
@@ -50,7 +61,10 @@ from memalpha.data import synthetic_vocab as vocab
 from memalpha.data.schema import QA, Instance
 from memalpha.data.wrapping import wrap_chunk
 
-FAMILIES = ("synth_personal", "synth_timeline", "synth_icl", "synth_summary")
+DEFAULT_FAMILIES = ("synth_personal", "synth_timeline", "synth_icl", "synth_summary")
+"""The families a run mixes when it names none (those of the first generator version)."""
+FAMILIES = (*DEFAULT_FAMILIES, "synth_conversation", "synth_document")
+"""Every family the generator builds."""
 GENERATOR_VERSION = "memalpha.synthetic/1"
 ICL_NUM_LABELS = 4
 EvidencePlacement = Literal["random", "spread"]
@@ -109,7 +123,7 @@ class SyntheticSettings:
     distractors_per_chunk: int = 1
     questions: int = 4
     chunk_words: int = 100
-    families: tuple[str, ...] = field(default=FAMILIES)
+    families: tuple[str, ...] = field(default=DEFAULT_FAMILIES)
     evidence: EvidencePlacement = "random"
 
     def __post_init__(self) -> None:
@@ -181,7 +195,7 @@ def generate_synthetic(
     distractors_per_chunk: int = 1,
     questions_per_instance: int = 4,
     chunk_words: int = 120,
-    families: tuple[str, ...] = FAMILIES,
+    families: tuple[str, ...] = DEFAULT_FAMILIES,
     evidence: EvidencePlacement = "random",
 ) -> list[Instance]:
     """``num_instances`` synthetic instances of ``split``, cycling through ``families`` in order.
@@ -632,9 +646,234 @@ def _build_summary(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> _
     return chunks, questions, evidence, entities, {"protagonist": hero, "town": town, "notes": notes}
 
 
+# ---------------------------------------------------------------------------
+# synth_conversation
+# ---------------------------------------------------------------------------
+
+FIRST_PERSON = {
+    "city": "I moved to {v} a few weeks ago.",
+    "pet": "I adopted a puppy and called it {v}.",
+    "dish": "My favourite dish is {v} these days.",
+    "job": "I now work as {a} {v}.",
+    "instrument": "I have started taking {v} lessons.",
+    "hobby": "I have taken up {v} as a hobby.",
+    "street": "I rented a flat on {v}.",
+    "language": "I signed up for evening classes in {v}.",
+}
+"""How a speaker tells a personal fact of their own, per :data:`PERSONAL_ATTRIBUTES` name."""
+SHORT_NOTES = {
+    "city": "{p} moved to {v}.",
+    "pet": "{p} has a puppy called {v}.",
+    "dish": "{p}'s favourite dish is {v}.",
+    "job": "{p} works as {a} {v}.",
+    "instrument": "{p} takes {v} lessons.",
+    "hobby": "{p} took up {v}.",
+    "street": "{p} rents a flat on {v}.",
+    "language": "{p} takes evening classes in {v}.",
+}
+"""What a memory keeps of a personal fact told in a chat: short, as a reply must hold several."""
+CHANGE_OF_MIND = "Change of plan since we last talked: {statement}"
+"""How a speaker corrects, in a later session, a fact they told in an earlier one."""
+CHAT_EVENTS = ("Guess what, today I {v}.", "I {v} today, finally.", "Today I {v}, it took all afternoon.")
+"""How a speaker tells what they did on the session's day (an event: episodic, dated)."""
+IN_PASSING = "By the way, {fact}"
+"""How a speaker mentions someone else's news (a distractor: no question asks about it)."""
+SESSION_TIMES = ("9:15 am", "11:40 am", "1:02 pm", "4:04 pm", "6:40 pm", "8:45 pm")
+
+
+def chat_date(day: date) -> str:
+    """A day as a chat session's line writes it, as LoCoMo does: ``17 March, 2024``."""
+    return f"{day.day} {day:%B, %Y}"
+
+
+def _short(fact: tuple[str, PersonalAttribute, str]) -> str:
+    person, attr, value = fact
+    return SHORT_NOTES[attr.name].format(p=person, v=value, a=_article(value))
+
+
+def _chat_lines(rng: random.Random, speakers: list[str]) -> list[str]:
+    """Small talk: every filler sentence and reply, each said by one of ``speakers``."""
+    return [f"{rng.choice(speakers)}: {line}" for line in vocab.DIALOGUE_FILLER + vocab.CHAT_REPLIES]
+
+
+def _build_conversation(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> _Built:
+    """Dated sessions of a chat between two or three friends: personal facts and the day's events
+    told in the first person, a reply after each, small talk, other people's news said in passing,
+    and (from two sessions on) a fact told in one session and changed in a later one."""
+    n_slots = cfg.num_chunks * cfg.facts_per_chunk
+    speakers = rng.sample(pools.first_names, 3 if n_slots > 8 else 2)
+    n_others = math.ceil(cfg.num_chunks * cfg.distractors_per_chunk / 2)
+    others = _people(rng, pools, n_others) if n_others else []
+    n_attributes = min(n_slots - n_slots // 3, len(speakers) * len(PERSONAL_ATTRIBUTES))
+    attribute_facts = _personal_facts(rng, pools, n_attributes, speakers)
+    activities = _take(rng, pools.activities, n_slots - n_attributes)
+    n_passing = cfg.num_chunks * cfg.distractors_per_chunk
+    distractors = _personal_facts(rng, pools, n_passing, others) if others else []
+    kinds = ["attribute"] * n_attributes + ["event"] * (n_slots - n_attributes)
+    rng.shuffle(kinds)
+    days = _dates(rng, cfg.num_chunks)
+    facts: list[dict] = []  # per told fact: its chunk, its line, its note, question and answer
+    for slot, kind in enumerate(kinds):
+        chunk = slot // cfg.facts_per_chunk
+        if kind == "attribute":
+            person, attr, value = attribute_facts.pop()
+            line = FIRST_PERSON[attr.name].format(v=value, a=_article(value))
+            fact = _short((person, attr, value))
+            facts.append({"chunk": chunk, "owner": person, "line": line, "note": _note(SEMANTIC_NOTE, fact),
+                          "fact": fact, "question": attr.question.format(p=person), "answer": value,
+                          "attribute": attr, "value": value})
+        else:
+            person, activity = rng.choice(speakers), activities.pop()
+            fact, day = f"{person} {activity}.", days[chunk]
+            facts.append({"chunk": chunk, "owner": person, "line": rng.choice(CHAT_EVENTS).format(v=activity),
+                          "note": _note(EPISODIC_NOTE, fact, day), "fact": f"{day:%Y-%m-%d} {fact}",
+                          "question": f"What did {person} do on {chat_date(day)}?", "answer": activity})
+    changed = None
+    earlier = [f for f in facts if "attribute" in f and f["chunk"] < cfg.num_chunks - 1]
+    if earlier:
+        old = rng.choice(earlier)
+        attr, person = old["attribute"], old["owner"]
+        used = {f.get("value") for f in facts}
+        value = rng.choice([v for v in pools.attribute_values[attr.name] if v not in used])
+        statement = FIRST_PERSON[attr.name].format(v=value, a=_article(value))
+        fact = f"{_short((person, attr, value))[:-1]}, no longer {old['answer']}."
+        chunk = rng.randint(old["chunk"] + 1, cfg.num_chunks - 1)
+        old["superseded"] = True
+        changed = {"chunk": chunk, "owner": person, "line": CHANGE_OF_MIND.format(statement=statement),
+                   "note": _note(SEMANTIC_NOTE, fact), "fact": fact,
+                   "question": old["question"], "answer": value, "was": old["answer"]}
+        facts.append(changed)
+    chunks, per_chunk, notes = [], [[] for _ in days], []
+    for index, fact in enumerate(facts):
+        if not fact.get("superseded"):
+            per_chunk[fact["chunk"]].append(index)
+    small_talk = _chat_lines(rng, speakers)
+    for c, day in enumerate(days):
+        told = [f for f in facts if f["chunk"] == c]
+        lines = [
+            f"{f['owner']}: {f['line']}\n{rng.choice([s for s in speakers if s != f['owner']])}: "
+            f"{rng.choice(vocab.CHAT_REPLIES)}"
+            for f in told
+        ]
+        passing = distractors[c * cfg.distractors_per_chunk : (c + 1) * cfg.distractors_per_chunk]
+        lines += [f"{rng.choice(speakers)}: {IN_PASSING.format(fact=_say(d))}" for d in passing]
+        rng.shuffle(lines)
+        names = ", ".join(speakers[:-1]) + f" and {speakers[-1]}"
+        header = f"[Chat between {names}, session {c + 1}, {rng.choice(SESSION_TIMES)} on {chat_date(day)}]"
+        chunks.append(header + "\n" + _compose(rng, lines, small_talk, cfg.chunk_words, sep="\n"))
+        notes.append([f["note"] for f in told] + [_note(SEMANTIC_NOTE, _short(d)) for d in passing])
+    picked = _pick_questions(rng, per_chunk, cfg)
+    if changed is not None and facts.index(changed) not in picked and picked:
+        picked[-1] = facts.index(changed)  # a conversation asks what holds now
+    questions = [QA(facts[i]["question"], facts[i]["answer"]) for i in picked]
+    evidence = [[facts[i]["chunk"]] for i in picked]
+    entities = set(speakers) | set(others) | {f["answer"] for f in facts} | {v for _, _, v in distractors}
+    extra = {"people": speakers, "distractor_people": others, "notes": notes,
+             "question_facts": [facts[i]["fact"] for i in picked]}
+    if changed is not None:
+        extra["changed_fact"] = {"chunk": changed["chunk"], "question": changed["question"],
+                                 "was": changed["was"], "now": changed["answer"]}
+    return chunks, questions, evidence, entities, extra
+
+
+# ---------------------------------------------------------------------------
+# synth_document
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProjectAttribute:
+    """A kind of fact a report states about a project: how it is stated and asked."""
+
+    name: str
+    statement: str
+    question: str
+
+
+PROJECT_ATTRIBUTES = (
+    ProjectAttribute("lead", "The {j} is led by {v}.", "Who leads the {j}?"),
+    ProjectAttribute("participants", "The {j} enrolled {v} participants.",
+                     "How many participants did the {j} enrol?"),
+    ProjectAttribute("budget", "The {j} has a budget of {v} thousand euros.",
+                     "What is the budget of the {j}, in thousand euros?"),
+    ProjectAttribute("result", "The {j} reported an improvement of {v} per cent.",
+                     "By how many per cent did the {j} improve?"),
+    ProjectAttribute("start", "Work on the {j} began on {v}.", "When did work on the {j} begin?"),
+)
+
+
+PROJECT_NUMBERS = {"participants": (40, 990), "budget": (20, 950), "result": (3, 60)}
+"""The range each numeric project attribute is drawn from."""
+
+
+def _project_value(rng: random.Random, attr: ProjectAttribute, pools: SplitPools, used: set[str]) -> str:
+    """A value of ``attr`` no other fact of the instance has."""
+    while True:
+        if attr.name == "lead":
+            value = _people(rng, pools, 1)[0]
+        elif attr.name == "start":
+            day = date(2023, 1, 1) + timedelta(days=rng.randrange(0, 700))
+            value = f"{day.day} {day:%B %Y}"
+        else:
+            value = str(rng.randint(*PROJECT_NUMBERS[attr.name]))
+        if value not in used:
+            used.add(value)
+            return value
+
+
+def _build_document(rng: random.Random, pools: SplitPools, cfg: SynthConfig) -> _Built:
+    """A report read paragraph by paragraph: who leads each project, how many took part, its budget,
+    result and start date (names, numbers, dates), among the report's filler sentences; the
+    projects no question asks about are the distractors."""
+    n_facts = cfg.num_chunks * cfg.facts_per_chunk
+    n_distractors = cfg.num_chunks * cfg.distractors_per_chunk
+    n_projects = max(1, math.ceil(n_facts / 3)) + math.ceil(n_distractors / 3)
+    towns = _take(rng, pools.towns, n_projects)
+    kinds = _take(rng, vocab.PROJECT_KINDS, n_projects)
+    projects = list(dict.fromkeys(f"{t} {k}" for t, k in zip(towns, kinds)))
+    asked_projects = projects[: max(1, math.ceil(n_facts / 3))]
+    other_projects = projects[len(asked_projects) :] or asked_projects
+
+    def facts_of(names: list[str], count: int) -> list[tuple[str, ProjectAttribute]]:
+        """``count`` (project, attribute) pairs, all distinct while there are enough (the asked
+        facts always are: each asked project has 5 attributes for at most 3 facts)."""
+        pairs = list(itertools.product(names, PROJECT_ATTRIBUTES))
+        rng.shuffle(pairs)
+        return [pairs[i % len(pairs)] for i in range(count)]
+
+    used: set[str] = set()
+    facts = [(j, a, _project_value(rng, a, pools, used)) for j, a in facts_of(asked_projects, n_facts)]
+    distractors = [
+        (j, a, _project_value(rng, a, pools, used)) for j, a in facts_of(other_projects, n_distractors)
+    ]
+
+    def state(fact: tuple[str, ProjectAttribute, str]) -> str:
+        project, attr, value = fact
+        sentence = attr.statement.format(j=project, v=value)
+        return sentence[0].upper() + sentence[1:]
+
+    chunks, per_chunk, notes = [], [], []
+    for c in range(cfg.num_chunks):
+        ids = list(range(c * cfg.facts_per_chunk, (c + 1) * cfg.facts_per_chunk))
+        told = [state(facts[i]) for i in ids]
+        told += [state(d) for d in distractors[c * cfg.distractors_per_chunk :][: cfg.distractors_per_chunk]]
+        chunks.append(_compose(rng, told, vocab.DOCUMENT_FILLER, cfg.chunk_words))
+        per_chunk.append(ids)
+        notes.append([_note(SEMANTIC_NOTE, sentence) for sentence in told])
+    picked = _pick_questions(rng, per_chunk, cfg)
+    questions = [QA(facts[i][1].question.format(j=facts[i][0]), facts[i][2]) for i in picked]
+    evidence = [[i // cfg.facts_per_chunk] for i in picked]
+    # numbers and dates are not split entities (any split may draw the same number)
+    entities = set(projects) | {v for _, a, v in facts + distractors if a.name == "lead"}
+    extra = {"projects": asked_projects, "notes": notes, "question_facts": [state(facts[i]) for i in picked]}
+    return chunks, questions, evidence, entities, extra
+
+
 _BUILDERS: dict[str, Callable[[random.Random, SplitPools, SynthConfig], _Built]] = {
     "synth_personal": _build_personal,
     "synth_timeline": _build_timeline,
     "synth_icl": _build_icl,
     "synth_summary": _build_summary,
+    "synth_conversation": _build_conversation,
+    "synth_document": _build_document,
 }

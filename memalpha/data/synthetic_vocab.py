@@ -237,3 +237,43 @@ STORY_FILLER = (
     "The market square emptied as the light faded.",
     "Dew covered the fields the following morning.",
 )
+
+#: Replies and small talk of the conversation family's other speaker (no pool word in any of them).
+CHAT_REPLIES = (
+    "Oh nice, how is that going so far?",
+    "Really? I did not expect that at all.",
+    "That sounds like a lot of work, honestly.",
+    "Ha, I remember you talking about that.",
+    "Good for you, you deserve it.",
+    "Wait, since when?",
+    "I would love to hear more about it next time.",
+    "Hmm, I am not sure I would have done the same.",
+    "That is great news, congratulations!",
+    "Sorry, I have been so busy lately, I missed that.",
+    "Same here, the week went by so fast.",
+    "Oh no, that does not sound fun.",
+    "Let me know if you need a hand with anything.",
+    "Haha, typical.",
+)
+
+#: Filler sentences of the document family's reports (no pool word in any of them).
+DOCUMENT_FILLER = (
+    "The methods are described in more detail in the appendix.",
+    "Data were collected with the same questionnaire at every visit.",
+    "The steering group met every second month to review progress.",
+    "Several limitations of the design are discussed in the final section.",
+    "Results were checked independently by two members of the team.",
+    "The full tables are available from the authors on request.",
+    "Participants could withdraw at any time without giving a reason.",
+    "Costs were recorded in the currency of the year they were spent.",
+    "A second phase is planned if further funding can be found.",
+    "The local council supported the work with office space.",
+    "Missing values were rare and were left out of the analysis.",
+    "Weather delayed the field work by a few weeks in the spring.",
+)
+
+#: Kinds of project a document reports on (the project's name is a town and its kind).
+PROJECT_KINDS = (
+    "water quality survey", "bridge repair programme", "school meals trial", "coastal erosion study",
+    "hearing screening project", "bus timetable pilot", "allotment garden scheme", "sleep clinic trial",
+)
