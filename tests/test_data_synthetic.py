@@ -280,8 +280,9 @@ def test_the_real_shapes_give_oracle_demonstrations_that_store_every_note(family
     from memalpha.tools.formats import get_call_format
 
     config = yaml.safe_load((Path(__file__).parents[1] / "configs" / "tiny_cpu.yaml").read_text())
-    # a chat session tells facts and events (two lists, two calls): more than the recipe's 112 tokens
-    settings = RolloutSettings(**{**config["model"]["rollout"], "max_new_tokens": 160})
+    # a chat session tells facts and events (two lists, two calls): over 112 tokens, within 160
+    settings = RolloutSettings(**config["model"]["rollout"])
+    assert settings.max_new_tokens == 160  # the recipe sizes its replies for these chunks
     synthetic = {**config["data"]["synthetic"], "families": [family]}
     instances = SyntheticSettings(**synthetic).generate("train", 0, 4)
     demos = oracle_demonstrations(instances, tokenizer, settings, seed=0)
