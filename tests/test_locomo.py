@@ -254,7 +254,8 @@ def test_without_a_chunk_size_the_sessions_are_split_to_what_fits_the_prompt_bud
 
     rollout = RolloutSettings(max_prompt_tokens=1240, core_token_limit=32)  # about 100 tokens of room
     room = chunk_room(tokenizer, rollout)
-    module = RolloutDataModule(val_path=str(FIXTURE), tokenizer_name="smollm2-135m-instruct", rollout=rollout)
+    module = RolloutDataModule(val_path=str(FIXTURE), tokenizer_name="smollm2-135m-instruct")
+    module.rollout = rollout
     module._tokenizer = lambda: tokenizer
     assert module.chunk_tokens(tokenizer) == room
     module.setup("validate")
@@ -262,7 +263,8 @@ def test_without_a_chunk_size_the_sessions_are_split_to_what_fits_the_prompt_bud
     assert first.metadata["chunk_tokens"] == room and first.metadata["split_sessions"]  # some did not fit
     assert all(len(tokenizer(c, add_special_tokens=False)["input_ids"]) <= room for c in first.chunks)
     # a number set by hand is kept as set, even one over the room (the budget check then refuses it)
-    kept = RolloutDataModule(load={"chunk_tokens": room + 50}, rollout=rollout)
+    kept = RolloutDataModule(load={"chunk_tokens": room + 50})
+    kept.rollout = rollout
     assert kept.chunk_tokens(tokenizer) == room + 50
 
 

@@ -127,7 +127,8 @@ def official_trajectories(path: Path) -> Iterator[tuple[str, int, list[RecordedT
 def config_instances(model: str, data: dict[str, Any], rollout: RolloutSettings) -> list[Instance]:
     """The validation set ``memalpha validate --config`` scores, built by its own DataModule
     (``model``: the policy, whose tokenizer cuts the chunks to fit ``rollout``'s prompt budget)."""
-    module = RolloutDataModule(**{**data, "tokenizer_name": model, "rollout": rollout})
+    module = RolloutDataModule(**{**data, "tokenizer_name": model})
+    module.rollout = rollout
     module.setup("validate")
     return module.val_instances
 

@@ -198,8 +198,6 @@ class RolloutDataModule(LightningDataModule):
         seed: Seed of the synthetic data and of the shuffling.
         tokenizer_name: The policy's model, linked from ``model.model`` by the CLI: chunking long
             contexts (MemoryAgentBench) counts tokens with its tokenizer.
-        rollout: The memory agent's settings, linked from ``model.rollout`` by the CLI: with
-            ``data.load.chunk_tokens`` null, chunks are as long as its prompt budget allows.
         predict: What ``memalpha predict`` reads and writes (``data.predict.*``: input, output,
             batch size, how text is cut).
     """
@@ -218,15 +216,15 @@ class RolloutDataModule(LightningDataModule):
         seed: int = 0,
         tokenizer_name: str | None = None,
         predict: PredictSettings = PredictSettings(),  # noqa: B008 - a value object; jsonargparse shows its fields
-        rollout: RolloutSettings | None = None,
     ) -> None:
         super().__init__()
         # kept in checkpoints and in the run's config.yaml, but not handed to the loggers: Lightning
         # merges module and data hyperparameters there and refuses keys that differ, and both
-        # have a ``seed`` (model.seed and data.seed are separate settings); the rollout settings
-        # are the module's, saved there
-        self.save_hyperparameters(logger=False, ignore=["rollout"])
-        self.rollout = RolloutSettings(**rollout) if isinstance(rollout, Mapping) else rollout
+        # have a ``seed`` (model.seed and data.seed are separate settings)
+        self.save_hyperparameters(logger=False)
+        # the memory agent's settings, the module's: with data.load.chunk_tokens null, chunks are as
+        # long as their prompt budget allows; the CLI sets them from the module it built
+        self.rollout: RolloutSettings | None = None
         check_data_settings(self.hparams)
         # Lightning's CLI and checkpoints hand the groups over as dicts
         self.load = LoadSettings(**load) if isinstance(load, Mapping) else load

@@ -16,7 +16,6 @@ config names a progress bar of its own or ``trainer.enable_progress_bar`` is fal
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 import sys
@@ -28,6 +27,7 @@ from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
 
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.train.known_warnings import silence_known_warnings
 from memalpha.train.profiles import PROFILES, ProfileName, profile_named
 
@@ -115,11 +115,7 @@ class MemAlphaCLI(LightningCLI):
     """
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.link_arguments("model.model", LINKED[0])
-        if "rollout" in inspect.signature(self.model_class).parameters:  # GRPOModule, not SFTModule
-            # the module's checked settings (a bad value stops there, in its own line): chunks sized
-            # to its prompt budget
-            parser.link_arguments("model", LINKED[1], compute_fn=rollout_of, apply_on="instantiate")
+        parser.link_arguments("model.model", "data.tokenizer_name")
         if self.takes_profile:
             parser.add_argument(
                 "--profile", type=ProfileName, default="memalpha",
@@ -219,9 +215,11 @@ class MemAlphaCLI(LightningCLI):
         except (ValueError, TypeError) as exc:
             if debugging():
                 raise
-            config = self.config[self.subcommand] if self.subcommand else self.config
-            message = qualify_option(str(exc), typed_options(config))
-            raise SystemExit(f"{self._prog()}: error: {message}") from None
+            keys = list(self.config[self.subcommand].keys()) if self.subcommand else list(self.config.keys())
+            raise SystemExit(f"{self._prog()}: error: {qualify_option(str(exc), keys)}") from None
+        # the module's checked rollout settings size the chunks of data.load.chunk_tokens: null
+        if isinstance(getattr(self.model, "rollout_settings", None), RolloutSettings):
+            self.datamodule.rollout = self.model.rollout_settings
 
     def instantiate_trainer(self, **kwargs: Any):
         from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -258,7 +256,7 @@ class MemAlphaCLI(LightningCLI):
         except run_errors() as exc:
             if debugging():
                 raise
-            keys = typed_options(self.config[subcommand])
+            keys = list(self.config[subcommand].keys())
             raise SystemExit(f"{self._prog()}: error: {qualify_options(str(exc), keys)}") from None
 
     def _prog(self) -> str:
@@ -331,20 +329,6 @@ def checkpoint_settings(saved: dict[str, Any], defaults: Namespace, prefix: str,
         else:
             values[key] = value
     return values
-
-
-def rollout_of(module) -> Any:
-    """The rollout settings an instantiated module runs with (linked to ``data.rollout``)."""
-    return module.rollout_settings
-
-
-LINKED = ("data.tokenizer_name", "data.rollout")
-"""The DataModule's arguments the CLI links from ``model.*``: no user types them."""
-
-
-def typed_options(config: Namespace) -> list[str]:
-    """The config's keys a user can type (:data:`LINKED` left out): the names messages are qualified by."""
-    return [key for key in config.keys() if not key.startswith(LINKED)]  # noqa: SIM118 - dotted keys
 
 
 def qualify_option(message: str, keys: list[str]) -> str:
