@@ -5,6 +5,7 @@ DDP ranks merged into the one-process file, and the embedded model storing what 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -146,7 +147,7 @@ def test_a_chunk_that_could_overflow_the_prompt_stops_before_the_model_loads(inp
     assert not output.exists() and "Loading weights" not in capsys.readouterr().err
 
 
-def test_without_a_chunk_flag_a_long_text_is_cut_to_what_fits_and_read_whole(inputs, tokenizer):
+def test_without_a_chunk_flag_a_long_text_is_cut_to_what_fits_and_read_whole(inputs, tokenizer, caplog):
     from memalpha.agent.prompt_budget import chunk_room
     from memalpha.agent.rollout_settings import RolloutSettings
     from memalpha.data.plain_text import text_chunks
@@ -155,13 +156,18 @@ def test_without_a_chunk_flag_a_long_text_is_cut_to_what_fits_and_read_whole(inp
     long = inputs["root"] / "long_default.txt"
     long.write_text(text, encoding="utf-8")
     output = inputs["root"] / "long_default.jsonl"
-    main(["predict", "--config", str(inputs["config"]), "--data.predict.path", str(long),
-          "--data.predict.output", str(output), "--model.rollout.max_prompt_tokens", "1200"])
+    with caplog.at_level(logging.INFO):
+        main(["predict", "--config", str(inputs["config"]), "--data.predict.path", str(long),
+              "--data.predict.output", str(output), "--model.rollout.max_prompt_tokens", "1200"])
     rollout = yaml.safe_load(inputs["config"].read_text())["model"]["rollout"]
     room = chunk_room(tokenizer, RolloutSettings(**{**rollout, "max_prompt_tokens": 1200}))
     (record,) = records(output)
     assert record["chunks"] == len(text_chunks(text, tokenizer, room, "tokens", "long_default.txt")) > 1
     assert len(record["turns"]) == record["chunks"]
+    # the last line counts the replies cut at the cap (6 tokens here: every one of them)
+    cut = sum(turn["truncated"] for turn in record["turns"])
+    said = f"{cut} of {record['chunks']} replies cut at model.rollout.max_new_tokens=6"
+    assert cut and any(said in r.getMessage() for r in caplog.records)
 
 
 def test_two_ddp_ranks_write_their_shares_and_the_merge_is_the_one_process_file(first_run, inputs):

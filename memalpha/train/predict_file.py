@@ -167,6 +167,18 @@ def in_order(scan: Scan, order: Mapping[str, int]) -> bool:
     return all(a < b for a, b in itertools.pairwise(positions))
 
 
+def replies_cut(path: Path) -> tuple[int, int]:
+    """``(cut, turns)`` over the records of a complete ``memalpha predict`` output: the memorising
+    replies cut at ``rollout.max_new_tokens`` (a cut reply may have lost its call), and all turns."""
+    cut = turns = 0
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            for turn in json.loads(line).get("turns", []):
+                turns += 1
+                cut += bool(turn.get("truncated"))
+    return cut, turns
+
+
 def merge_records(output: Path, scans: Iterable[Scan], order: Mapping[str, int]) -> int:
     """Write every record of ``scans`` (the output's own and the parts') to ``output`` in the input's
     order, each instance once (its first record), atomically; then remove the part files. Returns

@@ -29,6 +29,7 @@ from memalpha.train.predict_file import (
     merge_records,
     part_path,
     part_paths,
+    replies_cut,
     scan_records,
 )
 
@@ -86,7 +87,11 @@ class PredictionWriter(BasePredictionWriter):
             if len(scans) > 1 or not in_order(scans[0], self.order):
                 merge_records(self.output, scans, self.order)
             written = len(scan_records(self.output, self.agent, self.order).records)
-            rank_zero_info(f"memalpha predict: {written} records in {self.output}")
+            cut, turns = replies_cut(self.output)
+            rank_zero_info(
+                f"memalpha predict: {written} records in {self.output}; {cut} of {turns} replies cut at"
+                f" model.rollout.max_new_tokens={pl_module.rollout_settings.max_new_tokens}"
+            )
         trainer.strategy.barrier("memalpha predict: merged")
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
