@@ -250,6 +250,11 @@ def test_a_conversation_is_dated_sessions_of_speakers_with_a_fact_changed_later(
         for qa, (chunk,) in zip(instance.questions, instance.metadata["evidence_chunks"]):
             assert any(line.startswith(tuple(speakers)) and qa.answer in line
                        for line in instance.chunks[chunk].splitlines())
+            if qa.question.startswith("What did "):  # a day's event: one by that speaker that session
+                person = qa.question.split()[2]
+                events = [line for line in instance.chunks[chunk].splitlines()
+                          if line.startswith(f"{person}: ") and "today" in line.lower()]
+                assert len(events) == 1, (qa.question, events)
         changed = instance.metadata["changed_fact"]
         old_session = next(k for k, c in enumerate(instance.chunks) if changed["was"] in c)
         assert old_session < changed["chunk"] and "Change of plan" in instance.chunks[changed["chunk"]]

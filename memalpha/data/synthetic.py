@@ -51,6 +51,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, timedelta
@@ -722,19 +723,23 @@ def _build_conversation(rng: random.Random, pools: SplitPools, cfg: SynthConfig)
             facts.append({"chunk": chunk, "owner": person, "line": line, "note": _note(SEMANTIC_NOTE, fact),
                           "fact": fact, "question": attr.question.format(p=person), "answer": value,
                           "attribute": attr, "value": value})
-        else:
-            person, activity = rng.choice(speakers), activities.pop()
+        else:  # one event a speaker a session while speakers last (a day's question has one answer)
+            busy = {f["owner"] for f in facts if f["chunk"] == chunk and f.get("event")}
+            free = [p for p in speakers if p not in busy] or speakers
+            person, activity = rng.choice(free), activities.pop()
             fact, day = f"{person} {activity}.", days[chunk]
             facts.append({"chunk": chunk, "owner": person, "line": rng.choice(CHAT_EVENTS).format(v=activity),
                           "note": _note(EPISODIC_NOTE, fact, day), "fact": f"{day:%Y-%m-%d} {fact}",
-                          "question": f"What did {person} do on {chat_date(day)}?", "answer": activity})
+                          "question": f"What did {person} do on {chat_date(day)}?", "answer": activity,
+                          "event": True})
     changed = None
     earlier = [f for f in facts if "attribute" in f and f["chunk"] < cfg.num_chunks - 1]
-    if earlier:
-        old = rng.choice(earlier)
+    old = rng.choice(earlier) if earlier else None
+    used = {f.get("value") for f in facts}
+    unused = [v for v in pools.attribute_values[old["attribute"].name] if v not in used] if old else []
+    if unused:
         attr, person = old["attribute"], old["owner"]
-        used = {f.get("value") for f in facts}
-        value = rng.choice([v for v in pools.attribute_values[attr.name] if v not in used])
+        value = rng.choice(unused)
         statement = FIRST_PERSON[attr.name].format(v=value, a=_article(value))
         fact = f"{_short((person, attr, value))[:-1]}, no longer {old['answer']}."
         chunk = rng.randint(old["chunk"] + 1, cfg.num_chunks - 1)
@@ -744,8 +749,10 @@ def _build_conversation(rng: random.Random, pools: SplitPools, cfg: SynthConfig)
                    "question": old["question"], "answer": value, "was": old["answer"]}
         facts.append(changed)
     chunks, per_chunk, notes = [], [[] for _ in days], []
-    for index, fact in enumerate(facts):
-        if not fact.get("superseded"):
+    events = Counter((f["owner"], f["chunk"]) for f in facts if f.get("event"))
+    for index, fact in enumerate(facts):  # asked: what holds now, and days with one event of a speaker
+        shared_day = fact.get("event") and events[fact["owner"], fact["chunk"]] > 1
+        if not fact.get("superseded") and not shared_day:
             per_chunk[fact["chunk"]].append(index)
     small_talk = _chat_lines(rng, speakers)
     for c, day in enumerate(days):
