@@ -271,3 +271,56 @@ def test_without_a_chunk_size_the_sessions_are_split_to_what_fits_the_prompt_bud
 def test_a_layout_that_cuts_chunks_refuses_a_missing_size_in_one_line():
     with pytest.raises(ValueError, match=r"^data.load.chunk_tokens: null cuts the locomo layout's chunks"):
         load_instances(FIXTURE, layout="locomo", chunk_tokens=None)
+
+
+OBSERVATION = {
+    "session_1_observation": {"Ilse": [["Ilse started a pottery course.", "D1:2"]]},
+    "session_2_observation": {
+        "Ilse": [["Ilse bought a green vase for her sister Hanna.", ["D2:9", "D2:4"]]],
+        "Tomas": [["Tomas is moving to Rotterdam.", "D2:5"], ["Tomas likes trams.", "D7:1"]],
+    },
+}
+
+
+def test_observation_facts_become_dated_notes_in_the_chunk_of_their_turn(tmp_path):
+    records = changed(lambda record: record.update(observation=OBSERVATION))
+    instances, _ = load_instances(write(tmp_path, records), layout="locomo", chunk_tokens=60)
+    # session 2 is split in two parts at 60 words: D2:1-D2:4, then D2:5-D2:6
+    notes = instances[0].metadata["observations"]
+
+    def note(fact: str, day: str) -> dict:
+        return {"memory_type": "episodic_memory", "fact": fact, "date": day}
+
+    assert notes[0] == [note("Ilse started a pottery course.", "2024-03-03")]
+    # D2:9 names no turn, so the first id that does (D2:4); D7:1 none, so the session's first part
+    assert notes[1] == [note("Ilse bought a green vase for her sister Hanna.", "2024-03-17"),
+                        note("Tomas likes trams.", "2024-03-17")]
+    assert notes[2] == [note("Tomas is moving to Rotterdam.", "2024-03-17")]
+    assert "observations" not in instances[1].metadata  # the second record has none
+
+
+def test_data_demos_writes_demonstrations_from_observations_and_refuses_a_record_without(
+    tmp_path, tokenizer, capsys
+):
+    from memalpha.commands.demos import main as demos_main
+
+    config = yaml.safe_load((Path(__file__).parents[1] / "configs" / "tiny_cpu.yaml").read_text())
+    config["model"]["rollout"]["max_new_tokens"] = 400  # a session's facts in one reply
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    records = changed(lambda record: record.update(observation=OBSERVATION))[:1]
+    out = tmp_path / "demos.jsonl"
+    demos_main(["--config", str(config_path), "--out", str(out), "--data", str(write(tmp_path, records))])
+    demos = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(demos) == 2  # one per chunk: each session fits the prompt budget whole
+    assert "Ilse started a pottery course" in demos[0]["response"]
+    assert all(fact in demos[1]["response"] for fact in ("green vase", "moving to Rotterdam", "likes trams"))
+    with pytest.raises(SystemExit):
+        demos_main(["--config", str(config_path), "--out", str(tmp_path / "no.jsonl"),
+                    "--data", str(write(tmp_path, RECORDS[:1], "plain.json"))])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        f"memalpha data demos: error: {tmp_path / 'plain.json'}: record 0 (instance_id='fx-1'): field "
+        "'observation': no observation: demonstrations are written from LoCoMo's observation facts"
+    )
+    assert not (tmp_path / "no.jsonl").exists()

@@ -1,18 +1,22 @@
 """``memalpha data demos``: oracle demonstrations for the cold start, matching a training config.
 
     memalpha data demos --config configs/tiny_cpu.yaml --out runs/demos/train.jsonl [--split train]
-                        [--count N] [--seed S] [--reply-share F]
+                        [--count N] [--seed S] [--reply-share F] [--data conv-26.json]
 
 The config's ``model.model``, ``model.rollout`` (read as every command reads it, its ``profile:``
 first: :func:`memalpha.inference.loading.config_settings`) and ``data.synthetic`` decide the
 demonstrations, so their prompts are the prompts the rollout will build (docs/cold_start.md,
 *Oracle demonstrations*); every chunk gives one (:func:`memalpha.agent.demos.oracle_demonstrations`).
+With ``--data``, the instances are a LoCoMo file's conversations instead, cut as the config's
+``data.load`` cuts them, and each chunk's notes are LoCoMo's ``observation`` facts
+(:func:`memalpha.data.locomo.read_observations`).
 Bad input exits with status 2 and one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,7 +24,11 @@ from typing import Any
 import yaml
 
 from memalpha.agent.demos import DEFAULT_REPLY_SHARE, OracleError, oracle_demonstrations
+from memalpha.agent.prompt_budget import chunk_room
+from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.demos import save_demonstrations
+from memalpha.data.loaders import load_instances
+from memalpha.data.schema import DataValidationError, Instance
 from memalpha.data.synthetic import SyntheticSettings
 from memalpha.inference.loading import agent_settings, config_settings
 from memalpha.lm.core.embedded import load_tokenizer
@@ -45,16 +53,42 @@ def run(args: argparse.Namespace) -> int:
     settings = agent_settings(config_settings(args.config))
     rollout = settings.rollout
     seed = args.seed if args.seed is not None else int(data.get("seed", 0))
-    try:
-        synthetic = SyntheticSettings(**(data.get("synthetic") or {}))
-    except ValueError as exc:
-        raise ValueError(f"{args.config}: {exc}") from None
-    instances = synthetic.generate(args.split, seed, count=args.count)
     tokenizer = load_tokenizer(settings.model)
+    if args.data is not None:
+        instances = observed_instances(args.data, data.get("load") or {}, tokenizer, rollout)
+        what = f"{len(instances)} conversations of {args.data}"
+    else:
+        try:
+            synthetic = SyntheticSettings(**(data.get("synthetic") or {}))
+        except ValueError as exc:
+            raise ValueError(f"{args.config}: {exc}") from None
+        instances = synthetic.generate(args.split, seed, count=args.count)
+        what = f"{len(instances)} {args.split} instances"
     demos = oracle_demonstrations(instances, tokenizer, rollout, seed=seed, reply_share=args.reply_share)
     count = save_demonstrations(args.out, demos)
-    print(f"wrote {count} demonstrations from {len(instances)} {args.split} instances to {args.out}")
+    print(f"wrote {count} demonstrations from {what} to {args.out}")
     return count
+
+
+def observed_instances(
+    path: Path, load: dict[str, Any], tokenizer, rollout: RolloutSettings
+) -> list[Instance]:
+    """The conversations of a LoCoMo file, cut as ``data.load`` cuts them (its chunk size, or the
+    most that fits ``rollout``'s prompt budget), each with its ``observation`` facts as the notes
+    of its chunks; a conversation without ``observation`` is refused in one line."""
+    chunk_tokens = load.get("chunk_tokens") or chunk_room(tokenizer, rollout)
+    instances, _ = load_instances(path, layout=load.get("layout", "auto"), tokenizer=tokenizer,
+                                  chunk_tokens=chunk_tokens, wrap=load.get("wrap"))  # fmt: skip
+    out = []
+    for index, instance in enumerate(instances):
+        observations = instance.metadata.get("observations")
+        if observations is None:
+            raise DataValidationError(
+                str(path), "no observation: demonstrations are written from LoCoMo's observation facts",
+                index=index, instance_id=instance.instance_id, field="observation",
+            )
+        out.append(dataclasses.replace(instance, metadata={**instance.metadata, "notes": observations}))
+    return out
 
 
 def demonstrations_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -91,6 +125,10 @@ def main(argv: list[str] | None = None) -> None:
         help="longest reply, as a share of rollout.max_new_tokens, that a demonstration may take when a "
         f"shorter form exists (default {DEFAULT_REPLY_SHARE}): "
         "headroom so the imitating model is not cut at the cap",
+    )
+    parser.add_argument(
+        "--data", type=Path, default=None,
+        help="a LoCoMo file: demonstrations from its conversations' observation facts, not synthetic data",
     )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:

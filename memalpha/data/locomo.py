@@ -12,6 +12,11 @@ wrong answer a careless reader would give (``adversarial_answer``). As LoCoMo's 
 does, the question offers two options, "not mentioned" and that wrong answer, the first one being
 right; the option letters alternate from one adversarial question of a conversation to the next,
 so half of them have the right option first, in a fixed order instead of LoCoMo's unseeded coin.
+
+A record's ``observation`` (per session, per speaker, the facts worth remembering with the turns
+that state them) becomes ``metadata.observations``: per chunk, the notes an ideal memory keeps
+(each fact, dated with its session, in the chunk of the first turn it names), from which
+``memalpha data demos --data`` writes oracle demonstrations.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from memalpha.data.schema import QA, Instance, RecordChecker
@@ -120,7 +126,55 @@ def parse_locomo_record(
         "dropped_evidence": dropped,
         "evidence_chunks": evidence_chunks,
     }
+    if "observation" in record:
+        observation = record["observation"]
+        metadata["observations"] = read_observations(observation, sessions, where, len(chunks), check)
     return Instance(instance_id, DATA_SOURCE, chunks, questions, metadata)
+
+
+def session_day(date: str) -> str | None:
+    """A session's date line (``1:56 pm on 8 May, 2023``) as ``2023-05-08``; None when it is not
+    in that form."""
+    try:
+        return f"{datetime.strptime(date.rsplit(' on ', 1)[-1].strip(), '%d %B, %Y'):%Y-%m-%d}"
+    except ValueError:
+        return None
+
+
+def read_observations(
+    value: Any,
+    sessions: list[Session],
+    where: dict[tuple[int, int], int],
+    num_chunks: int,
+    check: RecordChecker,
+) -> list[list[dict[str, str]]]:
+    """``observation`` as notes per chunk: each fact an episodic note dated with its session (a
+    semantic one when the session's date has another form), in the chunk of the first turn it
+    names that exists, else in its session's first chunk."""
+    observation = check.mapping(value, "observation")
+    notes: list[list[dict[str, str]]] = [[] for _ in range(num_chunks)]
+    for session in sessions:
+        key = f"session_{session.number}_observation"
+        if key not in observation:
+            continue
+        first = min((c for (number, _), c in where.items() if number == session.number), default=None)
+        day = session_day(session.date)
+        for speaker, facts in check.mapping(observation[key], f"observation.{key}").items():
+            field = f"observation.{key}.{speaker}"
+            for f, fact in enumerate(check.sequence(facts, field)):
+                entry = check.sequence(fact, f"{field}[{f}]")
+                if len(entry) != 2:
+                    check.fail(f"{field}[{f}]", "must be [fact, dialogue id or ids]")
+                text = check.string(entry[0], f"{field}[{f}][0]")
+                ids = entry[1] if isinstance(entry[1], list) else [entry[1]]
+                keys = [turn_key(i) for i in ids if isinstance(i, str)]
+                chunk = next((where[k] for k in keys if k in where), first)
+                if chunk is None:
+                    continue  # a session without turns has no chunk to hold its notes
+                note = {"memory_type": "episodic_memory", "fact": text, "date": day} if day else {
+                    "memory_type": "semantic_memory", "fact": text}
+                notes[chunk].append(note)
+    return notes
 
 
 def read_sessions(conversation: dict[str, Any], check: RecordChecker) -> list[Session]:
