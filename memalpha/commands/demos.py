@@ -24,14 +24,13 @@ from typing import Any
 import yaml
 
 from memalpha.agent.demos import DEFAULT_REPLY_SHARE, OracleError, oracle_demonstrations
-from memalpha.agent.prompt_budget import chunk_room
 from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.demos import save_demonstrations
-from memalpha.data.loaders import load_instances
 from memalpha.data.schema import DataValidationError, Instance
 from memalpha.data.synthetic import SyntheticSettings
 from memalpha.inference.loading import agent_settings, config_settings
 from memalpha.lm.core.embedded import load_tokenizer
+from memalpha.train.datamodule import RolloutDataModule
 
 
 def config_sections(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -55,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else int(data.get("seed", 0))
     tokenizer = load_tokenizer(settings.model)
     if args.data is not None:
-        instances = observed_instances(args.data, data.get("load") or {}, tokenizer, rollout)
+        instances = observed(config_instances(settings.model, data, rollout, args.data), args.data)
         what = f"{len(instances)} conversations of {args.data}"
     else:
         try:
@@ -70,15 +69,22 @@ def run(args: argparse.Namespace) -> int:
     return count
 
 
-def observed_instances(
-    path: Path, load: dict[str, Any], tokenizer, rollout: RolloutSettings
+def config_instances(
+    model: str, data: dict[str, Any], rollout: RolloutSettings, path: Path | None = None
 ) -> list[Instance]:
-    """The conversations of a LoCoMo file, cut as ``data.load`` cuts them (its chunk size, or the
-    most that fits ``rollout``'s prompt budget), each with its ``observation`` facts as the notes
-    of its chunks; a conversation without ``observation`` is refused in one line."""
-    chunk_tokens = load.get("chunk_tokens") or chunk_room(tokenizer, rollout)
-    instances, _ = load_instances(path, layout=load.get("layout", "auto"), tokenizer=tokenizer,
-                                  chunk_tokens=chunk_tokens, wrap=load.get("wrap"))  # fmt: skip
+    """The validation set ``memalpha validate --config`` scores (or the file ``path``, read as its
+    ``data.val_path``), built by its own DataModule: ``model``'s tokenizer cuts the chunks as
+    ``data.load`` says, to fit ``rollout``'s prompt budget when it names no size."""
+    named = {"val_path": str(path)} if path is not None else {}
+    module = RolloutDataModule(**{**data, "tokenizer_name": model, **named})
+    module.rollout = rollout
+    module.setup("validate")
+    return module.val_instances
+
+
+def observed(instances: list[Instance], path: Path) -> list[Instance]:
+    """LoCoMo conversations with their ``observation`` facts as the notes of their chunks; a
+    conversation without ``observation`` is refused in one line."""
     out = []
     for index, instance in enumerate(instances):
         observations = instance.metadata.get("observations")

@@ -24,15 +24,13 @@ from typing import Any
 import yaml
 
 from memalpha.agent.distill import DistillStats, RecordedTurn, replay_trajectory
-from memalpha.agent.rollout_settings import RolloutSettings
-from memalpha.commands.demos import config_sections, demonstrations_parser
+from memalpha.commands.demos import config_instances, config_sections, demonstrations_parser
 from memalpha.data.demos import Demonstration, save_demonstrations
 from memalpha.data.loaders import load_instances
-from memalpha.data.schema import DataValidationError, Instance
+from memalpha.data.schema import DataValidationError
 from memalpha.inference.loading import agent_settings, config_settings
 from memalpha.lm.core.embedded import load_tokenizer
 from memalpha.seeding import stable_seed
-from memalpha.train.datamodule import RolloutDataModule
 
 
 def _field(record: dict[str, Any], name: str, kind: type | tuple[type, ...], file: str, index: int) -> Any:
@@ -122,15 +120,6 @@ def official_trajectories(path: Path) -> Iterator[tuple[str, int, list[RecordedT
             sorted(turns, key=lambda t: t.chunk_index),
             {},
         )
-
-
-def config_instances(model: str, data: dict[str, Any], rollout: RolloutSettings) -> list[Instance]:
-    """The validation set ``memalpha validate --config`` scores, built by its own DataModule
-    (``model``: the policy, whose tokenizer cuts the chunks to fit ``rollout``'s prompt budget)."""
-    module = RolloutDataModule(**{**data, "tokenizer_name": model})
-    module.rollout = rollout
-    module.setup("validate")
-    return module.val_instances
 
 
 def run(args: argparse.Namespace) -> tuple[int, DistillStats]:
