@@ -20,7 +20,6 @@ from memalpha.cli import main, run
 from memalpha.data.demos import load_demonstrations
 from memalpha.data.memory_records import parse_memory_record
 from memalpha.data.schema import DataValidationError
-from memalpha.inference.loading import AgentLoadError
 from memalpha.inference.memory_agent import MemoryAgent
 from memalpha.lm.core.adapters import check_adapter_base, export_adapter
 from memalpha.lm.core.modes import ANSWER_ADAPTER
@@ -30,6 +29,7 @@ from memalpha.memory.store import Memory
 from memalpha.reader.extractive import ExtractiveReader
 from memalpha.reader.local import chat_prompt_text
 from memalpha.reader.settings import ReaderSettings
+from memalpha.train.settings_loader import AgentLoadError
 
 
 @pytest.mark.parametrize(

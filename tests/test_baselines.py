@@ -21,11 +21,11 @@ from memalpha.agent.baselines import (
 )
 from memalpha.cli import main, run
 from memalpha.commands.compare import format_result
-from memalpha.inference.loading import AgentLoadError
 from memalpha.inference.memory_agent import MemoryAgent
 from memalpha.memory.store import Memory
 from memalpha.reader.extractive import ExtractiveReader
 from memalpha.reader.options import RetrievalSettings
+from memalpha.train.settings_loader import AgentLoadError
 
 CHUNKS = [
     "Ada moved to Lisbon in March and bakes bread.",

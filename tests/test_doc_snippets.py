@@ -286,10 +286,10 @@ def _write_teacher(folder: Path) -> None:
     from memalpha.agent.demos import oracle_demonstrations
     from memalpha.data.loaders import save_jsonl
     from memalpha.data.synthetic import generate_synthetic
-    from memalpha.inference.loading import agent_settings, config_settings
     from memalpha.lm.core.embedded import load_tokenizer
+    from memalpha.train.settings_loader import load_config
 
-    settings = agent_settings(config_settings(folder / "configs" / "tiny_cpu.yaml"))
+    settings = load_config(folder / "configs" / "tiny_cpu.yaml").agent()
     tokenizer = load_tokenizer(settings.model)
     instances = generate_synthetic(2, split="train", seed=3, num_chunks=2, facts_per_chunk=2,
                                    distractors_per_chunk=0, questions_per_instance=2, chunk_words=40,

@@ -13,10 +13,10 @@ from test_training import nonzero_adapter
 from test_vllm_client import fake_venv
 
 from memalpha.cli import main
-from memalpha.inference.loading import AgentLoadError
 from memalpha.inference.memory_agent import MemoryAgent
 from memalpha.lm.sampling.vllm_engine import VllmEngine
 from memalpha.lm.sampling.vllm_server import VllmServer
+from memalpha.train.settings_loader import AgentLoadError
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_a_file_that_is_not_a_checkpoint_is_one_line(tmp_path, write, message):
         ({"rollout": {"grup_size": 2}}, "rollout: unknown setting 'grup_size' .its settings: group_size, "),
         ({"rollout": {"group_size": 0}}, "rollout.group_size must be >= 1, got 0"),
         ({"rollout": {"backend": "vllm"}}, "use MemoryAgent.served"),
-        ({"reader": {"kind": "engine"}}, "reader.kind: engine answers from a training run's vLLM engine"),
+        ({"reader": {"kind": "engine"}}, "reader.kind: engine answers from the vLLM server of a run"),
     ],
 )
 def test_a_bad_setting_is_one_line_before_any_weight_loads(tmp_path, tiny_model_dir, overrides, message):
@@ -128,7 +128,7 @@ def test_a_bad_setting_is_one_line_before_any_weight_loads(tmp_path, tiny_model_
 def test_a_config_that_is_not_yaml_is_one_line(tmp_path, tiny_model_dir):
     config = tmp_path / "c.yaml"
     config.write_text("model: [unclosed")
-    with pytest.raises(AgentLoadError, match=f"config: {config}: not valid YAML"):
+    with pytest.raises(AgentLoadError, match=f"config: {config}, line 1, column 17: not valid YAML"):
         MemoryAgent.load(nonzero_adapter(tmp_path, tiny_model_dir), config=config)
 
 

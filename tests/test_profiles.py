@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from memalpha.train.profiles import PROFILES, profile_named
+from memalpha.train.profiles import PROFILES
+from memalpha.train.settings_loader import profile_named
 
 REPO = Path(__file__).resolve().parents[1]
 

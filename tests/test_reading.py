@@ -13,13 +13,13 @@ from memalpha.agent.reading import read_instances
 from memalpha.agent.rollout import RolloutError
 from memalpha.data.plain_text import text_chunks
 from memalpha.data.schema import QA, DataValidationError, Instance
-from memalpha.inference.loading import AgentLoadError, agent_settings
 from memalpha.inference.memory_agent import MemoryAgent
 from memalpha.inference.memory_file import MemoryFileError, save_memory
 from memalpha.lm.sampling.generation import Generation
 from memalpha.memory.store import EPISODIC
 from memalpha.tools.formats import get_call_format
 from memalpha.tools.schemas import INSERT
+from memalpha.train.settings_loader import AgentLoadError, agent_settings
 
 CHUNK = re.compile(r"<new_chunk>\n(.*)\n</new_chunk>", re.DOTALL)
 ROLLOUT = {"call_format": "hermes", "prompt_profile": "compact", "max_prompt_tokens": 1536,

@@ -192,11 +192,10 @@ def retrieval_variant(text: str) -> dict[str, Any]:
 
 def reader_settings(config: Path, variant: dict[str, Any]):
     """The config's ``model.reader`` group with ``variant``'s retrieval fields."""
-    import yaml
-
     from memalpha.reader.settings import ReaderSettings
+    from memalpha.train.settings_loader import load_config
 
-    reader = dict(yaml.safe_load(config.read_text(encoding="utf-8"))["model"].get("reader", {}))
+    reader = dict(load_config(config).section("model").get("reader", {}))
     reader["retrieval"] = {**reader.get("retrieval", {}), **variant}
     return ReaderSettings(**reader)
 
@@ -206,13 +205,12 @@ def answered_again(
 ) -> dict[str, dict[int, dict[str, Any]]]:
     """Each length's final memories answered again by the config's reader under each retrieval
     variant; per variant and length, :func:`answer_figures` overall and by third."""
-    import yaml
-
     from memalpha.agent.scoring import score_answers
     from memalpha.lm.core.policy import load_policy
     from memalpha.memory.store import Memory
+    from memalpha.train.settings_loader import load_config
 
-    model_name = yaml.safe_load(config.read_text(encoding="utf-8"))["model"]["model"]
+    model_name = load_config(config).agent().model
     policy, tokenizer = load_policy(model_name, lora=None)
     count = make_counter(tokenizer)
     out: dict[str, dict[int, dict[str, Any]]] = {}
@@ -306,9 +304,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 def config_values(config: Path, extra: list[str]) -> tuple[int, int]:
     """``rollout.max_prompt_tokens`` and ``rollout.max_new_tokens`` as the config and ``extra`` set them."""
-    import yaml
+    from memalpha.train.settings_loader import load_config
 
-    rollout = yaml.safe_load(config.read_text(encoding="utf-8"))["model"]["rollout"]
+    rollout = load_config(config).section("model")["rollout"]
     values = {"max_prompt_tokens": rollout["max_prompt_tokens"], "max_new_tokens": rollout["max_new_tokens"]}
     for i, option in enumerate(extra[:-1]):
         for name in values:

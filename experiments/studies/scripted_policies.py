@@ -35,8 +35,6 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import yaml
-
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.synthetic import SyntheticSettings
@@ -44,6 +42,7 @@ from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer, resol
 from memalpha.reader.extractive import ExtractiveReader
 from memalpha.reader.settings import ReaderSettings
 from memalpha.train.profiles import PROFILES
+from memalpha.train.settings_loader import load_config
 from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, print_table, write_json
 from memalpha_lab.scripted import POLICIES, reward_terms, run_scripted
 
@@ -110,10 +109,11 @@ def main() -> None:
 
         torch.set_num_threads(args.threads)
 
-    config = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
-    synthetic = SyntheticSettings(**{**config["data"].get("synthetic", {}), "questions": args.questions})
+    config = load_config(CONFIG)
+    synthetic = config.section("data").get("synthetic", {}) | {"questions": args.questions}
+    synthetic = SyntheticSettings(**synthetic)
     instances = synthetic.generate("validation", 0, count=args.val)
-    settings = RolloutSettings(**{**config["model"]["rollout"], "group_size": 1})
+    settings = RolloutSettings(**{**config.section("model")["rollout"], "group_size": 1})
     tokenizer = load_tokenizer(EMBEDDED_MODEL_NAME)
     machine = machine_info()
     start = time.perf_counter()

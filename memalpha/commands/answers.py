@@ -7,7 +7,7 @@ in its own rollouts, with each instance's questions and golds. Every question gi
 demonstration: the config's reader's answer prompt over that memory and the gold answer as short as
 the source's metric wants it (:mod:`memalpha.agent.answer_demos`); ``memalpha sft`` trains the
 answer agent on them (docs/answer_agent.md). The config is read as every command reads it, its
-``profile:`` first (:func:`memalpha.inference.loading.config_settings`). Bad input exits with status 2
+``profile:`` first (:func:`memalpha.train.settings_loader.load_config`). Bad input exits with status 2
 and one line.
 """
 
@@ -22,15 +22,15 @@ from memalpha.agent.rollout import make_token_counter
 from memalpha.commands.demos import demonstrations_parser
 from memalpha.data.demos import save_demonstrations
 from memalpha.data.schema import DataValidationError
-from memalpha.inference.loading import AgentLoadError, agent_settings, config_settings
 from memalpha.lm.core.embedded import load_tokenizer
+from memalpha.train.settings_loader import AgentLoadError, load_config
 
 PROG = "memalpha data answers"
 
 
 def run(config: Path, memories: list[Path], out: Path) -> int:
     """Write the answer demonstrations of ``memories`` for ``config``'s reader to ``out``; their count."""
-    settings = agent_settings(config_settings(config))
+    settings = load_config(config).agent()
     if settings.reader.kind != "local":
         raise ValueError(
             f"{config}: the answer agent answers as reader.kind: local, and this config names "

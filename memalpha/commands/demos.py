@@ -4,7 +4,7 @@
                         [--count N] [--seed S] [--reply-share F] [--data conv-26.json]
 
 The config's ``model.model``, ``model.rollout`` (read as every command reads it, its ``profile:``
-first: :func:`memalpha.inference.loading.config_settings`) and ``data.synthetic`` decide the
+first: :func:`memalpha.train.settings_loader.load_config`) and ``data.synthetic`` decide the
 demonstrations, so their prompts are the prompts the rollout will build (docs/cold_start.md,
 *Oracle demonstrations*); every chunk gives one (:func:`memalpha.agent.demos.oracle_demonstrations`).
 With ``--data``, the instances are a LoCoMo file's conversations instead, cut as the config's
@@ -21,35 +21,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from memalpha.agent.demos import DEFAULT_REPLY_SHARE, OracleError, oracle_demonstrations
 from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.demos import save_demonstrations
 from memalpha.data.schema import DataValidationError, Instance
 from memalpha.data.synthetic import SyntheticSettings
-from memalpha.inference.loading import agent_settings, config_settings
 from memalpha.lm.core.embedded import load_tokenizer
 from memalpha.train.datamodule import RolloutDataModule
-
-
-def config_sections(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The ``model`` and ``data`` sections of a fit config (empty where absent)."""
-    config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if not isinstance(config, dict):
-        raise TypeError(f"{path}: not a YAML mapping")
-    sections = []
-    for name in ("model", "data"):
-        section = config.get(name) or {}
-        if not isinstance(section, dict):
-            raise TypeError(f"{path}: '{name}' must be a mapping")
-        sections.append(section)
-    return sections[0], sections[1]
+from memalpha.train.settings_loader import load_config
 
 
 def run(args: argparse.Namespace) -> int:
-    _, data = config_sections(args.config)
-    settings = agent_settings(config_settings(args.config))
+    config = load_config(args.config)
+    settings, data = config.agent(), config.section("data")
     rollout = settings.rollout
     seed = args.seed if args.seed is not None else int(data.get("seed", 0))
     tokenizer = load_tokenizer(settings.model)
@@ -143,6 +127,6 @@ def main(argv: list[str] | None = None) -> None:
         if not 0.0 < args.reply_share <= 1.0:
             raise ValueError(f"--reply-share must be in (0, 1], got {args.reply_share}")
         run(args)
-    except (OSError, yaml.YAMLError, ValueError, TypeError, OracleError) as exc:
+    except (OSError, ValueError, TypeError, OracleError) as exc:
         print(f"memalpha data demos: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc

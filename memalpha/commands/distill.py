@@ -21,16 +21,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from memalpha.agent.distill import DistillStats, RecordedTurn, replay_trajectory
-from memalpha.commands.demos import config_instances, config_sections, demonstrations_parser
+from memalpha.commands.demos import config_instances, demonstrations_parser
 from memalpha.data.demos import Demonstration, save_demonstrations
 from memalpha.data.loaders import load_instances
 from memalpha.data.schema import DataValidationError
-from memalpha.inference.loading import agent_settings, config_settings
 from memalpha.lm.core.embedded import load_tokenizer
 from memalpha.seeding import stable_seed
+from memalpha.train.settings_loader import load_config
 
 
 def _field(record: dict[str, Any], name: str, kind: type | tuple[type, ...], file: str, index: int) -> Any:
@@ -123,8 +121,8 @@ def official_trajectories(path: Path) -> Iterator[tuple[str, int, list[RecordedT
 
 
 def run(args: argparse.Namespace) -> tuple[int, DistillStats]:
-    _, data = config_sections(args.config)
-    settings = agent_settings(config_settings(args.config))  # the profile first, as every command
+    config = load_config(args.config)  # the profile first, as every command
+    settings, data = config.agent(), config.section("data")
     rollout = settings.rollout
     if args.records is not None:
         trajectories, source, source_format = (
@@ -200,6 +198,6 @@ def main(argv: list[str] | None = None) -> None:
         if not 0.0 <= args.min_accuracy <= 1.0:
             raise ValueError(f"--min-accuracy must be in [0, 1], got {args.min_accuracy}")
         run(args)
-    except (OSError, yaml.YAMLError, ValueError, TypeError) as exc:
+    except (OSError, ValueError, TypeError) as exc:
         print(f"memalpha data distill: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc

@@ -32,15 +32,8 @@ from memalpha.agent.reading import Reading, read_instances
 from memalpha.agent.rollout import GenerateFn, Rollout, answer_questions, make_token_counter
 from memalpha.data.plain_text import TEXT_SOURCE, text_chunks
 from memalpha.data.schema import QA, DataValidationError, Instance
-from memalpha.inference.loading import (
-    AgentLoadError,
-    AgentSettings,
-    agent_settings,
-    config_settings,
-    read_source,
-)
+from memalpha.inference.loading import read_source
 from memalpha.inference.memory_file import load_memory
-from memalpha.lm.core.adapters import check_adapter_base
 from memalpha.lm.core.embedded import load_tokenizer
 from memalpha.lm.core.policy import load_policy
 from memalpha.lm.sampling.generation import resolve_eos_ids
@@ -49,6 +42,7 @@ from memalpha.lm.sampling.vllm_server import VllmServer
 from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader
 from memalpha.reader.settings import ReaderSettings
+from memalpha.train.settings_loader import AgentLoadError, AgentSettings, agent_settings, load_config
 
 
 @dataclass
@@ -71,7 +65,7 @@ class MemoryAgent:
         policy: The policy (a PEFT model), or None when ``sampler`` generates.
         tokenizer: The policy's tokenizer.
         reader: Who answers questions from a memory (None: :meth:`answer` is refused).
-        settings: The agent's settings (:class:`~memalpha.inference.loading.AgentSettings`).
+        settings: The agent's settings (:class:`~memalpha.train.settings_loader.AgentSettings`).
         sampler: Generates the agent's turns instead of ``policy`` (a vLLM server).
         seed: Seed of new memories' entry ids.
     """
@@ -101,12 +95,11 @@ class MemoryAgent:
         ``lm``, ``lora``, ``rollout``, ``reader``, ``reward``, each a settings object or a dict of
         some of its keys (``reader={"kind": "extractive"}``). Without a config, an adapter folder's
         base model comes from its ``adapter_config.json``. Raises
-        :class:`~memalpha.inference.loading.AgentLoadError` (one line) before any weight loads.
+        :class:`~memalpha.train.settings_loader.AgentLoadError` (one line) before any weight loads.
         """
         found = read_source(source)
-        layers = [found.settings] + ([config_settings(config)] if config is not None else []) + [overrides]
+        layers = (found.settings, load_config(config).agent_layer(), overrides)
         settings = agent_settings(*layers, fallback_model=found.base_model)
-        check_answer_agent(settings)
         baseline = settings.rollout.baseline.kind
         if baseline is not None:
             raise AgentLoadError(
@@ -148,11 +141,9 @@ class MemoryAgent:
         if kind not in BASELINE_KINDS:
             raise AgentLoadError(f"baseline kind must be one of {list(BASELINE_KINDS)}, got {kind!r}")
         chosen = {"kind": kind, **({} if top_k is None else {"top_k": top_k})}
-        layers = ([config_settings(config)] if config is not None else []) + [
-            overrides, {"rollout": {"baseline": chosen}}
-        ]
-        settings = agent_settings(*layers)
-        check_answer_agent(settings)
+        settings = agent_settings(
+            load_config(config).agent_layer(), overrides, {"rollout": {"baseline": chosen}}
+        )
         if settings.rollout.backend == "vllm":
             raise AgentLoadError("rollout.backend: vllm samples the agent's turns; a baseline takes none")
         policy = None
@@ -178,8 +169,7 @@ class MemoryAgent:
         exported adapter folder holds one), runs the tools and keeps the memory. Settings as in
         :meth:`load`; the reader must be ``openai`` (the same server's base model, say) or
         ``extractive``: no weights are in this process."""
-        layers = ([config_settings(config)] if config is not None else []) + [overrides]
-        settings = agent_settings(*layers)
+        settings = agent_settings(load_config(config).agent_layer(), overrides)
         if settings.reader.kind in ("local", "engine"):
             raise AgentLoadError(
                 f"reader.kind: {settings.reader.kind} answers with weights in this process; a served agent"
@@ -207,8 +197,10 @@ class MemoryAgent:
         settings = agent_settings({"reader": self.settings.reader}, {"reader": reader})
         if self.policy is None and settings.reader.kind in ("local", "engine"):
             raise AgentLoadError(f"reader.kind: {settings.reader.kind} needs the policy's weights here")
-        agent = replace(self.settings, reader=settings.reader)
-        check_answer_agent(agent)
+        try:
+            agent = replace(self.settings, reader=settings.reader)  # the rules between groups, again
+        except ValueError as exc:
+            raise AgentLoadError(str(exc)) from None
         return MemoryAgent(
             self.policy, self.tokenizer, build_reader(agent, self.policy, self.tokenizer), agent,
             sampler=self.sampler, seed=self.seed,
@@ -303,22 +295,11 @@ class MemoryAgent:
 
 
 def build_reader(settings: AgentSettings, policy: Any, tokenizer: Any) -> Reader:
-    """The reader ``settings.reader`` names (the ``engine`` reader needs a training run's server;
-    the answer agent of ``reader.adapter_path`` is loaded beside the policy's adapter)."""
-    if settings.reader.kind == "engine":
-        raise AgentLoadError("reader.kind: engine answers from a training run's vLLM engine; use openai")
+    """The reader ``settings.reader`` names (the answer agent of ``reader.adapter_path`` is loaded beside
+    the policy's adapter; the ``engine`` reader, which needs a training run's server, is refused by the
+    settings and the ``vllm`` backend by each way of building)."""
     rollout = settings.rollout
     return settings.reader.build(policy, tokenizer, rollout.templates, backend=rollout.backend)
-
-
-def check_answer_agent(settings: AgentSettings) -> None:
-    """The answer agent of ``reader.adapter_path``, when named, was trained on ``model``'s base
-    (one line otherwise, before any weight loads)."""
-    if settings.reader.adapter_path is not None:
-        try:
-            check_adapter_base(settings.reader.adapter_path, settings.model, "reader.adapter_path")
-        except ValueError as exc:
-            raise AgentLoadError(str(exc)) from None
 
 
 def served_models(url: str) -> list[str]:

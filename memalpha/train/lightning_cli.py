@@ -29,38 +29,8 @@ from lightning.pytorch.plugins.io import CheckpointIO
 
 from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.train.known_warnings import silence_known_warnings
-from memalpha.train.profiles import PROFILES, ProfileName, profile_named
-
-
-def check_config_files(args: list[str]) -> None:
-    """Raise ``ValueError`` naming the file, line and column of the first config file named in
-    ``args`` (``--config F``, ``--config=F``) that is not valid YAML (jsonargparse's own message
-    names only ``"<unicode string>"``). A missing or unreadable file is left out: the CLI itself
-    reports it."""
-    import yaml
-
-    for index, arg in enumerate(args):
-        if arg == "--config" and index + 1 < len(args):
-            path = args[index + 1]
-        elif arg.startswith("--config="):
-            path = arg.split("=", 1)[1]
-        else:
-            continue
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError:
-            continue
-        try:
-            yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-            context = getattr(error, "context", None)
-            raise ValueError(
-                f"{path}{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
-            ) from None
-
+from memalpha.train.profiles import PROFILES, ProfileName
+from memalpha.train.settings_loader import check_config_files, profile_named
 
 DEBUG_ENV = "MEMALPHA_DEBUG"
 """Set (to anything but ``""`` or ``0``) to get the traceback behind a one-line error."""

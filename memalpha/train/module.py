@@ -32,7 +32,6 @@ from memalpha.data.memory_records import MEMORY
 from memalpha.data.schema import DataValidationError, Instance, question_evidence
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-from memalpha.lm.core.adapters import check_adapter_base
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer, resolve_model_path
 from memalpha.lm.core.modes import load_reference_adapter
 from memalpha.lm.core.policy import LMSettings, LoraSettings
@@ -44,6 +43,7 @@ from memalpha.seeding import stable_seed
 from memalpha.train.engine_sync import EngineSync
 from memalpha.train.policy_module import PolicyModule, typed
 from memalpha.train.predict_writer import PredictionWriter
+from memalpha.train.settings_loader import AgentSettings, TrainingSettings
 from memalpha.train.step import GRPOStep
 from memalpha.train.step_faults import ReaderGate, phase_out_of_memory
 from memalpha.train.validation_report import ValidationReporter, describe_backends
@@ -99,29 +99,14 @@ class GRPOModule(PolicyModule):
         self.save_hyperparameters()
         self._init_policy(lm, lora, optimizer)
         self.rollout_settings: RolloutSettings = typed(RolloutSettings, rollout)
-        baseline = self.rollout_settings.baseline.kind
-        if baseline is not None and adapter_path:
-            raise ValueError(
-                f"rollout.baseline.kind {baseline} stores the text and loads no adapter: leave model."
-                f"adapter_path out (it names {adapter_path})"
-            )
         self.reader_settings: ReaderSettings = typed(ReaderSettings, reader)
-        if self.reader_settings.adapter_path is not None:
-            check_adapter_base(self.reader_settings.adapter_path, model, "reader.adapter_path")
-        if self.reader_settings.kind == "engine" and self.rollout_settings.backend != "vllm":
-            raise ValueError(
-                "reader.kind: engine answers from the rollout backend's vLLM server:"
-                " set rollout.backend: vllm"
-            )
         self.reward_settings: RewardSettings = typed(RewardSettings, reward)
-        if self.reader_settings.kind == "extractive" and self.reward_settings.content_judge == "llm":
-            raise ValueError(
-                "reward.content_judge: llm asks the reader, and reader.kind: extractive has no model "
-                "to judge with: use content_judge: rule or a language-model reader"
-            )
         self.update_settings: UpdateSettings = typed(UpdateSettings, update)
-        if self.rollout_settings.trains == "answer":
-            self._check_answer_training()
+        agent = AgentSettings(  # the rules between the groups: one line each, before any model loads
+            model, self.lm_settings, self.lora_settings, self.rollout_settings, self.reader_settings,
+            self.reward_settings,
+        )  # fmt: skip
+        TrainingSettings(agent, adapter_path, self.update_settings)
         self.reader: Reader | None = None
         self.content_judge = None
         self.scoring: ScoringSpec | None = None  # how log-probs are computed, set with the policy
@@ -139,26 +124,6 @@ class GRPOModule(PolicyModule):
         self._step_start = time.perf_counter()
         self._phase = "sampling"  # the phase of the step now running (named if it runs out of memory)
         self.backends: dict[str, str] = {}  # the decoding backend of the policy and the local reader
-
-    def _check_answer_training(self) -> None:
-        """``rollout.trains: answer`` trains the policy as the answer agent: the local reader's prompts,
-        no second answer adapter, one turn per answer."""
-        reader = self.reader_settings
-        if reader.kind != "local":
-            raise ValueError(
-                f"rollout.trains: answer trains the answer agent on the local reader's prompts; "
-                f"reader.kind is {reader.kind}"
-            )
-        if reader.adapter_path is not None:
-            raise ValueError(
-                "rollout.trains: answer trains the policy as the answer agent: start it with "
-                "model.adapter_path, not reader.adapter_path"
-            )
-        if self.update_settings.credit != "broadcast":
-            raise ValueError(
-                f"rollout.trains: answer: an answer is one turn, so update.credit must be broadcast, "
-                f"not {self.update_settings.credit}"
-            )
 
     # ----------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:

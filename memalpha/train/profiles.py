@@ -14,8 +14,6 @@ resolved values, the profile's among them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 ProfileName = Literal["memalpha", "official"]
@@ -64,34 +62,3 @@ PROFILES: dict[str, dict[str, Any]] = {
     },
 }
 """Each profile's option values (keys as on the command line, without the leading ``--``)."""
-
-
-def profile_named(args: Iterable[str], default: str | None = "memalpha") -> str | None:
-    """The profile ``args`` choose: the last ``--profile`` flag or top-level ``profile:`` key of a
-    ``--config`` file, in the order given (``default`` when none does). An unreadable config file
-    is left to the CLI, which reports it itself.
-    """
-    args = list(args)
-    chosen = default
-    for index, arg in enumerate(args):
-        following = args[index + 1] if index + 1 < len(args) else None
-        if arg == "--profile" and following is not None:
-            chosen = following
-        elif arg.startswith("--profile="):
-            chosen = arg.split("=", 1)[1]
-        elif (arg in ("--config", "-c") and following is not None) or arg.startswith("--config="):
-            config = _read_yaml(following if arg in ("--config", "-c") else arg.split("=", 1)[1])
-            if isinstance(config, Mapping) and "profile" in config:
-                chosen = str(config["profile"])
-    if chosen is not None and chosen not in PROFILES:
-        raise ValueError(f"profile must be one of {list(PROFILES)}, got {chosen!r}")
-    return chosen
-
-
-def _read_yaml(path: str) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return None
