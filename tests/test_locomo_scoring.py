@@ -4,10 +4,12 @@ the source registry in both answer styles, and its per-category table in the val
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
 from memalpha.agent.locomo_scoring import (
+    bleu1,
     chosen_option,
     chosen_option_official,
     locomo_f1,
@@ -113,11 +115,21 @@ def question(category: int, prediction: str, gold: str, score: float, **extra) -
     }  # fmt: skip
 
 
+def test_bleu1_is_the_clipped_unigram_precision_times_the_brevity_penalty():
+    assert bleu1("she moved to Paris", "Paris") == pytest.approx(1 / 4)  # longer than the gold: no penalty
+    assert bleu1("Paris", "in Paris, France") == pytest.approx(math.exp(1 - 4 / 1))  # 4 gold tokens
+    assert bleu1("paris paris paris", "Paris") == pytest.approx(1 / 3)  # a match counts once
+    assert bleu1("I went. She came.", "she came") == pytest.approx(2 / 6)  # each sentence's period a token
+    assert bleu1("no", "yes") == 0.0 and bleu1("", "yes") == 0.0 and bleu1("yes", "") == 0.0
+
+
 def records() -> list[RolloutRecord]:
     questions = [
-        question(SINGLE_HOP, "She researched adoption agencies", "researching adoption agencies", 1.0),  # 6/7
-        question(SINGLE_HOP, "violin", "cello", 0.0),  # F1 0
-        question(MULTI_HOP, "green vase", "a green vase, a mug", 0.5),  # F1 1/2
+        # F1 6/7; BLEU-1: 2 of its 4 words in the gold, longer than it: 1/2
+        question(SINGLE_HOP, "She researched adoption agencies", "researching adoption agencies", 1.0),
+        question(SINGLE_HOP, "violin", "cello", 0.0),  # F1 0, BLEU-1 0
+        # F1 1/2; BLEU-1: both words in the gold (6 tokens, its comma one): 1 * exp(1 - 6/2)
+        question(MULTI_HOP, "green vase", "a green vase, a mug", 0.5),
         question(ADVERSARIAL, "(b)", NOT_MENTIONED, 1.0, options=SECOND["options"]),  # F1 1
     ]
     return [
@@ -132,19 +144,27 @@ def test_the_validation_report_gives_each_locomo_category_both_scores(tmp_path):
     assert list(categories) == ["single-hop", "multi-hop", "adversarial", "all", "all_but_adversarial"]
     assert categories["single-hop"] == {
         "category": 4, "questions": 2, "accuracy": 0.5, "locomo_f1": pytest.approx(3 / 7),
+        "locomo_bleu1": pytest.approx(0.25),
     }  # fmt: skip
+    assert categories["multi-hop"]["locomo_bleu1"] == pytest.approx(math.exp(-2))
+    assert categories["adversarial"]["locomo_bleu1"] is None and categories["all"]["locomo_bleu1"] is None
     assert categories["multi-hop"]["locomo_f1"] == pytest.approx(1 / 2)
     assert categories["all"]["locomo_f1"] == pytest.approx((6 / 7 + 0 + 1 / 2 + 1) / 4)
     assert categories["all"]["accuracy"] == pytest.approx(2.5 / 4)
     assert categories["all_but_adversarial"] == {
         "category": [4, 1], "questions": 3, "accuracy": 0.5, "locomo_f1": pytest.approx((6 / 7 + 1 / 2) / 3),
+        "locomo_bleu1": pytest.approx((1 / 2 + math.exp(-2)) / 3),
     }  # fmt: skip
     assert "per_category" not in summary["per_source"]["squad"]
     lines = format_locomo_table(summary).splitlines()
-    assert lines[1] == "LoCoMo per category (accuracy: the metric in force; locomo_f1: LoCoMo's own score)"
-    assert lines[2].split() == ["locomo", "category", "questions", "accuracy", "locomo_f1"]
-    assert lines[4].split() == ["single-hop", "(4)", "2", "0.500", "0.429"]
-    assert lines[-1].split() == ["all_but_adversarial", "3", "0.500", "0.452"]
+    assert lines[1] == (
+        "LoCoMo per category (accuracy: the metric in force; locomo_f1: LoCoMo's own score; bleu1: the "
+        "papers' BLEU-1, adversarial questions left out)"
+    )
+    assert lines[2].split() == ["locomo", "category", "questions", "accuracy", "locomo_f1", "bleu1"]
+    assert lines[4].split() == ["single-hop", "(4)", "2", "0.500", "0.429", "0.250"]
+    assert lines[-2].split() == ["all", "4", "0.625", "0.589", "-"]
+    assert lines[-1].split() == ["all_but_adversarial", "3", "0.500", "0.452", "0.212"]
     # the printed table ends with it, and the JSON has each LoCoMo question's score and category
     table = write_validation_report(summary, records(), tmp_path / "validation.json")
     assert "multi-hop (1)" in table

@@ -11,6 +11,9 @@ nltk's ``PorterStemmer``):
 * ``memalpha`` (:func:`locomo_recall`) is the share of the gold's tokens the prediction holds:
   an answer that holds the gold in other words, or with more words around it, still scores.
 
+Memory-agent papers that train on LoCoMo (Memory-R1 among them) also report BLEU-1 beside F1:
+:func:`bleu1`, on the whole gold, for every category but the adversarial one.
+
 Per category (LoCoMo's numbers): 1 multi-hop: the gold is split on ``,`` into sub-answers, and
 the score is their mean, each sub-answer scored against the best ``,``-separated part of the
 prediction (recall: against the whole prediction); 2 temporal and 4 single-hop: the whole gold;
@@ -35,6 +38,7 @@ _DROPPED_WORDS = re.compile(r"\b(a|an|the|and)\b")
 _PUNCTUATION = set(string.punctuation)
 _NOT_THERE = ("not mentioned", "no information available")
 _LETTER = re.compile(r"^\(?([ab])\)?[.:]?$")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 @lru_cache(maxsize=1)
@@ -69,6 +73,36 @@ def token_recall(prediction: str, gold: str) -> float:
     if not ref:
         return 0.0
     return sum((Counter(locomo_tokens(prediction)) & Counter(ref)).values()) / len(ref)
+
+
+def bleu1(prediction: str, gold: str) -> float:
+    """BLEU-1 of ``prediction`` against ``gold`` as the memory-agent papers compute it on LoCoMo: nltk's
+    ``sentence_bleu`` with all weight on unigrams and smoothing method 1, over lower-cased word tokens
+    (nltk's Treebank tokenizer, each sentence on its own, as ``nltk.word_tokenize`` does; sentences end
+    at ``.``, ``!`` or ``?`` before white space, where ``word_tokenize`` asks nltk's punkt data). The
+    clipped share of the prediction's tokens found in the gold, times the brevity penalty
+    ``exp(1 - len(gold) / len(prediction))`` when the prediction is the shorter; 0 when no token is
+    shared or either side has none."""
+    from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
+
+    pred, ref = word_tokens(prediction), word_tokens(gold)
+    if not pred or not ref:
+        return 0.0
+    smooth = SmoothingFunction().method1
+    return float(sentence_bleu([ref], pred, weights=(1, 0, 0, 0), smoothing_function=smooth))
+
+
+@lru_cache(maxsize=1)
+def _word_tokenizer():
+    from nltk.tokenize import NLTKWordTokenizer
+
+    return NLTKWordTokenizer()
+
+
+def word_tokens(text: str) -> list[str]:
+    """``text`` lower-cased and cut into Treebank word tokens, sentence by sentence."""
+    tokenize = _word_tokenizer().tokenize
+    return [token for sentence in _SENTENCE_END.split(text.lower().strip()) for token in tokenize(sentence)]
 
 
 def multi_hop_f1(prediction: str, gold: str) -> float:

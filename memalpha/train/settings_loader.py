@@ -5,8 +5,9 @@ naming its line and column. Then it lays the chosen profile's values (:mod:`mema
 under the file's own, and the caller's overrides (option keys, as typed on the command line:
 ``model.rollout.max_new_tokens``) over both. ``memalpha fit|validate|predict`` parse with Lightning's
 CLI, which reads the same profile through :func:`profile_named` and checks the files through
-:func:`check_config_files`. ``memalpha data demos|distill|answers``, :class:`~memalpha.inference.memory_agent.MemoryAgent`
-and the benchmarks read a config through :func:`load_config`.
+:func:`check_config_files`. ``memalpha data demos|distill|answers``, the Python API
+(:class:`~memalpha.inference.memory_agent.MemoryAgent`) and the benchmarks read a config through
+:func:`load_config`.
 
 The settings an agent runs with (:class:`AgentSettings`: the base model and the ``model.*`` groups
 ``lm``, ``lora``, ``rollout``, ``reader`` and ``reward``) hold the rules that span groups in their

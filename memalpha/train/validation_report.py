@@ -40,6 +40,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
+from memalpha.agent.locomo_scoring import bleu1
 from memalpha.agent.scoring import OFFICIAL_ANSWERS, score_answers
 from memalpha.atomic_file import write_atomically
 from memalpha.data.locomo import ADVERSARIAL, CATEGORY_NAMES
@@ -144,22 +145,27 @@ def locomo_f1_scores(record: Any) -> list[float | None]:
 
 def locomo_categories(records: Sequence[Any]) -> dict[str, dict[str, Any]]:
     """Per LoCoMo category name (paper order), then ``all`` and ``all_but_adversarial``: the
-    ``category`` number(s), ``questions``, ``accuracy`` (the mean score in force) and ``locomo_f1``
-    (LoCoMo's own); empty when no question has a LoCoMo category. A category without questions is
-    left out."""
-    rows: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    ``category`` number(s), ``questions``, ``accuracy`` (the mean score in force), ``locomo_f1``
+    (LoCoMo's own) and ``locomo_bleu1`` (:func:`~memalpha.agent.locomo_scoring.bleu1`, the papers'
+    BLEU-1; None for a row with adversarial questions, which LoCoMo scores by the option chosen); empty
+    when no question has a LoCoMo category. A category without questions is left out."""
+    rows: dict[int, list[tuple[float, float, float | None]]] = defaultdict(list)
     for record in records:
         for question, f1 in zip(record.questions, locomo_f1_scores(record)):
             if f1 is not None:
-                rows[question["metadata"]["category"]].append((question["score"], f1))
+                category = question["metadata"]["category"]
+                bleu = None if category == ADVERSARIAL else bleu1(question["prediction"], question["gold"])
+                rows[category].append((question["score"], f1, bleu))
 
     def row(categories: list[int]) -> dict[str, Any]:
-        pairs = [pair for c in categories for pair in rows[c]]
+        scored = [triple for c in categories for triple in rows[c]]
+        bleus = [b for _, _, b in scored]
         return {
             "category": categories[0] if len(categories) == 1 else categories,
-            "questions": len(pairs),
-            "accuracy": sum(a for a, _ in pairs) / len(pairs),
-            "locomo_f1": sum(f for _, f in pairs) / len(pairs),
+            "questions": len(scored),
+            "accuracy": sum(a for a, _, _ in scored) / len(scored),
+            "locomo_f1": sum(f for _, f, _ in scored) / len(scored),
+            "locomo_bleu1": None if None in bleus else sum(bleus) / len(bleus),
         }
 
     present = [c for c in LOCOMO_ORDER if rows[c]]
@@ -177,18 +183,19 @@ def format_locomo_table(summary: dict[str, Any]) -> str:
     categories = summary["per_source"].get(LOCOMO, {}).get("per_category")
     if not categories:
         return ""
-    cells = [("locomo category", "questions", "accuracy", "locomo_f1")] + [
+    cells = [("locomo category", "questions", "accuracy", "locomo_f1", "bleu1")] + [
         (
             f"{name} ({row['category']})" if isinstance(row["category"], int) else name,
             str(row["questions"]),
             f"{row['accuracy']:.3f}",
             f"{row['locomo_f1']:.3f}",
+            "-" if row.get("locomo_bleu1") is None else f"{row['locomo_bleu1']:.3f}",
         )
         for name, row in categories.items()
     ]
     return (
-        "\nLoCoMo per category (accuracy: the metric in force; locomo_f1: LoCoMo's own score)\n"
-        + format_columns(cells)
+        "\nLoCoMo per category (accuracy: the metric in force; locomo_f1: LoCoMo's own score; bleu1: "
+        "the papers' BLEU-1, adversarial questions left out)\n" + format_columns(cells)
     )
 
 
