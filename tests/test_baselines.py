@@ -40,6 +40,8 @@ def test_raw_chunks_stores_each_chunk_once_in_order_and_full_text_one_entry():
     assert [e.content for e in raw.episodic] == CHUNKS[:3] and raw.semantic == [] and raw.core == ""
     full = stored_memory("full_text", CHUNKS, Memory())
     assert [e.content for e in full.episodic] == ["\n\n".join(CHUNKS)]
+    empty = stored_memory("empty", CHUNKS, Memory())
+    assert empty.episodic == empty.semantic == [] and empty.core == "" and empty.total_tokens() == 0
     with pytest.raises(ValueError, match="baseline kind must be one of"):
         stored_memory("summaries", CHUNKS, Memory())
 
@@ -79,7 +81,7 @@ def test_full_text_keeps_the_longest_end_that_fits_the_readers_prompt(tokenizer)
 @pytest.mark.parametrize(
     ("settings", "label", "top_k"),
     [(BaselineSettings(), "agent", None), (BaselineSettings("raw_chunks", 3), "raw_chunks top 3", 3),
-     (BaselineSettings("full_text"), "full_text", 1)],
+     (BaselineSettings("full_text"), "full_text", 1), (BaselineSettings("empty"), "empty", None)],
 )
 def test_settings_name_what_wrote_the_memory(settings, label, top_k):
     recorded = settings.record()
@@ -119,6 +121,7 @@ def reports(config) -> dict[str, dict]:
         "agent": validate(config, "agent"),
         "raw": validate(config, "raw", "--model.rollout.baseline.kind", "raw_chunks"),
         "full": validate(config, "full", "--model.rollout.baseline.kind", "full_text"),
+        "empty": validate(config, "empty", "--model.rollout.baseline.kind", "empty"),
     }
 
 
@@ -140,6 +143,13 @@ def test_validate_scores_a_baseline_with_the_agents_reader_and_records_it(report
     for record in full["records"]:  # the chunks in one entry (short enough to fit whole)
         whole = "\n\n".join(stored[record["instance_id"]])
         assert [e["content"] for e in record["memory"]["episodic"]] == [whole]
+    empty = reports["empty"]  # the floor: the reader's priors from a memory that holds nothing
+    assert empty["summary"]["settings"]["memory"] == {BASELINE_KIND_KEY: "empty", BASELINE_TOP_K_KEY: 2}
+    overall = empty["summary"]["overall"]
+    assert overall["fact_recall"] == 0.0 and overall["tool_calls"] == 0
+    for record in empty["records"]:
+        assert record["turns"] == [] and record["memory_tokens"] == 0 and record["memory"]["episodic"] == []
+        assert len(record["questions"]) == 2
 
 
 def test_compare_sets_an_agent_against_a_baseline_with_memory_size_beside_accuracy(
@@ -156,7 +166,7 @@ def test_compare_sets_an_agent_against_a_baseline_with_memory_size_beside_accura
     (overall, *_) = result["changes"][0]["rows"]
     assert overall["tool_success"] is None and overall["mean_reward"] is None
     assert overall["accuracy"] is not None and overall["memory_tokens"]["mean"] > 0
-    assert "raw_chunks top 2 stores the text, makes no tool call" in printed
+    assert "raw_chunks top 2 learns nothing, makes no tool call" in printed
     header = format_result(result).splitlines()[3]
     assert header.split()[:6] == ["report", "memory", "instances", "questions", "accuracy", "memory_tokens"]
 
@@ -185,10 +195,10 @@ def adapter_of(fit_run: dict) -> Path:
     ("command", "args", "message"),
     [
         ("fit", ["--model.rollout.baseline.kind", "raw_chunks"],
-         ("memalpha fit: error: model.rollout.baseline.kind raw_chunks stores the text and learns nothing, "
+         ("memalpha fit: error: model.rollout.baseline.kind raw_chunks learns nothing, "
           "so there is nothing to fit")),
         ("validate", ["--model.rollout.baseline.kind", "full_text", "--model.adapter_path", "ADAPTER"],
-         ("memalpha validate: error: model.rollout.baseline.kind full_text stores the text and loads no "
+         ("memalpha validate: error: model.rollout.baseline.kind full_text learns nothing and loads no "
           "adapter: leave model.adapter_path out")),
         ("validate", ["--model.rollout.baseline.kind", "raw_chunks", "--ckpt_path", "CKPT"],
          ("memalpha validate: error: model.rollout.baseline.kind raw_chunks loads no adapter: leave "

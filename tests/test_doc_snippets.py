@@ -340,7 +340,7 @@ def _check_baselines(ran: Ran) -> None:
     result = json.loads((ran.folder / "runs" / "baselines.json").read_text())
     assert [r["memory"] for r in result["reports"]] == ["raw_chunks top 2", "agent", "full_text"]
     assert all(r["tool_success"] is None for r in result["reports"][::2])
-    assert "raw_chunks top 2 stores the text, makes no tool call" in ran.output
+    assert "raw_chunks top 2 learns nothing, makes no tool call" in ran.output
 
 
 def _check_baselines_api(ran: Ran) -> None:

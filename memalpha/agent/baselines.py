@@ -1,7 +1,8 @@
-"""The two memories that learn nothing, which a trained memory agent has to beat (docs/baselines.md).
+"""The memories that learn nothing, which a trained memory agent has to beat (docs/baselines.md).
 
 Mem-α's headline table sets its agent against two agents that store the text instead of
-memorising it. ``model.rollout.baseline.kind`` (:class:`BaselineSettings`) runs either in place of the
+memorising it; a third, the empty memory, is the floor: what the reader answers from its priors.
+``model.rollout.baseline.kind`` (:class:`BaselineSettings`) runs any of them in place of the
 agent, wherever an agent is evaluated or used (``memalpha validate``, ``memalpha predict``, the
 Python API), with the run's own reader, question instructions, answer metrics and report:
 
@@ -12,6 +13,7 @@ Python API), with the run's own reader, question instructions, answer metrics an
   start so that the answer prompt with the instance's longest question fits the reader's prompt
   limit (:meth:`~memalpha.reader.base.Reader.prompt_limit`), as the official long-context baseline
   keeps the input's end.
+* ``empty``: nothing is stored; the reader answers every question from an empty memory.
 
 No policy writes these memories, so no adapter is loaded and a turn makes no call; the memory's
 tokens are counted with the policy's tokenizer, as an agent's are, so the reports compare memory
@@ -27,7 +29,7 @@ from typing import Literal, get_args
 from memalpha.memory.store import EPISODIC, Memory, MemoryEntry
 from memalpha.reader.base import Reader
 
-BaselineKind = Literal["raw_chunks", "full_text"]
+BaselineKind = Literal["raw_chunks", "full_text", "empty"]
 BASELINE_KINDS: tuple[str, ...] = get_args(BaselineKind)
 BASELINE_KIND_KEY, BASELINE_TOP_K_KEY = "model.rollout.baseline.kind", "model.rollout.baseline.top_k"
 """The options as a user types them, and as a report's ``settings["memory"]`` records them."""
@@ -42,8 +44,9 @@ class BaselineSettings:
     Args:
         kind: ``null`` (the memory agent writes the memory), ``raw_chunks`` (every chunk stored as
             it came, one entry each; the reader answers from the ``top_k`` entries BM25 ranks
-            highest for the question) or ``full_text`` (the reader reads the input itself, cut from
-            its start to the reader's prompt budget). A baseline loads no adapter and trains
+            highest for the question), ``full_text`` (the reader reads the input itself, cut from
+            its start to the reader's prompt budget) or ``empty`` (nothing stored: the reader's
+            priors alone). A baseline loads no adapter and trains
             nothing: ``memalpha validate``, ``predict`` and the Python API run it.
         top_k: Chunks the ``raw_chunks`` reader retrieves per question (2: Mem-α's RAG-top2),
             in place of ``reader.retrieval.top_k_entries``.
@@ -86,14 +89,14 @@ def memory_label(kind: str | None, top_k: int | None) -> str:
 def stored_memory(kind: str, chunks: Sequence[str], memory: Memory) -> Memory:
     """``memory`` (changed in place and returned) holding ``chunks`` as the baseline ``kind``
     stores them: each chunk an episodic entry (``raw_chunks``; a chunk equal to one stored already
-    is not stored twice) or one entry of them all (``full_text``, uncut: :func:`cut_full_text` cuts
-    it once the questions are known)."""
+    is not stored twice), one entry of them all (``full_text``, uncut: :func:`cut_full_text` cuts
+    it once the questions are known) or none (``empty``)."""
     if kind == "raw_chunks":
         for chunk in chunks:
             memory.insert(EPISODIC, chunk)
     elif kind == "full_text":
         memory.insert(EPISODIC, CHUNK_SEPARATOR.join(chunks))
-    else:
+    elif kind != "empty":
         raise ValueError(f"baseline kind must be one of {list(BASELINE_KINDS)}, got {kind!r}")
     return memory
 

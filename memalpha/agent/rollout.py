@@ -588,7 +588,7 @@ class Agent:
         baseline = self.rollout.baseline
         if baseline.kind is not None and size != 1:
             raise ValueError(
-                f"rollout.baseline.kind {baseline.kind} stores the text: one rollout per instance, not {size}"
+                f"rollout.baseline.kind {baseline.kind} learns nothing: one rollout per instance, not {size}"
             )
         rollouts = start_rollouts(instances, size, self.rollout, count_tokens, seed)
         asked = credit.asks_after_turns  # the reader reads the memory after every turn

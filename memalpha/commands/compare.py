@@ -131,7 +131,7 @@ def compare(paths: list[Path], labels: list[str]) -> dict[str, Any]:
             continue
         baseline = memories[after - 1] if memories[after] == "agent" else memories[after]
         notes.append(
-            f"{labels[after]} - {labels[after - 1]}: {baseline} stores the text, makes no tool call and "
+            f"{labels[after]} - {labels[after - 1]}: {baseline} learns nothing, makes no tool call and "
             "earns no reward, so tool_success and mean_reward are not compared"
         )
     return {

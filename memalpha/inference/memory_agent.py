@@ -103,7 +103,7 @@ class MemoryAgent:
         baseline = settings.rollout.baseline.kind
         if baseline is not None:
             raise AgentLoadError(
-                f"rollout.baseline.kind {baseline} stores the text and loads no adapter: use "
+                f"rollout.baseline.kind {baseline} learns nothing and loads no adapter: use "
                 f"MemoryAgent.baseline({baseline!r}, ...)"
             )
         if settings.rollout.backend == "vllm":

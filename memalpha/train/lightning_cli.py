@@ -253,7 +253,7 @@ class MemAlphaCLI(LightningCLI):
             return
         if subcommand == "fit":
             raise SystemExit(
-                f"{self._prog()}: error: model.rollout.baseline.kind {kind} stores the text and learns "
+                f"{self._prog()}: error: model.rollout.baseline.kind {kind} learns "
                 "nothing, so there is nothing to fit: score it with memalpha validate, or leave it out"
             )
         if self.config[subcommand].get("ckpt_path"):

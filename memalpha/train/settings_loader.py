@@ -250,7 +250,7 @@ class TrainingSettings:
         baseline = self.agent.rollout.baseline.kind
         if baseline is not None and self.adapter_path:
             raise ValueError(
-                f"rollout.baseline.kind {baseline} stores the text and loads no adapter: leave model."
+                f"rollout.baseline.kind {baseline} learns nothing and loads no adapter: leave model."
                 f"adapter_path out (it names {self.adapter_path})"
             )
         if self.agent.rollout.trains == "answer" and self.update.credit != "broadcast":
