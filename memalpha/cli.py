@@ -67,7 +67,7 @@ def run(argv: list[str] | None = None):
     if command in REPLACED:
         raise SystemExit(f"memalpha {command}: error: {REPLACED[command]}")
     if command == "prompts":
-        from memalpha.commands.prompts import main as prompts_main
+        from memalpha.commands.prompt_files import main as prompts_main
 
         prompts_main(args[1:])
         return None

@@ -135,8 +135,8 @@ SWAPPED = (
     ("memalpha.lm.sampling.generation", "next_tokens"),
     ("memalpha.lm.sampling.packed_linear", "packing_available"),
     ("memalpha.lm.core.prompt_sharing", "packed_response_hidden"),
-    ("memalpha.lm.scoring.logprobs", "streams_head"),
-    ("memalpha.lm.scoring.logprobs", "accumulated_adapters"),
+    ("memalpha.lm.logprobs.per_token", "streams_head"),
+    ("memalpha.lm.logprobs.per_token", "accumulated_adapters"),
     ("memalpha.lm.core.prompt_sharing", "accumulated_adapters"),
 )
 """What the benchmarks swap for a while (``restored``)."""

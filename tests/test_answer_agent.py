@@ -17,7 +17,7 @@ from test_training import nonzero_adapter, write_config
 
 from memalpha.agent.answer_demos import answer_demonstrations, read_memory_records, target_answer
 from memalpha.cli import main, run
-from memalpha.data.demos import load_demonstrations
+from memalpha.data.demo_files import load_demonstrations
 from memalpha.data.memory_records import parse_memory_record
 from memalpha.data.schema import DataValidationError
 from memalpha.inference.memory_agent import MemoryAgent

@@ -51,7 +51,7 @@ ALLOWED: dict[str, set[str]] = {
 # inside lm: folder -> the lm folders it may import (besides itself); docs/architecture.md's lm table.
 LM_ALLOWED: dict[str, set[str]] = {
     "core": set(),
-    "scoring": {"core"},
+    "logprobs": {"core"},
     "sampling": {"core"},
 }
 

@@ -193,9 +193,9 @@ def test_no_pass_builds_a_full_score_tensor_when_only_math_runs(gqa_policy, shar
     log-probs with their backward and the reference's, at prompts of different lengths (61-96
     tokens), each row alone or through the prefix caches and packed responses: no score tensor
     over SCORE_BUDGET bytes, where a full one takes 3 * 4 * 96 * 96 * 4."""
+    from memalpha.lm.logprobs.per_token import token_scores
+    from memalpha.lm.logprobs.spec import LogprobSpec
     from memalpha.lm.sampling.generation import generate
-    from memalpha.lm.scoring.logprobs import token_scores
-    from memalpha.lm.scoring.spec import ScoringSpec
     from memalpha.reader.local import base_weights
 
     model, tokenizer = gqa_policy
@@ -213,14 +213,14 @@ def test_no_pass_builds_a_full_score_tensor_when_only_math_runs(gqa_policy, shar
                     model,
                     prompts,
                     sampled.response_ids,
-                    ScoringSpec(micro_batch_size=3, share_prefix=share_prefix),
+                    LogprobSpec(micro_batch_size=3, share_prefix=share_prefix),
                 )
             model.train()
             scores = token_scores(
                 model,
                 prompts,
                 sampled.response_ids,
-                ScoringSpec(micro_batch_size=3, share_prefix=share_prefix),
+                LogprobSpec(micro_batch_size=3, share_prefix=share_prefix),
             )
             scores.logprobs.sum().backward()
     finally:

@@ -218,14 +218,14 @@ def test_a_setting_that_means_nothing_for_a_baseline_is_one_line(
 def test_the_api_reads_and_answers_as_the_baseline_scores(config, tiny_model_dir):
     agent = MemoryAgent.baseline("raw_chunks", config=config, top_k=1, reader={"kind": "extractive"})
     assert agent.policy is None  # the extractive reader needs no weights
-    reading = agent.read("Ada lives in Lisbon.\n\nBob plays chess.", split="blank_lines")
+    reading = agent.memorise("Ada lives in Lisbon.\n\nBob plays chess.", split="blank_lines")
     assert [e.content for e in reading.memory.episodic] == ["Ada lives in Lisbon.", "Bob plays chess."]
     assert reading.chunks == 2 and reading.turns == []
     (answer,) = agent.answer(["What does Bob play?"], reading.memory, golds=["chess"])
     assert answer["prediction"] == "Bob plays chess." and answer["score"] == 1.0
     local = MemoryAgent.baseline("full_text", config=config)
     assert local.policy is not None and not hasattr(local.policy, "peft_config")  # the bare base, no adapter
-    (answer,) = local.answer(["What does Bob play?"], local.read("Bob plays chess.").memory)
+    (answer,) = local.answer(["What does Bob play?"], local.memorise("Bob plays chess.").memory)
     assert answer["error"] is None
 
 

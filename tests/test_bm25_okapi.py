@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from rank_bm25 import BM25Okapi
 
 from memalpha.memory.store import EPISODIC, SEMANTIC, Memory, MemoryEntry
+from memalpha.reader.answer_prompts import answer_messages, render_answer
 from memalpha.reader.base import Reader, ReaderAnswer
 from memalpha.reader.options import RetrievalSettings
-from memalpha.reader.prompts import answer_messages, render_answer
 from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.reader.retrieval import (
     K_RULES,

@@ -279,7 +279,7 @@ def test_a_document_states_the_names_numbers_and_dates_its_questions_ask():
 
 @pytest.mark.parametrize("family", REAL_SHAPES)
 def test_the_real_shapes_give_oracle_demonstrations_that_store_every_note(family, tokenizer):
-    from memalpha.agent.demos import oracle_demonstrations
+    from memalpha.agent.oracle_demos import oracle_demonstrations
     from memalpha.agent.rollout_settings import RolloutSettings
     from memalpha.data.synthetic import SyntheticSettings
     from memalpha.tools.formats import get_call_format

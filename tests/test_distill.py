@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from memalpha.agent.demos import oracle_demonstrations
-from memalpha.agent.distill import RecordedTurn, replay_trajectory
+from memalpha.agent.oracle_demos import oracle_demonstrations
 from memalpha.agent.rollout import make_token_counter
 from memalpha.agent.rollout_settings import RolloutSettings
-from memalpha.data.demos import load_demonstrations
+from memalpha.agent.trajectory_replay import RecordedTurn, replay_trajectory
+from memalpha.data.demo_files import load_demonstrations
 from memalpha.data.loaders import save_jsonl
 from memalpha.data.schema import QA, Instance
 from memalpha.data.synthetic import generate_synthetic

@@ -283,7 +283,7 @@ def _write_teacher(folder: Path) -> None:
     record (tests/test_distill.py), scored 1."""
     from test_distill import _by_instance, _oracle_record
 
-    from memalpha.agent.demos import oracle_demonstrations
+    from memalpha.agent.oracle_demos import oracle_demonstrations
     from memalpha.data.loaders import save_jsonl
     from memalpha.data.synthetic import generate_synthetic
     from memalpha.lm.core.embedded import load_tokenizer

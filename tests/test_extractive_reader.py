@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from memalpha.agent.scoring import score_answer
+from memalpha.agent.answer_metrics import score_answer
 from memalpha.memory.store import EPISODIC, SEMANTIC, Memory
 from memalpha.reader.extractive import ExtractiveReader
 from memalpha.reader.options import RetrievalSettings

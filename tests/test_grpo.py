@@ -224,9 +224,9 @@ def _first_token_probability(model, prompts) -> float:
 def _grpo_run(model_dir, tokenizer, reward_sign: int, steps: int = 5) -> tuple[float, float]:
     from memalpha.lm.core.policy import LoraSettings, load_policy
     from memalpha.lm.core.prompt_sharing import response_mask
+    from memalpha.lm.logprobs.per_token import token_logprobs
+    from memalpha.lm.logprobs.spec import LogprobSpec
     from memalpha.lm.sampling.generation import generate
-    from memalpha.lm.scoring.logprobs import token_logprobs
-    from memalpha.lm.scoring.spec import ScoringSpec
 
     torch.manual_seed(0)
     model, _ = load_policy(model_dir, lora=LoraSettings(r=4, alpha=8))
@@ -241,9 +241,9 @@ def _grpo_run(model_dir, tokenizer, reward_sign: int, steps: int = 5) -> tuple[f
         rewards = hits if reward_sign > 0 else 1.0 - hits
         advantages = group_advantages(rewards, [i // group for i in range(len(batch_prompts))])
         with torch.no_grad():
-            old = token_logprobs(model, out.prompt_ids, out.response_ids, ScoringSpec(micro_batch_size=16))
+            old = token_logprobs(model, out.prompt_ids, out.response_ids, LogprobSpec(micro_batch_size=16))
         for _epoch in range(2):  # a second epoch makes the ratio differ from 1
-            logps = token_logprobs(model, out.prompt_ids, out.response_ids, ScoringSpec(micro_batch_size=16))
+            logps = token_logprobs(model, out.prompt_ids, out.response_ids, LogprobSpec(micro_batch_size=16))
             loss = policy_loss(logps, old, None, advantages, response_mask(out.response_ids, logps.shape[1]))
             assert loss.finite
             optimiser.zero_grad()

@@ -10,9 +10,9 @@ from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.lm.core.policy import LoraSettings, load_policy
+from memalpha.lm.logprobs.per_token import response_logprobs
+from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.lm.sampling.generation import generate
-from memalpha.lm.scoring.logprobs import response_logprobs
-from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.train.step import accumulate_grpo_gradients
 from memalpha_lab.single_turn import SingleTurnSettings, train_single_turn
 
@@ -30,14 +30,14 @@ def test_shared_update_raises_a_rewarded_token_over_micro_batches_with_kl(small_
             model, tokenizer, [p for p in prompts for _ in range(group)], max_new_tokens=2, seed=100 + step
         )
         rewards = torch.tensor([float(r[0] == CHOSEN) for r in out.response_ids])
-        scoring = ScoringSpec(temperature=1.0, micro_batch_size=8, pad_id=0)
+        logprob_spec = LogprobSpec(temperature=1.0, micro_batch_size=8, pad_id=0)
         with model.disable_adapter():
-            ref_logps = response_logprobs(model, out.prompt_ids, out.response_ids, scoring)
+            ref_logps = response_logprobs(model, out.prompt_ids, out.response_ids, logprob_spec)
         batch = GRPOBatch(
             prompt_ids=out.prompt_ids,
             response_ids=out.response_ids,
             advantages=group_advantages(rewards, [i // group for i in range(len(rewards))]),
-            old_logps=response_logprobs(model, out.prompt_ids, out.response_ids, scoring),
+            old_logps=response_logprobs(model, out.prompt_ids, out.response_ids, logprob_spec),
             ref_logps=ref_logps,
         )
         for _epoch in range(2):
@@ -46,7 +46,7 @@ def test_shared_update_raises_a_rewarded_token_over_micro_batches_with_kl(small_
                 model,
                 batch,
                 settings,
-                ScoringSpec(
+                LogprobSpec(
                     temperature=1.0, micro_batch_size=settings.micro_batch_size, pad_id=0, share_prefix=True,
                 ),
                 max_response_len=2,

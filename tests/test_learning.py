@@ -17,9 +17,9 @@ from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import build_optimizer, optimizer_step
 from memalpha.lm.core.policy import LoraSettings, load_policy
+from memalpha.lm.logprobs.per_token import response_logprobs
+from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.lm.sampling.generation import generate
-from memalpha.lm.scoring.logprobs import response_logprobs
-from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.train.step import accumulate_grpo_gradients
 
 STEPS, GROUP, NEW_TOKENS = 20, 8, 3
@@ -39,9 +39,9 @@ def test_grpo_raises_a_learnable_reward_over_20_steps(small_vocab_model_dir, tok
         prompts = [p for p in PROMPTS for _ in range(GROUP)]
         out = generate(model, tokenizer, prompts, max_new_tokens=NEW_TOKENS, seed=1000 + step, eos_token_id=2)
         rewards = torch.tensor([sum(t == CHOSEN for t in r) / NEW_TOKENS for r in out.response_ids])
-        scoring = ScoringSpec(temperature=1.0, micro_batch_size=8, pad_id=0)
+        logprob_spec = LogprobSpec(temperature=1.0, micro_batch_size=8, pad_id=0)
         with model.disable_adapter():
-            ref = response_logprobs(model, out.prompt_ids, out.response_ids, scoring)
+            ref = response_logprobs(model, out.prompt_ids, out.response_ids, logprob_spec)
         batch = GRPOBatch(
             prompt_ids=out.prompt_ids,
             response_ids=out.response_ids,
@@ -53,7 +53,7 @@ def test_grpo_raises_a_learnable_reward_over_20_steps(small_vocab_model_dir, tok
             model,
             batch,
             update,
-            ScoringSpec(
+            LogprobSpec(
                 temperature=1.0, micro_batch_size=update.micro_batch_size, pad_id=0, share_prefix=True,
             ),
             max_response_len=NEW_TOKENS,

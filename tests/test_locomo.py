@@ -302,7 +302,7 @@ def test_observation_facts_become_dated_notes_in_the_chunk_of_their_turn(tmp_pat
 def test_data_demos_writes_demonstrations_from_observations_and_refuses_a_record_without(
     tmp_path, tokenizer, capsys
 ):
-    from memalpha.commands.demos import main as demos_main
+    from memalpha.commands.data_demos import main as demos_main
 
     config = yaml.safe_load((Path(__file__).parents[1] / "configs" / "tiny_cpu.yaml").read_text())
     config["model"]["rollout"]["max_new_tokens"] = 400  # a session's facts in one reply

@@ -1,4 +1,4 @@
-"""LoCoMo's answer metric (memalpha/agent/locomo_scoring.py) against hand-computed numbers, through
+"""LoCoMo's answer metric (memalpha/agent/locomo_metrics.py) against hand-computed numbers, through
 the source registry in both answer styles, and its per-category table in the validation report."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from memalpha.agent.locomo_scoring import (
+from memalpha.agent.answer_metrics import MEMALPHA_ANSWERS, OFFICIAL_ANSWERS, metric_for_source, score_answers
+from memalpha.agent.locomo_metrics import (
     bleu1,
     chosen_option,
     chosen_option_official,
@@ -20,7 +21,6 @@ from memalpha.agent.locomo_scoring import (
     token_recall,
 )
 from memalpha.agent.rollout import RolloutRecord
-from memalpha.agent.scoring import MEMALPHA_ANSWERS, OFFICIAL_ANSWERS, metric_for_source, score_answers
 from memalpha.data.locomo import NOT_MENTIONED
 from memalpha.train.validation_report import format_locomo_table, summarise_records, write_validation_report
 

@@ -11,8 +11,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.core.prompt_sharing import pad_prompt_response
-from memalpha.lm.scoring.logprobs import HeadLogprob, streams_head, token_logprobs
-from memalpha.lm.scoring.spec import ScoringSpec
+from memalpha.lm.logprobs.per_token import HeadLogprob, streams_head, token_logprobs
+from memalpha.lm.logprobs.spec import LogprobSpec
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14], [15, 16]]
 RESPONSES = [[100, 200, 300, 2], [400], [500, 600, 700, 800, 900, 1000, 1100], []]
@@ -70,7 +70,7 @@ def test_logprobs_equal_naive_log_softmax(policy64, temperature, token_chunk, vo
             model,
             PROMPTS,
             RESPONSES,
-            ScoringSpec(
+            LogprobSpec(
                 temperature=temperature,
                 micro_batch_size=micro_batch_size,
                 token_chunk=token_chunk,
@@ -82,7 +82,7 @@ def test_logprobs_equal_naive_log_softmax(policy64, temperature, token_chunk, vo
             model,
             PROMPTS,
             RESPONSES,
-            ScoringSpec(
+            LogprobSpec(
                 temperature=temperature,
                 token_chunk=token_chunk,
                 vocab_chunk=vocab_chunk,
@@ -143,9 +143,9 @@ def test_only_plain_linear_heads_are_streamed():
 @pytest.mark.parametrize("streamed", [True, False])
 def test_logprob_gradients_equal_naive_on_both_head_paths(policy64, streamed, monkeypatch):
     """The whole model's gradients through the streamed head and through the checkpointed one."""
-    from memalpha.lm.scoring import logprobs
+    from memalpha.lm.logprobs import per_token
 
-    monkeypatch.setattr(logprobs, "streams_head", lambda head, config: streamed)
+    monkeypatch.setattr(per_token, "streams_head", lambda head, config: streamed)
     model, _ = policy64
     weights = torch.linspace(0.5, 2.0, 7, dtype=torch.float64)
 
@@ -158,7 +158,7 @@ def test_logprob_gradients_equal_naive_on_both_head_paths(policy64, streamed, mo
         model,
         PROMPTS,
         RESPONSES,
-        ScoringSpec(temperature=0.8, token_chunk=3, vocab_chunk=5000, micro_batch_size=2),
+        LogprobSpec(temperature=0.8, token_chunk=3, vocab_chunk=5000, micro_batch_size=2),
     ))
     naive = grads(lambda: naive_logprobs(model, PROMPTS, RESPONSES, temperature=0.8)[0])
     model.zero_grad(set_to_none=True)
@@ -181,9 +181,9 @@ def test_temperature_is_the_sampling_temperature(policy):
         response = out.sequences[0, 4:].tolist()
         sampled = torch.stack([torch.log_softmax(s[0].float(), -1)[t] for s, t in zip(out.scores, response)])
         ours = token_logprobs(
-            model, [prompt[0].tolist()], [response], ScoringSpec(temperature=temperature),
+            model, [prompt[0].tolist()], [response], LogprobSpec(temperature=temperature),
         )[0]
-        wrong = token_logprobs(model, [prompt[0].tolist()], [response], ScoringSpec(temperature=1.0))[0]
+        wrong = token_logprobs(model, [prompt[0].tolist()], [response], LogprobSpec(temperature=1.0))[0]
     assert len(response) == 5
     assert torch.allclose(ours, sampled, atol=1e-4)
     assert not torch.allclose(wrong, sampled, atol=1e-3)
@@ -221,7 +221,7 @@ def test_peak_memory_is_one_logit_chunk_with_32k_vocab():
     with torch.no_grad():
         ours = _peak_allocated(
             lambda: token_logprobs(
-                model, prompts, responses, ScoringSpec(micro_batch_size=2, token_chunk=token_chunk),
+                model, prompts, responses, LogprobSpec(micro_batch_size=2, token_chunk=token_chunk),
             )
         )
         vocab_chunked = _peak_allocated(
@@ -229,7 +229,7 @@ def test_peak_memory_is_one_logit_chunk_with_32k_vocab():
                 model,
                 prompts,
                 responses,
-                ScoringSpec(micro_batch_size=2, token_chunk=token_chunk, vocab_chunk=4000),
+                LogprobSpec(micro_batch_size=2, token_chunk=token_chunk, vocab_chunk=4000),
             )
         )
         naive = _peak_allocated(lambda: naive_logprobs(model, prompts, responses))
@@ -245,4 +245,4 @@ def test_rejects_mismatched_rows(policy):
     with pytest.raises(ValueError, match=r"prompt_ids\[1\] is empty"):
         token_logprobs(model, [[1], []], [[2], [3]])
     with pytest.raises(ValueError, match="temperature"):
-        token_logprobs(model, PROMPTS, RESPONSES, ScoringSpec(temperature=0.0))
+        token_logprobs(model, PROMPTS, RESPONSES, LogprobSpec(temperature=0.0))

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from memalpha.agent.prompts import render_memorise
+from memalpha.agent.memorise_prompts import render_memorise
 from memalpha.memory.store import (
     CORE_TRUNCATION_MARKER,
     Memory,
@@ -15,7 +15,7 @@ from memalpha.memory.store import (
     id_for_counter,
     whitespace_token_count,
 )
-from memalpha.reader.prompts import render_answer
+from memalpha.reader.answer_prompts import render_answer
 
 
 class CountingCounter:

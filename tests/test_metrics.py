@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from memalpha.agent import scoring
-from memalpha.agent.scoring import (
+from memalpha.agent import answer_metrics as scoring
+from memalpha.agent.answer_metrics import (
     boxed_label_match,
     keyword_hit,
     metric_for_source,
@@ -200,7 +200,7 @@ def test_default_source_mapping(source, metric):
 
 def test_unknown_source_warns_once_and_overrides(caplog):
     scoring._warned_sources.discard("my_new_source")
-    with caplog.at_level(logging.WARNING, logger="memalpha.agent.scoring"):
+    with caplog.at_level(logging.WARNING, logger="memalpha.agent.answer_metrics"):
         assert metric_for_source("my_new_source") == "substring"
         assert metric_for_source("my_new_source") == "substring"
     assert sum("my_new_source" in r.getMessage() for r in caplog.records) == 1

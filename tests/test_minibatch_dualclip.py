@@ -17,7 +17,7 @@ import torch
 import yaml
 from lightning.pytorch import Callback, Trainer
 
-from memalpha.agent import scoring
+from memalpha.agent import answer_metrics as scoring
 from memalpha.grpo.batch import GRPOBatch, cut_minibatches
 from memalpha.grpo.loss import policy_loss
 from memalpha.grpo.settings import UpdateSettings

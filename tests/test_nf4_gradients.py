@@ -20,8 +20,8 @@ from numerics import assert_same_gradients
 
 from memalpha.lm.core.nf4_cpu_packing import keep_nf4_layers_unpacked
 from memalpha.lm.core.policy import LoraSettings, load_policy
+from memalpha.lm.logprobs.per_token import token_logprobs
 from memalpha.lm.sampling.generation import generate
-from memalpha.lm.scoring.logprobs import token_logprobs
 
 bnb = pytest.importorskip("bitsandbytes")
 

@@ -25,7 +25,7 @@ import torch
 import yaml
 from lightning.pytorch import Callback, Trainer
 
-from memalpha.agent import scoring
+from memalpha.agent import answer_metrics as scoring
 from memalpha.grpo.update import NonFiniteStreak, NonFiniteTrainingError, optimizer_step
 from memalpha.train.policy_module import NONFINITE_STREAK_KEY
 
@@ -289,9 +289,9 @@ def test_ddp_ranks_skip_together_whichever_rank_saw_the_fault(tmp_path, tiny_mod
 
 
 def test_sft_skips_a_nan_loss_and_stops_after_three(tmp_path, tiny_model_dir, tokenizer, monkeypatch):
-    from memalpha.agent.demos import oracle_demonstrations
+    from memalpha.agent.oracle_demos import oracle_demonstrations
     from memalpha.agent.rollout_settings import RolloutSettings
-    from memalpha.data.demos import save_demonstrations
+    from memalpha.data.demo_files import save_demonstrations
     from memalpha.data.synthetic import generate_synthetic
     from memalpha.train.demo_datamodule import DemoDataModule
     from memalpha.train.sft_module import SFTModule

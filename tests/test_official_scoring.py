@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from memalpha.agent.answer_metrics import ANSWER_STYLES, OFFICIAL_ANSWERS, score_answer, score_answers
 from memalpha.agent.reward_math import TurnCalls, rollout_rewards, tool_success_reward
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import answer_questions, run_rollouts, start_rollouts
 from memalpha.agent.rollout_settings import RolloutSettings
-from memalpha.agent.scoring import ANSWER_STYLES, OFFICIAL_ANSWERS, score_answer, score_answers
 from memalpha.data.schema import QA, Instance
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.memory.store import Memory

@@ -1,4 +1,4 @@
-"""Padding-free scoring: one row per distinct prompt holding its rows' responses. The layout by
+"""Padding-free logprob_spec: one row per distinct prompt holding its rows' responses. The layout by
 hand, the rule that picks it, and its log-probs, entropies and gradients against the padded
 path in float64 (SDPA and eager attention)."""
 
@@ -19,8 +19,8 @@ from memalpha.lm.core.prompt_sharing import (
     pad_prompt_response,
     worth_packing,
 )
-from memalpha.lm.scoring import logprobs
-from memalpha.lm.scoring.spec import ScoringSpec
+from memalpha.lm.logprobs import per_token
+from memalpha.lm.logprobs.spec import LogprobSpec
 
 SYSTEM = [11, 12, 13, 14, 15]
 # two groups whose response lengths differ, one of them with an empty response, and a short prompt
@@ -86,8 +86,8 @@ def _scores_and_gradients(model, monkeypatch, packed: bool):
 
     monkeypatch.setattr(prompt_sharing, "packed_response_hidden", counted)
     model.zero_grad(set_to_none=True)
-    scores = logprobs.token_scores(
-        model, PROMPTS, RESPONSES, ScoringSpec(micro_batch_size=6), with_entropy=True,
+    scores = per_token.token_scores(
+        model, PROMPTS, RESPONSES, LogprobSpec(micro_batch_size=6), with_entropy=True,
     )
     weights = torch.linspace(0.5, 2.0, scores.logprobs.shape[1], dtype=torch.float64)
     (scores.logprobs * weights).sum().backward()

@@ -7,9 +7,9 @@ import torch
 
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.core.prompt_sharing import pad_prompt_response, response_mask
+from memalpha.lm.logprobs.per_token import token_logprobs
+from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.lm.sampling.generation import Generation, generate, trim_at_eos
-from memalpha.lm.scoring.logprobs import token_logprobs
-from memalpha.lm.scoring.spec import ScoringSpec
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14]]
 RESPONSES = [[100, 200, 300], [400, 500], [600, 700, 800, 900]]
@@ -253,7 +253,7 @@ def test_embedded_model_greedy_tokens_are_the_argmax(embedded_model_dir):
             model,
             out.prompt_ids,
             out.response_ids,
-            ScoringSpec(pad_id=tokenizer.pad_token_id),
+            LogprobSpec(pad_id=tokenizer.pad_token_id),
             with_entropy=True,
         )
     mask = response_mask(out.response_ids, logps.shape[1], dtype=torch.bool)

@@ -194,9 +194,9 @@ def test_the_embedded_model_reads_a_text_file_and_its_saved_memory_holds_what_it
     """SmolLM2-135M, given five supervised steps on one demonstration (the base model writes no
     call), reads a short text file through ``memalpha predict``; every call that succeeded left
     its content in the recorded memory, and that memory saved to a file loads back the same."""
-    from memalpha.agent.prompts import memorise_messages, render_memorise, stated_response_limit
+    from memalpha.agent.memorise_prompts import memorise_messages, render_memorise, stated_response_limit
     from memalpha.agent.rollout_settings import RolloutSettings
-    from memalpha.data.demos import Demonstration, save_demonstrations
+    from memalpha.data.demo_files import Demonstration, save_demonstrations
     from memalpha.tools.formats import get_call_format
 
     chunk = "Ada Lovelace lives in Lisbon. Her cat is called Pixel."

@@ -21,9 +21,9 @@ from memalpha.lm.core.prompt_sharing import (
     split_decoder_and_head,
     unique_rows,
 )
+from memalpha.lm.logprobs.per_token import response_logprobs, token_logprobs
+from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.lm.sampling.generation import generate
-from memalpha.lm.scoring.logprobs import response_logprobs, token_logprobs
-from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.train.step import accumulate_grpo_gradients
 
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]
@@ -95,18 +95,18 @@ def test_logprobs_with_shared_prefix_equal_the_plain_path(policy, micro_batch_si
             model,
             PROMPTS,
             RESPONSES,
-            ScoringSpec(micro_batch_size=micro_batch_size, share_prefix=False),
+            LogprobSpec(micro_batch_size=micro_batch_size, share_prefix=False),
             with_entropy=True,
         )
         shared, shared_entropy = token_logprobs(
-            model, PROMPTS, RESPONSES, ScoringSpec(micro_batch_size=micro_batch_size), with_entropy=True,
+            model, PROMPTS, RESPONSES, LogprobSpec(micro_batch_size=micro_batch_size), with_entropy=True,
         )
         with model.disable_adapter():
             reference = token_logprobs(
-                model, PROMPTS, RESPONSES, ScoringSpec(micro_batch_size=micro_batch_size),
+                model, PROMPTS, RESPONSES, LogprobSpec(micro_batch_size=micro_batch_size),
             )
             reference_plain = token_logprobs(
-                model, PROMPTS, RESPONSES, ScoringSpec(micro_batch_size=micro_batch_size, share_prefix=False),
+                model, PROMPTS, RESPONSES, LogprobSpec(micro_batch_size=micro_batch_size, share_prefix=False),
             )
     assert shared.dtype == torch.float64
     assert_close(shared, plain, VALUE_REL, "log-probs")
@@ -119,7 +119,7 @@ def _adapter_gradients(model, share_prefix: bool) -> dict[str, torch.Tensor]:
     model.zero_grad(set_to_none=True)
     weights = torch.linspace(-1.0, 1.0, 4, dtype=torch.float64)
     logps = token_logprobs(
-        model, PROMPTS, RESPONSES, ScoringSpec(micro_batch_size=2, share_prefix=share_prefix),
+        model, PROMPTS, RESPONSES, LogprobSpec(micro_batch_size=2, share_prefix=share_prefix),
     )
     (logps * weights).sum().backward()
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -187,8 +187,8 @@ def test_a_handed_in_prefix_must_start_every_prompt(policy):
         prefix = SharedPrefix.compute(decoder, SYSTEM)
         assert prefix.length == len(SYSTEM) and len(prefix.layers) == 2
         assert prefix.layers[0][0].shape[:3] == (1, 2, len(SYSTEM))  # [batch, kv heads, tokens]
-        handed = token_logprobs(model, PROMPTS, RESPONSES, ScoringSpec(micro_batch_size=2), prefix=prefix)
-        own = token_logprobs(model, PROMPTS, RESPONSES, ScoringSpec(micro_batch_size=2))
+        handed = token_logprobs(model, PROMPTS, RESPONSES, LogprobSpec(micro_batch_size=2), prefix=prefix)
+        own = token_logprobs(model, PROMPTS, RESPONSES, LogprobSpec(micro_batch_size=2))
         assert_close(handed, own, VALUE_REL, "log-probs")
         with pytest.raises(ValueError, match=r"prompt_ids\[0\] does not extend the 8-token shared prefix"):
             token_logprobs(model, [[99] + SYSTEM], [[1]], prefix=prefix)
@@ -206,7 +206,7 @@ def _update_batch(model, order=UPDATE_ORDER):
     responses = [RESPONSES[i] if RESPONSES[i] else [7] for i in order]
     with torch.no_grad(), model.disable_adapter():
         ref = response_logprobs(
-            model, prompts, responses, ScoringSpec(temperature=1.0, micro_batch_size=2, pad_id=0),
+            model, prompts, responses, LogprobSpec(temperature=1.0, micro_batch_size=2, pad_id=0),
         )
     return GRPOBatch(
         prompt_ids=prompts,
@@ -224,7 +224,7 @@ def _update_gradients(model, batch, share: bool, micro_batch_size: int, scale: f
         model,
         batch,
         settings,
-        ScoringSpec(
+        LogprobSpec(
             temperature=1.0, micro_batch_size=settings.micro_batch_size, pad_id=0, share_prefix=share,
         ),
         max_response_len=8,
@@ -279,7 +279,7 @@ def test_reference_pass_keeps_the_callers_row_order(policy):
     model, _ = policy
     prompts = [PROMPTS[i] for i in UPDATE_ORDER]
     responses = [RESPONSES[i] for i in UPDATE_ORDER]
-    spec = ScoringSpec(temperature=1.0, micro_batch_size=2, pad_id=0)
+    spec = LogprobSpec(temperature=1.0, micro_batch_size=2, pad_id=0)
     shared = response_logprobs(model, prompts, responses, spec)
     plain = response_logprobs(model, prompts, responses, replace(spec, share_prefix=False))
     assert [len(r) for r in shared] == [len(r) for r in responses]

@@ -3,7 +3,7 @@ the code did before the texts moved into it, the loader refuses a wrong file wit
 naming the file and the key, and ``rollout.prompt_templates`` reaches every prompt.
 
 ``fixtures/prompt_texts_memalpha.json`` was written by the code *before* the texts moved to
-``memalpha/templates/memalpha.yaml`` (the constants of agent/prompts.py, reader/prompts.py and
+``memalpha/templates/memalpha.yaml`` (the constants of agent/memorise_prompts.py, reader/answer_prompts.py and
 the memory views, the tool blocks of tools/formats.py), from the inputs :func:`render_all` uses.
 """
 
@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from memalpha.agent.answer_metrics import score_answer
 from memalpha.agent.content_judges import LLMContentJudge
-from memalpha.agent.prompts import (
+from memalpha.agent.memorise_prompts import (
     answer_judge_prompt,
     content_judge_messages,
     memorise_messages,
@@ -26,10 +27,9 @@ from memalpha.agent.prompts import (
 )
 from memalpha.agent.rollout import turn_prompt
 from memalpha.agent.rollout_settings import RolloutSettings
-from memalpha.agent.scoring import score_answer
 from memalpha.memory.store import Memory
+from memalpha.reader.answer_prompts import answer_messages, render_answer
 from memalpha.reader.base import Reader, ReaderAnswer
-from memalpha.reader.prompts import answer_messages, render_answer
 from memalpha.templates.loader import (
     OPTIONAL_TEMPLATES,
     PLACEHOLDERS,
@@ -409,7 +409,7 @@ def test_stated_limit_share_is_validated_and_states_the_same_number_everywhere(t
     )
     assert default[1]["content"].endswith("at most 256 tokens: keep every call short.")
     # the oracle demonstrations (SFT) take their prompts from the same turn_prompt
-    from memalpha.agent.demos import oracle_demonstrations
+    from memalpha.agent.oracle_demos import oracle_demonstrations
     from memalpha.data.synthetic import generate_synthetic
 
     instances = generate_synthetic(

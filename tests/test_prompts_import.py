@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from memalpha.agent.prompts import (
+from memalpha.agent.memorise_prompts import (
     answer_judge_prompt,
     content_judge_messages,
     memorise_messages,
@@ -21,7 +21,7 @@ from memalpha.agent.prompts import (
 )
 from memalpha.cli import run
 from memalpha.memory.store import Memory
-from memalpha.reader.prompts import answer_messages, render_answer
+from memalpha.reader.answer_prompts import answer_messages, render_answer
 from memalpha.templates.loader import default_templates, load_templates
 from memalpha.templates.official import QWEN_AGENT_FILE, REQUIRED_FILES, import_official, qwen_tool_block
 from memalpha.tools.formats import get_call_format

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from memalpha.agent.answer_metrics import metric_for_source
 from memalpha.agent.rollout import answer_questions, start_rollouts
 from memalpha.agent.rollout_settings import RolloutSettings
-from memalpha.agent.scoring import metric_for_source
 from memalpha.cli import main
 from memalpha.data.loaders import load_instances
 from memalpha.data.schema import QA, Instance
 from memalpha.memory.store import EPISODIC, SEMANTIC, Memory
+from memalpha.reader.answer_prompts import answer_messages
 from memalpha.reader.local import LocalReader
 from memalpha.reader.options import RetrievalSettings
-from memalpha.reader.prompts import answer_messages
 from memalpha.reader.question_instructions import BUILTIN, BUILTIN_FILE, load_question_instructions
 from memalpha.reader.settings import ReaderSettings
 

@@ -7,13 +7,13 @@ import re
 
 import pytest
 
-from memalpha.agent.scoring import score_answer
+from memalpha.agent.answer_metrics import score_answer
 from memalpha.memory.store import EPISODIC, SEMANTIC, Memory
+from memalpha.reader.answer_prompts import answer_messages, render_answer
 from memalpha.reader.base import ReaderAnswer, ReaderSampling
 from memalpha.reader.local import LocalReader
 from memalpha.reader.openai_compat import OpenAIReader
 from memalpha.reader.options import OpenAISettings, RetrievalSettings
-from memalpha.reader.prompts import answer_messages, render_answer
 from memalpha.reader.retrieval import retrieve_for_questions
 
 

@@ -85,7 +85,7 @@ def test_remember_read_answer_and_a_memory_file(agent, tmp_path):
     assert turn.calls[0]["status"] == "ok" and not turn.truncated
     assert turn.memory.episodic[0].content == "Ada moved to Lisbon in March."
     text = "Grace teaches in Coimbra.\n\n\nHer brother Bo sings.\n"
-    reading = agent.read(text, turn.memory, split="blank_lines")
+    reading = agent.memorise(text, turn.memory, split="blank_lines")
     assert [e.content for e in reading.memory.episodic] == [
         "Ada moved to Lisbon in March.", "Grace teaches in Coimbra.", "Her brother Bo sings."
     ]
@@ -104,23 +104,23 @@ def test_remember_read_answer_and_a_memory_file(agent, tmp_path):
 def test_read_cuts_a_long_text_into_chunks_that_fit_and_refuses_a_size_that_cannot(agent, tokenizer):
     text = " ".join(f"Fact {i}: item {i} is kept in box {i * 7}." for i in range(400))
     room = chunk_room(tokenizer, agent.settings.rollout)
-    reading = agent.read(text)
+    reading = agent.memorise(text)
     assert len(reading.turns) > 1 and agent.sampler.prompts == len(reading.turns)
     assert len(reading.turns) == len(text_chunks(text, tokenizer, room, "tokens", "text"))
     assert "".join(e.content for e in reading.memory.episodic).replace("\n", "") in text.replace("\n", "")
     prompts = agent.sampler.prompts
     refused = r"text: instance 'text', chunk 0 \(\d+ tokens\), cut at data.load.chunk_tok"
     with pytest.raises(RolloutError, match=refused):
-        agent.read(text, chunk_tokens=100_000)
+        agent.memorise(text, chunk_tokens=100_000)
     assert agent.sampler.prompts == prompts  # refused before the agent read anything
-    small = agent.read(text, chunk_tokens=200)
+    small = agent.memorise(text, chunk_tokens=200)
     assert len(small.turns) > len(reading.turns)
 
 
 @pytest.mark.parametrize("text", ["", "  \n\n \t"])
 def test_an_empty_text_or_chunk_is_one_line(agent, text):
     with pytest.raises(DataValidationError, match="^text: empty text: there is nothing to read$"):
-        agent.read(text)
+        agent.memorise(text)
     with pytest.raises(DataValidationError, match="^chunk: empty text: there is nothing to read$"):
         agent.remember(text)
 

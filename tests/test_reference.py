@@ -11,8 +11,8 @@ from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.lm.core.adapters import export_adapter
 from memalpha.lm.core.modes import REFERENCE_ADAPTER, load_reference_adapter, reference_weights
 from memalpha.lm.core.policy import LoraSettings, load_policy
-from memalpha.lm.scoring.logprobs import response_logprobs
-from memalpha.lm.scoring.spec import ScoringSpec
+from memalpha.lm.logprobs.per_token import response_logprobs
+from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha_lab.single_turn import SingleTurnSettings, train_single_turn
 
 LORA = LoraSettings(r=4, alpha=8, dropout=0.0, target_modules="all-linear")
@@ -22,7 +22,7 @@ RESPONSES = [[10, 11, 12], [13, 14]]
 
 def _logps(policy, pad_id):
     out = response_logprobs(
-        policy, PROMPTS, RESPONSES, ScoringSpec(temperature=1.0, micro_batch_size=2, pad_id=pad_id),
+        policy, PROMPTS, RESPONSES, LogprobSpec(temperature=1.0, micro_batch_size=2, pad_id=pad_id),
     )
     return torch.cat(out).double()
 

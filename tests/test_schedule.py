@@ -19,7 +19,7 @@ import torch
 import yaml
 from lightning.pytorch import Callback, Trainer
 
-from memalpha.agent import scoring
+from memalpha.agent import answer_metrics as scoring
 from memalpha.grpo.settings import OptimizerSettings
 from memalpha.grpo.update import build_optimizer, lr_multiplier, schedule_length, warmup_steps
 from memalpha.train.datamodule import RolloutDataModule, check_data_settings, run_rounds

@@ -214,9 +214,9 @@ def test_each_registry_and_its_literal_name_the_same_choices():
     ``Literal`` with ``typing.get_args``)."""
     from typing import get_args
 
+    from memalpha.agent.answer_metrics import ANSWER_STYLES, MetricStyle
     from memalpha.agent.reward_math import CALL_SUCCESS
     from memalpha.agent.reward_settings import CallSuccessRule
-    from memalpha.agent.scoring import ANSWER_STYLES, MetricStyle
     from memalpha.reader.retrieval import K_RULES, KReduction
     from memalpha.tools.formats import CALL_FORMATS, CallFormatName
     from memalpha.tools.jsonfix import CALL_REPAIRS, CallRepairName

@@ -11,16 +11,16 @@ import yaml
 from conftest import randomise_lora_b
 from numerics import GRADIENT_REL, assert_close, assert_same_gradients
 
-from memalpha.agent.demos import oracle_demonstrations
+from memalpha.agent.oracle_demos import oracle_demonstrations
 from memalpha.agent.rollout_settings import RolloutSettings
-from memalpha.data.demos import Demonstration, load_demonstrations, save_demonstrations
+from memalpha.data.demo_files import Demonstration, load_demonstrations, save_demonstrations
 from memalpha.data.schema import DataValidationError
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.grpo.settings import OptimizerSettings
 from memalpha.grpo.update import build_optimizer, optimizer_step
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.core.prompt_sharing import pad_prompt_response
-from memalpha.lm.scoring.spec import ScoringSpec
+from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.memory.store import Memory
 from memalpha.tools.executor import execute_call
 from memalpha.tools.formats import get_call_format
@@ -73,7 +73,7 @@ def test_sft_loss_and_gradients_equal_the_naive_masked_cross_entropy(tiny_model_
     losses: list[torch.Tensor] = []
     metrics, ours = grads(
         lambda: accumulate_sft_gradients(
-            model, PROMPTS, RESPONSES, ScoringSpec(micro_batch_size=2, pad_id=0), token_normaliser=tokens,
+            model, PROMPTS, RESPONSES, LogprobSpec(micro_batch_size=2, pad_id=0), token_normaliser=tokens,
             backward=lambda loss: (losses.append(loss.detach()), loss.backward()),
         )[0]
     )
@@ -105,7 +105,7 @@ def test_sft_memorises_four_demonstrations(small_vocab_model_dir):
     for _ in range(100):
         optimizer.zero_grad(set_to_none=True)
         metrics, finite = accumulate_sft_gradients(
-            model, prompts, responses, ScoringSpec(micro_batch_size=4, pad_id=0), token_normaliser=tokens,
+            model, prompts, responses, LogprobSpec(micro_batch_size=4, pad_id=0), token_normaliser=tokens,
             backward=lambda loss: loss.backward(),
         )
         optimizer_step(optimizer, params, finite=finite, grad_clip=1.0)

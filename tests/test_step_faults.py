@@ -22,7 +22,7 @@ from test_nonfinite import FaultPlan, fit, grpo
 from test_training import write_config
 
 import memalpha.train.step as step_
-from memalpha.agent import scoring
+from memalpha.agent import answer_metrics as scoring
 from memalpha.cli import main
 from memalpha.lm.core.out_of_memory import is_out_of_memory, memory_held
 from memalpha.lm.sampling import generation

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import pytest
 
-from memalpha.agent.prompts import render_memorise
+from memalpha.agent.memorise_prompts import render_memorise
 from memalpha.memory.store import CORE, EPISODIC, LIST_TYPES, SEMANTIC, Memory
-from memalpha.reader.prompts import render_answer
+from memalpha.reader.answer_prompts import render_answer
 from memalpha.tools.executor import ToolResult, execute_call, execute_response
 from memalpha.tools.formats import (
     CALL_FORMATS,

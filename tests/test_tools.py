@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memalpha.agent.prompts import memorise_messages, render_memorise
+from memalpha.agent.memorise_prompts import memorise_messages, render_memorise
 from memalpha.memory.store import Memory
 from memalpha.tools.executor import ToolResult, execute_call, execute_response
 from memalpha.tools.formats import ParseError, ToolCall, get_call_format

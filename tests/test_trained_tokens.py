@@ -19,8 +19,8 @@ from memalpha.data.schema import QA, Instance
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import UpdateSettings
 from memalpha.lm.core.policy import LoraSettings, load_policy
-from memalpha.lm.scoring.logprobs import response_logprobs, token_logprobs
-from memalpha.lm.scoring.spec import ScoringSpec
+from memalpha.lm.logprobs.per_token import response_logprobs, token_logprobs
+from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.reader.local import LocalReader
 from memalpha.tools.formats import RESPONSE_OPEN, RESULT_MARK, get_call_format
 from memalpha.tools.schemas import INSERT
@@ -206,24 +206,24 @@ def test_a_rollout_trains_nothing_after_the_marker_and_still_executes_the_calls(
 
     # cutting trains what masking would: the kept tokens' log-probs do not depend on the cut ones
     prompt = samples[1].prompt_ids
-    scoring = ScoringSpec(temperature=1.0, micro_batch_size=1, pad_id=tokenizer.pad_token_id)
+    logprob_spec = LogprobSpec(temperature=1.0, micro_batch_size=1, pad_id=tokenizer.pad_token_id)
     with torch.no_grad():
-        whole = token_logprobs(policy, [prompt], [script[1]], scoring)[0, :cut]
-        kept = token_logprobs(policy, [prompt], [samples[1].response_ids], scoring)[0]
+        whole = token_logprobs(policy, [prompt], [script[1]], logprob_spec)[0, :cut]
+        kept = token_logprobs(policy, [prompt], [samples[1].response_ids], logprob_spec)[0]
     gap = torch.linalg.vector_norm(whole.double() - kept.double())
     assert gap <= 1e-5 * torch.linalg.vector_norm(whole.double())
 
     # the update takes the samples one per micro-batch, the first with no token to train
     prompts, trained = [s.prompt_ids for s in samples], [s.response_ids for s in samples]
     batch = GRPOBatch(prompts, trained, advantages=torch.tensor([0.5, -1.0, 1.0]),
-                      ref_logps=response_logprobs(policy, prompts, trained, scoring))
+                      ref_logps=response_logprobs(policy, prompts, trained, logprob_spec))
     for share_prefix in (False, True):
         policy.zero_grad()
         metrics, finite = accumulate_grpo_gradients(
             policy,
             batch,
             UpdateSettings(micro_batch_size=1, kl_coef=0.001),
-            ScoringSpec(
+            LogprobSpec(
                 temperature=1.0,
                 micro_batch_size=UpdateSettings(micro_batch_size=1, kl_coef=0.001).micro_batch_size,
                 pad_id=tokenizer.pad_token_id,

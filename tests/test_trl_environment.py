@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from memalpha.agent.answer_metrics import score_answers
 from memalpha.agent.reward_math import TurnCalls, rollout_rewards
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.scoring import score_answers
 from memalpha.data.schema import DataValidationError
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.integrations.trl_environment import NO_MORE_CHUNKS, MemoryEnvironment, instance_rows

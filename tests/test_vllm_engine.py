@@ -23,11 +23,11 @@ from memalpha.cli import main
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.lm.core.adapters import export_adapter
 from memalpha.lm.core.policy import LoraSettings, load_policy
+from memalpha.lm.logprobs.per_token import response_logprobs
+from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.lm.sampling.generation import resolve_eos_ids, sampler_for
 from memalpha.lm.sampling.vllm_engine import VllmEngine, VllmEngineError
 from memalpha.lm.sampling.vllm_server import VllmServer
-from memalpha.lm.scoring.logprobs import response_logprobs
-from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.memory.store import Memory
 from memalpha.reader.local import LocalReader
 from memalpha.reader.openai_compat import OpenAIReader
@@ -97,7 +97,7 @@ def trainer_logprobs(policy, tokenizer, samples, temperature=1.0):
         policy,
         [s.prompt_ids for s in samples],
         [s.response_ids for s in samples],
-        ScoringSpec(temperature=temperature, micro_batch_size=4, pad_id=tokenizer.pad_token_id),
+        LogprobSpec(temperature=temperature, micro_batch_size=4, pad_id=tokenizer.pad_token_id),
     )  # fmt: skip
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from memalpha.agent.prompts import chat_prompt_ids
+from memalpha.agent.memorise_prompts import chat_prompt_ids
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha_lab.vs_trl_job import build_job
 

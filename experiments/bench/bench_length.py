@@ -205,7 +205,7 @@ def answered_again(
 ) -> dict[str, dict[int, dict[str, Any]]]:
     """Each length's final memories answered again by the config's reader under each retrieval
     variant; per variant and length, :func:`answer_figures` overall and by third."""
-    from memalpha.agent.scoring import score_answers
+    from memalpha.agent.answer_metrics import score_answers
     from memalpha.lm.core.policy import load_policy
     from memalpha.memory.store import Memory
     from memalpha.train.settings_loader import load_config

@@ -34,7 +34,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 
-from memalpha.agent.scoring import score_answers
+from memalpha.agent.answer_metrics import score_answers
 from memalpha.data.synthetic import generate_synthetic
 from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
 from memalpha.memory.store import EPISODIC, SEMANTIC, Memory

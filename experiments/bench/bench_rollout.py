@@ -149,7 +149,7 @@ def bench_step(
     sampler = None if engine_sync is None else engine_sync.sampler(module.policy, module.tokenizer)
     agent = dataclasses.replace(module.agent, rollout=rollout, sampler=sampler)
     collected = collect_round(
-        agent, instances, module.update_settings, module.scoring, ONE_PROCESS, seed=seed,
+        agent, instances, module.update_settings, module.logprob_spec, ONE_PROCESS, seed=seed,
         where="benchmark round", engine=engine_sync,
     )
     out = collected.out
@@ -159,7 +159,7 @@ def bench_step(
     params = [p for p in module.policy.parameters() if p.requires_grad]
     with Stopwatch() as update_watch:
         result = train_minibatch(
-            module.policy, collected.batches[0], module.update_settings, module.scoring, ONE_PROCESS,
+            module.policy, collected.batches[0], module.update_settings, module.logprob_spec, ONE_PROCESS,
             Optimisation(optimizer, params, module.optimizer_settings.grad_clip),
             max_response_len=module.rollout_settings.max_new_tokens,
         )

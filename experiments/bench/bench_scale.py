@@ -57,9 +57,9 @@ from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import build_optimizer
 from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
 from memalpha.lm.core.policy import load_policy
+from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.lm.sampling.backend import SAMPLING_BACKENDS
 from memalpha.lm.sampling.generation import sampler_for
-from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_samples, train_minibatch
 from memalpha_lab.common import (
     RESULTS_DIR,
@@ -224,13 +224,13 @@ def grpo_step(
 
     update = UpdateSettings(kl_coef=recipe["kl_coef"], clip_low=recipe["clip_low"],
                             clip_high=recipe["clip_high"], micro_batch_size=mbs, loss_agg="token-mean")
-    scoring = ScoringSpec(temperature=temperature, micro_batch_size=mbs, pad_id=pad_id)
+    logprob_spec = LogprobSpec(temperature=temperature, micro_batch_size=mbs, pad_id=pad_id)
     samples = Samples(prompts, responses, torch.rand(group_size, generator=generator),
                       torch.zeros(group_size, dtype=torch.long))
     gradients = GradientPass(phases["policy_forward"], phases["backward"])
     stages = {"logprobs": phases["reference"].timing, "gradients": gradients.stage,
               "optimizer": phases["optimizer"].timing}
-    scored = score_samples(policy, samples, update, scoring, round_samples=group_size, seed=seed,
+    scored = score_samples(policy, samples, update, logprob_spec, round_samples=group_size, seed=seed,
                            clock=lambda stage: stages[stage]())
     if scored.nonfinite is not None:
         raise RuntimeError(f"non-finite {scored.nonfinite} in the random model's round")
@@ -239,7 +239,7 @@ def grpo_step(
                                                recipe["weight_decay"])
     policy.train()
     result = train_minibatch(
-        policy, scored.batches[0], update, scoring, ONE_PROCESS,
+        policy, scored.batches[0], update, logprob_spec, ONE_PROCESS,
         Optimisation(optimizer, params, recipe["grad_clip"], backward=gradients.backward),
         max_response_len=response_tokens, clock=lambda stage: stages[stage](),
     )

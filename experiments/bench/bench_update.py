@@ -19,7 +19,7 @@ process:
 * ``packed``   -- the responses of each distinct prompt one after another in one row, without
                   padding (:func:`memalpha.lm.core.prompt_sharing.packed_response_hidden`; fix 5);
 * ``streamed`` -- the head's log-probs through its hand-written backward
-                  (:class:`memalpha.lm.scoring.logprobs.HeadLogprob`; fix 6);
+                  (:class:`memalpha.lm.logprobs.per_token.HeadLogprob`; fix 6);
 * ``accumulated`` -- each LoRA product added into its base output in place
                   (:mod:`memalpha.lm.core.modes`; fix 6): the default.
 
@@ -48,9 +48,9 @@ from _parity_job import add_job_arguments, check_job_arguments, job_settings, lo
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import UpdateSettings
 from memalpha.lm.core import prompt_sharing
+from memalpha.lm.logprobs import per_token
+from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.lm.sampling.generation import sampler_for
-from memalpha.lm.scoring import logprobs
-from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_samples, train_minibatch
 from memalpha_lab.common import command_line, machine_info, print_table, write_json
 
@@ -65,28 +65,28 @@ def _no_switch(model):
 def run_path(path: str, model, batch: GRPOBatch, settings: UpdateSettings, pad_id: int, max_len: int):
     """One update's forward and backward along ``path``: seconds, loss and the gradients."""
     level = PATHS.index(path)
-    saved = (prompt_sharing.packed_response_hidden, logprobs.streams_head, logprobs.accumulated_adapters,
+    saved = (prompt_sharing.packed_response_hidden, per_token.streams_head, per_token.accumulated_adapters,
              prompt_sharing.accumulated_adapters)
     if level < PATHS.index("packed"):
         prompt_sharing.packed_response_hidden = lambda *args: None
     if level < PATHS.index("streamed"):
-        logprobs.streams_head = lambda head, config: False
+        per_token.streams_head = lambda head, config: False
     if level < PATHS.index("accumulated"):
-        logprobs.accumulated_adapters = prompt_sharing.accumulated_adapters = _no_switch
+        per_token.accumulated_adapters = prompt_sharing.accumulated_adapters = _no_switch
     try:
         model.zero_grad(set_to_none=True)
         params = [p for p in model.parameters() if p.requires_grad]
         # the step training takes, with a zero learning rate and no clipping: every path starts from
         # the same weights and leaves its gradients to compare
         hold_still = Optimisation(torch.optim.SGD(params, lr=0.0), params, grad_clip=0.0)
-        scoring = ScoringSpec(temperature=1.0, micro_batch_size=settings.micro_batch_size, pad_id=pad_id,
+        logprob_spec = LogprobSpec(temperature=1.0, micro_batch_size=settings.micro_batch_size, pad_id=pad_id,
                               share_prefix=True)
         start = time.perf_counter()
-        result = train_minibatch(model, batch, settings, scoring, ONE_PROCESS, hold_still,
+        result = train_minibatch(model, batch, settings, logprob_spec, ONE_PROCESS, hold_still,
                                  max_response_len=max_len)
         seconds = time.perf_counter() - start
     finally:
-        (prompt_sharing.packed_response_hidden, logprobs.streams_head, logprobs.accumulated_adapters,
+        (prompt_sharing.packed_response_hidden, per_token.streams_head, per_token.accumulated_adapters,
          prompt_sharing.accumulated_adapters) = saved
     grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     model.zero_grad(set_to_none=True)
@@ -114,10 +114,10 @@ def main(argv=None) -> dict[str, Any]:
     groups = torch.arange(args.prompts).repeat_interleave(args.group_size)
     drawn = torch.randn(len(rows), generator=torch.Generator().manual_seed(args.seed))  # the rewards
     settings = UpdateSettings(kl_coef=0.0, loss_agg="token-mean", micro_batch_size=args.micro_batch_size)
-    scoring = ScoringSpec(temperature=1.0, micro_batch_size=args.micro_batch_size,
+    logprob_spec = LogprobSpec(temperature=1.0, micro_batch_size=args.micro_batch_size,
                           pad_id=tokenizer.pad_token_id)
     samples = Samples(sampled.prompt_ids, sampled.response_ids, drawn, groups)
-    scored = score_samples(model, samples, settings, scoring, round_samples=len(rows), seed=args.seed)
+    scored = score_samples(model, samples, settings, logprob_spec, round_samples=len(rows), seed=args.seed)
     (batch,) = scored.batches
     seconds: dict[str, list[float]] = {path: [] for path in PATHS}
     losses: dict[str, float] = {}

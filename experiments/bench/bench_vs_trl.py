@@ -7,7 +7,7 @@ Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/bench/bench_vs_trl.py
 The job: the embedded SmolLM2-135M-Instruct (``--model`` to change) with a fresh LoRA adapter
 (r 16, alpha 32, dropout 0, all linear layers) learns to write valid memory tool calls. Each
 prompt is one memorising turn: one synthetic chunk (``memalpha.data.synthetic``, train split)
-wrapped in :func:`memalpha.agent.prompts.memorise_messages` with an empty memory and the ``hermes``
+wrapped in :func:`memalpha.agent.memorise_prompts.memorise_messages` with an empty memory and the ``hermes``
 call format. The reward, shared by both sides, is tool-call validity: the share of a reply's
 calls (parse errors count as failed calls) that execute on a fresh :class:`memalpha.memory.store.Memory`,
 0 for a reply without calls. The memalpha side is :func:`memalpha_lab.single_turn.train_single_turn`.

@@ -31,8 +31,8 @@ import torch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import build_optimizer
 from memalpha.lm.core.policy import LoraSettings, load_policy
+from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.lm.sampling.generation import sampler_for
-from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_samples, train_minibatch
 from memalpha_lab.common import (
     RESULTS_DIR,
@@ -66,7 +66,7 @@ def one_step(
     rewards = torch.tensor(tool_call_validity(completions))
     groups = torch.arange(len(prompts)).repeat_interleave(group_size)
     samples = Samples(out.prompt_ids, out.response_ids, rewards, groups)
-    scoring = ScoringSpec(temperature=1.0, micro_batch_size=UPDATE.micro_batch_size, pad_id=pad_id,
+    logprob_spec = LogprobSpec(temperature=1.0, micro_batch_size=UPDATE.micro_batch_size, pad_id=pad_id,
                           share_prefix=share)
     labels = {"logprobs": "reference_logprobs", "gradients": "policy_loss_backward",
               "optimizer": "optimizer_step"}
@@ -74,12 +74,12 @@ def one_step(
     def clock(stage: str):
         return torch.profiler.record_function(labels[stage])
 
-    scored = score_samples(policy, samples, UPDATE, scoring, round_samples=len(samples), seed=seed,
+    scored = score_samples(policy, samples, UPDATE, logprob_spec, round_samples=len(samples), seed=seed,
                            clock=clock)
     params = [p for p in policy.parameters() if p.requires_grad]
     optimisation = Optimisation(optimizer, params, OPTIMIZER.grad_clip)
     for batch in scored.batches:
-        train_minibatch(policy, batch, UPDATE, scoring, ONE_PROCESS, optimisation,
+        train_minibatch(policy, batch, UPDATE, logprob_spec, ONE_PROCESS, optimisation,
                         max_response_len=MAX_NEW_TOKENS, clock=clock)
     return out.num_generated_tokens
 

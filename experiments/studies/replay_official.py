@@ -27,12 +27,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from memalpha.agent.answer_metrics import score_answers
 from memalpha.agent.content_judges import RuleContentJudge
 from memalpha.agent.reward_math import TurnCalls, rollout_rewards, turn_call_successes
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import make_token_counter
 from memalpha.agent.rollout_settings import RolloutSettings
-from memalpha.agent.scoring import score_answers
 from memalpha.lm.core.embedded import load_tokenizer
 from memalpha.memory.store import Memory
 from memalpha.tools.executor import execute_response

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from memalpha.agent.scoring import metric_for_source
-from memalpha.data.demos import Demonstration
+from memalpha.agent.answer_metrics import metric_for_source
+from memalpha.data.demo_files import Demonstration
 from memalpha.data.loaders import load_instances
 from memalpha.data.memory_records import MEMORY, parse_memory_record
 from memalpha.data.schema import DataValidationError, Instance

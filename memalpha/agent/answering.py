@@ -26,12 +26,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memalpha.agent.locomo_scoring import locomo_f1, token_f1
+from memalpha.agent.answer_metrics import score_answers
+from memalpha.agent.locomo_metrics import locomo_f1, token_f1
 from memalpha.agent.progress import Phase, PhaseHook, report
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import GenerateFn, RolloutOutput, RolloutRecord, TurnSample, make_token_counter
 from memalpha.agent.rollout_settings import RolloutSettings
-from memalpha.agent.scoring import score_answers
 from memalpha.data.locomo import DATA_SOURCE as LOCOMO
 from memalpha.data.memory_records import MEMORY
 from memalpha.data.schema import DataValidationError, Instance

@@ -20,8 +20,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
-from memalpha.agent.prompts import content_judge_messages
-from memalpha.agent.scoring import reply_after_thinking
+from memalpha.agent.answer_metrics import reply_after_thinking
+from memalpha.agent.memorise_prompts import content_judge_messages
 from memalpha.tools.schemas import INSERT, UPDATE
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ class LLMContentJudge:
 
     Each write is one user message, or a system message (the kind's rules) and a user message
     (the entry) when the reader's templates define ``content_judge_system``, as the official
-    judge sends them (:func:`memalpha.agent.prompts.content_judge_messages`).
+    judge sends them (:func:`memalpha.agent.memorise_prompts.content_judge_messages`).
 
     Calls without content (deletions) score 0 without asking. A write whose reply
     is malformed (under ``parse``, see :func:`parse_validity_judgement`) or whose reader call

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
 
+from memalpha.agent.answer_metrics import ANSWER_STYLES, AnswerStyle, MetricStyle, check_metric_overrides
 from memalpha.agent.content_judges import (
     JUDGEMENT_PARSES,
     ContentJudge,
@@ -17,7 +18,6 @@ from memalpha.agent.content_judges import (
     LLMContentJudge,
     RuleContentJudge,
 )
-from memalpha.agent.scoring import ANSWER_STYLES, AnswerStyle, MetricStyle, check_metric_overrides
 from memalpha.reader.base import ReaderSampling
 
 if TYPE_CHECKING:

@@ -22,15 +22,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from memalpha.agent.answer_metrics import MEMALPHA_ANSWERS, AnswerStyle, score_answers
 from memalpha.agent.baselines import BaselineSettings, cut_full_text, stored_memory
 from memalpha.agent.content_judges import ContentJudge
 from memalpha.agent.fact_recall import memory_fact_recall, questions_stored
+from memalpha.agent.memorise_prompts import chat_prompt_ids, memorise_messages, render_memorise
 from memalpha.agent.progress import Phase, PhaseHook, report
-from memalpha.agent.prompts import chat_prompt_ids, memorise_messages, render_memorise
 from memalpha.agent.reward_math import TurnCalls, per_chunk_totals, rollout_rewards
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout_settings import RolloutSettings
-from memalpha.agent.scoring import MEMALPHA_ANSWERS, AnswerStyle, score_answers
 from memalpha.data.memory_records import MEMORY
 from memalpha.data.schema import DataValidationError, Instance, question_evidence
 from memalpha.grpo.credit import BROADCAST, CreditScheme
@@ -386,7 +386,7 @@ def answer_questions(
     sources send their judgements as one batch (``judge``, default the reader). A question's
     record keeps the bare question and, apart, the ``instruction`` the reader got before it, and
     the question's ``metadata`` when it has any (LoCoMo's category), which its metric may read.
-    ``style`` (``reward.metric_style``'s :class:`~memalpha.agent.scoring.AnswerStyle`) says how answers
+    ``style`` (``reward.metric_style``'s :class:`~memalpha.agent.answer_metrics.AnswerStyle`) says how answers
     are compared with their golds. ``credit`` (``update.credit``'s scheme) fills in
     :attr:`RolloutAnswers.turn_accuracy`; a scheme that
     :attr:`~memalpha.grpo.credit.CreditScheme.asks_after_turns` has the reader answer, in the same

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from memalpha.agent.baselines import BaselineSettings
-from memalpha.agent.prompts import PROMPT_DETAILS, PromptDetail, stated_response_limit
+from memalpha.agent.memorise_prompts import PROMPT_DETAILS, PromptDetail, stated_response_limit
 from memalpha.lm.sampling.backend import Backend, check_backend, check_machine
 from memalpha.lm.sampling.vllm_settings import VllmSettings
 from memalpha.templates.loader import PromptTemplates, load_templates
@@ -47,7 +47,7 @@ class RolloutSettings:
         prompt_profile: ``full`` (every memory part explained, the tools' JSON schemas; ~1.1k
             tokens with the hermes format) or ``compact`` (a few sentences and one signature line
             per tool; ~650 tokens less: for small models on a CPU budget). The key keeps its name;
-            in the code this is the prompt's detail (``PromptDetail`` in memalpha/agent/prompts.py),
+            in the code this is the prompt's detail (``PromptDetail`` in memalpha/agent/memorise_prompts.py),
             unrelated to a run's ``--profile`` (memalpha/train/profiles.py).
         call_repair: How call arguments are read (docs/official_compatibility.md, difference 6):
             ``strict`` (memalpha) refuses a call cut off inside its arguments and one with an
@@ -162,7 +162,7 @@ class RolloutSettings:
     @property
     def stated_limit(self) -> int:
         """The reply budget every memorising user message states (:attr:`stated_limit_share` of
-        :attr:`max_new_tokens`: :func:`~memalpha.agent.prompts.stated_response_limit`)."""
+        :attr:`max_new_tokens`: :func:`~memalpha.agent.memorise_prompts.stated_response_limit`)."""
         return self._stated_limit
 
     @property

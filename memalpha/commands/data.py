@@ -9,8 +9,8 @@ docs/data.md, *memalpha data*, describes each (``--processing official``:
 :mod:`memalpha.data.official_processing`). Bad input exits with status 2 and a message naming file,
 record and field.
 
-``demos``, ``distill`` and ``answers`` (:mod:`memalpha.commands.demos`,
-:mod:`memalpha.commands.distill`, :mod:`memalpha.commands.answers`) have their own parsers;
+``demos``, ``distill`` and ``answers`` (:mod:`memalpha.commands.data_demos`,
+:mod:`memalpha.commands.data_distill`, :mod:`memalpha.commands.data_answers`) have their own parsers;
 :func:`main` hands them their arguments, importing them (and Lightning) only then.
 """
 
@@ -50,17 +50,17 @@ def main(argv: list[str] | None = None) -> None:
     input."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demos"]:
-        from memalpha.commands.demos import main as demos_main
+        from memalpha.commands.data_demos import main as demos_main
 
         demos_main(argv[1:])
         return
     if argv[:1] == ["answers"]:
-        from memalpha.commands.answers import main as answers_main
+        from memalpha.commands.data_answers import main as answers_main
 
         answers_main(argv[1:])
         return
     if argv[:1] == ["distill"]:
-        from memalpha.commands.distill import main as distill_main
+        from memalpha.commands.data_distill import main as distill_main
 
         distill_main(argv[1:])
         return

@@ -1,7 +1,8 @@
 """Synthetic memory tasks: the embedded default data (deterministic from a seed, no network).
 
 Each instance spreads facts over several chunks and asks questions that only those facts
-answer. Four families match the real metrics (``memalpha.agent.scoring`` picks them by ``data_source``):
+answer. Four families match the real metrics (``memalpha.agent.answer_metrics`` picks them by
+``data_source``):
 
 ``synth_personal``  personal facts told in dated dialogue ("Which city did Adela Szabo move to?"
                     -> ``Lisbon``); short answers, substring metric.
@@ -37,7 +38,7 @@ arguments give identical instances on every machine.
 ``metadata["notes"]`` lists, per chunk, every fact the chunk tells (distractors included, filler
 excluded) with the memory list it belongs in (``semantic_memory`` for knowledge and labelled
 examples, ``episodic_memory`` with its ``date`` for events and what was read on a day): what an
-ideal agent stores, and what the oracle demonstrations of :mod:`memalpha.agent.demos` write.
+ideal agent stores, and what the oracle demonstrations of :mod:`memalpha.agent.oracle_demos` write.
 ``metadata["question_facts"]`` names, per question, the one fact that answers it (as
 :func:`memalpha.agent.fact_recall.instance_facts` writes a fact: its date first when it has one), for
 the families where one fact does (``synth_personal``, ``synth_timeline``; the others do not write

@@ -4,7 +4,7 @@
 
     agent = MemoryAgent.load("runs/tiny_cpu/adapter", config="configs/tiny_cpu.yaml")
     turn = agent.remember("Ada moved to Lisbon in March.", agent.new_memory())
-    reading = agent.read(open("notes.md").read(), turn.memory)
+    reading = agent.memorise(open("notes.md").read(), turn.memory)
     save_memory(reading.memory, "ada.memory.json")
     answers = agent.answer(["Where does Ada live?"], agent.load_memory("ada.memory.json"))
 
@@ -231,7 +231,7 @@ class MemoryAgent:
         turn = reading.turns[0]
         return Turn(reading.memory, turn["results"], turn["response"], turn["truncated"])
 
-    def read(self, text: str, memory: Memory | None = None, *, chunk_tokens: int | None = None,
+    def memorise(self, text: str, memory: Memory | None = None, *, chunk_tokens: int | None = None,
              split: str = "tokens") -> Reading:
         """The agent reads a whole text, chunk by chunk, into a copy of ``memory`` (default a new
         one); the :class:`~memalpha.agent.reading.Reading` holds the memory and every turn.

@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
-from memalpha.agent.prompts import memorise_messages, render_memorise
+from memalpha.agent.memorise_prompts import memorise_messages, render_memorise
 from memalpha.agent.reward_math import TurnCalls, rollout_rewards
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import Rollout, answer_questions

@@ -1,7 +1,7 @@
 """The reader interface: answer questions, each from its own memory, in batches.
 
 A reader turns every ``(memory, question)`` item into one chat: the answer-mode prompt
-of :mod:`memalpha.reader.prompts` holding the core memory and the BM25-retrieved entries
+of :mod:`memalpha.reader.answer_prompts` holding the core memory and the BM25-retrieved entries
 (:mod:`memalpha.reader.retrieval`), ``k`` cut by the ``k_reduction`` rule, and, given the items'
 data sources, each question preceded by its source's instruction
 (:mod:`memalpha.reader.question_instructions`; ``bm25_query`` says whether retrieval ranks for
@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from memalpha.reader.answer_prompts import answer_messages, render_answer
 from memalpha.reader.options import RetrievalSettings
-from memalpha.reader.prompts import answer_messages, render_answer
 from memalpha.reader.question_instructions import QuestionInstructions
 from memalpha.reader.retrieval import K_RULES, retrieve_for_questions
 from memalpha.templates.loader import PromptTemplates, default_templates

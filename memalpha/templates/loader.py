@@ -29,7 +29,7 @@ DEFAULT_FILE = "memalpha.yaml"
 PLACEHOLDERS: dict[str, frozenset[str]] = {
     name: frozenset(names)
     for name, names in {
-        # memorising (memalpha.agent.prompts)
+        # memorising (memalpha.agent.memorise_prompts)
         "memorise_system": ("tool_block", "memory_view"),
         "memorise_user": ("chunk", "limit_note"),
         "compact_system": ("tool_block", "memory_view"),
@@ -39,17 +39,18 @@ PLACEHOLDERS: dict[str, frozenset[str]] = {
         "tool_block_qwen": ("tools", "tool_names"),
         "tool_block_hermes": ("tools",),
         "tool_block_hermes_compact": ("tools",),
-        # memory views (render_memorise in memalpha.agent.prompts, render_answer in memalpha.reader.prompts)
+        # memory views (render_memorise in memalpha.agent.memorise_prompts, render_answer in
+        # memalpha.reader.answer_prompts)
         "view_recent_header": ("shown", "total"),
         "view_empty_core": (),
         "view_empty_list": (),
         "view_hidden_list": (),
         "answer_view_empty_list": (),
-        # the reader (memalpha.reader.prompts)
+        # the reader (memalpha.reader.answer_prompts)
         "answer_system": ("memory",),
         "answer_system_no_core": ("memory",),
         "answer_user": ("instruction", "question"),
-        # judges (memalpha.agent.prompts)
+        # judges (memalpha.agent.memorise_prompts)
         "answer_judge": ("question", "rubric", "response"),
         "content_judge": ("kind", "rules", "content"),
         "content_judge_core": (),

@@ -1,4 +1,4 @@
-"""The official prompt texts, read from a local clone of the official code (memalpha/commands/prompts.py
+"""The official prompt texts, read from a local clone of the official code (memalpha/commands/prompt_files.py
 writes them as a template file: `memalpha prompts import PATH`).
 
 The published Mem-α checkpoint was trained on the official code's prompt texts, so it is

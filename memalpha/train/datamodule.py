@@ -43,7 +43,7 @@ class LoadSettings:
             (MemoryAgentBench) and for text files; for LoCoMo the longest session chunk (a longer
             session is split between turns). null (default): the most tokens whose memorising turn
             fits ``model.rollout.max_prompt_tokens`` with the core memory at its cap, the rule the
-            Python API's ``read`` cuts by (docs/data.md, "Chunks against the prompt budget"). A number is
+            Python API's ``memorise`` cuts by (docs/data.md, "Chunks against the prompt budget"). A number is
             kept as set; a chunk it makes that cannot fit stops the run in one line before any
             model loads.
         wrap: Wrap chunks as dated ``dialogue`` turns or dated ``reading`` events (``None`` keeps them as is).

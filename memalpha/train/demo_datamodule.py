@@ -1,6 +1,6 @@
 """DemoDataModule: demonstration files in, token-id batches for supervised fine-tuning out.
 
-Each demonstration (``memalpha.data.demos``) becomes a prompt (its messages through the chat
+Each demonstration (``memalpha.data.demo_files``) becomes a prompt (its messages through the chat
 template with the generation prompt, as a rollout templates a memorising turn) and a response
 (the reply's tokens followed by the end-of-turn token): the tokens the policy learns to write.
 The train stream is endless: seeded reshuffles, ``batch_size`` demonstrations per optimiser
@@ -18,8 +18,8 @@ from typing import Any
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
-from memalpha.agent.prompts import chat_prompt_ids
-from memalpha.data.demos import Demonstration, load_demonstrations
+from memalpha.agent.memorise_prompts import chat_prompt_ids
+from memalpha.data.demo_files import Demonstration, load_demonstrations
 from memalpha.data.schema import DataValidationError
 from memalpha.lm.core.embedded import load_tokenizer
 from memalpha.train.stream import PassCursor, as_is, endless_loader, pass_order

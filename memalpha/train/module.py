@@ -35,8 +35,8 @@ from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer, resolve_model_path
 from memalpha.lm.core.modes import load_reference_adapter
 from memalpha.lm.core.policy import LMSettings, LoraSettings
+from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.lm.sampling.backend import announce_backends
-from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.reader.base import Reader
 from memalpha.reader.settings import ReaderSettings
 from memalpha.seeding import stable_seed
@@ -109,7 +109,7 @@ class GRPOModule(PolicyModule):
         TrainingSettings(agent, adapter_path, self.update_settings)
         self.reader: Reader | None = None
         self.content_judge = None
-        self.scoring: ScoringSpec | None = None  # how log-probs are computed, set with the policy
+        self.logprob_spec: LogprobSpec | None = None  # how log-probs are computed, set with the policy
         self.agent: Agent | AnswerAgent | None = None  # the policy, its reader and settings; set with it
         self.engine = (  # rollout.backend: vllm: the server, checked at setup, started at the first rollout
             EngineSync(self.rollout_settings, model, self.lora_settings.r)
@@ -173,7 +173,7 @@ class GRPOModule(PolicyModule):
                 backend=backend,
             )
             self.content_judge = self.reward_settings.build_content_judge(self.reader)
-            self.scoring = ScoringSpec(
+            self.logprob_spec = LogprobSpec(
                 temperature=self.rollout_settings.temperature,
                 micro_batch_size=self.update_settings.micro_batch_size,
                 pad_id=self.tokenizer.pad_token_id,
@@ -190,7 +190,7 @@ class GRPOModule(PolicyModule):
                     self.policy, self.tokenizer, self.reader, self.rollout_settings, self.reward_settings,
                     self.content_judge, share_prefix=self.lm_settings.share_prefix, sampler=sampler,
                 )
-            self.grpo_step.agent, self.grpo_step.scoring = self.agent, self.scoring
+            self.grpo_step.agent, self.grpo_step.logprob_spec = self.agent, self.logprob_spec
             self.backends = announce_backends(
                 self.policy, backend, reader_samples_here=self.reader_settings.kind == "local"
             )

@@ -16,7 +16,7 @@ import torch
 from memalpha.grpo.settings import OptimizerSettings
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME
 from memalpha.lm.core.policy import LMSettings, LoraSettings
-from memalpha.lm.scoring.spec import ScoringSpec
+from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.train.demo_datamodule import TokenizedDemo
 from memalpha.train.policy_module import PolicyModule
 from memalpha.train.sft_loss import accumulate_sft_gradients, sft_eval
@@ -61,7 +61,7 @@ class SFTModule(PolicyModule):
         if self.policy is None:
             torch.manual_seed(self.hparams.seed)
             self.load_policy()
-            self.scoring = ScoringSpec(
+            self.logprob_spec = LogprobSpec(
                 micro_batch_size=self.hparams.micro_batch_size, pad_id=self.tokenizer.pad_token_id,
                 share_prefix=self.lm_settings.share_prefix,
             )
@@ -80,7 +80,7 @@ class SFTModule(PolicyModule):
             self.policy,
             prompts,
             responses,
-            self.scoring,
+            self.logprob_spec,
             token_normaliser=max(tokens, 1.0),
             backward=self.manual_backward,
         )
@@ -114,7 +114,7 @@ class SFTModule(PolicyModule):
             self.policy,
             [demo.prompt_ids for demo in batch],
             [demo.response_ids for demo in batch],
-            self.scoring,
+            self.logprob_spec,
         )
         for index, value in enumerate((nll, hits, tokens)):
             self._val_sums[index] += value

@@ -2,12 +2,13 @@
 
 Read top to bottom, a step is::
 
-    round_ = collect_round(agent, instances, update, scoring, ranks, seed=..., where=...)
+    round_ = collect_round(agent, instances, update, logprob_spec, ranks, seed=..., where=...)
         rollouts (the memory agent: memorise chunk by chunk -> answer -> rewards)
         -> the reader-failure gate (``ReaderGate``) and, with a vLLM engine, the sampler's drift check
         -> score_samples: the credit scheme's advantages, reference / old log-probs, mini-batches
     for batch in round_.batches:
-        result = train_minibatch(policy, batch, update, scoring, ranks, optimisation, max_response_len=...)
+        result = train_minibatch(policy, batch, update, logprob_spec, ranks, optimisation,
+                                 max_response_len=...)
             loss (micro-batch by micro-batch) -> gradients -> clip -> optimiser step
 
 :class:`GRPOStep` is that loop one optimiser step at a time, with what a run carries from step to
@@ -42,8 +43,8 @@ from memalpha.grpo.batch import GRPOBatch, cut_minibatches
 from memalpha.grpo.settings import UpdateSettings
 from memalpha.grpo.update import LossMeter, first_nonfinite, micro_batch_loss, optimizer_step
 from memalpha.lm.core.modes import reference_weights
-from memalpha.lm.scoring.logprobs import micro_batch_scores, response_logprobs
-from memalpha.lm.scoring.spec import ScoringSpec
+from memalpha.lm.logprobs.per_token import micro_batch_scores, response_logprobs
+from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.seeding import stable_seed
 from memalpha.train.engine_sync import EngineSync
 from memalpha.train.step_faults import ReaderFailures, ReaderGate
@@ -240,7 +241,7 @@ def score_samples(
     policy,
     samples: Samples,
     update: UpdateSettings,
-    scoring: ScoringSpec,
+    logprob_spec: LogprobSpec,
     *,
     round_samples: int,
     seed: int,
@@ -278,15 +279,15 @@ def score_samples(
     with clock("logprobs"):
         if update.kl_coef > 0:
             with reference_weights(policy):
-                ref_logps = response_logprobs(policy, prompts, responses, scoring)
+                ref_logps = response_logprobs(policy, prompts, responses, logprob_spec)
         if needs_old_logps:
-            old_logps = response_logprobs(policy, prompts, responses, scoring)
+            old_logps = response_logprobs(policy, prompts, responses, logprob_spec)
     metrics["perf/ref_old_logprob_s"] = time.perf_counter() - start
     if sampler_gap is not None:
         def trainer_logps() -> list[torch.Tensor]:
             if old_logps is not None:
                 return old_logps
-            return response_logprobs(policy, prompts, responses, scoring)
+            return response_logprobs(policy, prompts, responses, logprob_spec)
 
         metrics.update(sampler_gap(trainer_logps))
     problem = first_nonfinite({"reference log-probs": ref_logps, "old log-probs": old_logps})
@@ -310,7 +311,7 @@ def collect_round(
     agent: Agent,
     instances: Sequence[Instance],
     update: UpdateSettings,
-    scoring: ScoringSpec,
+    logprob_spec: LogprobSpec,
     ranks: Ranks = ONE_PROCESS,
     *,
     seed: int,
@@ -355,7 +356,7 @@ def collect_round(
         return {"rollout/sampler_logprob_gap": gap}
 
     scored = score_samples(
-        agent.policy, rows, update, scoring, round_samples=round_samples, seed=seed, clock=clock,
+        agent.policy, rows, update, logprob_spec, round_samples=round_samples, seed=seed, clock=clock,
         on_phase=on_phase, sampler_gap=None if engine is None else sampler_gap, where=where,
     )
     return Round(out, scored.batches, {**metrics, **scored.metrics}, text, scored.nonfinite)
@@ -391,7 +392,7 @@ def accumulate_grpo_gradients(
     policy,
     batch: GRPOBatch,
     settings: UpdateSettings,
-    scoring: ScoringSpec,
+    logprob_spec: LogprobSpec,
     *,
     max_response_len: int,
     token_normaliser: float,
@@ -402,8 +403,8 @@ def accumulate_grpo_gradients(
     """Backward the GRPO loss of one mini-batch, micro-batch by micro-batch of
     ``update.micro_batch_size``.
 
-    The policy's log-probs come from :func:`~memalpha.lm.scoring.logprobs.micro_batch_scores`
-    (how they are computed is ``scoring``'s: the temperature sampling used, the pad id, whether
+    The policy's log-probs come from :func:`~memalpha.lm.logprobs.per_token.micro_batch_scores`
+    (how they are computed is ``logprob_spec``'s: the temperature sampling used, the pad id, whether
     prompt prefixes are shared, which it handles across the micro-batches); the loss is
     :func:`~memalpha.grpo.update.micro_batch_loss`'s, and ``backward`` runs once per micro-batch.
     ``batch`` without ``old_logps`` takes the ratio on-policy; without ``ref_logps`` it needs
@@ -418,7 +419,7 @@ def accumulate_grpo_gradients(
     meter = LossMeter()
     finite = True
     for part in micro_batch_scores(
-        policy, batch.prompt_ids, batch.response_ids, scoring, settings.micro_batch_size
+        policy, batch.prompt_ids, batch.response_ids, logprob_spec, settings.micro_batch_size
     ):
         out = micro_batch_loss(
             part.logprobs, part.entropy, batch.select(part.rows), settings, token_normaliser=token_normaliser,
@@ -434,7 +435,7 @@ def train_minibatch(
     policy,
     batch: GRPOBatch,
     update: UpdateSettings,
-    scoring: ScoringSpec,
+    logprob_spec: LogprobSpec,
     ranks: Ranks,
     optimisation: Optimisation,
     *,
@@ -455,7 +456,7 @@ def train_minibatch(
     optimisation.optimizer.zero_grad(set_to_none=True)
     with clock("gradients"):
         metrics, finite = accumulate_grpo_gradients(
-            policy, batch, update, scoring, max_response_len=max_response_len,
+            policy, batch, update, logprob_spec, max_response_len=max_response_len,
             token_normaliser=token_normaliser, seq_normaliser=seq_normaliser, backward=optimisation.backward,
             grad_scale=optimisation.grad_scale,
         )
@@ -505,7 +506,7 @@ class GRPOStep:
 
     ``experience`` holds this rank's unserved mini-batches of the current round and
     ``reader_gate`` counts the rounds it skipped in a row: both are part of a checkpoint. The agent
-    and ``scoring`` come with the policy (the trainer sets them once it has loaded it); ``engine`` is
+    and ``logprob_spec`` come with the policy (the trainer sets them once it has loaded it); ``engine`` is
     the vLLM engine of ``rollout.backend: vllm`` (its sampler is the agent's). A round's seed is
     ``stable_seed(seed, "round", index, rank)``; every ``log_text_every`` optimiser steps (0: never)
     rank 0 returns a rollout of the round as text.
@@ -514,7 +515,7 @@ class GRPOStep:
     update: UpdateSettings
     reader_gate: ReaderGate
     agent: Agent | None = None
-    scoring: ScoringSpec | None = None
+    logprob_spec: LogprobSpec | None = None
     engine: EngineSync | None = None
     seed: int = 0
     log_text_every: int = 0
@@ -549,7 +550,7 @@ class GRPOStep:
             except StopIteration:  # the last of data.epochs' rounds is trained: every rank ends here
                 return StepLog(stream_ended=True)
             collected = collect_round(
-                self.agent, round_.instances, self.update, self.scoring, ranks,
+                self.agent, round_.instances, self.update, self.logprob_spec, ranks,
                 seed=stable_seed(self.seed, "round", round_.index, rank),
                 where=f"rollout round {round_.index} (global step {global_step})",
                 engine=self.engine, reader_gate=self.reader_gate, on_phase=on_phase,
@@ -570,7 +571,7 @@ class GRPOStep:
         report(on_phase, Phase("update"))
         start = time.perf_counter()
         result = train_minibatch(
-            self.agent.policy, batch, self.update, self.scoring, ranks, optimisation,
+            self.agent.policy, batch, self.update, self.logprob_spec, ranks, optimisation,
             max_response_len=self.agent.rollout.max_new_tokens,
         )
         count_nonfinite(result.problem)

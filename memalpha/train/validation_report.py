@@ -18,7 +18,7 @@ tasks), ``stored`` is the share of questions whose answer the final memory holds
 LoCoMo (``data_source`` ``locomo``) is scored per question category: its row's ``per_category``
 gives, per category (and over all, and over all but the adversarial one), the questions, their
 ``accuracy`` (the metric in force) and ``locomo_f1`` (LoCoMo's own score, computed whatever the
-metric or style in force: :func:`~memalpha.agent.locomo_scoring.locomo_f1`); the table prints it
+metric or style in force: :func:`~memalpha.agent.locomo_metrics.locomo_f1`); the table prints it
 below the sources, and each LoCoMo question of the JSON carries its ``locomo_f1`` beside its
 ``metadata`` (the category).
 
@@ -40,8 +40,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
-from memalpha.agent.locomo_scoring import bleu1
-from memalpha.agent.scoring import OFFICIAL_ANSWERS, score_answers
+from memalpha.agent.answer_metrics import OFFICIAL_ANSWERS, score_answers
+from memalpha.agent.locomo_metrics import bleu1
 from memalpha.atomic_file import write_atomically
 from memalpha.data.locomo import ADVERSARIAL, CATEGORY_NAMES
 from memalpha.data.locomo import DATA_SOURCE as LOCOMO
@@ -123,7 +123,7 @@ open-domain, adversarial."""
 
 
 def locomo_f1_scores(record: Any) -> list[float | None]:
-    """LoCoMo's own score (:func:`~memalpha.agent.locomo_scoring.locomo_f1`) of each question of a
+    """LoCoMo's own score (:func:`~memalpha.agent.locomo_metrics.locomo_f1`) of each question of a
     LoCoMo record; None for a question without a LoCoMo category (data not read by the locomo layout)."""
     known = [
         i for i, q in enumerate(record.questions) if q.get("metadata", {}).get("category") in CATEGORY_NAMES
@@ -146,7 +146,7 @@ def locomo_f1_scores(record: Any) -> list[float | None]:
 def locomo_categories(records: Sequence[Any]) -> dict[str, dict[str, Any]]:
     """Per LoCoMo category name (paper order), then ``all`` and ``all_but_adversarial``: the
     ``category`` number(s), ``questions``, ``accuracy`` (the mean score in force), ``locomo_f1``
-    (LoCoMo's own) and ``locomo_bleu1`` (:func:`~memalpha.agent.locomo_scoring.bleu1`, the papers'
+    (LoCoMo's own) and ``locomo_bleu1`` (:func:`~memalpha.agent.locomo_metrics.bleu1`, the papers'
     BLEU-1; None for a row with adversarial questions, which LoCoMo scores by the option chosen); empty
     when no question has a LoCoMo category. A category without questions is left out."""
     rows: dict[int, list[tuple[float, float, float | None]]] = defaultdict(list)

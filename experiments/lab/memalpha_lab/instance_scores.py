@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from memalpha.agent.scoring import metric_for_source, score_answer
+from memalpha.agent.answer_metrics import metric_for_source, score_answer
 from memalpha.train.instance_scores import InstanceScores, instance_values, record_values
 
 EXTRACTABLE_METRICS = ("substring", "multi_part", "keyword")

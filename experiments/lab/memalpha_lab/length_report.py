@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from memalpha.agent.scoring import score_answers
+from memalpha.agent.answer_metrics import score_answers
 from memalpha.intervals import mean_interval
 from memalpha.memory.store import EPISODIC, SEMANTIC, Memory
 from memalpha.reader.extractive import ExtractiveReader

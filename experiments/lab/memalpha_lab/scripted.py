@@ -10,7 +10,7 @@ reward run on the scripted text. Four policies bracket what a reward should orde
 ``generic``       inserts one fixed sentence that says nothing of the chunk, every turn;
 ``copy``          inserts the whole chunk, wrapper included, into the episodic list;
 ``oracle``        inserts each fact the chunk tells (``metadata["notes"]`` of the synthetic
-                  tasks), worded as the oracle demonstrations word them (:mod:`memalpha.agent.demos`).
+                  tasks), worded as the oracle demonstrations word them (:mod:`memalpha.agent.oracle_demos`).
 
 Read them with :class:`~memalpha.reader.extractive.ExtractiveReader` (``reader.kind: extractive``),
 which answers every question with the memory retrieved for it, so a question scores when its
@@ -24,7 +24,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from memalpha.agent.demos import note_contents
+from memalpha.agent.oracle_demos import note_contents
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import RolloutOutput, run_rollouts
 from memalpha.agent.rollout_settings import RolloutSettings

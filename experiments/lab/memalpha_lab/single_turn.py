@@ -27,15 +27,15 @@ from typing import Any
 
 import torch
 
-from memalpha.agent.prompts import chat_prompt_ids
+from memalpha.agent.memorise_prompts import chat_prompt_ids
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import NonFiniteStreak, build_optimizer
 from memalpha.lm.core.adapters import export_adapter
 from memalpha.lm.core.modes import load_reference_adapter
 from memalpha.lm.core.policy import LMSettings, LoraSettings, load_policy
+from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.lm.sampling.backend import check_backend
 from memalpha.lm.sampling.generation import sampler_for
-from memalpha.lm.scoring.spec import ScoringSpec
 from memalpha.seeding import stable_seed
 from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_samples, train_minibatch
 
@@ -124,7 +124,7 @@ class _Setup:
     params: list[torch.nn.Parameter]
     optimizer: Any
     scheduler: Any
-    scoring: ScoringSpec
+    logprob_spec: LogprobSpec
 
 
 def _setup(model: str, prompts: Sequence[str | list[dict[str, str]]], s: SingleTurnSettings) -> _Setup:
@@ -141,7 +141,7 @@ def _setup(model: str, prompts: Sequence[str | list[dict[str, str]]], s: SingleT
     return _Setup(
         policy, tokenizer, [_prompt_ids(tokenizer, p, s.chat_template_kwargs) for p in prompts],
         [p if isinstance(p, str) else p[-1]["content"] for p in prompts], params, optimizer, scheduler,
-        ScoringSpec(temperature=s.temperature, micro_batch_size=s.update.micro_batch_size,
+        LogprobSpec(temperature=s.temperature, micro_batch_size=s.update.micro_batch_size,
                     pad_id=tokenizer.pad_token_id, share_prefix=s.lm.share_prefix),
     )
 
@@ -185,13 +185,13 @@ def _update(run: _Setup, generation, rewards: torch.Tensor, groups: int, step: i
     non-finite (None: nothing)."""
     samples = Samples(generation.prompt_ids, generation.response_ids, rewards,
                       torch.arange(groups).repeat_interleave(s.group_size))
-    scored = score_samples(run.policy, samples, s.update, run.scoring, round_samples=len(samples),
+    scored = score_samples(run.policy, samples, s.update, run.logprob_spec, round_samples=len(samples),
                            seed=stable_seed(s.seed, "round", step))
     if scored.nonfinite is not None:
         return {"loss": math.nan, "kl": math.nan, "entropy": math.nan}, math.nan, scored.nonfinite
     (batch,) = scored.batches  # one mini-batch per round (SingleTurnSettings checks it)
     result = train_minibatch(
-        run.policy, batch, s.update, run.scoring, ONE_PROCESS,
+        run.policy, batch, s.update, run.logprob_spec, ONE_PROCESS,
         Optimisation(run.optimizer, run.params, s.optimizer.grad_clip, scheduler=run.scheduler),
         max_response_len=s.max_new_tokens,
     )

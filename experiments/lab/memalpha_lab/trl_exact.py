@@ -6,7 +6,7 @@ hand-built batch (the same prompts, responses, advantages, old and reference log
 float64 LoRA policy loaded twice) goes through
 
 - memalpha's update path, the functions ``GRPOModule.training_step`` calls:
-  :func:`memalpha.lm.scoring.logprobs.token_logprobs` for the per-token log-probs and
+  :func:`memalpha.lm.logprobs.per_token.token_logprobs` for the per-token log-probs and
   :func:`memalpha.train.step.accumulate_grpo_gradients` (which runs
   :func:`memalpha.grpo.update.micro_batch_loss` and :func:`memalpha.grpo.loss.policy_loss`)
   for the loss and the LoRA gradient;
@@ -180,11 +180,11 @@ def response_mask(responses: Sequence[Sequence[int]], width: int) -> torch.Tenso
 
 
 def scoring_spec(spec: ExactBatchSpec, pad_id: int):
-    """memalpha's scoring spec as ``GRPOModule`` builds it (temperature, micro-batch, pad id,
+    """memalpha's log-prob spec as ``GRPOModule`` builds it (temperature, micro-batch, pad id,
     shared prefixes)."""
-    from memalpha.lm.scoring.spec import ScoringSpec
+    from memalpha.lm.logprobs.spec import LogprobSpec
 
-    return ScoringSpec(temperature=spec.temperature, micro_batch_size=spec.micro_batch_size, pad_id=pad_id)
+    return LogprobSpec(temperature=spec.temperature, micro_batch_size=spec.micro_batch_size, pad_id=pad_id)
 
 
 def build_batch(policy, tokenizer, spec: ExactBatchSpec) -> ExactBatch:
@@ -192,7 +192,7 @@ def build_batch(policy, tokenizer, spec: ExactBatchSpec) -> ExactBatch:
     (memalpha's :func:`~memalpha.grpo.advantages.group_advantages`) and the old/reference
     log-probs (the policy's own, from memalpha's scorer, plus noise)."""
     from memalpha.grpo.advantages import group_advantages
-    from memalpha.lm.scoring.logprobs import token_logprobs
+    from memalpha.lm.logprobs.per_token import token_logprobs
 
     generator = torch.Generator().manual_seed(spec.seed)
     prompt_rows = [chat_prompt_ids(tokenizer, words, i) for i, words in enumerate(spec.prompt_words)]
@@ -331,16 +331,16 @@ def grpo_batch(batch: ExactBatch, kl: bool):
 def run_memalpha(policy, batch: ExactBatch, setting: ExactSetting, spec: ExactBatchSpec) -> SideResult:
     """memalpha's log-probs, loss and LoRA gradient through the functions ``GRPOModule.training_step``
     calls."""
-    from memalpha.lm.scoring.logprobs import token_logprobs
+    from memalpha.lm.logprobs.per_token import token_logprobs
     from memalpha.train.step import accumulate_grpo_gradients
 
-    scoring = scoring_spec(spec, batch.pad_id)
+    logprob_spec = scoring_spec(spec, batch.pad_id)
     with torch.no_grad():
-        logps = token_logprobs(policy, batch.prompts, batch.responses, scoring)
+        logps = token_logprobs(policy, batch.prompts, batch.responses, logprob_spec)
     update = grpo_batch(batch, setting.kl_coef > 0)
     policy.zero_grad(set_to_none=True)
     metrics, finite = accumulate_grpo_gradients(
-        policy, update, memalpha_update_settings(setting, spec), scoring,
+        policy, update, memalpha_update_settings(setting, spec), logprob_spec,
         max_response_len=spec.max_completion_length, token_normaliser=float(update.response_tokens),
         seq_normaliser=float(len(update)), backward=lambda loss: loss.backward(),
     )
@@ -531,7 +531,7 @@ class ExactRig:
 
     def memalpha_logps(self) -> torch.Tensor:
         """memalpha's float64 log-probs of the batch, ``[B, T]``, 0 off the responses."""
-        from memalpha.lm.scoring.logprobs import token_logprobs
+        from memalpha.lm.logprobs.per_token import token_logprobs
 
         with torch.no_grad():
             logps = token_logprobs(self.policy, self.batch.prompts, self.batch.responses,

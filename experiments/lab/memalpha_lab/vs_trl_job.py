@@ -114,7 +114,7 @@ def build_job(
     count: int, seed: int, response_token_limit: int | None, job: str
 ) -> list[tuple[list[dict[str, str]], list[str]]]:
     """``count`` prompts of ``job`` with the facts each prompt's chunk tells (empty for ``validity``)."""
-    from memalpha.agent.prompts import memorise_messages, render_memorise
+    from memalpha.agent.memorise_prompts import memorise_messages, render_memorise
     from memalpha.data.synthetic import generate_synthetic
     from memalpha.memory.store import Memory
     from memalpha.tools.formats import get_call_format

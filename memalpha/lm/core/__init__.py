@@ -1,1 +1,1 @@
-"""What sampling and scoring share: loading, layout, attention, caches, LoRA handling."""
+"""What sampling and log-probs share: loading, layout, attention, caches, LoRA handling."""

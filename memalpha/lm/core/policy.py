@@ -3,7 +3,7 @@
 The reference policy and the local reader are the same weights with the adapter switched
 off (``with model.disable_adapter(): ...``), or for the reference a frozen second adapter
 (:mod:`memalpha.lm.core.modes`); no second copy of the base model is ever loaded. Sampling lives in
-:mod:`memalpha.lm.sampling.generation` and per-token log-probs in :mod:`memalpha.lm.scoring.logprobs`.
+:mod:`memalpha.lm.sampling.generation` and per-token log-probs in :mod:`memalpha.lm.logprobs.per_token`.
 """
 
 from __future__ import annotations

@@ -522,7 +522,7 @@ def _padded_response_hidden(
 class PromptSharing:
     """What the prompts of one sampling or scoring call share, computed once: the one interface of
     prompt sharing that :func:`memalpha.lm.sampling.generation.generate` and
-    :func:`memalpha.lm.scoring.logprobs.token_scores` call.
+    :func:`memalpha.lm.logprobs.per_token.token_scores` call.
 
     ``enabled``: whether rows may share computed keys and values at all (asked and
     :func:`can_share_cache`); ``prefix``: the tokens every prompt starts with, run once

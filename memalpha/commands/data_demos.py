@@ -6,7 +6,7 @@
 The config's ``model.model``, ``model.rollout`` (read as every command reads it, its ``profile:``
 first: :func:`memalpha.train.settings_loader.load_config`) and ``data.synthetic`` decide the
 demonstrations, so their prompts are the prompts the rollout will build (docs/cold_start.md,
-*Oracle demonstrations*); every chunk gives one (:func:`memalpha.agent.demos.oracle_demonstrations`).
+*Oracle demonstrations*); every chunk gives one (:func:`memalpha.agent.oracle_demos.oracle_demonstrations`).
 With ``--data``, the instances are a LoCoMo file's conversations instead, cut as the config's
 ``data.load`` cuts them, and each chunk's notes are LoCoMo's ``observation`` facts
 (:func:`memalpha.data.locomo.read_observations`).
@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from memalpha.agent.demos import DEFAULT_REPLY_SHARE, OracleError, oracle_demonstrations
+from memalpha.agent.oracle_demos import DEFAULT_REPLY_SHARE, OracleError, oracle_demonstrations
 from memalpha.agent.rollout_settings import RolloutSettings
-from memalpha.data.demos import save_demonstrations
+from memalpha.data.demo_files import save_demonstrations
 from memalpha.data.schema import DataValidationError, Instance
 from memalpha.data.synthetic import SyntheticSettings
 from memalpha.lm.core.embedded import load_tokenizer

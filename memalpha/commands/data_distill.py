@@ -8,7 +8,7 @@
 docs/cold_start.md, *Demonstrations from recorded trajectories*, describes the two recorded layouts
 (a memalpha validation report, whose memory ``seed`` gives the recorded memory ids; the official
 Mem-α-4B responses, one ``✿FUNCTION✿`` chunk turn per line) and which instances are used. Prompts
-are rebuilt under the config's rollout settings (:func:`memalpha.agent.distill.replay_trajectory`).
+are rebuilt under the config's rollout settings (:func:`memalpha.agent.trajectory_replay.replay_trajectory`).
 Bad input exits with status 2 and one line naming the file, the record and the field.
 """
 
@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memalpha.agent.distill import DistillStats, RecordedTurn, replay_trajectory
-from memalpha.commands.demos import config_instances, demonstrations_parser
-from memalpha.data.demos import Demonstration, save_demonstrations
+from memalpha.agent.trajectory_replay import DistillStats, RecordedTurn, replay_trajectory
+from memalpha.commands.data_demos import config_instances, demonstrations_parser
+from memalpha.data.demo_files import Demonstration, save_demonstrations
 from memalpha.data.loaders import load_instances
 from memalpha.data.schema import DataValidationError
 from memalpha.lm.core.embedded import load_tokenizer

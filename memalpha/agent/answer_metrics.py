@@ -2,7 +2,7 @@
 
 Six metrics (``substring``, ``multi_part``, ``boxed``, ``keyword``: pure functions
 ``(prediction, gold) -> float in [0, 1]``; ``locomo``: a pure function that also reads the
-question's metadata, LoCoMo's category, :mod:`memalpha.agent.locomo_scoring`; ``llm_judge``: a
+question's metadata, LoCoMo's category, :mod:`memalpha.agent.locomo_metrics`; ``llm_judge``: a
 :class:`~memalpha.reader.base.Reader` answers a yes/no question) in two styles
 (``reward.metric_style``): ``memalpha`` normalises on purpose (:func:`normalize_answer`, the best
 of all golds), so that a right answer written differently still scores; ``official``
@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from memalpha.agent.locomo_scoring import locomo_f1, locomo_recall
+from memalpha.agent.locomo_metrics import locomo_f1, locomo_recall
 
 if TYPE_CHECKING:  # only for annotations: the reader imports nothing from here
     from memalpha.reader.base import Reader
@@ -158,7 +158,7 @@ def _judge_many(
     """Ask ``judge`` whether each prediction satisfies its gold rubric, in one batched call: the
     scores (a failed call scores 0; ``style`` reads the replies), and for each the error of its
     failed judge call (None when it was judged)."""
-    from memalpha.agent.prompts import answer_judge_prompt
+    from memalpha.agent.memorise_prompts import answer_judge_prompt
 
     if judge is None:
         raise ValueError(

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from memalpha.agent.rollout import make_token_counter, turn_prompt
 from memalpha.agent.rollout_settings import RolloutSettings
-from memalpha.data.demos import Demonstration
+from memalpha.data.demo_files import Demonstration
 from memalpha.data.schema import Instance
 from memalpha.memory.store import Memory
 from memalpha.tools.executor import execute_response

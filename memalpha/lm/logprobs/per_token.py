@@ -34,7 +34,7 @@ from memalpha.lm.core.prompt_sharing import (
     shared_prefix,
     split_decoder_and_head,
 )
-from memalpha.lm.scoring.spec import DEFAULT_SCORING, ScoringSpec
+from memalpha.lm.logprobs.spec import DEFAULT_SCORING, LogprobSpec
 
 
 def _head_logits(head, hidden: torch.Tensor, config, columns: slice | None) -> torch.Tensor:
@@ -246,7 +246,7 @@ def token_scores(
     model,
     prompt_ids: list[list[int]],
     response_ids: list[list[int]],
-    spec: ScoringSpec = DEFAULT_SCORING,
+    spec: LogprobSpec = DEFAULT_SCORING,
     *,
     with_entropy: bool = False,
     with_accuracy: bool = False,
@@ -262,7 +262,7 @@ def token_scores(
 
     Gradients flow into the result when grad mode is on (the policy); call it under
     ``torch.no_grad()`` for old/reference log-probs, and inside ``model.disable_adapter()``
-    for the reference policy. ``spec`` (:class:`~memalpha.lm.scoring.spec.ScoringSpec`) holds the
+    for the reference policy. ``spec`` (:class:`~memalpha.lm.logprobs.spec.LogprobSpec`) holds the
     temperature and the sizes: ``micro_batch_size`` sequences go through the decoder at a
     time; ``token_chunk`` response rows (times ``vocab_chunk`` vocabulary columns, when set)
     bound the logits held at once. Padding uses ``pad_id`` and is masked out of attention.
@@ -363,7 +363,7 @@ def token_logprobs(
     model,
     prompt_ids: list[list[int]],
     response_ids: list[list[int]],
-    spec: ScoringSpec = DEFAULT_SCORING,
+    spec: LogprobSpec = DEFAULT_SCORING,
     *,
     with_entropy: bool = False,
     prefix: SharedPrefix | None = None,
@@ -378,7 +378,7 @@ def response_logprobs(
     policy,
     prompts: list[list[int]],
     responses: list[list[int]],
-    spec: ScoringSpec,
+    spec: LogprobSpec,
 ) -> list[torch.Tensor]:
     """Per-sample response log-probs (no grad, eval mode) as CPU float tensors of each response's length.
 
@@ -427,7 +427,7 @@ class MicroBatchScores:
 
 
 def micro_batch_scores(
-    policy, prompt_ids: list[list[int]], response_ids: list[list[int]], spec: ScoringSpec,
+    policy, prompt_ids: list[list[int]], response_ids: list[list[int]], spec: LogprobSpec,
     micro_batch_size: int | None = None,
 ) -> Iterator[MicroBatchScores]:
     """The rows' response log-probs and entropy with grad, ``micro_batch_size`` rows at a time

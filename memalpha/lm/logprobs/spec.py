@@ -1,5 +1,5 @@
-"""How response tokens are scored: one typed specification, built once by a trainer and handed
-down to every scoring call (policy, old policy, reference, SFT)."""
+"""How response log-probs are computed: one typed specification, built once by a trainer and handed
+down to every log-prob call (policy, old policy, reference, SFT)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class ScoringSpec:
-    """The settings of :func:`memalpha.lm.scoring.logprobs.token_scores`.
+class LogprobSpec:
+    """The settings of :func:`memalpha.lm.logprobs.per_token.token_scores`.
 
     Args:
         temperature: the logits are divided by it, as sampling divided them.
@@ -38,5 +38,5 @@ class ScoringSpec:
             raise ValueError(f"vocab_chunk must be >= 1 or None, got {self.vocab_chunk}")
 
 
-DEFAULT_SCORING = ScoringSpec()
+DEFAULT_SCORING = LogprobSpec()
 """Temperature 1, micro-batches of 4, pad id 0, prefixes shared."""

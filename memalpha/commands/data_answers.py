@@ -19,8 +19,8 @@ from pathlib import Path
 
 from memalpha.agent.answer_demos import answer_demonstrations, records_of
 from memalpha.agent.rollout import make_token_counter
-from memalpha.commands.demos import demonstrations_parser
-from memalpha.data.demos import save_demonstrations
+from memalpha.commands.data_demos import demonstrations_parser
+from memalpha.data.demo_files import save_demonstrations
 from memalpha.data.schema import DataValidationError
 from memalpha.lm.core.embedded import load_tokenizer
 from memalpha.train.settings_loader import AgentLoadError, load_config
