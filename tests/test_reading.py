@@ -5,6 +5,7 @@ memalpha/inference/memory_agent.py)."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -49,21 +50,16 @@ class CopyChunk:
 @pytest.fixture
 def agent(tokenizer):
     settings = agent_settings({"rollout": ROLLOUT, "reader": {"kind": "extractive"}})
-    reader = settings.reader.build(None, tokenizer)
-    return MemoryAgent(None, tokenizer, reader, settings, sampler=CopyChunk(tokenizer))
+    return MemoryAgent.assembled(settings, None, tokenizer, sampler=CopyChunk(tokenizer))
 
 
 def test_read_instances_memorises_answers_and_leaves_the_given_memory_alone(agent, tokenizer):
-    settings = agent.settings
     start = agent.new_memory()
     start.insert("semantic", "kept from before")
     asked = Instance("a", "synth_personal", ["Ada lives in Lisbon.", "Ada's cat is Pixel."],
                      [QA("Where does Ada live?", "Lisbon"), QA("Who is Zed?", "a dog")])
     plain = Instance("b", "text", ["Bo sings."], [])
-    readings = read_instances(
-        [asked, plain], None, tokenizer, agent.reader, settings.rollout, settings.reward, seed=0,
-        memories=[start, None], sampler=agent.sampler,
-    )
+    readings = read_instances(agent.agent, [asked, plain], seed=0, memories=[start, None])
     first, second = readings
     assert [e.content for e in first.memory.episodic] == ["Ada lives in Lisbon.", "Ada's cat is Pixel."]
     assert [e.content for e in first.memory.semantic] == ["kept from before"]
@@ -76,8 +72,7 @@ def test_read_instances_memorises_answers_and_leaves_the_given_memory_alone(agen
     record = second.record()
     assert record["memory"]["episodic"][0]["content"] == "Bo sings." and record["chunks"] == 1
     with pytest.raises(ValueError, match="give a reader"):
-        read_instances([asked], None, tokenizer, None, settings.rollout, settings.reward, seed=0,
-                       sampler=agent.sampler)
+        read_instances(replace(agent.agent, reader=None), [asked], seed=0)
 
 
 def test_remember_read_answer_and_a_memory_file(agent, tmp_path):

@@ -18,9 +18,8 @@ from typing import Any
 
 from memalpha.agent.fact_recall import memory_fact_recall
 from memalpha.agent.progress import Phase, PhaseHook, report
-from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import (
-    GenerateFn,
+    Agent,
     Rollout,
     answer_questions,
     first_memory,
@@ -30,9 +29,7 @@ from memalpha.agent.rollout import (
 )
 from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.schema import Instance
-from memalpha.lm.sampling.generation import sampler_for
 from memalpha.memory.store import Memory
-from memalpha.reader.base import Reader
 from memalpha.seeding import stable_seed
 
 
@@ -90,31 +87,25 @@ def start_memory(instance: Instance, tokenizer, settings: RolloutSettings, seed:
 
 
 def read_instances(
+    agent: Agent,
     instances: Sequence[Instance],
-    model,
-    tokenizer,
-    reader: Reader | None,
-    settings: RolloutSettings,
-    weights: RewardSettings,
     *,
     seed: int,
     memories: Sequence[Memory | None] | None = None,
     greedy: bool = True,
-    sampler: GenerateFn | None = None,
     on_phase: PhaseHook | None = None,
-    share_prefix: bool = True,
 ) -> list[Reading]:
-    """One rollout per instance, together: memorise its chunks, then answer its questions.
+    """One rollout of ``agent`` per instance, together: memorise its chunks, then answer its questions.
 
     Instance ``i`` starts from a copy of ``memories[i]`` (the caller's memory is left as it was),
     or, where that is None, from :func:`start_memory`. ``greedy`` decodes without sampling (as
-    validation does); ``sampler`` generates instead of ``model`` (a vLLM server; ``model`` may then
-    be None). Questions are answered by ``reader`` (one batch for all instances) and scored with
-    ``weights``' metrics; instances without questions need no reader. ``on_phase`` hears
-    ``sampling`` at each chunk index and ``reader`` before the answers. A baseline (``settings.baseline``)
-    stores the chunks as it says instead (:mod:`memalpha.agent.baselines`; ``model`` may then be
-    None and no turn is taken).
+    validation does) with the agent's sampler (its policy here, or a vLLM server). Questions are
+    answered by the agent's reader (one batch for all instances) and scored with its reward settings'
+    metrics; instances without questions need no reader. ``on_phase`` hears ``sampling`` at each chunk
+    index and ``reader`` before the answers. A baseline (the agent's ``rollout.baseline``) stores the
+    chunks as it says instead (:mod:`memalpha.agent.baselines`; no turn is taken).
     """
+    tokenizer, settings, weights, reader = agent.tokenizer, agent.rollout, agent.reward, agent.reader
     baseline = settings.baseline
     starts = list(memories) if memories is not None else [None] * len(instances)
     if len(starts) != len(instances):
@@ -128,8 +119,8 @@ def read_instances(
     ]  # fmt: skip
     if baseline.kind is None:
         memorise_chunks(
-            rollouts, sampler or sampler_for(model, tokenizer, settings.backend), tokenizer, settings,
-            seed=seed, do_sample=not greedy, share_prefix=share_prefix, on_phase=on_phase, keep_samples=False,
+            rollouts, agent.sampler, tokenizer, settings, seed=seed, do_sample=not greedy,
+            share_prefix=agent.share_prefix, on_phase=on_phase, keep_samples=False,
         )
     else:
         store_baseline(rollouts, baseline, reader, tokenizer)

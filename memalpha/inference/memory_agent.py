@@ -29,7 +29,7 @@ from typing import Any
 from memalpha.agent.baselines import BASELINE_KINDS, cut_full_text
 from memalpha.agent.prompt_budget import check_prompt_budget, chunk_room
 from memalpha.agent.reading import Reading, read_instances
-from memalpha.agent.rollout import GenerateFn, Rollout, answer_questions, make_token_counter
+from memalpha.agent.rollout import Agent, GenerateFn, Rollout, answer_questions, make_token_counter
 from memalpha.data.plain_text import TEXT_SOURCE, text_chunks
 from memalpha.data.schema import QA, DataValidationError, Instance
 from memalpha.inference.loading import read_source
@@ -42,6 +42,7 @@ from memalpha.lm.sampling.vllm_server import VllmServer
 from memalpha.memory.store import Memory
 from memalpha.reader.base import Reader
 from memalpha.reader.settings import ReaderSettings
+from memalpha.train.agent_factory import build_agent
 from memalpha.train.settings_loader import AgentLoadError, AgentSettings, agent_settings, load_config
 
 
@@ -58,29 +59,53 @@ class Turn:
 
 
 class MemoryAgent:
-    """A trained memory agent: its policy (in this process, or served by vLLM), tokenizer and
-    reader, and the settings it runs with. Build one with :meth:`load` or :meth:`served`.
+    """A trained memory agent and the settings it runs with: its policy (in this process, or served by
+    vLLM), tokenizer and reader, assembled by :func:`~memalpha.train.agent_factory.build_agent` as
+    training assembles them. Build one with :meth:`load`, :meth:`baseline` or :meth:`served`.
 
     Args:
-        policy: The policy (a PEFT model), or None when ``sampler`` generates.
-        tokenizer: The policy's tokenizer.
-        reader: Who answers questions from a memory (None: :meth:`answer` is refused).
+        agent: The assembled agent (policy or sampler, tokenizer, reader, rollout and reward settings).
         settings: The agent's settings (:class:`~memalpha.train.settings_loader.AgentSettings`).
-        sampler: Generates the agent's turns instead of ``policy`` (a vLLM server).
         seed: Seed of new memories' entry ids.
     """
 
-    def __init__(
-        self, policy: Any, tokenizer: Any, reader: Reader | None, settings: AgentSettings, *,
-        sampler: GenerateFn | None = None, seed: int = 0,
-    ) -> None:  # fmt: skip
-        self.policy = policy
-        self.tokenizer = tokenizer
-        self.reader = reader
+    def __init__(self, agent: Agent, settings: AgentSettings, *, seed: int = 0) -> None:
+        self.agent = agent
         self.settings = settings
-        self.sampler = sampler
         self.seed = seed
-        self._count_tokens = make_token_counter(tokenizer)
+        self._count_tokens = make_token_counter(agent.tokenizer)
+
+    @property
+    def policy(self) -> Any:
+        """The policy in this process (None when a server samples, or for a baseline without one)."""
+        return self.agent.policy
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.agent.tokenizer
+
+    @property
+    def reader(self) -> Reader | None:
+        """Who answers questions from a memory."""
+        return self.agent.reader
+
+    @property
+    def sampler(self) -> GenerateFn | None:
+        return self.agent.sampler
+
+    @classmethod
+    def assembled(
+        cls, settings: AgentSettings, policy: Any, tokenizer: Any, *, sampler: GenerateFn | None = None,
+        seed: int = 0,
+    ) -> MemoryAgent:  # fmt: skip
+        """The agent of ``settings`` around ``policy`` and ``tokenizer``, as training assembles it; an
+        answer agent's settings (``rollout.trains: answer``) are refused in one line."""
+        if settings.rollout.trains == "answer":
+            raise AgentLoadError(
+                "rollout.trains: answer: this is an answer agent; load it as the reader.adapter_path of a "
+                "memory agent"
+            )
+        return cls(build_agent(settings, policy, tokenizer, sampler=sampler), settings, seed=seed)
 
     # ------------------------------------------------------------- building
     @classmethod
@@ -124,8 +149,7 @@ class MemoryAgent:
                     f"{lora_shape(settings)} (first mismatch: {wrong})"
                 )
         policy.eval()
-        reader = build_reader(settings, policy, tokenizer)
-        return cls(policy, tokenizer, reader, settings, seed=seed)
+        return cls.assembled(settings, policy, tokenizer, seed=seed)
 
     @classmethod
     def baseline(
@@ -156,7 +180,7 @@ class MemoryAgent:
             )  # fmt: skip
         else:
             tokenizer = load_tokenizer(settings.model)
-        return cls(policy, tokenizer, build_reader(settings, policy, tokenizer), settings, seed=seed)
+        return cls.assembled(settings, policy, tokenizer, seed=seed)
 
     @classmethod
     def served(
@@ -189,7 +213,7 @@ class MemoryAgent:
         tokens = load_tokenizer(tokenizer)
         engine = VllmEngine(VllmServer(url.rstrip("/").removesuffix("/v1"), adapter))
         sampler = partial(engine.generate, eos_token_id=resolve_eos_ids(None, tokens, None))
-        return cls(None, tokens, build_reader(settings, None, tokens), settings, sampler=sampler, seed=seed)
+        return cls.assembled(settings, None, tokens, sampler=sampler, seed=seed)
 
     def with_reader(self, reader: ReaderSettings | dict[str, Any]) -> MemoryAgent:
         """The same agent answering with another reader (``{"kind": "extractive"}``, an
@@ -201,10 +225,7 @@ class MemoryAgent:
             agent = replace(self.settings, reader=settings.reader)  # the rules between groups, again
         except ValueError as exc:
             raise AgentLoadError(str(exc)) from None
-        return MemoryAgent(
-            self.policy, self.tokenizer, build_reader(agent, self.policy, self.tokenizer), agent,
-            sampler=self.sampler, seed=self.seed,
-        )
+        return MemoryAgent.assembled(agent, self.policy, self.tokenizer, sampler=self.sampler, seed=self.seed)
 
     # ------------------------------------------------------------- memories
     def new_memory(self, seed: int | None = None) -> Memory:
@@ -251,10 +272,7 @@ class MemoryAgent:
 
     def _read(self, instance: Instance, memory: Memory | None) -> Reading:
         start = self.new_memory() if memory is None else memory
-        return read_instances(
-            [instance], self.policy, self.tokenizer, self.reader, self.settings.rollout, self.settings.reward,
-            seed=self.seed, memories=[start], sampler=self.sampler,
-        )[0]
+        return read_instances(self.agent, [instance], seed=self.seed, memories=[start])[0]
 
     # --------------------------------------------------------------- answering
     def answer(
@@ -292,14 +310,6 @@ class MemoryAgent:
              "error": a.error}
             for q, a in zip(questions, answers)
         ]  # fmt: skip
-
-
-def build_reader(settings: AgentSettings, policy: Any, tokenizer: Any) -> Reader:
-    """The reader ``settings.reader`` names (the answer agent of ``reader.adapter_path`` is loaded beside
-    the policy's adapter; the ``engine`` reader, which needs a training run's server, is refused by the
-    settings and the ``vllm`` backend by each way of building)."""
-    rollout = settings.rollout
-    return settings.reader.build(policy, tokenizer, rollout.templates, backend=rollout.backend)
 
 
 def served_models(url: str) -> list[str]:

@@ -37,9 +37,9 @@ from memalpha.lm.core.modes import load_reference_adapter
 from memalpha.lm.core.policy import LMSettings, LoraSettings
 from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.lm.sampling.backend import announce_backends
-from memalpha.reader.base import Reader
 from memalpha.reader.settings import ReaderSettings
 from memalpha.seeding import stable_seed
+from memalpha.train.agent_factory import build_agent
 from memalpha.train.engine_sync import EngineSync
 from memalpha.train.policy_module import PolicyModule, typed
 from memalpha.train.predict_writer import PredictionWriter
@@ -102,13 +102,11 @@ class GRPOModule(PolicyModule):
         self.reader_settings: ReaderSettings = typed(ReaderSettings, reader)
         self.reward_settings: RewardSettings = typed(RewardSettings, reward)
         self.update_settings: UpdateSettings = typed(UpdateSettings, update)
-        agent = AgentSettings(  # the rules between the groups: one line each, before any model loads
+        self.agent_settings = AgentSettings(  # the rules between the groups: one line each, before any load
             model, self.lm_settings, self.lora_settings, self.rollout_settings, self.reader_settings,
             self.reward_settings,
         )  # fmt: skip
-        TrainingSettings(agent, adapter_path, self.update_settings)
-        self.reader: Reader | None = None
-        self.content_judge = None
+        TrainingSettings(self.agent_settings, adapter_path, self.update_settings)
         self.logprob_spec: LogprobSpec | None = None  # how log-probs are computed, set with the policy
         self.agent: Agent | AnswerAgent | None = None  # the policy, its reader and settings; set with it
         self.engine = (  # rollout.backend: vllm: the server, checked at setup, started at the first rollout
@@ -168,11 +166,6 @@ class GRPOModule(PolicyModule):
             if self.update_settings.kl_reference == "start" and self.hparams.adapter_path:
                 load_reference_adapter(self.policy, self.hparams.adapter_path)
             backend = self.rollout_settings.backend
-            self.reader = self.reader_settings.build(
-                self.policy, self.tokenizer, self.rollout_settings.templates, self._engine_endpoint(),
-                backend=backend,
-            )
-            self.content_judge = self.reward_settings.build_content_judge(self.reader)
             self.logprob_spec = LogprobSpec(
                 temperature=self.rollout_settings.temperature,
                 micro_batch_size=self.update_settings.micro_batch_size,
@@ -180,16 +173,10 @@ class GRPOModule(PolicyModule):
                 share_prefix=self.lm_settings.share_prefix,
             )
             sampler = None if self.engine is None else self.engine.sampler(self.policy, self.tokenizer)
-            if self.rollout_settings.trains == "answer":
-                self.agent = AnswerAgent(
-                    self.policy, self.tokenizer, self.reader, self.rollout_settings, self.reward_settings,
-                    self.reader_settings.max_new_tokens, sampler=sampler,
-                )
-            else:
-                self.agent = Agent(
-                    self.policy, self.tokenizer, self.reader, self.rollout_settings, self.reward_settings,
-                    self.content_judge, share_prefix=self.lm_settings.share_prefix, sampler=sampler,
-                )
+            self.agent = build_agent(
+                self.agent_settings, self.policy, self.tokenizer, sampler=sampler,
+                engine_endpoint=self._engine_endpoint(),
+            )
             self.grpo_step.agent, self.grpo_step.logprob_spec = self.agent, self.logprob_spec
             self.backends = announce_backends(
                 self.policy, backend, reader_samples_here=self.reader_settings.kind == "local"
@@ -347,11 +334,6 @@ class GRPOModule(PolicyModule):
         :class:`~memalpha.train.predict_writer.PredictionWriter` appends to ``data.predict.output``.
         Memory ids are seeded by ``model.seed`` and the instance alone, so a resumed or
         re-batched run writes the same records."""
-        agent = self.agent
         with self._out_of_memory_names_the_phase(f"predict batch {batch_idx}"):
-            readings = read_instances(
-                batch, agent.policy, agent.tokenizer, agent.reader, agent.rollout, agent.reward,
-                seed=self.hparams.seed, sampler=agent.sampler, on_phase=self._enter_phase,
-                share_prefix=agent.share_prefix,
-            )
+            readings = read_instances(self.agent, batch, seed=self.hparams.seed, on_phase=self._enter_phase)
         return [reading.record() for reading in readings]
