@@ -59,10 +59,19 @@ def test_the_test_split_is_scored_per_arm_with_the_issues_figures(split_data, tm
     assert demo["turns"] == 4 and 0.0 <= demo["ok_call_share"] <= demo["call_share"] <= 1.0
     assert set(demo["targets_met"]) == {"ok_call_share", "entries_per_session", "memory_share",
                                         "f1_at_least_raw_chunks"}
-    assert demo["f1_minus_raw_chunks"]["n"] == 2 and "f1_minus_raw_chunks" not in raw
+    change = demo["f1_minus_raw_chunks"]
+    assert change["n"] == 2 and change["over"] == "conversations" and "f1_minus_raw_chunks" not in raw
     for figures in arms.values():
         assert figures["f1"] == figures["per_category"]["all_but_adversarial"]["locomo_f1"]
     assert "F1 - raw chunks [95 %]" in ran.stdout
+    # the validation split is conv-30 alone: the change's interval is over its questions
+    ran = bench("--data", str(split_data), "--split", "validation", "--arms", "raw_chunks,empty", "--config",
+                str(config), "--run-dir", str(tmp_path / "run"), "--out", str(out))
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["settings"]["conversations"] == ["conv-30"]
+    change = result["arms"]["empty"]["f1_minus_raw_chunks"]
+    assert change["over"] == "questions" and change["n"] == 4  # fx-2's non-adversarial questions
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ the adversarial category is scored by LoCoMo's protocol and reported apart), mem
 share of the input's tokens, the share of turns with any call and with a call that worked (status
 ``ok``), entries per session, and replies cut at ``rollout.max_new_tokens``. Then the targets of
 issue 74, item 4, for the trained arms, and each arm's F1 against raw chunks', paired per question with
-a 95 % t interval over conversations.
+a 95 % t interval over conversations (over questions for a split of one conversation).
 """
 
 from __future__ import annotations
@@ -165,14 +165,15 @@ def question_f1(report: dict[str, Any]) -> dict[str, list[float]]:
     }
 
 
-def against_raw_chunks(report: dict[str, Any], raw: dict[str, Any]) -> dict[str, float]:
-    """The arm's F1 minus raw chunks' (all but adversarial), paired per question; the mean of each
-    conversation's mean difference with its 95 % t interval over conversations."""
+def against_raw_chunks(report: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
+    """The arm's F1 minus raw chunks' (all but adversarial), paired per question: the mean of each
+    conversation's mean difference with its 95 % t interval over conversations, or, for a split of one
+    conversation (validation, train), over its questions (``over`` says which)."""
     mine, theirs = question_f1(report), question_f1(raw)
-    per_conversation = [
-        sum(a - b for a, b in zip(mine[c], theirs[c])) / len(mine[c]) for c in sorted(mine) if mine[c]
-    ]
-    return mean_interval(per_conversation)
+    pairs = {c: [a - b for a, b in zip(mine[c], theirs[c])] for c in sorted(mine) if mine[c]}
+    if len(pairs) > 1:
+        return {**mean_interval([sum(d) / len(d) for d in pairs.values()]), "over": "conversations"}
+    return {**mean_interval([d for ds in pairs.values() for d in ds]), "over": "questions"}
 
 
 def targets(figures: dict[str, Any], raw: dict[str, Any] | None) -> dict[str, bool | None]:
