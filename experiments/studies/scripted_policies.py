@@ -42,7 +42,7 @@ from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer, resol
 from memalpha.reader.extractive import ExtractiveReader
 from memalpha.reader.settings import ReaderSettings
 from memalpha.train.profiles import PROFILES
-from memalpha.train.settings_loader import load_config
+from memalpha.train.settings_loader import LoadedConfig, load_config
 from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, print_table, write_json
 from memalpha_lab.scripted import POLICIES, reward_terms, run_scripted
 
@@ -83,14 +83,14 @@ def remember_answers(reader) -> None:
     reader.chat = cached
 
 
-def build_reader(kind: str, config: dict, tokenizer, settings: RolloutSettings):
+def build_reader(kind: str, config: LoadedConfig, tokenizer, settings: RolloutSettings):
     if kind == "echo":
         return ExtractiveReader(templates=settings.templates)
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(EMBEDDED_MODEL_NAME))
     model.eval()
-    reader = ReaderSettings(**config["model"]["reader"]).build(model, tokenizer, settings.templates)
+    reader = ReaderSettings(**config.section("model")["reader"]).build(model, tokenizer, settings.templates)
     remember_answers(reader)
     return reader
 
