@@ -9,11 +9,11 @@ from test_grpo import CHOSEN, _first_token_probability
 from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
+from memalpha.grpo.update import accumulate_grpo_gradients
 from memalpha.lm.core.policy import LoraSettings, load_policy
-from memalpha.lm.logprobs.per_token import response_logprobs
+from memalpha.lm.logprobs.per_token import micro_batch_scorer, response_logprobs
 from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.lm.sampling.generation import generate
-from memalpha.train.step import accumulate_grpo_gradients
 from memalpha_lab.single_turn import SingleTurnSettings, train_single_turn
 
 
@@ -43,12 +43,11 @@ def test_shared_update_raises_a_rewarded_token_over_micro_batches_with_kl(small_
         for _epoch in range(2):
             optimiser.zero_grad()
             metrics, finite = accumulate_grpo_gradients(
-                model,
+                micro_batch_scorer(model, LogprobSpec(
+                    temperature=1.0, micro_batch_size=settings.micro_batch_size, pad_id=0, share_prefix=True,
+                )),
                 batch,
                 settings,
-                LogprobSpec(
-                    temperature=1.0, micro_batch_size=settings.micro_batch_size, pad_id=0, share_prefix=True,
-                ),
                 max_response_len=2,
                 token_normaliser=float(sum(map(len, out.response_ids))),
                 seq_normaliser=float(len(out.response_ids)),

@@ -14,13 +14,13 @@ from conftest import SMALL_VOCAB_CHOSEN as CHOSEN
 
 from memalpha.grpo.advantages import group_advantages
 from memalpha.grpo.batch import GRPOBatch
+from memalpha.grpo.optimizer import build_optimizer
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-from memalpha.grpo.update import build_optimizer, optimizer_step
+from memalpha.grpo.update import accumulate_grpo_gradients, optimizer_step
 from memalpha.lm.core.policy import LoraSettings, load_policy
-from memalpha.lm.logprobs.per_token import response_logprobs
+from memalpha.lm.logprobs.per_token import micro_batch_scorer, response_logprobs
 from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.lm.sampling.generation import generate
-from memalpha.train.step import accumulate_grpo_gradients
 
 STEPS, GROUP, NEW_TOKENS = 20, 8, 3
 PROMPTS = [[1, 3, 4], [6, 7], [4, 4, 1, 6]]
@@ -50,12 +50,11 @@ def test_grpo_raises_a_learnable_reward_over_20_steps(small_vocab_model_dir, tok
         )
         optimizer.zero_grad(set_to_none=True)
         _, finite = accumulate_grpo_gradients(
-            model,
+            micro_batch_scorer(model, LogprobSpec(
+                temperature=1.0, micro_batch_size=update.micro_batch_size, pad_id=0, share_prefix=True,
+            )),
             batch,
             update,
-            LogprobSpec(
-                temperature=1.0, micro_batch_size=update.micro_batch_size, pad_id=0, share_prefix=True,
-            ),
             max_response_len=NEW_TOKENS,
             token_normaliser=float(batch.response_tokens),
             seq_normaliser=float(len(batch)),

@@ -340,8 +340,8 @@ def test_the_single_turn_trainer_follows_the_same_rule(tiny_model_dir):
 
 
 def test_optimizer_step_drops_gradients_whose_norm_is_not_finite():
+    from memalpha.grpo.optimizer import build_optimizer
     from memalpha.grpo.settings import OptimizerSettings
-    from memalpha.grpo.update import build_optimizer
 
     weight = torch.nn.Parameter(torch.tensor([1.0, 1.0]))
     optimizer, scheduler = build_optimizer([weight], OptimizerSettings(learning_rate=0.1, warmup_ratio=0.0))

@@ -11,6 +11,7 @@ from numerics import VALUE_REL, assert_close, assert_same_gradients, relative_di
 
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import UpdateSettings
+from memalpha.grpo.update import accumulate_grpo_gradients
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.core.prompt_sharing import (
     SharedPrefix,
@@ -21,10 +22,9 @@ from memalpha.lm.core.prompt_sharing import (
     split_decoder_and_head,
     unique_rows,
 )
-from memalpha.lm.logprobs.per_token import response_logprobs, token_logprobs
+from memalpha.lm.logprobs.per_token import micro_batch_scorer, response_logprobs, token_logprobs
 from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.lm.sampling.generation import generate
-from memalpha.train.step import accumulate_grpo_gradients
 
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]
 # Two groups of two identical prompts after a shared "system prompt", plus one shorter prompt.
@@ -221,12 +221,11 @@ def _update_gradients(model, batch, share: bool, micro_batch_size: int, scale: f
     model.zero_grad(set_to_none=True)
     settings = UpdateSettings(kl_coef=0.1, micro_batch_size=micro_batch_size)
     metrics, finite = accumulate_grpo_gradients(
-        model,
+        micro_batch_scorer(model, LogprobSpec(
+            temperature=1.0, micro_batch_size=settings.micro_batch_size, pad_id=0, share_prefix=share,
+        )),
         batch,
         settings,
-        LogprobSpec(
-            temperature=1.0, micro_batch_size=settings.micro_batch_size, pad_id=0, share_prefix=share,
-        ),
         max_response_len=8,
         token_normaliser=float(batch.response_tokens),
         seq_normaliser=5.0,

@@ -20,8 +20,8 @@ import yaml
 from lightning.pytorch import Callback, Trainer
 
 from memalpha.agent import answer_metrics as scoring
+from memalpha.grpo.optimizer import build_optimizer, lr_multiplier, schedule_length, warmup_steps
 from memalpha.grpo.settings import OptimizerSettings
-from memalpha.grpo.update import build_optimizer, lr_multiplier, schedule_length, warmup_steps
 from memalpha.train.datamodule import RolloutDataModule, check_data_settings, run_rounds
 from memalpha.train.stream import PassCursor, pass_order
 

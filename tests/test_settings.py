@@ -13,8 +13,9 @@ from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.synthetic import SyntheticSettings
 from memalpha.grpo.batch import GRPOBatch, cut_minibatches
+from memalpha.grpo.optimizer import build_optimizer, warmup_steps
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-from memalpha.grpo.update import build_optimizer, optimizer_step, warmup_steps
+from memalpha.grpo.update import optimizer_step
 from memalpha.lm.core.policy import LMSettings, LoraSettings
 from memalpha.reader.options import OpenAISettings, RetrievalSettings
 from memalpha.reader.settings import ReaderSettings

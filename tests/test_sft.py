@@ -16,8 +16,9 @@ from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.demo_files import Demonstration, load_demonstrations, save_demonstrations
 from memalpha.data.schema import DataValidationError
 from memalpha.data.synthetic import generate_synthetic
+from memalpha.grpo.optimizer import build_optimizer
 from memalpha.grpo.settings import OptimizerSettings
-from memalpha.grpo.update import build_optimizer, optimizer_step
+from memalpha.grpo.update import optimizer_step
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.core.prompt_sharing import pad_prompt_response
 from memalpha.lm.logprobs.spec import LogprobSpec

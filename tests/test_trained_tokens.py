@@ -18,13 +18,13 @@ from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.schema import QA, Instance
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import UpdateSettings
+from memalpha.grpo.update import accumulate_grpo_gradients
 from memalpha.lm.core.policy import LoraSettings, load_policy
-from memalpha.lm.logprobs.per_token import response_logprobs, token_logprobs
+from memalpha.lm.logprobs.per_token import micro_batch_scorer, response_logprobs, token_logprobs
 from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.reader.local import LocalReader
 from memalpha.tools.formats import RESPONSE_OPEN, RESULT_MARK, get_call_format
 from memalpha.tools.schemas import INSERT
-from memalpha.train.step import accumulate_grpo_gradients
 
 QWEN, HERMES = get_call_format("qwen"), get_call_format("hermes")
 FACT = {"memory_type": "semantic_memory", "content": "Anna lives in Oslo."}
@@ -220,15 +220,14 @@ def test_a_rollout_trains_nothing_after_the_marker_and_still_executes_the_calls(
     for share_prefix in (False, True):
         policy.zero_grad()
         metrics, finite = accumulate_grpo_gradients(
-            policy,
-            batch,
-            UpdateSettings(micro_batch_size=1, kl_coef=0.001),
-            LogprobSpec(
+            micro_batch_scorer(policy, LogprobSpec(
                 temperature=1.0,
                 micro_batch_size=UpdateSettings(micro_batch_size=1, kl_coef=0.001).micro_batch_size,
                 pad_id=tokenizer.pad_token_id,
                 share_prefix=share_prefix,
-            ),
+            )),
+            batch,
+            UpdateSettings(micro_batch_size=1, kl_coef=0.001),
             max_response_len=64,
             token_normaliser=float(batch.response_tokens),
             seq_normaliser=3.0,

@@ -13,7 +13,7 @@ SmolLM2-135M-Instruct, fp32) and its local reader, :func:`memalpha.agent.rollout
 plays the memory agent chunk by chunk and lets the reader answer every question (it reports
 both times), and the rest of the step is the module's own (:mod:`memalpha.train.step`):
 :func:`~memalpha.train.step.collect_round` (rewards, advantages, reference log-probs under
-``update.kl_reference``) and :func:`~memalpha.train.step.train_minibatch` (per micro-batch policy
+``update.kl_reference``) and :func:`~memalpha.grpo.update.train_minibatch` (per micro-batch policy
 log-probs, the clipped GRPO loss with the k3 KL term, backward, gradient clipping and an AdamW
 step). Reported per pair: generated tokens/s and turns/s of
 the agent's generation, reader questions/s, and the share of the step in rollout (agent
@@ -54,16 +54,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.synthetic import generate_synthetic
+from memalpha.grpo.optimizer import build_optimizer
 from memalpha.grpo.settings import KLReference, OptimizerSettings, UpdateSettings
-from memalpha.grpo.update import build_optimizer
+from memalpha.grpo.update import ONE_PROCESS, Optimisation, train_minibatch
 from memalpha.lm.core.policy import LMSettings, LoraSettings
+from memalpha.lm.logprobs.per_token import micro_batch_scorer
 from memalpha.lm.sampling.backend import SAMPLING_BACKENDS
 from memalpha.lm.sampling.vllm_settings import VllmSettings
 from memalpha.reader.options import RetrievalSettings
 from memalpha.reader.settings import ReaderSettings
 from memalpha.train.engine_sync import EngineSync
 from memalpha.train.module import GRPOModule
-from memalpha.train.step import ONE_PROCESS, Optimisation, collect_round, train_minibatch
+from memalpha.train.step import collect_round
 from memalpha_lab.common import (
     RESULTS_DIR,
     Stopwatch,
@@ -138,7 +140,7 @@ def bench_step(
     :meth:`~memalpha.train.module.GRPOModule.training_step` runs it: the round collected
     (:func:`~memalpha.train.step.collect_round`: the agent's rollouts with the module's sampler,
     the reader, rewards, reference log-probs under ``update.kl_reference``), then its one
-    mini-batch trained (:func:`~memalpha.train.step.train_minibatch`). Timings and counts.
+    mini-batch trained (:func:`~memalpha.grpo.update.train_minibatch`). Timings and counts.
 
     With ``engine_sync`` the agent's turns are sampled by its vLLM server, the policy's adapter
     synced to it first (``sync_s``), as :class:`~memalpha.train.module.GRPOModule` does."""
@@ -159,7 +161,10 @@ def bench_step(
     params = [p for p in module.policy.parameters() if p.requires_grad]
     with Stopwatch() as update_watch:
         result = train_minibatch(
-            module.policy, collected.batches[0], module.update_settings, module.logprob_spec, ONE_PROCESS,
+            micro_batch_scorer(module.policy, module.logprob_spec),
+            collected.batches[0],
+            module.update_settings,
+            ONE_PROCESS,
             Optimisation(optimizer, params, module.optimizer_settings.grad_clip),
             max_response_len=module.rollout_settings.max_new_tokens,
         )

@@ -23,7 +23,7 @@ exactly as ``configs/qlora_4090.yaml`` does: NF4 base (double quantisation), LoR
 3. ``policy``     per micro-batch: policy log-probs with grad and the clipped GRPO loss with the
                   k3 KL term (``forward``), then ``backward``;
 4. ``optimizer``  gradient clipping and the optimiser step (3 and 4 are
-                  :func:`memalpha.train.step.train_minibatch`, the step ``memalpha fit`` takes;
+                  :func:`memalpha.grpo.update.train_minibatch`, the step ``memalpha fit`` takes;
                   bitsandbytes paged 8-bit AdamW on a GPU, as the config says; torch AdamW on a CPU).
                   ``policy_forward`` is the gradient pass outside the ``backward`` calls in it.
 
@@ -53,14 +53,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 
 from memalpha.allocator import prefer_expandable_segments
+from memalpha.grpo.optimizer import build_optimizer
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-from memalpha.grpo.update import build_optimizer
+from memalpha.grpo.update import ONE_PROCESS, Optimisation, train_minibatch
 from memalpha.lm.core.embedded import load_tokenizer, resolve_model_path
 from memalpha.lm.core.policy import load_policy
+from memalpha.lm.logprobs.per_token import micro_batch_scorer
 from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.lm.sampling.backend import SAMPLING_BACKENDS
 from memalpha.lm.sampling.generation import sampler_for
-from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_samples, train_minibatch
+from memalpha.train.step import Samples, score_samples
 from memalpha_lab.common import (
     RESULTS_DIR,
     RssSampler,
@@ -144,7 +146,7 @@ class Phase:
 
 class GradientPass:
     """The ``policy_forward`` and ``backward`` phases of one gradient pass, taking turns: the pass
-    (:func:`memalpha.train.step.train_minibatch`'s ``gradients`` stage) runs as ``policy_forward``
+    (:func:`memalpha.grpo.update.train_minibatch`'s ``gradients`` stage) runs as ``policy_forward``
     except inside each micro-batch's ``backward`` call, which runs as ``backward``."""
 
     def __init__(self, forward: Phase, backward: Phase) -> None:
@@ -239,9 +241,13 @@ def grpo_step(
                                                recipe["weight_decay"])
     policy.train()
     result = train_minibatch(
-        policy, scored.batches[0], update, logprob_spec, ONE_PROCESS,
+        micro_batch_scorer(policy, logprob_spec),
+        scored.batches[0],
+        update,
+        ONE_PROCESS,
         Optimisation(optimizer, params, recipe["grad_clip"], backward=gradients.backward),
-        max_response_len=response_tokens, clock=lambda stage: stages[stage](),
+        max_response_len=response_tokens,
+        clock=lambda stage: stages[stage](),
     )
     optimizer.zero_grad(set_to_none=True)
     return {"loss": result.metrics["loss"], "grad_norm": result.grad_norm, "optimizer": optimizer_name,

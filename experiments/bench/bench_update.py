@@ -7,7 +7,7 @@ The batch is ``bench_vs_trl.py --parity``'s: the embedded model with an adapter 
 ``--prompts`` memorising prompts of the memory job (~560 tokens) ``--group-size`` times each, up
 to ``--max-new-tokens`` tokens, once, with a fixed seed; the rewards are drawn and become the
 round's mini-batch as in training (:func:`memalpha.train.step.score_samples`). Then
-:func:`memalpha.train.step.train_minibatch` (the loss's forward and backward, in micro-batches of
+:func:`memalpha.grpo.update.train_minibatch` (the loss's forward and backward, in micro-batches of
 ``--micro-batch-size`` with the prompt prefix shared, and an optimiser step at learning rate 0 so
 every path starts from the same weights) runs on that batch along
 four paths, each adding one change to the one before, alternating ``--repeats`` times in one
@@ -47,11 +47,13 @@ from _parity_job import add_job_arguments, check_job_arguments, job_settings, lo
 
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import UpdateSettings
+from memalpha.grpo.update import ONE_PROCESS, Optimisation, train_minibatch
 from memalpha.lm.core import prompt_sharing
 from memalpha.lm.logprobs import per_token
+from memalpha.lm.logprobs.per_token import micro_batch_scorer
 from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.lm.sampling.generation import sampler_for
-from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_samples, train_minibatch
+from memalpha.train.step import Samples, score_samples
 from memalpha_lab.common import command_line, machine_info, print_table, write_json
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench_update.json"
@@ -82,8 +84,8 @@ def run_path(path: str, model, batch: GRPOBatch, settings: UpdateSettings, pad_i
         logprob_spec = LogprobSpec(temperature=1.0, micro_batch_size=settings.micro_batch_size, pad_id=pad_id,
                               share_prefix=True)
         start = time.perf_counter()
-        result = train_minibatch(model, batch, settings, logprob_spec, ONE_PROCESS, hold_still,
-                                 max_response_len=max_len)
+        result = train_minibatch(micro_batch_scorer(model, logprob_spec), batch, settings, ONE_PROCESS,
+                                 hold_still, max_response_len=max_len)
         seconds = time.perf_counter() - start
     finally:
         (prompt_sharing.packed_response_hidden, per_token.streams_head, per_token.accumulated_adapters,

@@ -8,7 +8,7 @@ micro-batch 2). One warm-up step runs unprofiled; the next runs under ``torch.pr
 a ``record_function`` label on each phase: generation, reference log-probs (the fresh adapter's
 reference is the base; :func:`memalpha.train.step.score_samples`), the policy pass (log-probs,
 loss and backward, micro-batch by micro-batch) and the optimiser step (no clipping), the last two
-:func:`memalpha.train.step.train_minibatch`, the step ``memalpha fit`` takes. Prints the
+:func:`memalpha.grpo.update.train_minibatch`, the step ``memalpha fit`` takes. Prints the
 phase table and the ten operators with the most self CPU time; writes
 ``experiments/results/profile_grpo_step[_no_share].json``. ``--no-share-prefix`` turns the
 shared-prefix cache off in every phase, for the before/after comparison.
@@ -28,12 +28,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 
+from memalpha.grpo.optimizer import build_optimizer
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-from memalpha.grpo.update import build_optimizer
+from memalpha.grpo.update import ONE_PROCESS, Optimisation, train_minibatch
 from memalpha.lm.core.policy import LoraSettings, load_policy
+from memalpha.lm.logprobs.per_token import micro_batch_scorer
 from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.lm.sampling.generation import sampler_for
-from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_samples, train_minibatch
+from memalpha.train.step import Samples, score_samples
 from memalpha_lab.common import (
     RESULTS_DIR,
     command_line,
@@ -79,7 +81,7 @@ def one_step(
     params = [p for p in policy.parameters() if p.requires_grad]
     optimisation = Optimisation(optimizer, params, OPTIMIZER.grad_clip)
     for batch in scored.batches:
-        train_minibatch(policy, batch, UPDATE, logprob_spec, ONE_PROCESS, optimisation,
+        train_minibatch(micro_batch_scorer(policy, logprob_spec), batch, UPDATE, ONE_PROCESS, optimisation,
                         max_response_len=MAX_NEW_TOKENS, clock=clock)
     return out.num_generated_tokens
 

@@ -1,8 +1,12 @@
-"""One GRPO update on a :class:`~memalpha.grpo.batch.GRPOBatch`, without the model: the loss of a
-micro-batch from its log-probs (:func:`micro_batch_loss`, called by
-:func:`memalpha.train.step.accumulate_grpo_gradients`), the mini-batch's metrics
-(:class:`LossMeter`), the optimiser step, the optimiser and its warm-up schedule. Every trainer (the
-Lightning modules, the single-turn trainer, the benchmarks) goes through these functions.
+"""The GRPO update loop on a :class:`~memalpha.grpo.batch.GRPOBatch`, without a model in sight:
+:func:`train_minibatch` is one optimiser step on one mini-batch, the loss micro-batch by micro-batch
+(:func:`accumulate_grpo_gradients`, :func:`micro_batch_loss`), the mini-batch's metrics
+(:class:`LossMeter`), then clip and step (:func:`apply_gradients`, :func:`optimizer_step`). The
+policy's log-probs come through a :data:`Scorer` the caller binds to its policy
+(:func:`memalpha.lm.logprobs.per_token.micro_batch_scorer`), and what differs between the processes of
+a data-parallel run through :class:`Ranks`. Every trainer (the Lightning modules, the single-turn
+trainer, the benchmarks) goes through these functions; the optimiser itself is built in
+:mod:`memalpha.grpo.optimizer`.
 
 A step that meets a NaN or an infinity is skipped, never trained on; :class:`NonFiniteStreak`
 stops the run after ``optimizer.max_consecutive_nonfinite`` such steps in a row
@@ -13,14 +17,16 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.loss import LossOutput, policy_loss
-from memalpha.grpo.settings import OptimizerSettings, UpdateSettings, WarmupStart
+from memalpha.grpo.settings import UpdateSettings
 
 NONFINITE_KINDS = ("rewards", "reference log-probs", "old log-probs", "loss", "grad norm")
 """What a GRPO step can find non-finite, in the order it meets them."""
@@ -188,81 +194,182 @@ def optimizer_step(
     return grad_norm
 
 
-def warmup_steps(settings: OptimizerSettings, total: int) -> int:
-    """Length of the linear warm-up in a run of ``total`` scheduler steps (optimiser steps or
-    rounds, ``settings.schedule_unit``); 0 is no warm-up.
-
-    ``one_step``: ``ceil(warmup_ratio * total)``, at least 1 when warming up. ``zero`` (verl):
-    ``int(warmup_ratio * total)``, floored as verl does (85 rounds at 0.05: 4).
-    """
-    if settings.warmup_ratio <= 0 or total <= 0:
-        return 0
-    if settings.warmup_start == "zero":
-        return int(settings.warmup_ratio * total)
-    return max(1, math.ceil(settings.warmup_ratio * total))
+Clock = Callable[[str], AbstractContextManager]
+"""Around each stage of a step (``rollout``, ``logprobs``, ``gradients``, ``optimizer``): a
+benchmark's timer or profiler label."""
 
 
-def lr_multiplier(step: int, warmup: int, start: WarmupStart) -> float:
-    """The share of the peak learning rate at scheduler step ``step`` (counted from 0) of a
-    ``warmup``-step linear warm-up, constant 1 after.
-
-    ``one_step``: ``(step + 1) / (warmup + 1)`` (the first step trains at ``1 / (warmup + 1)``).
-    ``zero``: ``step / warmup`` (the first step trains at 0: 4 warm-up rounds give 0, .25, .5, .75,
-    then 1).
-    """
-    if start == "zero":
-        return step / warmup if step < warmup else 1.0
-    return min(1.0, (step + 1) / (warmup + 1))
+def no_clock(stage: str) -> AbstractContextManager:
+    """The clock of a step nobody times."""
+    return nullcontext()
 
 
-def schedule_length(
-    settings: OptimizerSettings,
+class Ranks(Protocol):
+    """The calls of a step that differ across the processes of a data-parallel run; each is a
+    collective there, so every rank makes the same calls in the same order."""
+
+    @property
+    def world_size(self) -> int: ...
+
+    def mean_over_ranks(self, value: float) -> float:
+        """``value`` averaged over the ranks."""
+        ...
+
+    def agree_on_nonfinite(self, problem: str | None) -> str | None:
+        """What any rank found non-finite before its backward, else None."""
+        ...
+
+    def all_finite(self, finite: bool) -> bool:
+        """Whether every rank's loss was finite."""
+        ...
+
+
+class OneProcess:
+    """:class:`Ranks` of a run in one process: every value is its own mean and agreement."""
+
+    world_size = 1
+
+    def mean_over_ranks(self, value: float) -> float:
+        return value
+
+    def agree_on_nonfinite(self, problem: str | None) -> str | None:
+        return problem
+
+    def all_finite(self, finite: bool) -> bool:
+        return finite
+
+
+ONE_PROCESS = OneProcess()
+
+
+class ScoredMicroBatch(Protocol):
+    """One micro-batch of a :data:`Scorer`: its ``rows`` (indices into the mini-batch), the policy's
+    log-probs (with grad) and entropy of their response tokens (``[b, R]``), and the loss its
+    backward must take (:meth:`loss_to_backward`)."""
+
+    rows: list[int]
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None
+
+    def loss_to_backward(self, loss: torch.Tensor, grad_scale: float = 1.0) -> torch.Tensor: ...
+
+
+Scorer = Callable[[list[list[int]], list[list[int]], int], Iterable[ScoredMicroBatch]]
+"""The policy's log-probs of a mini-batch's rows ``(prompt_ids, response_ids, micro_batch_size)``,
+one micro-batch at a time, each yielded before the next is computed (so its backward frees its
+graph first): :func:`memalpha.lm.logprobs.per_token.micro_batch_scorer` bound to a policy."""
+
+
+@dataclass
+class Optimisation:
+    """How a mini-batch's gradients become a step: the optimiser over ``params``, its schedule
+    (None: stepped elsewhere, e.g. once per round), the clipping norm, the ``backward`` to call
+    (Lightning's ``manual_backward`` in the module) and a mixed-precision grad scaler's current
+    scale (1: none; with a scaler, ``check_grad_norm`` is False and the scaler skips overflows)."""
+
+    optimizer: Any
+    params: list[torch.nn.Parameter]
+    grad_clip: float
+    scheduler: Any = None
+    backward: Callable[[torch.Tensor], None] = torch.Tensor.backward
+    grad_scale: float = 1.0
+    check_grad_norm: bool = True
+
+
+@dataclass
+class StepResult:
+    """A trained mini-batch: the loss metrics, the gradient norm before clipping (NaN when the
+    loss was non-finite) and what was non-finite (None: the optimiser stepped)."""
+
+    metrics: dict[str, float]
+    grad_norm: float
+    problem: str | None
+
+
+def accumulate_grpo_gradients(
+    scorer: Scorer,
+    batch: GRPOBatch,
+    settings: UpdateSettings,
     *,
-    max_steps: int,
-    run_rounds: int | None = None,
-    steps_per_round: int | None = None,
-) -> int:
-    """The run's length in scheduler steps, what :func:`warmup_steps` takes a share of.
+    max_response_len: int,
+    token_normaliser: float,
+    seq_normaliser: float,
+    backward: Callable[[torch.Tensor], None],
+    grad_scale: float = 1.0,
+) -> tuple[dict[str, float], bool]:
+    """Backward the GRPO loss of one mini-batch, micro-batch by micro-batch of
+    ``settings.micro_batch_size``.
 
-    ``optimizer_step``: ``max_steps`` (Lightning's ``trainer.max_steps``; 0 when unset).
-    ``round``: ``run_rounds`` (``data.epochs`` times the rounds of a pass) when known, else
-    ``ceil(max_steps / steps_per_round)`` when a round takes a fixed number of optimiser steps;
-    without either the warm-up cannot be placed, which is an error unless there is none.
+    The policy's log-probs come from ``scorer`` (how they are computed is its own business: the
+    sampling temperature, the pad id, prompt prefixes shared across the micro-batches); the loss is
+    :func:`micro_batch_loss`'s, and ``backward`` runs once per micro-batch. ``batch`` without
+    ``old_logps`` takes the ratio on-policy; without ``ref_logps`` it needs ``kl_coef`` 0 (above 0 it
+    is an error). ``max_response_len`` is the constant of the ``seq-mean-token-sum-norm``
+    aggregation (the response cap). The normalisers are the mini-batch's global response-token and
+    sequence counts, so summing the micro-batch losses gives the mini-batch loss (and the order of
+    the rows does not matter). ``grad_scale`` is the factor ``backward`` multiplies a loss by (a
+    mixed-precision grad scaler's current scale; 1 otherwise).
+
+    Returns token-weighted metrics and whether every micro-batch loss was finite.
     """
-    max_steps = max(max_steps, 0)
-    if settings.schedule_unit == "optimizer_step":
-        return max_steps
-    if run_rounds is not None:
-        return run_rounds
-    if steps_per_round is not None and max_steps > 0:
-        return math.ceil(max_steps / steps_per_round)
-    if settings.warmup_ratio <= 0:
-        return 0
-    raise ValueError(
-        "optimizer.schedule_unit=round needs the run's length "
-        "in rollout rounds for its warm-up: set data.epochs"
-        + ("" if steps_per_round is None else " or trainer.max_steps")
-        + " (or optimizer.warmup_ratio=0)"
-    )
-
-
-def build_optimizer(params: Iterable[torch.nn.Parameter], settings: OptimizerSettings, max_steps: int = 0):
-    """The optimiser of ``settings`` over ``params`` and its schedule, ``(optimizer, scheduler)``.
-
-    ``max_steps`` is the run's length in the schedule's unit (:func:`schedule_length`): the
-    learning rate follows :func:`lr_multiplier` over :func:`warmup_steps` of them, then stays
-    constant. Whoever trains steps the scheduler once per optimiser step or once per round
-    (``settings.schedule_unit``).
-    """
-    params = list(params)
-    if settings.name == "paged_adamw_8bit":
-        import bitsandbytes as bnb
-
-        optimizer = bnb.optim.PagedAdamW8bit(
-            params, lr=settings.learning_rate, weight_decay=settings.weight_decay
+    meter = LossMeter()
+    finite = True
+    for part in scorer(batch.prompt_ids, batch.response_ids, settings.micro_batch_size):
+        out = micro_batch_loss(
+            part.logprobs, part.entropy, batch.select(part.rows), settings, token_normaliser=token_normaliser,
+            seq_normaliser=seq_normaliser, max_response_len=max_response_len,
         )
-    else:
-        optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=settings.weight_decay)
-    warmup, start = warmup_steps(settings, max_steps), settings.warmup_start
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(step, warmup, start))
-    return optimizer, scheduler
+        finite = finite and out.finite
+        backward(part.loss_to_backward(out.loss, grad_scale))
+        meter.add(out)
+    return meter.metrics(), finite
+
+
+def train_minibatch(
+    scorer: Scorer,
+    batch: GRPOBatch,
+    update: UpdateSettings,
+    ranks: Ranks,
+    optimisation: Optimisation,
+    *,
+    max_response_len: int,
+    clock: Clock = no_clock,
+) -> StepResult:
+    """One optimiser step on one mini-batch: the clipped GRPO loss micro-batch by micro-batch
+    (:func:`accumulate_grpo_gradients`), its gradients, then clip and step
+    (:func:`apply_gradients`), or drop them when a rank's loss or the gradient norm is non-finite.
+
+    The loss is normalised by the mini-batch's response tokens and rows averaged over the ranks:
+    data parallelism averages gradients, so the global token mean needs the mean count.
+    ``max_response_len`` is the response cap (the constant of ``seq-mean-token-sum-norm``).
+    """
+    token_normaliser = max(ranks.mean_over_ranks(float(batch.response_tokens)), 1.0)
+    seq_normaliser = ranks.mean_over_ranks(float(len(batch)))
+    optimisation.optimizer.zero_grad(set_to_none=True)
+    with clock("gradients"):
+        metrics, finite = accumulate_grpo_gradients(
+            scorer, batch, update, max_response_len=max_response_len, token_normaliser=token_normaliser,
+            seq_normaliser=seq_normaliser, backward=optimisation.backward, grad_scale=optimisation.grad_scale,
+        )
+    grad_norm, problem = apply_gradients(optimisation, ranks, finite, clock)
+    return StepResult(metrics, grad_norm, problem)
+
+
+def apply_gradients(
+    optimisation: Optimisation, ranks: Ranks, finite: bool, clock: Clock = no_clock
+) -> tuple[float, str | None]:
+    """Clip and step (:func:`optimizer_step`) the gradients a backward left, unless a rank's loss
+    (``finite`` False on any rank) or the gradient norm is non-finite: then they are dropped.
+    ``(gradient norm before clipping, what was non-finite or None)``; GRPO's mini-batches and SFT's
+    batches end here alike."""
+    finite = ranks.all_finite(finite)  # every rank must agree to skip, or data-parallel ranks diverge
+    with clock("optimizer"):
+        grad_norm = optimizer_step(
+            optimisation.optimizer, optimisation.params, finite=finite, grad_clip=optimisation.grad_clip,
+            scheduler=optimisation.scheduler, check_grad_norm=optimisation.check_grad_norm,
+        )
+    if not finite:
+        return grad_norm, "loss"
+    if optimisation.check_grad_norm and not math.isfinite(grad_norm):
+        return grad_norm, "grad norm"
+    return grad_norm, None

@@ -17,18 +17,13 @@ import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from memalpha.grpo.optimizer import build_optimizer, schedule_length
 from memalpha.grpo.settings import OptimizerSettings
-from memalpha.grpo.update import (
-    NONFINITE_KINDS,
-    NonFiniteStreak,
-    build_optimizer,
-    schedule_length,
-)
+from memalpha.grpo.update import NONFINITE_KINDS, NonFiniteStreak, Optimisation
 from memalpha.lm.core.adapters import check_adapter_folder, export_adapter
 from memalpha.lm.core.embedded import check_model_source
 from memalpha.lm.core.policy import LMSettings, LoraSettings, load_policy
 from memalpha.train.checkpoint_io import MODULE_KEY
-from memalpha.train.step import Optimisation
 
 NONFINITE_STREAK_KEY = "memalpha_nonfinite_streak"
 
@@ -41,7 +36,7 @@ def typed(cls, value):
 class PolicyModule(LightningModule):
     """A LoRA/QLoRA policy under manual optimisation; subclasses call :meth:`_init_policy` in ``__init__``.
 
-    The module is itself the step's :class:`~memalpha.train.step.Ranks`: its trainer's world size
+    The module is itself the step's :class:`~memalpha.grpo.update.Ranks`: its trainer's world size
     and its collectives (Lightning's strategy reduces over the ranks).
     """
 
@@ -85,10 +80,10 @@ class PolicyModule(LightningModule):
 
     def configure_optimizers(self):
         """The optimiser and its warm-up schedule over the run's length in ``optimizer.schedule_unit``
-        (:func:`~memalpha.grpo.update.schedule_length`).
+        (:func:`~memalpha.grpo.optimizer.schedule_length`).
 
         Under manual optimisation Lightning steps no scheduler:
-        :func:`~memalpha.train.step.apply_gradients` steps it with each optimiser step
+        :func:`~memalpha.grpo.update.apply_gradients` steps it with each optimiser step
         (``optimizer_step``), or the GRPO module once per rollout round (``round``).
         ``trainer.max_steps`` counts optimiser steps either way.
         """
@@ -159,7 +154,7 @@ class PolicyModule(LightningModule):
         return self.trainer.strategy.reduce(flag, reduce_op="min").item() > 0.5
 
     def optimisation(self, scheduler) -> Optimisation:
-        """How this module's gradients become a step (:func:`~memalpha.train.step.apply_gradients`):
+        """How this module's gradients become a step (:func:`~memalpha.grpo.update.apply_gradients`):
         its optimiser over the trainable parameters, ``scheduler`` stepped with it (None: stepped
         elsewhere), Lightning's ``manual_backward`` and its grad scaler, whose overflowing steps are
         its own business (it skips them and lowers its scale), so the norm is not checked then."""

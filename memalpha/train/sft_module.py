@@ -14,13 +14,13 @@ from collections.abc import Iterator
 import torch
 
 from memalpha.grpo.settings import OptimizerSettings
+from memalpha.grpo.update import apply_gradients
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME
 from memalpha.lm.core.policy import LMSettings, LoraSettings
 from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.train.demo_datamodule import TokenizedDemo
 from memalpha.train.policy_module import PolicyModule
 from memalpha.train.sft_loss import accumulate_sft_gradients, sft_eval
-from memalpha.train.step import apply_gradients
 
 
 class SFTModule(PolicyModule):

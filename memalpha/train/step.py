@@ -1,4 +1,5 @@
-"""One GRPO step, free of Lightning: every trainer and benchmark calls these functions.
+"""One GRPO step's round and its skip policy, free of Lightning: every trainer and benchmark calls
+these functions; the update loop they feed is :mod:`memalpha.grpo.update`.
 
 Read top to bottom, a step is::
 
@@ -7,8 +8,8 @@ Read top to bottom, a step is::
         -> the reader-failure gate (``ReaderGate``) and, with a vLLM engine, the sampler's drift check
         -> score_samples: the credit scheme's advantages, reference / old log-probs, mini-batches
     for batch in round_.batches:
-        result = train_minibatch(policy, batch, update, logprob_spec, ranks, optimisation,
-                                 max_response_len=...)
+        result = train_minibatch(micro_batch_scorer(policy, logprob_spec), batch, update, ranks,
+                                 optimisation, max_response_len=...)      # memalpha.grpo.update
             loss (micro-batch by micro-batch) -> gradients -> clip -> optimiser step
 
 :class:`GRPOStep` is that loop one optimiser step at a time, with what a run carries from step to
@@ -16,21 +17,19 @@ step (the round's unserved mini-batches, the reader gate's count) and the step's
 stream that has served its rounds, a round the reader gate refused, a round with a non-finite
 value. :class:`~memalpha.train.module.GRPOModule` calls :meth:`GRPOStep.train_next` from its
 ``training_step`` and logs what it returns; the single-turn trainer (:mod:`memalpha_lab.single_turn`)
-runs :func:`score_samples` and :func:`train_minibatch` on its own samples, and the benchmarks under
-``experiments/`` time the same calls. What differs between processes of a data-parallel run
-(averages over ranks, agreeing to skip a step) goes through :class:`Ranks`; :class:`OneProcess`
-is the stand-in outside Lightning.
+runs :func:`score_samples` and :func:`~memalpha.grpo.update.train_minibatch` on its own samples, and
+the benchmarks under ``experiments/`` time the same calls. What differs between processes of a
+data-parallel run (averages over ranks, agreeing to skip a step) goes through
+:class:`~memalpha.grpo.update.Ranks`; :data:`~memalpha.grpo.update.ONE_PROCESS` is the stand-in
+outside Lightning.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 import torch
 
@@ -41,60 +40,21 @@ from memalpha.data.schema import Instance
 from memalpha.grpo.advantages import advantage_shares, flat_group_share
 from memalpha.grpo.batch import GRPOBatch, cut_minibatches
 from memalpha.grpo.settings import UpdateSettings
-from memalpha.grpo.update import LossMeter, first_nonfinite, micro_batch_loss, optimizer_step
+from memalpha.grpo.update import (
+    ONE_PROCESS,
+    Clock,
+    Optimisation,
+    Ranks,
+    first_nonfinite,
+    no_clock,
+    train_minibatch,
+)
 from memalpha.lm.core.modes import reference_weights
-from memalpha.lm.logprobs.per_token import micro_batch_scores, response_logprobs
+from memalpha.lm.logprobs.per_token import micro_batch_scorer, response_logprobs
 from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.seeding import stable_seed
 from memalpha.train.engine_sync import EngineSync
 from memalpha.train.step_faults import ReaderFailures, ReaderGate
-
-Clock = Callable[[str], AbstractContextManager]
-"""Around each stage of a step (``rollout``, ``logprobs``, ``gradients``, ``optimizer``): a
-benchmark's timer or profiler label."""
-
-
-def no_clock(stage: str) -> AbstractContextManager:
-    """The clock of a step nobody times."""
-    return nullcontext()
-
-
-class Ranks(Protocol):
-    """The calls of a step that differ across the processes of a data-parallel run; each is a
-    collective there, so every rank makes the same calls in the same order."""
-
-    @property
-    def world_size(self) -> int: ...
-
-    def mean_over_ranks(self, value: float) -> float:
-        """``value`` averaged over the ranks."""
-        ...
-
-    def agree_on_nonfinite(self, problem: str | None) -> str | None:
-        """What any rank found non-finite before its backward, else None."""
-        ...
-
-    def all_finite(self, finite: bool) -> bool:
-        """Whether every rank's loss was finite."""
-        ...
-
-
-class OneProcess:
-    """:class:`Ranks` of a run in one process: every value is its own mean and agreement."""
-
-    world_size = 1
-
-    def mean_over_ranks(self, value: float) -> float:
-        return value
-
-    def agree_on_nonfinite(self, problem: str | None) -> str | None:
-        return problem
-
-    def all_finite(self, finite: bool) -> bool:
-        return finite
-
-
-ONE_PROCESS = OneProcess()
 
 
 def round_metrics(
@@ -363,128 +323,6 @@ def collect_round(
 
 
 @dataclass
-class Optimisation:
-    """How a mini-batch's gradients become a step: the optimiser over ``params``, its schedule
-    (None: stepped elsewhere, e.g. once per round), the clipping norm, the ``backward`` to call
-    (Lightning's ``manual_backward`` in the module) and a mixed-precision grad scaler's current
-    scale (1: none; with a scaler, ``check_grad_norm`` is False and the scaler skips overflows)."""
-
-    optimizer: Any
-    params: list[torch.nn.Parameter]
-    grad_clip: float
-    scheduler: Any = None
-    backward: Callable[[torch.Tensor], None] = torch.Tensor.backward
-    grad_scale: float = 1.0
-    check_grad_norm: bool = True
-
-
-@dataclass
-class StepResult:
-    """A trained mini-batch: the loss metrics, the gradient norm before clipping (NaN when the
-    loss was non-finite) and what was non-finite (None: the optimiser stepped)."""
-
-    metrics: dict[str, float]
-    grad_norm: float
-    problem: str | None
-
-
-def accumulate_grpo_gradients(
-    policy,
-    batch: GRPOBatch,
-    settings: UpdateSettings,
-    logprob_spec: LogprobSpec,
-    *,
-    max_response_len: int,
-    token_normaliser: float,
-    seq_normaliser: float,
-    backward: Callable[[torch.Tensor], None],
-    grad_scale: float = 1.0,
-) -> tuple[dict[str, float], bool]:
-    """Backward the GRPO loss of one mini-batch, micro-batch by micro-batch of
-    ``update.micro_batch_size``.
-
-    The policy's log-probs come from :func:`~memalpha.lm.logprobs.per_token.micro_batch_scores`
-    (how they are computed is ``logprob_spec``'s: the temperature sampling used, the pad id, whether
-    prompt prefixes are shared, which it handles across the micro-batches); the loss is
-    :func:`~memalpha.grpo.update.micro_batch_loss`'s, and ``backward`` runs once per micro-batch.
-    ``batch`` without ``old_logps`` takes the ratio on-policy; without ``ref_logps`` it needs
-    ``kl_coef`` 0 (above 0 it is an error). ``max_response_len`` is the constant of the
-    ``seq-mean-token-sum-norm`` aggregation (the response cap). The normalisers are the
-    mini-batch's global response-token and sequence counts, so summing the micro-batch losses gives
-    the mini-batch loss (and the order of the rows does not matter). ``grad_scale`` is the factor
-    ``backward`` multiplies a loss by (a mixed-precision grad scaler's current scale; 1 otherwise).
-
-    Returns token-weighted metrics and whether every micro-batch loss was finite.
-    """
-    meter = LossMeter()
-    finite = True
-    for part in micro_batch_scores(
-        policy, batch.prompt_ids, batch.response_ids, logprob_spec, settings.micro_batch_size
-    ):
-        out = micro_batch_loss(
-            part.logprobs, part.entropy, batch.select(part.rows), settings, token_normaliser=token_normaliser,
-            seq_normaliser=seq_normaliser, max_response_len=max_response_len,
-        )
-        finite = finite and out.finite
-        backward(part.loss_to_backward(out.loss, grad_scale))
-        meter.add(out)
-    return meter.metrics(), finite
-
-
-def train_minibatch(
-    policy,
-    batch: GRPOBatch,
-    update: UpdateSettings,
-    logprob_spec: LogprobSpec,
-    ranks: Ranks,
-    optimisation: Optimisation,
-    *,
-    max_response_len: int,
-    clock: Clock = no_clock,
-) -> StepResult:
-    """One optimiser step on one mini-batch: the clipped GRPO loss micro-batch by micro-batch
-    (:func:`accumulate_grpo_gradients`), its gradients, then clip and step
-    (:func:`~memalpha.grpo.update.optimizer_step`), or drop them when a rank's loss or the
-    gradient norm is non-finite.
-
-    The loss is normalised by the mini-batch's response tokens and rows averaged over the ranks:
-    data parallelism averages gradients, so the global token mean needs the mean count.
-    ``max_response_len`` is the response cap (the constant of ``seq-mean-token-sum-norm``).
-    """
-    token_normaliser = max(ranks.mean_over_ranks(float(batch.response_tokens)), 1.0)
-    seq_normaliser = ranks.mean_over_ranks(float(len(batch)))
-    optimisation.optimizer.zero_grad(set_to_none=True)
-    with clock("gradients"):
-        metrics, finite = accumulate_grpo_gradients(
-            policy, batch, update, logprob_spec, max_response_len=max_response_len,
-            token_normaliser=token_normaliser, seq_normaliser=seq_normaliser, backward=optimisation.backward,
-            grad_scale=optimisation.grad_scale,
-        )
-    grad_norm, problem = apply_gradients(optimisation, ranks, finite, clock)
-    return StepResult(metrics, grad_norm, problem)
-
-
-def apply_gradients(
-    optimisation: Optimisation, ranks: Ranks, finite: bool, clock: Clock = no_clock
-) -> tuple[float, str | None]:
-    """Clip and step (:func:`~memalpha.grpo.update.optimizer_step`) the gradients a backward left,
-    unless a rank's loss (``finite`` False on any rank) or the gradient norm is non-finite: then
-    they are dropped. ``(gradient norm before clipping, what was non-finite or None)``; GRPO's
-    mini-batches and SFT's batches end here alike."""
-    finite = ranks.all_finite(finite)  # every rank must agree to skip, or data-parallel ranks diverge
-    with clock("optimizer"):
-        grad_norm = optimizer_step(
-            optimisation.optimizer, optimisation.params, finite=finite, grad_clip=optimisation.grad_clip,
-            scheduler=optimisation.scheduler, check_grad_norm=optimisation.check_grad_norm,
-        )
-    if not finite:
-        return grad_norm, "loss"
-    if optimisation.check_grad_norm and not math.isfinite(grad_norm):
-        return grad_norm, "grad norm"
-    return grad_norm, None
-
-
-@dataclass
 class StepLog:
     """What one :meth:`GRPOStep.train_next` leaves for the trainer to log: the step's own metrics
     (``train/*``, ``perf/train_s``), its round's metrics (on the round's first step), a rollout as
@@ -571,7 +409,7 @@ class GRPOStep:
         report(on_phase, Phase("update"))
         start = time.perf_counter()
         result = train_minibatch(
-            self.agent.policy, batch, self.update, self.logprob_spec, ranks, optimisation,
+            micro_batch_scorer(self.agent.policy, self.logprob_spec), batch, self.update, ranks, optimisation,
             max_response_len=self.agent.rollout.max_new_tokens,
         )
         count_nonfinite(result.problem)

@@ -72,7 +72,7 @@ class ReaderFailures:
         return cls(failed=failed, questions=len(errors), first_error=first)
 
     def summed(self, ranks) -> ReaderFailures:
-        """The counts summed over the ranks of a data-parallel run (:class:`~memalpha.train.step.Ranks`;
+        """The counts summed over the ranks of a data-parallel run (:class:`~memalpha.grpo.update.Ranks`;
         a collective), this rank's first error kept."""
         world = ranks.world_size
         return ReaderFailures(

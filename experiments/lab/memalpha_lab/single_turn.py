@@ -28,16 +28,18 @@ from typing import Any
 import torch
 
 from memalpha.agent.memorise_prompts import chat_prompt_ids
+from memalpha.grpo.optimizer import build_optimizer
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-from memalpha.grpo.update import NonFiniteStreak, build_optimizer
+from memalpha.grpo.update import ONE_PROCESS, NonFiniteStreak, Optimisation, train_minibatch
 from memalpha.lm.core.adapters import export_adapter
 from memalpha.lm.core.modes import load_reference_adapter
 from memalpha.lm.core.policy import LMSettings, LoraSettings, load_policy
+from memalpha.lm.logprobs.per_token import micro_batch_scorer
 from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.lm.sampling.backend import check_backend
 from memalpha.lm.sampling.generation import sampler_for
 from memalpha.seeding import stable_seed
-from memalpha.train.step import ONE_PROCESS, Optimisation, Samples, score_samples, train_minibatch
+from memalpha.train.step import Samples, score_samples
 
 RewardFn = Callable[[list[str], list[str]], Sequence[float]]
 
@@ -180,7 +182,7 @@ def _sample(run: _Setup, picked: list[int], step: int, s: SingleTurnSettings, re
 
 def _update(run: _Setup, generation, rewards: torch.Tensor, groups: int, step: int, s: SingleTurnSettings):
     """The round's advantages and reference log-probs (:func:`~memalpha.train.step.score_samples`),
-    then one optimiser step on it (:func:`~memalpha.train.step.train_minibatch`): the step the
+    then one optimiser step on it (:func:`~memalpha.grpo.update.train_minibatch`): the step the
     Lightning module takes, in one process. Returns the metrics, the gradient norm and what was
     non-finite (None: nothing)."""
     samples = Samples(generation.prompt_ids, generation.response_ids, rewards,
@@ -191,7 +193,10 @@ def _update(run: _Setup, generation, rewards: torch.Tensor, groups: int, step: i
         return {"loss": math.nan, "kl": math.nan, "entropy": math.nan}, math.nan, scored.nonfinite
     (batch,) = scored.batches  # one mini-batch per round (SingleTurnSettings checks it)
     result = train_minibatch(
-        run.policy, batch, s.update, run.logprob_spec, ONE_PROCESS,
+        micro_batch_scorer(run.policy, run.logprob_spec),
+        batch,
+        s.update,
+        ONE_PROCESS,
         Optimisation(run.optimizer, run.params, s.optimizer.grad_clip, scheduler=run.scheduler),
         max_response_len=s.max_new_tokens,
     )

@@ -7,7 +7,7 @@ float64 LoRA policy loaded twice) goes through
 
 - memalpha's update path, the functions ``GRPOModule.training_step`` calls:
   :func:`memalpha.lm.logprobs.per_token.token_logprobs` for the per-token log-probs and
-  :func:`memalpha.train.step.accumulate_grpo_gradients` (which runs
+  :func:`memalpha.grpo.update.accumulate_grpo_gradients` (which runs
   :func:`memalpha.grpo.update.micro_batch_loss` and :func:`memalpha.grpo.loss.policy_loss`)
   for the loss and the LoRA gradient;
 - TRL's: a real ``trl.GRPOTrainer`` configured the same way (clip range, KL coefficient, loss
@@ -331,8 +331,8 @@ def grpo_batch(batch: ExactBatch, kl: bool):
 def run_memalpha(policy, batch: ExactBatch, setting: ExactSetting, spec: ExactBatchSpec) -> SideResult:
     """memalpha's log-probs, loss and LoRA gradient through the functions ``GRPOModule.training_step``
     calls."""
-    from memalpha.lm.logprobs.per_token import token_logprobs
-    from memalpha.train.step import accumulate_grpo_gradients
+    from memalpha.grpo.update import accumulate_grpo_gradients
+    from memalpha.lm.logprobs.per_token import micro_batch_scorer, token_logprobs
 
     logprob_spec = scoring_spec(spec, batch.pad_id)
     with torch.no_grad():
@@ -340,9 +340,13 @@ def run_memalpha(policy, batch: ExactBatch, setting: ExactSetting, spec: ExactBa
     update = grpo_batch(batch, setting.kl_coef > 0)
     policy.zero_grad(set_to_none=True)
     metrics, finite = accumulate_grpo_gradients(
-        policy, update, memalpha_update_settings(setting, spec), logprob_spec,
-        max_response_len=spec.max_completion_length, token_normaliser=float(update.response_tokens),
-        seq_normaliser=float(len(update)), backward=lambda loss: loss.backward(),
+        micro_batch_scorer(policy, logprob_spec),
+        update,
+        memalpha_update_settings(setting, spec),
+        max_response_len=spec.max_completion_length,
+        token_normaliser=float(update.response_tokens),
+        seq_normaliser=float(len(update)),
+        backward=lambda loss: loss.backward(),
     )
     if not finite:
         raise RuntimeError("memalpha's loss is not finite on the exact-parity batch")

@@ -18,7 +18,7 @@ under activation checkpointing for any other head.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -459,3 +459,16 @@ def micro_batch_scores(
         yield MicroBatchScores(
             order[lo : lo + size], logps, entropy, policy, prefix, leaves if last else None
         )
+
+
+def micro_batch_scorer(
+    policy, spec: LogprobSpec
+) -> Callable[[list[list[int]], list[list[int]], int], Iterator[MicroBatchScores]]:
+    """:func:`micro_batch_scores` bound to ``policy`` and ``spec``: the scorer the GRPO update takes
+    (:data:`memalpha.grpo.update.Scorer`, called with a mini-batch's prompt and response ids and its
+    micro-batch size), so that ``grpo/`` computes its loss without a model in sight."""
+
+    def scorer(prompt_ids: list[list[int]], response_ids: list[list[int]], micro_batch_size: int):
+        return micro_batch_scores(policy, prompt_ids, response_ids, spec, micro_batch_size)
+
+    return scorer
