@@ -18,9 +18,9 @@ same ones throughout (as in one long-lived process).
 
 Probes:
 
-- ``step``: counts the calls of :mod:`memalpha.train.step`'s reference weights, accumulated GRPO
-  gradients, optimiser step and response log-probs; records whether the policy held the frozen
-  reference adapter at each reference pass, and each
+- ``step``: counts the calls of :mod:`memalpha.train.step`'s reference weights and response
+  log-probs, and of :mod:`memalpha.grpo.update`'s accumulated GRPO gradients and optimiser step;
+  records whether the policy held the frozen reference adapter at each reference pass, and each
   :func:`memalpha.lm.sampling.generation.generate` call's backend, folding and caller
   (``announce_as``).
 - ``restored``: whether the functions and switches a benchmark swaps while it times a path
@@ -96,6 +96,7 @@ CURRENT: dict[str, Any] = {}
 
 
 def _probe_step() -> Callable[[], None]:
+    from memalpha.grpo import update
     from memalpha.lm.core.modes import has_reference_adapter
     from memalpha.lm.sampling import generation
     from memalpha.train import step
@@ -106,8 +107,9 @@ def _probe_step() -> Callable[[], None]:
             return real(*args, **kwargs)
         return wrapper
 
-    for name in ("accumulate_grpo_gradients", "optimizer_step", "response_logprobs"):
-        setattr(step, name, counting(name, getattr(step, name)))
+    for module, name in ((update, "accumulate_grpo_gradients"), (update, "optimizer_step"),
+                         (step, "response_logprobs")):
+        setattr(module, name, counting(name, getattr(module, name)))
     real_reference = step.reference_weights
 
     def reference_weights(policy, *args, **kwargs):

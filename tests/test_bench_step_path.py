@@ -1,10 +1,10 @@
 """The benchmarks time the product's step, not a copy of it (issue 40, item 1).
 
 Each benchmark's smallest mode runs as a script (one child process for all of them,
-``script_probe.py``) with probes on the functions of :mod:`memalpha.train.step` it must reach (the
-reference weights of ``update.kl_reference``, the accumulated GRPO gradients, the optimiser step)
-and on the one sampler that honours ``rollout.backend``; and no script under ``experiments/``
-calls the loss or assembles a round by hand.
+``script_probe.py``) with probes on the functions of the step it must reach
+(:mod:`memalpha.train.step`'s reference weights of ``update.kl_reference``, :mod:`memalpha.grpo.update`'s
+accumulated GRPO gradients and optimiser step) and on the one sampler that honours
+``rollout.backend``; and no script under ``experiments/`` calls the loss or assembles a round by hand.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from conftest import randomise_lora_b
 from numerics import VALUE_REL, assert_close
 
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
-from memalpha.lm.core.adapters import export_adapter
-from memalpha.lm.core.modes import REFERENCE_ADAPTER, load_reference_adapter, reference_weights
+from memalpha.lm.core.adapters import export_adapter, load_reference_adapter
+from memalpha.lm.core.modes import REFERENCE_ADAPTER, reference_weights
 from memalpha.lm.core.policy import LoraSettings, load_policy
 from memalpha.lm.logprobs.per_token import response_logprobs
 from memalpha.lm.logprobs.spec import LogprobSpec

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
-from memalpha.lm.core.adapters import check_adapter_folder
-from memalpha.lm.core.modes import ANSWER_ADAPTER, holds_adapter, load_frozen_adapter
+from memalpha.lm.core.adapters import check_adapter_folder, load_frozen_adapter
+from memalpha.lm.core.modes import ANSWER_ADAPTER, holds_adapter
 from memalpha.reader.base import Reader
 from memalpha.reader.extractive import ExtractiveReader
 from memalpha.reader.local import LocalReader

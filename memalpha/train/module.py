@@ -32,8 +32,8 @@ from memalpha.data.memory_records import MEMORY
 from memalpha.data.schema import DataValidationError, Instance, question_evidence
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
+from memalpha.lm.core.adapters import load_reference_adapter
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, load_tokenizer, resolve_model_path
-from memalpha.lm.core.modes import load_reference_adapter
 from memalpha.lm.core.policy import LMSettings, LoraSettings
 from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.lm.sampling.backend import announce_backends

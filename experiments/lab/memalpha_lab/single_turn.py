@@ -31,8 +31,7 @@ from memalpha.agent.memorise_prompts import chat_prompt_ids
 from memalpha.grpo.optimizer import build_optimizer
 from memalpha.grpo.settings import OptimizerSettings, UpdateSettings
 from memalpha.grpo.update import ONE_PROCESS, NonFiniteStreak, Optimisation, train_minibatch
-from memalpha.lm.core.adapters import export_adapter
-from memalpha.lm.core.modes import load_reference_adapter
+from memalpha.lm.core.adapters import export_adapter, load_reference_adapter
 from memalpha.lm.core.policy import LMSettings, LoraSettings, load_policy
 from memalpha.lm.logprobs.per_token import micro_batch_scorer
 from memalpha.lm.logprobs.spec import LogprobSpec

@@ -1,4 +1,5 @@
-"""Export a trained adapter as a standard PEFT folder, and check a folder that should be one."""
+"""Adapters as folders: export a trained adapter as a standard PEFT folder, check a folder that
+should be one, and load one frozen beside the policy's own (the KL reference, the answer agent)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from memalpha.lm.core.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
+from memalpha.lm.core.modes import REFERENCE_ADAPTER, holds_adapter, same_adapter_and_trainables
 
 
 def export_adapter(policy, tokenizer, target: str | os.PathLike) -> Path:
@@ -97,3 +99,18 @@ def check_adapter_base(path: str | os.PathLike, model: str, option: str) -> None
         f"{option}: {str(path)!r} was trained on the base {base!r}, not on model.model {model!r}: "
         "train it on this base, or set model.model to its base"
     )
+
+
+def load_frozen_adapter(policy, adapter_path: str | os.PathLike, name: str) -> None:
+    """Load ``adapter_path`` into the PEFT ``policy`` as the frozen adapter ``name``; the active
+    adapter and which parameters train are left as they were. The base weights are shared: the
+    adapter costs only its own LoRA matrices."""
+    if holds_adapter(policy, name):
+        raise ValueError(f"the policy already holds a '{name}' adapter")
+    with same_adapter_and_trainables(policy):
+        policy.load_adapter(str(adapter_path), adapter_name=name, is_trainable=False)
+
+
+def load_reference_adapter(policy, adapter_path: str | os.PathLike) -> None:
+    """Load ``adapter_path`` into ``policy`` as the frozen :data:`REFERENCE_ADAPTER`."""
+    load_frozen_adapter(policy, adapter_path, REFERENCE_ADAPTER)

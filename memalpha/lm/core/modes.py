@@ -37,15 +37,15 @@ half-precision base), ``fan_in_fan_out`` weights, and calls with extra arguments
 **The KL reference** (:func:`reference_weights`). By default the reference is the base model,
 reached by switching the adapter off. After a cold start the policy begins at an SFT adapter, and a
 KL term to the base would pull it back towards the model that wrote no valid call; TRL and verl
-instead take the policy at the start of RL as the reference. :func:`load_reference_adapter` loads
-the starting adapter a second time, frozen, under :data:`REFERENCE_ADAPTER`, and
-:func:`reference_weights` runs a block with it active (or, when there is none, with the adapter
-switched off). The base weights are shared: the second adapter costs only its own LoRA matrices.
+instead take the policy at the start of RL as the reference.
+:func:`~memalpha.lm.core.adapters.load_reference_adapter` loads the starting adapter a second time,
+frozen, under :data:`REFERENCE_ADAPTER`, and :func:`reference_weights` runs a block with it active
+(or, when there is none, with the adapter switched off). The base weights are shared: the second
+adapter costs only its own LoRA matrices.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -295,7 +295,7 @@ def has_reference_adapter(policy) -> bool:
 
 
 @contextmanager
-def _same_adapter_and_trainables(policy) -> Iterator[None]:
+def same_adapter_and_trainables(policy) -> Iterator[None]:
     """Afterwards the active adapter and every parameter's ``requires_grad`` are as before
     (PEFT's ``load_adapter`` and ``set_adapter`` change which parameters train)."""
     trains = {name: p.requires_grad for name, p in policy.named_parameters()}
@@ -308,27 +308,12 @@ def _same_adapter_and_trainables(policy) -> Iterator[None]:
             p.requires_grad_(trains.get(name, False))
 
 
-def load_frozen_adapter(policy, adapter_path: str | os.PathLike, name: str) -> None:
-    """Load ``adapter_path`` into the PEFT ``policy`` as the frozen adapter ``name``; the active
-    adapter and which parameters train are left as they were. The base weights are shared: the
-    adapter costs only its own LoRA matrices."""
-    if holds_adapter(policy, name):
-        raise ValueError(f"the policy already holds a '{name}' adapter")
-    with _same_adapter_and_trainables(policy):
-        policy.load_adapter(str(adapter_path), adapter_name=name, is_trainable=False)
-
-
-def load_reference_adapter(policy, adapter_path: str | os.PathLike) -> None:
-    """Load ``adapter_path`` into ``policy`` as the frozen :data:`REFERENCE_ADAPTER`."""
-    load_frozen_adapter(policy, adapter_path, REFERENCE_ADAPTER)
-
-
 @contextmanager
 def adapter_weights(policy, name: str) -> Iterator[None]:
     """Inside the block the PEFT ``policy`` computes with its adapter ``name`` alone (in inference
     mode); afterwards the previously active adapter is back and every parameter's
     ``requires_grad`` is what it was."""
-    with _same_adapter_and_trainables(policy):
+    with same_adapter_and_trainables(policy):
         policy.set_adapter(name, inference_mode=True)
         yield
 
