@@ -35,10 +35,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
-from _parity_job import add_job_arguments, check_job_arguments, job_settings, load_job
 
 from memalpha.lm.sampling import fused_decode, generation, packed_linear
 from memalpha_lab.common import command_line, machine_info, print_table, write_json
+from memalpha_lab.parity_job import add_job_arguments, check_job_arguments, job_settings, load_job
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench_decode.json"
 PATHS = ("peft", "fused", "fused_plain")
