@@ -71,6 +71,7 @@ def test_the_rule_sees_each_way_of_importing_a_script(tmp_path):
         "def f():\n    import study.more\n"
     )
     path_line = "sys.path: sys.path.insert(0, str(Path(__file__).parent))"
-    own = ["import helper", "import helper", "from . import ...", path_line]  # read as study.py: its own import passes
+    own = ["import helper", "import helper", "from . import ...", path_line]
+    # read as study.py's source, its import of itself passes
     assert script_imports(source, names - {"study"}) == own
     assert script_imports(source, names) == [*own[:3], "import study.more", path_line]
