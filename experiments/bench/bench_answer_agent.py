@@ -44,9 +44,10 @@ from memalpha.data.loaders import save_jsonl
 from memalpha.data.synthetic import SyntheticSettings
 from memalpha.intervals import mean_interval
 from memalpha_lab.cli_runs import cold_start, memalpha
-from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, print_table, write_json
+from memalpha_lab.common import REPO_ROOT, command_line, machine_info, print_table, write_json
 from memalpha_lab.recipe_configs import load_yaml, write_yaml
 from memalpha_lab.run_state import exported
+from memalpha_lab.study_runner import add_run_arguments
 
 WHO = "bench_answer_agent"
 CONFIGS = REPO_ROOT / "configs"
@@ -74,9 +75,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data-seed", type=int, default=5802, help="the held-out instances' data seed")
     parser.add_argument("--train", type=int, default=48, help="the answer agent's training instances")
     parser.add_argument("--train-chunks", type=int, default=8, help="chunks per training instance")
-    parser.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "bench_answer_agent")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "bench_answer_agent.json")
-    parser.add_argument("--reuse", action="store_true", help="keep every stage whose output exists")
+    add_run_arguments(parser, "bench_answer_agent", "bench_answer_agent",
+                      "keep every stage whose output exists")
     args = parser.parse_args(argv)
     try:
         args.length_list = [int(n) for n in args.lengths.split(",") if n]

@@ -34,7 +34,7 @@ Three paths, each sampling at temperature 1 with no end token (every row decodes
 * ``hf-static`` -- ``model.generate(cache_implementation="static")``, which compiles its decoding
                forward with ``torch.compile`` on CUDA (``--hf-compile off``: not), over the same
                folded dense weights (``--hf-weights model``: through the model's own layers);
-               timed by the difference of two calls (:mod:`hf_static_decode`).
+               timed by the difference of two calls (:mod:`memalpha_lab.hf_static_decode`).
 
 Each result carries ``bytes_limit`` (:mod:`memalpha_lab.bytes_limit`): the bytes a step
 must read (dense weights in the compute dtype, plus the KV cache filled on average over the
@@ -65,7 +65,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
-from hf_static_decode import run_hf_static
 
 from memalpha.allocator import prefer_expandable_segments
 from memalpha.lm.core.modes import is_four_bit
@@ -75,6 +74,7 @@ from memalpha.lm.sampling.filters import next_tokens
 from memalpha_lab import growing_cache as own_loop
 from memalpha_lab.bytes_limit import StepShape, bandwidth_for, limit_record
 from memalpha_lab.common import command_line, machine_info, print_table, write_json
+from memalpha_lab.hf_static_decode import run_hf_static
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench_graph_decode.json"
 PATHS = ("loop", "graph", "hf-static")
@@ -246,7 +246,7 @@ def run_graph(model, prompts, max_new_tokens: int, seed: int, device: torch.devi
 
 
 def run_hf(model, prompts, max_new_tokens: int, seed: int, *, compile_decoding: bool, folded: bool):
-    """transformers' static-cache ``generate`` (:func:`hf_static_decode.run_hf_static`)."""
+    """transformers' static-cache ``generate`` (:func:`memalpha_lab.hf_static_decode.run_hf_static`)."""
     timing = run_hf_static(model, prompts, max_new_tokens, seed, compile_decoding=compile_decoding,
                            folded=folded)
     # the timed steps are the long call's forwards after the prefill: columns P + 1 .. P + N - 1 filled

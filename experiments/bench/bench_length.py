@@ -53,12 +53,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread: CPU seconds count t
 
 from memalpha_lab.common import (
     REPO_ROOT,
-    RESULTS_DIR,
     command_line,
     machine_info,
     print_table,
     write_json,
 )
+from memalpha_lab.study_runner import add_run_arguments
 
 THIRDS = ("first", "middle", "last")
 CONFIG = REPO_ROOT / "configs" / "tiny_cpu.yaml"
@@ -266,9 +266,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--data-seed", type=int, default=5800, help="synthetic data seed of the held-out sets"
     )
-    parser.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "bench_length")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "bench_length.json")
-    parser.add_argument("--reuse", action="store_true", help="keep every length whose report exists")
+    add_run_arguments(parser, "bench_length", "bench_length", "keep every length whose report exists")
     parser.add_argument(
         "--reader-variant",
         action="append",

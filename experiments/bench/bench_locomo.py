@@ -45,7 +45,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from memalpha.intervals import mean_interval
 from memalpha_lab.cli_runs import cold_start, memalpha
-from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, print_table, write_json
+from memalpha_lab.common import REPO_ROOT, command_line, machine_info, print_table, write_json
+from memalpha_lab.study_runner import add_run_arguments
 
 WHO = "bench_locomo"
 CONFIGS = REPO_ROOT / "configs"
@@ -70,9 +71,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--recipe-adapter", type=Path)
     parser.add_argument("--recipe-config", type=Path, default=CONFIGS / "locomo_cpu.yaml")
     parser.add_argument("--answer-adapter", type=Path)
-    parser.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "bench_locomo")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "bench_locomo.json")
-    parser.add_argument("--reuse", action="store_true", help="keep every validation already written")
+    add_run_arguments(parser, "bench_locomo", "bench_locomo", "keep every validation already written")
     args = parser.parse_args(argv)
     args.arm_list = [a for a in args.arms.split(",") if a]
     unknown = sorted(set(args.arm_list) - set(ARMS))

@@ -43,7 +43,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
-from _parity_job import add_job_arguments, check_job_arguments, job_settings, load_job
 
 from memalpha.grpo.batch import GRPOBatch
 from memalpha.grpo.settings import UpdateSettings
@@ -55,6 +54,7 @@ from memalpha.lm.logprobs.spec import LogprobSpec
 from memalpha.lm.sampling.generation import sampler_for
 from memalpha.train.step import Samples, score_samples
 from memalpha_lab.common import command_line, machine_info, print_table, write_json
+from memalpha_lab.parity_job import add_job_arguments, check_job_arguments, job_settings, load_job
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench_update.json"
 PATHS = ("padded", "packed", "streamed", "accumulated")

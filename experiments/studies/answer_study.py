@@ -38,10 +38,11 @@ from memalpha.data.loaders import save_jsonl
 from memalpha.data.synthetic import SyntheticSettings
 from memalpha.intervals import mean_interval
 from memalpha_lab.cli_runs import memalpha
-from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, write_json
+from memalpha_lab.common import REPO_ROOT, command_line, machine_info, write_json
 from memalpha_lab.compute import children_cpu_s
 from memalpha_lab.recipe_configs import load_yaml, write_yaml
 from memalpha_lab.run_state import exported
+from memalpha_lab.study_runner import add_run_arguments, check_positive, parse_seeds
 
 WHO = "answer_study"
 CONFIGS = REPO_ROOT / "configs"
@@ -57,16 +58,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--questions", type=int, default=8)
     parser.add_argument("--chunks", type=int, default=128)
     parser.add_argument("--data-seed", type=int, default=5803)
-    parser.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "answer_study")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "answer_study.json")
-    parser.add_argument("--reuse", action="store_true", help="keep every run already trained or validated")
+    add_run_arguments(parser, "answer_study", "answer_study", "keep every run already trained or validated")
     args = parser.parse_args(argv)
-    try:
-        args.seed_list = [int(s) for s in args.seeds.split(",") if s]
-    except ValueError:
-        parser.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
-    if not args.seed_list or min(args.held_out, args.questions, args.chunks) < 1:
-        parser.error("--seeds must name a seed; --held-out, --questions and --chunks must be >= 1")
+    args.seed_list = parse_seeds(parser, args.seeds)
+    check_positive(parser, args, ("held_out", "questions", "chunks"))
     return args
 
 

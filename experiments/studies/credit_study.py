@@ -5,7 +5,7 @@ Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/studies/credit_study.py --re
       .venv/bin/python experiments/studies/credit_study.py --check
 
 The plan is in docs/results.md ("Pre-registered: does per-chunk credit make GRPO beat SFT continued?").
-The stages are the decisive study's (``experiments/studies/decisive.py``, whose options this script
+The stages are the decisive study's (:mod:`memalpha_lab.decisive_study`, whose options this script
 takes, with this study's defaults: held-out data seed 4900, training streams at 4910 + seed), each the
 user's command line:
 
@@ -34,15 +34,14 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from decisive import Decisive, grpo_cpu_seconds, run_study
-from decisive import parse_args as decisive_args
-from decisive import settings as decisive_settings
-
 from memalpha_lab.common import REPO_ROOT, RESULTS_DIR
 from memalpha_lab.control_arms_report import TRAIN_TAGS
 from memalpha_lab.credit_report import GRPO, PER_CHUNK, SFT, rebuild
 from memalpha_lab.credit_report import main as report
 from memalpha_lab.decisive_plan import recipe_config
+from memalpha_lab.decisive_study import Decisive, grpo_cpu_seconds, run_study
+from memalpha_lab.decisive_study import parse_args as decisive_args
+from memalpha_lab.decisive_study import settings as decisive_settings
 
 A_STEP_CAP = 64
 """A's ``trainer.max_steps``: far above what A′'s CPU seconds buy, so the budget ends the run."""
@@ -100,7 +99,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     defaults = ["--val-data-seed", str(VAL_DATA_SEED), "--train-data-seed-base", str(TRAIN_DATA_SEED_BASE),
                 "--run-dir", str(REPO_ROOT / "runs" / "credit_study"),
                 "--out", str(RESULTS_DIR / "credit_study.json")]
-    return decisive_args([*defaults, *(sys.argv[1:] if argv is None else argv)])
+    return decisive_args([*defaults, *(sys.argv[1:] if argv is None else argv)], __doc__.split("\n", 1)[0])
 
 
 def credit_stages(experiment: Decisive, seed: int) -> None:

@@ -51,17 +51,16 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from control_arms import arm_compute, step_seconds, train_run, validate
-from learning_curve import check_positive, parse_seeds
-
 from memalpha_lab.arm_configs import tag, validate_config
-from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, write_json
+from memalpha_lab.arm_runs import arm_compute, step_seconds, train_run, validate
+from memalpha_lab.common import REPO_ROOT, command_line, machine_info, write_json
 from memalpha_lab.compute import measured
 from memalpha_lab.control_arms_report import INTERVALS, START, TRAIN_TAGS
 from memalpha_lab.grpo_levers_report import LEVER_METRICS, REFERENCES, lever_comparisons, print_levers
 from memalpha_lab.levers import LEVERS, lever_config, lever_runs
 from memalpha_lab.recipe_configs import load_yaml, write_yaml
 from memalpha_lab.run_state import exported
+from memalpha_lab.study_runner import add_run_arguments, check_positive, parse_seeds
 from memalpha_lab.tb_scalars import event_scalars
 
 
@@ -79,9 +78,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=8, help="GRPO steps (the control arms' --steps)")
     parser.add_argument("--val", type=int, default=48, help="held-out instances (the control arms' --val)")
     parser.add_argument("--questions", type=int, default=4, help="questions per instance (the control arms')")
-    parser.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "control_arms")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "grpo_levers.json")
-    parser.add_argument("--reuse", action="store_true", help="keep the levers whose validation exists")
+    add_run_arguments(parser, "control_arms", "grpo_levers", "keep the levers whose validation exists")
     args = parser.parse_args(argv)
     args.lever_list = [name for name in args.levers.split(",") if name]
     unknown = [name for name in args.lever_list if name not in LEVERS]

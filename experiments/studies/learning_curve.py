@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -40,18 +38,18 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from memalpha_lab.common import (
-    REPO_ROOT,
-    RESULTS_DIR,
-    command_line,
-    load_records,
-    machine_info,
-    print_table,
-    write_json,
-)
+from memalpha_lab.cli_runs import memalpha_stage
+from memalpha_lab.common import REPO_ROOT, command_line, load_records, machine_info, print_table, write_json
 from memalpha_lab.instance_scores import study_instance_values
 from memalpha_lab.recipe_configs import fit_config, load_yaml, sft_config, write_yaml
 from memalpha_lab.stats import METRICS, paired_difference, summarise_with_ci
+from memalpha_lab.study_runner import (
+    add_recipe_arguments,
+    add_run_arguments,
+    check_positive,
+    clear_run_dir,
+    parse_seeds,
+)
 from memalpha_lab.tb_scalars import event_scalars
 
 TRAIN_SCALARS = (
@@ -62,25 +60,6 @@ TRAIN_SCALARS = (
     "train/kl",
     "train/tool_success",
 )
-
-
-def memalpha(*args: str, log: Path) -> None:
-    """Run one ``memalpha`` command; its output goes to ``log``; a failure stops the experiment."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "memalpha.cli", *args]
-    start = time.perf_counter()
-    with open(log, "w", encoding="utf-8") as handle:
-        handle.write(" ".join(command) + "\n")
-        handle.flush()
-        done = subprocess.run(command, cwd=REPO_ROOT, stdout=handle, stderr=subprocess.STDOUT, check=False)
-    name = " ".join(a for a in args[:2] if not a.startswith("-"))
-    print(f"  memalpha {name} -> {log} ({time.perf_counter() - start:.0f} s)", flush=True)
-    if done.returncode != 0:
-        # the experiment's own name: control_arms.py runs its stages through this function too
-        raise SystemExit(
-            f"{Path(sys.argv[0]).stem}: `memalpha {' '.join(args)}` "
-            f"failed (status {done.returncode}); see {log}"
-        )
 
 
 def report_step(path: Path) -> int:
@@ -137,36 +116,6 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def add_recipe_arguments(parser: argparse.ArgumentParser, *, sft_steps: int, sft_help: str, steps: int,
-                         steps_help: str) -> None:
-    """The options of the recipe both experiments run (configs, demonstrations, SFT and GRPO steps)."""
-    parser.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "tiny_cpu.yaml")
-    parser.add_argument("--sft-config", type=Path, default=REPO_ROOT / "configs" / "sft_tiny_cpu.yaml")
-    parser.add_argument(
-        "--demos", type=int, default=24, help="training instances to draw demonstrations from"
-    )
-    parser.add_argument("--sft-steps", type=int, default=sft_steps, help=sft_help)
-    parser.add_argument("--steps", type=int, default=steps, help=steps_help)
-
-
-def check_positive(parser: argparse.ArgumentParser, args: argparse.Namespace, names: tuple[str, ...]) -> None:
-    """Stop with the option's name when any of ``names`` is below 1."""
-    for name in names:
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-
-
-def parse_seeds(parser: argparse.ArgumentParser, text: str) -> list[int]:
-    """``--seeds`` as a list of distinct integers; stops with the option's name otherwise."""
-    try:
-        seeds = [int(s) for s in text.split(",")]
-    except ValueError:
-        parser.error(f"--seeds must be comma-separated integers, got {text!r}")
-    if len(set(seeds)) != len(seeds):
-        parser.error(f"--seeds must not repeat a seed, got {text!r}")
-    return seeds
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     add_recipe_arguments(parser, sft_steps=6, sft_help="SFT steps of the partial cold start", steps=20,
@@ -183,9 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="override data.synthetic.questions (questions per training and validation instance)",
     )
-    parser.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "learning_curve")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "learning_curve.json")
-    parser.add_argument("--reuse", action="store_true", help="keep the stages whose outputs exist")
+    add_run_arguments(parser, "learning_curve", "learning_curve")
     args = parser.parse_args(argv)
     check_positive(parser, args, ("demos", "sft_steps", "steps", "every", "val"))
     if args.questions is not None and args.questions < 1:
@@ -196,10 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info()
     started = time.perf_counter()
     run_dir = args.run_dir.resolve()
-    if not args.reuse and run_dir.exists():
-        import shutil
-
-        shutil.rmtree(run_dir)
+    clear_run_dir(run_dir, args.reuse)
     base_fit = load_yaml(args.config)
     base_sft = load_yaml(args.sft_config)
     fit_yamls = {seed: write_yaml(fit_config(base_fit, run_dir, args, seed), run_dir / f"fit_seed{seed}.yaml")
@@ -212,16 +156,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"learning curve in {run_dir}", flush=True)
     demos = run_dir / "demos"
     if not (args.reuse and (demos / "val.jsonl").exists()):
-        memalpha("data", "demos", "--config", str(fit_yaml), "--out", str(demos / "train.jsonl"),
-                 "--count", str(args.demos), log=logs / "demos_train.log")
-        memalpha("data", "demos", "--config", str(fit_yaml), "--out", str(demos / "val.jsonl"),
-                 "--split", "test", "--count", "2", log=logs / "demos_val.log")
+        memalpha_stage("data", "demos", "--config", str(fit_yaml), "--out", str(demos / "train.jsonl"),
+                       "--count", str(args.demos), log=logs / "demos_train.log")
+        memalpha_stage("data", "demos", "--config", str(fit_yaml), "--out", str(demos / "val.jsonl"),
+                       "--split", "test", "--count", "2", log=logs / "demos_val.log")
     if not (args.reuse and (adapter / "adapter_config.json").exists()):
-        memalpha("sft", "--config", str(sft_yaml), log=logs / "sft.log")
+        memalpha_stage("sft", "--config", str(sft_yaml), log=logs / "sft.log")
     start_report = run_dir / "curve" / "start" / "validation.json"
     if not (args.reuse and start_report.exists()):
-        memalpha("validate", "--config", str(fit_yaml), "--model.adapter_path", str(adapter),
-                 "--trainer.logger.init_args.version", "start", log=logs / "validate_start.log")
+        memalpha_stage("validate", "--config", str(fit_yaml), "--model.adapter_path", str(adapter),
+                       "--trainer.logger.init_args.version", "start", log=logs / "validate_start.log")
     start_values = study_instance_values(load_records(start_report))
 
     seed_runs = []
@@ -230,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         folder = run_dir / "curve" / version
         final = folder / f"validation_step{args.steps}.json"
         if not (args.reuse and final.exists()):
-            memalpha("fit", "--config", str(fit_yamls[seed]), "--model.adapter_path", str(adapter),
-                     log=logs / f"fit_{version}.log")
+            memalpha_stage("fit", "--config", str(fit_yamls[seed]), "--model.adapter_path", str(adapter),
+                           log=logs / f"fit_{version}.log")
         reports = [start_report] + sorted(folder.glob("validation_step*.json"), key=report_step)
         curve = []
         for report in reports:

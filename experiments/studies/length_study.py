@@ -6,7 +6,7 @@ Run:  HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 .venv/bin/python experiments/studies/le
       .venv/bin/python experiments/studies/length_study.py --check
 
 The plan is in docs/results.md ("Pre-registered: does GRPO's gain hold at 16 times the training length?").
-The stages are the decisive study's (``experiments/studies/decisive.py``, whose options this script takes,
+The stages are the decisive study's (:mod:`memalpha_lab.decisive_study`, whose options this script takes,
 with this study's defaults: held-out data seed 5900, 64 held-out instances, training streams at 5910 +
 seed), each the user's command line:
 
@@ -45,16 +45,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from control_arms import validate
-from decisive import Decisive, decisive_stages, run_study
-from decisive import parse_args as decisive_args
-from decisive import settings as decisive_settings
-
 from memalpha_lab.arm_configs import logger
+from memalpha_lab.arm_runs import validate
 from memalpha_lab.common import REPO_ROOT, RESULTS_DIR
 from memalpha_lab.compute import stage_seconds
 from memalpha_lab.control_arms_report import START
 from memalpha_lab.decisive_plan import collect_scores, held_out_config
+from memalpha_lab.decisive_study import Decisive, decisive_stages, run_study
+from memalpha_lab.decisive_study import parse_args as decisive_args
+from memalpha_lab.decisive_study import settings as decisive_settings
 from memalpha_lab.length_report import (
     DROP_METRICS,
     GRPO,
@@ -169,7 +168,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--out",
         str(RESULTS_DIR / "length_study.json"),
     ]
-    args = decisive_args([*defaults, *raw])
+    args = decisive_args([*defaults, *raw], __doc__.split("\n", 1)[0])
     try:
         args.length_list = sorted({int(n) for n in lengths.split(",")})
     except ValueError:

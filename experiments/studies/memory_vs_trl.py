@@ -52,17 +52,17 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from decisive import Decisive, start_lock
-from decisive import parse_args as decisive_args
-
 from memalpha.tools.executor import SUCCESS_STATUSES
 from memalpha_lab.arm_configs import tag
 from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, load_records, print_table, write_json
 from memalpha_lab.compute import measured
 from memalpha_lab.control_arms_report import START, compare
 from memalpha_lab.decisive_plan import collect_scores, recipe_config, validated
+from memalpha_lab.decisive_study import Decisive
+from memalpha_lab.decisive_study import parse_args as decisive_args
 from memalpha_lab.recipe_configs import load_yaml, write_yaml
 from memalpha_lab.run_state import exported
+from memalpha_lab.study_runner import refuse_run_dir, start_lock
 from memalpha_lab.tb_scalars import event_scalars
 
 SIDES = ("memalpha", "trl")
@@ -328,7 +328,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                 "--run-dir", str(REPO_ROOT / "runs" / "memory_vs_trl"),
                 "--out", str(RESULTS_DIR / "memory_vs_trl.json"), "--seeds", "0,1,2",
                 "--planned-seeds", "0,1,2", "--steps", "6", "--val", "48"]
-    return decisive_args([*defaults, *argv])
+    return decisive_args([*defaults, *argv], __doc__.split("\n", 1)[0])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -341,8 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = parse_args(argv)
     run_dir = args.run_dir.resolve()
-    if not args.reuse and run_dir.exists():
-        raise SystemExit(f"memory_vs_trl: {run_dir} exists; pass --reuse to continue it")
+    refuse_run_dir(run_dir, args.reuse, "memory_vs_trl")
     with start_lock(run_dir):
         bench = MemoryVsTrl(args)
         bench.start()

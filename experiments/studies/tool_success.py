@@ -32,9 +32,10 @@ from memalpha.data.synthetic import SyntheticSettings
 from memalpha.intervals import mean_interval
 from memalpha.train.instance_scores import instance_values
 from memalpha_lab.cli_runs import cold_start, memalpha
-from memalpha_lab.common import REPO_ROOT, RESULTS_DIR, command_line, machine_info, write_json
+from memalpha_lab.common import REPO_ROOT, command_line, machine_info, write_json
 from memalpha_lab.recipe_configs import load_yaml, write_yaml
 from memalpha_lab.run_state import exported
+from memalpha_lab.study_runner import add_run_arguments, check_positive, parse_seeds
 from memalpha_lab.tb_scalars import event_scalars
 
 ARMS: dict[str, dict[str, Any]] = {
@@ -72,21 +73,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=4, help="GRPO steps of every arm")
     parser.add_argument("--val", type=int, default=48, help="held-out instances")
-    parser.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "tool_success")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "tool_success.json")
-    parser.add_argument("--reuse", action="store_true", help="keep the runs already validated")
+    add_run_arguments(parser, "tool_success", "tool_success", "keep the runs already validated")
     parser.add_argument("--cap", type=int, help="validate with replies of up to CAP tokens, the prompt "
                         "stating the config's cap (a follow-up: were the failed calls only cut?)")
     args = parser.parse_args(argv)
     args.arm_list = [a for a in args.arms.split(",") if a]
     if not args.arm_list or any(a not in ARMS for a in args.arm_list):
         parser.error(f"--arms must name some of {', '.join(ARMS)}, got {args.arms!r}")
-    try:
-        args.seed_list = [int(s) for s in args.seeds.split(",") if s]
-    except ValueError:
-        parser.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
-    if args.steps < 1 or args.val < 1 or not args.seed_list:
-        parser.error("--steps and --val must be >= 1 and --seeds must name a seed")
+    args.seed_list = parse_seeds(parser, args.seeds)
+    check_positive(parser, args, ("steps", "val"))
     return args
 
 

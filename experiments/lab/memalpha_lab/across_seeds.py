@@ -1,4 +1,5 @@
-"""Learning-curve reports combined over seeds (``experiments/studies/learning_curve_seeds.py``).
+"""Learning-curve reports combined over seeds (``experiments/results/learning_curve_seeds.json``; its
+script, ``experiments/studies/learning_curve_seeds.py``, is retired: docs/results.md says where it is).
 
 Each report of ``experiments/studies/learning_curve.py`` holds, per seed run, its last-validation-
 minus-start change paired over the held-out instances (with its own 95 % interval). :func:`combine`

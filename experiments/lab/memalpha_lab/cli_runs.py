@@ -1,11 +1,13 @@
 """The product's commands as the studies and benchmarks run them: each ``memalpha`` command in a child
-process of its own (its output in a log), and the demo's cold start (oracle demonstrations, then
-``memalpha sft``) that several of them start from."""
+process of its own (its output in a log; :func:`memalpha_stage` also prints its seconds, for the studies
+whose stages take minutes), and the demo's cold start (oracle demonstrations, then ``memalpha sft``) that
+several of them start from."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from memalpha_lab.common import REPO_ROOT
@@ -22,6 +24,26 @@ def memalpha(args: list[str], log: Path, who: str = "study") -> None:
                               stderr=subprocess.STDOUT, cwd=REPO_ROOT, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{who}: memalpha {args[0]} failed ({done.returncode}); see {log}")
+
+
+def memalpha_stage(*args: str, log: Path) -> None:
+    """One stage of a study, ``memalpha ARGS`` (output to ``log``, its seconds printed); a failure stops
+    the study in one line naming the script and the log."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "memalpha.cli", *args]
+    start = time.perf_counter()
+    with open(log, "w", encoding="utf-8") as handle:
+        handle.write(" ".join(command) + "\n")
+        handle.flush()
+        done = subprocess.run(command, cwd=REPO_ROOT, stdout=handle, stderr=subprocess.STDOUT, check=False)
+    name = " ".join(a for a in args[:2] if not a.startswith("-"))
+    print(f"  memalpha {name} -> {log} ({time.perf_counter() - start:.0f} s)", flush=True)
+    if done.returncode != 0:
+        # the script's own name: every study that runs its stages through this function
+        raise SystemExit(
+            f"{Path(sys.argv[0]).stem}: `memalpha {' '.join(args)}` "
+            f"failed (status {done.returncode}); see {log}"
+        )
 
 
 def cold_start(run_dir: Path, config: Path, sft: Path, who: str = "study") -> Path:

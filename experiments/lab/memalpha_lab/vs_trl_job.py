@@ -1,8 +1,8 @@
 """The job ``experiments/bench/bench_vs_trl.py`` runs on both sides, memalpha's single-turn
 trainer and TRL's ``GRPOTrainer``: its settings (:class:`BenchSettings`), its prompts (one
 memorising turn each, :func:`build_job`) and its rewards (:func:`tool_call_validity`,
-:func:`memory_job_reward`). ``bench_decode.py`` and ``bench_update.py`` (through
-``_parity_job.py``) and ``profile_grpo_step.py`` time parts of the same job.
+:func:`memory_job_reward`). ``bench_update.py`` (through :mod:`memalpha_lab.parity_job`) and
+``profile_grpo_step.py`` time parts of the same job.
 """
 
 from __future__ import annotations

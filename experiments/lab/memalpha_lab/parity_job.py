@@ -1,8 +1,8 @@
-"""The parity job's policy and sampled rows, shared by the benchmarks that time one part of it.
+"""The parity job's policy and sampled rows, for the benchmarks that time one part of it.
 
-``bench_decode.py`` (its generation) and ``bench_update.py`` (its update) take the model, the
-adapter, the prompts and the group shape of ``bench_vs_trl.py --parity`` through the same
-options and load them the same way: the embedded model with the parity job's LoRA shape (an
+``bench_update.py`` (its update; ``bench_decode.py``, retired, timed its generation) takes the
+model, the adapter, the prompts and the group shape of ``bench_vs_trl.py --parity`` through these
+options and loads them this way: the embedded model with the parity job's LoRA shape (an
 adapter folder when given, else a fresh adapter with drawn B matrices, which costs the same),
 and ``--prompts`` memorising prompts of the memory job (~560 tokens) repeated
 ``--group-size`` times.
