@@ -18,7 +18,7 @@ from test_training import write_config
 
 from memalpha.agent.reward_math import per_chunk_totals
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import reader_questions, run_rollouts
+from memalpha.agent.rollout import Agent, reader_questions
 from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.cli import main
 from memalpha.data.schema import QA, DataValidationError, Instance, question_evidence
@@ -138,8 +138,8 @@ def scripted(policy, instances, tokenizer, *, credit: str):
     sampler = ScriptedSampler(policy, instances, tokenizer, get_call_format("hermes"), 0)
     reader = ExtractiveReader()
     judge = weights.build_content_judge(reader)
-    return run_rollouts(instances, _NoModel(), tokenizer, reader, settings, weights, judge,
-                        seed=0, do_sample=False, group_size=1, sampler=sampler, credit=CREDIT_SCHEMES[credit])
+    agent = Agent(_NoModel(), tokenizer, reader, settings, weights, judge, sampler=sampler)
+    return agent.rollouts(instances, seed=0, do_sample=False, group_size=1, credit=CREDIT_SCHEMES[credit])
 
 
 def test_the_oracle_earns_each_question_at_the_turn_that_stored_its_fact(synthetic, tokenizer):

@@ -13,7 +13,7 @@ import pytest
 from memalpha.agent.answer_metrics import ANSWER_STYLES, OFFICIAL_ANSWERS, score_answer, score_answers
 from memalpha.agent.reward_math import TurnCalls, rollout_rewards, tool_success_reward
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import answer_questions, run_rollouts, start_rollouts
+from memalpha.agent.rollout import Agent, answer_questions, start_rollouts
 from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.schema import QA, Instance
 from memalpha.lm.core.policy import LoraSettings, load_policy
@@ -247,7 +247,7 @@ def test_the_rollout_scores_answers_in_the_chosen_style():
 
 
 @pytest.mark.parametrize(("style", "expected"), [("memalpha", 1.0), ("official", 0.0)])
-def test_run_rollouts_takes_the_style_from_the_reward_settings(tiny_model_dir, tokenizer, style, expected):
+def test_rollouts_take_the_style_from_the_reward_settings(tiny_model_dir, tokenizer, style, expected):
     policy, _ = load_policy(tiny_model_dir, lora=LoraSettings(r=4, alpha=8))
     squad = Instance(
         "squad-1", "squad", ["The user lives in the U.S.A."], [QA("Where does the user live?", "USA")]
@@ -256,9 +256,7 @@ def test_run_rollouts_takes_the_style_from_the_reward_settings(tiny_model_dir, t
         group_size=1, max_new_tokens=4, max_prompt_tokens=4096, prompt_profile="compact"
     )
     weights = RewardSettings(gamma=0.0, metric_style=style)
-    out = run_rollouts(
-        [squad], policy, tokenizer, FixedReader("In the U.S.A."), settings, weights, None, seed=0
-    )
+    out = Agent(policy, tokenizer, FixedReader("In the U.S.A."), settings, weights).rollouts([squad], seed=0)
     assert out.records[0].r1 == expected and out.records[0].questions[0]["score"] == expected
 
 

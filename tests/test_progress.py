@@ -18,7 +18,7 @@ from test_training import scalars, version_dirs, write_config
 from memalpha.agent.progress import Phase
 from memalpha.agent.prompt_budget import check_prompt_budget
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import RolloutError, run_rollouts, turn_prompt
+from memalpha.agent.rollout import Agent, RolloutError, turn_prompt
 from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.cli import main
 from memalpha.data.schema import QA, Instance
@@ -63,8 +63,8 @@ def test_rollouts_report_their_phases_in_order(tiny_model_dir, tokenizer):
     )
     heard: list[Phase] = []
 
-    out = run_rollouts(
-        instances, policy, tokenizer, reader, settings, RewardSettings(), None, seed=0, on_phase=heard.append
+    out = Agent(policy, tokenizer, reader, settings, RewardSettings()).rollouts(
+        instances, seed=0, on_phase=heard.append
     )
 
     assert [(p.name, p.index, p.total) for p in heard] == [

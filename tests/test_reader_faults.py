@@ -18,7 +18,7 @@ from test_training import scalars, version_dirs, write_config
 
 from memalpha.agent.content_judges import LLMContentJudge
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import RolloutRecord, answer_questions, run_rollouts, start_rollouts
+from memalpha.agent.rollout import Agent, RolloutRecord, answer_questions, start_rollouts
 from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.cli import main
 from memalpha.data.schema import QA, Instance
@@ -274,16 +274,8 @@ def test_a_round_against_a_dead_reader_completes_and_counts_every_question(tiny_
     dead = OpenAIReader(
         OpenAISettings(f"http://127.0.0.1:{free_port()}/v1", "m", max_retries=1), sleep=lambda _s: None
     )
-    out = run_rollouts(
-        instances,
-        tiny_model,
-        tokenizer,
-        dead,
-        RolloutSettings(group_size=2, max_new_tokens=8, max_prompt_tokens=2048),
-        RewardSettings(),
-        None,
-        seed=0,
-    )
+    settings = RolloutSettings(group_size=2, max_new_tokens=8, max_prompt_tokens=2048)
+    out = Agent(tiny_model, tokenizer, dead, settings, RewardSettings()).rollouts(instances, seed=0)
     assert len(out.records) == 4 and all(r.r1 == 0.0 and r.reader_failures == 2 for r in out.records)
     assert all(q["score"] == 0.0 and "refused" in q["error"] for r in out.records for q in r.questions)
     import torch

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import run_rollouts
+from memalpha.agent.rollout import Agent
 from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.schema import QA, Instance
 from memalpha.grpo.batch import GRPOBatch
@@ -191,7 +191,7 @@ def test_a_rollout_trains_nothing_after_the_marker_and_still_executes_the_calls(
     settings = RolloutSettings(group_size=3, max_new_tokens=64, max_prompt_tokens=4096, call_format=fmt.name,
                                prompt_profile="compact", backend="hf-generate")
 
-    out = run_rollouts([instance], policy, tokenizer, reader, settings, RewardSettings(), None, seed=0)
+    out = Agent(policy, tokenizer, reader, settings, RewardSettings()).rollouts([instance], seed=0)
 
     cut = len(ids_of(tokenizer, f"{call}\n"))
     samples = sorted(out.samples, key=lambda s: s.rollout_id)

@@ -9,7 +9,7 @@ For every (group size n, instances per step) pair one GRPO step runs on syntheti
 instances (two chunks each by default: the first turn of every rollout starts from an empty
 memory, the second from the memory that rollout wrote), driving the real code:
 :class:`memalpha.train.module.GRPOModule` loads the policy (LoRA on the embedded
-SmolLM2-135M-Instruct, fp32) and its local reader, :func:`memalpha.agent.rollout.run_rollouts`
+SmolLM2-135M-Instruct, fp32) and its local reader, :meth:`memalpha.agent.rollout.Agent.rollouts`
 plays the memory agent chunk by chunk and lets the reader answer every question (it reports
 both times), and the rest of the step is the module's own (:mod:`memalpha.train.step`):
 :func:`~memalpha.train.step.collect_round` (rewards, advantages, reference log-probs under

@@ -1,7 +1,7 @@
 """Phase reports: what a step is doing while it runs, for whoever shows progress.
 
 The code that does a step's work calls a :data:`PhaseHook` with a :class:`Phase` as each phase
-starts: :func:`memalpha.agent.rollout.run_rollouts` reports ``sampling`` (once per chunk index),
+starts: :meth:`memalpha.agent.rollout.Agent.rollouts` reports ``sampling`` (once per chunk index),
 ``reader`` and ``rewards``; :class:`memalpha.train.module.GRPOModule` adds ``logprobs`` and
 ``update``. The hook is an optional argument, so these layers know nothing of the display
 (the progress bar of :mod:`memalpha.train.progress_bar`) and a run without one pays nothing.

@@ -153,7 +153,7 @@ class RewardSettings:
     @property
     def answer_style(self) -> AnswerStyle:
         """How answers are compared with their golds: the style :attr:`metric_style` names (read once a
-        round by :func:`~memalpha.agent.rollout.run_rollouts`, which hands the object down)."""
+        round by :meth:`~memalpha.agent.rollout.Agent.rollouts`, which hands the object down)."""
         return ANSWER_STYLES[self.metric_style]
 
     def build_content_judge(self, reader: Reader) -> ContentJudge:

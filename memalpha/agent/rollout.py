@@ -1,6 +1,6 @@
 """The memory agent loop: n rollouts per instance, chunk by chunk, batched across rollouts.
 
-:func:`run_rollouts` reads in three phases, each a function of its own:
+:meth:`Agent.rollouts` reads in three phases, each a function of its own:
 
 1. :func:`memorise_chunks`: for chunk index ``i`` every live rollout gets a *fresh* prompt
    (system prompt with the call format's tool block and its own rendered memory, plus the
@@ -626,30 +626,3 @@ class Agent:
             rollout_cpu_s=rollout_cpu_s,
             reader_cpu_s=reader_cpu_s,
         )
-
-
-def run_rollouts(
-    instances: Sequence[Instance],
-    model,
-    tokenizer,
-    reader: Reader,
-    settings: RolloutSettings,
-    weights: RewardSettings,
-    content_judge: ContentJudge | None,
-    *,
-    seed: int,
-    do_sample: bool = True,
-    group_size: int | None = None,
-    judge_reader: Reader | None = None,
-    share_prefix: bool = True,
-    sampler: GenerateFn | None = None,
-    on_phase: PhaseHook | None = None,
-    credit: CreditScheme = BROADCAST,
-) -> RolloutOutput:
-    """:meth:`Agent.rollouts` of the agent of these parts (``sampler`` generates instead of
-    ``model`` when given; ``model`` may then be anything)."""
-    agent = Agent(model, tokenizer, reader, settings, weights, content_judge, share_prefix, sampler)
-    return agent.rollouts(
-        instances, seed=seed, do_sample=do_sample, group_size=group_size, judge_reader=judge_reader,
-        on_phase=on_phase, credit=credit,
-    )

@@ -2,7 +2,7 @@
 
 A scripted policy decides, per chunk turn, which calls to write; :class:`ScriptedSampler` turns
 that into the ``Generation`` the rollout expects from a model (the ``sampler`` argument of
-:func:`memalpha.agent.rollout.run_rollouts`), so the real prompts, parsing, execution, reader and
+:meth:`memalpha.agent.rollout.Agent.rollouts`), so the real prompts, parsing, execution, reader and
 reward run on the scripted text. Four policies bracket what a reward should order
 (``experiments/studies/scripted_policies.py``, ``tests/test_scripted_policies.py``):
 
@@ -26,7 +26,7 @@ from typing import Any
 
 from memalpha.agent.oracle_demos import note_contents
 from memalpha.agent.reward_settings import RewardSettings
-from memalpha.agent.rollout import RolloutOutput, run_rollouts
+from memalpha.agent.rollout import Agent, RolloutOutput
 from memalpha.agent.rollout_settings import RolloutSettings
 from memalpha.data.schema import Instance
 from memalpha.lm.sampling.generation import Generation
@@ -78,7 +78,7 @@ POLICIES: dict[str, ScriptedPolicy] = {
 
 
 class ScriptedSampler:
-    """A generate function (``run_rollouts(sampler=...)``) that answers each prompt with ``policy``'s calls.
+    """A generate function (``Agent(sampler=...)``) that answers each prompt with ``policy``'s calls.
 
     Each prompt is matched to its instance and chunk by finding the chunk's text in the decoded
     prompt: every memorising prompt holds its chunk verbatim, after the memory view (which may hold
@@ -159,10 +159,9 @@ def run_scripted(
     of ``weights`` with its own content judge."""
     chosen = POLICIES[policy] if isinstance(policy, str) else policy
     sampler = ScriptedSampler(chosen, instances, tokenizer, get_call_format(settings.call_format), seed)
-    return run_rollouts(
-        instances, _NoModel(), tokenizer, reader, settings, weights, weights.build_content_judge(reader),
-        seed=seed, do_sample=False, group_size=1, sampler=sampler,
-    )
+    agent = Agent(_NoModel(), tokenizer, reader, settings, weights, weights.build_content_judge(reader),
+                  sampler=sampler)
+    return agent.rollouts(instances, seed=seed, do_sample=False, group_size=1)
 
 
 def reward_terms(out: RolloutOutput) -> dict[str, float | None]:
