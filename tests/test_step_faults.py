@@ -21,6 +21,7 @@ import torch
 from test_nonfinite import FaultPlan, fit, grpo
 from test_training import write_config
 
+import memalpha.grpo.update as update_
 import memalpha.train.step as step_
 from memalpha.agent import answer_metrics as scoring
 from memalpha.cli import main
@@ -197,7 +198,7 @@ def inject_out_of_memory(phase: str, monkeypatch) -> None:
     elif phase == "logprobs":
         monkeypatch.setattr(step_, "response_logprobs", raising)
     elif phase == "update":
-        monkeypatch.setattr(step_, "accumulate_grpo_gradients", raising)
+        monkeypatch.setattr(update_, "accumulate_grpo_gradients", raising)
 
 
 @pytest.mark.parametrize("phase", ["sampling", "reader", "logprobs", "update"])
@@ -225,11 +226,11 @@ def test_the_cli_stops_with_one_line_and_the_checkpoint_resumes(tmp_path, tiny_m
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     before = digest(last)
 
-    real = step_.accumulate_grpo_gradients
+    real = update_.accumulate_grpo_gradients
     def out_of_memory(*args, **kwargs):
         raise gpu_out_of_memory()
 
-    monkeypatch.setattr(step_, "accumulate_grpo_gradients", out_of_memory)
+    monkeypatch.setattr(update_, "accumulate_grpo_gradients", out_of_memory)
     with pytest.raises(SystemExit) as stopped:
         main(["fit", "--config", str(config), "--ckpt_path", str(last)])
     message = str(stopped.value.code)
@@ -239,7 +240,7 @@ def test_the_cli_stops_with_one_line_and_the_checkpoint_resumes(tmp_path, tiny_m
     assert "model.update.micro_batch_size" in message and "\n" not in message
     assert digest(last) == before
 
-    monkeypatch.setattr(step_, "accumulate_grpo_gradients", real)
+    monkeypatch.setattr(update_, "accumulate_grpo_gradients", real)
     main(["fit", "--config", str(config), "--ckpt_path", str(last)])
     assert torch.load(last, weights_only=False)["global_step"] == 2
 
