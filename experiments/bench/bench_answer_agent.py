@@ -159,8 +159,10 @@ def validate(args: argparse.Namespace, data: Path, name: str, extra: list[str]) 
 
 def arm_figures(report: dict[str, Any], stored: dict[tuple[str, int], bool]) -> dict[str, Any]:
     """Accuracy, memory tokens and the answered share of stored answers, each a mean over instances
-    with its 95 % t interval (``stored``: whether the memory agent's memory holds each answer)."""
-    accuracy, tokens, answered = [], [], []
+    with its 95 % t interval (``stored``: whether the memory agent's memory holds each answer), and
+    the stored answers' scores summed over every instance (``stored_score_sum`` of
+    ``stored_questions``: with few instances, the pooled share says more than an interval over them)."""
+    accuracy, tokens, answered, pooled = [], [], [], []
     for record in report["records"]:
         scores = [q["score"] for q in record["questions"]]
         accuracy.append(sum(scores) / len(scores))
@@ -169,10 +171,11 @@ def arm_figures(report: dict[str, Any], stored: dict[tuple[str, int], bool]) -> 
                 if stored.get((record["instance_id"], k))]
         if held:
             answered.append(sum(held) / len(held))
+        pooled += held
     return {"instances": len(accuracy), "accuracy": mean_interval(accuracy),
             "memory_tokens": mean_interval(tokens),
             "stored_answered": mean_interval(answered) if answered else None,
-            "stored_questions": sum(stored.values())}
+            "stored_questions": len(pooled), "stored_score_sum": sum(pooled)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,10 +216,12 @@ def main(argv: list[str] | None = None) -> int:
             answered = figures["stored_answered"]
             rows.append([length, arm, figures["accuracy"]["mean"], figures["memory_tokens"]["mean"],
                          "-" if answered is None else f"{answered['mean']:.3f} [{answered['low']:+.2f}, "
-                         f"{answered['high']:+.2f}]"])
+                         f"{answered['high']:+.2f}]",
+                         f"{figures['stored_score_sum']:.1f} / {figures['stored_questions']}"])
         result["wall_s"] = round(time.perf_counter() - started, 1)
         write_json(result, args.out, machine=machine)
-    print_table(["chunks", "arm", "accuracy", "memory tokens", "stored answered [95 %]"], rows, floats=3)
+    print_table(["chunks", "arm", "accuracy", "memory tokens", "stored answered [95 %]", "stored, pooled"],
+                rows, floats=3)
     print(f"(written to {args.out})")
     return 0
 
