@@ -16,34 +16,24 @@ from memalpha_lab.run_state import exported
 
 
 def memalpha(args: list[str], log: Path, who: str = "study") -> None:
-    """One ``memalpha`` command in a child process, its output in ``log``; a failure stops the caller
-    in one line naming the log (``who`` names the caller)."""
+    """One ``memalpha`` command in a child process, the command line and then its output in ``log``; a
+    failure stops the caller in one line naming the command and the log (``who`` names the caller)."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "memalpha.cli", *args]
     with open(log, "w", encoding="utf-8") as out:
-        done = subprocess.run([sys.executable, "-m", "memalpha.cli", *args], stdout=out,
-                              stderr=subprocess.STDOUT, cwd=REPO_ROOT, check=False)
+        out.write(" ".join(command) + "\n")
+        out.flush()
+        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT, check=False)
     if done.returncode != 0:
-        raise SystemExit(f"{who}: memalpha {args[0]} failed ({done.returncode}); see {log}")
+        raise SystemExit(f"{who}: `memalpha {' '.join(args)}` failed (status {done.returncode}); see {log}")
 
 
 def memalpha_stage(*args: str, log: Path) -> None:
-    """One stage of a study, ``memalpha ARGS`` (output to ``log``, its seconds printed); a failure stops
-    the study in one line naming the script and the log."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "memalpha.cli", *args]
+    """One stage of a study: :func:`memalpha`, its seconds printed; a failure names the study's script."""
     start = time.perf_counter()
-    with open(log, "w", encoding="utf-8") as handle:
-        handle.write(" ".join(command) + "\n")
-        handle.flush()
-        done = subprocess.run(command, cwd=REPO_ROOT, stdout=handle, stderr=subprocess.STDOUT, check=False)
+    memalpha(list(args), log, who=Path(sys.argv[0]).stem)
     name = " ".join(a for a in args[:2] if not a.startswith("-"))
     print(f"  memalpha {name} -> {log} ({time.perf_counter() - start:.0f} s)", flush=True)
-    if done.returncode != 0:
-        # the script's own name: every study that runs its stages through this function
-        raise SystemExit(
-            f"{Path(sys.argv[0]).stem}: `memalpha {' '.join(args)}` "
-            f"failed (status {done.returncode}); see {log}"
-        )
 
 
 def cold_start(run_dir: Path, config: Path, sft: Path, who: str = "study") -> Path:
