@@ -2,7 +2,7 @@
 the answer agent's GRPO against its SFT continued for the same CPU seconds, 5 seeds, on long memories.
 
 Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/studies/answer_study.py
-          [--start-dir runs/bench_answer_agent] [--seeds 0,1,2,3,4] [--held-out 16] [--questions 8]
+          [--start-dir runs/bench_answer_agent] [--seeds 0,1,2,3,4] [--held-out 4] [--questions 8]
           [--chunks 128] [--data-seed 5803] [--run-dir runs/answer_study]
           [--out experiments/results/answer_study.json] [--reuse]
 
@@ -54,7 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--memory-adapter", type=Path,
                         help="the memory agent (default: bench_answer_agent's, START_DIR/sft/adapter)")
     parser.add_argument("--seeds", default="0,1,2,3,4")
-    parser.add_argument("--held-out", type=int, default=16)
+    parser.add_argument("--held-out", type=int, default=4)
     parser.add_argument("--questions", type=int, default=8)
     parser.add_argument("--chunks", type=int, default=128)
     parser.add_argument("--data-seed", type=int, default=5803)
@@ -127,11 +127,10 @@ def trained_b(args: argparse.Namespace, start: dict[str, Path], seed: int, cpu_s
 def held_out_memories(args: argparse.Namespace, memory_adapter: Path) -> Path:
     """The held-out instances, memorised once by the memory agent (``memalpha predict``)."""
     instances = args.run_dir / "held_out.jsonl"
-    if not instances.is_file():
-        values = {**load_yaml(CONFIGS / "tiny_cpu.yaml")["data"]["synthetic"], "chunks": args.chunks,
-                  "questions": args.questions, "evidence": "spread"}
-        held_out = SyntheticSettings(**values).generate("validation", args.data_seed, args.held_out)
-        save_jsonl(held_out, instances)
+    values = {**load_yaml(CONFIGS / "tiny_cpu.yaml")["data"]["synthetic"], "chunks": args.chunks,
+              "questions": args.questions, "evidence": "spread"}
+    # written each run (it is deterministic), so a changed --held-out is never read from an old file
+    save_jsonl(SyntheticSettings(**values).generate("validation", args.data_seed, args.held_out), instances)
     memories = args.run_dir / "held_out_memories.jsonl"
     done = memories.is_file() and len(memories.read_text().splitlines()) == args.held_out
     if not (args.reuse and done):
