@@ -30,12 +30,11 @@ from memalpha.lm.sampling import generation
 from memalpha.reader.base import Reader, ReaderAnswer
 from memalpha.reader.local import LocalReader
 from memalpha.reader.settings import ReaderSettings
+from memalpha.train.step import MAX_SKIPPED_ROUNDS_IN_A_ROW, ReaderGate
 from memalpha.train.step_faults import (
     LOWER_MEMORY_SETTINGS,
-    MAX_SKIPPED_ROUNDS_IN_A_ROW,
     ReaderFailureError,
     ReaderFailures,
-    ReaderGate,
     StepOutOfMemory,
     out_of_memory_line,
 )
@@ -325,3 +324,23 @@ def test_validate_against_a_dead_reader_exits_nonzero_and_its_report_says_invali
     [report] = (tmp_path / "run").rglob("validation.json")
     summary = json.loads(report.read_text())["summary"]
     assert summary["invalid"].startswith("validation at global step 0: 4 of 4")
+
+
+class _TwoRanks:
+    """The other rank holds ``other``: each mean is over this rank's value and that one."""
+
+    world_size = 2
+
+    def __init__(self, other: float) -> None:
+        self.other = other
+
+    def mean_over_ranks(self, value: float) -> float:
+        return (value + self.other) / 2
+
+
+def test_counts_are_summed_over_the_ranks_exactly():
+    from memalpha.grpo.update import ONE_PROCESS, sum_over_ranks
+
+    assert sum_over_ranks(ONE_PROCESS, 7) == 7
+    assert sum_over_ranks(_TwoRanks(other=5.0), 8) == 13  # (8 + 5) / 2 * 2
+    assert sum_over_ranks(_TwoRanks(other=0.0), 1) == 1  # 0.5 * 2, not rounded away

@@ -53,6 +53,10 @@ PhaseHook = Callable[[Phase], None]
 """Called with each :class:`Phase` as it starts."""
 
 
+def show_nothing(phase: Phase) -> None:
+    """The hook of a caller that shows no progress."""
+
+
 def report(hook: PhaseHook | None, phase: Phase) -> None:
     """Hand ``phase`` to ``hook`` when there is one."""
     if hook is not None:

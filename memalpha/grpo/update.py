@@ -224,6 +224,11 @@ class Ranks(Protocol):
         ...
 
 
+def sum_over_ranks(ranks: Ranks, count: int) -> int:
+    """``count`` summed over the ranks (a collective: every rank calls it)."""
+    return round(ranks.mean_over_ranks(float(count)) * ranks.world_size)
+
+
 class OneProcess:
     """:class:`Ranks` of a run in one process: every value is its own mean and agreement."""
 

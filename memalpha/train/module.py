@@ -44,8 +44,8 @@ from memalpha.train.engine_sync import EngineSync
 from memalpha.train.policy_module import PolicyModule, typed
 from memalpha.train.predict_writer import PredictionWriter
 from memalpha.train.settings_loader import AgentSettings, TrainingSettings
-from memalpha.train.step import GRPOStep
-from memalpha.train.step_faults import ReaderGate, phase_out_of_memory
+from memalpha.train.step import GRPOStep, ReaderGate
+from memalpha.train.step_faults import phase_out_of_memory
 from memalpha.train.validation_report import ValidationReporter, describe_backends
 
 EXPERIENCE_KEY = "memalpha_experience"

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from memalpha.agent.progress import Phase, PhaseHook, report
+from memalpha.agent.progress import Phase, PhaseHook, show_nothing
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import Agent, RolloutOutput, RolloutRecord, TurnSample
 from memalpha.data.schema import Instance
@@ -47,14 +48,58 @@ from memalpha.grpo.update import (
     Ranks,
     first_nonfinite,
     no_clock,
+    sum_over_ranks,
     train_minibatch,
 )
 from memalpha.lm.core.modes import reference_weights
 from memalpha.lm.logprobs.per_token import micro_batch_scorer, response_logprobs
 from memalpha.lm.logprobs.spec import LogprobSpec
+from memalpha.reader.settings import ReaderSettings
 from memalpha.seeding import stable_seed
 from memalpha.train.engine_sync import EngineSync
-from memalpha.train.step_faults import ReaderFailures, ReaderGate
+from memalpha.train.step_faults import ReaderFailureError, ReaderFailures, over_the_limit
+
+MAX_SKIPPED_ROUNDS_IN_A_ROW = 3
+"""Rounds skipped in a row for their reader's failures after which the run stops: a reader that
+stays down would otherwise roll out rounds without end."""
+
+
+@dataclass
+class ReaderGate:
+    """Whether a round's reader answers may be trained on: over ``reader.max_failed_share`` failed,
+    the run stops (``reader.on_failed_round: stop``: :class:`ReaderFailureError`, one line with the
+    share, the limit and the first error) or the round is skipped and counted; at
+    :data:`MAX_SKIPPED_ROUNDS_IN_A_ROW` skipped in a row the run stops. ``skipped_in_a_row`` is part
+    of a run's state (checkpointed), so a resumed run keeps counting."""
+
+    settings: ReaderSettings
+    skipped_in_a_row: int = 0
+
+    def answered(self, failures: ReaderFailures, where: str) -> bool:
+        """Whether the round (``where``: ``rollout round 3 (global step 7)``) may be trained on."""
+        max_share = self.settings.max_failed_share
+        if failures.share <= max_share:
+            self.skipped_in_a_row = 0
+            return True
+        if self.settings.on_failed_round == "stop":
+            raise ReaderFailureError(
+                f"{over_the_limit(failures, max_share, where)}; first error: {failures.first_error}; the"
+                " round was not trained on and the last checkpoint is as it was (reader.on_failed_round:"
+                " skip drops such rounds instead)"
+            )
+        self.skipped_in_a_row += 1
+        if self.skipped_in_a_row >= MAX_SKIPPED_ROUNDS_IN_A_ROW:
+            raise ReaderFailureError(
+                f"{where}: {self.skipped_in_a_row} rounds in a row skipped for failed reader answers (the"
+                f" run stops at {MAX_SKIPPED_ROUNDS_IN_A_ROW}); last error: {failures.first_error}; is the"
+                " reader up?"
+            )
+        warnings.warn(
+            f"memalpha: {where}: {failures.failed} of {failures.questions} reader answers failed; the"
+            f" round is skipped ({self.skipped_in_a_row} in a row). First error: {failures.first_error}",
+            stacklevel=2,
+        )
+        return False
 
 
 def round_metrics(
@@ -207,7 +252,7 @@ def score_samples(
     seed: int,
     sampler_gap: Callable[[Callable[[], list[torch.Tensor]]], dict[str, float]] | None = None,
     clock: Clock = no_clock,
-    on_phase: PhaseHook | None = None,
+    on_phase: PhaseHook = show_nothing,
     where: str = "the round",
 ) -> Scored:
     """Rewards -> advantages (``update.credit``'s scheme) -> reference / old log-probs -> the round's
@@ -231,7 +276,7 @@ def score_samples(
         )
     if first_nonfinite({"rewards": samples.rewards, "turn rewards": samples.turn_rewards}) is not None:
         return Scored([], {}, "rewards")
-    report(on_phase, Phase("logprobs"))
+    on_phase(Phase("logprobs"))
     prompts, responses = samples.prompt_ids, samples.response_ids
     metrics: dict[str, float] = {}
     start = time.perf_counter()
@@ -278,7 +323,7 @@ def collect_round(
     where: str,
     engine: EngineSync | None = None,
     reader_gate: ReaderGate | None = None,
-    on_phase: PhaseHook | None = None,
+    on_phase: PhaseHook = show_nothing,
     clock: Clock = no_clock,
     with_text: bool = False,
 ) -> Round:
@@ -300,12 +345,15 @@ def collect_round(
         raise RuntimeError(f"{where} produced no samples")
     # the round's samples summed over the ranks (update.mini_batch_size is global, as verl's), so
     # every rank takes the same number of steps; a collective, before any rank can leave early
-    round_samples = round(ranks.mean_over_ranks(float(len(samples))) * ranks.world_size)
+    round_samples = sum_over_ranks(ranks, len(samples))
     rows = Samples.of(samples)
     compared = update.credit_scheme.compared(rows.rewards, rows.turn_rewards, rows.group_ids, rows.turn_index)
     metrics = round_metrics(out, rows.rewards, compared) | reward_term_shares(out, compared, agent.reward)
     text = rollout_text(out.records[0]) if with_text else None
-    failures = ReaderFailures.of(out.records).summed(ranks)
+    mine = ReaderFailures.of(out.records)  # summed over the ranks, so every rank's gate decides alike
+    failures = replace(
+        mine, failed=sum_over_ranks(ranks, mine.failed), questions=sum_over_ranks(ranks, mine.questions)
+    )
     if reader_gate is not None and not reader_gate.answered(failures, where):
         return Round(out, [], {**metrics, "train/skipped_reader_round": 1.0}, text=text, refused=True)
     metrics["train/skipped_reader_round"] = 0.0
@@ -367,7 +415,7 @@ class GRPOStep:
         *,
         global_step: int,
         rank: int,
-        on_phase: PhaseHook | None = None,
+        on_phase: PhaseHook = show_nothing,
         count_nonfinite: Callable[[str | None], None] = lambda problem: None,
     ) -> StepLog:
         """Train one mini-batch of the current round, rolling a new round out of ``rounds`` (an
@@ -406,7 +454,7 @@ class GRPOStep:
             skipped = {"train/skipped_nonfinite": 1.0, "train/grad_norm": float("nan")}
             return StepLog(skipped, metrics_of_round, text, round_spent=True)
         batch = self.experience.pop(0)
-        report(on_phase, Phase("update"))
+        on_phase(Phase("update"))
         start = time.perf_counter()
         result = train_minibatch(
             micro_batch_scorer(self.agent.policy, self.logprob_spec), batch, self.update, ranks, optimisation,

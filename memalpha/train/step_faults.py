@@ -1,7 +1,9 @@
 """Faults of a training step that must stop it rather than become a reward: a reader that failed too
-many of a round's answers (:class:`ReaderGate`: a reader that is down would score every answer 0,
-and GRPO would train on that), and running out of memory in any phase (:class:`StepOutOfMemory`:
-one line naming the phase, the memory held and the settings that lower that phase's memory).
+many of a round's answers (:class:`ReaderFailures` counts them, :class:`ReaderFailureError` stops the
+run; the round's gate is :class:`memalpha.train.step.ReaderGate`: a reader that is down would score
+every answer 0, and GRPO would train on that), and running out of memory in any phase
+(:class:`StepOutOfMemory`: one line naming the phase, the memory held and the settings that lower that
+phase's memory).
 Both are raised before the step's optimiser update, so the last checkpoint is the one the run
 wrote before (docs/metrics_and_rewards.md, "Faults").
 """
@@ -9,18 +11,12 @@ wrote before (docs/metrics_and_rewards.md, "Faults").
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from memalpha.agent.rollout import RolloutRecord
 from memalpha.lm.core.out_of_memory import is_out_of_memory, memory_held
-from memalpha.reader.settings import ReaderSettings
-
-MAX_SKIPPED_ROUNDS_IN_A_ROW = 3
-"""Rounds skipped in a row for their reader's failures after which the run stops: a reader that
-stays down would otherwise roll out rounds without end."""
 
 LOWER_MEMORY_SETTINGS: dict[str, tuple[str, ...]] = {
     "sampling": (
@@ -71,15 +67,6 @@ class ReaderFailures:
         failed = sum(error is not None for error in errors)
         return cls(failed=failed, questions=len(errors), first_error=first)
 
-    def summed(self, ranks) -> ReaderFailures:
-        """The counts summed over the ranks of a data-parallel run (:class:`~memalpha.grpo.update.Ranks`;
-        a collective), this rank's first error kept."""
-        world = ranks.world_size
-        return ReaderFailures(
-            failed=round(ranks.mean_over_ranks(float(self.failed)) * world),
-            questions=round(ranks.mean_over_ranks(float(self.questions)) * world),
-            first_error=self.first_error,
-        )
 
 
 def over_the_limit(failures: ReaderFailures, max_share: float, where: str) -> str:
@@ -100,43 +87,6 @@ def validation_refusal(failures: ReaderFailures, max_share: float, where: str) -
         f" first error: {failures.first_error}"
     )
 
-
-@dataclass
-class ReaderGate:
-    """Whether a round's reader answers may be trained on: over ``reader.max_failed_share`` failed,
-    the run stops (``reader.on_failed_round: stop``: :class:`ReaderFailureError`, one line with the
-    share, the limit and the first error) or the round is skipped and counted; at
-    :data:`MAX_SKIPPED_ROUNDS_IN_A_ROW` skipped in a row the run stops. ``skipped_in_a_row`` is part
-    of a run's state (checkpointed), so a resumed run keeps counting."""
-
-    settings: ReaderSettings
-    skipped_in_a_row: int = 0
-
-    def answered(self, failures: ReaderFailures, where: str) -> bool:
-        """Whether the round (``where``: ``rollout round 3 (global step 7)``) may be trained on."""
-        max_share = self.settings.max_failed_share
-        if failures.share <= max_share:
-            self.skipped_in_a_row = 0
-            return True
-        if self.settings.on_failed_round == "stop":
-            raise ReaderFailureError(
-                f"{over_the_limit(failures, max_share, where)}; first error: {failures.first_error}; the"
-                " round was not trained on and the last checkpoint is as it was (reader.on_failed_round:"
-                " skip drops such rounds instead)"
-            )
-        self.skipped_in_a_row += 1
-        if self.skipped_in_a_row >= MAX_SKIPPED_ROUNDS_IN_A_ROW:
-            raise ReaderFailureError(
-                f"{where}: {self.skipped_in_a_row} rounds in a row skipped for failed reader answers (the"
-                f" run stops at {MAX_SKIPPED_ROUNDS_IN_A_ROW}); last error: {failures.first_error}; is the"
-                " reader up?"
-            )
-        warnings.warn(
-            f"memalpha: {where}: {failures.failed} of {failures.questions} reader answers failed; the"
-            f" round is skipped ({self.skipped_in_a_row} in a row). First error: {failures.first_error}",
-            stacklevel=2,
-        )
-        return False
 
 
 def out_of_memory_line(phase: str, where: str, held: str) -> str:
