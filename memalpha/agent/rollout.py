@@ -197,6 +197,21 @@ class RolloutAnswers:
     turn_questions: list[dict[str, Any]] = field(default_factory=list)
 
 
+
+@dataclass
+class Answered:
+    """What :meth:`Agent.memorise_and_answer` leaves: each rollout's scored answers (in rollout
+    order), the tokens its turns generated, and the phases' wall and CPU seconds, and the requests
+    to the reader (and a separate judge) that failed."""
+
+    answers: list[RolloutAnswers]
+    generated_tokens: int
+    rollout_s: float
+    rollout_cpu_s: float
+    reader_s: float
+    reader_cpu_s: float
+    reader_failed_calls: int
+
 def start_rollouts(
     instances: Sequence[Instance], group_size: int, settings: RolloutSettings, count_tokens, seed: int
 ) -> list[Rollout]:
@@ -585,44 +600,81 @@ class Agent:
         """
         count_tokens = make_token_counter(self.tokenizer)
         size = self.rollout.group_size if group_size is None else group_size
-        baseline = self.rollout.baseline
-        if baseline.kind is not None and size != 1:
+        if self.rollout.baseline.kind is not None and size != 1:
             raise ValueError(
-                f"rollout.baseline.kind {baseline.kind} learns nothing: one rollout per instance, not {size}"
+                f"rollout.baseline.kind {self.rollout.baseline.kind} learns nothing: one rollout per"
+                f" instance, not {size}"
             )
         rollouts = start_rollouts(instances, size, self.rollout, count_tokens, seed)
+        done = self.memorise_and_answer(
+            rollouts, seed=seed, do_sample=do_sample, judge_reader=judge_reader, on_phase=on_phase,
+            credit=credit,
+        )
+        report(on_phase, Phase("rewards"))
+        start = time.perf_counter()
+        samples, records = assign_rewards(
+            rollouts, done.answers, self.reward, self.content_judge, count_tokens
+        )
+        return RolloutOutput(
+            samples=samples,
+            records=records,
+            rollout_s=done.rollout_s,
+            reader_s=done.reader_s,
+            generated_tokens=done.generated_tokens,
+            reader_failed_calls=done.reader_failed_calls,
+            rewards_s=time.perf_counter() - start,
+            rollout_cpu_s=done.rollout_cpu_s,
+            reader_cpu_s=done.reader_cpu_s,
+        )
+
+    def memorise_and_answer(
+        self,
+        rollouts: Sequence[Rollout],
+        *,
+        seed: int,
+        do_sample: bool,
+        judge_reader: Reader | None = None,
+        on_phase: PhaseHook | None = None,
+        credit: CreditScheme = BROADCAST,
+        keep_samples: bool = True,
+    ) -> Answered:
+        """The reading every caller shares (:meth:`rollouts` for training and validation,
+        :func:`~memalpha.agent.reading.read_instances` for ``memalpha predict`` and the Python API):
+        each rollout memorises its instance chunk by chunk (:func:`memorise_chunks`; a baseline stores
+        the chunks instead, :func:`store_baseline`), then the reader answers its questions from the
+        final memory (:func:`answer_questions`). ``keep_samples`` keeps each turn's token ids for an
+        update. Rollouts without questions need no reader; questions without one stop here."""
+        baseline = self.rollout.baseline
         asked = credit.asks_after_turns  # the reader reads the memory after every turn
         start, cpu = time.perf_counter(), time.process_time()
         if baseline.kind is None:
             generated_tokens = memorise_chunks(
                 rollouts, self.sampler, self.tokenizer, self.rollout, seed=seed, do_sample=do_sample,
                 share_prefix=self.share_prefix, on_phase=on_phase, keep_snapshots=asked,
+                keep_samples=keep_samples,
             )
         else:
             store_baseline(rollouts, baseline, self.reader, self.tokenizer)
             generated_tokens = 0
         rollout_s, rollout_cpu_s = time.perf_counter() - start, time.process_time() - cpu
-        report(on_phase, Phase("reader", total=sum(reader_questions(r.instance, asked) for r in rollouts)))
-        readers = [self.reader] if judge_reader in (None, self.reader) else [self.reader, judge_reader]
+        questions = sum(reader_questions(r.instance, asked) for r in rollouts)
+        if questions and self.reader is None:
+            raise ValueError("these instances have questions: give a reader to answer them")
+        if questions:
+            report(on_phase, Phase("reader", total=questions))
+        readers = {id(r): r for r in (self.reader, judge_reader) if r is not None}.values()
         failures_before = sum(r.failures for r in readers)
         start, cpu = time.perf_counter(), time.process_time()
         answers = answer_questions(
             rollouts, self.reader, judge=judge_reader, metric_overrides=self.reward.metric_overrides,
             style=self.reward.answer_style, credit=credit, top_k=baseline.answer_top_k,
         )
-        reader_s, reader_cpu_s = time.perf_counter() - start, time.process_time() - cpu
-        report(on_phase, Phase("rewards"))
-        start = time.perf_counter()
-        samples, records = assign_rewards(rollouts, answers, self.reward, self.content_judge, count_tokens)
-        rewards_s = time.perf_counter() - start
-        return RolloutOutput(
-            samples=samples,
-            records=records,
-            rollout_s=rollout_s,
-            reader_s=reader_s,
+        return Answered(
+            answers=answers,
             generated_tokens=generated_tokens,
-            reader_failed_calls=sum(r.failures for r in readers) - failures_before,
-            rewards_s=rewards_s,
+            rollout_s=rollout_s,
             rollout_cpu_s=rollout_cpu_s,
-            reader_cpu_s=reader_cpu_s,
+            reader_s=time.perf_counter() - start,
+            reader_cpu_s=time.process_time() - cpu,
+            reader_failed_calls=sum(r.failures for r in readers) - failures_before,
         )
