@@ -104,9 +104,12 @@ length-study: $(STAMP)
 	    --product-commit bf7256b --run-dir runs/length_study
 
 # The answer agent's GRPO against its SFT continued at the same CPU seconds, 5 seeds, on memories of 128
-# chunks (about 6.5 CPU hours; after make bench-answer-agent, whose run folder is its start).
+# chunks (about 4.5 CPU hours; after make bench-answer-agent, whose run folder is its start). Its product
+# is pinned: run it from a checkout whose memalpha/ and configs/ are 424c5d5's. On 2 cores, run
+# `--stage memorise` and `--stage arms` side by side first (same options), then this.
 answer-study: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) experiments/studies/answer_study.py --reuse
+	HF_HUB_OFFLINE=1 $(PY) experiments/studies/answer_study.py --reuse --plan-commit 424c5d5 \
+	    --product-commit 424c5d5
 
 # Why GRPO lowers tool success: the demo's GRPO with one setting changed per arm, 3 seeds (about 2 CPU
 # hours, about 3 hours of wall time on 2 cores; its result was run at 14f626d's product, with the

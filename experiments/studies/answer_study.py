@@ -4,7 +4,8 @@ the answer agent's GRPO against its SFT continued for the same CPU seconds, 5 se
 Run:  HF_HUB_OFFLINE=1 .venv/bin/python experiments/studies/answer_study.py
           [--start-dir runs/bench_answer_agent] [--seeds 0,1,2,3,4] [--held-out 4] [--questions 8]
           [--chunks 128] [--data-seed 5803] [--run-dir runs/answer_study]
-          [--out experiments/results/answer_study.json] [--reuse]
+          [--out experiments/results/answer_study.json] [--reuse] [--stage all|memorise|arms]
+          [--plan-commit C] [--product-commit C] [--check]
 
 The start is bench_answer_agent's (``--start-dir``, run first): its memory agent, the SFT answer agent
 and the answer demonstrations and memories it trained on. Per seed:
@@ -19,6 +20,14 @@ validation instances of ``--chunks`` chunks (data seed ``--data-seed``, ``--ques
 over the input), memorised once by the memory agent. The primary measure is the answered share of the
 questions whose answer the memory holds, per instance; A − B paired per instance per seed, then a 95 % t
 interval over the seeds. The verdict is the plan's rule, printed with the numbers.
+
+On 2 cores the stages that do not need each other run side by side over one ``--run-dir``:
+``--stage memorise`` only memorises the held-out set, ``--stage arms`` only trains A then B of each seed;
+``--stage all`` (the default; once those two have ended, as it trains any arm still missing) runs what
+is left, validates and writes the summary. ``--product-commit``
+refuses a checkout whose ``memalpha/`` and ``configs/`` are not that commit's (a study that spans
+sessions keeps its product), and ``--check`` only rebuilds the interval and verdict from the committed
+summary's per-seed figures.
 """
 
 from __future__ import annotations
@@ -41,11 +50,12 @@ from memalpha_lab.cli_runs import memalpha
 from memalpha_lab.common import REPO_ROOT, command_line, machine_info, write_json
 from memalpha_lab.compute import children_cpu_s
 from memalpha_lab.recipe_configs import load_yaml, write_yaml
-from memalpha_lab.run_state import exported
-from memalpha_lab.study_runner import add_run_arguments, check_positive, parse_seeds
+from memalpha_lab.run_state import check_product, exported
+from memalpha_lab.study_runner import add_plan_arguments, add_run_arguments, check_positive, parse_seeds
 
 WHO = "answer_study"
 CONFIGS = REPO_ROOT / "configs"
+STAGES = ("all", "memorise", "arms")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -59,6 +69,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--chunks", type=int, default=128)
     parser.add_argument("--data-seed", type=int, default=5803)
     add_run_arguments(parser, "answer_study", "answer_study", "keep every run already trained or validated")
+    add_plan_arguments(parser, "answer_study.py")
+    parser.add_argument("--stage", choices=STAGES, default="all",
+                        help="memorise: only the held-out memories; arms: only A and B of each seed; all: the"
+                             " rest, then the summary")
     args = parser.parse_args(argv)
     args.seed_list = parse_seeds(parser, args.seeds)
     check_positive(parser, args, ("held_out", "questions", "chunks"))
@@ -170,12 +184,36 @@ def verdict(interval: dict[str, float]) -> str:
     return "not shown"
 
 
+def check(summary: Path) -> int:
+    """Rebuild the interval over seeds of A − B and its verdict from ``summary``'s per-seed figures;
+    0 when they match the committed ones, else 1 with what differs."""
+    result = json.loads(summary.read_text())
+    rebuilt = mean_interval([s["grpo_minus_sft_continued"] for s in result["seeds"].values()])
+    committed = result["primary"]
+    same = verdict(rebuilt) == committed["verdict"] and all(
+        abs(rebuilt[k] - committed["grpo_minus_sft_continued"][k]) <= 1e-9 for k in ("mean", "low", "high")
+    )
+    print(f"{'rebuilt numbers match' if same else 'rebuilt numbers differ from'} {summary}"
+          f" ({rebuilt['mean']:+.3f} [{rebuilt['low']:+.3f}, {rebuilt['high']:+.3f}]: {verdict(rebuilt)})")
+    return 0 if same else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.check:
+        return check(args.out)
+    if args.product_commit is not None:
+        check_product(args.product_commit, WHO)
     args.run_dir = args.run_dir.resolve()
     machine, started = machine_info(), time.perf_counter()
     start = start_of(args.start_dir.resolve(), args.memory_adapter)
+    if args.stage == "arms":
+        for seed in args.seed_list:
+            trained_b(args, start, seed, trained_a(args, start, seed)[1])
+        return 0
     memories = held_out_memories(args, start["memory"])
+    if args.stage == "memorise":
+        return 0
     written = [json.loads(line) for line in memories.read_text().splitlines()]
     stored = {(r["instance_id"], k): bool(q.get("stored"))
               for r in written for k, q in enumerate(r["questions"])}
@@ -201,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "answer_study", "command": command_line(),
         "settings": {"start_dir": str(args.start_dir), "seeds": args.seed_list, "held_out": args.held_out,
                      "questions": args.questions, "chunks": args.chunks, "data_seed": args.data_seed},
+        "plan_commit": args.plan_commit, "product_commit": args.product_commit,
         "stored_share": sum(stored.values()) / len(stored), "start": start_scores, "seeds": seeds,
         "wall_s": round(time.perf_counter() - started, 1),
     }

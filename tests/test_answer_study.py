@@ -1,0 +1,81 @@
+"""experiments/studies/answer_study.py: the plan's rule, ``--check``'s rebuild of a committed summary
+against hand-computed intervals, and its bad command lines and foreign products refused in one line
+before anything runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "experiments" / "studies" / "answer_study.py"
+
+
+def study_module():
+    spec = importlib.util.spec_from_file_location("answer_study", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'experiments' / 'lab'}"}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env,
+                          cwd=REPO, check=False)
+
+
+@pytest.mark.parametrize(("low", "high", "said"), [
+    (0.01, 0.2, "shown: GRPO beats SFT continued"),
+    (-0.2, -0.01, "SFT continued beats GRPO"),
+    (-0.1, 0.1, "not shown"),
+    (0.0, 0.3, "not shown"),  # an interval that touches 0 holds it
+])
+def test_the_plans_rule(low, high, said):
+    assert study_module().verdict({"low": low, "high": high}) == said
+
+
+def summary(values: list[float], primary: dict) -> dict:
+    return {"seeds": {str(i): {"grpo_minus_sft_continued": v} for i, v in enumerate(values)},
+            "primary": primary}
+
+
+def test_check_rebuilds_the_interval_over_seeds(tmp_path):
+    # A - B of 3 seeds: 0.1, 0.2, 0.3; mean 0.2, sd 0.1, t(0.975, 2) = 4.302653: half width
+    # 4.302653 * 0.1 / sqrt(3) = 0.248414
+    half = 4.302652729911275 * 0.1 / 3 ** 0.5
+    right = {"grpo_minus_sft_continued": {"mean": 0.2, "low": 0.2 - half, "high": 0.2 + half},
+             "verdict": "not shown"}
+    out = tmp_path / "answer_study.json"
+    out.write_text(json.dumps(summary([0.1, 0.2, 0.3], right)))
+    assert study_module().check(out) == 0
+    wrong = {**right, "verdict": "shown: GRPO beats SFT continued"}
+    out.write_text(json.dumps(summary([0.1, 0.2, 0.3], wrong)))
+    assert study_module().check(out) == 1
+    moved = {**right, "grpo_minus_sft_continued": {**right["grpo_minus_sft_continued"], "mean": 0.21}}
+    out.write_text(json.dumps(summary([0.1, 0.2, 0.3], moved)))
+    assert study_module().check(out) == 1
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--stage", "train"], "--stage: invalid choice: 'train'"),
+    (["--held-out", "0"], "--held-out must be >= 1"),
+    (["--seeds", "1,1"], "--seeds must not repeat a seed"),
+])
+def test_bad_command_lines_stop_in_one_line(args, said):
+    done = run_script(*args)
+    assert done.returncode == 2
+    assert said in done.stderr
+
+
+def test_a_checkout_of_another_product_is_refused(tmp_path):
+    missing = "0" * 40  # no checkout holds it, shallow clones included
+    done = run_script("--product-commit", missing, "--run-dir", str(tmp_path / "run"))
+    assert done.returncode != 0
+    assert f"answer_study: --product-commit {missing}: this checkout's memalpha/ and configs/" in done.stderr
+    assert not (tmp_path / "run").exists()
