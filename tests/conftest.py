@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -216,3 +218,12 @@ def loop_generate(model, tokenizer, prompts, *, max_new_tokens, eos_token_id, se
                                             top_k=top_k, top_p=top_p),
         )  # fmt: skip
     return SimpleNamespace(response_ids=tokens, truncated=cut)
+
+
+def script_module(path: Path):
+    """A script of ``experiments/`` imported as a module under its file's name, so a test calls its
+    functions (a script is not a package module)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

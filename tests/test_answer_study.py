@@ -4,7 +4,6 @@ before anything runs."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,16 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import script_module
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "experiments" / "studies" / "answer_study.py"
-
-
-def study_module():
-    spec = importlib.util.spec_from_file_location("answer_study", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
@@ -37,7 +30,7 @@ def run_script(*args: str) -> subprocess.CompletedProcess:
     (0.0, 0.3, "not shown"),  # an interval that touches 0 holds it
 ])
 def test_the_plans_rule(low, high, said):
-    assert study_module().verdict({"low": low, "high": high}) == said
+    assert script_module(SCRIPT).verdict({"low": low, "high": high}) == said
 
 
 def summary(values: list[float], primary: dict) -> dict:
@@ -53,13 +46,13 @@ def test_check_rebuilds_the_interval_over_seeds(tmp_path):
              "verdict": "not shown"}
     out = tmp_path / "answer_study.json"
     out.write_text(json.dumps(summary([0.1, 0.2, 0.3], right)))
-    assert study_module().check(out) == 0
+    assert script_module(SCRIPT).check(out) == 0
     wrong = {**right, "verdict": "shown: GRPO beats SFT continued"}
     out.write_text(json.dumps(summary([0.1, 0.2, 0.3], wrong)))
-    assert study_module().check(out) == 1
+    assert script_module(SCRIPT).check(out) == 1
     moved = {**right, "grpo_minus_sft_continued": {**right["grpo_minus_sft_continued"], "mean": 0.21}}
     out.write_text(json.dumps(summary([0.1, 0.2, 0.3], moved)))
-    assert study_module().check(out) == 1
+    assert script_module(SCRIPT).check(out) == 1
 
 
 @pytest.mark.parametrize(("args", "said"), [

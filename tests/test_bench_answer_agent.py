@@ -3,23 +3,16 @@ hand-computed numbers, and its bad command lines refused before anything runs.""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import script_module
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "experiments" / "bench" / "bench_answer_agent.py"
-
-
-def bench_module():
-    spec = importlib.util.spec_from_file_location("bench_answer_agent", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def question(score: float) -> dict:
@@ -33,7 +26,7 @@ def test_an_arms_figures_pool_the_stored_answers_and_average_over_instances():
         {"instance_id": "b", "memory_tokens": 300, "questions": [question(0.0), question(0.5)]},
     ]}
     stored = {("a", 0): True, ("a", 1): True, ("a", 2): False, ("b", 0): False, ("b", 1): True}
-    figures = bench_module().arm_figures(report, stored)
+    figures = script_module(SCRIPT).arm_figures(report, stored)
     assert figures["instances"] == 2
     assert figures["accuracy"]["mean"] == pytest.approx((2 / 3 + 0.25) / 2)
     assert figures["memory_tokens"]["mean"] == pytest.approx(200.0)
@@ -47,7 +40,7 @@ def test_an_instance_without_a_stored_answer_is_left_out_of_the_stored_mean():
         {"instance_id": "a", "memory_tokens": 10, "questions": [question(1.0)]},
         {"instance_id": "b", "memory_tokens": 10, "questions": [question(0.0)]},
     ]}
-    figures = bench_module().arm_figures(report, {("a", 0): True, ("b", 0): False})
+    figures = script_module(SCRIPT).arm_figures(report, {("a", 0): True, ("b", 0): False})
     assert figures["stored_answered"]["n"] == 1 and figures["stored_answered"]["mean"] == 1.0
     assert (figures["stored_score_sum"], figures["stored_questions"]) == (1.0, 1)
 
