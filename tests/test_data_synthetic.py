@@ -298,3 +298,33 @@ def test_the_real_shapes_give_oracle_demonstrations_that_store_every_note(family
         notes = by_id[demo.metadata["instance_id"]].metadata["notes"][demo.metadata["chunk_index"]]
         stored = " ".join(call.arguments["content"] for call in call_format.parse(demo.response).calls)
         assert all(note["fact"].rstrip(".") in stored for note in notes)
+
+
+def test_a_long_chunk_of_examples_is_stored_as_its_leading_examples_within_the_reply(tokenizer):
+    from memalpha.agent.oracle_demos import DEFAULT_REPLY_SHARE, oracle_demonstrations
+    from memalpha.agent.rollout import make_token_counter
+    from memalpha.agent.rollout_settings import RolloutSettings
+    from memalpha.data.synthetic import SyntheticSettings
+    from memalpha.tools.formats import get_call_format
+
+    config = yaml.safe_load((Path(__file__).parents[1] / "configs" / "documents_cpu.yaml").read_text())
+    settings = RolloutSettings(**config["model"]["rollout"])
+    synthetic = {**config["data"]["synthetic"], "families": ["synth_icl", "synth_document"]}
+    instances = SyntheticSettings(**synthetic).generate("train", 0, 2)
+    demos = oracle_demonstrations(instances, tokenizer, settings, seed=0)
+    call_format = get_call_format(settings.call_format)
+    count_tokens = make_token_counter(tokenizer)
+    by_id = {i.instance_id: i for i in instances}
+    kept: dict[str, list[tuple[int, int]]] = {}
+    for demo in demos:
+        notes = by_id[demo.metadata["instance_id"]].metadata["notes"][demo.metadata["chunk_index"]]
+        stored = " ".join(call.arguments["content"] for call in call_format.parse(demo.response).calls)
+        assert count_tokens(demo.response) + 1 <= DEFAULT_REPLY_SHARE * settings.max_new_tokens
+        held = [note["fact"] in stored for note in notes]
+        kept.setdefault(demo.metadata["data_source"], []).append((sum(held), len(held)))
+        # what is stored is a prefix of the chunk's notes: no note is held after one left out
+        assert held == sorted(held, reverse=True)
+        if demo.metadata["data_source"] == "synth_document":
+            assert all(held)  # a report's facts are facts a question asks for: all of them, always
+    # every chunk of examples (about 70 of them) keeps some (about 18) and leaves the others out
+    assert all(0 < n < total for n, total in kept["synth_icl"])

@@ -85,6 +85,26 @@ def packed_contents(notes: Sequence[dict[str, str]], rng: random.Random) -> list
 
 DEFAULT_REPLY_SHARE = 0.75
 
+EXAMPLE_FAMILIES = frozenset({"synth_icl"})
+"""Families whose notes are interchangeable labelled examples, not facts a question asks for: where
+storing every example of a chunk would not fit the reply, a demonstration stores the first ones that
+do, in the order the chunk gives them (the agent keeps a sample of the examples, within its reply)."""
+
+
+def examples_that_fit(notes: Sequence[dict[str, str]], call_format, count_tokens, budget: float) -> int:
+    """How many leading example ``notes`` one packed insert stores within ``budget`` tokens (with the
+    end-of-turn token); examples carry no date, so the packed form's date header never enters."""
+
+    def length(n: int) -> int:
+        packing = packed_contents(notes[:n], random.Random(0))
+        return count_tokens(_reply(call_format, packing, None, False)) + 1
+
+    low, high = 0, len(notes)  # notes[:low] fit; notes[:high + 1] do not, or high is all of them
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if length(middle) <= budget else (low, middle - 1)
+    return low
+
 
 def oracle_demonstrations(
     instances: Sequence[Instance],
@@ -98,12 +118,13 @@ def oracle_demonstrations(
     A reply holds one insert per fact, with a varied opening and closing line; when that would
     not fit in ``reply_share`` of ``settings.max_new_tokens`` (with the end-of-turn token) the
     lines are dropped, and then the facts of each memory list share one insert
-    (:func:`packed_contents`). Only if no form fits that share does the first form that fits the
-    whole budget serve. The headroom matters: a model imitates the demonstrations' length with
-    some slack, and demonstrations written up to the cap teach replies that the cap cuts (a cut
-    call fails; docs/cold_start.md). Raises :class:`OracleError` for an instance without
-    ``metadata["notes"]`` or a chunk whose facts cannot fit, and ``AssertionError`` if a reply's
-    calls do not all execute (a bug).
+    (:func:`packed_contents`). For the example families (:data:`EXAMPLE_FAMILIES`) the reply then
+    stores the leading examples that fit that share (:func:`examples_that_fit`). Only if no form
+    fits that share does the first form that fits the whole budget serve. The headroom matters: a
+    model imitates the demonstrations' length with some slack, and demonstrations written up to the
+    cap teach replies that the cap cuts (a cut call fails; docs/cold_start.md). Raises
+    :class:`OracleError` for an instance without ``metadata["notes"]`` or a chunk whose facts cannot
+    fit, and ``AssertionError`` if a reply's calls do not all execute (a bug).
     """
     if not 0.0 < reply_share <= 1.0:
         raise ValueError(f"reply_share must be in (0, 1], got {reply_share}")
@@ -136,7 +157,13 @@ def oracle_demonstrations(
                 )
             ]
             lengths = [count_tokens(reply) + 1 for _, reply in forms]  # + the end-of-turn token
-            fitting = [i for i, n in enumerate(lengths) if n <= reply_share * settings.max_new_tokens]
+            share = reply_share * settings.max_new_tokens
+            fitting = [i for i, n in enumerate(lengths) if n <= share]
+            if not fitting and instance.data_source in EXAMPLE_FAMILIES:  # a sample, within the share
+                kept = examples_that_fit(notes[chunk_index], call_format, count_tokens, share)
+                packing = packed_contents(notes[chunk_index][:kept], rng)
+                forms.append((packing, _reply(call_format, packing, rng, False)))
+                fitting = [len(forms) - 1] if kept else []
             fitting = fitting or [i for i, n in enumerate(lengths) if n <= settings.max_new_tokens]
             packing, reply = forms[fitting[0]] if fitting else forms[-1]
             if not fitting:
