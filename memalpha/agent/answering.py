@@ -28,7 +28,7 @@ from typing import Any
 
 from memalpha.agent.answer_metrics import score_answers
 from memalpha.agent.locomo_metrics import locomo_f1, token_f1
-from memalpha.agent.progress import Phase, PhaseHook, report
+from memalpha.agent.progress import Phase, PhaseHook, show_nothing
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout import GenerateFn, RolloutOutput, RolloutRecord, TurnSample, make_token_counter
 from memalpha.agent.rollout_settings import RolloutSettings
@@ -78,7 +78,7 @@ class AnswerAgent:
         seed: int,
         do_sample: bool = True,
         group_size: int | None = None,
-        on_phase: PhaseHook | None = None,
+        on_phase: PhaseHook = show_nothing,
         credit: CreditScheme = BROADCAST,
     ) -> RolloutOutput:
         """``group_size`` answers (default ``rollout.group_size``; validation takes one, greedy) to
@@ -108,7 +108,7 @@ class AnswerAgent:
             self.tokenizer(chat_prompt_text(self.tokenizer, c), add_special_tokens=False)["input_ids"]
             for c in conversations
         ]
-        report(on_phase, Phase("sampling", 1, 1))
+        on_phase(Phase("sampling", 1, 1))
         start, cpu = time.perf_counter(), time.process_time()
         generation = self.sampler(
             [ids for ids in prompt_ids for _ in range(size)],
@@ -122,7 +122,7 @@ class AnswerAgent:
             share_prefix=True,
         )
         rollout_s, rollout_cpu_s = time.perf_counter() - start, time.process_time() - cpu
-        report(on_phase, Phase("rewards"))
+        on_phase(Phase("rewards"))
         decode = self.tokenizer.decode
         texts = [decode(r, skip_special_tokens=True).strip() for r in generation.response_ids]
         scores = self._metric_scores(asked, instances, texts, size)

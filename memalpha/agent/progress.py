@@ -3,8 +3,8 @@
 The code that does a step's work calls a :data:`PhaseHook` with a :class:`Phase` as each phase
 starts: :meth:`memalpha.agent.rollout.Agent.rollouts` reports ``sampling`` (once per chunk index),
 ``reader`` and ``rewards``; :class:`memalpha.train.module.GRPOModule` adds ``logprobs`` and
-``update``. The hook is an optional argument, so these layers know nothing of the display
-(the progress bar of :mod:`memalpha.train.progress_bar`) and a run without one pays nothing.
+``update``. The hook is an argument that defaults to :func:`show_nothing`, so these layers know nothing of the
+display (the progress bar of :mod:`memalpha.train.progress_bar`) and a run without one pays nothing.
 """
 
 from __future__ import annotations
@@ -55,9 +55,3 @@ PhaseHook = Callable[[Phase], None]
 
 def show_nothing(phase: Phase) -> None:
     """The hook of a caller that shows no progress."""
-
-
-def report(hook: PhaseHook | None, phase: Phase) -> None:
-    """Hand ``phase`` to ``hook`` when there is one."""
-    if hook is not None:
-        hook(phase)

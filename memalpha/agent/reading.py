@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memalpha.agent.fact_recall import memory_fact_recall
-from memalpha.agent.progress import PhaseHook
+from memalpha.agent.progress import PhaseHook, show_nothing
 from memalpha.agent.rollout import Agent, make_token_counter, start_rollouts
 from memalpha.data.schema import Instance
 from memalpha.memory.store import Memory
@@ -77,7 +77,7 @@ def read_instances(
     seed: int,
     memories: Sequence[Memory | None] | None = None,
     greedy: bool = True,
-    on_phase: PhaseHook | None = None,
+    on_phase: PhaseHook = show_nothing,
 ) -> list[Reading]:
     """One rollout of ``agent`` per instance, together: memorise its chunks, then answer its questions.
 

@@ -27,7 +27,7 @@ from memalpha.agent.baselines import BaselineSettings, cut_full_text, stored_mem
 from memalpha.agent.content_judges import ContentJudge
 from memalpha.agent.fact_recall import memory_fact_recall, questions_stored
 from memalpha.agent.memorise_prompts import chat_prompt_ids, memorise_messages, render_memorise
-from memalpha.agent.progress import Phase, PhaseHook, report
+from memalpha.agent.progress import Phase, PhaseHook, show_nothing
 from memalpha.agent.reward_math import TurnCalls, per_chunk_totals, rollout_rewards
 from memalpha.agent.reward_settings import RewardSettings
 from memalpha.agent.rollout_settings import RolloutSettings
@@ -257,7 +257,7 @@ def memorise_chunks(
     seed: int,
     do_sample: bool,
     share_prefix: bool,
-    on_phase: PhaseHook | None = None,
+    on_phase: PhaseHook = show_nothing,
     keep_snapshots: bool = False,
     keep_samples: bool = True,
 ) -> int:
@@ -281,7 +281,7 @@ def memorise_chunks(
     for chunk_index in range(chunks):
         elapsed = time.perf_counter() - start
         rate = generated_tokens / elapsed if chunk_index and elapsed > 0 else None
-        report(on_phase, Phase("sampling", chunk_index + 1, chunks, rate))
+        on_phase(Phase("sampling", chunk_index + 1, chunks, rate))
         live = [r for r in rollouts if chunk_index < len(r.instance.chunks)]
         prompts = [
             turn_prompt(
@@ -582,7 +582,7 @@ class Agent:
         do_sample: bool = True,
         group_size: int | None = None,
         judge_reader: Reader | None = None,
-        on_phase: PhaseHook | None = None,
+        on_phase: PhaseHook = show_nothing,
         credit: CreditScheme = BROADCAST,
     ) -> RolloutOutput:
         """``group_size`` rollouts for every instance (default ``rollout.group_size``; validation
@@ -610,7 +610,7 @@ class Agent:
             rollouts, seed=seed, do_sample=do_sample, judge_reader=judge_reader, on_phase=on_phase,
             credit=credit,
         )
-        report(on_phase, Phase("rewards"))
+        on_phase(Phase("rewards"))
         start = time.perf_counter()
         samples, records = assign_rewards(
             rollouts, done.answers, self.reward, self.content_judge, count_tokens
@@ -634,7 +634,7 @@ class Agent:
         seed: int,
         do_sample: bool,
         judge_reader: Reader | None = None,
-        on_phase: PhaseHook | None = None,
+        on_phase: PhaseHook = show_nothing,
         credit: CreditScheme = BROADCAST,
         keep_samples: bool = True,
     ) -> Answered:
@@ -661,7 +661,7 @@ class Agent:
         if questions and self.reader is None:
             raise ValueError("these instances have questions: give a reader to answer them")
         if questions:
-            report(on_phase, Phase("reader", total=questions))
+            on_phase(Phase("reader", total=questions))
         readers = {id(r): r for r in (self.reader, judge_reader) if r is not None}.values()
         failures_before = sum(r.failures for r in readers)
         start, cpu = time.perf_counter(), time.process_time()
