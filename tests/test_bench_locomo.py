@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from test_training import nonzero_adapter, write_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,6 +51,9 @@ def test_the_test_split_is_scored_per_arm_with_the_issues_figures(split_data, tm
     assert result["settings"]["sessions"] == {"conv-41": 2, "conv-42": 2}
     written = json.loads((tmp_path / "run" / "locomo_test.json").read_text())
     assert [c["sample_id"] for c in written] == ["conv-41", "conv-42"]  # the others are never read
+    for arm in ("empty", "raw_chunks", "demo"):  # one conversation a batch: a killed arm resumes at it
+        as_run = yaml.safe_load((tmp_path / "run" / "validate" / f"test_{arm}" / "config.yaml").read_text())
+        assert as_run["data"]["val_batch_size"] == 1
     arms = result["arms"]
     empty, raw, demo = arms["empty"], arms["raw_chunks"], arms["demo"]
     assert empty["memory_tokens"] == 0 and empty["turns"] == 0 and empty["entries_per_session"] == 0

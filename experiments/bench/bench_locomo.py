@@ -120,14 +120,17 @@ def arm_flags(args: argparse.Namespace, arm: str, demo: Path | None) -> tuple[Pa
 def validate(
     args: argparse.Namespace, data: Path, arm: str, config: Path, flags: list[str]
 ) -> dict[str, Any]:
-    """``memalpha validate`` of ``data`` for ``arm``; its report (kept with ``--reuse``)."""
+    """``memalpha validate`` of ``data`` for ``arm``; its report (kept with ``--reuse``). Every
+    conversation of the split, one a batch: validate journals each finished batch, so a killed arm,
+    run again, resumes at the conversation it was reading."""
     version = f"{args.split}_{arm}"
     report = args.run_dir / "validate" / version / "validation.json"
     if not (args.reuse and report.is_file()):
         memalpha(["validate", "--config", str(config), "--data.val_path", str(data),
                   "--trainer.logger.init_args.save_dir", str(args.run_dir), "--trainer.logger.init_args.name",
                   "validate", "--trainer.logger.init_args.version", version, "--trainer.enable_progress_bar",
-                  "false", *flags], args.run_dir / "logs" / f"validate_{version}.log", WHO)
+                  "false", "--data.val_batch_size", "1", "--trainer.limit_val_batches", "null", *flags],
+                 args.run_dir / "logs" / f"validate_{version}.log", WHO)
     return json.loads(report.read_text(encoding="utf-8"))
 
 
