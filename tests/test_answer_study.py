@@ -33,25 +33,32 @@ def test_the_plans_rule(low, high, said):
     assert script_module(SCRIPT).verdict({"low": low, "high": high}) == said
 
 
-def summary(values: list[float], primary: dict) -> dict:
-    return {"seeds": {str(i): {"grpo_minus_sft_continued": v} for i, v in enumerate(values)},
-            "primary": primary}
+def summary(values: list[float], primary: dict, secondary: dict) -> dict:
+    return {"seeds": {str(i): {"grpo_minus_sft_continued": v, "grpo_minus_start": v + 0.1,
+                               "sft_continued_minus_start": 0.1} for i, v in enumerate(values)},
+            "primary": primary, "secondary": secondary}
 
 
-def test_check_rebuilds_the_interval_over_seeds(tmp_path):
+def test_check_rebuilds_the_intervals_over_seeds(tmp_path):
     # A - B of 3 seeds: 0.1, 0.2, 0.3; mean 0.2, sd 0.1, t(0.975, 2) = 4.302653: half width
-    # 4.302653 * 0.1 / sqrt(3) = 0.248414
+    # 4.302653 * 0.1 / sqrt(3) = 0.248414; A - start is 0.1 more each (mean 0.3, the same width);
+    # B - start is 0.1 on every seed (no spread: the interval is the point)
     half = 4.302652729911275 * 0.1 / 3 ** 0.5
     right = {"grpo_minus_sft_continued": {"mean": 0.2, "low": 0.2 - half, "high": 0.2 + half},
              "verdict": "not shown"}
+    secondary = {"grpo_minus_start": {"mean": 0.3, "low": 0.3 - half, "high": 0.3 + half},
+                 "sft_continued_minus_start": {"mean": 0.1, "low": 0.1, "high": 0.1}}
     out = tmp_path / "answer_study.json"
-    out.write_text(json.dumps(summary([0.1, 0.2, 0.3], right)))
+    out.write_text(json.dumps(summary([0.1, 0.2, 0.3], right, secondary)))
     assert script_module(SCRIPT).check(out) == 0
     wrong = {**right, "verdict": "shown: GRPO beats SFT continued"}
-    out.write_text(json.dumps(summary([0.1, 0.2, 0.3], wrong)))
+    out.write_text(json.dumps(summary([0.1, 0.2, 0.3], wrong, secondary)))
     assert script_module(SCRIPT).check(out) == 1
     moved = {**right, "grpo_minus_sft_continued": {**right["grpo_minus_sft_continued"], "mean": 0.21}}
-    out.write_text(json.dumps(summary([0.1, 0.2, 0.3], moved)))
+    out.write_text(json.dumps(summary([0.1, 0.2, 0.3], moved, secondary)))
+    assert script_module(SCRIPT).check(out) == 1
+    shifted = {**secondary, "grpo_minus_start": {**secondary["grpo_minus_start"], "low": 0.0}}
+    out.write_text(json.dumps(summary([0.1, 0.2, 0.3], right, shifted)))
     assert script_module(SCRIPT).check(out) == 1
 
 

@@ -26,7 +26,7 @@ On 2 cores the stages that do not need each other run side by side over one ``--
 ``--stage all`` (the default; once those two have ended, as it trains any arm still missing) runs what
 is left, validates and writes the summary. ``--product-commit``
 refuses a checkout whose ``memalpha/`` and ``configs/`` are not that commit's (a study that spans
-sessions keeps its product), and ``--check`` only rebuilds the interval and verdict from the committed
+sessions keeps its product), and ``--check`` only rebuilds the intervals and verdict from the committed
 summary's per-seed figures.
 """
 
@@ -184,17 +184,31 @@ def verdict(interval: dict[str, float]) -> str:
     return "not shown"
 
 
+SECONDARY = ("grpo_minus_start", "sft_continued_minus_start")
+"""The plan's secondary measures: each arm's change from the start, with its interval over seeds."""
+
+
+def over_seeds(seeds: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The primary interval over seeds of A − B with its verdict, and the secondary intervals."""
+    primary = mean_interval([s["grpo_minus_sft_continued"] for s in seeds.values()])
+    return {"primary": {"grpo_minus_sft_continued": primary, "verdict": verdict(primary)},
+            "secondary": {name: mean_interval([s[name] for s in seeds.values()]) for name in SECONDARY}}
+
+
 def check(summary: Path) -> int:
-    """Rebuild the interval over seeds of A − B and its verdict from ``summary``'s per-seed figures;
-    0 when they match the committed ones, else 1 with what differs."""
+    """Rebuild the intervals over seeds and the verdict from ``summary``'s per-seed figures; 0 when they
+    match the committed ones, else 1 with what differs."""
     result = json.loads(summary.read_text())
-    rebuilt = mean_interval([s["grpo_minus_sft_continued"] for s in result["seeds"].values()])
-    committed = result["primary"]
-    same = verdict(rebuilt) == committed["verdict"] and all(
-        abs(rebuilt[k] - committed["grpo_minus_sft_continued"][k]) <= 1e-9 for k in ("mean", "low", "high")
+    rebuilt = over_seeds(result["seeds"])
+    pairs = [(rebuilt["primary"]["grpo_minus_sft_continued"], result["primary"]["grpo_minus_sft_continued"])]
+    pairs += [(rebuilt["secondary"][name], result["secondary"][name]) for name in SECONDARY]
+    same = rebuilt["primary"]["verdict"] == result["primary"]["verdict"] and all(
+        abs(mine[k] - theirs[k]) <= 1e-9 for mine, theirs in pairs for k in ("mean", "low", "high")
     )
+    primary = rebuilt["primary"]["grpo_minus_sft_continued"]
     print(f"{'rebuilt numbers match' if same else 'rebuilt numbers differ from'} {summary}"
-          f" ({rebuilt['mean']:+.3f} [{rebuilt['low']:+.3f}, {rebuilt['high']:+.3f}]: {verdict(rebuilt)})")
+          f" ({primary['mean']:+.3f} [{primary['low']:+.3f}, {primary['high']:+.3f}]:"
+          f" {rebuilt['primary']['verdict']})")
     return 0 if same else 1
 
 
@@ -244,11 +258,12 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.perf_counter() - started, 1),
     }
     if len(seeds) > 1:
-        interval = mean_interval([s["grpo_minus_sft_continued"] for s in seeds.values()])
-        result["primary"] = {"grpo_minus_sft_continued": interval, "verdict": verdict(interval)}
-        print(f"GRPO − SFT continued, stored answered at {args.chunks} chunks: {interval['mean']:+.3f} "
-              f"[{interval['low']:+.3f}, {interval['high']:+.3f}] over {len(seeds)} seeds: "
-              f"{verdict(interval)}")
+        result.update(over_seeds(seeds))
+        for name, interval in (("GRPO − SFT continued", result["primary"]["grpo_minus_sft_continued"]),
+                               *result["secondary"].items()):
+            print(f"{name}, stored answered at {args.chunks} chunks: {interval['mean']:+.3f} "
+                  f"[{interval['low']:+.3f}, {interval['high']:+.3f}] over {len(seeds)} seeds")
+        print(f"verdict: {result['primary']['verdict']}")
     write_json(result, args.out, machine=machine)
     print(f"(written to {args.out})")
     return 0
