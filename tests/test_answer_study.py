@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import script_module
 
 REPO = Path(__file__).resolve().parent.parent
@@ -79,3 +80,20 @@ def test_a_checkout_of_another_product_is_refused(tmp_path):
     assert done.returncode != 0
     assert f"answer_study: --product-commit {missing}: this checkout's memalpha/ and configs/" in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_each_arm_takes_its_seed_for_every_source_of_randomness(tmp_path, monkeypatch):
+    study = script_module(SCRIPT)
+    ran = []
+    monkeypatch.setattr(study, "memalpha", lambda argv, log, who: ran.append(argv))
+    monkeypatch.setattr(study, "children_cpu_s", lambda: 0.0)
+    args = study.parse_args(["--run-dir", str(tmp_path / "run")])
+    start = {"sft": tmp_path / "sft", "data": tmp_path / "data"}
+    for seed in (3, 4):
+        (tmp_path / "run" / "arms" / f"grpo_seed{seed}").mkdir(parents=True)  # where fit logs A
+        study.trained_b(args, start, seed, study.trained_a(args, start, seed)[1])
+        for arm in ("grpo", "sft_continued"):
+            config = yaml.safe_load((tmp_path / "run" / "configs" / f"{arm}_seed{seed}.yaml").read_text())
+            # the committed run's B arms kept data.seed 0: seeds that stopped at one step were one adapter
+            assert (config["seed_everything"], config["model"]["seed"], config["data"]["seed"]) == (seed,) * 3
+    assert [argv[0] for argv in ran] == ["fit", "sft", "fit", "sft"]

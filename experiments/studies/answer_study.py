@@ -107,7 +107,7 @@ def trained_a(args: argparse.Namespace, start: dict[str, Path], seed: int) -> tu
     config["model"].update(adapter_path=str(start["sft"]), export_adapter_dir=str(folder / "adapter"),
                            seed=seed)
     config["data"].update(train_path=str(start["data"] / "memories_train.jsonl"),
-                          val_path=str(start["data"] / "memories_validation.jsonl"))
+                          val_path=str(start["data"] / "memories_validation.jsonl"), seed=seed)
     path = write_yaml(config, args.run_dir / "configs" / f"grpo_seed{seed}.yaml")
     before = children_cpu_s()
     memalpha(["fit", "--config", str(path)], args.run_dir / "logs" / f"grpo_seed{seed}.log", WHO)
@@ -129,10 +129,13 @@ def trained_b(args: argparse.Namespace, start: dict[str, Path], seed: int, cpu_s
     config["trainer"].pop("val_check_interval", None)
     config["trainer"]["logger"]["init_args"].update(save_dir=str(args.run_dir), name="arms",
                                                     version=f"sft_continued_seed{seed}")
-    config["model"].update(adapter_path=str(start["sft"]), export_adapter_dir=str(folder / "adapter"))
+    config["model"].update(adapter_path=str(start["sft"]), export_adapter_dir=str(folder / "adapter"),
+                           seed=seed)
     config["model"]["optimizer"]["warmup_ratio"] = 0.0  # continued: no second warm-up over 10,000 steps
+    # the demonstrations' order is B's only randomness (no dropout): data.seed is the seed, or every
+    # seed stopped at the same step trains the same adapter (as the committed run's B arms did)
     config["data"].update(train_path=str(start["data"] / "answers_train.jsonl"),
-                          val_path=str(start["data"] / "answers_validation.jsonl"))
+                          val_path=str(start["data"] / "answers_validation.jsonl"), seed=seed)
     path = write_yaml(config, args.run_dir / "configs" / f"sft_continued_seed{seed}.yaml")
     memalpha(["sft", "--config", str(path)], args.run_dir / "logs" / f"sft_continued_seed{seed}.log", WHO)
     return folder / "adapter"
